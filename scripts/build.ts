@@ -1,0 +1,55 @@
+// Builds the shipped artefacts into dist/ with esbuild:
+//   dist/install-cni.js      the agent, one ESM bundle (needs Node 24 in the image)
+//   dist/mesh-cni.js         the CNI plugin, one bundle of built-ins only
+//   dist/mesh-validation.js  the validation init container
+// Build info (version, git commit) is baked in so `version` needs no git at run time.
+
+import { execFileSync } from 'node:child_process';
+import { existsSync, readFileSync } from 'node:fs';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+import * as esbuild from 'esbuild';
+
+const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
+const pkg = JSON.parse(readFileSync(path.join(root, 'package.json'), 'utf8')) as { version: string };
+let gitCommit = 'unknown';
+try {
+  gitCommit = execFileSync('git', ['rev-parse', 'HEAD'], { cwd: root, encoding: 'utf8', stdio: ['ignore', 'pipe', 'ignore'] }).trim();
+} catch {
+  // building from a tarball
+}
+const buildInfo = { version: pkg.version, gitCommit, buildTime: new Date().toISOString() };
+
+interface Entry {
+  readonly in: string;
+  readonly out: string;
+  /** The plugin runs once per pod: built-ins only, CommonJS for the single executable. */
+  readonly format: 'esm' | 'cjs';
+}
+
+const entries: Entry[] = [
+  { in: 'src/cmd/install-cni-main.ts', out: 'dist/install-cni.js', format: 'esm' },
+  { in: 'cni-plugin/main.ts', out: 'dist/mesh-cni.js', format: 'cjs' },
+  { in: 'cni-plugin/validation-main.ts', out: 'dist/mesh-validation.js', format: 'cjs' },
+];
+
+for (const e of entries) {
+  if (!existsSync(path.join(root, e.in))) continue;
+  await esbuild.build({
+    entryPoints: [path.join(root, e.in)],
+    outfile: path.join(root, e.out),
+    bundle: true,
+    platform: 'node',
+    target: 'node24',
+    format: e.format,
+    minify: false,
+    sourcemap: false,
+    legalComments: 'none',
+    banner: e.format === 'esm'
+      ? { js: "#!/usr/bin/env node\nimport { createRequire as __cr } from 'node:module'; const require = __cr(import.meta.url);" }
+      : { js: '#!/usr/bin/env node' },
+    define: { __MESH_BUILD_INFO__: JSON.stringify(buildInfo) },
+    logLevel: 'warning',
+  });
+}
+console.log(`build: ${entries.filter((e) => existsSync(path.join(root, e.in))).map((e) => e.out).join(', ')}`);

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Installs the Debian packages the tests and benchmarks use, once: each is installed only when
+# its command is missing, so a second run does nothing and needs no network.
+# Run as root (the tests create network namespaces and iptables rules anyway).
+set -euo pipefail
+
+# command-to-check:debian-package
+needs=(
+  iptables:iptables
+  ip:iproute2
+  nsenter:util-linux
+  /usr/lib/cni/bridge:containernetworking-plugins
+  podman:podman
+  runc:runc
+  buildah:buildah
+  busybox:busybox-static
+  zsh:zsh
+  fish:fish
+  promtool:prometheus
+  shellcheck:shellcheck
+  yamllint:yamllint
+  hyperfine:hyperfine
+  chromium:chromium
+  kubectl:kubernetes-client
+)
+
+missing=()
+for pair in "${needs[@]}"; do
+  cmd=${pair%%:*}
+  pkg=${pair#*:}
+  if [[ $cmd == /* ]]; then [[ -e $cmd ]] && continue; else command -v "$cmd" >/dev/null 2>&1 && continue; fi
+  missing+=("$pkg")
+done
+
+if ((${#missing[@]} == 0)); then
+  exit 0
+fi
+if [[ $(id -u) -ne 0 ]]; then
+  echo "setup-host: missing Debian packages: ${missing[*]}; run as root or install them: apt-get install ${missing[*]}" >&2
+  exit 1
+fi
+echo "setup-host: installing ${missing[*]}" >&2
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq
+apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null

@@ -1,0 +1,114 @@
+// Every flag install-cni accepts, with its env setting and default: the one table the CLI, the
+// settings builder, the completion scripts and the README's flag list are made from.
+//
+// Flags of the seed's install-cni section read their env setting named like the flag
+// (`--cni-net-dir` -> CNI_NET_DIR), as Istio's install-cni does; the common logging and ctrlz
+// flags have no env setting, as in the seed.
+
+export type FlagKind = 'bool' | 'string' | 'int' | 'duration' | 'list';
+
+export interface FlagSpec {
+  /** Long name without dashes, as typed: `cni-net-dir`, `log_output_level`. */
+  readonly name: string;
+  readonly kind: FlagKind;
+  /** The default as the user would write it; undefined means empty. */
+  readonly default?: string;
+  /** Env setting read when the flag is not given; null means none. */
+  readonly env: string | null;
+  readonly help: string;
+  /** For completion: fixed choices. */
+  readonly choices?: readonly string[];
+  /** Group shown in help and README. */
+  readonly group: 'install' | 'repair' | 'logging' | 'ctrlz' | 'monitoring';
+}
+
+function envName(name: string): string {
+  return name.toUpperCase().replaceAll('-', '_');
+}
+
+function installFlag(name: string, kind: FlagKind, def: string | undefined, help: string, extra: Partial<FlagSpec> = {}): FlagSpec {
+  return { name, kind, default: def, env: envName(name), help, group: 'install', ...extra };
+}
+
+function repairFlag(name: string, kind: FlagKind, def: string | undefined, help: string): FlagSpec {
+  return { name, kind, default: def, env: envName(name), help, group: 'repair' };
+}
+
+function commonFlag(name: string, kind: FlagKind, def: string | undefined, help: string, group: FlagSpec['group'], extra: Partial<FlagSpec> = {}): FlagSpec {
+  return { name, kind, default: def, env: null, help, group, ...extra };
+}
+
+export const LOG_LEVELS = ['none', 'error', 'warn', 'info', 'debug'] as const;
+export type LogLevel = (typeof LOG_LEVELS)[number];
+
+/** The install-cni log scopes of the seed; `all` addresses every scope at once. */
+export const LOG_SCOPES = [
+  'all', 'ambient', 'cni', 'controllers', 'default', 'ebpf', 'install', 'klog', 'model',
+  'monitoring', 'repair', 'spiffe', 'trustBundle', 'validation',
+] as const;
+export type LogScope = Exclude<(typeof LOG_SCOPES)[number], 'all'>;
+
+export const CLEANUP_MODES = ['auto', 'always', 'never'] as const;
+export type CleanupMode = (typeof CLEANUP_MODES)[number];
+
+export const FLAGS: readonly FlagSpec[] = [
+  // --- install-cni flags of the seed
+  installFlag('ambient-enabled', 'bool', 'false', 'Whether ambient mode is enabled (not implemented yet: turning it on fails at start-up).'),
+  installFlag('chained-cni-plugin', 'bool', 'true', 'Whether to install the plugin as a chained entry of the primary CNI config (false: write a standalone conflist).'),
+  installFlag('cni-conf-name', 'string', undefined, 'Name of the CNI config file to put our entry into (chained) or to write (standalone); empty means pick it as the runtime does.'),
+  installFlag('cni-net-dir', 'string', '/etc/cni/net.d', 'The CNI net dir as the host sees it (used in paths written into configs).'),
+  installFlag('cni-network-config', 'string', undefined, 'Template of our CNI plugin entry (JSON; comments allowed); overrides --cni-network-config-file.'),
+  installFlag('cni-network-config-file', 'string', undefined, 'File holding the template of our CNI plugin entry (JSON; comments allowed).'),
+  installFlag('ebpf-enabled', 'bool', 'false', 'Whether eBPF redirection is enabled (not implemented yet: turning it on fails at start-up).'),
+  installFlag('orch-ca-file', 'string', undefined, 'CA file the orchconfig trusts for the API server; empty means the service-account CA.'),
+  installFlag('orchcfg-file-name', 'string', 'ZZZ-mesh-cni-orchconfig', 'Name of the orchconfig file written into the CNI net dir.'),
+  installFlag('orchconfig-mode', 'int', '384', 'File mode of the orchconfig file (decimal as in the seed, 384 = 0600; octal 0600 also accepted).'),
+  installFlag('log-level', 'string', 'warn', 'Log level of the CNI plugin (written into its config).', { choices: LOG_LEVELS }),
+  installFlag('log-uds-address', 'string', '/var/run/mesh-cni/log.sock', 'Unix socket the CNI plugin sends its logs to; the agent prints them in scope cni.'),
+  installFlag('monitoring-port', 'int', '15014', 'HTTP port for /metrics, /readyz and /healthz.'),
+  installFlag('mounted-cni-net-dir', 'string', '/host/etc/cni/net.d', 'The CNI net dir as mounted into this container (where files are written).'),
+  installFlag('skip-tls-verify', 'bool', 'false', 'Write insecure-skip-tls-verify into the orchconfig instead of a CA.'),
+  // --- paths needed to run outside a real node, and agent behaviour the seed leaves open
+  installFlag('cni-bin-dir', 'string', '/opt/cni/bin', 'The CNI bin dir as the host sees it.'),
+  installFlag('mounted-cni-bin-dir', 'string', '/host/opt/cni/bin', 'The CNI bin dir as mounted into this container (where mesh-cni is copied to).'),
+  installFlag('cni-binaries-dir', 'string', '/opt/mesh-cni/bin', 'Directory holding the binaries to install (in the image).'),
+  installFlag('service-account-dir', 'string', '/var/run/secrets/kubernetes.io/serviceaccount', 'Directory of the pod service-account token, CA and namespace.'),
+  installFlag('exclude-namespaces', 'list', 'mesh-system,kube-system', 'Namespaces whose pods the plugin never redirects (comma-separated; written into its config).'),
+  installFlag('cleanup-on-exit', 'string', 'auto', 'On SIGTERM: always remove our entry and files, never, or auto: keep them only while the API server confirms our DaemonSet still exists (a restart or upgrade).', { choices: CLEANUP_MODES }),
+  installFlag('reconcile-interval', 'duration', '5s', 'How often a full reconcile runs besides the file watches (catches what watches miss).'),
+  installFlag('orchconfig', 'string', undefined, 'Orchconfig (kubeconfig) file the agent itself uses to reach the API server; empty means in-cluster (service account).'),
+  // --- repair controller (seed), and its client-side limits
+  repairFlag('repair-enabled', 'bool', 'false', 'Whether the repair controller runs.'),
+  repairFlag('repair-delete-pods', 'bool', 'false', 'Delete pods found broken by the race (with a uid precondition).'),
+  repairFlag('repair-label-pods', 'bool', 'false', 'Label pods found broken by the race.'),
+  repairFlag('repair-broken-pod-label-key', 'string', 'cni.mesh.io/uninitialized', 'Label key put on broken pods.'),
+  repairFlag('repair-broken-pod-label-value', 'string', 'true', 'Label value put on broken pods.'),
+  repairFlag('repair-field-selectors', 'string', undefined, 'Extra field selectors for the pods watched (field=value, comma-separated).'),
+  repairFlag('repair-label-selectors', 'string', undefined, 'Label selectors for the pods watched.'),
+  repairFlag('repair-init-container-exit-code', 'int', '126', 'Exit code of the validation init container that marks a pod broken.'),
+  repairFlag('repair-init-container-name', 'string', 'mesh-validation', 'Name of the validation init container.'),
+  repairFlag('repair-init-container-termination-message', 'string', undefined, 'If set, the termination message must contain it for the pod to count as broken.'),
+  repairFlag('repair-node-name', 'string', undefined, 'Only watch pods on this node (default: NODE_NAME; empty: all nodes).'),
+  repairFlag('repair-sidecar-annotation', 'string', 'sidecar.mesh.io/status', 'Pods without this annotation are ignored (its value is not read).'),
+  repairFlag('repair-qps', 'int', '200', 'Client-side rate limit of repair actions, requests per second.'),
+  repairFlag('repair-burst', 'int', '400', 'Client-side burst of repair actions.'),
+  repairFlag('repair-concurrency', 'int', '16', 'How many repair actions may be in flight at once.'),
+  // --- common logging flags of the seed
+  commonFlag('log_as_json', 'bool', 'false', 'Emit JSON instead of console format.', 'logging'),
+  commonFlag('log_caller', 'string', undefined, 'Comma-separated scopes that include caller info.', 'logging'),
+  commonFlag('log_output_level', 'string', 'default:info', '<scope>:<level> pairs, comma-separated; levels none, error, warn, info, debug.', 'logging'),
+  commonFlag('log_rotate', 'string', undefined, 'Path of an optional rotating log file.', 'logging'),
+  commonFlag('log_rotate_max_age', 'int', '30', 'Days before a log file is rotated (0: no limit).', 'logging'),
+  commonFlag('log_rotate_max_backups', 'int', '1000', 'Rotated files kept (0: no limit).', 'logging'),
+  commonFlag('log_rotate_max_size', 'int', '104857600', 'Size in megabytes before a log file is rotated.', 'logging'),
+  commonFlag('log_stacktrace_level', 'string', 'default:none', '<scope>:<level> pairs at which stack traces are captured.', 'logging'),
+  commonFlag('log_target', 'list', 'stdout', 'Output paths, comma-separated; stdout and stderr are special.', 'logging'),
+  commonFlag('vklog', 'int', '0', 'Verbosity number of the orch client logs, like -v.', 'logging'),
+  // --- ctrlz
+  commonFlag('ctrlz_address', 'string', 'localhost', 'Address ControlZ listens on (* means all addresses).', 'ctrlz'),
+  commonFlag('ctrlz_port', 'int', '9876', 'Port ControlZ listens on.', 'ctrlz'),
+];
+
+export function findFlag(name: string): FlagSpec | undefined {
+  return FLAGS.find((f) => f.name === name);
+}

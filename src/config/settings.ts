@@ -1,0 +1,286 @@
+// Flags + env + defaults -> one validated, typed, frozen Settings object. Nothing else in the
+// agent reads process.env: the entry point passes it here once.
+
+import path from 'node:path';
+import { CLEANUP_MODES, FLAGS, LOG_LEVELS, LOG_SCOPES, type CleanupMode, type FlagSpec, type LogLevel, type LogScope } from './flags.ts';
+import { ConfigError, ConfigErrors, parseBool, parseDuration, parseEnum, parseFileMode, parseInt10, parseList } from './parse.ts';
+
+export interface InstallSettings {
+  readonly chained: boolean;
+  readonly cniConfName: string;
+  readonly cniNetDir: string;
+  readonly mountedCniNetDir: string;
+  readonly cniBinDir: string;
+  readonly mountedCniBinDir: string;
+  readonly cniBinariesDir: string;
+  readonly cniNetworkConfig: string;
+  readonly cniNetworkConfigFile: string;
+  readonly orchcfgFileName: string;
+  readonly orchconfigMode: number;
+  readonly orchCaFile: string;
+  readonly skipTlsVerify: boolean;
+  readonly serviceAccountDir: string;
+  /** The plugin's log level, written into its config. */
+  readonly pluginLogLevel: LogLevel;
+  readonly logUdsAddress: string;
+  readonly excludeNamespaces: readonly string[];
+  readonly cleanupOnExit: CleanupMode;
+  readonly reconcileIntervalMs: number;
+}
+
+export interface RepairSettings {
+  readonly enabled: boolean;
+  readonly deletePods: boolean;
+  readonly labelPods: boolean;
+  readonly labelKey: string;
+  readonly labelValue: string;
+  readonly fieldSelectors: string;
+  readonly labelSelectors: string;
+  readonly initContainerExitCode: number;
+  readonly initContainerName: string;
+  readonly initContainerTerminationMessage: string;
+  /** Empty: all nodes. */
+  readonly nodeName: string;
+  readonly sidecarAnnotation: string;
+  readonly qps: number;
+  readonly burst: number;
+  readonly concurrency: number;
+}
+
+export interface LoggingSettings {
+  readonly asJson: boolean;
+  readonly caller: readonly LogScope[];
+  /** Level of each scope after applying --log_output_level (`all:` and bare levels expanded). */
+  readonly outputLevels: Readonly<Record<LogScope, LogLevel>>;
+  readonly stacktraceLevels: Readonly<Record<LogScope, LogLevel>>;
+  readonly rotate: string;
+  readonly rotateMaxAgeDays: number;
+  readonly rotateMaxBackups: number;
+  readonly rotateMaxSizeMb: number;
+  readonly targets: readonly string[];
+  readonly vklog: number;
+}
+
+/** Facts about the node and pod the agent runs in, from the downward API and kubelet's env. */
+export interface EnvironmentFacts {
+  readonly nodeName: string;
+  readonly hostIp: string;
+  readonly podName: string;
+  readonly podNamespace: string;
+  readonly orchServiceHost: string;
+  readonly orchServicePort: string;
+}
+
+export interface Settings {
+  readonly install: InstallSettings;
+  readonly repair: RepairSettings;
+  readonly logging: LoggingSettings;
+  readonly monitoring: { readonly port: number };
+  readonly ctrlz: { readonly address: string; readonly port: number };
+  readonly orchconfig: string;
+  readonly env: EnvironmentFacts;
+}
+
+/** Raw values as the CLI parser saw them: strings, or true for a bare boolean flag. */
+export type RawFlags = Readonly<Record<string, string | boolean | undefined>>;
+export type Env = Readonly<Record<string, string | undefined>>;
+
+const SCOPES = LOG_SCOPES.filter((s): s is LogScope => s !== 'all');
+
+/** `scope:level,...` as in the seed; a bare level applies to `default`, `all:` to every scope. */
+export function parseScopeLevels(flag: string, value: string, base: LogLevel): Record<LogScope, LogLevel> {
+  const out = Object.fromEntries(SCOPES.map((s) => [s, base])) as Record<LogScope, LogLevel>;
+  for (const item of parseList(value)) {
+    const i = item.lastIndexOf(':');
+    const scope = i < 0 ? 'default' : item.slice(0, i);
+    const level = i < 0 ? item : item.slice(i + 1);
+    if (!(LOG_SCOPES as readonly string[]).includes(scope)) {
+      throw new ConfigError(flag, value, `unknown scope ${JSON.stringify(scope)}; scopes are ${LOG_SCOPES.join(', ')}`);
+    }
+    if (!(LOG_LEVELS as readonly string[]).includes(level)) {
+      throw new ConfigError(flag, value, `unknown level ${JSON.stringify(level)} for scope ${scope}; levels are ${LOG_LEVELS.join(', ')}`);
+    }
+    if (scope === 'all') for (const s of SCOPES) out[s] = level as LogLevel;
+    else out[scope as LogScope] = level as LogLevel;
+  }
+  return out;
+}
+
+function parseScopes(flag: string, value: string): LogScope[] {
+  const scopes = parseList(value);
+  for (const s of scopes) {
+    if (!(LOG_SCOPES as readonly string[]).includes(s)) {
+      throw new ConfigError(flag, value, `unknown scope ${JSON.stringify(s)}; scopes are ${LOG_SCOPES.join(', ')}`);
+    }
+  }
+  return scopes.includes('all') ? [...SCOPES] : (scopes as LogScope[]);
+}
+
+/** A file name that must stay inside its directory. */
+function parseFileName(flag: string, value: string, allowEmpty: boolean): string {
+  if (value === '' && allowEmpty) return value;
+  if (value === '' || value.includes('/') || value === '.' || value === '..' || value.includes('\0')) {
+    throw new ConfigError(flag, value, 'expected a plain file name (no slashes)');
+  }
+  return value;
+}
+
+function parseAbsPath(flag: string, value: string): string {
+  if (!path.isAbsolute(value) || value.includes('\0')) throw new ConfigError(flag, value, 'expected an absolute path');
+  return path.normalize(value);
+}
+
+/** Builds the settings; throws ConfigErrors listing every bad value (nothing is touched first). */
+export function buildSettings(flags: RawFlags, env: Env): Settings {
+  const errors: ConfigError[] = [];
+  // Resolve flag > env > default, remembering which source gave the value for messages.
+  const raw = (spec: FlagSpec): { value: string; source: string } => {
+    const given = flags[spec.name];
+    if (given !== undefined) return { value: given === true ? 'true' : String(given), source: `--${spec.name}` };
+    const fromEnv = spec.env === null ? undefined : env[spec.env];
+    if (fromEnv !== undefined) return { value: fromEnv, source: `env ${spec.env}` };
+    return { value: spec.default ?? '', source: `--${spec.name}` };
+  };
+  const byName = new Map(FLAGS.map((f) => [f.name, f]));
+  function get<T>(name: string, parse: (source: string, value: string) => T, fallback: T): T {
+    const spec = byName.get(name);
+    if (!spec) throw new Error(`internal: no flag ${name}`);
+    const { value, source } = raw(spec);
+    try {
+      return parse(source, value);
+    } catch (e) {
+      if (e instanceof ConfigError) {
+        errors.push(e);
+        return fallback;
+      }
+      throw e;
+    }
+  }
+  const str = (name: string) => get(name, (_s, v) => v, '');
+  const bool = (name: string) => get(name, parseBool, false);
+  const int = (name: string, min: number, max: number) => get(name, (s, v) => parseInt10(s, v, min, max), min);
+  const abs = (name: string) => get(name, parseAbsPath, '/');
+  const absOrEmpty = (name: string) => get(name, (s, v) => (v === '' ? '' : parseAbsPath(s, v)), '');
+
+  const unimplemented = (name: string, what: string) =>
+    get(name, (s, v) => {
+      if (parseBool(s, v)) throw new ConfigError(s, v, `${what} is not implemented in this release; remove the setting or set it to false`);
+      return false;
+    }, false);
+  unimplemented('ambient-enabled', 'ambient mode');
+  unimplemented('ebpf-enabled', 'eBPF redirection');
+
+  const install: InstallSettings = {
+    chained: bool('chained-cni-plugin'),
+    cniConfName: get('cni-conf-name', (s, v) => parseFileName(s, v, true), ''),
+    cniNetDir: abs('cni-net-dir'),
+    mountedCniNetDir: abs('mounted-cni-net-dir'),
+    cniBinDir: abs('cni-bin-dir'),
+    mountedCniBinDir: abs('mounted-cni-bin-dir'),
+    cniBinariesDir: abs('cni-binaries-dir'),
+    cniNetworkConfig: str('cni-network-config'),
+    cniNetworkConfigFile: absOrEmpty('cni-network-config-file'),
+    orchcfgFileName: get('orchcfg-file-name', (s, v) => parseFileName(s, v, false), 'x'),
+    orchconfigMode: get('orchconfig-mode', parseFileMode, 0o600),
+    orchCaFile: absOrEmpty('orch-ca-file'),
+    skipTlsVerify: bool('skip-tls-verify'),
+    serviceAccountDir: abs('service-account-dir'),
+    pluginLogLevel: get('log-level', (s, v) => parseEnum(s, v, LOG_LEVELS), 'warn'),
+    logUdsAddress: absOrEmpty('log-uds-address'),
+    excludeNamespaces: get('exclude-namespaces', (_s, v) => parseList(v), []),
+    cleanupOnExit: get('cleanup-on-exit', (s, v) => parseEnum(s, v, CLEANUP_MODES), 'auto'),
+    reconcileIntervalMs: get('reconcile-interval', (s, v) => parseDuration(s, v, { min: 100 }), 5000),
+  };
+  if (install.skipTlsVerify && install.orchCaFile !== '') {
+    errors.push(new ConfigError('--skip-tls-verify', 'true', 'cannot be combined with --orch-ca-file; choose one way to trust the API server'));
+  }
+
+  const nodeName = env.NODE_NAME ?? '';
+  const repair: RepairSettings = {
+    enabled: bool('repair-enabled'),
+    deletePods: bool('repair-delete-pods'),
+    labelPods: bool('repair-label-pods'),
+    labelKey: get('repair-broken-pod-label-key', parseLabelKey, ''),
+    labelValue: get('repair-broken-pod-label-value', parseLabelValue, ''),
+    fieldSelectors: str('repair-field-selectors'),
+    labelSelectors: str('repair-label-selectors'),
+    initContainerExitCode: int('repair-init-container-exit-code', 0, 255),
+    initContainerName: str('repair-init-container-name'),
+    initContainerTerminationMessage: str('repair-init-container-termination-message'),
+    // The seed's default is empty (all nodes); on a node the DaemonSet passes NODE_NAME, which
+    // is what an operator means: repair the pods of this node.
+    nodeName: get('repair-node-name', (_s, v) => v, '') || nodeName,
+    sidecarAnnotation: str('repair-sidecar-annotation'),
+    qps: int('repair-qps', 1, 10_000),
+    burst: int('repair-burst', 1, 100_000),
+    concurrency: int('repair-concurrency', 1, 1000),
+  };
+  if (repair.enabled && repair.initContainerName === '') {
+    errors.push(new ConfigError('--repair-init-container-name', '', 'must name the validation init container when --repair-enabled is on'));
+  }
+
+  const logging: LoggingSettings = {
+    asJson: bool('log_as_json'),
+    caller: get('log_caller', parseScopes, []),
+    outputLevels: get('log_output_level', (s, v) => parseScopeLevels(s, v, 'info'), parseScopeLevels('', '', 'info')),
+    stacktraceLevels: get('log_stacktrace_level', (s, v) => parseScopeLevels(s, v, 'none'), parseScopeLevels('', '', 'none')),
+    rotate: str('log_rotate'),
+    rotateMaxAgeDays: int('log_rotate_max_age', 0, 1_000_000),
+    rotateMaxBackups: int('log_rotate_max_backups', 0, 1_000_000),
+    rotateMaxSizeMb: int('log_rotate_max_size', 1, Number.MAX_SAFE_INTEGER),
+    targets: get('log_target', (s, v) => {
+      const t = parseList(v);
+      if (t.length === 0) throw new ConfigError(s, v, 'expected stdout, stderr or file paths, comma-separated');
+      return t;
+    }, ['stdout']),
+    vklog: int('vklog', 0, 10),
+  };
+
+  const settings: Settings = {
+    install,
+    repair,
+    logging,
+    monitoring: { port: int('monitoring-port', 0, 65535) },
+    ctrlz: { address: str('ctrlz_address'), port: int('ctrlz_port', 0, 65535) },
+    orchconfig: absOrEmpty('orchconfig'),
+    env: {
+      nodeName,
+      hostIp: env.HOST_IP ?? '',
+      podName: env.POD_NAME ?? '',
+      podNamespace: env.POD_NAMESPACE ?? '',
+      orchServiceHost: env.KUBERNETES_SERVICE_HOST ?? '',
+      orchServicePort: env.KUBERNETES_SERVICE_PORT ?? '',
+    },
+  };
+  if (errors.length > 0) throw new ConfigErrors(errors);
+  return deepFreeze(settings);
+}
+
+// Label syntax as the API server checks it: optional DNS-subdomain prefix, name of at most 63.
+const LABEL_NAME = /^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)$/;
+const DNS_SUBDOMAIN = /^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$/;
+
+function parseLabelKey(flag: string, value: string): string {
+  const i = value.indexOf('/');
+  const prefix = i < 0 ? '' : value.slice(0, i);
+  const name = i < 0 ? value : value.slice(i + 1);
+  if (!LABEL_NAME.test(name) || (i >= 0 && (prefix.length > 253 || !DNS_SUBDOMAIN.test(prefix)))) {
+    throw new ConfigError(flag, value, 'expected a label key: [prefix/]name, name of at most 63 letters, digits, -, _ or .');
+  }
+  return value;
+}
+
+function parseLabelValue(flag: string, value: string): string {
+  if (value !== '' && !LABEL_NAME.test(value)) {
+    throw new ConfigError(flag, value, 'expected a label value: at most 63 letters, digits, -, _ or ., starting and ending alphanumeric');
+  }
+  return value;
+}
+
+function deepFreeze<T>(o: T): T {
+  if (o && typeof o === 'object' && !Object.isFrozen(o)) {
+    Object.freeze(o);
+    for (const v of Object.values(o)) deepFreeze(v);
+  }
+  return o;
+}

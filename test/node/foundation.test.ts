@@ -1,0 +1,122 @@
+import assert from 'node:assert/strict';
+import { describe, it } from 'node:test';
+import { buildSettings } from '../../src/config/settings.ts';
+import { ConfigErrors } from '../../src/config/parse.ts';
+import { runBin } from '../helpers/cli.ts';
+
+describe('foundation', () => {
+  it('runs on Node.js 24', () => {
+    assert.equal(process.versions.node.split('.')[0], '24');
+  });
+});
+
+describe('settings', () => {
+  it('has the seed defaults', () => {
+    const s = buildSettings({}, {});
+    assert.equal(s.install.cniNetDir, '/etc/cni/net.d');
+    assert.equal(s.install.mountedCniNetDir, '/host/etc/cni/net.d');
+    assert.equal(s.install.orchcfgFileName, 'ZZZ-mesh-cni-orchconfig');
+    assert.equal(s.install.orchconfigMode, 0o600);
+    assert.equal(s.install.chained, true);
+    assert.equal(s.install.pluginLogLevel, 'warn');
+    assert.equal(s.install.logUdsAddress, '/var/run/mesh-cni/log.sock');
+    assert.equal(s.monitoring.port, 15014);
+    assert.equal(s.repair.labelKey, 'cni.mesh.io/uninitialized');
+    assert.equal(s.repair.labelValue, 'true');
+    assert.equal(s.repair.initContainerExitCode, 126);
+    assert.equal(s.repair.initContainerName, 'mesh-validation');
+    assert.equal(s.repair.sidecarAnnotation, 'sidecar.mesh.io/status');
+    assert.equal(s.ctrlz.address, 'localhost');
+    assert.equal(s.ctrlz.port, 9876);
+    assert.equal(s.logging.outputLevels.default, 'info');
+    assert.equal(s.logging.stacktraceLevels.install, 'none');
+    assert.deepEqual(s.logging.targets, ['stdout']);
+  });
+
+  it('takes a flag over its env setting over the default', () => {
+    assert.equal(buildSettings({}, { CNI_NET_DIR: '/env/net.d' }).install.cniNetDir, '/env/net.d');
+    assert.equal(buildSettings({ 'cni-net-dir': '/flag/net.d' }, { CNI_NET_DIR: '/env/net.d' }).install.cniNetDir, '/flag/net.d');
+    assert.equal(buildSettings({}, { CHAINED_CNI_PLUGIN: 'false' }).install.chained, false);
+    assert.equal(buildSettings({ 'chained-cni-plugin': true }, { CHAINED_CNI_PLUGIN: 'false' }).install.chained, true);
+    assert.equal(buildSettings({}, { ORCHCONFIG_MODE: '0640' }).install.orchconfigMode, 0o640);
+    assert.equal(buildSettings({}, { MONITORING_PORT: '9000' }).monitoring.port, 9000);
+    assert.equal(buildSettings({}, { REPAIR_LABEL_PODS: 'true' }).repair.labelPods, true);
+  });
+
+  it('defaults the repair node to NODE_NAME', () => {
+    assert.equal(buildSettings({}, { NODE_NAME: 'node-a' }).repair.nodeName, 'node-a');
+    assert.equal(buildSettings({ 'repair-node-name': 'node-b' }, { NODE_NAME: 'node-a' }).repair.nodeName, 'node-b');
+  });
+
+  it('expands all: and bare levels in --log_output_level', () => {
+    const s = buildSettings({ log_output_level: 'all:warn,install:debug' }, {});
+    assert.equal(s.logging.outputLevels.repair, 'warn');
+    assert.equal(s.logging.outputLevels.install, 'debug');
+    assert.equal(buildSettings({ log_output_level: 'debug' }, {}).logging.outputLevels.default, 'debug');
+  });
+
+  it('is frozen', () => {
+    const s = buildSettings({}, {});
+    assert.throws(() => {
+      (s.install as { cniNetDir: string }).cniNetDir = '/x';
+    }, TypeError);
+  });
+
+  const bad: [Record<string, string>, Record<string, string>, RegExp][] = [
+    [{ 'monitoring-port': '70000' }, {}, /--monitoring-port.*0 to 65535/],
+    [{}, { MONITORING_PORT: 'abc' }, /env MONITORING_PORT/],
+    [{ 'orchconfig-mode': '1000' }, {}, /--orchconfig-mode.*0777/],
+    [{ 'orchconfig-mode': '0o999' }, {}, /--orchconfig-mode/],
+    [{}, { CHAINED_CNI_PLUGIN: 'yes' }, /env CHAINED_CNI_PLUGIN.*true or false/],
+    [{ log_output_level: 'nope:info' }, {}, /unknown scope "nope"/],
+    [{ log_output_level: 'install:loud' }, {}, /unknown level "loud"/],
+    [{ 'log-level': 'verbose' }, {}, /--log-level.*none, error, warn, info, debug/],
+    [{ 'cni-net-dir': 'relative/dir' }, {}, /--cni-net-dir.*absolute path/],
+    [{ 'orchcfg-file-name': '../escape' }, {}, /--orchcfg-file-name.*plain file name/],
+    [{ 'ambient-enabled': 'true' }, {}, /ambient mode is not implemented/],
+    [{}, { EBPF_ENABLED: 'true' }, /eBPF redirection is not implemented/],
+    [{ 'reconcile-interval': '5 parsecs' }, {}, /--reconcile-interval.*duration/],
+    [{ 'repair-broken-pod-label-key': 'bad key!' }, {}, /label key/],
+    [{ 'cleanup-on-exit': 'sometimes' }, {}, /auto, always, never/],
+    [{ 'skip-tls-verify': 'true', 'orch-ca-file': '/ca.crt' }, {}, /cannot be combined/],
+  ];
+  for (const [flags, env, re] of bad) {
+    it(`rejects ${JSON.stringify({ ...flags, ...env })}`, () => {
+      assert.throws(() => buildSettings(flags, env), (e: unknown) => e instanceof ConfigErrors && re.test(e.message));
+    });
+  }
+
+  it('reports every bad value at once', () => {
+    assert.throws(() => buildSettings({ 'monitoring-port': 'x', 'orchconfig-mode': 'y' }, {}), (e: unknown) => e instanceof ConfigErrors && e.errors.length === 2);
+  });
+});
+
+describe('install-cni CLI', () => {
+  it('exits 2 with one line per bad value, before touching anything', async () => {
+    const r = await runBin('install-cni', ['--monitoring-port', '99999', '--log_output_level', 'x:y'], { MOUNTED_CNI_NET_DIR: '/nonexistent/should-not-be-created' });
+    assert.equal(r.code, 2);
+    const lines = r.stderr.trim().split('\n');
+    assert.equal(lines.length, 2, r.stderr);
+    assert.match(r.stderr, /--monitoring-port/);
+    assert.match(r.stderr, /--log_output_level/);
+  });
+
+  it('exits 2 on an unknown flag', async () => {
+    const r = await runBin('install-cni', ['--no-such-flag']);
+    assert.equal(r.code, 2);
+    assert.match(r.stderr, /unknown option '--no-such-flag'/);
+  });
+
+  it('prints its version as json and yaml', async () => {
+    const json = await runBin('install-cni', ['version', '-o', 'json']);
+    assert.equal(json.code, 0, json.stderr);
+    const info = JSON.parse(json.stdout) as { version: string; gitCommit: string; nodeVersion: string };
+    assert.match(info.version, /^\d+\.\d+\.\d+/);
+    assert.match(info.nodeVersion, /^v24\./);
+    assert.notEqual(info.gitCommit, '');
+    const yaml = await runBin('install-cni', ['version', '-o', 'yaml']);
+    assert.match(yaml.stdout, /^version: /m);
+    const short = await runBin('install-cni', ['version', '--short']);
+    assert.equal(short.stdout.trim(), info.version);
+  });
+});
