@@ -1,35 +1,52 @@
-// The install-cni process: logging, the monitoring server, the installer and (when enabled) the
-// repair controller, started in that order and stopped in reverse on SIGTERM/SIGINT.
+// The install-cni process: logging, the monitoring server, the plugin log server, the installer,
+// the repair controller and ControlZ, started in that order and stopped in reverse on
+// SIGTERM/SIGINT.
 
+import type { Component } from './component.ts';
 import type { Settings } from './config/settings.ts';
+import { startInstaller } from './install/index.ts';
+import { startControlz } from './monitoring/ctrlz.ts';
 import { configureLogging, scope } from './monitoring/logging.ts';
+import { startPluginLogServer } from './monitoring/logserver.ts';
 import { startMonitoringServer, type Readiness } from './monitoring/server.ts';
+import { startRepair } from './repair/index.ts';
 
 const log = scope('default');
-
-/** A long-running part of the agent. */
-export interface Component {
-  readonly name: string;
-  /** Why this part is not ready yet; empty when it is. */
-  notReadyReasons(): readonly string[];
-  /** Stops the part; `signal` says why (cleanup decisions depend on it). */
-  stop(signal: NodeJS.Signals): Promise<void>;
-}
 
 export async function runAgent(settings: Settings): Promise<number> {
   configureLogging(settings.logging);
   const components: Component[] = [];
+  let started = false;
   const readiness: Readiness = {
-    notReadyReasons: () => (components.length === 0 ? ['starting'] : components.flatMap((c) => c.notReadyReasons())),
+    notReadyReasons: () => (started ? components.flatMap((c) => c.notReadyReasons()) : ['starting']),
   };
-  const monitoring = await startMonitoringServer({ port: settings.monitoring.port, readiness });
-
-  const signal = await new Promise<NodeJS.Signals>((resolve) => {
-    const onSignal = (s: NodeJS.Signals) => resolve(s);
-    process.once('SIGTERM', onSignal);
-    process.once('SIGINT', onSignal);
+  // Signals that arrive while starting are kept and acted on once everything is up.
+  const stopSignal = new Promise<NodeJS.Signals>((resolve) => {
+    process.once('SIGTERM', () => resolve('SIGTERM'));
+    process.once('SIGINT', () => resolve('SIGINT'));
   });
-  log.info('stopping', { signal });
+  const monitoring = await startMonitoringServer({ port: settings.monitoring.port, readiness });
+  try {
+    components.push(await startPluginLogServer(settings));
+    components.push(await startInstaller(settings));
+    components.push(await startRepair(settings));
+    components.push(await startControlz(settings, { components: () => components }));
+    started = true;
+    log.info('install-cni started', { components: components.map((c) => c.name) });
+    const signal = await stopSignal;
+    log.info('stopping', { signal });
+    await stopAll(components, signal);
+    return 0;
+  } catch (e) {
+    log.error('install-cni failed', { error: e instanceof Error ? e.message : String(e) });
+    await stopAll(components, 'SIGTERM');
+    return 1;
+  } finally {
+    await monitoring.close();
+  }
+}
+
+async function stopAll(components: readonly Component[], signal: NodeJS.Signals): Promise<void> {
   for (const c of [...components].reverse()) {
     try {
       await c.stop(signal);
@@ -37,6 +54,4 @@ export async function runAgent(settings: Settings): Promise<number> {
       log.error(`stopping ${c.name} failed`, { error: e instanceof Error ? e.message : String(e) });
     }
   }
-  await monitoring.close();
-  return 0;
 }
