@@ -1,0 +1,190 @@
+// Pure functions over CNI config files: which file the runtime reads, and that file with our
+// plugin entry put in or taken out. I/O lives in netdir.ts; these take and return text.
+//
+// A conflist is edited as text (see jsonspans.ts): our entry is spliced in after the last plugin
+// and spliced out again, so the primary CNI's bytes, formatting and unknown fields stay as they
+// were, and taking our entry out gives back exactly what the primary CNI wrote.
+
+import path from 'node:path';
+import { isDeepStrictEqual } from 'node:util';
+import { arrayElements, lineIndent, objectMembers, skipWs, type Span } from './jsonspans.ts';
+
+/** The `type` of our plugin entry: how we recognise it in any config. */
+export const PLUGIN_TYPE = 'mesh-cni';
+/** What libcni reads from the net dir, as the runtime does. */
+export const CONFIG_EXTENSIONS: readonly string[] = ['.conf', '.conflist', '.json'];
+
+export class CniConfigError extends Error {
+  constructor(message: string) {
+    super(message);
+    this.name = 'CniConfigError';
+  }
+}
+
+type Json = null | boolean | number | string | Json[] | { [k: string]: Json };
+export type JsonObject = { [k: string]: Json };
+
+export type ParsedConfig =
+  | { readonly kind: 'conflist'; readonly value: JsonObject; readonly plugins: readonly JsonObject[] }
+  | { readonly kind: 'conf'; readonly value: JsonObject };
+
+export function isConfigFile(name: string): boolean {
+  return CONFIG_EXTENSIONS.includes(path.extname(name));
+}
+
+export function isOurs(plugin: Json | undefined): boolean {
+  return typeof plugin === 'object' && plugin !== null && !Array.isArray(plugin) && plugin.type === PLUGIN_TYPE;
+}
+
+/**
+ * The config file the runtime uses: `confName` when given (or the .conflist we converted it to),
+ * else the first config file in byte order, leaving out our own files. Null: none yet.
+ */
+export function choosePrimary(fileNames: readonly string[], opts: { confName: string; ownFiles: ReadonlySet<string> }): string | null {
+  const names = new Set(fileNames);
+  if (opts.confName) {
+    if (names.has(opts.confName)) return opts.confName;
+    const converted = conflistName(opts.confName);
+    return converted !== opts.confName && names.has(converted) ? converted : null;
+  }
+  const candidates = fileNames.filter((n) => isConfigFile(n) && !opts.ownFiles.has(n));
+  // Go's sort.Strings order (libcni): compare UTF-16 code units, not locale.
+  candidates.sort((a, b) => (a < b ? -1 : a > b ? 1 : 0));
+  return candidates[0] ?? null;
+}
+
+/** `10-flannel.conf` -> `10-flannel.conflist`. */
+export function conflistName(fileName: string): string {
+  const ext = path.extname(fileName);
+  return ext === '.conflist' ? fileName : fileName.slice(0, fileName.length - ext.length) + '.conflist';
+}
+
+/** Parses a config as the runtime would: .conflist needs plugins, .conf/.json needs a type. */
+export function parseCniConfig(text: string, fileName: string): ParsedConfig {
+  let value: unknown;
+  try {
+    value = JSON.parse(text);
+  } catch (e) {
+    throw new CniConfigError(`cannot parse ${fileName}: ${(e as Error).message}`);
+  }
+  if (typeof value !== 'object' || value === null || Array.isArray(value)) {
+    throw new CniConfigError(`${fileName} is not a JSON object`);
+  }
+  const obj = value as JsonObject;
+  if (path.extname(fileName) === '.conflist') {
+    const plugins = obj.plugins;
+    if (!Array.isArray(plugins) || plugins.length === 0) {
+      throw new CniConfigError(`${fileName} has no "plugins" list; a .conflist needs at least one plugin`);
+    }
+    plugins.forEach((p, i) => {
+      if (typeof p !== 'object' || p === null || Array.isArray(p) || typeof p.type !== 'string' || p.type === '') {
+        throw new CniConfigError(`${fileName}: plugins[${i}] has no "type"; every plugin needs one`);
+      }
+    });
+    return { kind: 'conflist', value: obj, plugins: plugins as JsonObject[] };
+  }
+  if (typeof obj.type !== 'string' || obj.type === '') {
+    throw new CniConfigError(`${fileName} has no "type"; a single-plugin config needs one`);
+  }
+  return { kind: 'conf', value: obj };
+}
+
+export interface Rewrite {
+  readonly fileName: string;
+  readonly text: string;
+  /** The file the primary CNI wrote, when it differs from fileName (a .conf made a .conflist). */
+  readonly replaces?: string;
+}
+
+/**
+ * The primary config with exactly one entry of ours, last in its plugins; null when it already
+ * is so (nothing to write). A single-plugin config becomes a conflist named `<base>.conflist`.
+ */
+export function withOurEntry(text: string, fileName: string, entry: JsonObject): Rewrite | null {
+  const parsed = parseCniConfig(text, fileName);
+  if (parsed.kind === 'conf') {
+    const conflist: JsonObject = { cniVersion: parsed.value.cniVersion ?? '1.0.0', name: parsed.value.name ?? path.basename(fileName, path.extname(fileName)), plugins: [parsed.value, entry] };
+    return { fileName: conflistName(fileName), text: JSON.stringify(conflist, null, 2) + '\n', replaces: fileName };
+  }
+  const plugins = parsed.plugins;
+  const last = plugins[plugins.length - 1];
+  if (plugins.filter(isOurs).length === 1 && isOurs(last) && isDeepStrictEqual(last, entry)) return null;
+  let out = text;
+  for (;;) {
+    const { spans } = pluginSpans(out);
+    const i = spans.findIndex((s) => isOurs(JSON.parse(out.slice(s.start, s.end)) as Json));
+    if (i < 0) break;
+    out = removeElement(out, spans, i);
+  }
+  out = appendElement(out, entry);
+  check(out, fileName, [...plugins.filter((p) => !isOurs(p)), entry]);
+  return { fileName, text: out };
+}
+
+/** The config without any entry of ours; null when it has none. Only conflists carry our entry. */
+export function withoutOurEntry(text: string, fileName: string): string | null {
+  const parsed = parseCniConfig(text, fileName);
+  if (parsed.kind !== 'conflist' || !parsed.plugins.some(isOurs)) return null;
+  let out = text;
+  for (;;) {
+    const { spans } = pluginSpans(out);
+    const i = spans.findIndex((s) => isOurs(JSON.parse(out.slice(s.start, s.end)) as Json));
+    if (i < 0) break;
+    out = removeElement(out, spans, i);
+  }
+  const rest = parsed.plugins.filter((p) => !isOurs(p));
+  if (rest.length > 0) check(out, fileName, rest);
+  return out;
+}
+
+/** Our own conflist for standalone mode (--chained-cni-plugin=false). */
+export function standaloneConflist(entry: JsonObject, cniVersion = '1.0.0'): string {
+  return JSON.stringify({ cniVersion, name: 'mesh-cni', plugins: [entry] }, null, 2) + '\n';
+}
+
+function pluginSpans(text: string): { open: number; spans: Span[] } {
+  const top = skipWs(text, 0);
+  const plugins = objectMembers(text, top).filter((m) => m.key === 'plugins').at(-1);
+  if (!plugins) throw new CniConfigError('no plugins list');
+  return { open: plugins.value.start, spans: arrayElements(text, plugins.value.start) };
+}
+
+function removeElement(text: string, spans: readonly Span[], i: number): string {
+  const el = spans[i]!;
+  // Take the element with the separator before it (or after it, for the first one), so the
+  // text left is what it was before the element was appended.
+  if (i > 0) return text.slice(0, spans[i - 1]!.end) + text.slice(el.end);
+  const next = spans[1];
+  return next ? text.slice(0, el.start) + text.slice(next.start) : text.slice(0, el.start) + text.slice(el.end);
+}
+
+function appendElement(text: string, entry: JsonObject): string {
+  const { open, spans } = pluginSpans(text);
+  const last = spans.at(-1);
+  const multiline = text.slice(open, (spans[0] ?? last)?.start ?? open).includes('\n');
+  if (!last) {
+    // Every plugin was ours: put the entry back inside the now empty list.
+    return text.slice(0, open + 1) + JSON.stringify(entry) + text.slice(open + 1);
+  }
+  if (!multiline) return text.slice(0, last.end) + ', ' + JSON.stringify(entry) + text.slice(last.end);
+  const indent = lineIndent(text, last.start);
+  const unit = indentUnit(text, open, last.start);
+  const body = JSON.stringify(entry, null, unit).replaceAll('\n', '\n' + indent);
+  return text.slice(0, last.end) + ',\n' + indent + body + text.slice(last.end);
+}
+
+/** The indentation step the file uses: element indent minus the plugins line's indent. */
+function indentUnit(text: string, open: number, elementStart: number): string {
+  const outer = lineIndent(text, open);
+  const inner = lineIndent(text, elementStart);
+  const step = inner.startsWith(outer) ? inner.slice(outer.length) : '';
+  return step.length > 0 ? step : '  ';
+}
+
+/** Defence in depth: never hand back text whose plugins are not exactly what we meant. */
+function check(text: string, fileName: string, expected: readonly Json[]): void {
+  const parsed = JSON.parse(text) as JsonObject;
+  if (!isDeepStrictEqual(parsed.plugins, expected)) {
+    throw new Error(`internal: rewriting ${fileName} would not give the expected plugins list; leaving it untouched`);
+  }
+}

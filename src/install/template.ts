@@ -1,0 +1,78 @@
+// Our plugin entry, from the operator's template (--cni-network-config or
+// --cni-network-config-file, JSON with comments allowed: parsed with json5) or the default one.
+// Output is a plain object that the rest writes as strict JSON, since runtimes parse strictly.
+
+import JSON5 from 'json5';
+import { CniConfigError, PLUGIN_TYPE, type JsonObject } from './cniconfig.ts';
+
+export const DEFAULT_TEMPLATE = `{
+  // Written by install-cni. Values in __X__ are filled in from its settings.
+  "type": "${PLUGIN_TYPE}",
+  "log_level": "__LOG_LEVEL__",
+  "log_uds_address": "__LOG_UDS_ADDRESS__",
+  "orch": {
+    "orchconfig": "__KUBECONFIG_FILEPATH__",
+    "cni_bin_dir": "__CNI_BIN_DIR__",
+    "exclude_namespaces": __EXCLUDE_NAMESPACES__,
+    "node_name": "__KUBERNETES_NODE_NAME__"
+  }
+}
+`;
+
+export interface TemplateValues {
+  readonly kubeconfigFilepath: string;
+  readonly logLevel: string;
+  readonly logUdsAddress: string;
+  readonly orchServiceHost: string;
+  readonly orchServicePort: string;
+  readonly nodeName: string;
+  readonly hostIp: string;
+  readonly cniNetDir: string;
+  readonly cniBinDir: string;
+  readonly excludeNamespaces: readonly string[];
+}
+
+/** Placeholder -> text put in its place. String values are JSON-escaped (they sit inside quotes). */
+function substitutions(v: TemplateValues): [string, string][] {
+  const str = (s: string) => JSON.stringify(s).slice(1, -1);
+  return [
+    ['__KUBECONFIG_FILEPATH__', str(v.kubeconfigFilepath)],
+    ['__ORCHCONFIG_FILEPATH__', str(v.kubeconfigFilepath)],
+    ['__LOG_LEVEL__', str(v.logLevel)],
+    ['__LOG_UDS_ADDRESS__', str(v.logUdsAddress)],
+    ['__KUBERNETES_SERVICE_HOST__', str(v.orchServiceHost)],
+    ['__KUBERNETES_SERVICE_PORT__', str(v.orchServicePort)],
+    ['__KUBERNETES_NODE_NAME__', str(v.nodeName)],
+    ['__HOST_IP__', str(v.hostIp)],
+    ['__CNI_NET_DIR__', str(v.cniNetDir)],
+    ['__CNI_BIN_DIR__', str(v.cniBinDir)],
+    ['__EXCLUDE_NAMESPACES__', JSON.stringify(v.excludeNamespaces)],
+  ];
+}
+
+/** Renders the template into our plugin entry; `source` names it in errors. */
+export function renderEntry(template: string, values: TemplateValues, source: string): JsonObject {
+  let text = template;
+  for (const [placeholder, value] of substitutions(values)) text = text.replaceAll(placeholder, value);
+  let parsed: unknown;
+  try {
+    parsed = JSON5.parse(text);
+  } catch (e) {
+    throw new CniConfigError(`cannot parse the CNI network config template from ${source}: ${(e as Error).message}`);
+  }
+  if (typeof parsed !== 'object' || parsed === null || Array.isArray(parsed)) {
+    throw new CniConfigError(`the CNI network config template from ${source} must be a JSON object (one plugin entry)`);
+  }
+  const entry = parsed as JsonObject;
+  if (entry.type !== PLUGIN_TYPE) {
+    throw new CniConfigError(`the CNI network config template from ${source} must have "type": "${PLUGIN_TYPE}" (found ${JSON.stringify(entry.type)})`);
+  }
+  const left = /__[A-Z0-9_]+__/.exec(JSON.stringify(entry));
+  if (left) throw new CniConfigError(`the CNI network config template from ${source} uses unknown placeholder ${left[0]}`);
+  // Round-trip through strict JSON: json5 accepts values (Infinity, NaN) that strict JSON cannot hold.
+  const strict = JSON.stringify(entry, (_k, v: unknown) => {
+    if (typeof v === 'number' && !Number.isFinite(v)) throw new CniConfigError(`the CNI network config template from ${source} has ${v}, which strict JSON cannot hold`);
+    return v;
+  });
+  return JSON.parse(strict) as JsonObject;
+}
