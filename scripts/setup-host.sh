@@ -17,6 +17,7 @@ needs=(
   zsh:zsh
   fish:fish
   promtool:prometheus
+  /usr/lib/python3/dist-packages/prometheus_client:python3-prometheus-client
   shellcheck:shellcheck
   yamllint:yamllint
   hyperfine:hyperfine

@@ -4,6 +4,7 @@ import http from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { registry } from './metrics.ts';
 import { scope } from './logging.ts';
+import { OPENMETRICS_CONTENT_TYPE, toOpenMetrics, wantsOpenMetrics } from './openmetrics.ts';
 
 const log = scope('monitoring');
 
@@ -19,24 +20,26 @@ export interface MonitoringServer {
 
 export async function startMonitoringServer(opts: { port: number; host?: string; readiness: Readiness }): Promise<MonitoringServer> {
   const server = http.createServer((req, res) => {
-    const url = new URL(req.url ?? '/', 'http://localhost');
     const send = (status: number, body: string, type = 'text/plain; charset=utf-8') => {
       res.writeHead(status, { 'content-type': type, 'cache-control': 'no-store' });
       res.end(req.method === 'HEAD' ? undefined : body);
     };
-    const route = ROUTES[url.pathname];
-    if (!route) return send(404, `not found: ${url.pathname}\n`);
+    // An absolute-form or malformed request target must not throw out of the handler.
+    const pathname = URL.parse(req.url ?? '/', 'http://localhost')?.pathname ?? '';
+    const route = Object.hasOwn(ROUTES, pathname) ? ROUTES[pathname] : undefined;
+    if (!route) return send(404, `not found: ${pathname}\n`);
     if (req.method !== 'GET' && req.method !== 'HEAD') {
       res.setHeader('allow', 'GET, HEAD');
       return send(405, `method ${req.method} not allowed\n`);
     }
-    route(send, opts.readiness).catch((e: unknown) => {
-      log.error('monitoring request failed', { path: url.pathname, error: String(e) });
+    route(send, opts.readiness, req).catch((e: unknown) => {
+      log.error('monitoring request failed', { path: pathname, error: String(e) });
       if (!res.headersSent) send(500, 'internal error\n');
     });
   });
   await new Promise<void>((resolve, reject) => {
-    server.once('error', reject);
+    server.once('error', (e: NodeJS.ErrnoException) =>
+      reject(new Error(`cannot serve metrics on ${opts.host ?? '*'}:${opts.port}: ${e.code ?? e.message}; choose a free --monitoring-port`, { cause: e })));
     server.listen(opts.port, opts.host, () => resolve());
   });
   const port = (server.address() as AddressInfo).port;
@@ -52,8 +55,12 @@ export async function startMonitoringServer(opts: { port: number; host?: string;
 
 type Send = (status: number, body: string, type?: string) => void;
 
-const ROUTES: Record<string, (send: Send, readiness: Readiness) => Promise<void>> = {
-  '/metrics': async (send) => send(200, await registry.metrics(), registry.contentType),
+const ROUTES: Record<string, (send: Send, readiness: Readiness, req: http.IncomingMessage) => Promise<void>> = {
+  '/metrics': async (send, _readiness, req) => {
+    const text = await registry.metrics();
+    if (wantsOpenMetrics(req.headers.accept)) send(200, toOpenMetrics(text), OPENMETRICS_CONTENT_TYPE);
+    else send(200, text, registry.contentType);
+  },
   '/healthz': async (send) => send(200, 'ok\n'),
   '/readyz': async (send, readiness) => {
     const reasons = readiness.notReadyReasons();
