@@ -1,0 +1,104 @@
+// Plugin logs to the agent over its unix socket (`log_uds_address` in our conflist entry, the
+// agent's --log-uds-address), which prints them in scope `cni`.
+//
+// WIRE FORMAT (what src/monitoring/logserver.ts reads):
+//   - a SOCK_STREAM unix socket; the plugin connects once per invocation, writes its lines and
+//     closes (end of stream = end of that invocation's logs);
+//   - UTF-8, one JSON object per line, '\n'-terminated, never more than 16 KiB per line;
+//   - fields, always present:
+//       time       RFC 3339 UTC with milliseconds, "2026-01-02T03:04:05.678Z"
+//       level      "error" | "warn" | "info" | "debug"
+//       msg        the message
+//       scope      always "cni"
+//       command    CNI_COMMAND: "ADD" | "DEL" | "CHECK" | ...
+//       containerID CNI_CONTAINERID ("" when unknown)
+//       pod        {"namespace": "...", "name": "..."} or null when CNI_ARGS named no pod
+//   - plus message-specific fields (flat JSON values, e.g. "reason", "attempt", "elapsedMs");
+//   - lines below the entry's `log_level` are not sent.
+//
+// Never blocks or fails the plugin: connect and write are fire-and-forget on an unref'd socket;
+// flush() waits at most a few ms and then lets the process exit, dropping what is unsent.
+
+import net from 'node:net';
+
+export type Level = 'error' | 'warn' | 'info' | 'debug';
+const RANK: Record<Level | 'none', number> = { none: 0, error: 1, warn: 2, info: 3, debug: 4 };
+const MAX_LINE = 16 * 1024;
+
+export interface LogContext {
+  command: string;
+  containerID: string;
+  pod: { namespace: string; name: string } | null;
+}
+
+export class UdsLog {
+  private readonly lines: string[] = [];
+  private socket: net.Socket | null = null;
+  private connected = false;
+  private failed = false;
+  private readonly address: string;
+  private readonly threshold: number;
+  readonly context: LogContext;
+  /** Also mirror lines to stderr (the runtime keeps plugin stderr in its own log). */
+  private readonly stderrLevel: number;
+
+  constructor(address: string, level: Level | 'none', context: LogContext, stderrLevel: Level | 'none' = 'error') {
+    this.address = address;
+    this.threshold = RANK[level];
+    this.context = context;
+    this.stderrLevel = RANK[stderrLevel];
+  }
+
+  log(level: Level, msg: string, fields: Record<string, unknown> = {}): void {
+    if (RANK[level] > this.threshold && RANK[level] > this.stderrLevel) return;
+    const { command, containerID, pod } = this.context;
+    let line = JSON.stringify({ time: new Date().toISOString(), level, msg, scope: 'cni', command, containerID, pod, ...fields });
+    if (line.length > MAX_LINE) line = JSON.stringify({ time: new Date().toISOString(), level, msg: msg.slice(0, 4096), scope: 'cni', command, containerID, pod, truncated: true });
+    if (RANK[level] <= this.stderrLevel) process.stderr.write(`mesh-cni: ${level}: ${msg}${Object.keys(fields).length ? ' ' + JSON.stringify(fields) : ''}\n`);
+    if (RANK[level] > this.threshold || this.address === '' || this.failed) return;
+    this.lines.push(line + '\n');
+    this.pump();
+  }
+
+  error(msg: string, fields?: Record<string, unknown>): void { this.log('error', msg, fields); }
+  warn(msg: string, fields?: Record<string, unknown>): void { this.log('warn', msg, fields); }
+  info(msg: string, fields?: Record<string, unknown>): void { this.log('info', msg, fields); }
+  debug(msg: string, fields?: Record<string, unknown>): void { this.log('debug', msg, fields); }
+
+  private pump(): void {
+    if (this.socket === null) {
+      const s = net.createConnection({ path: this.address });
+      this.socket = s;
+      s.unref();
+      s.on('connect', () => {
+        this.connected = true;
+        this.pump();
+      });
+      s.on('error', () => {
+        this.failed = true;
+        this.lines.length = 0;
+        s.destroy();
+      });
+      return;
+    }
+    if (!this.connected) return;
+    while (this.lines.length > 0) this.socket.write(this.lines.shift()!);
+  }
+
+  /** Gives queued lines up to `maxMs` to reach the socket, then closes it. */
+  flush(maxMs = 5): Promise<void> {
+    const s = this.socket;
+    if (s === null || this.failed) return Promise.resolve();
+    return new Promise((resolve) => {
+      const done = () => {
+        clearTimeout(timer);
+        s.destroy();
+        resolve();
+      };
+      const timer = setTimeout(done, maxMs);
+      const finish = () => s.end(done);
+      if (this.connected) finish();
+      else s.once('connect', finish).once('error', done);
+    });
+  }
+}

@@ -1,0 +1,41 @@
+// Runs a host binary with a time limit and optional stdin; never throws for a non-zero exit.
+
+import { spawn } from 'node:child_process';
+
+export interface ExecResult {
+  readonly code: number | null;
+  readonly stdout: string;
+  readonly stderr: string;
+  /** Set when the binary could not be started (ENOENT...) or was killed for the time limit. */
+  readonly error: string | null;
+}
+
+/** The runtime's PATH may lack the sbin dirs where iptables and nsenter live. */
+const PATH = [process.env.PATH ?? '', '/usr/local/sbin', '/usr/sbin', '/sbin', '/usr/local/bin', '/usr/bin', '/bin']
+  .filter((p) => p !== '').join(':');
+
+export function exec(file: string, args: readonly string[], input: string | null = null, timeoutMs = 10_000): Promise<ExecResult> {
+  return new Promise((resolve) => {
+    const child = spawn(file, args, { stdio: [input === null ? 'ignore' : 'pipe', 'pipe', 'pipe'], env: { ...process.env, PATH } });
+    let stdout = '';
+    let stderr = '';
+    let error: string | null = null;
+    const timer = setTimeout(() => {
+      error = `${file} did not finish within ${timeoutMs} ms`;
+      child.kill('SIGKILL');
+    }, timeoutMs);
+    child.stdout!.setEncoding('utf8').on('data', (d: string) => (stdout += d));
+    child.stderr!.setEncoding('utf8').on('data', (d: string) => (stderr += d));
+    child.on('error', (e) => {
+      error = `cannot run ${file}: ${e.message}`;
+    });
+    child.on('close', (code) => {
+      clearTimeout(timer);
+      resolve({ code, stdout, stderr, error });
+    });
+    if (input !== null && child.stdin) {
+      child.stdin.on('error', () => { /* the child died early; its exit status tells why */ });
+      child.stdin.end(input);
+    }
+  });
+}

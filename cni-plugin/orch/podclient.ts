@@ -1,0 +1,142 @@
+// Reads one pod from the API server: a tiny node:https client (bearer token, CA or skip-verify)
+// with bounded retries. A pod created a moment ago may not be readable yet (404, or an older pod
+// of the same name with another UID), the API server may be restarting (5xx, 429, refused, slow):
+// those are retried with backoff until the overall deadline; 401/403 and other 4xx are not.
+
+import https from 'node:https';
+import type { PodLike } from '../redirect/spec.ts';
+import type { OrchAccess } from './orchconfig.ts';
+
+export type LookupFailure = 'unauthorized' | 'not-found' | 'unavailable' | 'rejected';
+
+export class PodLookupError extends Error {
+  readonly reason: LookupFailure;
+  readonly attempts: number;
+  constructor(reason: LookupFailure, attempts: number, msg: string) {
+    super(msg);
+    this.reason = reason;
+    this.attempts = attempts;
+  }
+}
+
+export interface LookupOptions {
+  readonly timeoutMs: number;
+  readonly attemptTimeoutMs: number;
+  /** 404s (or UID mismatches) tolerated before giving up: a new pod shows up within moments. */
+  readonly maxNotFound?: number;
+  /** When the runtime told us the pod UID, a pod with another UID is a stale namesake. */
+  readonly expectUid?: string;
+  /** Called on 401/403: a fresh read of the orchconfig (projected tokens rotate). */
+  readonly reloadAccess?: () => OrchAccess;
+  readonly onRetry?: (attempt: number, why: string, delayMs: number) => void;
+}
+
+interface Reply {
+  readonly status: number;
+  readonly body: string;
+  readonly retryAfterMs: number | null;
+}
+
+function getOnce(access: OrchAccess, agent: https.Agent, path: string, timeoutMs: number): Promise<Reply> {
+  return new Promise((resolve, reject) => {
+    const host = access.server.hostname.replace(/^\[(.*)\]$/, '$1');
+    const req = https.request({
+      host,
+      port: access.server.port || 443,
+      path,
+      method: 'GET',
+      agent,
+      ca: access.caPem ?? undefined,
+      rejectUnauthorized: !access.insecure,
+      headers: { authorization: `Bearer ${access.token}`, accept: 'application/json', 'user-agent': 'mesh-cni' },
+    }, (res) => {
+      const chunks: Buffer[] = [];
+      res.on('data', (c: Buffer) => chunks.push(c));
+      res.on('end', () => {
+        clearTimeout(timer);
+        const ra = Number(res.headers['retry-after']);
+        resolve({ status: res.statusCode ?? 0, body: Buffer.concat(chunks).toString('utf8'), retryAfterMs: Number.isFinite(ra) && ra >= 0 ? ra * 1000 : null });
+      });
+      res.on('error', (e) => { clearTimeout(timer); reject(e); });
+    });
+    const timer = setTimeout(() => req.destroy(new Error(`no answer within ${timeoutMs} ms`)), timeoutMs);
+    req.on('error', (e) => { clearTimeout(timer); reject(e); });
+    req.end();
+  });
+}
+
+const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms));
+
+function statusMessage(body: string): string {
+  try {
+    const m = (JSON.parse(body) as { message?: unknown }).message;
+    if (typeof m === 'string') return m;
+  } catch {
+    // not a Status object
+  }
+  return body.slice(0, 200);
+}
+
+export async function getPod(initial: OrchAccess, namespace: string, name: string, opts: LookupOptions): Promise<PodLike> {
+  let access = initial;
+  const path = `/api/v1/namespaces/${encodeURIComponent(namespace)}/pods/${encodeURIComponent(name)}`;
+  const where = `${access.server.origin}${path}`;
+  const deadline = Date.now() + opts.timeoutMs;
+  const maxNotFound = opts.maxNotFound ?? 5;
+  const agent = new https.Agent({ keepAlive: true, maxSockets: 1 });
+  let notFound = 0;
+  let reloaded = false;
+  let attempt = 0;
+  let last = '';
+  try {
+    for (;;) {
+      attempt++;
+      const remaining = deadline - Date.now();
+      if (remaining <= 0) {
+        throw new PodLookupError('unavailable', attempt - 1, `API server did not answer GET ${where} within ${opts.timeoutMs} ms (${attempt - 1} attempts; last: ${last})`);
+      }
+      let delay = Math.min(1000, 50 * 2 ** Math.min(attempt - 1, 5));
+      try {
+        const r = await getOnce(access, agent, path, Math.min(opts.attemptTimeoutMs, remaining));
+        if (r.status === 200) {
+          const pod = JSON.parse(r.body) as PodLike;
+          if (opts.expectUid && pod.metadata?.uid && pod.metadata.uid !== opts.expectUid) {
+            last = `found UID ${pod.metadata.uid}, runtime asked for ${opts.expectUid}`;
+            if (++notFound > maxNotFound) throw new PodLookupError('not-found', attempt, `pod ${namespace}/${name} with UID ${opts.expectUid} not found at ${where}: ${last}`);
+          } else {
+            return pod;
+          }
+        } else if (r.status === 404) {
+          last = '404 Not Found';
+          if (++notFound > maxNotFound) throw new PodLookupError('not-found', attempt, `pod ${namespace}/${name} not found at ${where} after ${attempt} attempts`);
+        } else if (r.status === 401 || r.status === 403) {
+          last = `${r.status} ${statusMessage(r.body)}`;
+          if (!reloaded && opts.reloadAccess) {
+            reloaded = true;
+            const fresh = opts.reloadAccess();
+            if (fresh.token !== access.token) {
+              access = fresh;
+              delay = 0;
+              opts.onRetry?.(attempt, `${r.status} with a token that has since been rotated`, delay);
+              continue;
+            }
+          }
+          throw new PodLookupError('unauthorized', attempt, `API server refused GET ${where}: ${last}; check the orchconfig token and the agent's RBAC (get pods)`);
+        } else if (r.status === 429 || r.status >= 500) {
+          last = `${r.status} ${statusMessage(r.body)}`;
+          if (r.retryAfterMs !== null) delay = Math.min(r.retryAfterMs, 2000);
+        } else {
+          throw new PodLookupError('rejected', attempt, `API server answered GET ${where} with ${r.status}: ${statusMessage(r.body)}`);
+        }
+      } catch (e) {
+        if (e instanceof PodLookupError) throw e;
+        last = (e as Error).message;
+      }
+      delay = Math.min(delay, Math.max(0, deadline - Date.now()));
+      opts.onRetry?.(attempt, last, delay);
+      await sleep(delay);
+    }
+  } finally {
+    agent.destroy();
+  }
+}

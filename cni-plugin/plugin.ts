@@ -1,0 +1,159 @@
+// The plugin's commands: which pods get redirect rules (and why the others do not), applying
+// them in the pod netns, checking and removing them. Fail closed: a pod that should be
+// redirected never gets a success answer without its rules.
+
+import { CniError, CNI_ERROR } from './cni/errors.ts';
+import type { CniRequest } from './cni/protocol.ts';
+import { convertResult, resultFamilies } from './cni/result.ts';
+import type { UdsLog } from './log/udslog.ts';
+import { detectFlavour, diffRules, ipBatch, netnsExists, parseRules, restore, save, type Flavour } from './netns/iptables.ts';
+import { OrchconfigError, readOrchconfig, type OrchAccess } from './orch/orchconfig.ts';
+import { getPod, PodLookupError } from './orch/podclient.ts';
+import { ANNOTATION, CHAIN, OWN_INIT_CONTAINER_NAME } from './redirect/constants.ts';
+import type { Family } from './redirect/net.ts';
+import { buildFamilyRules, emptyRestore } from './redirect/rules.ts';
+import { AnnotationError, specForPod, type PodLike, type RedirectSpec } from './redirect/spec.ts';
+
+/** Why a pod gets no rules (logged), or null when it must be redirected. */
+export function skipReason(pod: PodLike): string | null {
+  const a = pod.metadata?.annotations ?? {};
+  if (a[ANNOTATION.STATUS] === undefined) return `no ${ANNOTATION.STATUS} annotation (no sidecar injected)`;
+  if (a[ANNOTATION.INJECT]?.trim().toLowerCase() === 'false') return `${ANNOTATION.INJECT} is "false"`;
+  if (pod.spec?.initContainers?.some((c) => c.name === OWN_INIT_CONTAINER_NAME)) return `it has its own ${OWN_INIT_CONTAINER_NAME} init container`;
+  if (a[ANNOTATION.INTERCEPTION_MODE]?.trim() === 'NONE') return `${ANNOTATION.INTERCEPTION_MODE} is NONE`;
+  return null;
+}
+
+type Decision = { readonly skip: string } | { readonly spec: RedirectSpec };
+
+/** Pod lookup + skip logic + annotations, shared by ADD and CHECK. */
+async function decide(req: CniRequest, log: UdsLog): Promise<Decision> {
+  const pod = req.pod;
+  if (pod === null) return { skip: 'CNI_ARGS names no K8S_POD_NAME (not a Kubernetes pod)' };
+  if (req.config.excludeNamespaces.includes(pod.namespace)) return { skip: `namespace ${pod.namespace} is excluded` };
+  let access: OrchAccess;
+  try {
+    access = readOrchconfig(req.config.orchconfig);
+  } catch (e) {
+    if (e instanceof OrchconfigError) throw new CniError(CNI_ERROR.TRY_AGAIN_LATER, 'cannot reach the API server: orchconfig unusable', e.message);
+    throw e;
+  }
+  let found: PodLike;
+  const started = Date.now();
+  try {
+    found = await getPod(access, pod.namespace, pod.name, {
+      timeoutMs: req.config.podLookupTimeoutMs,
+      attemptTimeoutMs: req.config.podLookupAttemptTimeoutMs,
+      expectUid: pod.uid,
+      reloadAccess: () => readOrchconfig(req.config.orchconfig),
+      onRetry: (attempt, why, delayMs) => log.debug('pod lookup retry', { attempt, reason: why, delayMs }),
+    });
+  } catch (e) {
+    if (e instanceof PodLookupError) {
+      throw new CniError(CNI_ERROR.TRY_AGAIN_LATER, `cannot read pod ${pod.namespace}/${pod.name} from the API server (${e.reason}); not starting it unredirected`, e.message);
+    }
+    throw new CniError(CNI_ERROR.TRY_AGAIN_LATER, `cannot read pod ${pod.namespace}/${pod.name} from the API server`, (e as Error).message);
+  }
+  log.debug('pod read', { elapsedMs: Date.now() - started });
+  const why = skipReason(found);
+  if (why !== null) return { skip: why };
+  try {
+    return { spec: specForPod(found) };
+  } catch (e) {
+    if (e instanceof AnnotationError) {
+      throw new CniError(CNI_ERROR.BAD_POD_ANNOTATION, `pod ${pod.namespace}/${pod.name} has a bad annotation; no rules applied`, `${e.message}; fix the annotation and recreate the pod`);
+    }
+    throw e;
+  }
+}
+
+function families(result: Record<string, unknown>): Family[] {
+  const f = resultFamilies(result);
+  return f.has(6) ? (f.has(4) ? [4, 6] : [6]) : [4];
+}
+
+async function flavourFor(req: CniRequest, log: UdsLog): Promise<Flavour> {
+  if (req.config.iptablesFlavour !== 'auto') return req.config.iptablesFlavour;
+  try {
+    const d = await detectFlavour();
+    log.debug('iptables flavour', { flavour: d.flavour, why: d.why });
+    return d.flavour;
+  } catch (e) {
+    throw new CniError(CNI_ERROR.RULES_FAILED, 'cannot use iptables on this host', (e as Error).message);
+  }
+}
+
+function requireNetns(req: CniRequest): void {
+  if (!netnsExists(req.netns)) throw new CniError(CNI_ERROR.INVALID_ENV, `CNI_NETNS ${req.netns} does not exist`, 'the pod network namespace is gone or the runtime passed a wrong path');
+}
+
+export async function cmdAdd(req: CniRequest, log: UdsLog): Promise<Record<string, unknown>> {
+  const result = convertResult(req.config.prevResult, req.config.cniVersion);
+  requireNetns(req);
+  // Flavour detection (host iptables-save runs) overlaps the API round trip; both are on the
+  // pod's critical path.
+  const flavourP = flavourFor(req, log);
+  flavourP.catch(() => { /* awaited below when needed */ });
+  const d = await decide(req, log);
+  if ('skip' in d) {
+    log.info(`not redirecting: ${d.skip}`, { reason: d.skip });
+    return result;
+  }
+  const fams = families(result);
+  const flavour = await flavourP;
+  try {
+    await Promise.all(fams.map(async (fam) => {
+      const r = buildFamilyRules(d.spec, fam);
+      await restore(req.netns, flavour, fam, r.restore);
+      await ipBatch(req.netns, fam, r.ipBatch);
+    }));
+  } catch (e) {
+    throw new CniError(CNI_ERROR.RULES_FAILED, 'cannot apply the redirect rules in the pod netns', (e as Error).message);
+  }
+  log.info('redirect rules applied', { families: fams, flavour, interceptionMode: d.spec.interceptionMode });
+  return result;
+}
+
+export async function cmdCheck(req: CniRequest, log: UdsLog): Promise<void> {
+  const result = convertResult(req.config.prevResult, req.config.cniVersion);
+  requireNetns(req);
+  const d = await decide(req, log);
+  if ('skip' in d) return;
+  const flavour = await flavourFor(req, log);
+  const problems: string[] = [];
+  for (const fam of families(result)) {
+    const want = parseRules(buildFamilyRules(d.spec, fam).restore);
+    const have = parseRules(await save(req.netns, flavour, fam).catch((e: Error) => { problems.push(e.message); return ''; }));
+    problems.push(...diffRules(want, have).map((p) => `IPv${fam} ${p}`));
+  }
+  if (problems.length > 0) {
+    throw new CniError(CNI_ERROR.RULES_MISMATCH, 'redirect rules in the pod netns are missing or changed', problems.slice(0, 5).join('; '));
+  }
+}
+
+/** Best effort: the netns may be gone (that is success); our tables are emptied only if our chains are there. */
+export async function cmdDel(req: CniRequest, log: UdsLog): Promise<void> {
+  if (!netnsExists(req.netns)) {
+    log.debug('netns already gone', { netns: req.netns });
+    return;
+  }
+  try {
+    const flavour = req.config.iptablesFlavour !== 'auto' ? req.config.iptablesFlavour : (await detectFlavour()).flavour;
+    await Promise.all(([4, 6] as const).map(async (fam) => {
+      const saved = await save(req.netns, flavour, fam).catch(() => '');
+      if (saved.includes(`:${CHAIN.OUTPUT} `)) await restore(req.netns, flavour, fam, emptyRestore());
+    }));
+  } catch (e) {
+    log.warn('could not remove redirect rules (ignored: DEL is best effort)', { error: (e as Error).message });
+  }
+}
+
+/** STATUS (1.1): ready when the orchconfig install-cni writes is usable. */
+export function cmdStatus(orchconfig: string): void {
+  if (orchconfig === '') throw new CniError(CNI_ERROR.NOT_AVAILABLE, 'mesh-cni is not configured', 'orch.orchconfig is empty');
+  try {
+    readOrchconfig(orchconfig);
+  } catch (e) {
+    throw new CniError(CNI_ERROR.NOT_AVAILABLE, 'mesh-cni cannot reach the API server', (e as Error).message);
+  }
+}
