@@ -1,7 +1,10 @@
-// The installer (issue 3). Stub until it lands.
+// The installer's entry for the agent.
+import type { Component } from '../component.ts';
 import type { Settings } from '../config/settings.ts';
-import { disabledComponent, type Component } from '../component.ts';
+import { Installer } from './installer.ts';
 
-export async function startInstaller(_settings: Settings): Promise<Component> {
-  return disabledComponent('install');
+export async function startInstaller(settings: Settings): Promise<Component> {
+  const installer = new Installer(settings);
+  await installer.start();
+  return installer;
 }

@@ -1,0 +1,99 @@
+// Whole-file writes that a reader (the container runtime, a running plugin) never sees half done,
+// and that leave only whole files when the process is killed at any moment: write a temp file in
+// the same directory, fsync, set the mode, rename over the target, fsync the directory.
+// Temp names start with a dot and end in `.mesh-tmp-*`, which no runtime reads as a CNI config.
+
+import { randomBytes } from 'node:crypto';
+import { constants } from 'node:fs';
+import fs from 'node:fs/promises';
+import path from 'node:path';
+
+export const TEMP_MARKER = '.mesh-tmp-';
+
+function tempPath(file: string): string {
+  return path.join(path.dirname(file), `.${path.basename(file)}${TEMP_MARKER}${process.pid}-${randomBytes(4).toString('hex')}`);
+}
+
+export interface WriteOptions {
+  readonly mode: number;
+  /** Owner to keep (the primary CNI's file may belong to someone else). */
+  readonly uid?: number;
+  readonly gid?: number;
+}
+
+/** Writes `data` to `file` atomically, with `mode` from the first byte (umask does not apply). */
+export async function writeFileAtomic(file: string, data: string | Uint8Array, opts: WriteOptions): Promise<void> {
+  const tmp = tempPath(file);
+  try {
+    const fh = await fs.open(tmp, constants.O_WRONLY | constants.O_CREAT | constants.O_EXCL, 0o600 & opts.mode);
+    try {
+      await fh.chmod(opts.mode);
+      if (opts.uid !== undefined && opts.gid !== undefined) await fh.chown(opts.uid, opts.gid).catch(() => {});
+      await fh.writeFile(data);
+      await fh.sync();
+    } finally {
+      await fh.close();
+    }
+    await fs.rename(tmp, file);
+  } catch (e) {
+    await fs.rm(tmp, { force: true }).catch(() => {});
+    throw e;
+  }
+  await syncDir(path.dirname(file));
+}
+
+/** Copies `src` to `dest` atomically (a running copy of dest keeps its old inode: no ETXTBSY). */
+export async function copyFileAtomic(src: string, dest: string, mode: number): Promise<void> {
+  const tmp = tempPath(dest);
+  try {
+    await fs.copyFile(src, tmp, constants.COPYFILE_EXCL);
+    const fh = await fs.open(tmp, 'r+');
+    try {
+      await fh.chmod(mode);
+      await fh.sync();
+    } finally {
+      await fh.close();
+    }
+    await fs.rename(tmp, dest);
+  } catch (e) {
+    await fs.rm(tmp, { force: true }).catch(() => {});
+    throw e;
+  }
+  await syncDir(path.dirname(dest));
+}
+
+/** Removes `file` if present and makes the removal durable. */
+export async function removeFile(file: string): Promise<boolean> {
+  try {
+    await fs.unlink(file);
+  } catch (e) {
+    if ((e as NodeJS.ErrnoException).code === 'ENOENT') return false;
+    throw e;
+  }
+  await syncDir(path.dirname(file));
+  return true;
+}
+
+async function syncDir(dir: string): Promise<void> {
+  const fh = await fs.open(dir, 'r');
+  try {
+    await fh.sync();
+  } catch {
+    // Some file systems refuse fsync on a directory; the rename is still atomic.
+  } finally {
+    await fh.close();
+  }
+}
+
+/** Removes temp files of ours left behind by a process killed mid-write. */
+export async function removeStaleTemps(dir: string): Promise<string[]> {
+  let names: string[];
+  try {
+    names = await fs.readdir(dir);
+  } catch {
+    return [];
+  }
+  const stale = names.filter((n) => n.startsWith('.') && n.includes(TEMP_MARKER));
+  await Promise.all(stale.map((n) => fs.rm(path.join(dir, n), { force: true })));
+  return stale;
+}

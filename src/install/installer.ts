@@ -1,0 +1,202 @@
+// The installer component: runs a reconcile pass at start, on every watched change and
+// periodically; serialises passes (one at a time, the triggers that arrive meanwhile merged into
+// one follow-up pass); reports readiness; on stop, cleans up or leaves everything in place.
+
+import path from 'node:path';
+import type { Component } from '../component.ts';
+import type { Settings } from '../config/settings.ts';
+import { scope } from '../monitoring/logging.ts';
+import { removeStaleTemps, TEMP_MARKER } from './atomicfile.ts';
+import * as metrics from './metrics.ts';
+import { Reconciler, type Outcome } from './reconcile.ts';
+import { decideCleanup, type CleanupDecision } from './uninstall.ts';
+import { DirWatcher, type Trigger } from './watch.ts';
+
+const log = scope('install');
+
+// A pass that found a problem is retried on this backoff as well as on the next change: a
+// primary CNI that writes its file in place can be caught half-written, and the watch may
+// report the whole write as a single event.
+const RETRY_MIN_MS = 50;
+const RETRY_MAX_MS = 5000;
+
+export interface InstallerOptions {
+  /** Decides uninstall vs restart on stop; the default asks the API server (--cleanup-on-exit). */
+  readonly decideCleanup?: (settings: Settings) => Promise<CleanupDecision>;
+}
+
+export class Installer implements Component {
+  readonly name = 'install';
+  private readonly settings: Settings;
+  private readonly reconciler: Reconciler;
+  private readonly watcher: DirWatcher;
+  private readonly decide: (settings: Settings) => Promise<CleanupDecision>;
+  private running: Promise<void> | null = null;
+  private pending: Trigger | null = null;
+  private timer: NodeJS.Timeout | null = null;
+  private stopped = false;
+  private last: Outcome | null = null;
+  private lastAt: Date | null = null;
+  private lastReported = '';
+  private passes = 0;
+  private retryTimer: NodeJS.Timeout | null = null;
+  private retryDelayMs = RETRY_MIN_MS;
+  private lastMalformed = false;
+
+  constructor(settings: Settings, opts: InstallerOptions = {}) {
+    this.settings = settings;
+    this.reconciler = new Reconciler(settings.install, settings.env);
+    this.decide = opts.decideCleanup ?? decideCleanup;
+    const s = settings.install;
+    const dirs: { dir: string; trigger: Trigger }[] = [
+      { dir: s.mountedCniNetDir, trigger: 'net_dir' },
+      { dir: s.mountedCniBinDir, trigger: 'bin_dir' },
+      { dir: s.serviceAccountDir, trigger: 'token' },
+    ];
+    if (s.orchCaFile) dirs.push({ dir: path.dirname(s.orchCaFile), trigger: 'ca' });
+    if (s.cniNetworkConfigFile) dirs.push({ dir: path.dirname(s.cniNetworkConfigFile), trigger: 'template' });
+    this.watcher = new DirWatcher(
+      dirs,
+      (trigger, file) => {
+        // Our own temp files come and go with every write we make: not a change to react to.
+        if (!path.basename(file).includes(TEMP_MARKER)) this.schedule(trigger);
+      },
+      (dir, e) => log.warn('watch failed; the periodic reconcile still covers it', { dir, error: e.message }),
+    );
+  }
+
+  async start(): Promise<void> {
+    const s = this.settings.install;
+    for (const dir of [s.mountedCniNetDir, s.mountedCniBinDir]) {
+      const stale = await removeStaleTemps(dir);
+      if (stale.length > 0) log.info('removed temp files left by an earlier run', { dir, files: stale });
+    }
+    log.info('installing mesh-cni', {
+      mode: s.chained ? 'chained' : 'standalone', netDir: s.mountedCniNetDir, binDir: s.mountedCniBinDir, binariesFrom: s.cniBinariesDir,
+    });
+    this.watcher.refresh();
+    this.schedule('startup');
+    await this.running;
+    this.timer = setInterval(() => this.schedule('periodic'), s.reconcileIntervalMs);
+  }
+
+  /** Runs a pass now, or right after the one running (triggers meanwhile merge into one). */
+  schedule(trigger: Trigger): void {
+    if (this.stopped) return;
+    if (this.running) {
+      this.pending = trigger;
+      return;
+    }
+    this.running = this.loop(trigger).finally(() => {
+      this.running = null;
+    });
+  }
+
+  /** Resolves once no pass is running or pending: for tests and benchmarks. */
+  async settled(): Promise<void> {
+    while (this.running) await this.running;
+  }
+
+  private async loop(first: Trigger): Promise<void> {
+    let trigger: Trigger | null = first;
+    while (trigger && !this.stopped) {
+      this.pending = null;
+      await this.pass(trigger);
+      trigger = this.pending;
+    }
+  }
+
+  private async pass(trigger: Trigger): Promise<void> {
+    metrics.reconciles.inc({ trigger });
+    const end = metrics.reconcileDuration.startTimer();
+    let outcome: Outcome;
+    try {
+      outcome = await this.reconciler.reconcile();
+    } catch (e) {
+      outcome = { notReady: [`reconcile failed: ${(e as Error).message}`], problems: [{ reason: 'write_failed', message: (e as Error).message }], primary: this.last?.primary ?? null, writes: [] };
+    }
+    end();
+    this.passes++;
+    this.last = outcome;
+    this.lastAt = new Date();
+    for (const w of outcome.writes) {
+      metrics.writes.inc({ kind: w.kind, action: w.action });
+      log.info(w.action === 'write' ? 'wrote' : 'removed', { file: w.file, kind: w.kind, trigger });
+    }
+    for (const p of outcome.problems) metrics.errors.inc({ reason: p.reason });
+    metrics.installReady.set(outcome.notReady.length === 0 ? 1 : 0);
+    // A malformed primary seen once may be a write in progress: say so only if it stays.
+    const malformed = outcome.problems.some((p) => p.reason === 'primary_malformed');
+    if (!malformed || this.lastMalformed) this.report(outcome);
+    this.lastMalformed = malformed;
+    this.retryOnProblems(outcome);
+    // A directory deleted and recreated needs a new watch; the periodic pass notices.
+    if (trigger === 'periodic' && this.watcher.refresh()) this.schedule('net_dir');
+  }
+
+  private retryOnProblems(outcome: Outcome): void {
+    if (this.retryTimer) clearTimeout(this.retryTimer);
+    this.retryTimer = null;
+    if (outcome.problems.length === 0) {
+      this.retryDelayMs = RETRY_MIN_MS;
+      return;
+    }
+    this.retryTimer = setTimeout(() => this.schedule('retry'), this.retryDelayMs);
+    this.retryDelayMs = Math.min(this.retryDelayMs * 2, RETRY_MAX_MS);
+  }
+
+  /** Logs what changed since the last pass only: a problem that persists is said once. */
+  private report(outcome: Outcome): void {
+    const key = JSON.stringify([outcome.notReady, outcome.primary]);
+    if (key === this.lastReported) return;
+    this.lastReported = key;
+    if (outcome.notReady.length === 0) {
+      log.info('mesh-cni is installed and ready', { primary: outcome.primary });
+      return;
+    }
+    const problems = new Set(outcome.problems.map((p) => p.message));
+    for (const reason of outcome.notReady) {
+      if (problems.has(reason)) log.error(reason);
+      else log.info(reason);
+    }
+  }
+
+  notReadyReasons(): readonly string[] {
+    return this.last ? this.last.notReady : ['the installer has not run yet'];
+  }
+
+  status(): Record<string, unknown> {
+    const s = this.settings.install;
+    return {
+      ready: this.last?.notReady.length === 0,
+      mode: s.chained ? 'chained' : 'standalone',
+      primaryConfig: this.last?.primary ?? null,
+      netDir: s.mountedCniNetDir,
+      binDir: s.mountedCniBinDir,
+      lastReconcile: this.lastAt?.toISOString() ?? null,
+      reconciles: this.passes,
+      notReady: this.last?.notReady ?? [],
+      errors: this.last?.problems.map((p) => p.message) ?? [],
+    };
+  }
+
+  async stop(signal: NodeJS.Signals): Promise<void> {
+    this.stopped = true;
+    if (this.timer) clearInterval(this.timer);
+    if (this.retryTimer) clearTimeout(this.retryTimer);
+    this.watcher.close();
+    await this.settled();
+    const decision = await this.decide(this.settings);
+    if (!decision.cleanup) {
+      log.info('leaving mesh-cni installed', { signal, why: decision.why });
+      return;
+    }
+    log.info('uninstalling mesh-cni from this node', { signal, why: decision.why });
+    const done = await this.reconciler.cleanup({ binaries: true });
+    for (const w of done) {
+      metrics.writes.inc({ kind: w.kind, action: w.action });
+      log.info(w.action === 'write' ? 'restored' : 'removed', { file: w.file, kind: w.kind });
+    }
+    metrics.installReady.set(0);
+  }
+}

@@ -1,0 +1,38 @@
+// The installer's metrics.
+
+import { Counter, Gauge, Histogram } from 'prom-client';
+import { registry } from '../monitoring/metrics.ts';
+
+export const installReady = new Gauge({
+  name: 'mesh_cni_install_ready',
+  help: '1 when the mesh-cni binary, orchconfig and CNI config entry are all in place on this node, else 0.',
+  registers: [registry],
+});
+
+export const reconciles = new Counter({
+  name: 'mesh_cni_install_reconciles_total',
+  help: 'Reconcile passes of the installer, by what triggered them.',
+  labelNames: ['trigger'] as const,
+  registers: [registry],
+});
+
+export const reconcileDuration = new Histogram({
+  name: 'mesh_cni_install_reconcile_duration_seconds',
+  help: 'Time one reconcile pass took.',
+  buckets: [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1],
+  registers: [registry],
+});
+
+export const writes = new Counter({
+  name: 'mesh_cni_install_writes_total',
+  help: 'Files the installer wrote or removed on the host, by kind (binary, orchconfig, cni_config) and action.',
+  labelNames: ['kind', 'action'] as const,
+  registers: [registry],
+});
+
+export const errors = new Counter({
+  name: 'mesh_cni_install_errors_total',
+  help: 'Reconcile passes that found a problem, by reason.',
+  labelNames: ['reason'] as const,
+  registers: [registry],
+});

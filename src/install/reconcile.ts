@@ -1,0 +1,309 @@
+// One reconcile pass: make the host hold our binaries, the orchconfig and our entry in the
+// runtime's CNI config, writing only what differs. Level-triggered and idempotent: every watch
+// event and every periodic tick runs the same pass, so a missed event costs at most one period.
+
+import { createHash } from 'node:crypto';
+import fs from 'node:fs/promises';
+import path from 'node:path';
+import type { EnvironmentFacts, InstallSettings } from '../config/settings.ts';
+import { removeFile, writeFileAtomic } from './atomicfile.ts';
+import { BinaryInstaller } from './binaries.ts';
+import { choosePrimary, CniConfigError, isConfigFile, standaloneConflist, withOurEntry, withoutOurEntry, type JsonObject } from './cniconfig.ts';
+import { renderOrchconfig } from './orchconfig.ts';
+import { DEFAULT_TEMPLATE, renderEntry } from './template.ts';
+
+/** Our conflist in standalone mode, unless --cni-conf-name names another. */
+export const STANDALONE_CONF_NAME = 'YY-mesh-cni.conflist';
+const CONFIG_MODE = 0o644;
+
+export type ErrorReason =
+  | 'net_dir_missing' | 'primary_malformed' | 'template_invalid' | 'token_missing' | 'ca_missing'
+  | 'api_host_missing' | 'binaries_failed' | 'write_failed';
+
+export interface Problem {
+  readonly reason: ErrorReason;
+  readonly message: string;
+}
+
+export interface Write {
+  readonly file: string;
+  readonly kind: 'binary' | 'orchconfig' | 'cni_config';
+  readonly action: 'write' | 'remove';
+}
+
+export interface Outcome {
+  /** Why not ready; empty when binaries, orchconfig and config are all in place. */
+  readonly notReady: readonly string[];
+  /** Errors among them (waiting for a primary CNI is not one). */
+  readonly problems: readonly Problem[];
+  readonly primary: string | null;
+  readonly writes: readonly Write[];
+}
+
+/** What we replaced, to give the primary CNI's exact bytes back on cleanup. */
+interface Original {
+  readonly name: string;
+  readonly text: string;
+  readonly mode: number;
+  readonly uid: number;
+  readonly gid: number;
+  /** sha256 of what we wrote; the record holds only while the file still has it. */
+  readonly written: string;
+}
+
+const sha256 = (s: string) => createHash('sha256').update(s).digest('hex');
+
+async function readIfExists(file: string): Promise<string | null> {
+  try {
+    return await fs.readFile(file, 'utf8');
+  } catch (e) {
+    if ((e as NodeJS.ErrnoException).code === 'ENOENT') return null;
+    throw e;
+  }
+}
+
+export class Reconciler {
+  private readonly s: InstallSettings;
+  private readonly env: EnvironmentFacts;
+  private readonly binaries: BinaryInstaller;
+  private readonly originals = new Map<string, Original>();
+
+  constructor(settings: InstallSettings, env: EnvironmentFacts) {
+    this.s = settings;
+    this.env = env;
+    this.binaries = new BinaryInstaller(settings.cniBinariesDir, settings.mountedCniBinDir);
+  }
+
+  get netDir(): string {
+    return this.s.mountedCniNetDir;
+  }
+
+  /** Names in the net dir that are ours and never a primary config. */
+  ownFiles(): ReadonlySet<string> {
+    return new Set([this.s.orchcfgFileName, this.s.chained ? STANDALONE_CONF_NAME : this.s.cniConfName || STANDALONE_CONF_NAME]);
+  }
+
+  async reconcile(): Promise<Outcome> {
+    const notReady: string[] = [];
+    const problems: Problem[] = [];
+    const writes: Write[] = [];
+    const fail = (reason: ErrorReason, message: string) => {
+      problems.push({ reason, message });
+      notReady.push(message);
+    };
+
+    try {
+      for (const name of await this.binaries.sync()) writes.push({ file: path.join(this.s.mountedCniBinDir, name), kind: 'binary', action: 'write' });
+    } catch (e) {
+      fail('binaries_failed', (e as Error).message);
+    }
+
+    const netDirExists = await fs.stat(this.netDir).then((st) => st.isDirectory(), () => false);
+    if (!netDirExists) {
+      fail('net_dir_missing', `CNI net dir ${this.netDir} does not exist; waiting for it`);
+      return { notReady, problems, primary: null, writes };
+    }
+
+    await this.syncOrchconfig(writes, fail);
+
+    let entry: JsonObject | null = null;
+    try {
+      entry = await this.entry();
+    } catch (e) {
+      fail('template_invalid', (e as Error).message);
+    }
+    let primary: string | null = null;
+    if (entry) {
+      try {
+        primary = this.s.chained ? await this.syncChained(entry, writes, notReady, fail) : await this.syncStandalone(entry, writes);
+      } catch (e) {
+        fail('write_failed', `cannot update the CNI config in ${this.netDir}: ${(e as Error).message}`);
+      }
+    }
+    return { notReady, problems, primary, writes };
+  }
+
+  private async syncOrchconfig(writes: Write[], fail: (r: ErrorReason, m: string) => void): Promise<void> {
+    const target = path.join(this.netDir, this.s.orchcfgFileName);
+    if (!this.env.orchServiceHost) {
+      fail('api_host_missing', 'KUBERNETES_SERVICE_HOST is not set, so the orchconfig cannot name the API server');
+      return;
+    }
+    const tokenFile = path.join(this.s.serviceAccountDir, 'token');
+    const token = await readIfExists(tokenFile);
+    if (token === null || token.trim() === '') {
+      fail('token_missing', `service-account token ${tokenFile} is ${token === null ? 'missing' : 'empty'}; the orchconfig cannot be written until it appears`);
+      return;
+    }
+    let caPem: string | undefined;
+    if (!this.s.skipTlsVerify) {
+      const caFile = this.s.orchCaFile || path.join(this.s.serviceAccountDir, 'ca.crt');
+      const ca = await readIfExists(caFile);
+      if (ca === null) {
+        fail('ca_missing', `CA file ${caFile} is missing; give --orch-ca-file or --skip-tls-verify`);
+        return;
+      }
+      caPem = ca;
+    }
+    const text = renderOrchconfig({ host: this.env.orchServiceHost, port: this.env.orchServicePort, token: token.trim(), caPem, skipTlsVerify: this.s.skipTlsVerify });
+    try {
+      const st = await fs.stat(target).catch(() => null);
+      if ((await readIfExists(target)) !== text) {
+        await writeFileAtomic(target, text, { mode: this.s.orchconfigMode });
+        writes.push({ file: target, kind: 'orchconfig', action: 'write' });
+      } else if (st && (st.mode & 0o7777) !== this.s.orchconfigMode) {
+        await fs.chmod(target, this.s.orchconfigMode);
+        writes.push({ file: target, kind: 'orchconfig', action: 'write' });
+      }
+    } catch (e) {
+      fail('write_failed', `cannot write orchconfig ${target}: ${(e as Error).message}`);
+    }
+  }
+
+  /** Our plugin entry from the template; read every pass, so a changed ConfigMap takes effect. */
+  private async entry(): Promise<JsonObject> {
+    let template = DEFAULT_TEMPLATE;
+    let source = 'the default template';
+    if (this.s.cniNetworkConfig) {
+      template = this.s.cniNetworkConfig;
+      source = '--cni-network-config';
+    } else if (this.s.cniNetworkConfigFile) {
+      source = this.s.cniNetworkConfigFile;
+      try {
+        template = await fs.readFile(this.s.cniNetworkConfigFile, 'utf8');
+      } catch (e) {
+        throw new CniConfigError(`cannot read the CNI network config template ${source}: ${(e as Error).message}`);
+      }
+    }
+    return renderEntry(template, {
+      kubeconfigFilepath: path.join(this.s.cniNetDir, this.s.orchcfgFileName),
+      logLevel: this.s.pluginLogLevel,
+      logUdsAddress: this.s.logUdsAddress,
+      orchServiceHost: this.env.orchServiceHost,
+      orchServicePort: this.env.orchServicePort,
+      nodeName: this.env.nodeName,
+      hostIp: this.env.hostIp,
+      cniNetDir: this.s.cniNetDir,
+      cniBinDir: this.s.cniBinDir,
+      excludeNamespaces: this.s.excludeNamespaces,
+    }, source);
+  }
+
+  private async syncChained(entry: JsonObject, writes: Write[], notReady: string[], fail: (r: ErrorReason, m: string) => void): Promise<string | null> {
+    const names = await fs.readdir(this.netDir);
+    const primary = choosePrimary(names, { confName: this.s.cniConfName, ownFiles: this.ownFiles() });
+    let primaryAfter: string | null = null;
+    if (primary === null) {
+      notReady.push(this.s.cniConfName
+        ? `waiting for the primary CNI config ${this.s.cniConfName} in ${this.netDir}`
+        : `waiting for a primary CNI config (.conf, .conflist or .json) in ${this.netDir}`);
+    } else {
+      const file = path.join(this.netDir, primary);
+      const text = await readIfExists(file);
+      if (text === null) {
+        notReady.push(`primary CNI config ${file} vanished while being read; retrying`);
+      } else {
+        try {
+          const rewrite = withOurEntry(text, primary, entry);
+          primaryAfter = rewrite?.fileName ?? primary;
+          if (rewrite) {
+            const st = await fs.stat(file);
+            const target = path.join(this.netDir, rewrite.fileName);
+            await writeFileAtomic(target, rewrite.text, { mode: st.mode & 0o7777, uid: st.uid, gid: st.gid });
+            writes.push({ file: target, kind: 'cni_config', action: 'write' });
+            // The runtime reads the .conf first while both exist: write the conflist, then remove it.
+            if (rewrite.replaces) {
+              await removeFile(file);
+              writes.push({ file, kind: 'cni_config', action: 'remove' });
+            }
+            this.originals.set(rewrite.fileName, { name: primary, text, mode: st.mode & 0o7777, uid: st.uid, gid: st.gid, written: sha256(rewrite.text) });
+          }
+        } catch (e) {
+          if (!(e instanceof CniConfigError)) throw e;
+          fail('primary_malformed', `${e.message} (in ${this.netDir}); leaving it untouched until it changes`);
+        }
+      }
+    }
+    // Our entry belongs only in the file the runtime reads: take it out of every other one (the
+    // old primary when a new file took first place).
+    const keep = new Set([primary, primaryAfter, ...this.ownFiles()]);
+    for (const name of names) {
+      if (!keep.has(name) && isConfigFile(name)) await this.takeOut(name, writes);
+    }
+    return primaryAfter;
+  }
+
+  private async syncStandalone(entry: JsonObject, writes: Write[]): Promise<string> {
+    const name = this.s.cniConfName || STANDALONE_CONF_NAME;
+    const file = path.join(this.netDir, name);
+    const text = standaloneConflist(entry);
+    if ((await readIfExists(file)) !== text) {
+      await writeFileAtomic(file, text, { mode: CONFIG_MODE });
+      writes.push({ file, kind: 'cni_config', action: 'write' });
+    }
+    for (const other of await fs.readdir(this.netDir)) {
+      if (other !== name && isConfigFile(other) && !this.ownFiles().has(other)) await this.takeOut(other, writes);
+    }
+    return name;
+  }
+
+  /**
+   * Takes our entry out of one config file: back to the primary CNI's exact bytes (and a .conf
+   * back from the .conflist we made) when the file is still as we wrote it, else by splicing.
+   * Files that do not parse are not ours to touch.
+   */
+  private async takeOut(name: string, writes: Write[]): Promise<void> {
+    const file = path.join(this.netDir, name);
+    const text = await readIfExists(file);
+    if (text === null) return;
+    let without: string | null;
+    try {
+      without = withoutOurEntry(text, name);
+    } catch {
+      return;
+    }
+    if (without === null) return;
+    const st = await fs.stat(file);
+    const original = this.originals.get(name);
+    this.originals.delete(name);
+    if (original && original.written === sha256(text)) {
+      const back = path.join(this.netDir, original.name);
+      await writeFileAtomic(back, original.text, { mode: original.mode, uid: original.uid, gid: original.gid });
+      writes.push({ file: back, kind: 'cni_config', action: 'write' });
+      if (original.name !== name) {
+        await removeFile(file);
+        writes.push({ file, kind: 'cni_config', action: 'remove' });
+      }
+      return;
+    }
+    const rest = (JSON.parse(without) as { plugins: unknown[] }).plugins;
+    if (rest.length === 0) {
+      // Nothing but our entry: a conflist of ours, not the primary CNI's.
+      await removeFile(file);
+      writes.push({ file, kind: 'cni_config', action: 'remove' });
+    } else {
+      await writeFileAtomic(file, without, { mode: st.mode & 0o7777, uid: st.uid, gid: st.gid });
+      writes.push({ file, kind: 'cni_config', action: 'write' });
+    }
+  }
+
+  /** Uninstall: our entry out of every config, our conflist and orchconfig gone, binaries too. */
+  async cleanup(opts: { binaries: boolean }): Promise<Write[]> {
+    const writes: Write[] = [];
+    const names = await fs.readdir(this.netDir).catch(() => [] as string[]);
+    for (const name of names) {
+      if (!isConfigFile(name)) continue;
+      if (!this.s.chained && name === (this.s.cniConfName || STANDALONE_CONF_NAME)) {
+        if (await removeFile(path.join(this.netDir, name))) writes.push({ file: path.join(this.netDir, name), kind: 'cni_config', action: 'remove' });
+        continue;
+      }
+      await this.takeOut(name, writes);
+    }
+    const orchconfig = path.join(this.netDir, this.s.orchcfgFileName);
+    if (await removeFile(orchconfig)) writes.push({ file: orchconfig, kind: 'orchconfig', action: 'remove' });
+    if (opts.binaries) {
+      for (const name of await this.binaries.remove()) writes.push({ file: path.join(this.s.mountedCniBinDir, name), kind: 'binary', action: 'remove' });
+    }
+    return writes;
+  }
+}

@@ -1,0 +1,39 @@
+// How the agent itself reaches the API server: an explicit orchconfig file (--orchconfig, for
+// running outside a cluster), else in-cluster from the service-account dir and the
+// KUBERNETES_SERVICE_HOST/PORT the settings captured. The token is re-read from its file as it
+// rotates (client-node's tokenFile auth provider).
+
+import { KubeConfig } from '@kubernetes/client-node';
+import path from 'node:path';
+import type { Settings } from '../config/settings.ts';
+import { serverUrl } from '../install/orchconfig.ts';
+
+export function orchKubeConfig(settings: Settings): KubeConfig {
+  const kc = new KubeConfig();
+  if (settings.orchconfig) {
+    kc.loadFromFile(settings.orchconfig);
+    return kc;
+  }
+  const { orchServiceHost: host, orchServicePort: port } = settings.env;
+  if (!host) throw new Error('KUBERNETES_SERVICE_HOST is not set and no --orchconfig was given: cannot reach the API server');
+  const sa = settings.install.serviceAccountDir;
+  kc.loadFromClusterAndUser(
+    {
+      name: 'in-cluster',
+      server: serverUrl(host, port),
+      caFile: settings.install.orchCaFile || path.join(sa, 'ca.crt'),
+      skipTLSVerify: settings.install.skipTlsVerify,
+    },
+    { name: 'service-account', authProvider: { name: 'tokenFile', config: { tokenFile: path.join(sa, 'token') } } },
+  );
+  return kc;
+}
+
+/** Rejects after `ms` so no API call can hold shutdown or a reconcile hostage. */
+export function withTimeout<T>(p: Promise<T>, ms: number, what: string): Promise<T> {
+  let timer: NodeJS.Timeout | undefined;
+  const timeout = new Promise<never>((_, reject) => {
+    timer = setTimeout(() => reject(new Error(`${what} timed out after ${ms}ms`)), ms);
+  });
+  return Promise.race([p, timeout]).finally(() => clearTimeout(timer));
+}

@@ -1,0 +1,265 @@
+// The installer against a real directory tree: what it writes, how it keeps it in place, and
+// that it never fights another writer.
+
+import assert from 'node:assert/strict';
+import { spawn } from 'node:child_process';
+import { readFileSync, statSync } from 'node:fs';
+import fs from 'node:fs/promises';
+import path from 'node:path';
+import { after, afterEach, describe, it } from 'node:test';
+import { buildSettings } from '../../src/config/settings.ts';
+import { Installer } from '../../src/install/installer.ts';
+import { registry } from '../../src/monitoring/metrics.ts';
+import { BRIDGE_CONFLIST, eventually, makeHostTree, SAMPLE_CA, type HostTree } from '../helpers/hosttree.ts';
+import { configureLogging } from '../../src/monitoring/logging.ts';
+
+const logLines: string[] = [];
+configureLogging({ asJson: true, outputLevels: buildSettings({ log_output_level: 'all:debug' }, {}).logging.outputLevels }, { write: (l) => void logLines.push(l) });
+
+const running: { installer: Installer; tree: HostTree }[] = [];
+
+type Flags = Record<string, string> | ((t: HostTree) => Record<string, string>);
+
+async function startInstaller(flags: Flags = {}, env: Record<string, string> = {}, prepare?: (t: HostTree) => Promise<void>) {
+  const tree = await makeHostTree();
+  if (prepare) await prepare(tree);
+  const extra = typeof flags === 'function' ? flags(tree) : flags;
+  const settings = buildSettings({ 'reconcile-interval': '1h', ...tree.flags, ...extra }, { ...tree.env, ...env });
+  const installer = new Installer(settings, { decideCleanup: async () => ({ cleanup: true, why: 'test' }) });
+  running.push({ installer, tree });
+  await installer.start();
+  await installer.settled();
+  return { installer, tree, settings };
+}
+
+afterEach(async () => {
+  for (const { installer, tree } of running.splice(0)) {
+    await installer.stop('SIGTERM').catch(() => {});
+    await tree.remove();
+  }
+});
+after(() => configureLogging({ asJson: false, outputLevels: buildSettings({}, {}).logging.outputLevels }));
+
+const read = (f: string) => readFileSync(f, 'utf8');
+const plugins = (f: string) => (JSON.parse(read(f)) as { plugins: { type: string }[] }).plugins.map((p) => p.type);
+async function metric(name: string, labels = ''): Promise<number> {
+  const text = await registry.metrics();
+  const line = text.split('\n').find((l) => l.startsWith(`${name}${labels ? `{${labels}}` : ''} `) || (labels === '' && l.startsWith(`${name} `)));
+  return line ? Number(line.split(' ').at(-1)) : 0;
+}
+
+describe('installer', () => {
+  it('installs the binary, the orchconfig and our entry, and is ready', async () => {
+    const { installer, tree } = await startInstaller({}, {}, async (t) => fs.writeFile(path.join(t.netDir, '10-bridge.conflist'), BRIDGE_CONFLIST));
+    assert.deepEqual(installer.notReadyReasons(), []);
+    assert.equal(await metric('mesh_cni_install_ready'), 1);
+
+    const bin = path.join(tree.binDir, 'mesh-cni');
+    assert.equal(read(bin), read(path.join(tree.binariesDir, 'mesh-cni')));
+    assert.equal(statSync(bin).mode & 0o777, 0o755);
+
+    const orchconfig = path.join(tree.netDir, 'ZZZ-mesh-cni-orchconfig');
+    assert.equal(statSync(orchconfig).mode & 0o777, 0o600);
+    const kc = JSON.parse(read(orchconfig)) as { clusters: { cluster: Record<string, unknown> }[]; users: { user: { token: string } }[] };
+    assert.equal(kc.clusters[0]!.cluster.server, 'https://198.18.96.1:443');
+    assert.equal(Buffer.from(kc.clusters[0]!.cluster['certificate-authority-data'] as string, 'base64').toString(), SAMPLE_CA);
+    assert.equal(kc.users[0]!.user.token, 'token-1');
+
+    assert.deepEqual(plugins(path.join(tree.netDir, '10-bridge.conflist')), ['bridge', 'mesh-cni']);
+    const entry = (JSON.parse(read(path.join(tree.netDir, '10-bridge.conflist'))) as { plugins: Record<string, unknown>[] }).plugins[1]!;
+    assert.deepEqual(entry.orch, { orchconfig: '/etc/cni/net.d/ZZZ-mesh-cni-orchconfig', cni_bin_dir: '/opt/cni/bin', exclude_namespaces: ['mesh-system', 'kube-system'], node_name: 'node-1' });
+    assert.equal(installer.status().primaryConfig, '10-bridge.conflist');
+  });
+
+  it('writes an IPv6 API server in brackets, and skip-tls-verify instead of a CA', async () => {
+    const { tree } = await startInstaller({ 'skip-tls-verify': 'true' }, { KUBERNETES_SERVICE_HOST: 'fd00:198:18::1' });
+    const kc = JSON.parse(read(path.join(tree.netDir, 'ZZZ-mesh-cni-orchconfig'))) as { clusters: { cluster: Record<string, unknown> }[] };
+    assert.deepEqual(kc.clusters[0]!.cluster, { server: 'https://[fd00:198:18::1]:443', 'insecure-skip-tls-verify': true });
+  });
+
+  it('honours --orchconfig-mode and --orchcfg-file-name', async () => {
+    const { tree } = await startInstaller({ 'orchconfig-mode': '416', 'orchcfg-file-name': 'my-orchconfig' });
+    assert.equal(statSync(path.join(tree.netDir, 'my-orchconfig')).mode & 0o777, 0o640);
+  });
+
+  it('waits, not ready, without error spam, until a primary config appears', async () => {
+    const before = logLines.length;
+    const { installer, tree } = await startInstaller();
+    assert.match(installer.notReadyReasons().join('\n'), /waiting for a primary CNI config/);
+    for (let i = 0; i < 5; i++) installer.schedule('periodic');
+    await installer.settled();
+    const said = logLines.slice(before).filter((l) => l.includes('waiting for a primary CNI config'));
+    assert.equal(said.length, 1, 'said once');
+    assert.ok(said.every((l) => JSON.parse(l).level === 'info'), 'not an error');
+
+    await fs.writeFile(path.join(tree.netDir, 'cni.lock'), '');
+    await fs.writeFile(path.join(tree.netDir, '10-bridge.conflist'), BRIDGE_CONFLIST);
+    await eventually(() => installer.notReadyReasons().length === 0, 'ready after the primary appeared');
+    assert.deepEqual(plugins(path.join(tree.netDir, '10-bridge.conflist')), ['bridge', 'mesh-cni']);
+    assert.equal(read(path.join(tree.netDir, 'cni.lock')), '');
+  });
+
+  it('restores our entry each time the primary CNI rewrites its file, one write per rewrite', async () => {
+    const { installer, tree } = await startInstaller({}, {}, async (t) => fs.writeFile(path.join(t.netDir, '10-bridge.conflist'), BRIDGE_CONFLIST));
+    const file = path.join(tree.netDir, '10-bridge.conflist');
+    const writesBefore = await metric('mesh_cni_install_writes_total', 'kind="cni_config",action="write"');
+    const rewrites = 20;
+    for (let i = 0; i < rewrites; i++) {
+      await fs.writeFile(file, BRIDGE_CONFLIST); // in place, as many CNIs do
+      await eventually(() => plugins(file).includes('mesh-cni'), `entry restored after rewrite ${i}`);
+    }
+    // Let every watch event drain: no further writes may follow (no loop with the other writer).
+    await new Promise((r) => setTimeout(r, 300));
+    await installer.settled();
+    const writes = (await metric('mesh_cni_install_writes_total', 'kind="cni_config",action="write"')) - writesBefore;
+    assert.equal(writes, rewrites);
+  });
+
+  it('moves our entry when a new file takes first place, giving the old file back as it was', async () => {
+    const { installer, tree } = await startInstaller({}, {}, async (t) => fs.writeFile(path.join(t.netDir, '10-bridge.conflist'), BRIDGE_CONFLIST));
+    const cilium = '{\n\t"cniVersion": "0.3.1",\n\t"name": "cilium",\n\t"plugins": [\n\t\t{\n\t\t\t"type": "cilium-cni"\n\t\t}\n\t]\n}\n';
+    await fs.writeFile(path.join(tree.netDir, '05-cilium.conflist'), cilium);
+    await eventually(() => plugins(path.join(tree.netDir, '05-cilium.conflist')).includes('mesh-cni'), 'entry in the new first file');
+    await installer.settled();
+    assert.equal(read(path.join(tree.netDir, '10-bridge.conflist')), BRIDGE_CONFLIST);
+    assert.equal(installer.status().primaryConfig, '05-cilium.conflist');
+  });
+
+  it('makes a .conf a .conflist, and gives the .conf back byte for byte on cleanup', async () => {
+    const conf = '{"cniVersion":"0.3.1","name":"cbr0","type":"flannel","delegate":{"isDefaultGateway":true}}\n';
+    const { installer, tree } = await startInstaller({}, {}, async (t) => fs.writeFile(path.join(t.netDir, '10-flannel.conf'), conf, { mode: 0o640 }));
+    assert.deepEqual(await fs.readdir(tree.netDir).then((n) => n.filter((x) => x.startsWith('10-'))), ['10-flannel.conflist']);
+    assert.deepEqual(plugins(path.join(tree.netDir, '10-flannel.conflist')), ['flannel', 'mesh-cni']);
+    assert.equal(statSync(path.join(tree.netDir, '10-flannel.conflist')).mode & 0o777, 0o640);
+    await installer.stop('SIGTERM');
+    assert.deepEqual((await fs.readdir(tree.netDir)).sort(), ['10-flannel.conf']);
+    assert.equal(read(path.join(tree.netDir, '10-flannel.conf')), conf);
+    assert.equal(statSync(path.join(tree.netDir, '10-flannel.conf')).mode & 0o777, 0o640);
+  });
+
+  it('on cleanup leaves the primary exactly as the primary CNI wrote it, and removes orchconfig and binary', async () => {
+    const { installer, tree } = await startInstaller({}, {}, async (t) => fs.writeFile(path.join(t.netDir, '10-bridge.conflist'), BRIDGE_CONFLIST));
+    await installer.stop('SIGTERM');
+    assert.equal(read(path.join(tree.netDir, '10-bridge.conflist')), BRIDGE_CONFLIST);
+    assert.deepEqual(await fs.readdir(tree.netDir), ['10-bridge.conflist']);
+    assert.deepEqual(await fs.readdir(tree.binDir), []);
+  });
+
+  it('leaves everything in place when the decision is a restart', async () => {
+    const tree = await makeHostTree();
+    await fs.writeFile(path.join(tree.netDir, '10-bridge.conflist'), BRIDGE_CONFLIST);
+    const installer = new Installer(buildSettings({ 'reconcile-interval': '1h', ...tree.flags }, tree.env), { decideCleanup: async () => ({ cleanup: false, why: 'upgrade' }) });
+    try {
+      await installer.start();
+      await installer.stop('SIGTERM');
+      assert.deepEqual(plugins(path.join(tree.netDir, '10-bridge.conflist')), ['bridge', 'mesh-cni']);
+      assert.ok(statSync(path.join(tree.netDir, 'ZZZ-mesh-cni-orchconfig')).isFile());
+      assert.ok(statSync(path.join(tree.binDir, 'mesh-cni')).isFile());
+    } finally {
+      await tree.remove();
+    }
+  });
+
+  it('rewrites the orchconfig when the token rotates by a ..data swap, and when the CA changes', async () => {
+    const { installer, tree } = await startInstaller({}, {}, async (t) => fs.writeFile(path.join(t.netDir, '10-bridge.conflist'), BRIDGE_CONFLIST));
+    const orchconfig = path.join(tree.netDir, 'ZZZ-mesh-cni-orchconfig');
+    await tree.rotate({ token: 'token-2' });
+    // The periodic reconcile is an hour away: only the watch can do this.
+    await eventually(() => read(orchconfig).includes('"token-2"'), 'orchconfig with the rotated token', 3000);
+    const ca2 = SAMPLE_CA.replace('dummy', 'rotated');
+    await tree.rotate({ 'ca.crt': ca2 });
+    await eventually(() => read(orchconfig).includes(Buffer.from(ca2).toString('base64')), 'orchconfig with the new CA', 3000);
+    await installer.settled();
+    assert.equal(statSync(orchconfig).mode & 0o777, 0o600);
+  });
+
+  it('is not ready, with a clear reason, while the token file is missing', async () => {
+    const { installer, tree } = await startInstaller({}, {}, async (t) => {
+      await fs.writeFile(path.join(t.netDir, '10-bridge.conflist'), BRIDGE_CONFLIST);
+      await fs.rm(path.join(t.saDir, 'token'));
+    });
+    assert.match(installer.notReadyReasons().join('\n'), /service-account token .*token is missing/);
+    assert.equal(await fs.stat(path.join(tree.netDir, 'ZZZ-mesh-cni-orchconfig')).catch(() => null), null);
+    await fs.symlink('..data/token', path.join(tree.saDir, 'token'));
+    await eventually(() => installer.notReadyReasons().length === 0, 'ready once the token is back');
+  });
+
+  it('leaves a malformed primary untouched, says so once, and inserts once it is fixed', async () => {
+    const broken = '{ "cniVersion": "1.0.0", "plugins": [ { "type": "bridge" }, ';
+    const before = logLines.length;
+    const { installer, tree } = await startInstaller({}, {}, async (t) => fs.writeFile(path.join(t.netDir, '10-bridge.conflist'), broken));
+    const file = path.join(tree.netDir, '10-bridge.conflist');
+    installer.schedule('periodic');
+    await installer.settled();
+    assert.equal(read(file), broken);
+    assert.match(installer.notReadyReasons().join('\n'), /cannot parse 10-bridge.conflist.*leaving it untouched/);
+    const errors = logLines.slice(before).filter((l) => l.includes('cannot parse 10-bridge.conflist'));
+    assert.equal(errors.length, 1);
+    assert.equal(JSON.parse(errors[0]!).level, 'error');
+    await fs.writeFile(file, BRIDGE_CONFLIST);
+    await eventually(() => installer.notReadyReasons().length === 0, 'ready after the fix');
+    assert.deepEqual(plugins(file), ['bridge', 'mesh-cni']);
+  });
+
+  it('rejects a primary with no type and a bad template without touching the primary', async () => {
+    const noType = '{"cniVersion":"1.0.0","name":"x"}';
+    const { installer, tree } = await startInstaller({ 'cni-network-config': '{ "type": "mesh-cni", ' }, {}, async (t) => fs.writeFile(path.join(t.netDir, '10-x.conf'), noType));
+    assert.match(installer.notReadyReasons().join('\n'), /cannot parse the CNI network config template from --cni-network-config/);
+    assert.equal(read(path.join(tree.netDir, '10-x.conf')), noType);
+  });
+
+  it('takes the template from a file with comments, and re-reads it when it changes', async () => {
+    const tpl = (t: HostTree) => path.join(t.root, 'config/template.json5');
+    const { installer, tree } = await startInstaller((t) => ({ 'cni-network-config-file': tpl(t) }), {}, async (t) => {
+      await fs.writeFile(path.join(t.netDir, '10-bridge.conflist'), BRIDGE_CONFLIST);
+      await fs.mkdir(path.dirname(tpl(t)));
+      await fs.writeFile(tpl(t), '{ // the operator\'s own\n type: "mesh-cni", log_level: "__LOG_LEVEL__", version: 1, }\n');
+    });
+    const entry = () => (JSON.parse(read(path.join(tree.netDir, '10-bridge.conflist'))) as { plugins: Record<string, unknown>[] }).plugins.at(-1);
+    assert.deepEqual(entry(), { type: 'mesh-cni', log_level: 'warn', version: 1 });
+    await fs.writeFile(tpl(tree), '{ type: "mesh-cni", version: 2 /* changed */ }');
+    await eventually(() => entry()?.version === 2, 'entry from the changed template', 3000);
+    await installer.settled();
+    assert.deepEqual(plugins(path.join(tree.netDir, '10-bridge.conflist')), ['bridge', 'mesh-cni']);
+  });
+
+  it('standalone mode writes our own conflist', async () => {
+    const { tree } = await startInstaller({ 'chained-cni-plugin': 'false' });
+    const own = JSON.parse(read(path.join(tree.netDir, 'YY-mesh-cni.conflist'))) as { name: string; plugins: { type: string }[] };
+    assert.equal(own.name, 'mesh-cni');
+    assert.deepEqual(own.plugins.map((p) => p.type), ['mesh-cni']);
+  });
+
+  it('repairs the net dir deleted and recreated', async () => {
+    const { installer, tree } = await startInstaller({}, {}, async (t) => fs.writeFile(path.join(t.netDir, '10-bridge.conflist'), BRIDGE_CONFLIST));
+    await fs.rm(tree.netDir, { recursive: true, maxRetries: 20, retryDelay: 10 });
+    installer.schedule('periodic');
+    await installer.settled();
+    assert.match(installer.notReadyReasons().join('\n'), /does not exist/);
+    await fs.mkdir(tree.netDir);
+    await fs.writeFile(path.join(tree.netDir, '10-bridge.conflist'), BRIDGE_CONFLIST);
+    installer.schedule('periodic'); // the periodic pass notices the new dir and re-arms the watch
+    await eventually(() => installer.notReadyReasons().length === 0, 'ready again');
+    assert.deepEqual(plugins(path.join(tree.netDir, '10-bridge.conflist')), ['bridge', 'mesh-cni']);
+    // And the new watch works: a rewrite is repaired without a periodic pass.
+    await fs.writeFile(path.join(tree.netDir, '10-bridge.conflist'), BRIDGE_CONFLIST);
+    await eventually(() => plugins(path.join(tree.netDir, '10-bridge.conflist')).includes('mesh-cni'), 'repaired through the new watch');
+  });
+
+  it('replaces a binary that a running process is executing (no ETXTBSY)', async () => {
+    const { installer, tree } = await startInstaller();
+    const bin = path.join(tree.binDir, 'mesh-cni');
+    await fs.copyFile('/bin/sleep', bin);
+    const child = spawn(bin, ['30'], { stdio: 'ignore' });
+    try {
+      await eventually(() => child.pid !== undefined, 'sleep running');
+      await new Promise((r) => setTimeout(r, 50));
+      installer.schedule('bin_dir');
+      await installer.settled();
+      assert.equal(read(bin), read(path.join(tree.binariesDir, 'mesh-cni')));
+      assert.equal(child.exitCode, null, 'the running binary was not disturbed');
+    } finally {
+      child.kill();
+    }
+  });
+});
