@@ -2,10 +2,19 @@
 // commander program so flags and subcommands never drift from the CLI.
 
 import type { Command } from 'commander';
+import { bashScript } from './completion/bash.ts';
+import { fishScript } from './completion/fish.ts';
+import { completionModel } from './completion/model.ts';
+import { powershellScript } from './completion/powershell.ts';
+import { zshScript } from './completion/zsh.ts';
 
-export function completionScript(program: Command, shell: string, _descriptions: boolean): string {
-  // Placeholder until the completion generator lands: a minimal bash script.
-  const words = [...program.commands.map((c) => c.name()), ...program.options.map((o) => o.long ?? '')].join(' ');
-  if (shell === 'bash') return `complete -W "${words}" install-cni\n`;
-  return `# completion for ${shell} not generated yet\n`;
+export function completionScript(program: Command, shell: string, descriptions: boolean): string {
+  const root = completionModel(program, descriptions);
+  switch (shell) {
+    case 'bash': return bashScript(root);
+    case 'zsh': return zshScript(root);
+    case 'fish': return fishScript(root);
+    case 'powershell': return powershellScript(root);
+    default: throw new Error(`no completion script for shell ${JSON.stringify(shell)}: expected bash, zsh, fish or powershell`);
+  }
 }

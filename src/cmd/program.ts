@@ -1,7 +1,7 @@
 // The install-cni command line: commander parses, src/config validates, and the typed settings
 // go to the agent. Flags come from the one table in src/config/flags.ts.
 
-import { Command, CommanderError, Option } from 'commander';
+import { Argument, Command, CommanderError, Option } from 'commander';
 import { stringify as toYaml } from 'yaml';
 import { FLAGS } from '../config/flags.ts';
 import type { RawFlags } from '../config/settings.ts';
@@ -58,13 +58,11 @@ export function buildProgram(hooks: ProgramHooks): Command {
   program
     .command('completion')
     .description('Prints a shell completion script.')
-    .argument('<shell>', 'bash, zsh, fish or powershell')
+    // Declared as choices (not checked in the action) so the completion scripts offer them too;
+    // commander rejects any other shell as a usage error.
+    .addArgument(new Argument('<shell>', 'bash, zsh, fish or powershell').choices(['bash', 'zsh', 'fish', 'powershell']))
     .option('--no-descriptions', 'leave out the descriptions of flags and commands')
     .action((shell: string, o: { descriptions: boolean }) => {
-      const shells = ['bash', 'zsh', 'fish', 'powershell'];
-      if (!shells.includes(shell)) {
-        throw new CommanderError(EXIT_USAGE, 'mesh.completion', `unknown shell ${JSON.stringify(shell)}: expected one of ${shells.join(', ')}`);
-      }
       if (!hooks.completion) throw new CommanderError(1, 'mesh.completion', 'completion is not available in this build');
       process.stdout.write(hooks.completion(program, shell, o.descriptions));
     });
