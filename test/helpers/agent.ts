@@ -1,0 +1,85 @@
+// Runs the real install-cni as a child process against a host tree, reading its JSON logs, so
+// tests can send it real signals and talk to its monitoring port.
+
+import { spawn, type ChildProcess } from 'node:child_process';
+import path from 'node:path';
+import { ROOT } from './cli.ts';
+import { eventually, type HostTree } from './hosttree.ts';
+
+export interface AgentProcess {
+  readonly child: ChildProcess;
+  /** Parsed JSON log records so far. */
+  readonly logs: Record<string, unknown>[];
+  readonly stderr: () => string;
+  /** The monitoring port it listens on (it was started with --monitoring-port 0). */
+  monitoringPort(): Promise<number>;
+  get(pathname: string): Promise<{ status: number; body: string }>;
+  waitForLog(pred: (r: Record<string, unknown>) => boolean, what: string, ms?: number): Promise<Record<string, unknown>>;
+  /** Sends the signal and resolves with the exit code (or signal name). */
+  stop(signal: NodeJS.Signals, ms?: number): Promise<number | string>;
+}
+
+export function spawnAgent(tree: HostTree, flags: Record<string, string> = {}, env: Record<string, string> = {}): AgentProcess {
+  const args = Object.entries({
+    'monitoring-port': '0',
+    'ctrlz_port': '0',
+    log_as_json: 'true',
+    'log_output_level': 'default:info,install:debug',
+    'cleanup-on-exit': 'always',
+    ...tree.flags,
+    ...flags,
+  }).map(([k, v]) => `--${k}=${v}`);
+  const child = spawn(process.execPath, [path.join(ROOT, 'bin/install-cni.js'), ...args], {
+    env: { PATH: process.env.PATH ?? '/usr/bin:/bin', ...tree.env, ...env },
+    stdio: ['ignore', 'pipe', 'pipe'],
+  });
+  const logs: Record<string, unknown>[] = [];
+  let stderr = '';
+  let partial = '';
+  child.stdout!.on('data', (d: Buffer) => {
+    partial += d.toString();
+    const lines = partial.split('\n');
+    partial = lines.pop() ?? '';
+    for (const l of lines) {
+      try {
+        logs.push(JSON.parse(l) as Record<string, unknown>);
+      } catch {
+        logs.push({ raw: l });
+      }
+    }
+  });
+  child.stderr!.on('data', (d: Buffer) => (stderr += d.toString()));
+  const exited = new Promise<number | string>((resolve) => child.on('exit', (code, sig) => resolve(code ?? sig ?? 'unknown')));
+
+  const waitForLog = async (pred: (r: Record<string, unknown>) => boolean, what: string, ms = 10_000) => {
+    await eventually(() => logs.some(pred) || child.exitCode !== null, what, ms);
+    const rec = logs.find(pred);
+    if (!rec) throw new Error(`install-cni exited (${child.exitCode}) before ${what}; stderr: ${stderr}; logs: ${JSON.stringify(logs.slice(-5))}`);
+    return rec;
+  };
+  let port: number | undefined;
+  const monitoringPort = async () => {
+    port ??= (await waitForLog((r) => r.msg === 'monitoring server listening', 'the monitoring server')).port as number;
+    return port;
+  };
+  return {
+    child,
+    logs,
+    stderr: () => stderr,
+    monitoringPort,
+    async get(pathname) {
+      const res = await fetch(`http://127.0.0.1:${await monitoringPort()}${pathname}`);
+      return { status: res.status, body: await res.text() };
+    },
+    waitForLog,
+    async stop(signal, ms = 15_000) {
+      if (child.exitCode === null && child.signalCode === null) child.kill(signal);
+      const timer = setTimeout(() => child.kill('SIGKILL'), ms);
+      try {
+        return await exited;
+      } finally {
+        clearTimeout(timer);
+      }
+    },
+  };
+}

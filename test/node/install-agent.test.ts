@@ -1,0 +1,140 @@
+// install-cni as a process: readiness over HTTP, real SIGTERM and SIGKILL, and the uninstall
+// vs upgrade decision against the test API server.
+
+import assert from 'node:assert/strict';
+import { readFileSync } from 'node:fs';
+import fs from 'node:fs/promises';
+import path from 'node:path';
+import { afterEach, describe, it } from 'node:test';
+import { spawnAgent, type AgentProcess } from '../helpers/agent.ts';
+import { startTestApiServer, type TestApiServer } from '../helpers/apiserver.ts';
+import { BRIDGE_CONFLIST, eventually, makeHostTree, type HostTree } from '../helpers/hosttree.ts';
+
+const cleanups: (() => Promise<unknown>)[] = [];
+afterEach(async () => {
+  for (const c of cleanups.splice(0).reverse()) await c().catch(() => {});
+});
+
+async function tree(): Promise<HostTree> {
+  const t = await makeHostTree();
+  cleanups.push(() => t.remove());
+  return t;
+}
+
+function agent(t: HostTree, flags: Record<string, string> = {}, env: Record<string, string> = {}): AgentProcess {
+  const a = spawnAgent(t, flags, env);
+  cleanups.push(() => a.stop('SIGKILL'));
+  return a;
+}
+
+const plugins = (file: string) => (JSON.parse(readFileSync(file, 'utf8')) as { plugins: { type: string }[] }).plugins.map((p) => p.type);
+
+describe('install-cni process', () => {
+  it('serves /readyz 503 with the reason until installed, then 200 and mesh_cni_install_ready 1', async () => {
+    const t = await tree();
+    const a = agent(t);
+    await a.waitForLog((r) => typeof r.msg === 'string' && r.msg.startsWith('waiting for a primary CNI config'), 'waiting');
+    const notReady = await a.get('/readyz');
+    assert.equal(notReady.status, 503);
+    assert.match(notReady.body, /waiting for a primary CNI config/);
+    assert.equal((await a.get('/healthz')).status, 200);
+    await fs.writeFile(path.join(t.netDir, '10-bridge.conflist'), BRIDGE_CONFLIST);
+    await a.waitForLog((r) => r.msg === 'mesh-cni is installed and ready', 'ready');
+    assert.equal((await a.get('/readyz')).status, 200);
+    assert.match((await a.get('/metrics')).body, /^mesh_cni_install_ready 1$/m);
+  });
+
+  it('SIGTERM removes our entry, orchconfig and binary, leaves the primary byte for byte, exits 0', async () => {
+    const t = await tree();
+    const primary = path.join(t.netDir, '10-bridge.conflist');
+    await fs.writeFile(primary, BRIDGE_CONFLIST);
+    const a = agent(t);
+    await a.waitForLog((r) => r.msg === 'mesh-cni is installed and ready', 'ready');
+    assert.deepEqual(plugins(primary), ['bridge', 'mesh-cni']);
+    assert.equal(await a.stop('SIGTERM'), 0);
+    assert.equal(readFileSync(primary, 'utf8'), BRIDGE_CONFLIST);
+    assert.deepEqual(await fs.readdir(t.netDir), ['10-bridge.conflist']);
+    assert.deepEqual(await fs.readdir(t.binDir), []);
+  });
+
+  it('SIGKILL at any moment leaves only whole config files, and a restart finishes the job', async () => {
+    const t = await tree();
+    const primary = path.join(t.netDir, '10-bridge.conflist');
+    await fs.writeFile(primary, BRIDGE_CONFLIST);
+    for (let round = 0; round < 6; round++) {
+      const a = agent(t);
+      await a.waitForLog((r) => r.msg === 'mesh-cni is installed and ready' || (r.msg === 'wrote' && r.kind === 'cni_config'), 'installed');
+      // The primary CNI keeps rewriting its file (atomically, as well-behaved CNIs do) while we
+      // restore our entry; the kill lands somewhere in the middle.
+      const stopAt = Date.now() + 5 + round * 7;
+      while (Date.now() < stopAt) {
+        await fs.writeFile(`${primary}.new`, BRIDGE_CONFLIST);
+        await fs.rename(`${primary}.new`, primary);
+      }
+      assert.equal(await a.stop('SIGKILL'), 'SIGKILL');
+      for (const name of await fs.readdir(t.netDir)) {
+        if (/\.(conf|conflist|json)$/.test(name)) {
+          assert.doesNotThrow(() => JSON.parse(readFileSync(path.join(t.netDir, name), 'utf8')), `${name} is whole after SIGKILL in round ${round}`);
+        }
+      }
+      const orchconfig = path.join(t.netDir, 'ZZZ-mesh-cni-orchconfig');
+      assert.doesNotThrow(() => JSON.parse(readFileSync(orchconfig, 'utf8')), 'orchconfig is whole');
+      assert.equal(readFileSync(path.join(t.binDir, 'mesh-cni'), 'utf8'), readFileSync(path.join(t.binariesDir, 'mesh-cni'), 'utf8'));
+    }
+    const a = agent(t);
+    await a.waitForLog((r) => r.msg === 'mesh-cni is installed and ready', 'ready after the kills');
+    assert.deepEqual(plugins(primary), ['bridge', 'mesh-cni']);
+    assert.deepEqual((await fs.readdir(t.netDir)).filter((n) => n.includes('.mesh-tmp-')), [], 'temp files of killed runs removed');
+    assert.equal(await a.stop('SIGTERM'), 0);
+    assert.equal(readFileSync(primary, 'utf8'), BRIDGE_CONFLIST);
+  });
+
+  describe('--cleanup-on-exit=auto', () => {
+    async function withApi(): Promise<{ api: TestApiServer; t: HostTree; env: Record<string, string> }> {
+      const api = await startTestApiServer();
+      cleanups.push(() => api.close());
+      const t = await tree();
+      await t.rotate({ token: api.token, 'ca.crt': api.caPem });
+      await fs.writeFile(path.join(t.netDir, '10-bridge.conflist'), BRIDGE_CONFLIST);
+      api.upsertDaemonSet({ metadata: { name: 'mesh-cni-node', namespace: 'mesh-system' } });
+      api.upsertPod({
+        metadata: { name: 'mesh-cni-node-abcde', namespace: 'mesh-system', ownerReferences: [{ apiVersion: 'apps/v1', kind: 'DaemonSet', name: 'mesh-cni-node', uid: 'u1', controller: true }] },
+        spec: { nodeName: 'node-1', containers: [{ name: 'install-cni' }] },
+      });
+      const env = { KUBERNETES_SERVICE_HOST: api.host, KUBERNETES_SERVICE_PORT: String(api.port), POD_NAME: 'mesh-cni-node-abcde', POD_NAMESPACE: 'mesh-system' };
+      return { api, t, env };
+    }
+
+    it('keeps entry, orchconfig and binary when our DaemonSet still exists (restart or upgrade)', async () => {
+      const { t, env } = await withApi();
+      const a = agent(t, { 'cleanup-on-exit': 'auto' }, env);
+      await a.waitForLog((r) => r.msg === 'mesh-cni is installed and ready', 'ready');
+      assert.equal(await a.stop('SIGTERM'), 0);
+      const said = a.logs.find((r) => r.msg === 'leaving mesh-cni installed');
+      assert.match(String(said?.why), /DaemonSet mesh-system\/mesh-cni-node still exists/);
+      assert.deepEqual(plugins(path.join(t.netDir, '10-bridge.conflist')), ['bridge', 'mesh-cni']);
+      assert.ok((await fs.readdir(t.netDir)).includes('ZZZ-mesh-cni-orchconfig'));
+      assert.deepEqual(await fs.readdir(t.binDir), ['mesh-cni']);
+    });
+
+    it('cleans up when our DaemonSet is gone (uninstall)', async () => {
+      const { api, t, env } = await withApi();
+      const a = agent(t, { 'cleanup-on-exit': 'auto' }, env);
+      await a.waitForLog((r) => r.msg === 'mesh-cni is installed and ready', 'ready');
+      api.deleteDaemonSetFromStore('mesh-system', 'mesh-cni-node');
+      assert.equal(await a.stop('SIGTERM'), 0);
+      assert.match(String(a.logs.find((r) => r.msg === 'uninstalling mesh-cni from this node')?.why), /is gone: uninstall/);
+      assert.equal(readFileSync(path.join(t.netDir, '10-bridge.conflist'), 'utf8'), BRIDGE_CONFLIST);
+    });
+
+    it('cleans up when the API server cannot be asked', async () => {
+      const { api, t, env } = await withApi();
+      const a = agent(t, { 'cleanup-on-exit': 'auto' }, env);
+      await a.waitForLog((r) => r.msg === 'mesh-cni is installed and ready', 'ready');
+      await api.stop();
+      assert.equal(await a.stop('SIGTERM'), 0);
+      assert.match(String(a.logs.find((r) => r.msg === 'uninstalling mesh-cni from this node')?.why), /cannot ask the API server/);
+      await eventually(() => readFileSync(path.join(t.netDir, '10-bridge.conflist'), 'utf8') === BRIDGE_CONFLIST, 'primary restored');
+    });
+  });
+});

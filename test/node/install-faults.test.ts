@@ -1,0 +1,77 @@
+// File-system faults under the installer: a read-only and a full net dir (real tmpfs mounts).
+
+import assert from 'node:assert/strict';
+import { execFileSync } from 'node:child_process';
+import { readFileSync } from 'node:fs';
+import fs from 'node:fs/promises';
+import path from 'node:path';
+import { describe, it } from 'node:test';
+import { buildSettings } from '../../src/config/settings.ts';
+import { Installer } from '../../src/install/installer.ts';
+import { configureLogging } from '../../src/monitoring/logging.ts';
+import { BRIDGE_CONFLIST, eventually, makeHostTree } from '../helpers/hosttree.ts';
+
+configureLogging({ asJson: true, outputLevels: buildSettings({ log_output_level: 'all:none' }, {}).logging.outputLevels }, { write: () => {} });
+
+const mount = (...args: string[]) => execFileSync('mount', args, { stdio: 'pipe' });
+
+async function withTmpfsNetDir(size: string, body: (ctx: { installer: Installer; netDir: string }) => Promise<void>): Promise<void> {
+  const tree = await makeHostTree();
+  mount('-t', 'tmpfs', '-o', `size=${size},mode=0755`, 'mcni-test', tree.netDir);
+  const installer = new Installer(buildSettings({ 'reconcile-interval': '1h', ...tree.flags }, tree.env), { decideCleanup: async () => ({ cleanup: false, why: 'test' }) });
+  try {
+    await body({ installer, netDir: tree.netDir });
+  } finally {
+    await installer.stop('SIGTERM').catch(() => {});
+    try {
+      execFileSync('umount', [tree.netDir], { stdio: 'pipe' });
+    } catch {
+      execFileSync('umount', ['-l', tree.netDir], { stdio: 'pipe' });
+    }
+    await tree.remove();
+  }
+}
+
+const tempFiles = async (dir: string) => (await fs.readdir(dir)).filter((n) => n.includes('.mesh-tmp-'));
+
+describe('installer on a faulty file system', () => {
+  it('read-only net dir: clear error, not ready, primary untouched; recovers when writable', async () => {
+    await withTmpfsNetDir('1m', async ({ installer, netDir }) => {
+      const file = path.join(netDir, '10-bridge.conflist');
+      await fs.writeFile(file, BRIDGE_CONFLIST);
+      mount('-o', 'remount,ro', netDir);
+      await installer.start();
+      await installer.settled();
+      const reasons = installer.notReadyReasons().join('\n');
+      assert.match(reasons, /cannot write orchconfig .*ZZZ-mesh-cni-orchconfig: EROFS/);
+      assert.match(reasons, /cannot update the CNI config in .*EROFS/);
+      assert.equal(readFileSync(file, 'utf8'), BRIDGE_CONFLIST);
+      mount('-o', 'remount,rw', netDir);
+      // No change event comes from a remount: the retry backoff must bring it back.
+      await eventually(() => installer.notReadyReasons().length === 0, 'ready after remount rw', 10_000);
+      assert.match(readFileSync(file, 'utf8'), /"mesh-cni"/);
+    });
+  });
+
+  it('full net dir: clear error, original intact, no temp file left; recovers when space frees up', async () => {
+    await withTmpfsNetDir('64k', async ({ installer, netDir }) => {
+      const file = path.join(netDir, '10-bridge.conflist');
+      await fs.writeFile(file, BRIDGE_CONFLIST);
+      const filler = path.join(netDir, 'filler');
+      try {
+        await fs.writeFile(filler, Buffer.alloc(1024 * 1024));
+      } catch {
+        // ENOSPC: exactly what we want, the dir is full now.
+      }
+      await installer.start();
+      await installer.settled();
+      assert.match(installer.notReadyReasons().join('\n'), /ENOSPC/);
+      assert.equal(readFileSync(file, 'utf8'), BRIDGE_CONFLIST);
+      assert.deepEqual(await tempFiles(netDir), []);
+      await fs.rm(filler);
+      await eventually(() => installer.notReadyReasons().length === 0, 'ready after space freed', 10_000);
+      assert.match(readFileSync(file, 'utf8'), /"mesh-cni"/);
+      assert.deepEqual(await tempFiles(netDir), []);
+    });
+  });
+});
