@@ -1,0 +1,89 @@
+// mesh-validation's check: does outbound traffic in this netns really get redirected? Listen on
+// the probe port on loopback (where REDIRECT delivers locally generated traffic), connect to the
+// probe address (a documentation address only our probe rule matches) and see whether that very
+// connection (same client port) arrives at the listener within the timeout. A connection that
+// succeeds but never arrives went somewhere else: not redirected either.
+
+import net from 'node:net';
+import { PROBE_ADDRESS_V4, PROBE_ADDRESS_V6, PROBE_PORT } from './redirect/constants.ts';
+
+export interface ProbeOptions {
+  readonly timeoutMs: number;
+  readonly port?: number;
+  readonly addresses?: readonly string[];
+}
+
+export type ProbeResult = { readonly ok: true; readonly detail: string } | { readonly ok: false; readonly detail: string };
+
+function listen(host: string, port: number): Promise<net.Server | null> {
+  return new Promise((resolve, reject) => {
+    const s = net.createServer();
+    s.once('error', (e: NodeJS.ErrnoException) => {
+      // No IPv6 loopback in this netns: IPv4 alone decides.
+      if (host === '::1' && (e.code === 'EADDRNOTAVAIL' || e.code === 'EAFNOSUPPORT')) resolve(null);
+      else reject(new Error(`cannot listen on ${host.includes(':') ? `[${host}]` : host}:${port}: ${e.code ?? e.message}`));
+    });
+    s.listen({ host, port, exclusive: true }, () => resolve(s));
+  });
+}
+
+export async function probe(opts: ProbeOptions): Promise<ProbeResult> {
+  const port = opts.port ?? PROBE_PORT;
+  const addresses = opts.addresses ?? [PROBE_ADDRESS_V4, PROBE_ADDRESS_V6];
+  const deadline = Date.now() + opts.timeoutMs;
+  const arrivedPorts = new Set<number>();
+  const waiters = new Map<number, () => void>();
+  let servers: net.Server[] = [];
+  const sockets = new Set<net.Socket>();
+  try {
+    servers = (await Promise.all([listen('127.0.0.1', port), listen('::1', port)])).filter((s): s is net.Server => s !== null);
+  } catch (e) {
+    for (const s of servers) s.close();
+    return { ok: false, detail: (e as Error).message };
+  }
+  for (const s of servers) {
+    s.on('connection', (c) => {
+      sockets.add(c);
+      c.on('error', () => {});
+      const p = c.remotePort ?? 0;
+      arrivedPorts.add(p);
+      waiters.get(p)?.();
+    });
+  }
+  const failures: string[] = [];
+  try {
+    for (const addr of addresses) {
+      const remaining = deadline - Date.now();
+      if (remaining <= 0) break;
+      const target = `${addr.includes(':') ? `[${addr}]` : addr}:${port}`;
+      const outcome = await new Promise<string | null>((resolve) => {
+        const c = net.connect({ host: addr, port });
+        sockets.add(c);
+        let localPort = 0;
+        let connected = false;
+        const timer = setTimeout(() => resolve(connected
+          ? `connected to ${target} but the connection never reached the local listener on port ${port}: traffic is not redirected`
+          : `no connection to ${target} within ${opts.timeoutMs} ms: traffic is not redirected`), remaining);
+        const arrived = () => { clearTimeout(timer); resolve(null); };
+        c.on('connect', () => {
+          connected = true;
+          localPort = c.localPort ?? 0;
+          if (arrivedPorts.has(localPort)) arrived();
+          else waiters.set(localPort, arrived);
+        });
+        c.on('error', (e: NodeJS.ErrnoException) => {
+          clearTimeout(timer);
+          resolve(`connecting to ${target} failed: ${e.code ?? e.message}`);
+        });
+      });
+      if (outcome === null) return { ok: true, detail: `a connection to ${target} arrived at the local listener on port ${port}` };
+      failures.push(outcome);
+      // Only an unreachable family (no address, no route) moves on to the next address.
+      if (!/ENETUNREACH|EADDRNOTAVAIL|EAFNOSUPPORT|EHOSTUNREACH/.test(outcome)) break;
+    }
+    return { ok: false, detail: failures.join('; ') || `probe timed out after ${opts.timeoutMs} ms` };
+  } finally {
+    for (const c of sockets) c.destroy();
+    for (const s of servers) s.close();
+  }
+}
