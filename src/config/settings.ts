@@ -4,6 +4,7 @@
 import path from 'node:path';
 import { CLEANUP_MODES, FLAGS, LOG_LEVELS, LOG_SCOPES, type CleanupMode, type FlagSpec, type LogLevel, type LogScope } from './flags.ts';
 import { ConfigError, ConfigErrors, parseBool, parseDuration, parseEnum, parseFileMode, parseInt10, parseList } from './parse.ts';
+import { isLabelKey, isLabelValue, parseFieldSelector, parseLabelSelector } from '../repair/selectors.ts';
 
 export interface InstallSettings {
   readonly chained: boolean;
@@ -202,8 +203,9 @@ export function buildSettings(flags: RawFlags, env: Env): Settings {
     labelPods: bool('repair-label-pods'),
     labelKey: get('repair-broken-pod-label-key', parseLabelKey, ''),
     labelValue: get('repair-broken-pod-label-value', parseLabelValue, ''),
-    fieldSelectors: str('repair-field-selectors'),
-    labelSelectors: str('repair-label-selectors'),
+    // Checked the way the API server would, so a typo fails at start-up, not on every list call.
+    fieldSelectors: get('repair-field-selectors', (s, v) => checkSelector(s, v, parseFieldSelector), ''),
+    labelSelectors: get('repair-label-selectors', (s, v) => checkSelector(s, v, parseLabelSelector), ''),
     initContainerExitCode: int('repair-init-container-exit-code', 0, 255),
     initContainerName: str('repair-init-container-name'),
     initContainerTerminationMessage: str('repair-init-container-termination-message'),
@@ -256,23 +258,25 @@ export function buildSettings(flags: RawFlags, env: Env): Settings {
   return deepFreeze(settings);
 }
 
-// Label syntax as the API server checks it: optional DNS-subdomain prefix, name of at most 63.
-const LABEL_NAME = /^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)$/;
-const DNS_SUBDOMAIN = /^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$/;
-
 function parseLabelKey(flag: string, value: string): string {
-  const i = value.indexOf('/');
-  const prefix = i < 0 ? '' : value.slice(0, i);
-  const name = i < 0 ? value : value.slice(i + 1);
-  if (!LABEL_NAME.test(name) || (i >= 0 && (prefix.length > 253 || !DNS_SUBDOMAIN.test(prefix)))) {
+  if (!isLabelKey(value)) {
     throw new ConfigError(flag, value, 'expected a label key: [prefix/]name, name of at most 63 letters, digits, -, _ or .');
   }
   return value;
 }
 
 function parseLabelValue(flag: string, value: string): string {
-  if (value !== '' && !LABEL_NAME.test(value)) {
+  if (!isLabelValue(value)) {
     throw new ConfigError(flag, value, 'expected a label value: at most 63 letters, digits, -, _ or ., starting and ending alphanumeric');
+  }
+  return value;
+}
+
+function checkSelector(flag: string, value: string, parse: (v: string) => unknown): string {
+  try {
+    parse(value);
+  } catch (e) {
+    throw new ConfigError(flag, value, (e as Error).message);
   }
   return value;
 }

@@ -1,0 +1,242 @@
+// List-then-watch of the pods the controller cares about, with our own failure handling:
+// 410 Gone -> relist; watch closed -> re-watch after a jittered exponential backoff; any HTTP or
+// network error -> backoff and retry, never a silent stop; a watch that sends nothing (no event,
+// no bookmark) for too long is aborted and restarted. The cache it keeps is what the controller's
+// periodic resync re-checks.
+
+import type { V1Pod } from '@kubernetes/client-node';
+import { scope } from '../monitoring/logging.ts';
+import { ApiError, toApiError, type PodQuery, type RepairApi, type WatchEventType } from './api.ts';
+import { Backoff, type BackoffOptions, type Clock } from './limits.ts';
+import { watchedPods, watchRestarts } from './metrics.ts';
+
+const log = scope('repair');
+
+export interface PodHandler {
+  upsert(pod: V1Pod): void;
+  remove(pod: V1Pod): void;
+}
+
+export interface PodSourceOptions {
+  readonly query: PodQuery;
+  readonly pageSize: number;
+  readonly requestTimeoutMs: number;
+  /** Asked of the server; it ends the watch then, and we re-watch from where we were. */
+  readonly watchTimeoutSeconds: number;
+  /** No event or bookmark for this long: the watch is taken as dead and restarted. */
+  readonly silenceTimeoutMs: number;
+  /** A watch that lived this long or delivered anything counts as healthy (the backoff starts over). */
+  readonly healthyAfterMs: number;
+  readonly backoff: BackoffOptions;
+  readonly clock: Clock;
+}
+
+export type RestartReason = 'closed' | 'expired' | 'silent' | 'error';
+export type SourceState = 'starting' | 'listing' | 'watching' | 'backoff' | 'stopped';
+
+interface WatchEnd {
+  readonly reason: RestartReason | 'stopped';
+  readonly resourceVersion: string;
+  readonly healthy: boolean;
+  readonly error?: ApiError;
+}
+
+const podKey = (p: V1Pod) => `${p.metadata?.namespace ?? ''}/${p.metadata?.name ?? ''}`;
+
+export class PodSource {
+  readonly #api: RepairApi;
+  readonly #o: PodSourceOptions;
+  readonly #handler: PodHandler;
+  readonly #cache = new Map<string, V1Pod>();
+  readonly #stop = new AbortController();
+  readonly #restarts: Record<RestartReason, number> = { closed: 0, expired: 0, silent: 0, error: 0 };
+  #state: SourceState = 'starting';
+  #resourceVersion = '';
+  #lists = 0;
+  #lastError = '';
+  #loop: Promise<void> | undefined;
+  #synced!: () => void;
+  /** Resolves after the first complete list. */
+  readonly synced = new Promise<void>((r) => (this.#synced = r));
+
+  constructor(api: RepairApi, handler: PodHandler, o: PodSourceOptions) {
+    this.#api = api;
+    this.#handler = handler;
+    this.#o = o;
+  }
+
+  start(): void {
+    this.#loop ??= this.#run();
+  }
+
+  async stop(): Promise<void> {
+    this.#stop.abort(new Error('repair controller stopping'));
+    await this.#loop;
+    this.#state = 'stopped';
+  }
+
+  pods(): V1Pod[] {
+    return [...this.#cache.values()];
+  }
+
+  status() {
+    return {
+      state: this.#state,
+      resourceVersion: this.#resourceVersion,
+      cachedPods: this.#cache.size,
+      lists: this.#lists,
+      watchRestarts: { ...this.#restarts },
+      lastError: this.#lastError,
+    };
+  }
+
+  get #stopped(): boolean {
+    return this.#stop.signal.aborted;
+  }
+
+  async #sleep(ms: number): Promise<void> {
+    await this.#o.clock.sleep(ms, this.#stop.signal).catch(() => {});
+  }
+
+  async #run(): Promise<void> {
+    const backoff = new Backoff(this.#o.backoff);
+    let rv = '';
+    while (!this.#stopped) {
+      let delay: number;
+      try {
+        if (rv === '') {
+          this.#state = 'listing';
+          rv = await this.#list();
+        }
+        this.#state = 'watching';
+        const end = await this.#watch(rv);
+        if (end.reason === 'stopped') break;
+        rv = end.reason === 'expired' ? '' : end.resourceVersion;
+        if (end.healthy) backoff.reset();
+        this.#restarts[end.reason]++;
+        watchRestarts.inc({ reason: end.reason });
+        delay = backoff.next(end.error?.retryAfterMs);
+        if (end.error) this.#lastError = end.error.message;
+        const level = end.reason === 'closed' && end.healthy ? 'debug' : 'warn';
+        log[level]('pod watch ended; watching again', { reason: end.reason, relist: rv === '', retryInMs: Math.round(delay), attempt: backoff.attempt, ...(end.error ? { error: end.error.message } : {}) });
+      } catch (e) {
+        if (this.#stopped) break;
+        const err = toApiError('listing pods', e);
+        // A list from a continue token that expired meanwhile starts over.
+        if (err.code === 410) rv = '';
+        this.#restarts.error++;
+        watchRestarts.inc({ reason: 'error' });
+        this.#lastError = err.message;
+        delay = backoff.next(err.retryAfterMs);
+        log.warn('cannot list pods; retrying', { error: err.message, retryInMs: Math.round(delay), attempt: backoff.attempt });
+      }
+      this.#state = 'backoff';
+      await this.#sleep(delay);
+    }
+    this.#state = 'stopped';
+  }
+
+  /** One full list (all pages); replaces the cache and tells the handler what changed. */
+  async #list(): Promise<string> {
+    const seen = new Map<string, V1Pod>();
+    let continueToken: string | undefined;
+    let rv: string;
+    do {
+      const signal = AbortSignal.any([this.#stop.signal, AbortSignal.timeout(this.#o.requestTimeoutMs)]);
+      const page = await this.#api.listPods({ ...this.#o.query, limit: this.#o.pageSize, continueToken }, signal);
+      for (const p of page.items) seen.set(podKey(p), p);
+      continueToken = page.continueToken;
+      rv = page.resourceVersion;
+    } while (continueToken);
+    this.#lists++;
+    for (const [k, old] of this.#cache) {
+      if (!seen.has(k)) {
+        this.#cache.delete(k);
+        this.#handler.remove(old);
+      }
+    }
+    for (const [k, p] of seen) {
+      this.#cache.set(k, p);
+      this.#handler.upsert(p);
+    }
+    watchedPods.set(this.#cache.size);
+    this.#resourceVersion = rv;
+    this.#synced();
+    log.debug('listed pods', { count: seen.size, resourceVersion: rv });
+    return rv;
+  }
+
+  /** One watch from `rv` until it ends for whatever reason. */
+  #watch(rv: string): Promise<WatchEnd> {
+    return new Promise<WatchEnd>((resolve) => {
+      const started = this.#o.clock.now();
+      let last = rv;
+      let delivered = false;
+      let finished = false;
+      let controller: AbortController | undefined;
+      let watchdog: NodeJS.Timeout | undefined;
+      const finish = (reason: WatchEnd['reason'], error?: ApiError) => {
+        if (finished) return;
+        finished = true;
+        clearTimeout(watchdog);
+        this.#stop.signal.removeEventListener('abort', onStop);
+        controller?.abort();
+        const healthy = delivered || this.#o.clock.now() - started >= this.#o.healthyAfterMs;
+        resolve({ reason, resourceVersion: last, healthy, ...(error ? { error } : {}) });
+      };
+      const arm = () => {
+        clearTimeout(watchdog);
+        watchdog = setTimeout(() => finish('silent', new ApiError('watching pods', undefined, `no event or bookmark for ${this.#o.silenceTimeoutMs} ms`)), this.#o.silenceTimeoutMs);
+      };
+      const onStop = () => finish('stopped');
+      this.#stop.signal.addEventListener('abort', onStop, { once: true });
+      arm();
+      const onEvent = (type: WatchEventType, obj: unknown) => {
+        if (finished) return;
+        arm();
+        if (type === 'ERROR') {
+          const status = obj as { code?: number; message?: string; reason?: string };
+          const err = new ApiError('watching pods', status.code ?? 500, [status.reason, status.message].filter(Boolean).join(': '));
+          finish(status.code === 410 ? 'expired' : 'error', err);
+          return;
+        }
+        const pod = obj as V1Pod;
+        const objRv = pod.metadata?.resourceVersion;
+        if (objRv) {
+          last = objRv;
+          this.#resourceVersion = objRv;
+        }
+        if (type === 'BOOKMARK') return;
+        delivered = true;
+        const k = podKey(pod);
+        if (type === 'DELETED') {
+          this.#cache.delete(k);
+          this.#handler.remove(pod);
+        } else {
+          this.#cache.set(k, pod);
+          this.#handler.upsert(pod);
+        }
+        watchedPods.set(this.#cache.size);
+      };
+      const done = (err: unknown) => {
+        if (finished) return;
+        if (err) {
+          const e = toApiError('watching pods', err);
+          finish(e.code === 410 ? 'expired' : 'error', e);
+        } else {
+          finish('closed');
+        }
+      };
+      // Jitter the server-side timeout so agents restarted together do not re-watch together.
+      const timeoutSeconds = Math.round(this.#o.watchTimeoutSeconds * (1 + Math.random()));
+      this.#api
+        .watchPods({ ...this.#o.query, resourceVersion: rv, timeoutSeconds }, onEvent, done)
+        .then((c) => {
+          controller = c;
+          // Opened after we gave up on it (watchdog or stop): close it at once.
+          if (finished) c.abort();
+        })
+        .catch(done);
+    });
+  }
+}
