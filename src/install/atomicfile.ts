@@ -1,6 +1,8 @@
 // Whole-file writes that a reader (the container runtime, a running plugin) never sees half done,
 // and that leave only whole files when the process is killed at any moment: write a temp file in
-// the same directory, fsync, set the mode, rename over the target, fsync the directory.
+// the same directory, set the mode, fsync, rename over the target. The directory is not fsynced:
+// a node that crashes before it is flushed comes back with the old file, whole, and the next
+// reconcile writes it again; skipping it halves the cost of restoring our entry.
 // Temp names start with a dot and end in `.mesh-tmp-*`, which no runtime reads as a CNI config.
 
 import { randomBytes } from 'node:crypto';
@@ -39,7 +41,6 @@ export async function writeFileAtomic(file: string, data: string | Uint8Array, o
     await fs.rm(tmp, { force: true }).catch(() => {});
     throw e;
   }
-  await syncDir(path.dirname(file));
 }
 
 /** Copies `src` to `dest` atomically (a running copy of dest keeps its old inode: no ETXTBSY). */
@@ -59,29 +60,16 @@ export async function copyFileAtomic(src: string, dest: string, mode: number): P
     await fs.rm(tmp, { force: true }).catch(() => {});
     throw e;
   }
-  await syncDir(path.dirname(dest));
 }
 
-/** Removes `file` if present and makes the removal durable. */
+/** Removes `file` if present; false when it was not there. */
 export async function removeFile(file: string): Promise<boolean> {
   try {
     await fs.unlink(file);
+    return true;
   } catch (e) {
     if ((e as NodeJS.ErrnoException).code === 'ENOENT') return false;
     throw e;
-  }
-  await syncDir(path.dirname(file));
-  return true;
-}
-
-async function syncDir(dir: string): Promise<void> {
-  const fh = await fs.open(dir, 'r');
-  try {
-    await fh.sync();
-  } catch {
-    // Some file systems refuse fsync on a directory; the rename is still atomic.
-  } finally {
-    await fh.close();
   }
 }
 

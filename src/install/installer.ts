@@ -17,7 +17,7 @@ const log = scope('install');
 // A pass that found a problem is retried on this backoff as well as on the next change: a
 // primary CNI that writes its file in place can be caught half-written, and the watch may
 // report the whole write as a single event.
-const RETRY_MIN_MS = 50;
+const RETRY_MIN_MS = 5;
 const RETRY_MAX_MS = 5000;
 
 export interface InstallerOptions {

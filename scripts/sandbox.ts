@@ -1,0 +1,47 @@
+// npm start: runs install-cni on this machine against ./.sandbox/, a directory tree standing in
+// for the host mounts of a node (CNI net and bin dirs, a service account), with metrics on
+// :15014 and ControlZ on localhost:9876. Extra flags pass through: npm start -- --log_as_json.
+// Ctrl-C stops it and, as no API server can confirm a DaemonSet here, takes the plugin off the
+// sandbox again.
+
+import { existsSync, mkdirSync, readdirSync, writeFileSync } from 'node:fs';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { main } from '../src/cmd/install-cni.ts';
+
+const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
+const sandbox = path.join(root, '.sandbox');
+const netDir = path.join(sandbox, 'host/etc/cni/net.d');
+const binDir = path.join(sandbox, 'host/opt/cni/bin');
+const saDir = path.join(sandbox, 'serviceaccount');
+const binariesDir = path.join(root, 'dist/bin');
+
+for (const d of [netDir, binDir, saDir, path.join(sandbox, 'run/mesh-cni')]) mkdirSync(d, { recursive: true });
+if (!readdirSync(netDir).some((n) => /\.(conf|conflist|json)$/.test(n))) {
+  writeFileSync(path.join(netDir, '10-bridge.conflist'), JSON.stringify({
+    cniVersion: '1.0.0',
+    name: 'sandbox-bridge',
+    plugins: [
+      { type: 'bridge', bridge: 'mcni-sandbox0', isGateway: true, ipMasq: true, ipam: { type: 'host-local', ranges: [[{ subnet: '198.18.100.0/24' }]] } },
+      { type: 'portmap', capabilities: { portMappings: true } },
+    ],
+  }, null, 2) + '\n');
+}
+const files: Record<string, string> = { token: 'sandbox-token', namespace: 'mesh-system', 'ca.crt': '-----BEGIN CERTIFICATE-----\nsandbox\n-----END CERTIFICATE-----\n' };
+for (const [name, content] of Object.entries(files)) {
+  if (!existsSync(path.join(saDir, name))) writeFileSync(path.join(saDir, name), content);
+}
+if (!existsSync(path.join(binariesDir, 'mesh-cni'))) {
+  console.error(`npm start: ${path.join(binariesDir, 'mesh-cni')} is missing; run npm run build first (npm start does)`);
+  process.exit(1);
+}
+
+console.error(`sandbox: ${sandbox}\n  primary CNI config: ${netDir}\n  metrics: http://localhost:15014/metrics  readiness: http://localhost:15014/readyz  ControlZ: http://localhost:9876/`);
+process.exitCode = await main([
+  `--mounted-cni-net-dir=${netDir}`,
+  `--mounted-cni-bin-dir=${binDir}`,
+  `--cni-binaries-dir=${binariesDir}`,
+  `--service-account-dir=${saDir}`,
+  `--log-uds-address=${path.join(sandbox, 'run/mesh-cni/log.sock')}`,
+  ...process.argv.slice(2),
+], { KUBERNETES_SERVICE_HOST: '127.0.0.1', KUBERNETES_SERVICE_PORT: '6443', NODE_NAME: 'sandbox-node', ...process.env });
