@@ -1,0 +1,83 @@
+// Where log lines go: --log_target (stdout, stderr, file paths) plus the --log_rotate file. Each
+// output takes whole lines; the logger formats a record once and hands the line to all of them.
+
+import path from 'node:path';
+import { pino } from 'pino';
+import { createStream, type RotatingFileStream } from 'rotating-file-stream';
+import type { LoggingSettings } from '../config/settings.ts';
+
+export interface LogOutput {
+  write(line: string): void;
+  /** Stops writing; resolves once buffered lines are on disk. */
+  close(): Promise<void>;
+}
+
+export const stdoutOutput: LogOutput = { write: (line) => void process.stdout.write(line), close: async () => {} };
+export const stderrOutput: LogOutput = { write: (line) => void process.stderr.write(line), close: async () => {} };
+
+/** A plain file, appended to with synchronous writes: a SIGKILL loses no line that was logged. */
+function fileOutput(file: string): LogOutput {
+  let dest: ReturnType<typeof pino.destination>;
+  try {
+    dest = pino.destination({ dest: file, append: true, mkdir: true, sync: true });
+  } catch (e) {
+    throw new Error(`cannot open log target ${file}: ${(e as Error).message}; fix --log_target (stdout, stderr or a writable file path)`, { cause: e });
+  }
+  return {
+    write: (line) => void dest.write(line),
+    close: () => new Promise((resolve) => {
+      dest.once('close', () => resolve());
+      dest.end();
+    }),
+  };
+}
+
+/**
+ * The --log_rotate file: rotated by size (--log_rotate_max_size, megabytes) and age
+ * (--log_rotate_max_age, days), keeping --log_rotate_max_backups rotated files (0: no limit),
+ * named `<file>.<yyyymmdd-hhmmss>.<n>` next to it, as lumberjack-style rotation does for Istio.
+ */
+function rotatingOutput(s: Pick<LoggingSettings, 'rotate' | 'rotateMaxAgeDays' | 'rotateMaxBackups' | 'rotateMaxSizeMb'>): LogOutput {
+  const abs = path.resolve(s.rotate);
+  const base = path.basename(abs);
+  const stamp = (t: Date) => t.toISOString().replace(/[-:]/g, '').replace('T', '-').slice(0, 15);
+  const stream: RotatingFileStream = createStream((time, index) => (time === null ? base : `${base}.${stamp(time instanceof Date ? time : new Date(time))}.${index ?? 1}`), {
+    path: path.dirname(abs),
+    // rotating-file-stream's list of rotated files (it prunes by it); hidden, beside the log.
+    history: `.${base}.history`,
+    size: `${s.rotateMaxSizeMb}M`,
+    ...(s.rotateMaxAgeDays > 0 ? { interval: `${s.rotateMaxAgeDays}d` } : {}),
+    ...(s.rotateMaxBackups > 0 ? { maxFiles: s.rotateMaxBackups } : {}),
+  });
+  let failed = false;
+  stream.on('error', (e) => {
+    // Logging must never take the agent down; say it once on stderr, where an operator looks.
+    if (!failed) process.stderr.write(`install-cni: log rotation file ${abs} failed: ${e.message}; check the directory exists and is writable\n`);
+    failed = true;
+  });
+  stream.on('warning', (e) => process.stderr.write(`install-cni: log rotation ${abs}: ${e.message}\n`));
+  return {
+    write: (line) => {
+      if (!failed) stream.write(line);
+    },
+    close: () => new Promise((resolve) => {
+      if (failed || stream.destroyed) return resolve();
+      stream.end(() => resolve());
+    }),
+  };
+}
+
+/** Opens every output the settings name; throws a message naming the target that cannot be opened. */
+export function openLogOutputs(s: Pick<LoggingSettings, 'targets' | 'rotate' | 'rotateMaxAgeDays' | 'rotateMaxBackups' | 'rotateMaxSizeMb'>): LogOutput[] {
+  const outputs: LogOutput[] = [];
+  try {
+    for (const t of new Set(s.targets)) {
+      outputs.push(t === 'stdout' ? stdoutOutput : t === 'stderr' ? stderrOutput : fileOutput(t));
+    }
+    if (s.rotate !== '') outputs.push(rotatingOutput(s));
+  } catch (e) {
+    for (const o of outputs) void o.close();
+    throw e;
+  }
+  return outputs;
+}
