@@ -3,6 +3,8 @@
 // are shortened through the controller's timing options; the logic is the production one.
 
 import assert from 'node:assert/strict';
+import { spawn } from 'node:child_process';
+import { mkdir } from 'node:fs/promises';
 import { mkdtemp, rm } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
@@ -12,6 +14,7 @@ import { configureLogging } from '../../src/monitoring/logging.ts';
 import { registry } from '../../src/monitoring/metrics.ts';
 import type { RepairController, RepairTiming } from '../../src/repair/controller.ts';
 import { startRepair } from '../../src/repair/index.ts';
+import { ROOT } from '../helpers/cli.ts';
 import { apiRequest, startTestApiServer, type TestApiServer } from '../helpers/apiserver.ts';
 import { brokenPod, testPod } from '../helpers/pods.ts';
 
@@ -268,5 +271,41 @@ describe('repair controller end to end', () => {
     await sleep(300);
     assert.equal(count(s, 'PATCH', /deny-0$/), 1, 'a 403 is not retried at once');
     assert.ok(logs.some((l) => /giving up/.test(l) && /deny-0/.test(l)));
+  });
+
+  it('SIGTERM to the real agent: in-flight repairs finish whole (label and delete), nothing new starts, exit 0', async (t) => {
+    s = await startTestApiServer({ bookmarkIntervalMs: 200 });
+    for (let i = 0; i < 20; i++) s.upsertPod(brokenPod(`term-${i}`));
+    // Slow answers, so SIGTERM lands while repairs are under way.
+    s.faults.delayMs = 300;
+    const root = await mkdtemp(path.join(dir, 'agent-'));
+    for (const d of ['net.d', 'bin', 'src']) await mkdir(path.join(root, d));
+    const kc = s.writeOrchconfig(path.join(root, 'kc.json'));
+    const child = spawn(process.execPath, [path.join(ROOT, 'bin', 'install-cni.js'),
+      '--repair-enabled', '--repair-label-pods', '--repair-delete-pods', '--repair-concurrency', '4', '--orchconfig', kc,
+      '--repair-node-name', 'node-a', '--mounted-cni-net-dir', path.join(root, 'net.d'), '--mounted-cni-bin-dir', path.join(root, 'bin'),
+      '--cni-binaries-dir', path.join(root, 'src'), '--monitoring-port', '0', '--ctrlz_port', '0',
+      '--log-uds-address', path.join(root, 'log.sock'), '--cleanup-on-exit', 'never'], {
+      env: { PATH: process.env.PATH ?? '/usr/bin:/bin' },
+      stdio: ['ignore', 'pipe', 'pipe'],
+    });
+    t.after(() => {
+      if (child.exitCode === null && child.signalCode === null) child.kill('SIGKILL');
+    });
+    let out = '';
+    child.stdout.on('data', (d: Buffer) => (out += d.toString()));
+    child.stderr.on('data', (d: Buffer) => (out += d.toString()));
+    const exited = new Promise<number | null>((resolve) => child.on('close', (code) => resolve(code)));
+    await waitFor('the first label patch', () => count(s, 'PATCH', /term-/) >= 1, 15_000);
+    child.kill('SIGTERM');
+    let timer: NodeJS.Timeout | undefined;
+    const code = await Promise.race([exited, new Promise<string>((r) => (timer = setTimeout(() => r('timeout'), 20_000)))]).finally(() => clearTimeout(timer));
+    assert.equal(code, 0, `agent exit ${String(code)}:\n${out.slice(-3000)}`);
+    assert.match(out, /repair controller stopped/);
+    const patched = s.requests.filter((r) => r.method === 'PATCH').map((r) => r.path.replace(/.*\//, ''));
+    const deleted = s.requests.filter((r) => r.method === 'DELETE' && r.status === 200).map((r) => r.path.replace(/.*\//, ''));
+    assert.ok(patched.length >= 1 && patched.length < 20, `SIGTERM stopped queued work (${patched.length} of 20 started)`);
+    assert.deepEqual([...deleted].sort(), [...patched].sort(), 'every pod that was labelled was also deleted: no half-done repair');
+    for (const p of s.listPods()) assert.equal(p.metadata?.labels?.[LABEL], undefined, `${p.metadata?.name} left labelled but not deleted`);
   });
 });
