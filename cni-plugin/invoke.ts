@@ -13,6 +13,8 @@ function readStdin(): string {
   try {
     return readFileSync(0, 'utf8');
   } catch (e) {
+    // No stdin at all (closed descriptor): same as empty; parsing then says what is missing.
+    if ((e as NodeJS.ErrnoException).code === 'EBADF') return '';
     throw new CniError(CNI_ERROR.IO_FAILURE, 'cannot read the network config from stdin', (e as Error).message);
   }
 }

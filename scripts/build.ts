@@ -9,6 +9,7 @@ import { existsSync, readFileSync } from 'node:fs';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import * as esbuild from 'esbuild';
+import { buildSea, seaModeFrom } from './sea.ts';
 
 const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
 const pkg = JSON.parse(readFileSync(path.join(root, 'package.json'), 'utf8')) as { version: string };
@@ -53,3 +54,14 @@ for (const e of entries) {
   });
 }
 console.log(`build: ${entries.filter((e) => existsSync(path.join(root, e.in))).map((e) => e.out).join(', ')}`);
+
+// Single executables for the node (no Node.js there): dist/bin/mesh-cni, dist/bin/mesh-validation.
+// MESH_SEA_MODE=plain|codecache|snapshot overrides the measured default; MESH_SEA=0 skips them.
+if (process.env.MESH_SEA !== '0') {
+  const mode = seaModeFrom(process.env.MESH_SEA_MODE);
+  for (const [bundle, exe] of [['dist/mesh-cni.js', 'dist/bin/mesh-cni'], ['dist/mesh-validation.js', 'dist/bin/mesh-validation']] as const) {
+    if (!existsSync(path.join(root, bundle))) continue;
+    const built = buildSea({ root, main: path.join(root, bundle), out: path.join(root, exe), mode });
+    console.log(`build: ${exe} (SEA, ${mode}${built ? '' : ', up to date'})`);
+  }
+}

@@ -3,7 +3,7 @@
 // of the same name with another UID), the API server may be restarting (5xx, 429, refused, slow):
 // those are retried with backoff until the overall deadline; 401/403 and other 4xx are not.
 
-import https from 'node:https';
+import type https from 'node:https';
 import type { PodLike } from '../redirect/spec.ts';
 import type { OrchAccess } from './orchconfig.ts';
 
@@ -37,7 +37,7 @@ interface Reply {
   readonly retryAfterMs: number | null;
 }
 
-function getOnce(access: OrchAccess, agent: https.Agent, path: string, timeoutMs: number): Promise<Reply> {
+function getOnce(https: Https, access: OrchAccess, agent: https.Agent, path: string, timeoutMs: number): Promise<Reply> {
   return new Promise((resolve, reject) => {
     const host = access.server.hostname.replace(/^\[(.*)\]$/, '$1');
     const req = https.request({
@@ -65,6 +65,10 @@ function getOnce(access: OrchAccess, agent: https.Agent, path: string, timeoutMs
   });
 }
 
+// Loaded on first use: keeps node:https (and its HTTP parser) out of the startup snapshot and off
+// the path of commands that never call the API server.
+type Https = typeof import('node:https');
+
 const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms));
 
 function statusMessage(body: string): string {
@@ -83,6 +87,7 @@ export async function getPod(initial: OrchAccess, namespace: string, name: strin
   const where = `${access.server.origin}${path}`;
   const deadline = Date.now() + opts.timeoutMs;
   const maxNotFound = opts.maxNotFound ?? 5;
+  const https = await import('node:https');
   const agent = new https.Agent({ keepAlive: true, maxSockets: 1 });
   let notFound = 0;
   let reloaded = false;
@@ -97,7 +102,7 @@ export async function getPod(initial: OrchAccess, namespace: string, name: strin
       }
       let delay = Math.min(1000, 50 * 2 ** Math.min(attempt - 1, 5));
       try {
-        const r = await getOnce(access, agent, path, Math.min(opts.attemptTimeoutMs, remaining));
+        const r = await getOnce(https, access, agent, path, Math.min(opts.attemptTimeoutMs, remaining));
         if (r.status === 200) {
           const pod = JSON.parse(r.body) as PodLike;
           if (opts.expectUid && pod.metadata?.uid && pod.metadata.uid !== opts.expectUid) {
