@@ -1,0 +1,66 @@
+// The shipped plugin: the bundles require nothing but node: built-ins (no client library, no
+// node_modules at run time), and the single executables run with no Node.js on PATH.
+
+import assert from 'node:assert/strict';
+import { spawnSync } from 'node:child_process';
+import { existsSync, readFileSync } from 'node:fs';
+import { builtinModules } from 'node:module';
+import path from 'node:path';
+import { after, before, describe, it } from 'node:test';
+import { ROOT } from '../helpers/cli.ts';
+import { Netns, run } from '../helpers/netns.ts';
+import { pluginConfig, tempDir } from '../helpers/plugin.ts';
+
+const BUNDLES = ['dist/mesh-cni.js', 'dist/mesh-validation.js'];
+const SEAS = ['dist/bin/mesh-cni', 'dist/bin/mesh-validation'];
+
+describe('plugin build', () => {
+  const tmp = tempDir();
+  before(() => {
+    // Builds (or finds up to date) the bundles and the executables.
+    const r = spawnSync(process.execPath, [path.join(ROOT, 'scripts/build.ts')], { encoding: 'utf8', cwd: ROOT });
+    assert.equal(r.status, 0, r.stderr);
+  });
+  after(() => tmp.remove());
+
+  for (const b of BUNDLES) {
+    it(`${b} requires only node: built-ins`, () => {
+      const src = readFileSync(path.join(ROOT, b), 'utf8');
+      const required = [...src.matchAll(/\brequire\(\s*["'`]([^"'`]+)["'`]\s*\)|\bimport\(\s*["'`]([^"'`]+)["'`]\s*\)|\bfrom\s+["'`]([^"'`]+)["'`]/g)]
+        .map((m) => m[1] ?? m[2] ?? m[3]!);
+      assert.ok(required.length > 0, 'found the requires');
+      const notBuiltin = required.filter((m) => !m.startsWith('node:') || !builtinModules.includes(m.slice(5)));
+      assert.deepEqual(notBuiltin, [], `${b} must only require node: built-ins`);
+      assert.doesNotMatch(src, /@kubernetes\/client-node|node_modules/);
+    });
+  }
+
+  it('the executables run VERSION with no node on PATH', () => {
+    for (const exe of SEAS) assert.ok(existsSync(path.join(ROOT, exe)), exe);
+    const r = spawnSync(path.join(ROOT, 'dist/bin/mesh-cni'), [], {
+      env: { PATH: tmp.dir, CNI_COMMAND: 'VERSION' }, input: '{"cniVersion":"0.4.0"}', encoding: 'utf8',
+    });
+    assert.equal(r.status, 0, r.stderr);
+    assert.deepEqual(JSON.parse(r.stdout), { cniVersion: '0.4.0', supportedVersions: ['0.3.0', '0.3.1', '0.4.0', '1.0.0', '1.1.0'] });
+    const v = spawnSync(path.join(ROOT, 'dist/bin/mesh-validation'), ['--help'], { env: { PATH: tmp.dir }, encoding: 'utf8' });
+    assert.equal(v.status, 0, v.stderr);
+    assert.match(v.stdout, /Usage: mesh-validation/);
+  });
+
+  it('the executable passes prevResult through for a skipped pod and errors cleanly, no node on PATH', async () => {
+    const ns = new Netns('sea');
+    try {
+      const prev = { cniVersion: '1.1.0', interfaces: [{ name: 'eth0', sandbox: ns.path }], ips: [{ address: '198.18.9.9/24', interface: 0 }] };
+      const env = { PATH: tmp.dir, CNI_COMMAND: 'ADD', CNI_CONTAINERID: 'sea1', CNI_NETNS: ns.path, CNI_IFNAME: 'eth0', CNI_ARGS: 'IgnoreUnknown=1;K8S_POD_NAMESPACE=kube-system;K8S_POD_NAME=dns' };
+      const conf = pluginConfig({ cniVersion: '1.1.0', orchconfig: path.join(tmp.dir, 'none') }, prev);
+      const ok = await run(path.join(ROOT, 'dist/bin/mesh-cni'), [], { env, input: JSON.stringify(conf) });
+      assert.equal(ok.code, 0, ok.stdout + ok.stderr);
+      assert.deepEqual(JSON.parse(ok.stdout), prev);
+      const bad = await run(path.join(ROOT, 'dist/bin/mesh-cni'), [], { env, input: 'nope' });
+      assert.equal(bad.code, 1);
+      assert.equal(JSON.parse(bad.stdout).code, 6);
+    } finally {
+      ns.remove();
+    }
+  });
+});
