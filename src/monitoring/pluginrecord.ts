@@ -1,0 +1,69 @@
+// One line the CNI plugin sent over the log socket -> what the agent logs in scope `cni`.
+// The wire format is the plugin's (cni-plugin/log/udslog.ts): one JSON object a line with
+// `time`, `level`, `msg`, `command`, `containerID`, `pod: {namespace, name}` and flat extra
+// fields. Also read, for other senders: `message`, `pod_namespace`/`pod_name`, `container_id`.
+
+import type { EmitLevel, Fields } from './logging.ts';
+
+export interface PluginEntry {
+  readonly level: EmitLevel;
+  readonly msg: string;
+  /** ISO-8601; undefined when the record had no usable time (the agent's time is used). */
+  readonly time: string | undefined;
+  /** `pod` ("namespace/name") first, then `containerID`, then the rest in the sender's order. */
+  readonly fields: Fields;
+}
+
+export type ParseResult = { readonly ok: true; readonly entry: PluginEntry } | { readonly ok: false; readonly reason: 'invalid_json' | 'invalid_record' };
+
+const LEVELS: Record<string, EmitLevel> = {
+  error: 'error', err: 'error', fatal: 'error', panic: 'error', critical: 'error',
+  warn: 'warn', warning: 'warn',
+  info: 'info', notice: 'info',
+  debug: 'debug', trace: 'debug',
+};
+
+// Keys the agent sets itself (or that pino's record already has): never copied from the plugin.
+const CONSUMED = new Set(['time', 'level', 'msg', 'message', 'scope', 'pod', 'pod_namespace', 'pod_name', 'containerID', 'container_id', '__proto__']);
+
+function isoTime(v: unknown): string | undefined {
+  if (typeof v !== 'string' && typeof v !== 'number') return undefined;
+  const d = new Date(v);
+  return Number.isNaN(d.getTime()) ? undefined : d.toISOString();
+}
+
+function podOf(rec: Record<string, unknown>): string | undefined {
+  const p = rec.pod;
+  if (p && typeof p === 'object' && !Array.isArray(p)) {
+    const { namespace, name } = p as Record<string, unknown>;
+    if (typeof name === 'string' && name !== '') return typeof namespace === 'string' && namespace !== '' ? `${namespace}/${name}` : name;
+  }
+  if (typeof p === 'string' && p !== '') return p;
+  const ns = rec.pod_namespace;
+  const name = rec.pod_name;
+  if (typeof name === 'string' && name !== '') return typeof ns === 'string' && ns !== '' ? `${ns}/${name}` : name;
+  return undefined;
+}
+
+export function parsePluginLine(line: string): ParseResult {
+  let rec: unknown;
+  try {
+    rec = JSON.parse(line);
+  } catch {
+    return { ok: false, reason: 'invalid_json' };
+  }
+  if (!rec || typeof rec !== 'object' || Array.isArray(rec)) return { ok: false, reason: 'invalid_record' };
+  const r = rec as Record<string, unknown>;
+  const msg = typeof r.msg === 'string' ? r.msg : r.message;
+  if (typeof msg !== 'string') return { ok: false, reason: 'invalid_record' };
+  const rawLevel = typeof r.level === 'string' ? r.level.toLowerCase() : 'info';
+  const level = Object.hasOwn(LEVELS, rawLevel) ? (LEVELS[rawLevel] as EmitLevel) : 'info';
+  const fields: Fields = {};
+  const pod = podOf(r);
+  if (pod !== undefined) fields.pod = pod;
+  const containerID = r.containerID ?? r.container_id;
+  if (typeof containerID === 'string' && containerID !== '') fields.containerID = containerID;
+  if (level === 'info' && rawLevel !== 'info' && rawLevel !== 'notice') fields.plugin_level = r.level;
+  for (const [k, v] of Object.entries(r)) if (!CONSUMED.has(k)) fields[k] = v;
+  return { ok: true, entry: { level, msg, time: isoTime(r.time), fields } };
+}

@@ -1,0 +1,237 @@
+import assert from 'node:assert/strict';
+import { spawnSync } from 'node:child_process';
+import { lstatSync, mkdtempSync, readFileSync, rmSync, statSync, writeFileSync, existsSync } from 'node:fs';
+import net from 'node:net';
+import os from 'node:os';
+import path from 'node:path';
+import { after, afterEach, beforeEach, describe, it } from 'node:test';
+import { UdsLog } from '../../cni-plugin/log/udslog.ts';
+import type { Component } from '../../src/component.ts';
+import { buildSettings } from '../../src/config/settings.ts';
+import { configureLogging, setScopeLevel } from '../../src/monitoring/logging.ts';
+import { startPluginLogServer, DEFAULT_LIMITS, type LogServerLimits } from '../../src/monitoring/logserver.ts';
+import { LineSplitter } from '../../src/monitoring/lines.ts';
+import { registry } from '../../src/monitoring/metrics.ts';
+import { parsePluginLine } from '../../src/monitoring/pluginrecord.ts';
+import { captureSink, promtoolProblems, waitFor } from '../helpers/observability.ts';
+
+const tmp = mkdtempSync(path.join(os.tmpdir(), 'mcni-obs-uds-'));
+after(() => rmSync(tmp, { recursive: true, force: true }));
+
+async function metric(name: string, labels: Record<string, string> = {}): Promise<number> {
+  const m = registry.getSingleMetric(name);
+  assert.ok(m, `metric ${name} is registered`);
+  const { values } = await m.get();
+  const v = values.find((x) => Object.entries(labels).every(([k, want]) => x.labels[k] === want));
+  return v?.value ?? 0;
+}
+
+/** Connects, writes `data` (all at once), half-closes, and waits for the server to close. */
+function send(address: string, data: string | Buffer): Promise<void> {
+  return new Promise((resolve, reject) => {
+    const s = net.createConnection({ path: address }, () => s.end(data));
+    s.on('close', () => resolve());
+    s.on('error', reject);
+    s.setTimeout(10_000, () => s.destroy(new Error('server did not close the connection')));
+    s.resume();
+  });
+}
+
+let n = 0;
+function setup(limits: Partial<LogServerLimits> = {}) {
+  const address = path.join(tmp, `run${++n}`, 'mesh-cni', 'log.sock');
+  const settings = buildSettings({ 'log-uds-address': address }, {});
+  return { address, start: () => startPluginLogServer(settings, { ...DEFAULT_LIMITS, ...limits }) };
+}
+
+describe('plugin log server', () => {
+  let sink: ReturnType<typeof captureSink>;
+  let running: Component[] = [];
+  beforeEach(() => {
+    sink = captureSink();
+    configureLogging(buildSettings({ log_output_level: 'cni:info,monitoring:warn' }, {}).logging, sink);
+  });
+  afterEach(async () => {
+    for (const c of running) await c.stop('SIGTERM');
+    running = [];
+  });
+  const start = async (limits: Partial<LogServerLimits> = {}) => {
+    const s = setup(limits);
+    const c = await s.start();
+    running.push(c);
+    return { ...s, c };
+  };
+  const cniLines = () => sink.lines.filter((l) => l.split('\t')[2] === 'cni');
+
+  it('creates the directory 0750 and the socket 0600, and removes the socket on stop', async () => {
+    const { address, c } = await start();
+    assert.equal(statSync(path.dirname(address)).mode & 0o777, 0o750);
+    const st = lstatSync(address);
+    assert.ok(st.isSocket());
+    assert.equal(st.mode & 0o777, 0o600);
+    await c.stop('SIGTERM');
+    running = [];
+    assert.equal(existsSync(address), false);
+  });
+
+  it("prints the real plugin client's records in scope cni with pod, container and the plugin's time", async () => {
+    const { address } = await start();
+    const client = new UdsLog(address, 'debug', { command: 'ADD', containerID: 'c0ffee', pod: { namespace: 'shop', name: 'cart-1' } }, 'none');
+    client.info('redirect applied', { rules: 12 });
+    client.debug('not printed: cni is at info');
+    client.error('API server refused', { reason: 'Forbidden' });
+    await client.flush(2000);
+    const lines = await waitFor('two cni lines', () => (cniLines().length >= 2 ? cniLines() : undefined));
+    assert.match(lines[0]!, /^\d{4}-\d\d-\d\dT[\d:.]+Z\tinfo\tcni\tredirect applied\tpod=shop\/cart-1 containerID=c0ffee command=ADD rules=12\n$/);
+    assert.match(lines[1]!, /\terror\tcni\tAPI server refused\tpod=shop\/cart-1 containerID=c0ffee command=ADD reason=Forbidden\n$/);
+    assert.equal(cniLines().length, 2);
+  });
+
+  it('follows the cni scope level at run time and reads snake_case pod fields too', async () => {
+    const { address } = await start();
+    const rec = { level: 'debug', msg: 'detail', time: '2026-03-04T05:06:07.089Z', pod_namespace: 'ns', pod_name: 'p', container_id: 'abc', extra: 'x y' };
+    await send(address, JSON.stringify(rec) + '\n');
+    setScopeLevel('cni', 'debug');
+    await send(address, JSON.stringify(rec) + '\n');
+    const lines = await waitFor('a debug line', () => (cniLines().length > 0 ? cniLines() : undefined));
+    assert.deepEqual(lines, ['2026-03-04T05:06:07.089Z\tdebug\tcni\tdetail\tpod=ns/p containerID=abc extra="x y"\n']);
+  });
+
+  it('drops junk with a counter per reason and keeps reading the same connection', async () => {
+    const { address } = await start();
+    const before = {
+      lines: await metric('mesh_cni_plugin_log_lines_received_total'),
+      json: await metric('mesh_cni_plugin_log_lines_dropped_total', { reason: 'invalid_json' }),
+      rec: await metric('mesh_cni_plugin_log_lines_dropped_total', { reason: 'invalid_record' }),
+      big: await metric('mesh_cni_plugin_log_lines_dropped_total', { reason: 'oversized' }),
+    };
+    const huge = JSON.stringify({ level: 'error', msg: 'x'.repeat(100 * 1024) });
+    await send(address, Buffer.concat([
+      Buffer.from('{not json\n[1,2]\n{"level":"info"}\n\n\x00\xff\n'),
+      Buffer.from(huge + '\n'),
+      Buffer.from('{"level":"warn","msg":"still here","pod":{"namespace":"a","name":"b"}}\r\n'),
+      Buffer.from('{"level":"info","msg":"last line, no newline"}'),
+    ]));
+    const lines = await waitFor('the two good lines', () => (cniLines().length >= 2 ? cniLines() : undefined));
+    assert.match(lines[0]!, /\twarn\tcni\tstill here\tpod=a\/b\n$/);
+    assert.match(lines[1]!, /\tinfo\tcni\tlast line, no newline\n$/);
+    assert.equal(await metric('mesh_cni_plugin_log_lines_dropped_total', { reason: 'invalid_json' }) - before.json, 2);
+    assert.equal(await metric('mesh_cni_plugin_log_lines_dropped_total', { reason: 'invalid_record' }) - before.rec, 2);
+    assert.equal(await metric('mesh_cni_plugin_log_lines_dropped_total', { reason: 'oversized' }) - before.big, 1);
+    assert.equal(await metric('mesh_cni_plugin_log_lines_received_total') - before.lines, 7);
+    assert.equal(await promtoolProblems(await registry.metrics()), '');
+  });
+
+  it('survives 20 MiB without a newline: one oversized drop, then the next line prints', async () => {
+    const { address } = await start();
+    const before = await metric('mesh_cni_plugin_log_lines_dropped_total', { reason: 'oversized' });
+    await new Promise<void>((resolve, reject) => {
+      const s = net.createConnection({ path: address });
+      s.on('error', reject);
+      s.on('close', () => resolve());
+      s.resume();
+      const chunk = Buffer.alloc(1024 * 1024, 'a');
+      let left = 20;
+      const pump = () => {
+        while (left > 0) {
+          left--;
+          if (!s.write(chunk)) return void s.once('drain', pump);
+        }
+        s.end('\n{"level":"info","msg":"after the flood"}\n');
+      };
+      s.once('connect', pump);
+    });
+    await waitFor('the line after the flood', () => cniLines().find((l) => l.includes('after the flood')));
+    assert.equal(await metric('mesh_cni_plugin_log_lines_dropped_total', { reason: 'oversized' }) - before, 1);
+  });
+
+  it('closes a connection that stays silent past the idle timeout', async () => {
+    const { address } = await start({ idleTimeoutMs: 200 });
+    const before = await metric('mesh_cni_plugin_log_connections_idle_closed_total');
+    await new Promise<void>((resolve, reject) => {
+      const s = net.createConnection({ path: address }, () => s.write('{"level":"info","msg":"half a li'));
+      s.on('error', reject);
+      s.on('close', () => resolve());
+      s.resume();
+      setTimeout(() => s.destroy(new Error('the server kept an idle connection open')), 10_000).unref();
+    });
+    assert.equal(await metric('mesh_cni_plugin_log_connections_idle_closed_total') - before, 1);
+    assert.equal(cniLines().length, 0, 'a partial line is not printed when the server gives up');
+  });
+
+  it('rejects connections over the limit with a counter and keeps serving', async () => {
+    const { address } = await start({ maxConnections: 20 });
+    const rejectedBefore = await metric('mesh_cni_plugin_log_connections_total', { result: 'rejected' });
+    const held: net.Socket[] = [];
+    try {
+      await Promise.all(Array.from({ length: 300 }, () => new Promise<void>((resolve) => {
+        const s = net.createConnection({ path: address }, () => resolve());
+        s.on('error', () => resolve());
+        s.on('close', () => resolve());
+        held.push(s);
+      })));
+      await waitFor('rejections counted', async () => ((await metric('mesh_cni_plugin_log_connections_total', { result: 'rejected' })) - rejectedBefore >= 280 ? true : undefined));
+      assert.equal(await metric('mesh_cni_plugin_log_connections_open'), 20);
+    } finally {
+      for (const s of held) s.destroy();
+    }
+    await waitFor('held connections gone', async () => ((await metric('mesh_cni_plugin_log_connections_open')) === 0 ? true : undefined));
+    await send(address, '{"level":"info","msg":"served again"}\n');
+    await waitFor('a line after the storm', () => cniLines().find((l) => l.includes('served again')));
+  });
+
+  it('replaces a stale socket left by a killed agent', async () => {
+    const { address, start: startIt } = setup();
+    // Python binds and exits without unlinking: exactly what a SIGKILLed agent leaves behind.
+    const py = spawnSync('/usr/bin/python3', ['-c', `import os,socket;os.makedirs(os.path.dirname(${JSON.stringify(address)}),exist_ok=True);socket.socket(socket.AF_UNIX).bind(${JSON.stringify(address)})`]);
+    assert.equal(py.status, 0, String(py.stderr));
+    assert.ok(lstatSync(address).isSocket());
+    running.push(await startIt());
+    await send(address, '{"level":"info","msg":"after restart"}\n');
+    await waitFor('a line on the new socket', () => cniLines().find((l) => l.includes('after restart')));
+  });
+
+  it('refuses to remove something that is not a socket', async () => {
+    const { address, start: startIt } = setup();
+    spawnSync('mkdir', ['-p', path.dirname(address)]);
+    writeFileSync(address, 'precious');
+    await assert.rejects(startIt(), /cannot serve plugin logs on .*log\.sock: it exists and is not a socket; remove it or choose another --log-uds-address/);
+    assert.equal(readFileSync(address, 'utf8'), 'precious');
+  });
+
+  it('is off when --log-uds-address is empty', async () => {
+    const c = await startPluginLogServer(buildSettings({ 'log-uds-address': '' }, {}));
+    assert.deepEqual(c.status(), { enabled: false });
+  });
+});
+
+describe('line splitter', () => {
+  const split = (max: number, chunks: string[]) => {
+    const out: string[] = [];
+    const s = new LineSplitter(max, (l) => out.push(l.toString()), () => out.push('<oversized>'));
+    for (const c of chunks) s.push(Buffer.from(c));
+    s.end();
+    return out;
+  };
+  const cases: [string, number, string[], string[]][] = [
+    ['lines across chunks', 10, ['ab', 'c\nde', 'f\n'], ['abc', 'def']],
+    ['a line of exactly the limit', 3, ['abc\n'], ['abc']],
+    ['one over the limit, in one chunk', 3, ['abcd\nok\n'], ['<oversized>', 'ok']],
+    ['over the limit across chunks, reported once', 3, ['ab', 'cd', 'efgh', 'ij\nok'], ['<oversized>', 'ok']],
+    ['a last line without newline', 10, ['a\nb'], ['a', 'b']],
+    ['empty lines', 10, ['\n\n'], ['', '']],
+  ];
+  for (const [name, max, chunks, want] of cases) it(name, () => assert.deepEqual(split(max, chunks), want));
+});
+
+describe('plugin record parsing', () => {
+  it('maps levels, times and pods, and keeps the rest of the fields', () => {
+    const r = parsePluginLine('{"level":"WARNING","message":"m","time":1767322800000,"pod":"ns/p","scope":"evil","__proto__":{"x":1},"a":[1]}');
+    assert.deepEqual(r, { ok: true, entry: { level: 'warn', msg: 'm', time: '2026-01-02T03:00:00.000Z', fields: { pod: 'ns/p', a: [1] } } });
+    const odd = parsePluginLine('{"level":"loud","msg":"m","time":"yesterday"}');
+    assert.deepEqual(odd, { ok: true, entry: { level: 'info', msg: 'm', time: undefined, fields: { plugin_level: 'loud' } } });
+    assert.deepEqual(parsePluginLine('{"msg":5}'), { ok: false, reason: 'invalid_record' });
+    assert.deepEqual(parsePluginLine('null'), { ok: false, reason: 'invalid_record' });
+    assert.deepEqual(parsePluginLine('{'), { ok: false, reason: 'invalid_json' });
+  });
+});
