@@ -1,0 +1,287 @@
+// The manifests an operator applies: `kubectl kustomize deploy/` renders offline, and the
+// rendered objects hold what the agent needs and no more (kinds, RBAC verbs, mounts that match
+// the flags, the probe on the monitoring port, settings install-cni accepts, a template the
+// installer and the plugin both accept), for the base and the repair-delete component; yamllint
+// passes on the sources and on the rendered output.
+
+import assert from 'node:assert/strict';
+import { spawnSync } from 'node:child_process';
+import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import { after, before, describe, it } from 'node:test';
+import type { V1ClusterRole, V1ConfigMap, V1Container, V1DaemonSet, V1PolicyRule, V1Role, V1RoleBinding } from '@kubernetes/client-node';
+import { parseAllDocuments } from 'yaml';
+import { parseConfig } from '../../cni-plugin/cni/protocol.ts';
+import { FLAGS } from '../../src/config/flags.ts';
+import { buildSettings, type RawFlags } from '../../src/config/settings.ts';
+import { renderEntry } from '../../src/install/template.ts';
+import { ROOT } from '../helpers/cli.ts';
+
+const DEPLOY = path.join(ROOT, 'deploy');
+const YAMLLINT_CONFIG = path.join(DEPLOY, '.yamllint.yaml');
+const pkg = JSON.parse(readFileSync(path.join(ROOT, 'package.json'), 'utf8')) as { version: string };
+
+interface K8sObject {
+  apiVersion: string;
+  kind: string;
+  metadata: { name: string; namespace?: string; labels?: Record<string, string> };
+  [k: string]: unknown;
+}
+
+function run(cmd: string, args: readonly string[], input?: string): { code: number | null; stdout: string; stderr: string } {
+  // No kubeconfig and no proxy: rendering must not need a cluster or the network.
+  const r = spawnSync(cmd, args, { encoding: 'utf8', input, env: { PATH: process.env.PATH ?? '/usr/bin:/bin', KUBECONFIG: '/nonexistent', HOME: os.tmpdir() }, timeout: 60_000 });
+  return { code: r.status, stdout: r.stdout, stderr: r.stderr };
+}
+
+function kustomize(dir: string): { text: string; objects: K8sObject[] } {
+  const r = run('kubectl', ['kustomize', dir]);
+  assert.equal(r.code, 0, `kubectl kustomize ${dir} failed: ${r.stderr}`);
+  const docs = parseAllDocuments(r.stdout);
+  for (const d of docs) assert.deepEqual(d.errors, [], `rendered YAML does not parse: ${d.errors.join('; ')}`);
+  return { text: r.stdout, objects: docs.map((d) => d.toJS() as K8sObject) };
+}
+
+function one<T>(objects: K8sObject[], kind: string, name?: string): T {
+  const found = objects.filter((o) => o.kind === kind && (name === undefined || o.metadata.name === name));
+  assert.equal(found.length, 1, `expected one ${kind}${name ? ` ${name}` : ''}, found ${found.length}`);
+  return found[0] as T;
+}
+
+function agentContainer(objects: K8sObject[]): V1Container {
+  const ds = one<V1DaemonSet>(objects, 'DaemonSet');
+  const c = ds.spec!.template.spec!.containers.find((x) => x.name === 'install-cni');
+  assert.ok(c, 'the DaemonSet has an install-cni container');
+  return c;
+}
+
+/** The settings install-cni would build in this container (env + args; downward API values filled in). */
+function containerSettings(c: V1Container) {
+  const env: Record<string, string> = { KUBERNETES_SERVICE_HOST: '10.96.0.1', KUBERNETES_SERVICE_PORT: '443' };
+  for (const e of c.env ?? []) {
+    env[e.name] = e.value ?? (e.valueFrom?.fieldRef ? `<${e.valueFrom.fieldRef.fieldPath}>` : '');
+  }
+  const names = (c.env ?? []).map((e) => e.name);
+  assert.deepEqual(names.filter((n, i) => names.indexOf(n) !== i), [], 'no env setting is given twice');
+  const flags: Record<string, string> = {};
+  for (const a of c.args ?? []) {
+    const m = /^--([^=]+)=(.*)$/s.exec(a);
+    assert.ok(m, `arg ${a} is written --flag=value`);
+    flags[m[1]!] = m[2]!;
+  }
+  return buildSettings(flags as RawFlags, env);
+}
+
+function podVerbs(role: V1ClusterRole | V1Role, group: string, resource: string): string[] {
+  return (role.rules ?? [])
+    .filter((r: V1PolicyRule) => (r.apiGroups ?? []).includes(group) && (r.resources ?? []).includes(resource))
+    .flatMap((r) => r.verbs)
+    .sort();
+}
+
+const DOWNWARD = { NODE_NAME: 'spec.nodeName', HOST_IP: 'status.hostIP', POD_NAME: 'metadata.name', POD_NAMESPACE: 'metadata.namespace' };
+
+describe('deploy: kubectl kustomize deploy/', () => {
+  let base: ReturnType<typeof kustomize>;
+  let withDelete: ReturnType<typeof kustomize>;
+  let opDir: string;
+  before(() => {
+    base = kustomize(DEPLOY);
+    // The repair-delete component used the way the README says: from an operator's own
+    // kustomization next to deploy/ (paths must be relative).
+    opDir = mkdtempSync(path.join(os.tmpdir(), 'mcni-deploy-'));
+    const rel = path.relative(opDir, DEPLOY);
+    writeFileSync(path.join(opDir, 'kustomization.yaml'), `resources:\n  - ${rel}\ncomponents:\n  - ${rel}/overlays/repair-delete\n`);
+    withDelete = kustomize(opDir);
+  });
+  after(() => rmSync(opDir, { recursive: true, force: true }));
+
+  it('renders every kind the agent needs, namespaced objects in mesh-system', () => {
+    const kinds = base.objects.map((o) => o.kind).sort();
+    assert.deepEqual(kinds, ['ClusterRole', 'ClusterRoleBinding', 'ConfigMap', 'DaemonSet', 'Namespace', 'Role', 'RoleBinding', 'ServiceAccount']);
+    for (const o of base.objects) {
+      const clusterScoped = ['Namespace', 'ClusterRole', 'ClusterRoleBinding'].includes(o.kind);
+      assert.equal(o.metadata.namespace, clusterScoped ? undefined : 'mesh-system', `${o.kind} ${o.metadata.name}`);
+      assert.equal(o.metadata.labels?.['app.kubernetes.io/name'], 'mesh-cni', `${o.kind} ${o.metadata.name} carries the app label`);
+    }
+  });
+
+  it('grants least privilege: pods read + patch, events create, its own DaemonSet read; no delete, no wildcards', () => {
+    const cr = one<V1ClusterRole>(base.objects, 'ClusterRole');
+    assert.deepEqual(podVerbs(cr, '', 'pods'), ['get', 'list', 'patch', 'watch']);
+    assert.deepEqual(podVerbs(cr, '', 'events'), ['create']);
+    const role = one<V1Role>(base.objects, 'Role');
+    assert.deepEqual(podVerbs(role, 'apps', 'daemonsets'), ['get']);
+    for (const r of [...(cr.rules ?? []), ...(role.rules ?? [])]) {
+      for (const field of [r.verbs, r.resources ?? [], r.apiGroups ?? []]) assert.ok(!field.includes('*'), `no wildcard in ${JSON.stringify(r)}`);
+    }
+    // The bindings give those roles to the service account the DaemonSet runs as.
+    const sa = one<K8sObject>(base.objects, 'ServiceAccount');
+    const ds = one<V1DaemonSet>(base.objects, 'DaemonSet');
+    assert.equal(ds.spec!.template.spec!.serviceAccountName, sa.metadata.name);
+    for (const [bindingKind, roleKind, roleName] of [['ClusterRoleBinding', 'ClusterRole', cr.metadata!.name], ['RoleBinding', 'Role', role.metadata!.name]] as const) {
+      const b = one<V1RoleBinding>(base.objects, bindingKind);
+      assert.equal(b.roleRef.kind, roleKind);
+      assert.equal(b.roleRef.name, roleName);
+      assert.deepEqual(b.subjects, [{ kind: 'ServiceAccount', name: sa.metadata.name, namespace: 'mesh-system' }]);
+    }
+  });
+
+  it('runs on every node, first: host network, every taint tolerated, system-node-critical, no surge', () => {
+    const ds = one<V1DaemonSet>(base.objects, 'DaemonSet');
+    const spec = ds.spec!.template.spec!;
+    assert.equal(spec.hostNetwork, true);
+    assert.equal(spec.priorityClassName, 'system-node-critical');
+    assert.ok(spec.tolerations?.some((t) => t.operator === 'Exists' && t.key === undefined && t.effect === undefined), 'a toleration with operator Exists and no key/effect tolerates every taint');
+    assert.equal(ds.spec!.updateStrategy?.type, 'RollingUpdate');
+    assert.ok(ds.spec!.updateStrategy?.rollingUpdate?.maxUnavailable !== undefined, 'maxUnavailable is set');
+    // Two agents on one node would both bind the monitoring port of the host network.
+    assert.equal(ds.spec!.updateStrategy?.rollingUpdate?.maxSurge, 0);
+    // Cleanup asks the API server twice with a 5 s timeout each (src/install/uninstall.ts).
+    assert.ok((spec.terminationGracePeriodSeconds ?? 30) >= 2 * 5 + 5, 'grace period leaves room for the cleanup decision');
+    assert.deepEqual(ds.spec!.selector.matchLabels, Object.fromEntries(Object.entries(ds.spec!.template.metadata!.labels!).filter(([k]) => k in ds.spec!.selector.matchLabels!)));
+  });
+
+  it('mounts the host dirs where the flags say, and the template where CNI_NETWORK_CONFIG_FILE points', () => {
+    const ds = one<V1DaemonSet>(base.objects, 'DaemonSet');
+    const c = agentContainer(base.objects);
+    const s = containerSettings(c);
+    const volumes = new Map((ds.spec!.template.spec!.volumes ?? []).map((v) => [v.name, v]));
+    const mountOf = (mountPath: string) => {
+      const m = (c.volumeMounts ?? []).find((x) => x.mountPath === mountPath);
+      assert.ok(m, `something is mounted at ${mountPath}`);
+      const v = volumes.get(m.name);
+      assert.ok(v, `volume ${m.name} exists`);
+      return { mount: m, volume: v };
+    };
+    const hostMounts: [string, string][] = [
+      ['/opt/cni/bin', '/host/opt/cni/bin'],
+      ['/etc/cni/net.d', '/host/etc/cni/net.d'],
+      ['/var/run/mesh-cni', '/var/run/mesh-cni'],
+    ];
+    for (const [host, inContainer] of hostMounts) {
+      const { mount, volume } = mountOf(inContainer);
+      assert.equal(volume.hostPath?.path, host, `${inContainer} is the host's ${host}`);
+      assert.notEqual(mount.readOnly, true, `${inContainer} is writable`);
+    }
+    // The settings agree with the mounts: host paths go into configs, mounted paths are written.
+    assert.equal(s.install.cniBinDir, '/opt/cni/bin');
+    assert.equal(s.install.mountedCniBinDir, '/host/opt/cni/bin');
+    assert.equal(s.install.cniNetDir, '/etc/cni/net.d');
+    assert.equal(s.install.mountedCniNetDir, '/host/etc/cni/net.d');
+    // The plugin runs on the host and dials the socket at this path: it must be the same inside.
+    assert.equal(path.dirname(s.install.logUdsAddress), '/var/run/mesh-cni');
+    // The template file is a key of the ConfigMap mounted at its directory.
+    const { mount, volume } = mountOf(path.dirname(s.install.cniNetworkConfigFile));
+    assert.equal(mount.readOnly, true);
+    const cm = one<V1ConfigMap>(base.objects, 'ConfigMap', volume.configMap?.name);
+    assert.ok(cm.data?.[path.basename(s.install.cniNetworkConfigFile)], `ConfigMap ${cm.metadata!.name} has key ${path.basename(s.install.cniNetworkConfigFile)}`);
+    // The image's binaries dir is the flag's default and must not be shadowed by a mount.
+    assert.ok(!(c.volumeMounts ?? []).some((m) => s.install.cniBinariesDir.startsWith(m.mountPath)), 'nothing is mounted over the image binaries');
+  });
+
+  it('gives the downward API env, and every other env/arg is an install-cni setting it accepts', () => {
+    const c = agentContainer(base.objects);
+    for (const [name, fieldPath] of Object.entries(DOWNWARD)) {
+      const e = c.env?.find((x) => x.name === name);
+      assert.equal(e?.valueFrom?.fieldRef?.fieldPath, fieldPath, `${name} comes from ${fieldPath}`);
+    }
+    const known = new Set(FLAGS.map((f) => f.env).filter((e) => e !== null));
+    for (const e of c.env ?? []) {
+      if (e.name in DOWNWARD) continue;
+      assert.ok(known.has(e.name), `env ${e.name} is the env setting of an install-cni flag`);
+    }
+    const s = containerSettings(c);
+    assert.equal(s.env.nodeName, '<spec.nodeName>');
+    assert.equal(s.repair.nodeName, '<spec.nodeName>', 'repair watches only this node');
+    assert.equal(s.env.podName, '<metadata.name>');
+    assert.equal(s.env.podNamespace, '<metadata.namespace>');
+    assert.equal(s.install.chained, true);
+    assert.equal(s.install.cleanupOnExit, 'auto');
+    assert.deepEqual([s.repair.enabled, s.repair.labelPods, s.repair.deletePods], [true, true, false]);
+  });
+
+  it('probes /readyz on the monitoring port, and exposes that port', () => {
+    const c = agentContainer(base.objects);
+    const s = containerSettings(c);
+    assert.equal(s.monitoring.port, 15014);
+    assert.equal(c.readinessProbe?.httpGet?.path, '/readyz');
+    assert.equal(c.readinessProbe?.httpGet?.port, s.monitoring.port);
+    assert.equal(c.livenessProbe?.httpGet?.path, '/healthz');
+    assert.equal(c.livenessProbe?.httpGet?.port, s.monitoring.port);
+    assert.ok(c.ports?.some((p) => p.containerPort === s.monitoring.port));
+  });
+
+  it('runs as root with every capability dropped, no escalation, read-only root fs, and has requests and limits', () => {
+    const c = agentContainer(base.objects);
+    const sc = c.securityContext!;
+    assert.deepEqual(sc.capabilities?.drop, ['ALL']);
+    assert.equal(sc.capabilities?.add, undefined, 'no capability is added');
+    assert.equal(sc.privileged, false);
+    assert.equal(sc.allowPrivilegeEscalation, false);
+    assert.equal(sc.readOnlyRootFilesystem, true);
+    assert.equal(sc.seccompProfile?.type, 'RuntimeDefault');
+    assert.ok(c.resources?.requests?.cpu && c.resources.requests.memory, 'cpu and memory requests');
+    assert.ok(c.resources?.limits?.memory, 'a memory limit');
+  });
+
+  it('uses the image npm run image builds, tagged with the package version', () => {
+    assert.equal(agentContainer(base.objects).image, `localhost/mesh-cni:${pkg.version}`);
+  });
+
+  it('ships a template (json5, with comments) that the installer renders and the plugin accepts', () => {
+    const c = agentContainer(base.objects);
+    const s = containerSettings(c);
+    const cm = one<V1ConfigMap>(base.objects, 'ConfigMap');
+    const template = cm.data![path.basename(s.install.cniNetworkConfigFile)]!;
+    assert.match(template, /\/\/ /, 'the template shows operators it may carry comments');
+    assert.throws(() => JSON.parse(template), 'it is json5, not strict JSON');
+    const entry = renderEntry(template, {
+      kubeconfigFilepath: '/etc/cni/net.d/ZZZ-mesh-cni-orchconfig',
+      logLevel: s.install.pluginLogLevel,
+      logUdsAddress: s.install.logUdsAddress,
+      orchServiceHost: '10.96.0.1',
+      orchServicePort: '443',
+      nodeName: 'node-1',
+      hostIp: '192.0.2.10',
+      cniNetDir: s.install.cniNetDir,
+      cniBinDir: s.install.cniBinDir,
+      excludeNamespaces: s.install.excludeNamespaces,
+    }, 'the ConfigMap');
+    const conf = parseConfig(JSON.stringify({ cniVersion: '1.0.0', name: 'k8s-pod-network', ...entry, prevResult: { cniVersion: '1.0.0', interfaces: [], ips: [] } }), 'ADD');
+    assert.equal(conf.type, 'mesh-cni');
+    assert.equal(conf.orchconfig, '/etc/cni/net.d/ZZZ-mesh-cni-orchconfig');
+    assert.equal(conf.logUdsAddress, '/var/run/mesh-cni/log.sock');
+    assert.deepEqual(conf.excludeNamespaces, ['mesh-system', 'kube-system']);
+    assert.equal(conf.nodeName, 'node-1');
+  });
+
+  it('repair-delete component: delete instead of patch on pods, delete mode on, nothing else changed', () => {
+    const cr = one<V1ClusterRole>(withDelete.objects, 'ClusterRole');
+    assert.deepEqual(podVerbs(cr, '', 'pods'), ['delete', 'get', 'list', 'watch']);
+    assert.deepEqual(podVerbs(cr, '', 'events'), ['create']);
+    const s = containerSettings(agentContainer(withDelete.objects));
+    assert.deepEqual([s.repair.enabled, s.repair.labelPods, s.repair.deletePods], [true, false, true]);
+    // Apart from the pods verbs and the repair env, the render is the base's.
+    const strip = (objs: K8sObject[]) => objs.map((o) => {
+      const c = structuredClone(o) as K8sObject & { rules?: V1PolicyRule[]; spec?: V1DaemonSet['spec'] };
+      if (c.kind === 'ClusterRole') c.rules = c.rules!.filter((r) => !(r.resources ?? []).includes('pods'));
+      if (c.kind === 'DaemonSet') {
+        const ct = c.spec!.template.spec!.containers[0]!;
+        ct.env = ct.env!.filter((e) => !e.name.startsWith('REPAIR_')).sort((a, b) => a.name.localeCompare(b.name));
+      }
+      return c;
+    });
+    assert.deepEqual(strip(withDelete.objects), strip(base.objects));
+  });
+
+  it('yamllint passes on deploy/ and on both renders', () => {
+    const src = run('yamllint', ['-f', 'parsable', '-c', YAMLLINT_CONFIG, DEPLOY]);
+    assert.equal(src.code, 0, `yamllint deploy/:\n${src.stdout}${src.stderr}`);
+    for (const [what, text] of [['base', base.text], ['with repair-delete', withDelete.text]] as const) {
+      const r = run('yamllint', ['-f', 'parsable', '-c', YAMLLINT_CONFIG, '-'], text);
+      assert.equal(r.code, 0, `yamllint of the ${what} render:\n${r.stdout}${r.stderr}`);
+    }
+  });
+});
