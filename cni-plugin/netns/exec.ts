@@ -13,9 +13,9 @@ export interface ExecResult {
 const PATH = [process.env.PATH ?? '', '/usr/local/sbin', '/usr/sbin', '/sbin', '/usr/local/bin', '/usr/bin', '/bin']
   .filter((p) => p !== '').join(':');
 
-export async function exec(file: string, args: readonly string[], input: string | null = null, timeoutMs = 10_000): Promise<ExecResult> {
+export function exec(file: string, args: readonly string[], input: string | null = null, timeoutMs = 10_000): Promise<ExecResult> {
   // Loaded on first use, like node:https in the pod client (startup snapshot, skipped pods).
-  const { spawn } = await import('node:child_process');
+  const { spawn } = process.getBuiltinModule('node:child_process');
   return new Promise((resolve) => {
     const child = spawn(file, args, { stdio: [input === null ? 'ignore' : 'pipe', 'pipe', 'pipe'], env: { ...process.env, PATH } });
     let stdout = '';

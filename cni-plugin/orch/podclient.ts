@@ -87,7 +87,7 @@ export async function getPod(initial: OrchAccess, namespace: string, name: strin
   const where = `${access.server.origin}${path}`;
   const deadline = Date.now() + opts.timeoutMs;
   const maxNotFound = opts.maxNotFound ?? 5;
-  const https = await import('node:https');
+  const https = process.getBuiltinModule('node:https');
   const agent = new https.Agent({ keepAlive: true, maxSockets: 1 });
   let notFound = 0;
   let reloaded = false;
