@@ -13,6 +13,7 @@ needs=(
   podman:podman
   runc:runc
   buildah:buildah
+  strip:binutils
   busybox:busybox-static
   zsh:zsh
   fish:fish

@@ -5,56 +5,20 @@
 // passes on the sources and on the rendered output.
 
 import assert from 'node:assert/strict';
-import { spawnSync } from 'node:child_process';
 import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { after, before, describe, it } from 'node:test';
 import type { V1ClusterRole, V1ConfigMap, V1Container, V1DaemonSet, V1PolicyRule, V1Role, V1RoleBinding } from '@kubernetes/client-node';
-import { parseAllDocuments } from 'yaml';
 import { parseConfig } from '../../cni-plugin/cni/protocol.ts';
 import { FLAGS } from '../../src/config/flags.ts';
 import { buildSettings, type RawFlags } from '../../src/config/settings.ts';
 import { renderEntry } from '../../src/install/template.ts';
 import { ROOT } from '../helpers/cli.ts';
+import { agentContainer, DEPLOY_DIR as DEPLOY, kustomize, one, runOffline as run, type K8sObject } from '../helpers/podman-daemonset.ts';
 
-const DEPLOY = path.join(ROOT, 'deploy');
 const YAMLLINT_CONFIG = path.join(DEPLOY, '.yamllint.yaml');
 const pkg = JSON.parse(readFileSync(path.join(ROOT, 'package.json'), 'utf8')) as { version: string };
-
-interface K8sObject {
-  apiVersion: string;
-  kind: string;
-  metadata: { name: string; namespace?: string; labels?: Record<string, string> };
-  [k: string]: unknown;
-}
-
-function run(cmd: string, args: readonly string[], input?: string): { code: number | null; stdout: string; stderr: string } {
-  // No kubeconfig and no proxy: rendering must not need a cluster or the network.
-  const r = spawnSync(cmd, args, { encoding: 'utf8', input, env: { PATH: process.env.PATH ?? '/usr/bin:/bin', KUBECONFIG: '/nonexistent', HOME: os.tmpdir() }, timeout: 60_000 });
-  return { code: r.status, stdout: r.stdout, stderr: r.stderr };
-}
-
-function kustomize(dir: string): { text: string; objects: K8sObject[] } {
-  const r = run('kubectl', ['kustomize', dir]);
-  assert.equal(r.code, 0, `kubectl kustomize ${dir} failed: ${r.stderr}`);
-  const docs = parseAllDocuments(r.stdout);
-  for (const d of docs) assert.deepEqual(d.errors, [], `rendered YAML does not parse: ${d.errors.join('; ')}`);
-  return { text: r.stdout, objects: docs.map((d) => d.toJS() as K8sObject) };
-}
-
-function one<T>(objects: K8sObject[], kind: string, name?: string): T {
-  const found = objects.filter((o) => o.kind === kind && (name === undefined || o.metadata.name === name));
-  assert.equal(found.length, 1, `expected one ${kind}${name ? ` ${name}` : ''}, found ${found.length}`);
-  return found[0] as T;
-}
-
-function agentContainer(objects: K8sObject[]): V1Container {
-  const ds = one<V1DaemonSet>(objects, 'DaemonSet');
-  const c = ds.spec!.template.spec!.containers.find((x) => x.name === 'install-cni');
-  assert.ok(c, 'the DaemonSet has an install-cni container');
-  return c;
-}
 
 /** The settings install-cni would build in this container (env + args; downward API values filled in). */
 function containerSettings(c: V1Container) {

@@ -1,0 +1,107 @@
+// A private podman for tests: its own storage (--root/--runroot, vfs), its own containers.conf
+// (CONTAINERS_CONF: CNI network backend, runc + cgroupfs, no default ulimits, file events,
+// private tmp/volume dirs) and storage.conf, its own CNI network config dir. The machine's
+// podman configuration and storage are never read or written. SPEC.md section 6 lists the
+// podman 4.3 quirks this works around.
+//
+// With `hostNetns`, every podman command runs inside that network namespace (nsenter --net,
+// mount namespace unchanged so podman's /run/netns bind mounts stay visible): the CNI plugins
+// podman runs (bridge, host-local, mesh-cni) then treat it as "the host", so bridges, addresses
+// and routes go there and never into the machine's own network namespace.
+
+import { spawnSync } from 'node:child_process';
+import { mkdtempSync, readFileSync, rmSync, writeFileSync, mkdirSync } from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import { run, type Run } from './netns.ts';
+
+export interface PodmanOptions {
+  /** Dirs podman searches for CNI plugin binaries, in order. */
+  readonly cniPluginDirs?: readonly string[];
+  /** Network config dir; default: a private dir. */
+  readonly networkConfigDir?: string;
+  /** Path of a netns (`/run/netns/<name>`) podman and its CNI plugins run in. */
+  readonly hostNetns?: string;
+}
+
+export interface Podman {
+  readonly dir: string;
+  readonly networkConfigDir: string;
+  /** Runs `podman <args>`; never throws for a non-zero exit. */
+  run(args: readonly string[], opts?: { timeoutMs?: number; input?: string }): Promise<Run>;
+  /** Runs `podman <args>` and returns stdout; throws with stderr on a non-zero exit. */
+  ok(args: readonly string[], opts?: { timeoutMs?: number; input?: string }): Promise<string>;
+  /** Removes every container and image of this podman, then its dirs. */
+  remove(): Promise<void>;
+}
+
+const toml = (s: string) => JSON.stringify(s);
+
+export function makePodman(o: PodmanOptions = {}): Podman {
+  const dir = mkdtempSync(path.join(os.tmpdir(), 'mcni-podman-'));
+  const networkConfigDir = o.networkConfigDir ?? path.join(dir, 'net.d');
+  for (const d of ['root', 'run', 'libpod', 'volumes', 'tmp']) mkdirSync(path.join(dir, d), { recursive: true });
+  mkdirSync(networkConfigDir, { recursive: true });
+  const conf = path.join(dir, 'containers.conf');
+  writeFileSync(conf, [
+    '[containers]',
+    // podman 4.3 sets RLIMIT_NOFILE etc. from the host by default, which runc refuses here.
+    'default_ulimits = []',
+    '[network]',
+    'network_backend = "cni"',
+    `cni_plugin_dirs = [${(o.cniPluginDirs ?? ['/usr/lib/cni']).map(toml).join(', ')}]`,
+    `network_config_dir = ${toml(networkConfigDir)}`,
+    '[engine]',
+    'cgroup_manager = "cgroupfs"',
+    'runtime = "runc"',
+    'events_logger = "file"',
+    `events_logfile_path = ${toml(path.join(dir, 'events.log'))}`,
+    `tmp_dir = ${toml(path.join(dir, 'libpod'))}`,
+    `volume_path = ${toml(path.join(dir, 'volumes'))}`,
+    '',
+  ].join('\n'));
+  const storage = path.join(dir, 'storage.conf');
+  writeFileSync(storage, `[storage]\ndriver = "vfs"\nrunroot = ${toml(path.join(dir, 'run'))}\ngraphroot = ${toml(path.join(dir, 'root'))}\n`);
+  const env = {
+    PATH: process.env.PATH ?? '/usr/sbin:/usr/bin:/sbin:/bin',
+    CONTAINERS_CONF: conf,
+    CONTAINERS_STORAGE_CONF: storage,
+    // registries.conf is only read for pulls, which these tests never do.
+    CONTAINERS_REGISTRIES_CONF: path.join(dir, 'registries.conf'),
+    TMPDIR: path.join(dir, 'tmp'),
+    HOME: dir,
+  };
+  writeFileSync(env.CONTAINERS_REGISTRIES_CONF, 'unqualified-search-registries = []\n');
+  const global = [
+    '--root', path.join(dir, 'root'), '--runroot', path.join(dir, 'run'), '--storage-driver', 'vfs',
+    '--runtime', 'runc', '--cgroup-manager', 'cgroupfs', '--network-config-dir', networkConfigDir,
+    '--tmpdir', path.join(dir, 'libpod'), '--events-backend', 'file',
+  ];
+  const argv = (args: readonly string[]) => (o.hostNetns
+    ? { file: 'nsenter', args: [`--net=${o.hostNetns}`, '--', 'podman', ...global, ...args] }
+    : { file: 'podman', args: [...global, ...args] });
+
+  const runPodman: Podman['run'] = (args, opts = {}) => {
+    const a = argv(args);
+    return run(a.file, a.args, { env, timeoutMs: opts.timeoutMs ?? 120_000, ...(opts.input === undefined ? {} : { input: opts.input }) });
+  };
+  return {
+    dir,
+    networkConfigDir,
+    run: runPodman,
+    async ok(args, opts) {
+      const r = await runPodman(args, opts);
+      if (r.code !== 0) throw new Error(`podman ${args.join(' ')} failed (${r.code}): ${r.stderr.trim()}`);
+      return r.stdout;
+    },
+    async remove() {
+      await runPodman(['rm', '--all', '--force', '--time', '0'], { timeoutMs: 60_000 }).catch(() => undefined);
+      await runPodman(['rmi', '--all', '--force'], { timeoutMs: 60_000 }).catch(() => undefined);
+      // Whatever podman left mounted below our dirs (a container's shm, a netns) goes first.
+      const mounts = readFileSync('/proc/self/mounts', 'utf8').split('\n').map((l) => l.split(' ')[1] ?? '')
+        .filter((m) => m.startsWith(dir + '/')).sort().reverse();
+      for (const m of mounts) spawnSync('umount', ['-l', m]);
+      rmSync(dir, { recursive: true, force: true });
+    },
+  };
+}

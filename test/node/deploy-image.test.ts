@@ -1,0 +1,143 @@
+// The container image: scripts/image.sh builds it offline with buildah into an OCI archive;
+// podman (private storage and config) loads it and runs `install-cni version`; then the image
+// runs the way deploy/ runs it (the DaemonSet's env, args, securityContext: root with every
+// capability dropped, read-only root fs, no privilege escalation; its volumes as host dirs) and
+// installs the plugin into a sandbox node, answers /readyz, and on SIGTERM takes it all out
+// again, leaving the primary config byte for byte as it was.
+//
+// Needs root, buildah and podman (scripts/setup-host.sh) and a built dist/ (npm test builds).
+
+import assert from 'node:assert/strict';
+import { existsSync, readFileSync } from 'node:fs';
+import fs from 'node:fs/promises';
+import os from 'node:os';
+import path from 'node:path';
+import { after, before, describe, it } from 'node:test';
+import type { V1ConfigMap, V1DaemonSet } from '@kubernetes/client-node';
+import { ROOT } from '../helpers/cli.ts';
+import { BRIDGE_CONFLIST, eventually, makeHostTree, type HostTree } from '../helpers/hosttree.ts';
+import { run } from '../helpers/netns.ts';
+import { makePodman, type Podman } from '../helpers/podman.ts';
+import { DEPLOY_DIR, kustomize, one, podmanRunArgs, SERVICE_ACCOUNT_MOUNT, type Rendered } from '../helpers/podman-daemonset.ts';
+
+const pkg = JSON.parse(readFileSync(path.join(ROOT, 'package.json'), 'utf8')) as { version: string };
+const IMAGE = `localhost/mesh-cni:${pkg.version}`;
+
+describe('deploy: the container image', { timeout: 300_000 }, () => {
+  let work: string;
+  let archive: string;
+  let podman: Podman;
+  let buildOutput: string;
+  before(async () => {
+    for (const f of ['dist/install-cni.js', 'dist/bin/mesh-cni']) {
+      assert.ok(existsSync(path.join(ROOT, f)), `${f} is missing: run npm run build first`);
+    }
+    work = await fs.mkdtemp(path.join(os.tmpdir(), 'mcni-image-test-'));
+    archive = path.join(work, 'mesh-cni-image.tar');
+    const r = await run('bash', [path.join(ROOT, 'scripts/image.sh'), archive], { timeoutMs: 240_000 });
+    assert.equal(r.code, 0, `scripts/image.sh failed: ${r.stderr}`);
+    buildOutput = r.stdout;
+    podman = makePodman();
+    await podman.ok(['load', '--quiet', '--input', archive]);
+  });
+  after(async () => {
+    await podman?.remove();
+    await fs.rm(work, { recursive: true, force: true });
+  });
+
+  it('is an OCI archive of localhost/mesh-cni:<version>, entrypoint install-cni, default user nobody', async () => {
+    assert.match(buildOutput, new RegExp(`image: ${IMAGE} -> `));
+    const [inspect] = JSON.parse(await podman.ok(['image', 'inspect', IMAGE])) as [{ Config: { Entrypoint: string[]; User: string; Labels: Record<string, string> }; Size: number }];
+    assert.deepEqual(inspect.Config.Entrypoint, ['/usr/bin/node', '/opt/mesh-cni/install-cni.js']);
+    assert.equal(inspect.Config.User, '65534:65534');
+    assert.equal(inspect.Config.Labels['org.opencontainers.image.version'], pkg.version);
+    // The plugin sits where install-cni copies from by default, byte for byte the build's.
+    const listing = await podman.ok(['run', '--rm', '--network', 'none', '--entrypoint', '/usr/bin/node', IMAGE, '-e',
+      "const fs=require('fs');const c=require('crypto');for(const f of fs.readdirSync('/opt/mesh-cni/bin'))console.log(f,c.createHash('sha256').update(fs.readFileSync('/opt/mesh-cni/bin/'+f)).digest('hex'))"]);
+    const { createHash } = await import('node:crypto');
+    const want = createHash('sha256').update(readFileSync(path.join(ROOT, 'dist/bin/mesh-cni'))).digest('hex');
+    assert.equal(listing.trim(), `mesh-cni ${want}`);
+  });
+
+  it('runs `install-cni version` (as nobody, without network)', async () => {
+    const text = await podman.ok(['run', '--rm', '--network', 'none', IMAGE, 'version']);
+    assert.match(text, new RegExp(`Version:"${pkg.version.replaceAll('.', '\\.')}"`));
+    assert.match(text, /NodeVersion:"v24\./);
+    const json = JSON.parse(await podman.ok(['run', '--rm', '--network', 'none', IMAGE, 'version', '-o', 'json'])) as { version: string; nodeVersion: string };
+    assert.equal(json.version, pkg.version);
+    const short = await podman.ok(['run', '--rm', '--network', 'none', '--user', '0:0', '--cap-drop', 'ALL', '--read-only', '--read-only-tmpfs=false', IMAGE, 'version', '--short']);
+    assert.equal(short.trim(), pkg.version);
+  });
+
+  describe('run as deploy/ runs it, on a sandbox node', () => {
+    let rendered: Rendered;
+    let tree: HostTree;
+    let runDir: string;
+    let templateDir: string;
+    const name = `mcni-image-agent-${process.pid}`;
+    before(async () => {
+      rendered = kustomize(DEPLOY_DIR);
+      tree = await makeHostTree();
+      await fs.rm(path.join(tree.binariesDir, 'mesh-cni'));
+      await fs.writeFile(path.join(tree.netDir, '10-bridge.conflist'), BRIDGE_CONFLIST);
+      runDir = path.join(tree.root, 'var-run-mesh-cni');
+      templateDir = path.join(tree.root, 'configmap');
+      await fs.mkdir(runDir);
+      await fs.mkdir(templateDir);
+      const cm = one<V1ConfigMap>(rendered.objects, 'ConfigMap');
+      for (const [k, v] of Object.entries(cm.data ?? {})) await fs.writeFile(path.join(templateDir, k), v);
+    });
+    after(async () => {
+      await podman.run(['rm', '--force', '--time', '0', name]);
+      await tree.remove();
+    });
+
+    it('installs binary, orchconfig and entry with no capabilities on a read-only root, is ready, and SIGTERM takes them out', async () => {
+      const ds = one<V1DaemonSet>(rendered.objects, 'DaemonSet');
+      const volumeDirs: Record<string, string> = {};
+      for (const v of ds.spec!.template.spec!.volumes ?? []) {
+        const where: Record<string, string> = { '/opt/cni/bin': tree.binDir, '/etc/cni/net.d': tree.netDir, '/var/run/mesh-cni': runDir };
+        volumeDirs[v.name] = v.hostPath ? where[v.hostPath.path]! : templateDir;
+      }
+      const { flags, args } = podmanRunArgs(rendered.objects, {
+        volumeDirs,
+        env: {
+          NODE_NAME: 'node-1', HOST_IP: '198.19.250.1', POD_NAME: 'mesh-cni-node-abcde', POD_NAMESPACE: 'mesh-system',
+          // No API server here: the orchconfig only names it, and stopping cannot ask it.
+          KUBERNETES_SERVICE_HOST: '198.19.250.2', KUBERNETES_SERVICE_PORT: '443',
+          CLEANUP_ON_EXIT: 'always', REPAIR_ENABLED: 'false',
+        },
+        extraMounts: [[tree.saDir, `${SERVICE_ACCOUNT_MOUNT}:ro`]],
+        // Its own netns: the manifest's fixed port 15014 must not be bound on this machine.
+        network: 'none',
+      });
+      const primary = await fs.readFile(path.join(tree.netDir, '10-bridge.conflist'));
+      await podman.ok(['run', '--detach', '--name', name, ...flags, IMAGE, ...args]);
+
+      const binary = path.join(tree.binDir, 'mesh-cni');
+      const orchconfig = path.join(tree.netDir, 'ZZZ-mesh-cni-orchconfig');
+      const readyz = () => podman.run(['exec', name, '/usr/bin/node', '-e',
+        "fetch('http://127.0.0.1:15014/readyz').then(async r=>{console.log(r.status, await r.text());process.exit(r.status===200?0:1)},()=>process.exit(2))"]);
+      await eventually(async () => (await readyz()).code === 0, '/readyz of the agent in the image to answer 200', 60_000).catch(async (e: Error) => {
+        const logs = await podman.run(['logs', name]);
+        throw new Error(`${e.message}; /readyz: ${(await readyz()).stdout}; logs:\n${logs.stdout}${logs.stderr}`);
+      });
+      assert.deepEqual(await fs.readFile(binary), await fs.readFile(path.join(ROOT, 'dist/bin/mesh-cni')), 'the plugin executable was copied whole');
+      assert.equal((await fs.stat(binary)).mode & 0o777, 0o755);
+      assert.equal((await fs.stat(orchconfig)).mode & 0o777, 0o600);
+      const conf = JSON.parse(await fs.readFile(path.join(tree.netDir, '10-bridge.conflist'), 'utf8')) as { plugins: { type: string; log_uds_address?: string; pod_lookup_timeout_ms?: number }[] };
+      assert.deepEqual(conf.plugins.map((p) => p.type), ['bridge', 'mesh-cni']);
+      // The entry came from the ConfigMap's template (it alone sets the lookup timeout).
+      assert.equal(conf.plugins[1]!.pod_lookup_timeout_ms, 10000);
+      assert.equal(conf.plugins[1]!.log_uds_address, '/var/run/mesh-cni/log.sock');
+      assert.ok(existsSync(path.join(runDir, 'log.sock')), 'the plugin log socket is in the host dir');
+
+      await podman.ok(['stop', '--time', '25', name], { timeoutMs: 60_000 });
+      const state = JSON.parse(await podman.ok(['inspect', '--format', '{{json .State}}', name])) as { ExitCode: number };
+      assert.equal(state.ExitCode, 0, 'SIGTERM ends it with exit code 0 (not the runtime\'s SIGKILL)');
+      assert.deepEqual(await fs.readFile(path.join(tree.netDir, '10-bridge.conflist')), primary, 'the primary config is byte for byte the original');
+      assert.ok(!existsSync(orchconfig), 'orchconfig removed');
+      assert.ok(!existsSync(binary), 'binary removed');
+    });
+  });
+});
