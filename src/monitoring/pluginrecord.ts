@@ -26,7 +26,11 @@ const LEVELS: Record<string, EmitLevel> = {
 // Keys the agent sets itself (or that pino's record already has): never copied from the plugin.
 const CONSUMED = new Set(['time', 'level', 'msg', 'message', 'scope', 'pod', 'pod_namespace', 'pod_name', 'containerID', 'container_id', '__proto__']);
 
+// What the plugin sends: already canonical, so no Date round trip (a third of the parse cost).
+const CANONICAL_TIME = /^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$/;
+
 function isoTime(v: unknown): string | undefined {
+  if (typeof v === 'string' && CANONICAL_TIME.test(v)) return v;
   if (typeof v !== 'string' && typeof v !== 'number') return undefined;
   const d = new Date(v);
   return Number.isNaN(d.getTime()) ? undefined : d.toISOString();
