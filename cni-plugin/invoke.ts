@@ -1,20 +1,23 @@
 // One plugin invocation: CNI_* env + stdin -> stdout text and exit code. Split from main.ts so
 // tests and the benchmark can import it without running it.
 
-import { readFileSync } from 'node:fs';
 import { CniError, CNI_ERROR } from './cni/errors.ts';
 import { parseCommand, parseConfig, parseRequest, versionOf, type Env } from './cni/protocol.ts';
 import { SUPPORTED_VERSIONS } from './cni/result.ts';
 import { UdsLog } from './log/udslog.ts';
 import { cmdAdd, cmdCheck, cmdDel, cmdStatus } from './plugin.ts';
 
-function readStdin(): string {
+/**
+ * All of stdin, read as a stream: the runtime's pipe may be non-blocking and still empty when we
+ * start, where a synchronous read fails with EAGAIN.
+ */
+async function readStdin(): Promise<string> {
   if (process.stdin.isTTY) return '';
   try {
-    return readFileSync(0, 'utf8');
+    const chunks: Buffer[] = [];
+    for await (const c of process.stdin) chunks.push(c as Buffer);
+    return Buffer.concat(chunks).toString('utf8');
   } catch (e) {
-    // No stdin at all (closed descriptor): same as empty; parsing then says what is missing.
-    if ((e as NodeJS.ErrnoException).code === 'EBADF') return '';
     throw new CniError(CNI_ERROR.IO_FAILURE, 'cannot read the network config from stdin', (e as Error).message);
   }
 }
@@ -25,11 +28,11 @@ export interface Outcome {
 }
 
 /** Runs one invocation; never throws. */
-export async function run(env: Env, stdinText: () => string): Promise<Outcome> {
+export async function run(env: Env, stdinText: () => string | Promise<string>): Promise<Outcome> {
   let stdin = '';
   let log: UdsLog | null = null;
   try {
-    stdin = stdinText();
+    stdin = await stdinText();
     const command = parseCommand(env);
     if (command === 'VERSION') {
       return { code: 0, stdout: JSON.stringify({ cniVersion: versionOf(stdin), supportedVersions: SUPPORTED_VERSIONS }) + '\n' };
