@@ -4,6 +4,7 @@
 import path from 'node:path';
 import { pino } from 'pino';
 import { createStream, type RotatingFileStream } from 'rotating-file-stream';
+import { ConfigError, ConfigErrors } from '../config/parse.ts';
 import type { LoggingSettings } from '../config/settings.ts';
 
 export interface LogOutput {
@@ -21,7 +22,9 @@ function fileOutput(file: string): LogOutput {
   try {
     dest = pino.destination({ dest: file, append: true, mkdir: true, sync: true });
   } catch (e) {
-    throw new Error(`cannot open log target ${file}: ${(e as Error).message}; fix --log_target (stdout, stderr or a writable file path)`, { cause: e });
+    // A bad flag value like any other: the CLI prints it on one line and exits 2.
+    const why = (e as NodeJS.ErrnoException).code ?? (e as Error).message;
+    throw new ConfigErrors([new ConfigError('--log_target', file, `cannot open it (${why}); give stdout, stderr or a writable file path`)]);
   }
   return {
     write: (line) => void dest.write(line),

@@ -160,7 +160,7 @@ describe('log targets and rotation', () => {
     writeFileSync(notADir, '');
     assert.throws(
       () => configureLogging(settings({ log_target: `stdout,${notADir}/x.log` })),
-      (e: Error) => e.message.startsWith(`cannot open log target ${notADir}/x.log: `) && /fix --log_target/.test(e.message),
+      (e: Error) => e instanceof ConfigErrors && e.message === `invalid value "${notADir}/x.log" for --log_target: cannot open it (EEXIST); give stdout, stderr or a writable file path`,
     );
   });
 });
@@ -184,6 +184,14 @@ describe('logging flag errors', () => {
       assert.throws(() => buildSettings(flags, {}), (e: unknown) => e instanceof ConfigErrors && message.test(e.message));
     });
   }
+
+  it('rejects a --log_target it cannot open with exit 2 and one line', async () => {
+    const notADir = path.join(tmp, 'plain-file-2');
+    writeFileSync(notADir, '');
+    const r = await runBin('install-cni', ['--log_target', `${notADir}/agent.log`, '--monitoring-port', '0', '--ctrlz_port', '0', '--log-uds-address', path.join(tmp, 'uds', 'log.sock')]);
+    assert.equal(r.code, 2, r.stderr);
+    assert.equal(r.stderr, `install-cni: invalid value "${notADir}/agent.log" for --log_target: cannot open it (EEXIST); give stdout, stderr or a writable file path\n`);
+  });
 
   it('rejects bad logging flags on the command line with exit 2 before starting', async () => {
     const r = await runBin('install-cni', ['--log_output_level', 'install:loud', '--vklog', 'x']);
