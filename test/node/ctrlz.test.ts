@@ -34,7 +34,7 @@ describe('ControlZ API', () => {
     ctrlz = await startControlz(buildSettings({ ctrlz_address: 'localhost', ctrlz_port: '0' }, {}), { components: () => [installerLike, broken, ctrlz] });
     const st = ctrlz.status() as { listening: boolean; port: number };
     assert.equal(st.listening, true);
-    base = `http://127.0.0.1:${st.port}`;
+    base = `http://localhost:${st.port}`; // localhost may resolve to ::1 first on other hosts
   });
   after(async () => {
     await ctrlz.stop('SIGTERM');

@@ -21,7 +21,7 @@ describe('observability in the running agent', () => {
     sock = path.join(tree.root, 'run/mesh-cni/log.sock');
     agent = spawnAgent(tree, { 'log-uds-address': sock, log_output_level: 'default:info,cni:info,monitoring:info' });
     const rec = await agent.waitForLog((r) => r.msg === 'ControlZ listening', 'ControlZ', 30_000);
-    ctrlz = `http://127.0.0.1:${rec.port as number}`;
+    ctrlz = `http://localhost:${rec.port as number}`;
   });
   after(async () => {
     await agent?.stop('SIGTERM');
