@@ -9,8 +9,9 @@
 // podman runs (bridge, host-local, mesh-cni) then treat it as "the host", so bridges, addresses
 // and routes go there and never into the machine's own network namespace.
 
-import { spawnSync } from 'node:child_process';
-import { mkdtempSync, readFileSync, rmSync, writeFileSync, mkdirSync } from 'node:fs';
+import { spawn, spawnSync } from 'node:child_process';
+import { chmodSync, copyFileSync, mkdirSync, mkdtempSync, readFileSync, rmSync, symlinkSync, writeFileSync } from 'node:fs';
+import { connect, createServer, type Socket } from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
 import { run, type Run } from './netns.ts';
@@ -104,4 +105,71 @@ export function makePodman(o: PodmanOptions = {}): Podman {
       rmSync(dir, { recursive: true, force: true });
     },
   };
+}
+
+export interface LoopbackForward {
+  close(): Promise<void>;
+}
+
+/**
+ * Makes 127.0.0.1:`port` inside the netns at `netnsPath` reach 127.0.0.1:`port` of this
+ * process's netns (where the test API server listens), through a unix socket: a small node
+ * process in the netns accepts TCP and dials the socket; this process accepts on the socket and
+ * dials the port. Bytes pass through untouched (TLS stays end to end).
+ */
+export async function forwardLoopback(netnsPath: string, port: number): Promise<LoopbackForward> {
+  const sockDir = mkdtempSync(path.join(os.tmpdir(), 'mcni-podman-fwd-'));
+  const sock = path.join(sockDir, 'fwd.sock');
+  const conns = new Set<Socket>();
+  const track = (s: Socket) => {
+    conns.add(s);
+    s.on('close', () => conns.delete(s));
+    s.on('error', () => s.destroy());
+    return s;
+  };
+  const server = createServer((u) => {
+    const t = track(connect(port, '127.0.0.1'));
+    track(u).pipe(t).pipe(u);
+  });
+  await new Promise<void>((resolve, reject) => server.once('error', reject).listen(sock, resolve));
+  const script = `const net=require('net');net.createServer(c=>{c.on('error',()=>{});const u=net.connect(${JSON.stringify(sock)});u.on('error',()=>c.destroy());c.pipe(u).pipe(c)}).listen(${port},'127.0.0.1',()=>console.log('listening'))`;
+  const child = spawn('nsenter', [`--net=${netnsPath}`, '--', process.execPath, '-e', script], { stdio: ['ignore', 'pipe', 'pipe'] });
+  let err = '';
+  child.stderr!.on('data', (d: Buffer) => (err += d.toString()));
+  await new Promise<void>((resolve, reject) => {
+    const timer = setTimeout(() => reject(new Error(`loopback forwarder in ${netnsPath} did not start in 10s: ${err}`)), 10_000);
+    child.stdout!.once('data', () => { clearTimeout(timer); resolve(); });
+    child.once('exit', (code) => { clearTimeout(timer); reject(new Error(`loopback forwarder in ${netnsPath} exited (${code}): ${err}`)); });
+  });
+  return {
+    async close() {
+      if (child.exitCode === null) {
+        const exited = new Promise((r) => child.once('exit', r));
+        child.kill('SIGTERM');
+        await exited;
+      }
+      for (const c of conns) c.destroy();
+      await new Promise((r) => server.close(r));
+      rmSync(sockDir, { recursive: true, force: true });
+    },
+  };
+}
+
+/** A podman image made offline from Debian's busybox-static: /bin/busybox and its applets. */
+export async function importBusybox(podman: Podman, name: string): Promise<void> {
+  const root = mkdtempSync(path.join(os.tmpdir(), 'mcni-podman-bb-'));
+  try {
+    const bin = path.join(root, 'rootfs/bin');
+    mkdirSync(bin, { recursive: true });
+    copyFileSync('/bin/busybox', path.join(bin, 'busybox'));
+    chmodSync(path.join(bin, 'busybox'), 0o755);
+    for (const applet of ['sh', 'sleep', 'ip', 'cat', 'ls', 'wget', 'nc']) symlinkSync('busybox', path.join(bin, applet));
+    for (const d of ['proc', 'sys', 'dev', 'etc', 'tmp']) mkdirSync(path.join(root, 'rootfs', d));
+    const tar = path.join(root, 'rootfs.tar');
+    const t = await run('tar', ['-C', path.join(root, 'rootfs'), '-cf', tar, '.']);
+    if (t.code !== 0) throw new Error(`tar of the busybox rootfs failed: ${t.stderr}`);
+    await podman.ok(['import', '--quiet', '--change', 'CMD ["/bin/sh"]', tar, name]);
+  } finally {
+    rmSync(root, { recursive: true, force: true });
+  }
 }
