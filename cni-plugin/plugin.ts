@@ -6,6 +6,7 @@ import { CniError, CNI_ERROR } from './cni/errors.ts';
 import type { CniRequest } from './cni/protocol.ts';
 import { convertResult, resultFamilies } from './cni/result.ts';
 import type { UdsLog } from './log/udslog.ts';
+import { cacheFileFor, cachedFlavour } from './netns/flavourcache.ts';
 import { detectFlavour, diffRules, ipBatch, netnsExists, parseRules, restore, save, type Flavour } from './netns/iptables.ts';
 import { OrchconfigError, readOrchconfig, type OrchAccess } from './orch/orchconfig.ts';
 import { getPod, PodLookupError } from './orch/podclient.ts';
@@ -75,8 +76,8 @@ function families(result: Record<string, unknown>): Family[] {
 async function flavourFor(req: CniRequest, log: UdsLog): Promise<Flavour> {
   if (req.config.iptablesFlavour !== 'auto') return req.config.iptablesFlavour;
   try {
-    const d = await detectFlavour();
-    log.debug('iptables flavour', { flavour: d.flavour, why: d.why });
+    const d = await cachedFlavour(cacheFileFor(req.config.logUdsAddress), detectFlavour);
+    log.debug('iptables flavour', { flavour: d.flavour, why: d.why, cached: d.cached });
     return d.flavour;
   } catch (e) {
     throw new CniError(CNI_ERROR.RULES_FAILED, 'cannot use iptables on this host', (e as Error).message);
@@ -138,7 +139,7 @@ export async function cmdDel(req: CniRequest, log: UdsLog): Promise<void> {
     return;
   }
   try {
-    const flavour = req.config.iptablesFlavour !== 'auto' ? req.config.iptablesFlavour : (await detectFlavour()).flavour;
+    const flavour = await flavourFor(req, log);
     await Promise.all(([4, 6] as const).map(async (fam) => {
       const saved = await save(req.netns, flavour, fam).catch(() => '');
       if (saved.includes(`:${CHAIN.OUTPUT} `)) await restore(req.netns, flavour, fam, emptyRestore());
