@@ -2,7 +2,7 @@
 // on a bridge network whose conflist install-cni edits; the runtime runs the mesh-cni single
 // executable install-cni copied; the test API server holds the pods; the test plays the
 // kubelet's part for the validation init container's status; the repair controller (in the same
-// install-cni) labels the pod that raced the plugin.
+// install-cni) labels, or in a second run deletes, the pod that raced the plugin.
 //
 // The node: a network namespace this test makes stands in for the node's host network (podman
 // and the CNI plugins it runs are started in it with `nsenter --net`), so the bridge, its
@@ -30,13 +30,11 @@ import { run, type Run } from '../helpers/netns.ts';
 import { forwardLoopback, importBusybox, makePodman, type LoopbackForward, type Podman } from '../helpers/podman.ts';
 import { meshPod } from '../helpers/plugin.ts';
 
-const TAG = `mcni-e2e-${process.pid}`;
+const RUN = `mcni-e2e-${process.pid}`;
 const NODE = 'node-1';
-const NETWORK = TAG;
 /** libcni's result cache: podman 4.3 gives no setting for it, so it is the machine's. */
 const CNI_CACHE = '/var/lib/cni/results';
 const SUBNET = '198.19.0.0/24';
-const BUSYBOX = `localhost/${TAG}-busybox:latest`;
 const REPAIR_LABEL = 'cni.mesh.io/uninitialized';
 const OUR_CHAIN = /^:MESH_OUTPUT /m;
 
@@ -58,11 +56,11 @@ function validate(netnsPath: string): Promise<Run> {
   return run('nsenter', [`--net=${netnsPath}`, '--', path.join(ROOT, 'dist/bin/mesh-validation'), '--termination-log', '/nonexistent/termination-log'], { timeoutMs: 30_000 });
 }
 
-function primaryConflist(bridge: string, ipamDir: string): string {
+function primaryConflist(network: string, bridge: string, ipamDir: string): string {
   // What a primary CNI would write: indented its own way, with a field we do not know.
   return `{
     "cniVersion": "1.0.0",
-    "name": "${NETWORK}",
+    "name": "${network}",
     "x-vendor-note": "written by the e2e test as the primary CNI",
     "plugins": [
         {
@@ -83,168 +81,182 @@ function primaryConflist(bridge: string, ipamDir: string): string {
 `;
 }
 
-describe('e2e: one node, podman + install-cni + mesh-cni + repair', { timeout: 600_000 }, () => {
-  const hostNetns = `${TAG}-host`;
-  const hostNetnsPath = `/run/netns/${hostNetns}`;
-  const bridge = `mcnie2e${process.pid % 100000}`.slice(0, 15);
-  let api: TestApiServer;
-  let tree: HostTree;
-  let podman: Podman;
-  let forward: LoopbackForward | undefined;
-  let agent: AgentProcess | undefined;
-  let primaryFile: string;
-  let primaryBytes: Buffer;
-  const cleanups: (() => unknown)[] = [];
+function nodeSuite(mode: 'label' | 'delete'): void {
+  describe(`e2e: one node, podman + install-cni + mesh-cni + repair (${mode})`, { timeout: 600_000 }, () => {
+    const TAG = `${RUN}-${mode[0]}`;
+    const NETWORK = TAG;
+    const BUSYBOX = `localhost/${TAG}-busybox:latest`;
+    const hostNetns = `${TAG}-host`;
+    const hostNetnsPath = `/run/netns/${hostNetns}`;
+    const bridge = `mcnie${mode[0]}${process.pid % 100000}`.slice(0, 15);
+    let api: TestApiServer;
+    let tree: HostTree;
+    let podman: Podman;
+    let forward: LoopbackForward | undefined;
+    let agent: AgentProcess | undefined;
+    let primaryFile: string;
+    let primaryBytes: Buffer;
+    const cleanups: (() => unknown)[] = [];
 
-  const podNamed = (name: string): V1Pod => ({
-    ...meshPod('default', name),
-    spec: { ...meshPod('default', name).spec!, nodeName: NODE, initContainers: [{ name: 'mesh-validation', image: 'mesh/proxy' }] },
-    status: { phase: 'Pending' },
-  });
-  const startContainer = async (name: string) => {
-    await podman.ok(['run', '--detach', '--name', name, '--network', NETWORK, BUSYBOX, 'sleep', '600']);
-    const netns = (await podman.ok(['inspect', '--format', '{{.NetworkSettings.SandboxKey}}', name])).trim();
-    assert.match(netns, /^\/run\/netns\//, `podman put ${name} in a named netns`);
-    return netns;
-  };
-  /** What the kubelet reports once the validation init container of `name` exited. */
-  const kubeletReports = async (name: string, r: Run) => {
-    const terminated = { exitCode: r.code ?? -1, reason: r.code === 0 ? 'Completed' : 'Error', message: r.stderr.trim().slice(0, 1024), finishedAt: new Date().toISOString() };
-    const res = await apiRequest(api, 'PATCH', `/api/v1/namespaces/default/pods/${name}/status`, {
-      status: { phase: r.code === 0 ? 'Running' : 'Pending', initContainerStatuses: [{ name: 'mesh-validation', image: 'mesh/proxy', imageID: '', ready: r.code === 0, restartCount: 0, state: { terminated } }] },
-    }, { 'content-type': 'application/merge-patch+json' });
-    assert.equal(res.status, 200, `status patch: ${res.text}`);
-  };
-
-  before(async () => {
-    // The node's "host" network: loopback only, removed (with the bridge in it) at the end.
-    sh('ip', ['netns', 'add', hostNetns]);
-    cleanups.push(() => spawnSync('ip', ['netns', 'del', hostNetns]));
-    sh('ip', ['-n', hostNetns, 'link', 'set', 'lo', 'up']);
-
-    api = await startTestApiServer();
-    cleanups.push(() => api.close());
-    forward = await forwardLoopback(hostNetnsPath, api.port);
-    cleanups.push(() => forward?.close());
-
-    tree = await makeHostTree({ token: api.token, ca: api.caPem });
-    cleanups.push(() => tree.remove());
-    // The image's binaries dir holds the plugin executable only (see scripts/image.sh).
-    const exe = path.join(tree.binariesDir, 'mesh-cni');
-    await fs.rm(exe);
-    try {
-      linkSync(path.join(ROOT, 'dist/bin/mesh-cni'), exe);
-    } catch {
-      copyFileSync(path.join(ROOT, 'dist/bin/mesh-cni'), exe);
-    }
-    const ipamDir = path.join(tree.root, 'ipam');
-    await fs.mkdir(ipamDir);
-    primaryFile = path.join(tree.netDir, '10-mcni-e2e.conflist');
-    await fs.writeFile(primaryFile, primaryConflist(bridge, ipamDir));
-    primaryBytes = await fs.readFile(primaryFile);
-
-    podman = makePodman({ cniPluginDirs: [tree.binDir, '/usr/lib/cni'], networkConfigDir: tree.netDir, hostNetns: hostNetnsPath });
-    // DEL (podman rm) removes podman's cache entries; whatever a failed run left is ours by name.
-    cleanups.push(async () => {
-      for (const f of await fs.readdir(CNI_CACHE).catch(() => [] as string[])) {
-        if (f.startsWith(`${NETWORK}-`)) await fs.rm(path.join(CNI_CACHE, f), { force: true });
-      }
+    const podNamed = (name: string): V1Pod => ({
+      ...meshPod('default', name),
+      spec: { ...meshPod('default', name).spec!, nodeName: NODE, initContainers: [{ name: 'mesh-validation', image: 'mesh/proxy' }] },
+      status: { phase: 'Pending' },
     });
-    cleanups.push(() => podman.remove());
-    await importBusybox(podman, BUSYBOX);
-  });
+    const startContainer = async (name: string) => {
+      await podman.ok(['run', '--detach', '--name', name, '--network', NETWORK, BUSYBOX, 'sleep', '600']);
+      const netns = (await podman.ok(['inspect', '--format', '{{.NetworkSettings.SandboxKey}}', name])).trim();
+      assert.match(netns, /^\/run\/netns\//, `podman put ${name} in a named netns`);
+      return netns;
+    };
+    /** What the kubelet reports once the validation init container of `name` exited. */
+    const kubeletReports = async (name: string, r: Run) => {
+      const terminated = { exitCode: r.code ?? -1, reason: r.code === 0 ? 'Completed' : 'Error', message: r.stderr.trim().slice(0, 1024), finishedAt: new Date().toISOString() };
+      const res = await apiRequest(api, 'PATCH', `/api/v1/namespaces/default/pods/${name}/status`, {
+        status: { phase: r.code === 0 ? 'Running' : 'Pending', initContainerStatuses: [{ name: 'mesh-validation', image: 'mesh/proxy', imageID: '', ready: r.code === 0, restartCount: 0, state: { terminated } }] },
+      }, { 'content-type': 'application/merge-patch+json' });
+      assert.equal(res.status, 200, `status patch: ${res.text}`);
+    };
 
-  after(async () => {
-    await agent?.stop('SIGKILL');
-    for (const c of cleanups.reverse()) {
+    before(async () => {
+      // The node's "host" network: loopback only, removed (with the bridge in it) at the end.
+      sh('ip', ['netns', 'add', hostNetns]);
+      cleanups.push(() => spawnSync('ip', ['netns', 'del', hostNetns]));
+      sh('ip', ['-n', hostNetns, 'link', 'set', 'lo', 'up']);
+
+      api = await startTestApiServer();
+      cleanups.push(() => api.close());
+      forward = await forwardLoopback(hostNetnsPath, api.port);
+      cleanups.push(() => forward?.close());
+
+      tree = await makeHostTree({ token: api.token, ca: api.caPem });
+      cleanups.push(() => tree.remove());
+      // The image's binaries dir holds the plugin executable only (see scripts/image.sh).
+      const exe = path.join(tree.binariesDir, 'mesh-cni');
+      await fs.rm(exe);
       try {
-        await c();
-      } catch (e) {
-        console.error(`e2e cleanup: ${(e as Error).message}`);
+        linkSync(path.join(ROOT, 'dist/bin/mesh-cni'), exe);
+      } catch {
+        copyFileSync(path.join(ROOT, 'dist/bin/mesh-cni'), exe);
       }
-    }
+      const ipamDir = path.join(tree.root, 'ipam');
+      await fs.mkdir(ipamDir);
+      primaryFile = path.join(tree.netDir, '10-mcni-e2e.conflist');
+      await fs.writeFile(primaryFile, primaryConflist(NETWORK, bridge, ipamDir));
+      primaryBytes = await fs.readFile(primaryFile);
+
+      podman = makePodman({ cniPluginDirs: [tree.binDir, '/usr/lib/cni'], networkConfigDir: tree.netDir, hostNetns: hostNetnsPath });
+      // DEL (podman rm) removes podman's cache entries; whatever a failed run left is ours by name.
+      cleanups.push(async () => {
+        for (const f of await fs.readdir(CNI_CACHE).catch(() => [] as string[])) {
+          if (f.startsWith(`${NETWORK}-`)) await fs.rm(path.join(CNI_CACHE, f), { force: true });
+        }
+      });
+      cleanups.push(() => podman.remove());
+      await importBusybox(podman, BUSYBOX);
+    });
+
+    after(async () => {
+      await agent?.stop('SIGKILL');
+      for (const c of cleanups.reverse()) {
+        try {
+          await c();
+        } catch (e) {
+          console.error(`e2e cleanup: ${(e as Error).message}`);
+        }
+      }
+    });
+
+    it(`redirects the pods started after install-cni is ready, ${mode}s the one that raced it, and uninstalls cleanly`, async () => {
+      for (const bin of ['dist/bin/mesh-cni', 'dist/bin/mesh-validation']) assert.ok(existsSync(path.join(ROOT, bin)), `${bin} is missing: run npm run build first`);
+      const early = `${TAG}-early`;
+      const late = `${TAG}-late`;
+      api.upsertPod(podNamed(early));
+      api.upsertPod(podNamed(late));
+      // Our own pod, owned by a DaemonSet the API server no longer has: stopping is an uninstall.
+      api.upsertPod({
+        metadata: { name: 'mesh-cni-node-e2e', namespace: 'mesh-system', ownerReferences: [{ apiVersion: 'apps/v1', kind: 'DaemonSet', name: 'mesh-cni-node', uid: 'gone', controller: true }] },
+        spec: { nodeName: NODE, containers: [{ name: 'install-cni', image: 'localhost/mesh-cni:0.1.0' }] },
+      });
+
+      // 1. A pod that starts before the agent: the runtime runs bridge only.
+      const earlyNetns = await startContainer(early);
+      assert.doesNotMatch(rulesIn(earlyNetns), OUR_CHAIN, 'no redirect rules without install-cni');
+
+      // 2. install-cni comes up against this node.
+      agent = spawnAgent(tree, {
+        'cni-net-dir': tree.netDir,
+        'cni-bin-dir': tree.binDir,
+        'cleanup-on-exit': 'auto',
+        // The plugin's own level: its info records (rules applied) reach the agent's log.
+        'log-level': 'info',
+        'repair-enabled': 'true',
+        ...(mode === 'label' ? { 'repair-label-pods': 'true' } : { 'repair-delete-pods': 'true' }),
+        'log_output_level': 'default:info,install:debug,cni:debug,repair:debug',
+      }, {
+        KUBERNETES_SERVICE_HOST: '127.0.0.1',
+        KUBERNETES_SERVICE_PORT: String(api.port),
+        NODE_NAME: NODE,
+        POD_NAME: 'mesh-cni-node-e2e',
+        POD_NAMESPACE: 'mesh-system',
+        HOST_IP: '198.19.0.1',
+      });
+      await eventually(async () => (await agent!.get('/readyz')).status === 200, 'install-cni to be ready', 30_000).catch(async (e: Error) => {
+        throw new Error(`${e.message}: ${(await agent!.get('/readyz')).body}; stderr: ${agent!.stderr()}`);
+      });
+      const conf = JSON.parse(await fs.readFile(primaryFile, 'utf8')) as { plugins: { type: string }[]; 'x-vendor-note': string };
+      assert.deepEqual(conf.plugins.map((p) => p.type), ['bridge', 'mesh-cni'], 'our entry is chained after the primary plugin');
+      assert.equal(conf['x-vendor-note'], 'written by the e2e test as the primary CNI');
+      assert.deepEqual(await fs.readFile(path.join(tree.binDir, 'mesh-cni')), await fs.readFile(path.join(ROOT, 'dist/bin/mesh-cni')), 'the plugin executable is on the node');
+      assert.ok(existsSync(path.join(tree.netDir, 'ZZZ-mesh-cni-orchconfig')), 'orchconfig written');
+
+      // 3. A pod started now: podman runs bridge, then mesh-cni, which reads the pod from the API
+      // server and applies the rules in the container's netns.
+      const lateNetns = await startContainer(late);
+      const lateRules = rulesIn(lateNetns);
+      assert.match(lateRules, OUR_CHAIN, `redirect chains in ${late}'s netns`);
+      assert.match(lateRules, /-j REDIRECT --to-ports 15001/, 'outbound goes to 15001');
+      assert.match(lateRules, /-j REDIRECT --to-ports 15006/, 'inbound goes to 15006');
+      // The runtime ran mesh-cni: its record came over the log socket into the agent's scope cni.
+      const applied = await agent.waitForLog((r) => r.msg === 'redirect rules applied', 'mesh-cni (run by podman) to report over the log socket', 30_000)
+        .catch((e: Error) => { throw new Error(`${e.message}; agent logs: ${JSON.stringify(agent!.logs.slice(-15))}`); });
+      assert.equal(applied.scope, 'cni');
+      assert.ok(api.requests.some((q) => q.method === 'GET' && q.path === `/api/v1/namespaces/default/pods/${late}`), 'the plugin looked the pod up (podman gives no namespace: default)');
+      const lateValidation = await validate(lateNetns);
+      assert.equal(lateValidation.code, 0, `mesh-validation in ${late}'s netns: ${lateValidation.stdout}${lateValidation.stderr}`);
+      await kubeletReports(late, lateValidation);
+
+      // 4. The early pod: still no rules; its validation fails with 126, the kubelet reports it,
+      // the repair controller labels or deletes it (and not the healthy one).
+      assert.doesNotMatch(rulesIn(earlyNetns), OUR_CHAIN);
+      const earlyValidation = await validate(earlyNetns);
+      assert.equal(earlyValidation.code, 126, `mesh-validation in ${early}'s netns: ${earlyValidation.stdout}${earlyValidation.stderr}`);
+      await kubeletReports(early, earlyValidation);
+      if (mode === 'label') {
+        await eventually(() => api.getPod('default', early)?.metadata?.labels?.[REPAIR_LABEL] === 'true', `the repair controller to label ${early}`, 30_000);
+      } else {
+        await eventually(() => api.getPod('default', early) === undefined, `the repair controller to delete ${early}`, 30_000);
+      }
+      const healthy = api.getPod('default', late);
+      assert.ok(healthy, 'the redirected pod is not deleted');
+      assert.equal(healthy.metadata?.labels?.[REPAIR_LABEL], undefined, 'the redirected pod is not labelled');
+      await eventually(() => api.events().some((ev) => ev.involvedObject.name === early), `an Event on ${early} saying why`, 10_000);
+
+      // 5. Containers go (podman runs DEL through the chain), then install-cni is stopped: its
+      // DaemonSet is gone, so it uninstalls and the primary config is exactly the original.
+      await podman.ok(['rm', '--force', '--time', '0', early, late]);
+      assert.ok(!existsSync(lateNetns) && !existsSync(earlyNetns), 'container netns removed');
+      const cached = (await fs.readdir(CNI_CACHE).catch(() => [] as string[])).filter((f) => f.startsWith(`${NETWORK}-`));
+      assert.deepEqual(cached, [], 'DEL ran through the whole chain (mesh-cni included) and the runtime dropped its cache');
+      const code = await agent.stop('SIGTERM', 30_000);
+      agent = undefined;
+      assert.equal(code, 0);
+      assert.deepEqual(await fs.readFile(primaryFile), primaryBytes, 'the primary config is byte for byte the original');
+      assert.ok(!existsSync(path.join(tree.netDir, 'ZZZ-mesh-cni-orchconfig')), 'orchconfig removed');
+      assert.ok(!existsSync(path.join(tree.binDir, 'mesh-cni')), 'plugin executable removed');
+    });
   });
+}
 
-  it('redirects the pods started after install-cni is ready, repairs the one that raced it, and uninstalls cleanly', async () => {
-    for (const bin of ['dist/bin/mesh-cni', 'dist/bin/mesh-validation']) assert.ok(existsSync(path.join(ROOT, bin)), `${bin} is missing: run npm run build first`);
-    const early = `${TAG}-early`;
-    const late = `${TAG}-late`;
-    api.upsertPod(podNamed(early));
-    api.upsertPod(podNamed(late));
-    // Our own pod, owned by a DaemonSet the API server no longer has: stopping is an uninstall.
-    api.upsertPod({
-      metadata: { name: 'mesh-cni-node-e2e', namespace: 'mesh-system', ownerReferences: [{ apiVersion: 'apps/v1', kind: 'DaemonSet', name: 'mesh-cni-node', uid: 'gone', controller: true }] },
-      spec: { nodeName: NODE, containers: [{ name: 'install-cni', image: 'localhost/mesh-cni:0.1.0' }] },
-    });
-
-    // 1. A pod that starts before the agent: the runtime runs bridge only.
-    const earlyNetns = await startContainer(early);
-    assert.doesNotMatch(rulesIn(earlyNetns), OUR_CHAIN, 'no redirect rules without install-cni');
-
-    // 2. install-cni comes up against this node.
-    agent = spawnAgent(tree, {
-      'cni-net-dir': tree.netDir,
-      'cni-bin-dir': tree.binDir,
-      'cleanup-on-exit': 'auto',
-      // The plugin's own level: its info records (rules applied) reach the agent's log.
-      'log-level': 'info',
-      'repair-enabled': 'true',
-      'repair-label-pods': 'true',
-      'log_output_level': 'default:info,install:debug,cni:debug,repair:debug',
-    }, {
-      KUBERNETES_SERVICE_HOST: '127.0.0.1',
-      KUBERNETES_SERVICE_PORT: String(api.port),
-      NODE_NAME: NODE,
-      POD_NAME: 'mesh-cni-node-e2e',
-      POD_NAMESPACE: 'mesh-system',
-      HOST_IP: '198.19.0.1',
-    });
-    await eventually(async () => (await agent!.get('/readyz')).status === 200, 'install-cni to be ready', 30_000).catch(async (e: Error) => {
-      throw new Error(`${e.message}: ${(await agent!.get('/readyz')).body}; stderr: ${agent!.stderr()}`);
-    });
-    const conf = JSON.parse(await fs.readFile(primaryFile, 'utf8')) as { plugins: { type: string }[]; 'x-vendor-note': string };
-    assert.deepEqual(conf.plugins.map((p) => p.type), ['bridge', 'mesh-cni'], 'our entry is chained after the primary plugin');
-    assert.equal(conf['x-vendor-note'], 'written by the e2e test as the primary CNI');
-    assert.deepEqual(await fs.readFile(path.join(tree.binDir, 'mesh-cni')), await fs.readFile(path.join(ROOT, 'dist/bin/mesh-cni')), 'the plugin executable is on the node');
-    assert.ok(existsSync(path.join(tree.netDir, 'ZZZ-mesh-cni-orchconfig')), 'orchconfig written');
-
-    // 3. A pod started now: podman runs bridge, then mesh-cni, which reads the pod from the API
-    // server and applies the rules in the container's netns.
-    const lateNetns = await startContainer(late);
-    const lateRules = rulesIn(lateNetns);
-    assert.match(lateRules, OUR_CHAIN, `redirect chains in ${late}'s netns`);
-    assert.match(lateRules, /-j REDIRECT --to-ports 15001/, 'outbound goes to 15001');
-    assert.match(lateRules, /-j REDIRECT --to-ports 15006/, 'inbound goes to 15006');
-    // The runtime ran mesh-cni: its record came over the log socket into the agent's scope cni.
-    const applied = await agent.waitForLog((r) => r.msg === 'redirect rules applied', 'mesh-cni (run by podman) to report over the log socket', 30_000)
-      .catch((e: Error) => { throw new Error(`${e.message}; agent logs: ${JSON.stringify(agent!.logs.slice(-15))}`); });
-    assert.equal(applied.scope, 'cni');
-    assert.ok(api.requests.some((q) => q.method === 'GET' && q.path === `/api/v1/namespaces/default/pods/${late}`), 'the plugin looked the pod up (podman gives no namespace: default)');
-    const lateValidation = await validate(lateNetns);
-    assert.equal(lateValidation.code, 0, `mesh-validation in ${late}'s netns: ${lateValidation.stdout}${lateValidation.stderr}`);
-    await kubeletReports(late, lateValidation);
-
-    // 4. The early pod: still no rules; its validation fails with 126, the kubelet reports it,
-    // the repair controller labels it (and not the healthy one).
-    assert.doesNotMatch(rulesIn(earlyNetns), OUR_CHAIN);
-    const earlyValidation = await validate(earlyNetns);
-    assert.equal(earlyValidation.code, 126, `mesh-validation in ${early}'s netns: ${earlyValidation.stdout}${earlyValidation.stderr}`);
-    await kubeletReports(early, earlyValidation);
-    await eventually(() => api.getPod('default', early)?.metadata?.labels?.[REPAIR_LABEL] === 'true', `the repair controller to label ${early}`, 30_000);
-    assert.equal(api.getPod('default', late)?.metadata?.labels?.[REPAIR_LABEL], undefined, 'the redirected pod is left alone');
-    await eventually(() => api.events().some((ev) => ev.involvedObject.name === early), `an Event on ${early} saying why`, 10_000);
-
-    // 5. Containers go (podman runs DEL through the chain), then install-cni is stopped: its
-    // DaemonSet is gone, so it uninstalls and the primary config is exactly the original.
-    await podman.ok(['rm', '--force', '--time', '0', early, late]);
-    assert.ok(!existsSync(lateNetns) && !existsSync(earlyNetns), 'container netns removed');
-    const cached = (await fs.readdir(CNI_CACHE).catch(() => [] as string[])).filter((f) => f.startsWith(`${NETWORK}-`));
-    assert.deepEqual(cached, [], 'DEL ran through the whole chain (mesh-cni included) and the runtime dropped its cache');
-    const code = await agent.stop('SIGTERM', 30_000);
-    agent = undefined;
-    assert.equal(code, 0);
-    assert.deepEqual(await fs.readFile(primaryFile), primaryBytes, 'the primary config is byte for byte the original');
-    assert.ok(!existsSync(path.join(tree.netDir, 'ZZZ-mesh-cni-orchconfig')), 'orchconfig removed');
-    assert.ok(!existsSync(path.join(tree.binDir, 'mesh-cni')), 'plugin executable removed');
-  });
-});
+nodeSuite('label');
+nodeSuite('delete');
