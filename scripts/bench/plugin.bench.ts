@@ -8,7 +8,7 @@
 // Target: mesh-cni p50 <= 60 ms and <= floor + 25 ms.  `npm run bench -- plugin` (PODS=n).
 
 import { spawnSync } from 'node:child_process';
-import { copyFileSync, mkdtempSync, rmSync } from 'node:fs';
+import { copyFileSync, mkdirSync, mkdtempSync, rmSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { startTestApiServer } from '../../test/helpers/apiserver.ts';
@@ -33,6 +33,8 @@ for (const mode of SEA_MODES) {
   variants.push([`SEA ${mode}`, [out]]);
 }
 
+// As on a node: a log socket dir, where the plugin also remembers the host's iptables flavour.
+mkdirSync(path.join(tmp, 'run'));
 const api = await startTestApiServer();
 const orchconfig = api.writeOrchconfig(path.join(tmp, 'orchconfig'));
 const network = new BridgeNetwork('198.18.3.0/24');
@@ -59,7 +61,7 @@ try {
       const ipx = await timed(['ip', 'netns', 'exec', network.host.name, 'true'], {}, '');
       record('bridge ADD (Debian, Go)', Math.max(0, br.ms - ipx.ms));
       const prev = JSON.parse(br.out.slice(0, br.out.lastIndexOf('}') + 1)) as unknown;
-      const stdin = JSON.stringify(pluginConfig({ cniVersion: '1.0.0', orchconfig, extra: { iptables_flavour: 'auto', log_level: 'warn' } }, prev));
+      const stdin = JSON.stringify(pluginConfig({ cniVersion: '1.0.0', orchconfig, extra: { iptables_flavour: 'auto', log_level: 'warn', log_uds_address: path.join(tmp, 'run/log.sock') } }, prev));
       record('node -e 0 (floor)', (await timed([process.execPath, '-e', '0'], {}, '')).ms);
       // Rotate the order so no variant always runs first after the bridge.
       for (let k = 0; k < variants.length; k++) {
