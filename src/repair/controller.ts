@@ -2,8 +2,8 @@
 // is acted on once (label, delete, both, or only reported), by at most `concurrency` workers
 // drawing from a token bucket, with bounded, backed-off retries.
 //
-// Both --repair-label-pods and --repair-delete-pods: label first, then record the Event, then
-// delete. The label lands in the API server's audit log and on the final DELETED watch event, so
+// Both --repair-label-pods and --repair-delete-pods: label first, then delete; the Event saying
+// why is sent beside them (started before the delete). The label lands in the API server's audit log and on the final DELETED watch event, so
 // whoever looks later sees which pods mesh-cni removed and why; deleting first would lose that.
 //
 // The rate limit counts pod repairs (one token per attempt at one pod: its patch, delete and
@@ -121,6 +121,8 @@ export class RepairController implements Component {
   readonly #records = new Map<string, PodRecord>();
   readonly #queue: string[] = [];
   readonly #running = new Set<Promise<void>>();
+  /** Events being recorded; they run beside the repair, not inside its concurrency slot. */
+  readonly #events = new Set<Promise<void>>();
   /** Soft stop: no new repairs, no more retries. */
   readonly #stopping = new AbortController();
   /** Hard stop: in-flight requests are cancelled (after the grace period). */
@@ -201,6 +203,7 @@ export class RepairController implements Component {
     // pod is left half-done; cancel them only if the API server does not answer in time.
     const grace = setTimeout(() => this.#abort.abort(new Error('repair controller stopped')), this.#t.stopGraceMs);
     await Promise.allSettled([...this.#running]);
+    await Promise.allSettled([...this.#events]);
     clearTimeout(grace);
     log.info('repair controller stopped', { ...this.#counts, notStarted: this.#queue.length });
   }
@@ -334,15 +337,19 @@ export class RepairController implements Component {
       }
     }
     if (!rec.evented) {
-      // Best effort, one try: a lost Event must not hold back the repair itself.
+      // Best effort, one try, sent beside the repair: a slow or lost Event must not hold back
+      // the repair itself nor take a concurrency slot from the next broken pod.
       rec.evented = true;
-      try {
-        await this.#api.createEvent(pod.metadata!.namespace!, this.#event(pod, rec.why, deleting), signal());
-      } catch (e) {
-        const err = toApiError('recording event', e);
-        repairFailures.inc({ type: 'event', reason: err.reason });
-        log.warn('cannot record the repair Event on the pod', { ...fields, error: err.message });
-      }
+      const sent = this.#api.createEvent(pod.metadata!.namespace!, this.#event(pod, rec.why, deleting), signal()).then(
+        () => {},
+        (e: unknown) => {
+          const err = toApiError('recording event', e);
+          repairFailures.inc({ type: 'event', reason: err.reason });
+          log.warn('cannot record the repair Event on the pod', { ...fields, error: err.message });
+        },
+      );
+      this.#events.add(sent);
+      void sent.finally(() => this.#events.delete(sent));
     }
     if (deleting) {
       try {
