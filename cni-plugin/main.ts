@@ -1,6 +1,6 @@
 // mesh-cni entry point: the container runtime runs it once per pod and command. Reads CNI_* env
 // and stdin, prints a result or a CNI error object on stdout, exits 0 or 1. Bundled to
-// dist/mesh-cni.js and built into the single executable dist/bin/mesh-cni.
+// dist/mesh-cni.cjs and built into the single executable dist/bin/mesh-cni.
 
 import v8 from 'node:v8';
 import { main } from './invoke.ts';

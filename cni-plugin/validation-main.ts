@@ -1,6 +1,6 @@
 // mesh-validation: the pod's init container. Exit 0 when outbound traffic is redirected, 126
 // (what the repair controller looks for, --repair-init-container-exit-code) when it is not, with
-// the reason as the container's termination message. Bundled to dist/mesh-validation.js.
+// the reason as the container's termination message. Bundled to dist/mesh-validation.cjs.
 
 import { accessSync, constants, writeFileSync } from 'node:fs';
 import { parseArgs } from 'node:util';

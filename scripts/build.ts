@@ -1,7 +1,7 @@
 // Builds the shipped artefacts into dist/ with esbuild:
 //   dist/install-cni.js      the agent, one ESM bundle (needs Node 24 in the image)
-//   dist/mesh-cni.js         the CNI plugin, one bundle of built-ins only
-//   dist/mesh-validation.js  the validation init container
+//   dist/mesh-cni.cjs         the CNI plugin, one bundle of built-ins only
+//   dist/mesh-validation.cjs  the validation init container
 // Build info (version, git commit) is baked in so `version` needs no git at run time.
 
 import { execFileSync } from 'node:child_process';
@@ -30,8 +30,8 @@ interface Entry {
 
 const entries: Entry[] = [
   { in: 'src/cmd/install-cni-main.ts', out: 'dist/install-cni.js', format: 'esm' },
-  { in: 'cni-plugin/main.ts', out: 'dist/mesh-cni.js', format: 'cjs' },
-  { in: 'cni-plugin/validation-main.ts', out: 'dist/mesh-validation.js', format: 'cjs' },
+  { in: 'cni-plugin/main.ts', out: 'dist/mesh-cni.cjs', format: 'cjs' },
+  { in: 'cni-plugin/validation-main.ts', out: 'dist/mesh-validation.cjs', format: 'cjs' },
 ];
 
 for (const e of entries) {
@@ -59,7 +59,7 @@ console.log(`build: ${entries.filter((e) => existsSync(path.join(root, e.in))).m
 // MESH_SEA_MODE=plain|codecache|snapshot overrides the measured default; MESH_SEA=0 skips them.
 if (process.env.MESH_SEA !== '0') {
   const mode = seaModeFrom(process.env.MESH_SEA_MODE);
-  for (const [bundle, exe] of [['dist/mesh-cni.js', 'dist/bin/mesh-cni'], ['dist/mesh-validation.js', 'dist/bin/mesh-validation']] as const) {
+  for (const [bundle, exe] of [['dist/mesh-cni.cjs', 'dist/bin/mesh-cni'], ['dist/mesh-validation.cjs', 'dist/bin/mesh-validation']] as const) {
     if (!existsSync(path.join(root, bundle))) continue;
     const built = buildSea({ root, main: path.join(root, bundle), out: path.join(root, exe), mode });
     console.log(`build: ${exe} (SEA, ${mode}${built ? '' : ', up to date'})`);

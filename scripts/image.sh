@@ -4,7 +4,7 @@
 #   /usr/bin/node                     the Node 24 runtime of node_modules (debug info stripped)
 #   /lib/..., /lib64/...              the shared libraries it links (from ldd) and the loader
 #   /opt/mesh-cni/install-cni.js      the bundled agent (entrypoint)
-#   /opt/mesh-cni/mesh-validation.js  the validation check, for an init container using this image
+#   /opt/mesh-cni/mesh-validation.cjs  the validation check, for an init container using this image
 #   /opt/mesh-cni/bin/mesh-cni        the plugin single executable, in install-cni's
 #                                     --cni-binaries-dir default: what it copies to the host
 #   /etc/passwd, /etc/group           root and nobody, so user lookups work
@@ -29,7 +29,7 @@ IMAGE=localhost/mesh-cni:$VERSION
 NODE_BIN=$(readlink -f node_modules/node/bin/node)
 COMMIT=$(git rev-parse HEAD 2>/dev/null || echo unknown)
 
-for f in dist/install-cni.js dist/mesh-validation.js dist/bin/mesh-cni "$NODE_BIN"; do
+for f in dist/install-cni.js dist/mesh-validation.cjs dist/bin/mesh-cni "$NODE_BIN"; do
   if [[ ! -f $f ]]; then
     echo "image: $f is missing; run npm run build first (npm run image does)" >&2
     exit 1
@@ -60,7 +60,7 @@ for lib in $libs; do
   cp -L "$lib" "$FS$lib"
 done
 install -m 0644 dist/install-cni.js "$FS/opt/mesh-cni/install-cni.js"
-install -m 0644 dist/mesh-validation.js "$FS/opt/mesh-cni/mesh-validation.js"
+install -m 0644 dist/mesh-validation.cjs "$FS/opt/mesh-cni/mesh-validation.cjs"
 install -m 0755 dist/bin/mesh-cni "$FS/opt/mesh-cni/bin/mesh-cni"
 printf 'root:x:0:0:root:/root:/sbin/nologin\nnobody:x:65534:65534:nobody:/nonexistent:/sbin/nologin\n' >"$FS/etc/passwd"
 printf 'root:x:0:\nnogroup:x:65534:\n' >"$FS/etc/group"

@@ -3,12 +3,12 @@
 // fresh pod netns after Debian's bridge + host-local. Same run, same pods, interleaved:
 //   node -e 0             the floor of any Node.js process
 //   bridge ADD            Debian's Go reference plugin, the primary CNI before us
-//   node dist/mesh-cni.js the bundle on a Node.js install
+//   node dist/mesh-cni.cjs the bundle on a Node.js install
 //   SEA plain/codecache/snapshot  dist/bin/mesh-cni built each way
 // Target: mesh-cni p50 <= 60 ms and <= floor + 25 ms.  `npm run bench -- plugin` (PODS=n).
 
 import { spawnSync } from 'node:child_process';
-import { copyFileSync, mkdirSync, mkdtempSync, rmSync } from 'node:fs';
+import { mkdirSync, mkdtempSync, rmSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { startTestApiServer } from '../../test/helpers/apiserver.ts';
@@ -22,11 +22,8 @@ const tmp = mkdtempSync(path.join(os.tmpdir(), 'mcni-plg-bench-'));
 
 const build = spawnSync(process.execPath, [path.join(ROOT, 'scripts/build.ts')], { cwd: ROOT, env: { ...process.env, MESH_SEA: '0' }, stdio: 'inherit' });
 if (build.status !== 0) process.exit(1);
-const bundle = path.join(ROOT, 'dist/mesh-cni.js');
-// The bundle is CommonJS (SEA needs that) inside a "type": "module" package: plain node needs .cjs.
-const cjs = path.join(tmp, 'mesh-cni.cjs');
-copyFileSync(bundle, cjs);
-const variants: [string, string[]][] = [['node mesh-cni.cjs (bundle)', [process.execPath, cjs]]];
+const bundle = path.join(ROOT, 'dist/mesh-cni.cjs');
+const variants: [string, string[]][] = [['node mesh-cni.cjs (bundle)', [process.execPath, bundle]]];
 for (const mode of SEA_MODES) {
   const out = path.join(tmp, `mesh-cni-${mode}`);
   buildSea({ root: ROOT, main: bundle, out, mode });

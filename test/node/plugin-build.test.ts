@@ -11,7 +11,7 @@ import { ROOT } from '../helpers/cli.ts';
 import { Netns, run } from '../helpers/netns.ts';
 import { pluginConfig, tempDir } from '../helpers/plugin.ts';
 
-const BUNDLES = ['dist/mesh-cni.js', 'dist/mesh-validation.js'];
+const BUNDLES = ['dist/mesh-cni.cjs', 'dist/mesh-validation.cjs'];
 const SEAS = ['dist/bin/mesh-cni', 'dist/bin/mesh-validation'];
 
 describe('plugin build', () => {
