@@ -50,6 +50,9 @@ for (const e of entries) {
       ? { js: "#!/usr/bin/env node\nimport { createRequire as __cr } from 'node:module'; const require = __cr(import.meta.url);" }
       : { js: '#!/usr/bin/env node' },
     define: { __MESH_BUILD_INFO__: JSON.stringify(buildInfo) },
+    // whatwg-url (under client-node's node-fetch) requires Node's deprecated built-in punycode,
+    // which prints a DEP0040 warning at every agent start; the userland package is the same code.
+    alias: { punycode: 'punycode/' },
     logLevel: 'warning',
   });
 }
