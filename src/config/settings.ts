@@ -4,7 +4,7 @@
 import path from 'node:path';
 import { CLEANUP_MODES, FLAGS, LOG_LEVELS, LOG_SCOPES, type CleanupMode, type FlagSpec, type LogLevel, type LogScope } from './flags.ts';
 import { ConfigError, ConfigErrors, parseBool, parseDuration, parseEnum, parseFileMode, parseInt10, parseList } from './parse.ts';
-import { isLabelKey, isLabelValue, parseFieldSelector, parseLabelSelector } from '../repair/selectors.ts';
+import { isLabelKey, isLabelValue, parseFieldSelector, parseLabelSelector } from '../orch/selectors.ts';
 
 export interface InstallSettings {
   readonly chained: boolean;

@@ -14,12 +14,12 @@ import type { CoreV1Event, V1Pod } from '@kubernetes/client-node';
 import type { Component } from '../component.ts';
 import type { RepairSettings } from '../config/settings.ts';
 import { scope } from '../monitoring/logging.ts';
-import { toApiError, type ApiError, type RepairApi } from './api.ts';
+import { toApiError, type ApiError, type OrchApi } from '../orch/api.ts';
 import { detectBroken, hasLabel, type BrokenCriteria } from './detect.ts';
-import { Backoff, TokenBucket, realClock, type Clock } from './limits.ts';
-import { podsRepaired, podsSeenBroken, repairFailures } from './metrics.ts';
-import { PodSource } from './podsource.ts';
-import { formatFieldSelector, formatLabelSelector, parseFieldSelector, parseLabelSelector } from './selectors.ts';
+import { Backoff, TokenBucket, realClock, type Clock } from '../orch/limits.ts';
+import { podsRepaired, podsSeenBroken, repairFailures, watchedPods, watchRestarts } from './metrics.ts';
+import { PodSource } from '../orch/podsource.ts';
+import { formatFieldSelector, formatLabelSelector, parseFieldSelector, parseLabelSelector } from '../orch/selectors.ts';
 
 const log = scope('repair');
 
@@ -63,7 +63,7 @@ export type RepairMode = 'label' | 'delete' | 'label+delete' | 'report';
 
 export interface RepairControllerOptions {
   readonly settings: RepairSettings;
-  readonly api: RepairApi;
+  readonly api: OrchApi;
   /** Names this agent in Events (source.host, reportingInstance). */
   readonly reporter: { readonly host: string; readonly instance: string };
   readonly timing?: Partial<RepairTiming>;
@@ -110,7 +110,7 @@ export function podQuery(s: Pick<RepairSettings, 'nodeName' | 'fieldSelectors' |
 export class RepairController implements Component {
   readonly name = 'repair';
   readonly #s: RepairSettings;
-  readonly #api: RepairApi;
+  readonly #api: OrchApi;
   readonly #reporter: RepairControllerOptions['reporter'];
   readonly #t: RepairTiming;
   readonly #clock: Clock;
@@ -152,6 +152,9 @@ export class RepairController implements Component {
         healthyAfterMs: this.#t.healthyWatchMs,
         backoff: { baseMs: this.#t.watchBackoffBaseMs, maxMs: this.#t.watchBackoffMaxMs },
         clock: this.#clock,
+        logScope: 'repair',
+        onRestart: (reason) => watchRestarts.inc({ reason }),
+        onCacheSize: (n) => watchedPods.set(n),
       },
     );
   }

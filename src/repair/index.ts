@@ -5,7 +5,7 @@
 import type { Settings } from '../config/settings.ts';
 import { disabledComponent, type Component } from '../component.ts';
 import { orchKubeConfig } from '../orch/client.ts';
-import { clientNodeApi } from './api.ts';
+import { clientNodeApi } from '../orch/api.ts';
 import { RepairController, type RepairTiming } from './controller.ts';
 
 export { RepairController } from './controller.ts';

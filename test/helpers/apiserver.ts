@@ -23,7 +23,7 @@ import {
   parseLabelSelector,
   type FieldRequirement,
   type LabelRequirement,
-} from '../../src/repair/selectors.ts';
+} from '../../src/orch/selectors.ts';
 import { makeTestCerts } from './certs.ts';
 
 export interface RequestRecord {

@@ -8,8 +8,8 @@ import { ConfigErrors } from '../../src/config/parse.ts';
 import { buildSettings } from '../../src/config/settings.ts';
 import { podQuery, repairMode } from '../../src/repair/controller.ts';
 import { detectBroken, type BrokenCriteria } from '../../src/repair/detect.ts';
-import { Backoff, TokenBucket, type Clock } from '../../src/repair/limits.ts';
-import { matchesFields, matchesLabels, parseFieldSelector, parseLabelSelector } from '../../src/repair/selectors.ts';
+import { Backoff, TokenBucket, type Clock } from '../../src/orch/limits.ts';
+import { matchesFields, matchesLabels, parseFieldSelector, parseLabelSelector } from '../../src/orch/selectors.ts';
 import { runBin } from '../helpers/cli.ts';
 import { brokenPod, testPod } from '../helpers/pods.ts';
 

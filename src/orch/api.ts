@@ -72,7 +72,7 @@ export interface PodQuery {
 
 export type WatchEventType = 'ADDED' | 'MODIFIED' | 'DELETED' | 'BOOKMARK' | 'ERROR';
 
-export interface RepairApi {
+export interface OrchApi {
   listPods(q: PodQuery & { limit: number; continueToken?: string }, signal: AbortSignal): Promise<PodList>;
   /** Starts a watch; resolves once the stream is open (or failed: then `done` was called too). */
   watchPods(
@@ -97,7 +97,7 @@ function withSignal(signal: AbortSignal, opts?: ReturnType<typeof setHeaderOptio
   return { ...opts, middleware: [...(opts?.middleware ?? []), middleware], middlewareMergeStrategy: 'append' as const };
 }
 
-export function clientNodeApi(kc: KubeConfig): RepairApi {
+export function clientNodeApi(kc: KubeConfig): OrchApi {
   const core = kc.makeApiClient(CoreV1Api);
   const watch = new Watch(kc);
   const name = (p: V1Pod) => `pod ${p.metadata?.namespace}/${p.metadata?.name}`;

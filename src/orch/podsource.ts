@@ -1,16 +1,15 @@
-// List-then-watch of the pods the controller cares about, with our own failure handling:
-// 410 Gone -> relist; watch closed -> re-watch after a jittered exponential backoff; any HTTP or
-// network error -> backoff and retry, never a silent stop; a watch that sends nothing (no event,
-// no bookmark) for too long is aborted and restarted. The cache it keeps is what the controller's
-// periodic resync re-checks.
+// List-then-watch of the pods a part of the agent cares about (the repair controller, the
+// plugin's pod lookup), with our own failure handling: 410 Gone -> relist; watch closed ->
+// re-watch after a jittered exponential backoff; any HTTP or network error -> backoff and retry,
+// never a silent stop; a watch that sends nothing (no event, no bookmark) for too long is aborted
+// and restarted. The cache it keeps is what the repair controller's periodic resync re-checks
+// and what the pod lookup answers from.
 
 import type { V1Pod } from '@kubernetes/client-node';
-import { scope } from '../monitoring/logging.ts';
-import { ApiError, toApiError, type PodQuery, type RepairApi, type WatchEventType } from './api.ts';
+import type { LogScope } from '../config/flags.ts';
+import { scope, type Logger } from '../monitoring/logging.ts';
+import { ApiError, toApiError, type PodQuery, type OrchApi, type WatchEventType } from './api.ts';
 import { Backoff, type BackoffOptions, type Clock } from './limits.ts';
-import { watchedPods, watchRestarts } from './metrics.ts';
-
-const log = scope('repair');
 
 export interface PodHandler {
   upsert(pod: V1Pod): void;
@@ -29,6 +28,10 @@ export interface PodSourceOptions {
   readonly healthyAfterMs: number;
   readonly backoff: BackoffOptions;
   readonly clock: Clock;
+  /** Who watches (the repair controller, the plugin's pod lookup): its log scope and metrics. */
+  readonly logScope: LogScope;
+  readonly onRestart?: (reason: RestartReason) => void;
+  readonly onCacheSize?: (pods: number) => void;
 }
 
 export type RestartReason = 'closed' | 'expired' | 'silent' | 'error';
@@ -44,9 +47,10 @@ interface WatchEnd {
 const podKey = (p: V1Pod) => `${p.metadata?.namespace ?? ''}/${p.metadata?.name ?? ''}`;
 
 export class PodSource {
-  readonly #api: RepairApi;
+  readonly #api: OrchApi;
   readonly #o: PodSourceOptions;
   readonly #handler: PodHandler;
+  readonly #log: Logger;
   readonly #cache = new Map<string, V1Pod>();
   readonly #stop = new AbortController();
   readonly #restarts: Record<RestartReason, number> = { closed: 0, expired: 0, silent: 0, error: 0 };
@@ -59,10 +63,11 @@ export class PodSource {
   /** Resolves after the first complete list. */
   readonly synced = new Promise<void>((r) => (this.#synced = r));
 
-  constructor(api: RepairApi, handler: PodHandler, o: PodSourceOptions) {
+  constructor(api: OrchApi, handler: PodHandler, o: PodSourceOptions) {
     this.#api = api;
     this.#handler = handler;
     this.#o = o;
+    this.#log = scope(o.logScope);
   }
 
   start(): void {
@@ -70,7 +75,7 @@ export class PodSource {
   }
 
   async stop(): Promise<void> {
-    this.#stop.abort(new Error('repair controller stopping'));
+    this.#stop.abort(new Error('pod watch stopping'));
     await this.#loop;
     this.#state = 'stopped';
   }
@@ -114,21 +119,21 @@ export class PodSource {
         rv = end.reason === 'expired' ? '' : end.resourceVersion;
         if (end.healthy) backoff.reset();
         this.#restarts[end.reason]++;
-        watchRestarts.inc({ reason: end.reason });
+        this.#o.onRestart?.(end.reason);
         delay = backoff.next(end.error?.retryAfterMs);
         if (end.error) this.#lastError = end.error.message;
         const level = end.reason === 'closed' && end.healthy ? 'debug' : 'warn';
-        log[level]('pod watch ended; watching again', { reason: end.reason, relist: rv === '', retryInMs: Math.round(delay), attempt: backoff.attempt, ...(end.error ? { error: end.error.message } : {}) });
+        this.#log[level]('pod watch ended; watching again', { reason: end.reason, relist: rv === '', retryInMs: Math.round(delay), attempt: backoff.attempt, ...(end.error ? { error: end.error.message } : {}) });
       } catch (e) {
         if (this.#stopped) break;
         const err = toApiError('listing pods', e);
         // A list from a continue token that expired meanwhile starts over.
         if (err.code === 410) rv = '';
         this.#restarts.error++;
-        watchRestarts.inc({ reason: 'error' });
+        this.#o.onRestart?.('error');
         this.#lastError = err.message;
         delay = backoff.next(err.retryAfterMs);
-        log.warn('cannot list pods; retrying', { error: err.message, retryInMs: Math.round(delay), attempt: backoff.attempt });
+        this.#log.warn('cannot list pods; retrying', { error: err.message, retryInMs: Math.round(delay), attempt: backoff.attempt });
       }
       this.#state = 'backoff';
       await this.#sleep(delay);
@@ -159,10 +164,10 @@ export class PodSource {
       this.#cache.set(k, p);
       this.#handler.upsert(p);
     }
-    watchedPods.set(this.#cache.size);
+    this.#o.onCacheSize?.(this.#cache.size);
     this.#resourceVersion = rv;
     this.#synced();
-    log.debug('listed pods', { count: seen.size, resourceVersion: rv });
+    this.#log.debug('listed pods', { count: seen.size, resourceVersion: rv });
     return rv;
   }
 
@@ -216,7 +221,7 @@ export class PodSource {
           this.#cache.set(k, pod);
           this.#handler.upsert(pod);
         }
-        watchedPods.set(this.#cache.size);
+        this.#o.onCacheSize?.(this.#cache.size);
       };
       const done = (err: unknown) => {
         if (finished) return;
