@@ -3,15 +3,14 @@
 // the agent prints each in scope `cni`. Anything on the node that can reach the socket may send
 // anything, so every resource is bounded: line length, concurrent connections, idle time.
 
-import { lstat, mkdir, chmod, unlink, stat } from 'node:fs/promises';
 import net from 'node:net';
-import path from 'node:path';
 import { Counter, Gauge } from 'prom-client';
 import type { Settings } from '../config/settings.ts';
 import { disabledComponent, type Component } from '../component.ts';
 import { LineSplitter } from './lines.ts';
 import { logRecord, scope } from './logging.ts';
 import { registry } from './metrics.ts';
+import { listenUnix } from './unixsocket.ts';
 import { parsePluginLine } from './pluginrecord.ts';
 
 const log = scope('monitoring');
@@ -51,42 +50,6 @@ const metrics = {
 for (const reason of DROP_REASONS) metrics.dropped.inc({ reason }, 0);
 for (const result of ['accepted', 'rejected']) metrics.connections.inc({ result }, 0);
 
-/** Creates the socket's directory (0750) and clears a stale socket; refuses to remove anything else. */
-async function prepareSocketPath(address: string): Promise<void> {
-  const dir = path.dirname(address);
-  const created = await mkdir(dir, { recursive: true, mode: 0o750 });
-  if (created !== undefined) await chmod(dir, 0o750); // mkdir's mode is filtered by the umask.
-  const existing = await lstat(address).catch((e: NodeJS.ErrnoException) => {
-    if (e.code === 'ENOENT') return undefined;
-    throw e;
-  });
-  if (!existing) return;
-  if (!existing.isSocket()) {
-    throw new Error(`cannot serve plugin logs on ${address}: it exists and is not a socket; remove it or choose another --log-uds-address`);
-  }
-  // A socket left by an agent that was killed; a live agent on this node would be replaced by us.
-  await unlink(address);
-  log.info('removed stale plugin log socket', { path: address });
-}
-
-function listen(server: net.Server, address: string): Promise<void> {
-  return new Promise((resolve, reject) => {
-    const onError = (e: NodeJS.ErrnoException) =>
-      reject(new Error(`cannot serve plugin logs on ${address}: ${e.code ?? e.message}; check --log-uds-address and that its directory is writable`, { cause: e }));
-    server.once('error', onError);
-    // bind() runs inside listen(): with this umask the socket is 0600 from its first moment.
-    const umask = process.umask(0o177);
-    try {
-      server.listen(address, () => {
-        server.off('error', onError);
-        resolve();
-      });
-    } finally {
-      process.umask(umask);
-    }
-  });
-}
-
 function handleLine(line: Buffer): void {
   const text = line.toString('utf8', 0, line.length > 0 && line[line.length - 1] === 13 ? line.length - 1 : line.length);
   if (text.trim() === '') return;
@@ -107,7 +70,6 @@ function drop(reason: DropReason): void {
 export async function startPluginLogServer(settings: Settings, limits: LogServerLimits = DEFAULT_LIMITS): Promise<Component> {
   const address = settings.install.logUdsAddress;
   if (address === '') return disabledComponent('plugin-log-server');
-  await prepareSocketPath(address);
 
   const sockets = new Set<net.Socket>();
   const server = net.createServer((socket) => {
@@ -139,9 +101,7 @@ export async function startPluginLogServer(settings: Settings, limits: LogServer
   server.maxConnections = limits.maxConnections;
   server.on('drop', () => metrics.connections.inc({ result: 'rejected' }));
   server.on('error', (e) => log.error('plugin log server failed', { path: address, error: e.message }));
-  await listen(server, address);
-  await chmod(address, 0o600);
-  const ours = await stat(address);
+  const close = await listenUnix(server, address, 'plugin logs', '--log-uds-address');
   log.info('plugin log server listening', { path: address });
 
   return {
@@ -149,12 +109,9 @@ export async function startPluginLogServer(settings: Settings, limits: LogServer
     notReadyReasons: () => [],
     status: () => ({ address, connections: sockets.size, limits }),
     stop: async () => {
-      const closed = new Promise<void>((resolve) => server.close(() => resolve()));
+      const closed = close();
       for (const s of sockets) s.destroy();
       await closed;
-      // Remove the socket only if it is still ours (a newer agent may have replaced it).
-      const now = await stat(address).catch(() => undefined);
-      if (now && now.ino === ours.ino && now.dev === ours.dev) await unlink(address).catch(() => {});
     },
   };
 }

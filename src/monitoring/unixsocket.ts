@@ -1,0 +1,52 @@
+// Serving on a unix socket that the CNI plugin (run as root by the container runtime) connects
+// to: the directory is created 0750, the socket is 0600 from the moment it exists, a stale socket
+// left by a killed agent is replaced, anything else at the path is refused, and on close the
+// socket is removed only if it is still ours (a newer agent may have replaced it).
+
+import { chmod, lstat, mkdir, stat, unlink } from 'node:fs/promises';
+import type net from 'node:net';
+import path from 'node:path';
+import { scope } from './logging.ts';
+
+const log = scope('monitoring');
+
+/** Starts `server` on `address` (`what` and `flag` name it in errors); resolves to its closer. */
+export async function listenUnix(server: net.Server, address: string, what: string, flag: string): Promise<() => Promise<void>> {
+  const dir = path.dirname(address);
+  const created = await mkdir(dir, { recursive: true, mode: 0o750 });
+  if (created !== undefined) await chmod(dir, 0o750); // mkdir's mode is filtered by the umask.
+  const existing = await lstat(address).catch((e: NodeJS.ErrnoException) => {
+    if (e.code === 'ENOENT') return undefined;
+    throw e;
+  });
+  if (existing && !existing.isSocket()) {
+    throw new Error(`cannot serve ${what} on ${address}: it exists and is not a socket; remove it or choose another ${flag}`);
+  }
+  if (existing) {
+    // A socket left by an agent that was killed; a live agent on this node would be replaced by us.
+    await unlink(address);
+    log.info(`removed stale ${what} socket`, { path: address });
+  }
+  await new Promise<void>((resolve, reject) => {
+    const onError = (e: NodeJS.ErrnoException) =>
+      reject(new Error(`cannot serve ${what} on ${address}: ${e.code ?? e.message}; check ${flag} and that its directory is writable`, { cause: e }));
+    server.once('error', onError);
+    // bind() runs inside listen(): with this umask the socket is 0600 from its first moment.
+    const umask = process.umask(0o177);
+    try {
+      server.listen(address, () => {
+        server.off('error', onError);
+        resolve();
+      });
+    } finally {
+      process.umask(umask);
+    }
+  });
+  await chmod(address, 0o600);
+  const ours = await stat(address);
+  return async () => {
+    await new Promise<void>((resolve) => server.close(() => resolve()));
+    const now = await stat(address).catch(() => undefined);
+    if (now && now.ino === ours.ino && now.dev === ours.dev) await unlink(address).catch(() => {});
+  };
+}
