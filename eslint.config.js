@@ -3,7 +3,7 @@ import js from '@eslint/js';
 import tseslint from 'typescript-eslint';
 
 export default tseslint.config(
-  { ignores: ['node_modules/', 'dist/', '.sandbox/', 'coverage/'] },
+  { ignores: ['node_modules/', 'dist/', '.sandbox/', 'coverage/', '.scratch-*/'] },
   js.configs.recommended,
   ...tseslint.configs.recommended,
   {

@@ -8,6 +8,7 @@ import { convertResult, resultFamilies } from './cni/result.ts';
 import type { UdsLog } from './log/udslog.ts';
 import { cacheFileFor, cachedFlavour } from './netns/flavourcache.ts';
 import { detectFlavour, diffRules, ipBatch, netnsExists, parseRules, restore, save, type Flavour } from './netns/iptables.ts';
+import { podFromAgent } from './orch/agentlookup.ts';
 import { OrchconfigError, readOrchconfig, type OrchAccess } from './orch/orchconfig.ts';
 import { getPod, PodLookupError } from './orch/podclient.ts';
 import { ANNOTATION, CHAIN, OWN_INIT_CONTAINER_NAME } from './redirect/constants.ts';
@@ -27,11 +28,39 @@ export function skipReason(pod: PodLike): string | null {
 
 type Decision = { readonly skip: string } | { readonly spec: RedirectSpec };
 
+// How long the agent may take before the plugin asks the API server itself: the agent waits up
+// to 250 ms for a pod its watch has not delivered yet.
+const AGENT_LOOKUP_TIMEOUT_MS = 400;
+
 /** Pod lookup + skip logic + annotations, shared by ADD and CHECK. */
 async function decide(req: CniRequest, log: UdsLog): Promise<Decision> {
   const pod = req.pod;
   if (pod === null) return { skip: 'CNI_ARGS names no K8S_POD_NAME (not a Kubernetes pod)' };
   if (req.config.excludeNamespaces.includes(pod.namespace)) return { skip: `namespace ${pod.namespace} is excluded` };
+  const found = await lookupPod(req, pod, log);
+  const why = skipReason(found);
+  if (why !== null) return { skip: why };
+  try {
+    return { spec: specForPod(found) };
+  } catch (e) {
+    if (e instanceof AnnotationError) {
+      throw new CniError(CNI_ERROR.BAD_POD_ANNOTATION, `pod ${pod.namespace}/${pod.name} has a bad annotation; no rules applied`, `${e.message}; fix the annotation and recreate the pod`);
+    }
+    throw e;
+  }
+}
+
+/** The pod from the agent's watch when it has it, else from the API server (fail closed). */
+async function lookupPod(req: CniRequest, pod: NonNullable<CniRequest['pod']>, log: UdsLog): Promise<PodLike> {
+  if (req.config.podLookupUdsAddress !== '') {
+    const started = Date.now();
+    const answer = await podFromAgent(req.config.podLookupUdsAddress, { namespace: pod.namespace, name: pod.name, uid: pod.uid }, AGENT_LOOKUP_TIMEOUT_MS);
+    if ('pod' in answer) {
+      log.debug('pod read from the agent', { elapsedMs: Date.now() - started });
+      return answer.pod;
+    }
+    log.debug('the agent could not answer; asking the API server', { reason: answer.miss });
+  }
   let access: OrchAccess;
   try {
     access = readOrchconfig(req.config.orchconfig);
@@ -55,17 +84,8 @@ async function decide(req: CniRequest, log: UdsLog): Promise<Decision> {
     }
     throw new CniError(CNI_ERROR.TRY_AGAIN_LATER, `cannot read pod ${pod.namespace}/${pod.name} from the API server`, (e as Error).message);
   }
-  log.debug('pod read', { elapsedMs: Date.now() - started });
-  const why = skipReason(found);
-  if (why !== null) return { skip: why };
-  try {
-    return { spec: specForPod(found) };
-  } catch (e) {
-    if (e instanceof AnnotationError) {
-      throw new CniError(CNI_ERROR.BAD_POD_ANNOTATION, `pod ${pod.namespace}/${pod.name} has a bad annotation; no rules applied`, `${e.message}; fix the annotation and recreate the pod`);
-    }
-    throw e;
-  }
+  log.debug('pod read from the API server', { elapsedMs: Date.now() - started });
+  return found;
 }
 
 function families(result: Record<string, unknown>): Family[] {

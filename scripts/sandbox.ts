@@ -43,5 +43,6 @@ process.exitCode = await main([
   `--cni-binaries-dir=${binariesDir}`,
   `--service-account-dir=${saDir}`,
   `--log-uds-address=${path.join(sandbox, 'run/mesh-cni/log.sock')}`,
+  `--pod-lookup-uds-address=${path.join(sandbox, 'run/mesh-cni/pods.sock')}`,
   ...process.argv.slice(2),
 ], { KUBERNETES_SERVICE_HOST: '127.0.0.1', KUBERNETES_SERVICE_PORT: '6443', NODE_NAME: 'sandbox-node', ...process.env });

@@ -5,6 +5,7 @@
 import type { Component } from './component.ts';
 import type { Settings } from './config/settings.ts';
 import { startInstaller } from './install/index.ts';
+import { startPodLookup } from './install/podlookup.ts';
 import { startControlz } from './monitoring/ctrlz.ts';
 import { configureLogging, scope } from './monitoring/logging.ts';
 import { startPluginLogServer } from './monitoring/logserver.ts';
@@ -28,6 +29,7 @@ export async function runAgent(settings: Settings): Promise<number> {
   const monitoring = await startMonitoringServer({ port: settings.monitoring.port, readiness });
   try {
     components.push(await startPluginLogServer(settings));
+    components.push(await startPodLookup(settings));
     components.push(await startInstaller(settings));
     components.push(await startRepair(settings));
     components.push(await startControlz(settings, { components: () => components }));

@@ -18,6 +18,8 @@ export interface PluginConfig {
   readonly type: string;
   readonly logLevel: PluginLogLevel;
   readonly logUdsAddress: string;
+  /** The agent's pod lookup socket; empty: always ask the API server. */
+  readonly podLookupUdsAddress: string;
   readonly orchconfig: string;
   readonly cniBinDir: string;
   readonly excludeNamespaces: readonly string[];
@@ -164,6 +166,7 @@ export function parseConfig(stdin: string, command: Command): PluginConfig {
     type: str(raw, 'type', '', 'mesh-cni'),
     logLevel: logLevel as PluginLogLevel,
     logUdsAddress: str(raw, 'log_uds_address', '', ''),
+    podLookupUdsAddress: str(raw, 'pod_lookup_uds_address', '', ''),
     orchconfig,
     cniBinDir: str(orch, 'cni_bin_dir', 'orch.', ''),
     excludeNamespaces: Object.freeze([...(excl as string[])]),

@@ -60,7 +60,7 @@ const agent: Contender = {
     return spawn(process.execPath, ['--no-deprecation', agentJs,
       '--repair-enabled', '--repair-label-pods', '--repair-node-name', 'node-a', '--orchconfig', kc,
       '--mounted-cni-net-dir', path.join(dir, 'net.d'), '--mounted-cni-bin-dir', path.join(dir, 'bin'), '--cni-binaries-dir', path.join(dir, 'src'),
-      '--monitoring-port', '0', '--ctrlz_port', '0', '--log-uds-address', path.join(dir, 'log.sock'), '--cleanup-on-exit', 'never',
+      '--monitoring-port', '0', '--ctrlz_port', '0', '--log-uds-address', path.join(dir, 'log.sock'), '--pod-lookup-uds-address', path.join(dir, 'pods.sock'), '--cleanup-on-exit', 'never',
       '--log_output_level', 'all:none'], { stdio: ['ignore', 'ignore', 'inherit'], env: { PATH: process.env.PATH ?? '/usr/bin:/bin' } });
   },
 };

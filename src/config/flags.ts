@@ -65,6 +65,7 @@ export const FLAGS: readonly FlagSpec[] = [
   installFlag('orchconfig-mode', 'int', '384', 'File mode of the orchconfig file (decimal as in the seed, 384 = 0600; octal 0600 also accepted).'),
   installFlag('log-level', 'string', 'warn', 'Log level of the CNI plugin (written into its config).', { choices: LOG_LEVELS }),
   installFlag('log-uds-address', 'string', '/var/run/mesh-cni/log.sock', 'Unix socket the CNI plugin sends its logs to; the agent prints them in scope cni.'),
+  installFlag('pod-lookup-uds-address', 'string', '/var/run/mesh-cni/pods.sock', 'Unix socket where the agent answers the plugin\'s pod lookups from its watch of this node\'s pods (empty: the plugin always asks the API server).'),
   installFlag('monitoring-port', 'int', '15014', 'HTTP port for /metrics, /readyz and /healthz.'),
   installFlag('mounted-cni-net-dir', 'string', '/host/etc/cni/net.d', 'The CNI net dir as mounted into this container (where files are written).'),
   installFlag('skip-tls-verify', 'bool', 'false', 'Write insecure-skip-tls-verify into the orchconfig instead of a CA.'),

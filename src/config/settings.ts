@@ -24,6 +24,8 @@ export interface InstallSettings {
   /** The plugin's log level, written into its config. */
   readonly pluginLogLevel: LogLevel;
   readonly logUdsAddress: string;
+  /** Where the agent answers the plugin's pod lookups; empty: off. */
+  readonly podLookupUdsAddress: string;
   readonly excludeNamespaces: readonly string[];
   readonly cleanupOnExit: CleanupMode;
   readonly reconcileIntervalMs: number;
@@ -188,6 +190,7 @@ export function buildSettings(flags: RawFlags, env: Env): Settings {
     serviceAccountDir: abs('service-account-dir'),
     pluginLogLevel: get('log-level', (s, v) => parseEnum(s, v, LOG_LEVELS), 'warn'),
     logUdsAddress: absOrEmpty('log-uds-address'),
+    podLookupUdsAddress: absOrEmpty('pod-lookup-uds-address'),
     excludeNamespaces: get('exclude-namespaces', (_s, v) => parseList(v), []),
     cleanupOnExit: get('cleanup-on-exit', (s, v) => parseEnum(s, v, CLEANUP_MODES), 'auto'),
     reconcileIntervalMs: get('reconcile-interval', (s, v) => parseDuration(s, v, { min: 100 }), 5000),

@@ -179,6 +179,7 @@ export class Reconciler {
       kubeconfigFilepath: path.join(this.s.cniNetDir, this.s.orchcfgFileName),
       logLevel: this.s.pluginLogLevel,
       logUdsAddress: this.s.logUdsAddress,
+      podLookupUdsAddress: this.s.podLookupUdsAddress,
       orchServiceHost: this.env.orchServiceHost,
       orchServicePort: this.env.orchServicePort,
       nodeName: this.env.nodeName,

@@ -10,6 +10,7 @@ export const DEFAULT_TEMPLATE = `{
   "type": "${PLUGIN_TYPE}",
   "log_level": "__LOG_LEVEL__",
   "log_uds_address": "__LOG_UDS_ADDRESS__",
+  "pod_lookup_uds_address": "__POD_LOOKUP_UDS_ADDRESS__",
   "orch": {
     "orchconfig": "__KUBECONFIG_FILEPATH__",
     "cni_bin_dir": "__CNI_BIN_DIR__",
@@ -23,6 +24,7 @@ export interface TemplateValues {
   readonly kubeconfigFilepath: string;
   readonly logLevel: string;
   readonly logUdsAddress: string;
+  readonly podLookupUdsAddress: string;
   readonly orchServiceHost: string;
   readonly orchServicePort: string;
   readonly nodeName: string;
@@ -40,6 +42,7 @@ function substitutions(v: TemplateValues): [string, string][] {
     ['__ORCHCONFIG_FILEPATH__', str(v.kubeconfigFilepath)],
     ['__LOG_LEVEL__', str(v.logLevel)],
     ['__LOG_UDS_ADDRESS__', str(v.logUdsAddress)],
+    ['__POD_LOOKUP_UDS_ADDRESS__', str(v.podLookupUdsAddress)],
     ['__KUBERNETES_SERVICE_HOST__', str(v.orchServiceHost)],
     ['__KUBERNETES_SERVICE_PORT__', str(v.orchServicePort)],
     ['__KUBERNETES_NODE_NAME__', str(v.nodeName)],

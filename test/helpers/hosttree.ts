@@ -65,6 +65,7 @@ export async function makeHostTree(opts: { token?: string; ca?: string } = {}): 
       'cni-binaries-dir': binariesDir,
       'service-account-dir': saDir,
       'log-uds-address': path.join(root, 'run/log.sock'),
+      'pod-lookup-uds-address': path.join(root, 'run/pods.sock'),
     },
     env: { KUBERNETES_SERVICE_HOST: '198.18.96.1', KUBERNETES_SERVICE_PORT: '443', NODE_NAME: 'node-1' },
     rotate,

@@ -6,6 +6,7 @@ export const FIXTURE_VALUES: TemplateValues = {
   kubeconfigFilepath: '/etc/cni/net.d/ZZZ-mesh-cni-orchconfig',
   logLevel: 'warn',
   logUdsAddress: '/var/run/mesh-cni/log.sock',
+  podLookupUdsAddress: '/var/run/mesh-cni/pods.sock',
   orchServiceHost: '198.18.96.1',
   orchServicePort: '443',
   nodeName: 'node-1',

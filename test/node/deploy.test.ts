@@ -205,6 +205,7 @@ describe('deploy: kubectl kustomize deploy/', () => {
       kubeconfigFilepath: '/etc/cni/net.d/ZZZ-mesh-cni-orchconfig',
       logLevel: s.install.pluginLogLevel,
       logUdsAddress: s.install.logUdsAddress,
+      podLookupUdsAddress: s.install.podLookupUdsAddress,
       orchServiceHost: '10.96.0.1',
       orchServicePort: '443',
       nodeName: 'node-1',
@@ -217,6 +218,7 @@ describe('deploy: kubectl kustomize deploy/', () => {
     assert.equal(conf.type, 'mesh-cni');
     assert.equal(conf.orchconfig, '/etc/cni/net.d/ZZZ-mesh-cni-orchconfig');
     assert.equal(conf.logUdsAddress, '/var/run/mesh-cni/log.sock');
+    assert.equal(conf.podLookupUdsAddress, '/var/run/mesh-cni/pods.sock');
     assert.deepEqual(conf.excludeNamespaces, ['mesh-system', 'kube-system']);
     assert.equal(conf.nodeName, 'node-1');
   });

@@ -221,7 +221,11 @@ function nodeSuite(mode: 'label' | 'delete'): void {
       const applied = await agent.waitForLog((r) => r.msg === 'redirect rules applied', 'mesh-cni (run by podman) to report over the log socket', 30_000)
         .catch((e: Error) => { throw new Error(`${e.message}; agent logs: ${JSON.stringify(agent!.logs.slice(-15))}`); });
       assert.equal(applied.scope, 'cni');
-      assert.ok(api.requests.some((q) => q.method === 'GET' && q.path === `/api/v1/namespaces/default/pods/${late}`), 'the plugin looked the pod up (podman gives no namespace: default)');
+      // The plugin looked the pod up (podman gives no namespace: default), from the agent's pod
+      // watch (a lookup hit) or, failing that, from the API server.
+      const viaAgent = /^mesh_cni_pod_lookups_total\{result="hit"\} [1-9]/m.test((await agent.get('/metrics')).body);
+      const viaApi = api.requests.some((q) => q.method === 'GET' && q.path === `/api/v1/namespaces/default/pods/${late}`);
+      assert.ok(viaAgent || viaApi, 'the plugin looked the pod up in namespace default');
       const lateValidation = await validate(lateNetns);
       assert.equal(lateValidation.code, 0, `mesh-validation in ${late}'s netns: ${lateValidation.stdout}${lateValidation.stderr}`);
       await kubeletReports(late, lateValidation);

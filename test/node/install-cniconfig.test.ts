@@ -100,6 +100,7 @@ describe('the plugin entry template', () => {
       type: 'mesh-cni',
       log_level: 'warn',
       log_uds_address: '/var/run/mesh-cni/log.sock',
+      pod_lookup_uds_address: '/var/run/mesh-cni/pods.sock',
       orch: {
         orchconfig: '/etc/cni/net.d/ZZZ-mesh-cni-orchconfig',
         cni_bin_dir: '/opt/cni/bin',

@@ -285,7 +285,7 @@ describe('repair controller end to end', () => {
       '--repair-enabled', '--repair-label-pods', '--repair-delete-pods', '--repair-concurrency', '4', '--orchconfig', kc,
       '--repair-node-name', 'node-a', '--mounted-cni-net-dir', path.join(root, 'net.d'), '--mounted-cni-bin-dir', path.join(root, 'bin'),
       '--cni-binaries-dir', path.join(root, 'src'), '--monitoring-port', '0', '--ctrlz_port', '0',
-      '--log-uds-address', path.join(root, 'log.sock'), '--cleanup-on-exit', 'never'], {
+      '--log-uds-address', path.join(root, 'log.sock'), '--pod-lookup-uds-address', path.join(root, 'pods.sock'), '--cleanup-on-exit', 'never'], {
       env: { PATH: process.env.PATH ?? '/usr/bin:/bin' },
       stdio: ['ignore', 'pipe', 'pipe'],
     });

@@ -1,0 +1,40 @@
+// Asks the agent for the pod over its unix socket (see src/install/podlookup.ts for the wire
+// format): about a millisecond where reading it from the API server costs a TLS set-up and
+// handshake. Never throws: any failure is a miss, and the caller asks the API server instead.
+
+import type { PodLike } from '../redirect/spec.ts';
+
+export type AgentAnswer = { readonly pod: PodLike } | { readonly miss: string };
+
+export function podFromAgent(address: string, ref: { namespace: string; name: string; uid: string }, timeoutMs: number): Promise<AgentAnswer> {
+  const net = process.getBuiltinModule('node:net');
+  return new Promise((resolve) => {
+    let settled = false;
+    let data = '';
+    const socket = net.createConnection(address);
+    const finish = (answer: AgentAnswer) => {
+      if (settled) return;
+      settled = true;
+      clearTimeout(timer);
+      socket.destroy();
+      resolve(answer);
+    };
+    const timer = setTimeout(() => finish({ miss: `the agent did not answer within ${timeoutMs} ms` }), timeoutMs);
+    socket.setEncoding('utf8');
+    socket.on('connect', () => socket.write(JSON.stringify(ref) + '\n'));
+    socket.on('data', (chunk: string) => {
+      data += chunk;
+      const nl = data.indexOf('\n');
+      if (nl < 0) return;
+      try {
+        const reply = JSON.parse(data.slice(0, nl)) as { pod?: PodLike; miss?: string };
+        if (reply.pod && typeof reply.pod === 'object') finish({ pod: reply.pod });
+        else finish({ miss: typeof reply.miss === 'string' ? reply.miss : 'the agent sent no pod' });
+      } catch {
+        finish({ miss: 'the agent sent something that is not JSON' });
+      }
+    });
+    socket.on('error', (e) => finish({ miss: `cannot reach the agent at ${address}: ${e.message}` }));
+    socket.on('close', () => finish({ miss: 'the agent closed the connection without an answer' }));
+  });
+}

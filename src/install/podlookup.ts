@@ -1,0 +1,188 @@
+// Pod lookups for the plugin, answered from this node's pod watch over a unix socket
+// (--pod-lookup-uds-address). Reading the pod from the API server costs the plugin a TLS set-up
+// and handshake (~30 ms) on every pod start; the agent already holds a warm watch of the pods
+// of its node, so it answers in about a millisecond. The plugin falls back to the API server
+// whenever this answer is not there (no socket, a miss, a timeout): never less safe, only faster.
+//
+// Wire format (one connection per lookup; the agent closes after answering):
+//   plugin -> agent   {"namespace":"ns","name":"pod","uid":"<K8S_POD_UID or empty>"}\n
+//   agent  -> plugin  {"pod":{...the V1Pod...}}\n   or   {"miss":"<why>"}\n
+// A pod not (yet) in the watch, or cached under another uid, is waited for up to `waitMs`: the
+// runtime calls the plugin for a pod the kubelet just saw, and our watch sees it at about the
+// same moment.
+
+import type { V1Pod } from '@kubernetes/client-node';
+import net from 'node:net';
+import { Counter } from 'prom-client';
+import type { Component } from '../component.ts';
+import { disabledComponent } from '../component.ts';
+import type { Settings } from '../config/settings.ts';
+import { LineSplitter } from '../monitoring/lines.ts';
+import { scope } from '../monitoring/logging.ts';
+import { registry } from '../monitoring/metrics.ts';
+import { listenUnix } from '../monitoring/unixsocket.ts';
+import { clientNodeApi, type OrchApi } from '../orch/api.ts';
+import { orchKubeConfig } from '../orch/client.ts';
+import { realClock } from '../orch/limits.ts';
+import { PodSource } from '../orch/podsource.ts';
+
+const log = scope('install');
+
+const lookups = new Counter({
+  name: 'mesh_cni_pod_lookups_total',
+  help: 'Pod lookups the plugin asked the agent for, by result: hit (answered from the watch), miss (the plugin asks the API server), bad_request.',
+  labelNames: ['result'] as const,
+  registers: [registry],
+});
+for (const result of ['hit', 'miss', 'bad_request']) lookups.inc({ result }, 0);
+
+export interface PodLookupOptions {
+  /** How long a lookup waits for a pod the watch has not delivered yet. */
+  readonly waitMs: number;
+  readonly maxConnections: number;
+}
+
+export const DEFAULT_POD_LOOKUP: PodLookupOptions = { waitMs: 250, maxConnections: 256 };
+const MAX_REQUEST_BYTES = 4096;
+
+interface Request {
+  readonly namespace: string;
+  readonly name: string;
+  readonly uid: string;
+}
+
+function parseRequest(line: Buffer): Request | null {
+  try {
+    const r = JSON.parse(line.toString('utf8')) as Partial<Request>;
+    if (typeof r.namespace !== 'string' || typeof r.name !== 'string' || r.namespace === '' || r.name === '') return null;
+    return { namespace: r.namespace, name: r.name, uid: typeof r.uid === 'string' ? r.uid : '' };
+  } catch {
+    return null;
+  }
+}
+
+/** The watch of this node's pods, with lookups that can wait a moment for a pod to arrive. */
+export class NodePods {
+  readonly #source: PodSource;
+  readonly #waiters = new Set<{ req: Request; done: (pod: V1Pod) => void }>();
+  readonly #byKey = new Map<string, V1Pod>();
+
+  constructor(api: OrchApi, nodeName: string) {
+    this.#source = new PodSource(
+      api,
+      {
+        upsert: (pod) => {
+          this.#byKey.set(`${pod.metadata?.namespace}/${pod.metadata?.name}`, pod);
+          for (const w of this.#waiters) if (matches(pod, w.req)) w.done(pod);
+        },
+        remove: (pod) => this.#byKey.delete(`${pod.metadata?.namespace}/${pod.metadata?.name}`),
+      },
+      {
+        query: { fieldSelector: `spec.nodeName=${nodeName}`, labelSelector: '' },
+        pageSize: 500,
+        requestTimeoutMs: 30_000,
+        watchTimeoutSeconds: 300,
+        silenceTimeoutMs: 120_000,
+        healthyAfterMs: 10_000,
+        backoff: { baseMs: 1000, maxMs: 30_000 },
+        clock: realClock,
+        logScope: 'install',
+      },
+    );
+  }
+
+  start(): void {
+    this.#source.start();
+  }
+
+  get synced(): Promise<void> {
+    return this.#source.synced;
+  }
+
+  status(): Record<string, unknown> {
+    return { ...this.#source.status(), waiting: this.#waiters.size };
+  }
+
+  async stop(): Promise<void> {
+    await this.#source.stop();
+  }
+
+  /** The pod, waiting up to `waitMs` for it; null when it did not come. */
+  lookup(req: Request, waitMs: number): Promise<V1Pod | null> {
+    const cached = this.#byKey.get(`${req.namespace}/${req.name}`);
+    if (cached && matches(cached, req)) return Promise.resolve(cached);
+    return new Promise((resolve) => {
+      const waiter = {
+        req,
+        done: (pod: V1Pod | null) => {
+          clearTimeout(timer);
+          this.#waiters.delete(waiter);
+          resolve(pod);
+        },
+      };
+      const timer = setTimeout(() => waiter.done(null), waitMs);
+      this.#waiters.add(waiter);
+    });
+  }
+}
+
+function matches(pod: V1Pod, req: Request): boolean {
+  return pod.metadata?.namespace === req.namespace && pod.metadata?.name === req.name && (req.uid === '' || pod.metadata?.uid === req.uid);
+}
+
+export async function startPodLookup(settings: Settings, opts: PodLookupOptions = DEFAULT_POD_LOOKUP, api?: OrchApi): Promise<Component> {
+  const address = settings.install.podLookupUdsAddress;
+  const nodeName = settings.env.nodeName;
+  if (address === '') return disabledComponent('pod-lookup');
+  if (nodeName === '') {
+    // Watching every pod of the cluster from every node is not an option.
+    log.warn('NODE_NAME is not set: the plugin will read pods from the API server itself', { address });
+    return disabledComponent('pod-lookup');
+  }
+  const pods = new NodePods(api ?? clientNodeApi(orchKubeConfig(settings)), nodeName);
+  pods.start();
+  const sockets = new Set<net.Socket>();
+  const server = net.createServer((socket) => {
+    sockets.add(socket);
+    socket.on('close', () => sockets.delete(socket));
+    socket.on('error', () => socket.destroy());
+    socket.setTimeout(opts.waitMs + 1000, () => socket.destroy());
+    let answered = false;
+    const answer = (reply: object) => {
+      if (answered) return;
+      answered = true;
+      socket.end(JSON.stringify(reply) + '\n');
+    };
+    const lines = new LineSplitter(MAX_REQUEST_BYTES, (line) => {
+      const req = parseRequest(line);
+      if (!req) {
+        lookups.inc({ result: 'bad_request' });
+        answer({ miss: 'bad request: expected {"namespace","name","uid"}' });
+        return;
+      }
+      void pods.lookup(req, opts.waitMs).then((pod) => {
+        lookups.inc({ result: pod ? 'hit' : 'miss' });
+        if (!pod) log.debug('pod lookup miss', { pod: `${req.namespace}/${req.name}`, uid: req.uid });
+        answer(pod ? { pod } : { miss: `pod ${req.namespace}/${req.name}${req.uid ? ` uid ${req.uid}` : ''} is not in this node's pod watch` });
+      });
+    }, () => {
+      lookups.inc({ result: 'bad_request' });
+      answer({ miss: 'bad request: too long' });
+    });
+    socket.on('data', (chunk: Buffer) => lines.push(chunk));
+  });
+  server.maxConnections = opts.maxConnections;
+  const close = await listenUnix(server, address, 'pod lookups', '--pod-lookup-uds-address');
+  log.info('serving pod lookups to the plugin', { path: address, node: nodeName });
+  return {
+    name: 'pod-lookup',
+    notReadyReasons: () => [],
+    status: () => ({ address, ...pods.status() }),
+    stop: async () => {
+      const closed = close();
+      for (const s of sockets) s.destroy();
+      await closed;
+      await pods.stop();
+    },
+  };
+}

@@ -1,0 +1,157 @@
+// The agent answering the plugin's pod lookups from its watch of the node's pods, asked with the
+// plugin's own client; and mesh-cni ADD taking its pod from there (no API round trip) or from
+// the API server when the agent cannot answer.
+
+import assert from 'node:assert/strict';
+import { statSync } from 'node:fs';
+import path from 'node:path';
+import { after, before, describe, it } from 'node:test';
+import { podFromAgent } from '../../cni-plugin/orch/agentlookup.ts';
+import type { Component } from '../../src/component.ts';
+import { buildSettings } from '../../src/config/settings.ts';
+import { startPodLookup } from '../../src/install/podlookup.ts';
+import { configureLogging } from '../../src/monitoring/logging.ts';
+import { registry } from '../../src/monitoring/metrics.ts';
+import { startTestApiServer, type TestApiServer } from '../helpers/apiserver.ts';
+import { eventually } from '../helpers/hosttree.ts';
+import { BridgeNetwork, Netns, type ChainEnv } from '../helpers/netns.ts';
+import { k8sArgs, meshCni, meshPod, pluginConfig, tempDir } from '../helpers/plugin.ts';
+
+configureLogging({ asJson: true, outputLevels: buildSettings({ log_output_level: 'all:none' }, {}).logging.outputLevels }, { write: () => {} });
+
+const onNode = (ns: string, name: string, node: string, annotations: Record<string, string> = {}) => {
+  const pod = meshPod(ns, name, annotations);
+  return { ...pod, spec: { ...pod.spec!, nodeName: node } };
+};
+
+describe('pod lookups served by the agent', () => {
+  const tmp = tempDir();
+  const socket = path.join(tmp.dir, 'run/pods.sock');
+  let api: TestApiServer;
+  let lookup: Component;
+  const ask = (namespace: string, name: string, uid = '') => podFromAgent(socket, { namespace, name, uid }, 2000);
+
+  before(async () => {
+    api = await startTestApiServer();
+    api.upsertPod(onNode('shop', 'cart-1', 'node-1'));
+    api.upsertPod(onNode('shop', 'elsewhere', 'node-2'));
+    const orchconfig = api.writeOrchconfig(path.join(tmp.dir, 'agent-orchconfig'));
+    const settings = buildSettings({ 'pod-lookup-uds-address': socket, orchconfig }, { NODE_NAME: 'node-1' });
+    lookup = await startPodLookup(settings, { waitMs: 300, maxConnections: 16 });
+    await eventually(() => (lookup.status() as { state: string }).state === 'watching', 'the pod watch');
+  });
+  after(async () => {
+    await lookup?.stop('SIGTERM');
+    await api?.close();
+    tmp.remove();
+  });
+
+  it('listens on a 0600 socket', () => {
+    assert.equal(statSync(socket).mode & 0o777, 0o600);
+  });
+
+  it('answers a pod of its node from the watch', async () => {
+    const r = await ask('shop', 'cart-1');
+    assert.ok('pod' in r, JSON.stringify(r));
+    assert.equal(r.pod.metadata?.name, 'cart-1');
+    assert.equal(r.pod.metadata?.annotations?.['sidecar.mesh.io/status'] !== undefined, true);
+  });
+
+  it('misses a pod of another node, and a pod under another uid', async () => {
+    const other = await ask('shop', 'elsewhere');
+    assert.ok('miss' in other);
+    assert.match(other.miss, /not in this node's pod watch/);
+    const uid = await ask('shop', 'cart-1', 'some-other-uid');
+    assert.ok('miss' in uid);
+  });
+
+  it('waits for a pod the watch has not delivered yet', async () => {
+    const asked = ask('shop', 'just-scheduled');
+    setTimeout(() => api.upsertPod(onNode('shop', 'just-scheduled', 'node-1')), 50);
+    const r = await asked;
+    assert.ok('pod' in r, JSON.stringify(r));
+  });
+
+  it('answers nonsense with a miss and keeps serving', async () => {
+    const net = await import('node:net');
+    const reply = await new Promise<string>((resolve) => {
+      const s = net.createConnection(socket, () => s.write('{"not":"a request"}\n'));
+      let d = '';
+      s.on('data', (c) => (d += c.toString()));
+      s.on('close', () => resolve(d));
+    });
+    assert.match(reply, /"miss":"bad request/);
+    assert.ok('pod' in (await ask('shop', 'cart-1')));
+  });
+
+  it('still answers from the watch while the API server is down', async () => {
+    await api.stop();
+    try {
+      assert.ok('pod' in (await ask('shop', 'cart-1')));
+    } finally {
+      await api.start();
+    }
+  });
+
+  it('counts hits and misses', async () => {
+    const text = await registry.metrics();
+    assert.match(text, /mesh_cni_pod_lookups_total\{result="hit"\} [1-9]/);
+    assert.match(text, /mesh_cni_pod_lookups_total\{result="miss"\} [1-9]/);
+    assert.match(text, /mesh_cni_pod_lookups_total\{result="bad_request"\} [1-9]/);
+  });
+
+  it('is off without a node name (no cluster-wide watch from every node)', async () => {
+    const c = await startPodLookup(buildSettings({ 'pod-lookup-uds-address': path.join(tmp.dir, 'x.sock') }, {}));
+    assert.deepEqual(c.status(), { enabled: false });
+  });
+});
+
+describe('mesh-cni ADD with the agent answering the pod lookup', () => {
+  const tmp = tempDir();
+  const socket = path.join(tmp.dir, 'run/pods.sock');
+  let api: TestApiServer;
+  let lookup: Component;
+  let network: BridgeNetwork;
+  const namespaces: Netns[] = [];
+  let orchconfig: string;
+
+  before(async () => {
+    api = await startTestApiServer();
+    orchconfig = api.writeOrchconfig(path.join(tmp.dir, 'ZZZ-mesh-cni-orchconfig'));
+    lookup = await startPodLookup(buildSettings({ 'pod-lookup-uds-address': socket, orchconfig }, { NODE_NAME: 'node-1' }));
+    await eventually(() => (lookup.status() as { state: string }).state === 'watching', 'the pod watch');
+    network = new BridgeNetwork('198.18.96.0/24');
+  });
+  after(async () => {
+    for (const n of namespaces) n.remove();
+    network?.cleanup();
+    await lookup?.stop('SIGTERM');
+    await api?.close();
+    tmp.remove();
+  });
+
+  async function addPod(name: string, lookupSocket: string) {
+    const pod = api.upsertPod(onNode('shop', name, 'node-1'));
+    const ns = new Netns('pod');
+    namespaces.push(ns);
+    const chain: ChainEnv = { containerId: `ctr${process.pid}${name}`, netns: ns.path, ifname: 'eth0', args: k8sArgs(pod, `ctr${process.pid}${name}`) };
+    const prev = await network.addPod(chain);
+    const gets = () => api.requests.filter((r) => r.method === 'GET' && r.path === `/api/v1/namespaces/shop/pods/${name}`).length;
+    const add = await meshCni('ADD', chain, pluginConfig({ cniVersion: '1.0.0', orchconfig, extra: { pod_lookup_uds_address: lookupSocket } }, prev));
+    return { add, ns, gets: gets() };
+  }
+
+  it('takes the pod from the agent: rules applied, no GET of the pod', async () => {
+    const { add, ns, gets } = await addPod('via-agent', socket);
+    assert.equal(add.code, 0, add.stdout + add.stderr);
+    assert.match(ns.exec(['iptables-nft-save', '-t', 'nat']), /-A MESH_REDIRECT -p tcp -j REDIRECT --to-ports 15001/);
+    assert.equal(gets, 0);
+  });
+
+  it('asks the API server when the agent is not there', async () => {
+    const { add, ns, gets } = await addPod('via-api', path.join(tmp.dir, 'run/no-agent.sock'));
+    assert.equal(add.code, 0, add.stdout + add.stderr);
+    assert.match(ns.exec(['iptables-nft-save', '-t', 'nat']), /-A MESH_REDIRECT -p tcp -j REDIRECT --to-ports 15001/);
+    assert.equal(gets, 1);
+  });
+});
