@@ -35,7 +35,7 @@ try {
   await fs.writeFile(primary, BRIDGE_CONFLIST);
   for (let i = 0; i < pods; i++) api.upsertPod(testPod(`pod-${i}`, { node: 'node-1' }));
   const flags = { ...tree.flags, 'monitoring-port': '0', ctrlz_port: '0', 'repair-enabled': 'true', 'repair-label-pods': 'true', 'cleanup-on-exit': 'always' };
-  const child = spawn(process.execPath, [path.join(root, 'dist/install-cni.js'), ...Object.entries(flags).map(([k, v]) => `--${k}=${v}`)], {
+  const child = spawn(process.execPath, [...(process.env.NODE_FLAGS ?? '').split(' ').filter(Boolean), path.join(root, 'dist/install-cni.js'), ...Object.entries(flags).map(([k, v]) => `--${k}=${v}`)], {
     env: { PATH: process.env.PATH ?? '/usr/bin:/bin', ...tree.env, KUBERNETES_SERVICE_HOST: '127.0.0.1', KUBERNETES_SERVICE_PORT: String(api.port) },
     stdio: ['ignore', 'ignore', 'inherit'],
   });

@@ -5,6 +5,7 @@
 //   bridge ADD            Debian's Go reference plugin, the primary CNI before us
 //   node dist/mesh-cni.cjs the bundle on a Node.js install
 //   SEA plain/codecache/snapshot  dist/bin/mesh-cni built each way
+//   SEA codecache with the pod from the agent's watch (--pod-lookup-uds-address), the default
 // Target: mesh-cni p50 <= 60 ms and <= floor + 25 ms.  `npm run bench -- plugin` (PODS=n).
 
 import { spawnSync } from 'node:child_process';
@@ -16,6 +17,11 @@ import { ROOT } from '../../test/helpers/cli.ts';
 import { BridgeNetwork, cniEnv, Netns, run, type ChainEnv } from '../../test/helpers/netns.ts';
 import { k8sArgs, meshPod, pluginConfig } from '../../test/helpers/plugin.ts';
 import { buildSea, SEA_MODES } from '../sea.ts';
+import { buildSettings } from '../../src/config/settings.ts';
+import { startPodLookup } from '../../src/install/podlookup.ts';
+import { configureLogging } from '../../src/monitoring/logging.ts';
+
+configureLogging({ asJson: false, outputLevels: buildSettings({ log_output_level: 'all:warn' }, {}).logging.outputLevels });
 
 const PODS = Number(process.env.PODS ?? 100);
 const tmp = mkdtempSync(path.join(os.tmpdir(), 'mcni-plg-bench-'));
@@ -23,11 +29,13 @@ const tmp = mkdtempSync(path.join(os.tmpdir(), 'mcni-plg-bench-'));
 const build = spawnSync(process.execPath, [path.join(ROOT, 'scripts/build.ts')], { cwd: ROOT, env: { ...process.env, MESH_SEA: '0' }, stdio: 'inherit' });
 if (build.status !== 0) process.exit(1);
 const bundle = path.join(ROOT, 'dist/mesh-cni.cjs');
-const variants: [string, string[]][] = [['node mesh-cni.cjs (bundle)', [process.execPath, bundle]]];
+// [name, argv, pod from the agent's watch instead of the API server]
+const variants: [string, string[], boolean][] = [['node mesh-cni.cjs (bundle)', [process.execPath, bundle], false]];
 for (const mode of SEA_MODES) {
   const out = path.join(tmp, `mesh-cni-${mode}`);
   buildSea({ root: ROOT, main: bundle, out, mode });
-  variants.push([`SEA ${mode}`, [out]]);
+  variants.push([`SEA ${mode}`, [out], false]);
+  if (mode === 'codecache') variants.push([`SEA ${mode}, pod from the agent`, [out], true]);
 }
 
 // As on a node: a log socket dir, where the plugin also remembers the host's iptables flavour.
@@ -35,6 +43,9 @@ mkdirSync(path.join(tmp, 'run'));
 const api = await startTestApiServer();
 const orchconfig = api.writeOrchconfig(path.join(tmp, 'orchconfig'));
 const network = new BridgeNetwork('198.18.3.0/24');
+// The agent's pod lookup (in this process: it answers from its watch while the plugin runs).
+const podLookupSocket = path.join(tmp, 'run/pods.sock');
+const lookup = await startPodLookup(buildSettings({ 'pod-lookup-uds-address': podLookupSocket, orchconfig }, { NODE_NAME: 'node-1' }));
 const times = new Map<string, number[]>();
 const record = (k: string, ms: number) => (times.get(k) ?? times.set(k, []).get(k)!).push(ms);
 
@@ -46,7 +57,8 @@ async function timed(argv: readonly string[], env: Record<string, string>, input
 
 try {
   for (let i = 0; i < PODS; i++) {
-    const pod = api.upsertPod(meshPod('bench', `pod-${i}`));
+    const template = meshPod('bench', `pod-${i}`);
+    const pod = api.upsertPod({ ...template, spec: { ...template.spec!, nodeName: 'node-1' } });
     const ns = new Netns('b');
     try {
       const id = `bench${process.pid}x${i}`;
@@ -58,12 +70,14 @@ try {
       const ipx = await timed(['ip', 'netns', 'exec', network.host.name, 'true'], {}, '');
       record('bridge ADD (Debian, Go)', Math.max(0, br.ms - ipx.ms));
       const prev = JSON.parse(br.out.slice(0, br.out.lastIndexOf('}') + 1)) as unknown;
-      const stdin = JSON.stringify(pluginConfig({ cniVersion: '1.0.0', orchconfig, extra: { iptables_flavour: 'auto', log_level: 'warn', log_uds_address: path.join(tmp, 'run/log.sock') } }, prev));
+      const extra = { iptables_flavour: 'auto', log_level: 'warn', log_uds_address: path.join(tmp, 'run/log.sock') };
+      const stdin = JSON.stringify(pluginConfig({ cniVersion: '1.0.0', orchconfig, extra }, prev));
+      const stdinAgent = JSON.stringify(pluginConfig({ cniVersion: '1.0.0', orchconfig, extra: { ...extra, pod_lookup_uds_address: podLookupSocket } }, prev));
       record('node -e 0 (floor)', (await timed([process.execPath, '-e', '0'], {}, '')).ms);
       // Rotate the order so no variant always runs first after the bridge.
       for (let k = 0; k < variants.length; k++) {
-        const [name, argv] = variants[(i + k) % variants.length]!;
-        const r = await timed(argv, cniEnv('ADD', chain, { PATH: '/usr/sbin:/usr/bin:/sbin:/bin' }), stdin);
+        const [name, argv, viaAgent] = variants[(i + k) % variants.length]!;
+        const r = await timed(argv, cniEnv('ADD', chain, { PATH: '/usr/sbin:/usr/bin:/sbin:/bin' }), viaAgent ? stdinAgent : stdin);
         if (r.code !== 0) throw new Error(`${name} ADD failed: ${r.out}`);
         record(`mesh-cni ADD, ${name}`, r.ms);
       }
@@ -74,6 +88,7 @@ try {
   }
 } finally {
   network.cleanup();
+  await lookup.stop('SIGTERM');
   await api.close();
   rmSync(tmp, { recursive: true, force: true });
 }
