@@ -109,14 +109,7 @@ export function withOurEntry(text: string, fileName: string, entry: JsonObject):
   const plugins = parsed.plugins;
   const last = plugins[plugins.length - 1];
   if (plugins.filter(isOurs).length === 1 && isOurs(last) && isDeepStrictEqual(last, entry)) return null;
-  let out = text;
-  for (;;) {
-    const { spans } = pluginSpans(out);
-    const i = spans.findIndex((s) => isOurs(JSON.parse(out.slice(s.start, s.end)) as Json));
-    if (i < 0) break;
-    out = removeElement(out, spans, i);
-  }
-  out = appendElement(out, entry);
+  const out = appendElement(spliceOutOurs(text), entry);
   check(out, fileName, [...plugins.filter((p) => !isOurs(p)), entry]);
   return { fileName, text: out };
 }
@@ -125,13 +118,7 @@ export function withOurEntry(text: string, fileName: string, entry: JsonObject):
 export function withoutOurEntry(text: string, fileName: string): string | null {
   const parsed = parseCniConfig(text, fileName);
   if (parsed.kind !== 'conflist' || !parsed.plugins.some(isOurs)) return null;
-  let out = text;
-  for (;;) {
-    const { spans } = pluginSpans(out);
-    const i = spans.findIndex((s) => isOurs(JSON.parse(out.slice(s.start, s.end)) as Json));
-    if (i < 0) break;
-    out = removeElement(out, spans, i);
-  }
+  const out = spliceOutOurs(text);
   const rest = parsed.plugins.filter((p) => !isOurs(p));
   if (rest.length > 0) check(out, fileName, rest);
   return out;
@@ -140,6 +127,17 @@ export function withoutOurEntry(text: string, fileName: string): string | null {
 /** Our own conflist for standalone mode (--chained-cni-plugin=false). */
 export function standaloneConflist(entry: JsonObject, cniVersion = '1.0.0'): string {
   return JSON.stringify({ cniVersion, name: 'mesh-cni', plugins: [entry] }, null, 2) + '\n';
+}
+
+/** The text with every plugin entry of ours spliced out of the plugins list. */
+function spliceOutOurs(text: string): string {
+  let out = text;
+  for (;;) {
+    const { spans } = pluginSpans(out);
+    const i = spans.findIndex((s) => isOurs(JSON.parse(out.slice(s.start, s.end)) as Json));
+    if (i < 0) return out;
+    out = removeElement(out, spans, i);
+  }
 }
 
 function pluginSpans(text: string): { open: number; spans: Span[] } {
