@@ -58,11 +58,11 @@ for (const e of entries) {
 }
 console.log(`build: ${entries.filter((e) => existsSync(path.join(root, e.in))).map((e) => e.out).join(', ')}`);
 
-// Single executables for the node (no Node.js there): dist/bin/mesh-cni, dist/bin/mesh-validation.
+// Single executables for the node (no Node.js there): dist/bin/mesh-cni, dist/mesh-validation.
 // MESH_SEA_MODE=plain|codecache|snapshot overrides the measured default; MESH_SEA=0 skips them.
 if (process.env.MESH_SEA !== '0') {
   const mode = seaModeFrom(process.env.MESH_SEA_MODE);
-  for (const [bundle, exe] of [['dist/mesh-cni.cjs', 'dist/bin/mesh-cni'], ['dist/mesh-validation.cjs', 'dist/bin/mesh-validation']] as const) {
+  for (const [bundle, exe] of [['dist/mesh-cni.cjs', 'dist/bin/mesh-cni'], ['dist/mesh-validation.cjs', 'dist/mesh-validation']] as const) {
     if (!existsSync(path.join(root, bundle))) continue;
     const built = buildSea({ root, main: path.join(root, bundle), out: path.join(root, exe), mode });
     console.log(`build: ${exe} (SEA, ${mode}${built ? '' : ', up to date'})`);

@@ -43,6 +43,7 @@ process.exitCode = await main([
   `--cni-binaries-dir=${binariesDir}`,
   `--service-account-dir=${saDir}`,
   `--log-uds-address=${path.join(sandbox, 'run/mesh-cni/log.sock')}`,
-  `--pod-lookup-uds-address=${path.join(sandbox, 'run/mesh-cni/pods.sock')}`,
+  // No API server here to watch pods from: the plugin would read them from one itself.
+  '--pod-lookup-uds-address=',
   ...process.argv.slice(2),
 ], { KUBERNETES_SERVICE_HOST: '127.0.0.1', KUBERNETES_SERVICE_PORT: '6443', NODE_NAME: 'sandbox-node', ...process.env });

@@ -1,7 +1,7 @@
 // Node 24 single executable applications for the binaries that run on the node itself, where no
 // Node.js is installed: dist/bin/mesh-cni (run by the container runtime) and
-// dist/bin/mesh-validation. install-cni copies every file of --cni-binaries-dir (dist/bin in
-// dev) into the host's CNI bin dir.
+// dist/mesh-validation (the pods' init container). install-cni copies every file of
+// --cni-binaries-dir (dist/bin in dev) into the host's CNI bin dir, so only the plugin is there.
 //
 // Steps (nodejs.org/api/single-executable-applications.html): a preparation blob from the
 // bundle (`node --experimental-sea-config`), a copy of this node binary, the blob injected with

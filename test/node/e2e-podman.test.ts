@@ -53,7 +53,7 @@ function rulesIn(netnsPath: string): string {
 }
 
 function validate(netnsPath: string): Promise<Run> {
-  return run('nsenter', [`--net=${netnsPath}`, '--', path.join(ROOT, 'dist/bin/mesh-validation'), '--termination-log', '/nonexistent/termination-log'], { timeoutMs: 30_000 });
+  return run('nsenter', [`--net=${netnsPath}`, '--', path.join(ROOT, 'dist/mesh-validation'), '--termination-log', '/nonexistent/termination-log'], { timeoutMs: 30_000 });
 }
 
 function primaryConflist(network: string, bridge: string, ipamDir: string): string {
@@ -168,7 +168,7 @@ function nodeSuite(mode: 'label' | 'delete'): void {
     });
 
     it(`redirects the pods started after install-cni is ready, ${mode}s the one that raced it, and uninstalls cleanly`, async () => {
-      for (const bin of ['dist/bin/mesh-cni', 'dist/bin/mesh-validation']) assert.ok(existsSync(path.join(ROOT, bin)), `${bin} is missing: run npm run build first`);
+      for (const bin of ['dist/bin/mesh-cni', 'dist/mesh-validation']) assert.ok(existsSync(path.join(ROOT, bin)), `${bin} is missing: run npm run build first`);
       const early = `${TAG}-early`;
       const late = `${TAG}-late`;
       api.upsertPod(podNamed(early));

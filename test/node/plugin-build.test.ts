@@ -12,7 +12,7 @@ import { Netns, run } from '../helpers/netns.ts';
 import { pluginConfig, tempDir } from '../helpers/plugin.ts';
 
 const BUNDLES = ['dist/mesh-cni.cjs', 'dist/mesh-validation.cjs'];
-const SEAS = ['dist/bin/mesh-cni', 'dist/bin/mesh-validation'];
+const SEAS = ['dist/bin/mesh-cni', 'dist/mesh-validation'];
 
 describe('plugin build', () => {
   const tmp = tempDir();
@@ -42,7 +42,7 @@ describe('plugin build', () => {
     });
     assert.equal(r.status, 0, r.stderr);
     assert.deepEqual(JSON.parse(r.stdout), { cniVersion: '0.4.0', supportedVersions: ['0.3.0', '0.3.1', '0.4.0', '1.0.0', '1.1.0'] });
-    const v = spawnSync(path.join(ROOT, 'dist/bin/mesh-validation'), ['--help'], { env: { PATH: tmp.dir }, encoding: 'utf8' });
+    const v = spawnSync(path.join(ROOT, 'dist/mesh-validation'), ['--help'], { env: { PATH: tmp.dir }, encoding: 'utf8' });
     assert.equal(v.status, 0, v.stderr);
     assert.match(v.stdout, /Usage: mesh-validation/);
   });
