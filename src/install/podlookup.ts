@@ -172,7 +172,15 @@ export async function startPodLookup(settings: Settings, opts: PodLookupOptions 
     socket.on('data', (chunk: Buffer) => lines.push(chunk));
   });
   server.maxConnections = opts.maxConnections;
-  const close = await listenUnix(server, address, 'pod lookups', '--pod-lookup-uds-address');
+  let close: () => Promise<void>;
+  try {
+    close = await listenUnix(server, address, 'pod lookups', '--pod-lookup-uds-address');
+  } catch (e) {
+    // A speed-up, not a duty: without it the plugin reads pods from the API server itself.
+    log.error('cannot serve pod lookups; the plugin will read pods from the API server', { error: (e as Error).message });
+    await pods.stop();
+    return { ...disabledComponent('pod-lookup'), status: () => ({ enabled: false, error: (e as Error).message }) };
+  }
   log.info('serving pod lookups to the plugin', { path: address, node: nodeName });
   return {
     name: 'pod-lookup',

@@ -100,6 +100,15 @@ describe('pod lookups served by the agent', () => {
     assert.match(text, /mesh_cni_pod_lookups_total\{result="bad_request"\} [1-9]/);
   });
 
+  it('keeps the agent running, without the speed-up, when its socket cannot be made', async () => {
+    const { writeFileSync } = await import('node:fs');
+    const notASocket = path.join(tmp.dir, 'run/regular-file');
+    writeFileSync(notASocket, 'not a socket');
+    const orchconfig = api.writeOrchconfig(path.join(tmp.dir, 'agent-orchconfig-2'));
+    const c = await startPodLookup(buildSettings({ 'pod-lookup-uds-address': notASocket, orchconfig }, { NODE_NAME: 'node-1' }));
+    assert.match(String((c.status() as { error: string }).error), /it exists and is not a socket/);
+  });
+
   it('is off without a node name (no cluster-wide watch from every node)', async () => {
     const c = await startPodLookup(buildSettings({ 'pod-lookup-uds-address': path.join(tmp.dir, 'x.sock') }, {}));
     assert.deepEqual(c.status(), { enabled: false });
