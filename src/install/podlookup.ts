@@ -107,10 +107,14 @@ export class NodePods {
     await this.#source.stop();
   }
 
-  /** The pod, waiting up to `waitMs` for it; null when it did not come. */
+  /**
+   * The pod, waiting up to `waitMs` for it; null when it did not come. Only a live watch is
+   * waited on: while it is down, a miss at once lets the plugin ask the API server sooner.
+   */
   lookup(req: Request, waitMs: number): Promise<V1Pod | null> {
     const cached = this.#byKey.get(`${req.namespace}/${req.name}`);
     if (cached && matches(cached, req)) return Promise.resolve(cached);
+    if (this.#source.status().state !== 'watching') return Promise.resolve(null);
     return new Promise((resolve) => {
       const waiter = {
         req,

@@ -84,13 +84,19 @@ describe('pod lookups served by the agent', () => {
     assert.ok('pod' in (await ask('shop', 'cart-1')));
   });
 
-  it('still answers from the watch while the API server is down', async () => {
+  it('still answers from the watch while the API server is down, and misses at once what it lacks', async () => {
     await api.stop();
     try {
+      api.closeWatches();
+      await eventually(() => (lookup.status() as { state: string }).state !== 'watching', 'the watch to notice');
       assert.ok('pod' in (await ask('shop', 'cart-1')));
+      const t0 = Date.now();
+      assert.ok('miss' in (await ask('shop', 'unknown-pod')));
+      assert.ok(Date.now() - t0 < 250, 'no wait on a watch that is down');
     } finally {
       await api.start();
     }
+    await eventually(() => (lookup.status() as { state: string }).state === 'watching', 'the watch back', 20_000);
   });
 
   it('counts hits and misses', async () => {
