@@ -1,15 +1,19 @@
-// The install-cni process: logging, the monitoring server, the plugin log server, the installer,
-// the repair controller and ControlZ, started in that order and stopped in reverse on
-// SIGTERM/SIGINT.
+// The install-cni process: logging, the monitoring server, the plugin log server, the repair
+// controller, the plugin's pod lookup, the installer and ControlZ, started in that order and
+// stopped in reverse on SIGTERM/SIGINT. The pod lookup is up before the installer puts the
+// plugin in place (else the first pods' lookups go to the API server), and reads the repair
+// controller's watch when that is a watch of exactly this node's pods: one watch per node.
 
 import type { Component } from './component.ts';
 import type { Settings } from './config/settings.ts';
 import { startInstaller } from './install/index.ts';
-import { startPodLookup } from './install/podlookup.ts';
+import { DEFAULT_POD_LOOKUP, startPodLookup } from './install/podlookup.ts';
+import type { PodSource } from './orch/podsource.ts';
 import { startControlz } from './monitoring/ctrlz.ts';
 import { configureLogging, scope } from './monitoring/logging.ts';
 import { startPluginLogServer } from './monitoring/logserver.ts';
 import { startMonitoringServer, type Readiness } from './monitoring/server.ts';
+import { podQuery, RepairController } from './repair/controller.ts';
 import { startRepair } from './repair/index.ts';
 
 const log = scope('default');
@@ -29,9 +33,10 @@ export async function runAgent(settings: Settings): Promise<number> {
   const monitoring = await startMonitoringServer({ port: settings.monitoring.port, readiness });
   try {
     components.push(await startPluginLogServer(settings));
-    components.push(await startPodLookup(settings));
+    const repair = await startRepair(settings);
+    components.push(repair);
+    components.push(await startPodLookup(settings, DEFAULT_POD_LOOKUP, nodePodWatch(settings, repair)));
     components.push(await startInstaller(settings));
-    components.push(await startRepair(settings));
     components.push(await startControlz(settings, { components: () => components }));
     started = true;
     log.info('install-cni started', { components: components.map((c) => c.name) });
@@ -56,4 +61,11 @@ async function stopAll(components: readonly Component[], signal: NodeJS.Signals)
       log.error(`stopping ${c.name} failed`, { error: e instanceof Error ? e.message : String(e) });
     }
   }
+}
+
+/** The repair controller's watch, when it watches exactly the pods of this node. */
+function nodePodWatch(settings: Settings, repair: Component): PodSource | undefined {
+  if (!(repair instanceof RepairController) || settings.env.nodeName === '') return undefined;
+  const q = podQuery(settings.repair);
+  return q.fieldSelector === `spec.nodeName=${settings.env.nodeName}` && q.labelSelector === '' ? repair.podSource : undefined;
 }

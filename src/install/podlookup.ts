@@ -64,35 +64,41 @@ function parseRequest(line: Buffer): Request | null {
 /** The watch of this node's pods, with lookups that can wait a moment for a pod to arrive. */
 export class NodePods {
   readonly #source: PodSource;
+  readonly #ownsSource: boolean;
   readonly #waiters = new Set<{ req: Request; done: (pod: V1Pod) => void }>();
   readonly #byKey = new Map<string, V1Pod>();
 
-  constructor(api: OrchApi, nodeName: string) {
-    this.#source = new PodSource(
-      api,
-      {
-        upsert: (pod) => {
-          this.#byKey.set(`${pod.metadata?.namespace}/${pod.metadata?.name}`, pod);
-          for (const w of this.#waiters) if (matches(pod, w.req)) w.done(pod);
-        },
-        remove: (pod) => this.#byKey.delete(`${pod.metadata?.namespace}/${pod.metadata?.name}`),
+  /** Reads `source`; stops it on stop() only if `owns` (else whoever runs it does). */
+  constructor(source: PodSource, owns: boolean) {
+    this.#source = source;
+    this.#ownsSource = owns;
+    source.addHandler({
+      upsert: (pod) => {
+        this.#byKey.set(`${pod.metadata?.namespace}/${pod.metadata?.name}`, pod);
+        for (const w of this.#waiters) if (matches(pod, w.req)) w.done(pod);
       },
-      {
-        query: { fieldSelector: `spec.nodeName=${nodeName}`, labelSelector: '' },
-        pageSize: 500,
-        requestTimeoutMs: 30_000,
-        watchTimeoutSeconds: 300,
-        silenceTimeoutMs: 120_000,
-        healthyAfterMs: 10_000,
-        backoff: { baseMs: 1000, maxMs: 30_000 },
-        clock: realClock,
-        logScope: 'install',
-      },
-    );
+      remove: (pod) => this.#byKey.delete(`${pod.metadata?.namespace}/${pod.metadata?.name}`),
+    });
+  }
+
+  /** A watch of its own on the pods of `nodeName`. */
+  static watching(api: OrchApi, nodeName: string): NodePods {
+    const source = new PodSource(api, null, {
+      query: { fieldSelector: `spec.nodeName=${nodeName}`, labelSelector: '' },
+      pageSize: 500,
+      requestTimeoutMs: 30_000,
+      watchTimeoutSeconds: 300,
+      silenceTimeoutMs: 120_000,
+      healthyAfterMs: 10_000,
+      backoff: { baseMs: 1000, maxMs: 30_000 },
+      clock: realClock,
+      logScope: 'install',
+    });
+    return new NodePods(source, true);
   }
 
   start(): void {
-    this.#source.start();
+    if (this.#ownsSource) this.#source.start();
   }
 
   get synced(): Promise<void> {
@@ -100,11 +106,11 @@ export class NodePods {
   }
 
   status(): Record<string, unknown> {
-    return { ...this.#source.status(), waiting: this.#waiters.size };
+    return { ...this.#source.status(), sharedWatch: !this.#ownsSource, waiting: this.#waiters.size };
   }
 
   async stop(): Promise<void> {
-    await this.#source.stop();
+    if (this.#ownsSource) await this.#source.stop();
   }
 
   /**
@@ -134,7 +140,11 @@ function matches(pod: V1Pod, req: Request): boolean {
   return pod.metadata?.namespace === req.namespace && pod.metadata?.name === req.name && (req.uid === '' || pod.metadata?.uid === req.uid);
 }
 
-export async function startPodLookup(settings: Settings, opts: PodLookupOptions = DEFAULT_POD_LOOKUP, api?: OrchApi): Promise<Component> {
+/**
+ * Serves pod lookups. `shared`: a watch of exactly this node's pods already running in the agent
+ * (the repair controller's, when it has no extra selectors), read instead of a second one.
+ */
+export async function startPodLookup(settings: Settings, opts: PodLookupOptions = DEFAULT_POD_LOOKUP, shared?: PodSource): Promise<Component> {
   const address = settings.install.podLookupUdsAddress;
   const nodeName = settings.env.nodeName;
   if (address === '') return disabledComponent('pod-lookup');
@@ -143,7 +153,7 @@ export async function startPodLookup(settings: Settings, opts: PodLookupOptions 
     log.warn('NODE_NAME is not set: the plugin will read pods from the API server itself', { address });
     return disabledComponent('pod-lookup');
   }
-  const pods = new NodePods(api ?? clientNodeApi(orchKubeConfig(settings)), nodeName);
+  const pods = shared ? new NodePods(shared, false) : NodePods.watching(clientNodeApi(orchKubeConfig(settings)), nodeName);
   pods.start();
   const sockets = new Set<net.Socket>();
   const server = net.createServer((socket) => {

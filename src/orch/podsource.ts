@@ -49,7 +49,7 @@ const podKey = (p: V1Pod) => `${p.metadata?.namespace ?? ''}/${p.metadata?.name 
 export class PodSource {
   readonly #api: OrchApi;
   readonly #o: PodSourceOptions;
-  readonly #handler: PodHandler;
+  readonly #handlers: PodHandler[];
   readonly #log: Logger;
   readonly #cache = new Map<string, V1Pod>();
   readonly #stop = new AbortController();
@@ -63,15 +63,22 @@ export class PodSource {
   /** Resolves after the first complete list. */
   readonly synced = new Promise<void>((r) => (this.#synced = r));
 
-  constructor(api: OrchApi, handler: PodHandler, o: PodSourceOptions) {
+  /** `handler` gets every pod added, changed or gone; null when readers come by addHandler. */
+  constructor(api: OrchApi, handler: PodHandler | null, o: PodSourceOptions) {
     this.#api = api;
-    this.#handler = handler;
+    this.#handlers = handler ? [handler] : [];
     this.#o = o;
     this.#log = scope(o.logScope);
   }
 
   start(): void {
     this.#loop ??= this.#run();
+  }
+
+  /** Another reader of the same watch (one watch per node, not one per reader); gets the cache first. */
+  addHandler(handler: PodHandler): void {
+    this.#handlers.push(handler);
+    for (const p of this.#cache.values()) handler.upsert(p);
   }
 
   async stop(): Promise<void> {
@@ -157,12 +164,12 @@ export class PodSource {
     for (const [k, old] of this.#cache) {
       if (!seen.has(k)) {
         this.#cache.delete(k);
-        this.#handler.remove(old);
+        for (const h of this.#handlers) h.remove(old);
       }
     }
     for (const [k, p] of seen) {
       this.#cache.set(k, p);
-      this.#handler.upsert(p);
+      for (const h of this.#handlers) h.upsert(p);
     }
     this.#o.onCacheSize?.(this.#cache.size);
     this.#resourceVersion = rv;
@@ -216,10 +223,10 @@ export class PodSource {
         const k = podKey(pod);
         if (type === 'DELETED') {
           this.#cache.delete(k);
-          this.#handler.remove(pod);
+          for (const h of this.#handlers) h.remove(pod);
         } else {
           this.#cache.set(k, pod);
-          this.#handler.upsert(pod);
+          for (const h of this.#handlers) h.upsert(pod);
         }
         this.#o.onCacheSize?.(this.#cache.size);
       };

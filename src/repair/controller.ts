@@ -163,6 +163,11 @@ export class RepairController implements Component {
     return this.#mode;
   }
 
+  /** The watch of the pods repair looks at, for others who need the same pods. */
+  get podSource(): PodSource {
+    return this.#source;
+  }
+
   /** Resolves after the first full list (tests and the benchmark wait on it). */
   get synced(): Promise<void> {
     return this.#source.synced;

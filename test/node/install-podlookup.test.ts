@@ -13,7 +13,8 @@ import { startPodLookup } from '../../src/install/podlookup.ts';
 import { configureLogging } from '../../src/monitoring/logging.ts';
 import { registry } from '../../src/monitoring/metrics.ts';
 import { startTestApiServer, type TestApiServer } from '../helpers/apiserver.ts';
-import { eventually } from '../helpers/hosttree.ts';
+import { spawnAgent } from '../helpers/agent.ts';
+import { eventually, makeHostTree } from '../helpers/hosttree.ts';
 import { BridgeNetwork, Netns, type ChainEnv } from '../helpers/netns.ts';
 import { k8sArgs, meshCni, meshPod, pluginConfig, tempDir } from '../helpers/plugin.ts';
 
@@ -168,5 +169,39 @@ describe('mesh-cni ADD with the agent answering the pod lookup', () => {
     assert.equal(add.code, 0, add.stdout + add.stderr);
     assert.match(ns.exec(['iptables-nft-save', '-t', 'nat']), /-A MESH_REDIRECT -p tcp -j REDIRECT --to-ports 15001/);
     assert.equal(gets, 1);
+  });
+});
+
+describe('one watch of the node pods per agent', () => {
+  const cleanups: (() => Promise<unknown>)[] = [];
+  after(async () => {
+    for (const c of cleanups.reverse()) await c().catch(() => {});
+  });
+
+  async function agentWith(repairFlags: Record<string, string>): Promise<{ api: TestApiServer; socket: string; agent: ReturnType<typeof spawnAgent> }> {
+    const api = await startTestApiServer();
+    cleanups.push(() => api.close());
+    api.upsertPod(onNode('shop', 'cart-1', 'node-1'));
+    const tree = await makeHostTree({ token: api.token, ca: api.caPem });
+    cleanups.push(() => tree.remove());
+    const agent = spawnAgent(tree, { 'repair-enabled': 'true', 'repair-label-pods': 'true', ...repairFlags }, { KUBERNETES_SERVICE_HOST: api.host, KUBERNETES_SERVICE_PORT: String(api.port), NODE_NAME: 'node-1' });
+    cleanups.push(() => agent.stop('SIGKILL'));
+    await agent.waitForLog((r) => r.msg === 'serving pod lookups to the plugin', 'the pod lookup');
+    return { api, socket: tree.flags['pod-lookup-uds-address']!, agent };
+  }
+
+  it('reads the repair controller\'s watch when it watches exactly this node', async () => {
+    const { api, socket } = await agentWith({});
+    const r = await podFromAgent(socket, { namespace: 'shop', name: 'cart-1', uid: '' }, 5000);
+    assert.ok('pod' in r, JSON.stringify(r));
+    await eventually(() => api.openWatches() >= 1, 'a watch');
+    assert.equal(api.openWatches(), 1);
+    assert.equal(api.requests.filter((q) => q.method === 'GET' && q.path === '/api/v1/pods' && !q.query.includes('watch=true')).length, 1, 'one list');
+  });
+
+  it('keeps a watch of its own when repair watches a narrower set', async () => {
+    const { api, socket } = await agentWith({ 'repair-label-selectors': 'app=web' });
+    assert.ok('pod' in (await podFromAgent(socket, { namespace: 'shop', name: 'cart-1', uid: '' }, 5000)));
+    await eventually(() => api.openWatches() === 2, 'two watches');
   });
 });
