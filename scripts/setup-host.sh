@@ -24,6 +24,7 @@ needs=(
   hyperfine:hyperfine
   chromium:chromium
   kubectl:kubernetes-client
+  openssl:openssl
 )
 
 missing=()
