@@ -8,7 +8,7 @@ import path from 'node:path';
 import type { EnvironmentFacts, InstallSettings } from '../config/settings.ts';
 import { removeFile, writeFileAtomic } from './atomicfile.ts';
 import { BinaryInstaller } from './binaries.ts';
-import { choosePrimary, CniConfigError, isConfigFile, standaloneConflist, withOurEntry, withoutOurEntry, type JsonObject } from './cniconfig.ts';
+import { choosePrimary, CniConfigError, isConfigFile, PLUGIN_TYPE, standaloneConflist, withOurEntry, withoutOurEntry, type JsonObject } from './cniconfig.ts';
 import { renderOrchconfig } from './orchconfig.ts';
 import { DEFAULT_TEMPLATE, renderEntry } from './template.ts';
 
@@ -52,6 +52,8 @@ interface Original {
 }
 
 const sha256 = (s: string) => createHash('sha256').update(s).digest('hex');
+
+const isFile = (file: string) => fs.stat(file).then((st) => st.isFile(), () => false);
 
 async function readIfExists(file: string): Promise<string | null> {
   try {
@@ -113,7 +115,17 @@ export class Reconciler {
       fail('template_invalid', (e as Error).message);
     }
     let primary: string | null = null;
-    if (entry) {
+    // An entry the runtime cannot run would fail every pod of the node, excluded namespaces
+    // too: put it in only once the plugin and its orchconfig are on the node (one already there
+    // stays, failing pods closed, rather than letting them start unredirected).
+    const plugin = path.join(this.s.mountedCniBinDir, PLUGIN_TYPE);
+    const orchconfig = path.join(this.netDir, this.s.orchcfgFileName);
+    const missing: string[] = [];
+    if (!(await isFile(plugin))) missing.push(plugin);
+    if (!(await isFile(orchconfig))) missing.push(orchconfig);
+    if (entry && missing.length > 0) {
+      notReady.push(`not adding our entry to the CNI config until ${missing.join(' and ')} ${missing.length > 1 ? 'are' : 'is'} in place`);
+    } else if (entry) {
       try {
         primary = this.s.chained ? await this.syncChained(entry, writes, notReady, fail) : await this.syncStandalone(entry, writes);
       } catch (e) {

@@ -223,6 +223,27 @@ describe('installer', () => {
     assert.deepEqual(plugins(path.join(tree.netDir, '10-bridge.conflist')), ['bridge', 'mesh-cni']);
   });
 
+  it('adds no entry the runtime could not run: not before the plugin binary and the orchconfig are there', async () => {
+    const { installer, tree } = await startInstaller({}, {}, async (t) => {
+      await fs.writeFile(path.join(t.netDir, '10-bridge.conflist'), BRIDGE_CONFLIST);
+      await fs.rm(path.join(t.binariesDir, 'mesh-cni'));
+      await fs.rm(path.join(t.saDir, 'token'));
+    });
+    const file = path.join(tree.netDir, '10-bridge.conflist');
+    const reasons = installer.notReadyReasons().join('\n');
+    assert.match(reasons, /no binaries to install/);
+    assert.match(reasons, /not adding our entry to the CNI config until .*mesh-cni and .*ZZZ-mesh-cni-orchconfig are in place/);
+    assert.equal(read(file), BRIDGE_CONFLIST, 'primary untouched');
+    await fs.writeFile(path.join(tree.binariesDir, 'mesh-cni'), '#!/bin/sh\necho v2\n', { mode: 0o755 });
+    installer.schedule('periodic');
+    await installer.settled();
+    assert.equal(read(file), BRIDGE_CONFLIST, 'still untouched without the orchconfig');
+    assert.match(installer.notReadyReasons().join('\n'), /until .*ZZZ-mesh-cni-orchconfig is in place/);
+    await fs.symlink('..data/token', path.join(tree.saDir, 'token'));
+    await eventually(() => installer.notReadyReasons().length === 0, 'ready once both are there');
+    assert.deepEqual(plugins(file), ['bridge', 'mesh-cni']);
+  });
+
   it('standalone mode writes our own conflist', async () => {
     const { tree } = await startInstaller({ 'chained-cni-plugin': 'false' });
     const own = JSON.parse(read(path.join(tree.netDir, 'YY-mesh-cni.conflist'))) as { name: string; plugins: { type: string }[] };
