@@ -10,7 +10,7 @@ import { startInstaller } from './install/index.ts';
 import { DEFAULT_POD_LOOKUP, startPodLookup } from './install/podlookup.ts';
 import type { PodSource } from './orch/podsource.ts';
 import { startControlz } from './monitoring/ctrlz.ts';
-import { configureLogging, scope } from './monitoring/logging.ts';
+import { closeLogging, configureLogging, scope } from './monitoring/logging.ts';
 import { startPluginLogServer } from './monitoring/logserver.ts';
 import { startMonitoringServer, type Readiness } from './monitoring/server.ts';
 import { podQuery, RepairController } from './repair/controller.ts';
@@ -50,6 +50,8 @@ export async function runAgent(settings: Settings): Promise<number> {
     return 1;
   } finally {
     await monitoring.close();
+    // Flush and close log files (the entry point exits right after).
+    await closeLogging();
   }
 }
 

@@ -67,11 +67,24 @@ export function parseFileMode(flag: string, value: string): number {
 
 const DURATION_UNITS: Record<string, number> = { ns: 1e-6, us: 1e-3, 'µs': 1e-3, ms: 1, s: 1000, m: 60_000, h: 3_600_000 };
 
-/** A Go-style duration ("100ms", "5s", "1m30s") in milliseconds. */
-export function parseDuration(flag: string, value: string, opts: { min?: number } = {}): number {
+/** Longest timer Node.js keeps (longer ones fire after 1 ms). */
+export const MAX_TIMER_MS = 2 ** 31 - 1;
+
+/** A Go-style duration ("100ms", "5s", "1m30s") in milliseconds, within [min, max]. */
+export function parseDuration(flag: string, value: string, opts: { min?: number; max?: number } = {}): number {
   const v = value.trim();
   const bad = () => new ConfigError(flag, value, 'expected a duration such as 500ms, 5s or 1m30s');
-  if (v === '0') return 0;
+  const total = v === '0' ? 0 : sumDuration(v, bad);
+  if (opts.min !== undefined && total < opts.min) {
+    throw new ConfigError(flag, value, `expected a duration of at least ${opts.min}ms`);
+  }
+  if (opts.max !== undefined && total > opts.max) {
+    throw new ConfigError(flag, value, `expected a duration of at most ${opts.max}ms`);
+  }
+  return total;
+}
+
+function sumDuration(v: string, bad: () => ConfigError): number {
   const re = /(\d+(?:\.\d+)?)(ns|us|µs|ms|s|m|h)/gy;
   let total = 0;
   let matched = 0;
@@ -80,9 +93,6 @@ export function parseDuration(flag: string, value: string, opts: { min?: number 
     matched = re.lastIndex;
   }
   if (matched !== v.length || v.length === 0 || !Number.isFinite(total)) throw bad();
-  if (opts.min !== undefined && total < opts.min) {
-    throw new ConfigError(flag, value, `expected a duration of at least ${opts.min}ms`);
-  }
   return total;
 }
 

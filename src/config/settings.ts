@@ -3,7 +3,7 @@
 
 import path from 'node:path';
 import { CLEANUP_MODES, FLAGS, LOG_LEVELS, LOG_SCOPES, type CleanupMode, type FlagSpec, type LogLevel, type LogScope } from './flags.ts';
-import { ConfigError, ConfigErrors, parseBool, parseDuration, parseEnum, parseFileMode, parseInt10, parseList } from './parse.ts';
+import { ConfigError, ConfigErrors, MAX_TIMER_MS, parseBool, parseDuration, parseEnum, parseFileMode, parseInt10, parseList } from './parse.ts';
 import { isLabelKey, isLabelValue, parseFieldSelector, parseLabelSelector } from '../orch/selectors.ts';
 
 export interface InstallSettings {
@@ -193,7 +193,7 @@ export function buildSettings(flags: RawFlags, env: Env): Settings {
     podLookupUdsAddress: absOrEmpty('pod-lookup-uds-address'),
     excludeNamespaces: get('exclude-namespaces', (_s, v) => parseList(v), []),
     cleanupOnExit: get('cleanup-on-exit', (s, v) => parseEnum(s, v, CLEANUP_MODES), 'auto'),
-    reconcileIntervalMs: get('reconcile-interval', (s, v) => parseDuration(s, v, { min: 100 }), 5000),
+    reconcileIntervalMs: get('reconcile-interval', (s, v) => parseDuration(s, v, { min: 100, max: MAX_TIMER_MS }), 5000),
   };
   if (install.skipTlsVerify && install.orchCaFile !== '') {
     errors.push(new ConfigError('--skip-tls-verify', 'true', 'cannot be combined with --orch-ca-file; choose one way to trust the API server'));

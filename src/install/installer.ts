@@ -87,9 +87,11 @@ export class Installer implements Component {
       this.pending = trigger;
       return;
     }
-    this.running = this.loop(trigger).finally(() => {
-      this.running = null;
-    });
+    this.running = this.loop(trigger)
+      .catch((e: unknown) => log.error('reconcile loop failed; the next trigger runs it again', { error: (e as Error).message }))
+      .finally(() => {
+        this.running = null;
+      });
   }
 
   /** Resolves once no pass is running or pending: for tests and benchmarks. */
@@ -129,6 +131,8 @@ export class Installer implements Component {
     const malformed = outcome.problems.some((p) => p.reason === 'primary_malformed');
     if (!malformed || this.lastMalformed) this.report(outcome);
     this.lastMalformed = malformed;
+    // A pass that was running when stop() came must not arm a retry or a watch again.
+    if (this.stopped) return;
     this.retryOnProblems(outcome);
     // A directory deleted and recreated needs a new watch; the periodic pass notices.
     if (trigger === 'periodic' && this.watcher.refresh()) this.schedule('net_dir');

@@ -100,7 +100,6 @@ export async function startPluginLogServer(settings: Settings, limits: LogServer
   });
   server.maxConnections = limits.maxConnections;
   server.on('drop', () => metrics.connections.inc({ result: 'rejected' }));
-  server.on('error', (e) => log.error('plugin log server failed', { path: address, error: e.message }));
   const close = await listenUnix(server, address, 'plugin logs', '--log-uds-address');
   log.info('plugin log server listening', { path: address });
 

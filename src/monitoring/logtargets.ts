@@ -26,9 +26,24 @@ function fileOutput(file: string): LogOutput {
     const why = (e as NodeJS.ErrnoException).code ?? (e as Error).message;
     throw new ConfigErrors([new ConfigError('--log_target', file, `cannot open it (${why}); give stdout, stderr or a writable file path`)]);
   }
+  let failed = false;
+  dest.on('error', (e: Error) => {
+    // A full disk or a vanished directory must not take the agent down (pino re-emits write
+    // errors, which would throw with no listener): say it once on stderr and stop writing.
+    if (!failed) process.stderr.write(`install-cni: log target ${file} failed: ${e.message}; logging to it stopped\n`);
+    failed = true;
+  });
   return {
-    write: (line) => void dest.write(line),
+    write: (line) => {
+      if (failed) return;
+      try {
+        dest.write(line);
+      } catch (e) {
+        dest.emit('error', e as Error);
+      }
+    },
     close: () => new Promise((resolve) => {
+      if (failed) return resolve();
       dest.once('close', () => resolve());
       dest.end();
     }),

@@ -36,6 +36,8 @@ export async function listenUnix(server: net.Server, address: string, what: stri
     try {
       server.listen(address, () => {
         server.off('error', onError);
+        // Accept errors (EMFILE under fd pressure...) are logged, never fatal to the agent.
+        server.on('error', (e) => log.error(`${what} socket failed`, { path: address, error: e.message }));
         resolve();
       });
     } finally {

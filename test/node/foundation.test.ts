@@ -76,6 +76,8 @@ describe('settings', () => {
     [{ 'ambient-enabled': 'true' }, {}, /ambient mode is not implemented/],
     [{}, { EBPF_ENABLED: 'true' }, /eBPF redirection is not implemented/],
     [{ 'reconcile-interval': '5 parsecs' }, {}, /--reconcile-interval.*duration/],
+    [{}, { RECONCILE_INTERVAL: '0' }, /env RECONCILE_INTERVAL.*at least 100ms/],
+    [{ 'reconcile-interval': '600h' }, {}, /--reconcile-interval.*at most 2147483647ms/],
     [{ 'repair-broken-pod-label-key': 'bad key!' }, {}, /label key/],
     [{ 'cleanup-on-exit': 'sometimes' }, {}, /auto, always, never/],
     [{ 'skip-tls-verify': 'true', 'orch-ca-file': '/ca.crt' }, {}, /cannot be combined/],

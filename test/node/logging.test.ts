@@ -123,6 +123,21 @@ describe('log targets and rotation', () => {
     for (const f of [a, b]) assert.match(readFileSync(f, 'utf8'), /\tinfo\tdefault\tto files\tn=1\n$/);
   });
 
+  it('keeps running when a log file cannot be written (full disk): says so once, logs on elsewhere', () => {
+    const code = [
+      "import { buildSettings } from './src/config/settings.ts';",
+      "import { configureLogging, scope } from './src/monitoring/logging.ts';",
+      "configureLogging(buildSettings({ log_target: 'stdout,/dev/full' }, {}).logging);",
+      "for (let i = 0; i < 3; i++) scope('install').info('line ' + i);",
+      "setTimeout(() => process.stdout.write('alive\\n'), 50);",
+    ].join('\n');
+    const r = spawnSync(process.execPath, ['--input-type=module', '-e', code], { cwd: ROOT, encoding: 'utf8', timeout: 30_000 });
+    assert.equal(r.status, 0, r.stderr);
+    assert.match(r.stdout, /\tinfo\tinstall\tline 2\n/);
+    assert.match(r.stdout, /alive\n$/);
+    assert.equal(r.stderr.match(/log target \/dev\/full failed: .*ENOSPC/g)?.length, 1, r.stderr);
+  });
+
   it('writes to stdout or stderr as --log_target says', () => {
     const code = [
       "import { buildSettings } from './src/config/settings.ts';",
