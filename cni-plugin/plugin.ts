@@ -32,11 +32,18 @@ type Decision = { readonly skip: string } | { readonly spec: RedirectSpec };
 // to 250 ms for a pod its watch has not delivered yet.
 const AGENT_LOOKUP_TIMEOUT_MS = 400;
 
+/** Skips decided from the request alone, before any lookup (the agent's own pods among them). */
+function skipWithoutLookup(req: CniRequest): string | null {
+  if (req.pod === null) return 'CNI_ARGS names no K8S_POD_NAME (not a Kubernetes pod)';
+  if (req.config.excludeNamespaces.includes(req.pod.namespace)) return `namespace ${req.pod.namespace} is excluded`;
+  return null;
+}
+
 /** Pod lookup + skip logic + annotations, shared by ADD and CHECK. */
 async function decide(req: CniRequest, log: UdsLog): Promise<Decision> {
-  const pod = req.pod;
-  if (pod === null) return { skip: 'CNI_ARGS names no K8S_POD_NAME (not a Kubernetes pod)' };
-  if (req.config.excludeNamespaces.includes(pod.namespace)) return { skip: `namespace ${pod.namespace} is excluded` };
+  const early = skipWithoutLookup(req);
+  if (early !== null) return { skip: early };
+  const pod = req.pod!;
   const found = await lookupPod(req, pod, log);
   const why = skipReason(found);
   if (why !== null) return { skip: why };
@@ -111,12 +118,19 @@ function requireNetns(req: CniRequest): void {
 export async function cmdAdd(req: CniRequest, log: UdsLog): Promise<Record<string, unknown>> {
   const result = convertResult(req.config.prevResult, req.config.cniVersion);
   requireNetns(req);
-  // Flavour detection (host iptables-save runs) overlaps the API round trip; both are on the
-  // pod's critical path.
+  const early = skipWithoutLookup(req);
+  if (early !== null) {
+    log.info(`not redirecting: ${early}`, { reason: early });
+    return result;
+  }
+  // Flavour detection (host iptables-save runs, unless remembered) overlaps the pod lookup;
+  // both are on the pod's critical path.
   const flavourP = flavourFor(req, log);
   flavourP.catch(() => { /* awaited below when needed */ });
   const d = await decide(req, log);
   if ('skip' in d) {
+    // A detection under way finishes and is remembered, rather than orphaned at our exit.
+    await flavourP.catch(() => {});
     log.info(`not redirecting: ${d.skip}`, { reason: d.skip });
     return result;
   }
