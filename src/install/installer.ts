@@ -18,6 +18,7 @@ const log = scope('install');
 // primary CNI that writes its file in place can be caught half-written, and the watch may
 // report the whole write as a single event.
 const RETRY_MIN_MS = 5;
+const TEMP_NAME = new RegExp(`[^\\s/'"]*${TEMP_MARKER.replaceAll('.', '\\.')}[\\w-]+`, 'g');
 const RETRY_MAX_MS = 5000;
 
 export interface InstallerOptions {
@@ -151,7 +152,8 @@ export class Installer implements Component {
 
   /** Logs what changed since the last pass only: a problem that persists is said once. */
   private report(outcome: Outcome): void {
-    const key = JSON.stringify([outcome.notReady, outcome.primary]);
+    // Errors about a write name our temp file, whose name is new every pass: not a change.
+    const key = JSON.stringify([outcome.notReady.map((m) => m.replace(TEMP_NAME, '<temp>')), outcome.primary]);
     if (key === this.lastReported) return;
     this.lastReported = key;
     if (outcome.notReady.length === 0) {

@@ -54,6 +54,29 @@ describe('installer on a faulty file system', () => {
     });
   });
 
+  it('read-only bin dir: the error is said once, however many passes retry it', async () => {
+    const tree = await makeHostTree();
+    const lines: string[] = [];
+    configureLogging({ asJson: true, outputLevels: buildSettings({ log_output_level: 'install:error' }, {}).logging.outputLevels }, { write: (l) => void lines.push(l) });
+    mount('-t', 'tmpfs', '-o', 'size=1m,ro', 'mcni-test', tree.binDir);
+    const installer = new Installer(buildSettings({ 'reconcile-interval': '1h', ...tree.flags }, tree.env), { decideCleanup: async () => ({ cleanup: false, why: 'test' }) });
+    try {
+      await fs.writeFile(path.join(tree.netDir, '10-bridge.conflist'), BRIDGE_CONFLIST);
+      await installer.start();
+      for (let i = 0; i < 4; i++) {
+        installer.schedule('periodic');
+        await installer.settled();
+      }
+      assert.match(installer.notReadyReasons().join('\n'), /cannot install mesh-cni into .*EROFS/);
+      assert.equal(lines.filter((l) => l.includes('cannot install mesh-cni')).length, 1, lines.join(''));
+    } finally {
+      await installer.stop('SIGTERM');
+      configureLogging({ asJson: true, outputLevels: buildSettings({ log_output_level: 'all:none' }, {}).logging.outputLevels }, { write: () => {} });
+      execFileSync('umount', [tree.binDir], { stdio: 'pipe' });
+      await tree.remove();
+    }
+  });
+
   it('full net dir: clear error, original intact, no temp file left; recovers when space frees up', async () => {
     await withTmpfsNetDir('64k', async ({ installer, netDir }) => {
       const file = path.join(netDir, '10-bridge.conflist');
