@@ -53,6 +53,13 @@ interface Original {
 
 const sha256 = (s: string) => createHash('sha256').update(s).digest('hex');
 
+/**
+ * Where the record of a .conf we made a .conflist is kept, beside it in the net dir, so an
+ * uninstall after any number of agent restarts (every upgrade is one) can give the .conf back.
+ * Hidden, and no config extension: no runtime reads it.
+ */
+const originalRecord = (conflist: string) => `.${conflist}.mesh-original`;
+
 const isFile = (file: string) => fs.stat(file).then((st) => st.isFile(), () => false);
 
 async function readIfExists(file: string): Promise<string | null> {
@@ -229,7 +236,9 @@ export class Reconciler {
               await removeFile(file);
               writes.push({ file, kind: 'cni_config', action: 'remove' });
             }
-            this.originals.set(rewrite.fileName, { name: primary, text, mode: st.mode & 0o7777, uid: st.uid, gid: st.gid, written: sha256(rewrite.text) });
+            const original: Original = { name: primary, text, mode: st.mode & 0o7777, uid: st.uid, gid: st.gid, written: sha256(rewrite.text) };
+            this.originals.set(rewrite.fileName, original);
+            if (rewrite.replaces) await writeFileAtomic(path.join(this.netDir, originalRecord(rewrite.fileName)), JSON.stringify(original), { mode: 0o600 });
           }
         } catch (e) {
           if (!(e instanceof CniConfigError)) throw e;
@@ -277,8 +286,9 @@ export class Reconciler {
     }
     if (without === null) return;
     const st = await fs.stat(file);
-    const original = this.originals.get(name);
+    const original = this.originals.get(name) ?? (await this.recordedOriginal(name));
     this.originals.delete(name);
+    await removeFile(path.join(this.netDir, originalRecord(name)));
     if (original && original.written === sha256(text)) {
       const back = path.join(this.netDir, original.name);
       await writeFileAtomic(back, original.text, { mode: original.mode, uid: original.uid, gid: original.gid });
@@ -300,6 +310,20 @@ export class Reconciler {
     }
   }
 
+  /** The record a previous run of the agent left for `name`, if any and if it reads. */
+  private async recordedOriginal(name: string): Promise<Original | undefined> {
+    const text = await readIfExists(path.join(this.netDir, originalRecord(name))).catch(() => null);
+    if (text === null) return undefined;
+    try {
+      const o = JSON.parse(text) as Partial<Original>;
+      const ok = typeof o.name === 'string' && o.name !== '' && !o.name.includes('/') && typeof o.text === 'string' && typeof o.written === 'string' &&
+        typeof o.mode === 'number' && typeof o.uid === 'number' && typeof o.gid === 'number';
+      return ok ? (o as Original) : undefined;
+    } catch {
+      return undefined;
+    }
+  }
+
   /** Uninstall: our entry out of every config, our conflist and orchconfig gone, binaries too. */
   async cleanup(opts: { binaries: boolean }): Promise<Write[]> {
     const writes: Write[] = [];
@@ -312,6 +336,8 @@ export class Reconciler {
       }
       await this.takeOut(name, writes);
     }
+    // Records of files no longer as we wrote them are no use to anyone now.
+    for (const name of names) if (name.startsWith('.') && name.endsWith('.mesh-original')) await removeFile(path.join(this.netDir, name));
     const orchconfig = path.join(this.netDir, this.s.orchcfgFileName);
     if (await removeFile(orchconfig)) writes.push({ file: orchconfig, kind: 'orchconfig', action: 'remove' });
     if (opts.binaries) {

@@ -137,6 +137,26 @@ describe('installer', () => {
     assert.equal(statSync(path.join(tree.netDir, '10-flannel.conf')).mode & 0o777, 0o640);
   });
 
+  it('gives the .conf back on an uninstall that comes after restarts (upgrades) of the agent', async () => {
+    const conf = '{"cniVersion":"0.3.1","name":"cbr0","type":"flannel","delegate":{"isDefaultGateway":true}}\n';
+    const tree = await makeHostTree();
+    try {
+      await fs.writeFile(path.join(tree.netDir, '10-flannel.conf'), conf, { mode: 0o640 });
+      const settings = buildSettings({ 'reconcile-interval': '1h', ...tree.flags }, tree.env);
+      for (const [run, cleanup] of [[1, false], [2, false], [3, true]] as const) {
+        const installer = new Installer(settings, { decideCleanup: async () => ({ cleanup, why: `run ${run}` }) });
+        await installer.start();
+        assert.deepEqual(plugins(path.join(tree.netDir, '10-flannel.conflist')), ['flannel', 'mesh-cni'], `run ${run}`);
+        await installer.stop('SIGTERM');
+      }
+      assert.deepEqual((await fs.readdir(tree.netDir)).sort(), ['10-flannel.conf']);
+      assert.equal(read(path.join(tree.netDir, '10-flannel.conf')), conf);
+      assert.equal(statSync(path.join(tree.netDir, '10-flannel.conf')).mode & 0o777, 0o640);
+    } finally {
+      await tree.remove();
+    }
+  });
+
   it('on cleanup leaves the primary exactly as the primary CNI wrote it, and removes orchconfig and binary', async () => {
     const { installer, tree } = await startInstaller({}, {}, async (t) => fs.writeFile(path.join(t.netDir, '10-bridge.conflist'), BRIDGE_CONFLIST));
     await installer.stop('SIGTERM');
