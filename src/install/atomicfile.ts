@@ -21,10 +21,18 @@ export interface WriteOptions {
   /** Owner to keep (the primary CNI's file may belong to someone else). */
   readonly uid?: number;
   readonly gid?: number;
+  /**
+   * Checked just before the rename: false leaves `file` as it is (another writer changed what
+   * our text was computed from while we wrote it; its watch event brings the next pass).
+   */
+  readonly beforeRename?: () => Promise<boolean>;
 }
 
-/** Writes `data` to `file` atomically, with `mode` from the first byte (umask does not apply). */
-export async function writeFileAtomic(file: string, data: string | Uint8Array, opts: WriteOptions): Promise<void> {
+/**
+ * Writes `data` to `file` atomically, with `mode` from the first byte (umask does not apply);
+ * false when `beforeRename` said no and nothing was replaced.
+ */
+export async function writeFileAtomic(file: string, data: string | Uint8Array, opts: WriteOptions): Promise<boolean> {
   const tmp = tempPath(file);
   try {
     const fh = await fs.open(tmp, constants.O_WRONLY | constants.O_CREAT | constants.O_EXCL, 0o600 & opts.mode);
@@ -36,7 +44,12 @@ export async function writeFileAtomic(file: string, data: string | Uint8Array, o
     } finally {
       await fh.close();
     }
+    if (opts.beforeRename && !(await opts.beforeRename())) {
+      await fs.rm(tmp, { force: true });
+      return false;
+    }
     await fs.rename(tmp, file);
+    return true;
   } catch (e) {
     await fs.rm(tmp, { force: true }).catch(() => {});
     throw e;

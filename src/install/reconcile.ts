@@ -229,16 +229,23 @@ export class Reconciler {
           if (rewrite) {
             const st = await fs.stat(file);
             const target = path.join(this.netDir, rewrite.fileName);
-            await writeFileAtomic(target, rewrite.text, { mode: st.mode & 0o7777, uid: st.uid, gid: st.gid });
+            // The primary CNI may rewrite its file while ours is being written: then what we
+            // computed is stale, and putting it in place would undo their change.
+            const unchanged = async () => (await readIfExists(file)) === text;
+            if (!(await writeFileAtomic(target, rewrite.text, { mode: st.mode & 0o7777, uid: st.uid, gid: st.gid, beforeRename: unchanged }))) {
+              notReady.push(`primary CNI config ${file} changed while our entry was being added; doing it again`);
+              return primaryAfter;
+            }
             writes.push({ file: target, kind: 'cni_config', action: 'write' });
-            // The runtime reads the .conf first while both exist: write the conflist, then remove it.
+            const original: Original = { name: primary, text, mode: st.mode & 0o7777, uid: st.uid, gid: st.gid, written: sha256(rewrite.text) };
+            this.originals.set(rewrite.fileName, original);
             if (rewrite.replaces) {
+              // Recorded before the .conf goes, so no kill in between loses its bytes. The
+              // runtime reads the .conf first while both exist: the conflist, then the removal.
+              await writeFileAtomic(path.join(this.netDir, originalRecord(rewrite.fileName)), JSON.stringify(original), { mode: 0o600 });
               await removeFile(file);
               writes.push({ file, kind: 'cni_config', action: 'remove' });
             }
-            const original: Original = { name: primary, text, mode: st.mode & 0o7777, uid: st.uid, gid: st.gid, written: sha256(rewrite.text) };
-            this.originals.set(rewrite.fileName, original);
-            if (rewrite.replaces) await writeFileAtomic(path.join(this.netDir, originalRecord(rewrite.fileName)), JSON.stringify(original), { mode: 0o600 });
           }
         } catch (e) {
           if (!(e instanceof CniConfigError)) throw e;

@@ -7,6 +7,7 @@ import fs from 'node:fs/promises';
 import path from 'node:path';
 import { describe, it } from 'node:test';
 import { buildSettings } from '../../src/config/settings.ts';
+import { writeFileAtomic } from '../../src/install/atomicfile.ts';
 import { Installer } from '../../src/install/installer.ts';
 import { configureLogging } from '../../src/monitoring/logging.ts';
 import { BRIDGE_CONFLIST, eventually, makeHostTree } from '../helpers/hosttree.ts';
@@ -97,5 +98,23 @@ describe('installer on a faulty file system', () => {
       assert.match(readFileSync(file, 'utf8'), /"mesh-cni"/);
       assert.deepEqual(await tempFiles(netDir), []);
     });
+  });
+});
+
+describe('atomic writes', () => {
+  it('leave the target as it was, and no temp file, when the text went stale meanwhile', async () => {
+    const tree = await makeHostTree();
+    try {
+      const file = path.join(tree.netDir, '10-x.conflist');
+      await fs.writeFile(file, 'theirs, newer');
+      const replaced = await writeFileAtomic(file, 'ours, from the older text', { mode: 0o644, beforeRename: async () => false });
+      assert.equal(replaced, false);
+      assert.equal(readFileSync(file, 'utf8'), 'theirs, newer');
+      assert.deepEqual(await tempFiles(tree.netDir), []);
+      assert.equal(await writeFileAtomic(file, 'ours', { mode: 0o600, beforeRename: async () => true }), true);
+      assert.equal(readFileSync(file, 'utf8'), 'ours');
+    } finally {
+      await tree.remove();
+    }
   });
 });
