@@ -4,7 +4,7 @@
 // Ctrl-C stops it and, as no API server can confirm a DaemonSet here, takes the plugin off the
 // sandbox again.
 
-import { existsSync, mkdirSync, readdirSync, writeFileSync } from 'node:fs';
+import fse from 'fs-extra';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { main } from '../src/cmd/install-cni.ts';
@@ -16,28 +16,29 @@ const binDir = path.join(sandbox, 'host/opt/cni/bin');
 const saDir = path.join(sandbox, 'serviceaccount');
 const binariesDir = path.join(root, 'dist/bin');
 
-for (const d of [netDir, binDir, saDir, path.join(sandbox, 'run/mesh-cni')]) mkdirSync(d, { recursive: true });
-if (!readdirSync(netDir).some((n) => /\.(conf|conflist|json)$/.test(n))) {
-  writeFileSync(path.join(netDir, '10-bridge.conflist'), JSON.stringify({
+// fs-extra: the directory tree and sample files, each created only if missing.
+for (const d of [netDir, binDir, saDir, path.join(sandbox, 'run/mesh-cni')]) fse.ensureDirSync(d);
+if (!fse.readdirSync(netDir).some((n) => /\.(conf|conflist|json)$/.test(n))) {
+  fse.outputJsonSync(path.join(netDir, '10-bridge.conflist'), {
     cniVersion: '1.0.0',
     name: 'sandbox-bridge',
     plugins: [
       { type: 'bridge', bridge: 'mcni-sandbox0', isGateway: true, ipMasq: true, ipam: { type: 'host-local', ranges: [[{ subnet: '198.18.100.0/24' }]] } },
       { type: 'portmap', capabilities: { portMappings: true } },
     ],
-  }, null, 2) + '\n');
+  }, { spaces: 2 });
 }
 const files: Record<string, string> = { token: 'sandbox-token', namespace: 'mesh-system', 'ca.crt': '-----BEGIN CERTIFICATE-----\nsandbox\n-----END CERTIFICATE-----\n' };
 for (const [name, content] of Object.entries(files)) {
-  if (!existsSync(path.join(saDir, name))) writeFileSync(path.join(saDir, name), content);
+  if (!fse.pathExistsSync(path.join(saDir, name))) fse.outputFileSync(path.join(saDir, name), content);
 }
-if (!existsSync(path.join(binariesDir, 'mesh-cni'))) {
+if (!fse.pathExistsSync(path.join(binariesDir, 'mesh-cni'))) {
   console.error(`npm start: ${path.join(binariesDir, 'mesh-cni')} is missing; run npm run build first (npm start does)`);
   process.exit(1);
 }
 
 console.error(`sandbox: ${sandbox}\n  primary CNI config: ${netDir}\n  metrics: http://localhost:15014/metrics  readiness: http://localhost:15014/readyz  ControlZ: http://localhost:9876/`);
-process.exitCode = await main([
+process.exit(await main([
   `--mounted-cni-net-dir=${netDir}`,
   `--mounted-cni-bin-dir=${binDir}`,
   `--cni-binaries-dir=${binariesDir}`,
@@ -46,4 +47,4 @@ process.exitCode = await main([
   // No API server here to watch pods from: the plugin would read them from one itself.
   '--pod-lookup-uds-address=',
   ...process.argv.slice(2),
-], { KUBERNETES_SERVICE_HOST: '127.0.0.1', KUBERNETES_SERVICE_PORT: '6443', NODE_NAME: 'sandbox-node', ...process.env });
+], { KUBERNETES_SERVICE_HOST: '127.0.0.1', KUBERNETES_SERVICE_PORT: '6443', NODE_NAME: 'sandbox-node', ...process.env }));
