@@ -4,6 +4,7 @@
 
 import { CniError, CNI_ERROR } from './errors.ts';
 import { isSupportedVersion, LATEST_VERSION, SUPPORTED_VERSIONS } from './result.ts';
+import { isObject } from '../json.ts';
 
 export const COMMANDS = ['ADD', 'DEL', 'CHECK', 'VERSION', 'STATUS', 'GC'] as const;
 export type Command = (typeof COMMANDS)[number];
@@ -51,7 +52,6 @@ export interface CniRequest {
 
 export type Env = Readonly<Record<string, string | undefined>>;
 
-const isObject = (v: unknown): v is Record<string, unknown> => typeof v === 'object' && v !== null && !Array.isArray(v);
 
 /** `K=V;K2=V2`. Every pair must have a key and `=`; values may be empty (podman sends them so). */
 export function parseCniArgs(raw: string): Map<string, string> {

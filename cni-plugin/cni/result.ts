@@ -4,6 +4,7 @@
 // mtu/advmss/priority/table/scope (libcni's types040 / types100 conversions do the same).
 
 import { CniError, CNI_ERROR } from './errors.ts';
+import { isObject } from '../json.ts';
 
 export const SUPPORTED_VERSIONS = ['0.3.0', '0.3.1', '0.4.0', '1.0.0', '1.1.0'] as const;
 export const LATEST_VERSION = '1.1.0';
@@ -12,7 +13,6 @@ export function isSupportedVersion(v: unknown): v is string {
   return typeof v === 'string' && (SUPPORTED_VERSIONS as readonly string[]).includes(v);
 }
 
-const isObject = (v: unknown): v is Record<string, unknown> => typeof v === 'object' && v !== null && !Array.isArray(v);
 const major = (v: string): number => Number(v.split('.')[0]);
 
 function pick(o: Record<string, unknown>, keys: readonly string[]): Record<string, unknown> {

@@ -2,6 +2,7 @@
 // Only what a bearer-token client needs is read: server, CA or skip-verify, token.
 
 import { readFileSync } from 'node:fs';
+import { isObject } from '../json.ts';
 
 export interface OrchAccess {
   /** `https://host:port` (IPv6 hosts in brackets). */
@@ -14,7 +15,6 @@ export interface OrchAccess {
 export class OrchconfigError extends Error {}
 
 type Named<T> = { name?: unknown } & T;
-const isObject = (v: unknown): v is Record<string, unknown> => typeof v === 'object' && v !== null && !Array.isArray(v);
 
 function byName(list: unknown, name: unknown, what: string, file: string): Record<string, unknown> {
   if (!Array.isArray(list)) throw new OrchconfigError(`${file}: ${what}s is not a list`);
