@@ -270,8 +270,9 @@ export class Reconciler {
       await writeFileAtomic(file, text, { mode: CONFIG_MODE });
       writes.push({ file, kind: 'cni_config', action: 'write' });
     }
+    const own = this.ownFiles();
     for (const other of await fs.readdir(this.netDir)) {
-      if (other !== name && isConfigFile(other) && !this.ownFiles().has(other)) await this.takeOut(other, writes);
+      if (other !== name && isConfigFile(other) && !own.has(other)) await this.takeOut(other, writes);
     }
     return name;
   }
