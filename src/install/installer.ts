@@ -135,8 +135,9 @@ export class Installer implements Component {
     // A pass that was running when stop() came must not arm a retry or a watch again.
     if (this.stopped) return;
     this.retryOnProblems(outcome);
-    // A directory deleted and recreated needs a new watch; the periodic pass notices.
-    if (trigger === 'periodic' && this.watcher.refresh()) this.schedule('net_dir');
+    // A directory deleted and recreated needs a new watch. Every pass looks (a stat per dir):
+    // triggers merge while a pass runs, so no one kind of pass can be relied on to come.
+    if (this.watcher.refresh()) this.schedule('net_dir');
   }
 
   private retryOnProblems(outcome: Outcome): void {

@@ -279,7 +279,7 @@ describe('installer', () => {
     assert.match(installer.notReadyReasons().join('\n'), /does not exist/);
     await fs.mkdir(tree.netDir);
     await fs.writeFile(path.join(tree.netDir, '10-bridge.conflist'), BRIDGE_CONFLIST);
-    installer.schedule('periodic'); // the periodic pass notices the new dir and re-arms the watch
+    installer.schedule('periodic'); // a pass notices the new dir and re-arms the watch
     await eventually(() => installer.notReadyReasons().length === 0, 'ready again');
     assert.deepEqual(plugins(path.join(tree.netDir, '10-bridge.conflist')), ['bridge', 'mesh-cni']);
     // And the new watch works: a rewrite is repaired without a periodic pass.
