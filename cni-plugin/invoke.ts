@@ -1,6 +1,8 @@
 // One plugin invocation: CNI_* env + stdin -> stdout text and exit code. Split from main.ts so
 // tests and the benchmark can import it without running it.
 
+import { readSync, writeSync } from 'node:fs';
+import { isatty } from 'node:tty';
 import { CniError, CNI_ERROR } from './cni/errors.ts';
 import { parseCommand, parseConfig, parseRequest, versionOf, type Env } from './cni/protocol.ts';
 import { SUPPORTED_VERSIONS } from './cni/result.ts';
@@ -8,18 +10,33 @@ import { UdsLog } from './log/udslog.ts';
 import { cmdAdd, cmdCheck, cmdDel, cmdStatus } from './plugin.ts';
 
 /**
- * All of stdin, read as a stream: the runtime's pipe may be non-blocking and still empty when we
- * start, where a synchronous read fails with EAGAIN.
+ * All of stdin. Read synchronously while the pipe gives data (no stream set-up on the pod's
+ * critical path); a runtime's pipe may be non-blocking and still empty when we start, where a
+ * read fails with EAGAIN: the rest is then read as a stream, after what was already read.
  */
 async function readStdin(): Promise<string> {
-  if (process.stdin.isTTY) return '';
+  if (isatty(0)) return '';
+  const chunks: Buffer[] = [];
   try {
-    const chunks: Buffer[] = [];
+    for (;;) {
+      const buf = Buffer.allocUnsafe(64 * 1024);
+      const n = readSync(0, buf, 0, buf.length, null);
+      if (n === 0) return Buffer.concat(chunks).toString('utf8');
+      chunks.push(buf.subarray(0, n));
+    }
+  } catch (e) {
+    if ((e as NodeJS.ErrnoException).code !== 'EAGAIN') throw stdinError(e);
+  }
+  try {
     for await (const c of process.stdin) chunks.push(c as Buffer);
     return Buffer.concat(chunks).toString('utf8');
   } catch (e) {
-    throw new CniError(CNI_ERROR.IO_FAILURE, 'cannot read the network config from stdin', (e as Error).message);
+    throw stdinError(e);
   }
+}
+
+function stdinError(e: unknown): CniError {
+  return new CniError(CNI_ERROR.IO_FAILURE, 'cannot read the network config from stdin', (e as Error).message);
 }
 
 export interface Outcome {
@@ -65,5 +82,22 @@ export async function run(env: Env, stdinText: () => string | Promise<string>): 
 
 export async function main(): Promise<void> {
   const out = await run(process.env, readStdin);
-  process.stdout.write(out.stdout, () => process.exit(out.code));
+  writeResult(out.stdout, out.code);
+}
+
+/** Writes the answer with plain write calls (no stream set-up), then exits. */
+function writeResult(text: string, code: number): void {
+  const buf = Buffer.from(text, 'utf8');
+  let off = 0;
+  try {
+    while (off < buf.length) off += writeSync(1, buf, off);
+  } catch (e) {
+    // A full non-blocking pipe: the stream waits for room. Anything else (EPIPE: the runtime
+    // stopped reading) cannot be reported anywhere but the exit code.
+    if ((e as NodeJS.ErrnoException).code === 'EAGAIN') {
+      process.stdout.write(buf.subarray(off), () => process.exit(code));
+      return;
+    }
+  }
+  process.exit(code);
 }

@@ -13,11 +13,19 @@ export interface ExecResult {
 const PATH = [process.env.PATH ?? '', '/usr/local/sbin', '/usr/sbin', '/sbin', '/usr/local/bin', '/usr/bin', '/bin']
   .filter((p) => p !== '').join(':');
 
-export function exec(file: string, args: readonly string[], input: string | null = null, timeoutMs = 10_000): Promise<ExecResult> {
+export interface ExecOptions {
+  /** Written to the child's stdin, then closed; null: no stdin. */
+  readonly input?: string | null;
+  readonly timeoutMs?: number;
+  /** Collect stdout; false saves a pipe on the pod's critical path (iptables-restore prints nothing). */
+  readonly stdout?: boolean;
+}
+
+export function exec(file: string, args: readonly string[], { input = null, timeoutMs = 10_000, stdout: wantStdout = true }: ExecOptions = {}): Promise<ExecResult> {
   // Loaded on first use, like node:https in the pod client (startup snapshot, skipped pods).
   const { spawn } = process.getBuiltinModule('node:child_process');
   return new Promise((resolve) => {
-    const child = spawn(file, args, { stdio: [input === null ? 'ignore' : 'pipe', 'pipe', 'pipe'], env: { ...process.env, PATH } });
+    const child = spawn(file, args, { stdio: [input === null ? 'ignore' : 'pipe', wantStdout ? 'pipe' : 'ignore', 'pipe'], env: { ...process.env, PATH } });
     let stdout = '';
     let stderr = '';
     let error: string | null = null;
@@ -25,7 +33,7 @@ export function exec(file: string, args: readonly string[], input: string | null
       error = `${file} did not finish within ${timeoutMs} ms`;
       child.kill('SIGKILL');
     }, timeoutMs);
-    child.stdout!.setEncoding('utf8').on('data', (d: string) => (stdout += d));
+    child.stdout?.setEncoding('utf8').on('data', (d: string) => (stdout += d));
     child.stderr!.setEncoding('utf8').on('data', (d: string) => (stderr += d));
     child.on('error', (e) => {
       error = `cannot run ${file}: ${e.message}`;

@@ -9,7 +9,7 @@
 import { existsSync } from 'node:fs';
 import { OWNED_TABLES } from '../redirect/constants.ts';
 import type { Family } from '../redirect/net.ts';
-import { exec } from './exec.ts';
+import { exec, type ExecOptions } from './exec.ts';
 
 export type Flavour = 'legacy' | 'nft';
 
@@ -27,7 +27,7 @@ function ruleCount(text: string): number {
 }
 
 export async function detectFlavour(): Promise<Detection> {
-  const save = (bin: string) => exec(bin, [], null, 5000);
+  const save = (bin: string) => exec(bin, [], { timeoutMs: 5000 });
   const [l4, l6, n4, n6] = await Promise.all([
     save('iptables-legacy-save'), save('ip6tables-legacy-save'), save('iptables-nft-save'), save('ip6tables-nft-save'),
   ]);
@@ -54,14 +54,14 @@ function binary(flavour: Flavour, family: Family, what: 'restore' | 'save'): str
 
 export class NetnsError extends Error {}
 
-function nsenter(netns: string, argv: readonly string[], input: string | null) {
-  return exec('nsenter', [`--net=${netns}`, '--', ...argv], input);
+function nsenter(netns: string, argv: readonly string[], options: ExecOptions) {
+  return exec('nsenter', [`--net=${netns}`, '--', ...argv], options);
 }
 
 /** One `iptables-restore` for the whole document (no --noflush: it replaces our tables). */
 export async function restore(netns: string, flavour: Flavour, family: Family, doc: string): Promise<void> {
   const bin = binary(flavour, family, 'restore');
-  const r = await nsenter(netns, [bin, '-w', '5'], doc);
+  const r = await nsenter(netns, [bin, '-w', '5'], { input: doc, stdout: false });
   if (r.error !== null || r.code !== 0) {
     throw new NetnsError(`${bin} in ${netns} failed (exit ${r.code}): ${(r.error ?? r.stderr).trim()}`);
   }
@@ -70,7 +70,7 @@ export async function restore(netns: string, flavour: Flavour, family: Family, d
 /** `ip -batch`; "File exists" (a rule left by an earlier ADD) is success. */
 export async function ipBatch(netns: string, family: Family, lines: readonly string[]): Promise<void> {
   if (lines.length === 0) return;
-  const r = await nsenter(netns, ['ip', `-${family}`, '-force', '-batch', '-'], lines.join('\n') + '\n');
+  const r = await nsenter(netns, ['ip', `-${family}`, '-force', '-batch', '-'], { input: lines.join('\n') + '\n', stdout: false });
   if (r.error !== null) throw new NetnsError(`ip -${family} -batch in ${netns}: ${r.error}`);
   if (r.code !== 0) {
     const real = r.stderr.split('\n').filter((l) => l.trim() !== '' && !/File exists|^Command failed/.test(l));
@@ -80,7 +80,7 @@ export async function ipBatch(netns: string, family: Family, lines: readonly str
 
 export async function save(netns: string, flavour: Flavour, family: Family): Promise<string> {
   const bin = binary(flavour, family, 'save');
-  const r = await nsenter(netns, [bin], null);
+  const r = await nsenter(netns, [bin], {});
   if (r.error !== null || r.code !== 0) throw new NetnsError(`${bin} in ${netns} failed: ${(r.error ?? r.stderr).trim()}`);
   return r.stdout;
 }

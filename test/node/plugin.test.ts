@@ -3,6 +3,8 @@
 // bad input of SPEC §5 for the plugin, and the CNI result conversions.
 
 import assert from 'node:assert/strict';
+import { spawn } from 'node:child_process';
+import { once } from 'node:events';
 import net from 'node:net';
 import path from 'node:path';
 import { after, before, describe, it } from 'node:test';
@@ -12,8 +14,8 @@ import { parseCniArgs, podRefFromArgs } from '../../cni-plugin/cni/protocol.ts';
 import { buildFamilyRules } from '../../cni-plugin/redirect/rules.ts';
 import { specForPod } from '../../cni-plugin/redirect/spec.ts';
 import { startTestApiServer, type TestApiServer } from '../helpers/apiserver.ts';
-import { BridgeNetwork, Netns, type ChainEnv } from '../helpers/netns.ts';
-import { k8sArgs, meshCni, meshPod, pluginConfig, tempDir } from '../helpers/plugin.ts';
+import { BridgeNetwork, cniEnv, Netns, type ChainEnv } from '../helpers/netns.ts';
+import { k8sArgs, MESH_CNI_SOURCE, meshCni, meshPod, pluginConfig, tempDir } from '../helpers/plugin.ts';
 import { diffRules, parseRules } from '../../cni-plugin/netns/iptables.ts';
 
 const PREV_V4 = {
@@ -60,6 +62,23 @@ describe('mesh-cni bad input (no API server needed)', () => {
       assert.equal(r.code, 0, r.stderr);
       assert.deepEqual(JSON.parse(r.stdout), { cniVersion: v, supportedVersions: ['0.3.0', '0.3.1', '0.4.0', '1.0.0', '1.1.0'] });
     }
+  });
+
+  it('reads a config that arrives in two parts, late, on a non-blocking stdin', async () => {
+    // A runtime whose stdin pipe is non-blocking: the first read gives part of the config, the
+    // next one EAGAIN; the rest must still be read, after what was already read. Node's own
+    // spawn makes a child's stdin blocking, so python3 sets O_NONBLOCK and execs the plugin.
+    const setNonblock = 'import fcntl, os, sys; fcntl.fcntl(0, fcntl.F_SETFL, fcntl.fcntl(0, fcntl.F_GETFL) | os.O_NONBLOCK); os.execv(sys.argv[1], sys.argv[1:])';
+    const config = JSON.stringify({ cniVersion: '0.3.1', name: 'late', padding: 'p'.repeat(20_000) });
+    const child = spawn('python3', ['-c', setNonblock, ...MESH_CNI_SOURCE], { env: cniEnv('VERSION', { ...chain, netns: 'dummy' }), stdio: ['pipe', 'pipe', 'pipe'] });
+    let stdout = '';
+    child.stdout.on('data', (d: Buffer) => (stdout += d.toString()));
+    child.stdin.write(config.slice(0, 10_000));
+    const later = setTimeout(() => child.stdin.end(config.slice(10_000)), 500);
+    const [code] = (await once(child, 'close')) as [number | null];
+    clearTimeout(later);
+    assert.equal(code, 0, stdout);
+    assert.equal(JSON.parse(stdout).cniVersion, '0.3.1', 'the whole config was read: the version asked for is answered');
   });
 
   const cases: [string, () => Promise<{ code: number | null; stdout: string }>, number, RegExp][] = [
