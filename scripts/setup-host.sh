@@ -26,6 +26,7 @@ needs=(
   chromium:chromium
   kubectl:kubernetes-client
   openssl:openssl
+  python3:python3
 )
 
 missing=()
