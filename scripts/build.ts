@@ -10,6 +10,7 @@ import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import * as esbuild from 'esbuild';
 import { buildSea, seaModeFrom } from './sea.ts';
+import { slimClientNode } from './slim-client-node.ts';
 
 const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
 const pkg = JSON.parse(readFileSync(path.join(root, 'package.json'), 'utf8')) as { version: string };
@@ -53,6 +54,8 @@ for (const e of entries) {
     // whatwg-url (under client-node's node-fetch) requires Node's deprecated built-in punycode,
     // which prints a DEP0040 warning at every agent start; the userland package is the same code.
     alias: { punycode: 'punycode/' },
+    // The agent: only the parts of client-node it runs (see slim-client-node.ts).
+    plugins: e.format === 'esm' ? [slimClientNode()] : [],
     logLevel: 'warning',
   });
 }

@@ -2,7 +2,8 @@
 // what the image runs) on a sandbox node with the repair controller watching PODS pods of its
 // node on the test API server, waits for it to settle, then for SECONDS seconds rewrites the
 // primary CNI config (the installer puts our entry back) and adds a pod every second. Prints
-// resident memory (now and peak) and CPU from /proc, at start-up and after the churn.
+// resident memory (now, split into anonymous and file-backed pages such as the node binary, and
+// peak) and CPU from /proc, at start-up and after the churn.
 //
 //   npm run build && node scripts/footprint.ts [PODS=200] [SECONDS=30]
 
@@ -25,7 +26,7 @@ function sample(pid: number) {
   const stat = readFileSync(`/proc/${pid}/stat`, 'utf8').split(') ')[1]!.split(' ');
   const status = readFileSync(`/proc/${pid}/status`, 'utf8');
   const kib = (field: string) => Number(new RegExp(`${field}:\\s+(\\d+)`).exec(status)![1]);
-  return { cpuSeconds: (Number(stat[11]) + Number(stat[12])) / CLK_TCK, rssMiB: kib('VmRSS') / 1024, peakRssMiB: kib('VmHWM') / 1024 };
+  return { cpuSeconds: (Number(stat[11]) + Number(stat[12])) / CLK_TCK, rssMiB: kib('VmRSS') / 1024, anonMiB: kib('RssAnon') / 1024, fileMiB: kib('RssFile') / 1024, peakRssMiB: kib('VmHWM') / 1024 };
 }
 
 const api = await startTestApiServer();
@@ -50,8 +51,8 @@ try {
   const end = sample(child.pid!);
   const wall = (Date.now() - t0) / 1000;
   console.table({
-    'after start-up (5 s)': { 'RSS MiB': settled.rssMiB.toFixed(1), 'peak RSS MiB': settled.peakRssMiB.toFixed(1), 'CPU s': settled.cpuSeconds.toFixed(2), 'CPU %': '' },
-    [`after ${seconds} s of churn`]: { 'RSS MiB': end.rssMiB.toFixed(1), 'peak RSS MiB': end.peakRssMiB.toFixed(1), 'CPU s': end.cpuSeconds.toFixed(2), 'CPU %': ((end.cpuSeconds - settled.cpuSeconds) / wall * 100).toFixed(2) },
+    'after start-up (5 s)': { 'RSS MiB': settled.rssMiB.toFixed(1), 'anon MiB': settled.anonMiB.toFixed(1), 'file MiB': settled.fileMiB.toFixed(1), 'peak RSS MiB': settled.peakRssMiB.toFixed(1), 'CPU s': settled.cpuSeconds.toFixed(2), 'CPU %': '' },
+    [`after ${seconds} s of churn`]: { 'RSS MiB': end.rssMiB.toFixed(1), 'anon MiB': end.anonMiB.toFixed(1), 'file MiB': end.fileMiB.toFixed(1), 'peak RSS MiB': end.peakRssMiB.toFixed(1), 'CPU s': end.cpuSeconds.toFixed(2), 'CPU %': ((end.cpuSeconds - settled.cpuSeconds) / wall * 100).toFixed(2) },
   });
   const exited = new Promise((r) => child.once('exit', r));
   child.kill('SIGTERM');

@@ -3,9 +3,10 @@
 // --cleanup-on-exit=auto asks the API server whether our DaemonSet still exists and is not
 // being deleted; when it cannot tell, it cleans up, as the spec says.
 
-import { AppsV1Api, CoreV1Api } from '@kubernetes/client-node';
+import type { V1DaemonSet, V1Pod } from '@kubernetes/client-node';
 import type { Settings } from '../config/settings.ts';
-import { orchKubeConfig, withTimeout } from '../orch/client.ts';
+import { ApiError, apiRequest } from '../orch/api.ts';
+import { orchKubeConfig } from '../orch/client.ts';
 
 export interface CleanupDecision {
   readonly cleanup: boolean;
@@ -13,11 +14,6 @@ export interface CleanupDecision {
 }
 
 const ASK_TIMEOUT_MS = 5000;
-
-function statusCode(e: unknown): number | undefined {
-  const code = (e as { code?: unknown }).code;
-  return typeof code === 'number' ? code : undefined;
-}
 
 export async function decideCleanup(settings: Settings): Promise<CleanupDecision> {
   const mode = settings.install.cleanupOnExit;
@@ -29,14 +25,16 @@ export async function decideCleanup(settings: Settings): Promise<CleanupDecision
   }
   try {
     const kc = orchKubeConfig(settings);
-    const pod = await withTimeout(kc.makeApiClient(CoreV1Api).readNamespacedPod({ name: podName, namespace: podNamespace }), ASK_TIMEOUT_MS, `reading pod ${podNamespace}/${podName}`);
+    const get = <T>(apiPath: string, what: string) => apiRequest<T>(kc, 'GET', apiPath, what, { signal: AbortSignal.timeout(ASK_TIMEOUT_MS) });
+    const ns = encodeURIComponent(podNamespace);
+    const pod = await get<V1Pod>(`/api/v1/namespaces/${ns}/pods/${encodeURIComponent(podName)}`, `reading pod ${podNamespace}/${podName}`);
     const owner = pod.metadata?.ownerReferences?.find((o) => o.kind === 'DaemonSet');
     if (!owner) return { cleanup: true, why: `pod ${podNamespace}/${podName} is not owned by a DaemonSet` };
-    let ds;
+    let ds: V1DaemonSet;
     try {
-      ds = await withTimeout(kc.makeApiClient(AppsV1Api).readNamespacedDaemonSet({ name: owner.name, namespace: podNamespace }), ASK_TIMEOUT_MS, `reading DaemonSet ${podNamespace}/${owner.name}`);
+      ds = await get<V1DaemonSet>(`/apis/apps/v1/namespaces/${ns}/daemonsets/${encodeURIComponent(owner.name)}`, `reading DaemonSet ${podNamespace}/${owner.name}`);
     } catch (e) {
-      if (statusCode(e) === 404) return { cleanup: true, why: `DaemonSet ${podNamespace}/${owner.name} is gone: uninstall` };
+      if (e instanceof ApiError && e.code === 404) return { cleanup: true, why: `DaemonSet ${podNamespace}/${owner.name} is gone: uninstall` };
       throw e;
     }
     if (ds.metadata?.deletionTimestamp) return { cleanup: true, why: `DaemonSet ${podNamespace}/${owner.name} is being deleted: uninstall` };

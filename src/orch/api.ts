@@ -1,19 +1,15 @@
-// The wire: @kubernetes/client-node's CoreV1Api and Watch, wrapped so every call has a deadline,
-// can be cancelled on stop, and fails with one error type that says how to retry.
+// The wire, wrapped so every call has a deadline, can be cancelled on stop, and fails with one
+// error type that says how to retry. @kubernetes/client-node gives the connection: its
+// KubeConfig (orchconfig or in-cluster service account, token re-read as it rotates, CA, client
+// certificates) applied to each request, and its Watch for the event streams. The few calls the
+// agent makes are plain JSON requests here: client-node's generated API classes and models cost
+// ~25 MB of resident memory on every node for five calls (scripts/slim-client-node.ts).
 
-import {
-  CoreV1Api,
-  Observable,
-  PatchStrategy,
-  Watch,
-  setHeaderOptions,
-  type CoreV1Event,
-  type KubeConfig,
-  type ObservableMiddleware,
-  type RequestContext,
-  type ResponseContext,
-  type V1Pod,
-} from '@kubernetes/client-node';
+import http from 'node:http';
+import https from 'node:https';
+import type { CoreV1Event, V1Pod } from '@kubernetes/client-node';
+import type { KubeConfig } from '@kubernetes/client-node/dist/config.js';
+import { Watch } from '@kubernetes/client-node/dist/watch.js';
 
 export type FailureReason = 'throttled' | 'server_error' | 'client_error' | 'unreachable';
 
@@ -85,33 +81,99 @@ export interface OrchApi {
   createEvent(namespace: string, event: CoreV1Event, signal: AbortSignal): Promise<void>;
 }
 
-/** Per-call options that put our deadline/cancel signal on the request (client-node has no timeout of its own). */
-function withSignal(signal: AbortSignal, opts?: ReturnType<typeof setHeaderOptions>) {
-  const middleware: ObservableMiddleware = {
-    pre: (ctx: RequestContext) => {
-      ctx.setSignal(signal);
-      return new Observable(Promise.resolve(ctx));
-    },
-    post: (r: ResponseContext) => new Observable(Promise.resolve(r)),
-  };
-  return { ...opts, middleware: [...(opts?.middleware ?? []), middleware], middlewareMergeStrategy: 'append' as const };
+export interface RequestOptions {
+  readonly query?: Readonly<Record<string, string | number | boolean | undefined>>;
+  readonly body?: unknown;
+  readonly contentType?: string;
+  readonly signal?: AbortSignal;
+}
+
+/** The message of a Kubernetes Status body ("reason: message"), or ''. */
+function statusMessage(body: string): string {
+  try {
+    const status = JSON.parse(body) as { message?: unknown; reason?: unknown };
+    return [status.reason, status.message].filter((x) => typeof x === 'string' && x !== '').join(': ');
+  } catch {
+    return '';
+  }
+}
+
+/**
+ * One API call with the orchconfig's server, auth and TLS (client-node's applyToHTTPSOptions):
+ * JSON in and out. Any failure is an ApiError: the HTTP status with the Status message and
+ * Retry-After, or no status when no answer came.
+ */
+export async function apiRequest<T>(kc: KubeConfig, method: string, apiPath: string, what: string, o: RequestOptions = {}): Promise<T> {
+  const cluster = kc.getCurrentCluster();
+  if (!cluster) throw new ApiError(what, undefined, 'the orchconfig has no current cluster');
+  const url = new URL(cluster.server.replace(/\/+$/, '') + apiPath);
+  for (const [k, v] of Object.entries(o.query ?? {})) if (v !== undefined && v !== '') url.searchParams.set(k, String(v));
+  const body = o.body === undefined ? undefined : JSON.stringify(o.body);
+  const opts: https.RequestOptions = { method, headers: { Accept: 'application/json' } };
+  try {
+    await kc.applyToHTTPSOptions(opts);
+  } catch (e) {
+    throw new ApiError(what, undefined, `cannot authenticate: ${(e as Error).message}`);
+  }
+  // Content-Length always: Node sends a DELETE body neither chunked nor sized otherwise.
+  if (body !== undefined) opts.headers = { ...opts.headers, 'Content-Type': o.contentType ?? 'application/json', 'Content-Length': Buffer.byteLength(body) };
+  if (o.signal) opts.signal = o.signal;
+  const send = url.protocol === 'http:' ? http.request : https.request;
+  return new Promise<T>((resolve, reject) => {
+    const req = send(url, opts, (res) => {
+      const chunks: Buffer[] = [];
+      res.on('data', (c: Buffer) => chunks.push(c));
+      res.on('error', (e) => reject(new ApiError(what, undefined, e.message)));
+      res.on('end', () => {
+        const text = Buffer.concat(chunks).toString('utf8');
+        const code = res.statusCode ?? 0;
+        if (code < 200 || code > 299) {
+          reject(new ApiError(what, code, statusMessage(text), parseRetryAfter(res.headers['retry-after'])));
+          return;
+        }
+        try {
+          resolve((text === '' ? undefined : JSON.parse(text)) as T);
+        } catch (e) {
+          reject(new ApiError(what, undefined, `answer is not JSON: ${(e as Error).message}`));
+        }
+      });
+    });
+    req.on('error', (e) => reject(new ApiError(what, undefined, e.name === 'AbortError' ? 'no answer in time (aborted)' : e.message)));
+    req.end(body);
+  });
+}
+
+const podPath = (p: V1Pod) => `/api/v1/namespaces/${encodeURIComponent(p.metadata!.namespace!)}/pods/${encodeURIComponent(p.metadata!.name!)}`;
+
+let urlParseQuiet = false;
+
+/**
+ * node-fetch 2, under client-node's Watch, parses every URL with url.parse, which Node 24 reports
+ * (DEP0169) on stderr at the agent's first watch: noise no operator can act on. Only that one
+ * warning is dropped.
+ */
+function quietUrlParseDeprecation(): void {
+  if (urlParseQuiet) return;
+  urlParseQuiet = true;
+  const emit = process.emitWarning.bind(process);
+  process.emitWarning = ((warning: string | Error, ...rest: unknown[]) => {
+    const code = typeof rest[0] === 'object' && rest[0] !== null ? (rest[0] as { code?: unknown }).code : rest[1];
+    if (code === 'DEP0169') return;
+    (emit as (w: string | Error, ...r: unknown[]) => void)(warning, ...rest);
+  }) as typeof process.emitWarning;
 }
 
 export function clientNodeApi(kc: KubeConfig): OrchApi {
-  const core = kc.makeApiClient(CoreV1Api);
+  quietUrlParseDeprecation();
   const watch = new Watch(kc);
   const name = (p: V1Pod) => `pod ${p.metadata?.namespace}/${p.metadata?.name}`;
   return {
     async listPods(q, signal) {
-      try {
-        const list = await core.listPodForAllNamespaces(
-          { fieldSelector: q.fieldSelector || undefined, labelSelector: q.labelSelector || undefined, limit: q.limit, _continue: q.continueToken },
-          withSignal(signal),
-        );
-        return { items: list.items, resourceVersion: list.metadata?.resourceVersion ?? '', continueToken: list.metadata?._continue || undefined };
-      } catch (e) {
-        throw toApiError('listing pods', e);
-      }
+      const list = await apiRequest<{ items?: V1Pod[]; metadata?: { resourceVersion?: string; continue?: string } }>(kc, 'GET', '/api/v1/pods', 'listing pods', {
+        query: { fieldSelector: q.fieldSelector, labelSelector: q.labelSelector, limit: q.limit, continue: q.continueToken },
+        signal,
+      });
+      return { items: list.items ?? [], resourceVersion: list.metadata?.resourceVersion ?? '', continueToken: list.metadata?.continue || undefined };
     },
     watchPods(q, onEvent, done) {
       return watch.watch(
@@ -128,32 +190,18 @@ export function clientNodeApi(kc: KubeConfig): OrchApi {
       );
     },
     async labelPod(pod, key, value, signal) {
-      try {
-        // The uid in the patch is a precondition: a new pod that took the name is never labelled.
-        await core.patchNamespacedPod(
-          { name: pod.metadata!.name!, namespace: pod.metadata!.namespace!, body: { metadata: { uid: pod.metadata!.uid, labels: { [key]: value } } } },
-          withSignal(signal, setHeaderOptions('Content-Type', PatchStrategy.MergePatch)),
-        );
-      } catch (e) {
-        throw toApiError(`labelling ${name(pod)}`, e);
-      }
+      // The uid in the patch is a precondition: a new pod that took the name is never labelled.
+      await apiRequest(kc, 'PATCH', podPath(pod), `labelling ${name(pod)}`, {
+        body: { metadata: { uid: pod.metadata!.uid, labels: { [key]: value } } },
+        contentType: 'application/merge-patch+json',
+        signal,
+      });
     },
     async deletePod(pod, signal) {
-      try {
-        await core.deleteNamespacedPod(
-          { name: pod.metadata!.name!, namespace: pod.metadata!.namespace!, body: { preconditions: { uid: pod.metadata!.uid } } },
-          withSignal(signal),
-        );
-      } catch (e) {
-        throw toApiError(`deleting ${name(pod)}`, e);
-      }
+      await apiRequest(kc, 'DELETE', podPath(pod), `deleting ${name(pod)}`, { body: { preconditions: { uid: pod.metadata!.uid } }, signal });
     },
-    async createEvent(namespace, event, signal) {
-      try {
-        await core.createNamespacedEvent({ namespace, body: event }, withSignal(signal));
-      } catch (e) {
-        throw toApiError(`recording an event in namespace ${namespace}`, e);
-      }
+    async createEvent(namespace, event: CoreV1Event, signal) {
+      await apiRequest(kc, 'POST', `/api/v1/namespaces/${encodeURIComponent(namespace)}/events`, `recording an event in namespace ${namespace}`, { body: event, signal });
     },
   };
 }

@@ -3,7 +3,8 @@
 // KUBERNETES_SERVICE_HOST/PORT the settings captured. The token is re-read from its file as it
 // rotates (client-node's tokenFile auth provider).
 
-import { KubeConfig } from '@kubernetes/client-node';
+// The module itself, not the package index: the index loads every generated API and model.
+import { KubeConfig } from '@kubernetes/client-node/dist/config.js';
 import path from 'node:path';
 import type { Settings } from '../config/settings.ts';
 import { serverUrl } from '../install/orchconfig.ts';
@@ -27,13 +28,4 @@ export function orchKubeConfig(settings: Settings): KubeConfig {
     { name: 'service-account', authProvider: { name: 'tokenFile', config: { tokenFile: path.join(sa, 'token') } } },
   );
   return kc;
-}
-
-/** Rejects after `ms` so no API call can hold shutdown or a reconcile hostage. */
-export function withTimeout<T>(p: Promise<T>, ms: number, what: string): Promise<T> {
-  let timer: NodeJS.Timeout | undefined;
-  const timeout = new Promise<never>((_, reject) => {
-    timer = setTimeout(() => reject(new Error(`${what} timed out after ${ms}ms`)), ms);
-  });
-  return Promise.race([p, timeout]).finally(() => clearTimeout(timer));
 }
