@@ -37,7 +37,7 @@ const entries: Entry[] = [
 
 for (const e of entries) {
   if (!existsSync(path.join(root, e.in))) continue;
-  await esbuild.build({
+  const result = await esbuild.build({
     entryPoints: [path.join(root, e.in)],
     outfile: path.join(root, e.out),
     bundle: true,
@@ -58,6 +58,9 @@ for (const e of entries) {
     plugins: e.format === 'esm' ? [slimClientNode()] : [],
     logLevel: 'warning',
   });
+  // Warnings (an import that will always be undefined, a require that cannot be bundled) are
+  // failures on the node at run time: fail the build instead.
+  if (result.warnings.length > 0) throw new Error(`build: ${e.out}: ${result.warnings.length} esbuild warning(s), printed above`);
 }
 console.log(`build: ${entries.filter((e) => existsSync(path.join(root, e.in))).map((e) => e.out).join(', ')}`);
 

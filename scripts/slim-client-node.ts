@@ -12,20 +12,29 @@
 //   socks-proxy-agent              a socks5:// proxy-url
 //   whatwg-url                     node-fetch's URL fallback for Node < 10 (it uses Node's URL)
 //
-// The left-out modules load as stubs that throw, when used, an error saying which kubeconfig
-// feature is not available (token, tokenFile, client certificates, exec credentials and HTTP(S)
-// proxies all work). If a client-node upgrade imports more from gen/index.js in config.js, the
-// build fails with esbuild's "No matching export" rather than at run time.
+// The left-out modules load as stubs exporting the names client-node uses, each throwing, when
+// used, an error saying which kubeconfig feature is not available (token, tokenFile, client
+// certificates, exec credentials and HTTP(S) proxies all work). After a client-node upgrade:
+// importing more from gen/index.js in config.js fails the build ("No matching export"), and
+// test/node/agent-bundle.test.ts checks that the stubs export every name client-node uses.
 
 import path from 'node:path';
 import type { Plugin } from 'esbuild';
 
-const LEFT_OUT: Readonly<Record<string, string>> = {
-  'openid-client': 'the oidc auth-provider',
-  'jsonpath-plus': 'the azure and gcp auth-providers',
-  'socks-proxy-agent': 'a socks proxy-url',
-  'whatwg-url': 'the URL polyfill for Node < 10',
+/** Module -> what needs it, and the names client-node (or node-fetch) imports from it. */
+export const LEFT_OUT: Readonly<Record<string, { readonly what: string; readonly names: readonly string[] }>> = {
+  'openid-client': { what: 'the oidc auth-provider', names: ['discovery', 'refreshTokenGrant'] },
+  'jsonpath-plus': { what: 'the azure and gcp auth-providers', names: ['JSONPath'] },
+  'socks-proxy-agent': { what: 'a socks proxy-url', names: ['SocksProxyAgent'] },
+  'whatwg-url': { what: 'the URL polyfill for Node < 10', names: ['URL'] },
 };
+
+function stub(module: string): string {
+  const { what, names } = LEFT_OUT[module]!;
+  const message = `mesh-cni's agent is built without ${module} (${what}); use a token, tokenFile, client certificate or exec credentials in the orchconfig`;
+  // A plain function: some are called with \`new\`.
+  return `function leftOut() { throw new Error(${JSON.stringify(message)}); }\n${names.map((n) => `export const ${n} = leftOut;`).join('\n')}\n`;
+}
 
 const GEN_SHIM = `
 export { createConfiguration } from './configuration.js';
@@ -38,11 +47,7 @@ export function slimClientNode(): Plugin {
     name: 'slim-client-node',
     setup(build) {
       build.onResolve({ filter: new RegExp(`^(${names})$`) }, (a) => ({ path: a.path, namespace: 'left-out' }));
-      build.onLoad({ filter: /.*/, namespace: 'left-out' }, (a) => ({
-        loader: 'js',
-        contents: `const fail = () => { throw new Error(${JSON.stringify(`mesh-cni's agent is built without ${a.path} (${LEFT_OUT[a.path]}); use a token, tokenFile, client certificate or exec credentials in the orchconfig`)}); };
-module.exports = new Proxy({}, { get: (_, key) => (key === '__esModule' ? false : fail) });`,
-      }));
+      build.onLoad({ filter: /.*/, namespace: 'left-out' }, (a) => ({ loader: 'js', contents: stub(a.path) }));
       build.onResolve({ filter: /^\.\/gen\/index\.js$/ }, (a) => {
         if (!a.importer.endsWith(path.join('@kubernetes', 'client-node', 'dist', 'config.js'))) return undefined;
         return { path: path.join(path.dirname(a.importer), 'gen', 'slim-index.js'), namespace: 'gen-shim' };

@@ -19,7 +19,11 @@ export interface AgentProcess {
   stop(signal: NodeJS.Signals, ms?: number): Promise<number | string>;
 }
 
-export function spawnAgent(tree: HostTree, flags: Record<string, string> = {}, env: Record<string, string> = {}): AgentProcess {
+/** source: the TypeScript through Node's type stripping; bundle: dist/install-cni.js, what the image runs. */
+export type AgentEntry = 'source' | 'bundle';
+const ENTRY: Record<AgentEntry, string> = { source: 'bin/install-cni.js', bundle: 'dist/install-cni.js' };
+
+export function spawnAgent(tree: HostTree, flags: Record<string, string> = {}, env: Record<string, string> = {}, entry: AgentEntry = 'source'): AgentProcess {
   const args = Object.entries({
     'monitoring-port': '0',
     'ctrlz_port': '0',
@@ -29,7 +33,7 @@ export function spawnAgent(tree: HostTree, flags: Record<string, string> = {}, e
     ...tree.flags,
     ...flags,
   }).map(([k, v]) => `--${k}=${v}`);
-  const child = spawn(process.execPath, [path.join(ROOT, 'bin/install-cni.js'), ...args], {
+  const child = spawn(process.execPath, [path.join(ROOT, ENTRY[entry]), ...args], {
     env: { PATH: process.env.PATH ?? '/usr/bin:/bin', ...tree.env, ...env },
     stdio: ['ignore', 'pipe', 'pipe'],
   });
