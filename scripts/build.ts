@@ -10,7 +10,7 @@ import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import * as esbuild from 'esbuild';
 import { buildSea, seaModeFrom } from './sea.ts';
-import { slimClientNode } from './slim-client-node.ts';
+import { bundleOptions } from './bundle-options.ts';
 
 const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
 const pkg = JSON.parse(readFileSync(path.join(root, 'package.json'), 'utf8')) as { version: string };
@@ -38,25 +38,9 @@ const entries: Entry[] = [
 for (const e of entries) {
   if (!existsSync(path.join(root, e.in))) continue;
   const result = await esbuild.build({
+    ...bundleOptions(e.format, buildInfo),
     entryPoints: [path.join(root, e.in)],
     outfile: path.join(root, e.out),
-    bundle: true,
-    platform: 'node',
-    target: 'node24',
-    format: e.format,
-    minify: false,
-    sourcemap: false,
-    legalComments: 'none',
-    banner: e.format === 'esm'
-      ? { js: "#!/usr/bin/env node\nimport { createRequire as __cr } from 'node:module'; const require = __cr(import.meta.url);" }
-      : { js: '#!/usr/bin/env node' },
-    define: { __MESH_BUILD_INFO__: JSON.stringify(buildInfo) },
-    // whatwg-url (under client-node's node-fetch) requires Node's deprecated built-in punycode,
-    // which prints a DEP0040 warning at every agent start; the userland package is the same code.
-    alias: { punycode: 'punycode/' },
-    // The agent: only the parts of client-node it runs (see slim-client-node.ts).
-    plugins: e.format === 'esm' ? [slimClientNode()] : [],
-    logLevel: 'warning',
   });
   // Warnings (an import that will always be undefined, a require that cannot be bundled) are
   // failures on the node at run time: fail the build instead.

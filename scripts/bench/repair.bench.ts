@@ -8,8 +8,8 @@
 //
 //   npm run bench -- repair            (PODS=1000 REACTIONS=200 WATCHED=250 by default)
 //
-// Both contenders run as esbuild bundles made the way scripts/build.ts makes dist/ (the shipped
-// form): running the TypeScript sources through Node's type stripping would add ~50 MB of RSS
+// Both contenders run as esbuild bundles made with the options of dist/install-cni.js (the shipped
+// form, scripts/bundle-options.ts): running the TypeScript sources through Node's type stripping would add ~50 MB of RSS
 // that no node ever sees.
 
 import * as esbuild from 'esbuild';
@@ -20,6 +20,7 @@ import os from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { startTestApiServer, type TestApiServer } from '../../test/helpers/apiserver.ts';
+import { bundleOptions } from '../bundle-options.ts';
 import { brokenPod, testPod } from '../../test/helpers/pods.ts';
 
 const PODS = Number(process.env.PODS ?? 1000);
@@ -37,17 +38,7 @@ interface Contender {
 const bundleDir = await mkdtemp(path.join(os.tmpdir(), 'mcni-repair-bundle-'));
 async function bundle(entry: string, name: string): Promise<string> {
   const outfile = path.join(bundleDir, `${name}.mjs`);
-  await esbuild.build({
-    entryPoints: [entry],
-    outfile,
-    bundle: true,
-    platform: 'node',
-    target: 'node24',
-    format: 'esm',
-    banner: { js: "import { createRequire as __cr } from 'node:module'; const require = __cr(import.meta.url);" },
-    define: { __MESH_BUILD_INFO__: JSON.stringify({ version: 'bench', gitCommit: 'bench', buildTime: new Date().toISOString() }) },
-    logLevel: 'warning',
-  });
+  await esbuild.build({ ...bundleOptions('esm', { version: 'bench', gitCommit: 'bench', buildTime: new Date().toISOString() }), entryPoints: [entry], outfile });
   return outfile;
 }
 const agentJs = await bundle(path.join(root, 'src/cmd/install-cni-main.ts'), 'install-cni');
