@@ -98,6 +98,32 @@ function statusMessage(body: string): string {
   }
 }
 
+const keepAliveAgents = new WeakMap<KubeConfig, { readonly tls: string; readonly agent: https.Agent }>();
+
+/**
+ * client-node makes a new agent, so a new TLS connection, for every request: a thousand repairs
+ * would be a thousand handshakes with the API server. A plain HTTPS agent is swapped for one
+ * keep-alive agent per KubeConfig, made again only when the TLS material changes (a rotated CA or
+ * client certificate). Proxy agents are used as client-node made them.
+ */
+function keptAlive(kc: KubeConfig, made: https.RequestOptions['agent']): https.RequestOptions['agent'] {
+  if (!made || made.constructor !== https.Agent) return made;
+  const o = (made as https.Agent).options;
+  const tls = JSON.stringify([o.ca, o.cert, o.key, o.pfx, o.passphrase, o.rejectUnauthorized, o.servername].map((v) => (v === undefined ? null : String(v))));
+  const kept = keepAliveAgents.get(kc);
+  if (kept?.tls === tls) return kept.agent;
+  const agent = new https.Agent({ ...o, keepAlive: true });
+  keepAliveAgents.set(kc, { tls, agent });
+  if (kept) retire(kept.agent);
+  return agent;
+}
+
+/** Closes an agent's idle connections now and the busy ones when their request is done. */
+function retire(agent: https.Agent): void {
+  agent.maxFreeSockets = 0;
+  for (const sockets of Object.values(agent.freeSockets)) for (const s of sockets ?? []) s.destroy();
+}
+
 /**
  * One API call with the orchconfig's server, auth and TLS (client-node's applyToHTTPSOptions):
  * JSON in and out. Any failure is an ApiError: the HTTP status with the Status message and
@@ -115,6 +141,7 @@ export async function apiRequest<T>(kc: KubeConfig, method: string, apiPath: str
   } catch (e) {
     throw new ApiError(what, undefined, `cannot authenticate: ${(e as Error).message}`);
   }
+  opts.agent = keptAlive(kc, opts.agent);
   // Content-Length always: Node sends a DELETE body neither chunked nor sized otherwise.
   if (body !== undefined) opts.headers = { ...opts.headers, 'Content-Type': o.contentType ?? 'application/json', 'Content-Length': Buffer.byteLength(body) };
   if (o.signal) opts.signal = o.signal;

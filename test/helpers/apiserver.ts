@@ -62,6 +62,8 @@ export interface TestApiServer {
   close(): Promise<void>;
   /** Extras beyond the shared contract: how many watch streams are open now. */
   openWatches(): number;
+  /** TLS connections accepted since start (each one a handshake). */
+  connections(): number;
   /** The newest resourceVersion handed out. */
   resourceVersion(): number;
 }
@@ -708,6 +710,8 @@ export async function startTestApiServer(opts: TestApiServerOptions = {}): Promi
   }
 
   const server = https.createServer({ cert: certs.certPem, key: certs.keyPem }, (req, res) => void handle(req, res));
+  let handshakes = 0;
+  server.on('secureConnection', () => handshakes++);
   server.on('connection', (s: Socket) => {
     s.setNoDelay(true);
     sockets.add(s);
@@ -811,6 +815,7 @@ export async function startTestApiServer(opts: TestApiServerOptions = {}): Promi
       await rm(tmp, { recursive: true, force: true });
     },
     openWatches: () => watches.size,
+    connections: () => handshakes,
     resourceVersion: () => rv,
   };
   return api;

@@ -85,6 +85,25 @@ describe('the shipped agent bundle (dist/install-cni.js)', () => {
     assert.doesNotMatch(a.stderr(), /DEP0169|DeprecationWarning/, 'no deprecation noise on stderr');
   });
 
+  it('keeps its connections to the API server alive across repairs, and goes on after the CA file changes', async () => {
+    const { api, t } = await setUp();
+    const env = { KUBERNETES_SERVICE_HOST: api.host, KUBERNETES_SERVICE_PORT: String(api.port), NODE_NAME: 'node-1' };
+    const a = bundled(t, { 'repair-enabled': 'true', 'repair-label-pods': 'true', 'repair-delete-pods': 'true' }, env);
+    await a.waitForLog((r) => r.msg === 'mesh-cni is installed and ready', 'ready');
+    const before = api.connections();
+    for (let i = 0; i < 60; i++) api.upsertPod(brokenPod(`burst-${i}`, { node: 'node-1' }));
+    await eventually(() => !api.listPods().some((p) => p.metadata?.name?.startsWith('burst-')), '60 broken pods deleted', 20_000);
+    const used = api.connections() - before;
+    // 60 labels + 60 deletes + 60 events, 16 repairs at a time with their events beside them: about
+    // one connection per concurrent request, not one per request.
+    assert.ok(used <= 40, `${used} TLS handshakes for 180 requests`);
+    // The CA file changes (same CA, new bytes, as a kubelet's projected volume update would): a new
+    // keep-alive agent, and repairs go on.
+    await t.rotate({ 'ca.crt': `${api.caPem}\n` });
+    api.upsertPod(brokenPod('after-rotation', { node: 'node-1' }));
+    await eventually(() => !api.listPods().some((p) => p.metadata?.name === 'after-rotation'), 'repaired after the CA file changed', 10_000);
+  });
+
   it('says which kubeconfig feature is left out when an orchconfig needs it (oidc auth-provider)', async () => {
     const { api, t } = await setUp();
     // An expired id-token with a refresh token: client-node's oidc provider goes to openid-client.
