@@ -5,7 +5,8 @@
 
 import type { V1DaemonSet, V1Pod } from '@kubernetes/client-node';
 import type { Settings } from '../config/settings.ts';
-import { ApiError, apiRequest } from '../orch/api.ts';
+import { ApiError } from '../orch/errors.ts';
+import { apiRequest } from '../orch/request.ts';
 import { orchKubeConfig } from '../orch/client.ts';
 
 export interface CleanupDecision {

@@ -8,7 +8,8 @@
 import type { V1Pod } from '@kubernetes/client-node';
 import type { LogScope } from '../config/flags.ts';
 import { scope, type Logger } from '../monitoring/logging.ts';
-import { ApiError, toApiError, type PodQuery, type OrchApi, type WatchEventType } from './api.ts';
+import type { PodQuery, OrchApi, WatchEventType } from './api.ts';
+import { ApiError, toApiError } from './errors.ts';
 import { Backoff, type BackoffOptions, type Clock } from './limits.ts';
 
 export interface PodHandler {
