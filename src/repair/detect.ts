@@ -28,7 +28,7 @@ export function detectBroken(pod: V1Pod, c: BrokenCriteria): Broken | undefined 
     ['lastState', status.lastState?.terminated],
   ] as const) {
     if (t && matches(t, c)) {
-      // Timestamps arrive as strings from a watch and as Dates from a list: normalise both.
+      // Timestamps are strings on the wire and Dates in typed V1Pod objects: normalise both.
       const at = t.finishedAt ?? t.startedAt;
       const run = t.containerID || (at ? new Date(at).toISOString() : `restart-${status.restartCount ?? 0}`);
       const msg = c.initContainerTerminationMessage ? ` with a message containing ${JSON.stringify(c.initContainerTerminationMessage)}` : '';
