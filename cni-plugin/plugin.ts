@@ -137,9 +137,11 @@ export async function cmdAdd(req: CniRequest, log: UdsLog): Promise<Record<strin
   const fams = families(result);
   const flavour = await flavourP;
   try {
+    // A single family (most pods) restores with a blocking spawn, a little sooner; two run side
+    // by side, each nf_tables commit waiting out its own grace period.
     await Promise.all(fams.map(async (fam) => {
       const r = buildFamilyRules(d.spec, fam);
-      await restore(req.netns, flavour, fam, r.restore);
+      await restore(req.netns, flavour, fam, r.restore, fams.length === 1);
       await ipBatch(req.netns, fam, r.ipBatch);
     }));
   } catch (e) {

@@ -5,6 +5,7 @@
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
 import { once } from 'node:events';
+import { mkdirSync, writeFileSync } from 'node:fs';
 import net from 'node:net';
 import path from 'node:path';
 import { after, before, describe, it } from 'node:test';
@@ -208,6 +209,28 @@ describe('mesh-cni end to end (bridge + host-local + mesh-cni, test API server)'
     const want6 = parseRules(buildFamilyRules(specForPod(pod), 6).restore);
     assert.deepEqual(diffRules(want6, parseRules(ns.exec(['ip6tables-nft-save']))), []);
     assert.match(ns.exec(['ip', '-6', 'addr', 'show', 'dev', 'lo']), /inet6 ::6\/128/);
+  });
+
+  it('fails closed (101, no result) when iptables-restore fails, for one family and for two', async () => {
+    // An iptables-restore that refuses, as one would on a kernel without a needed module: first
+    // on the PATH the runtime passes, so nsenter runs it in the pod netns.
+    const fake = path.join(tmp.dir, 'fake-sbin');
+    mkdirSync(fake, { recursive: true });
+    for (const bin of ['iptables-nft-restore', 'ip6tables-nft-restore']) {
+      writeFileSync(path.join(fake, bin), `#!/bin/sh\ncat >/dev/null\necho "${bin}: line 9 failed: no such module" >&2\nexit 1\n`, { mode: 0o755 });
+    }
+    const pod = api.upsertPod(meshPod('shop', 'no-rules'));
+    for (const [name, ips] of [['IPv4', []], ['IPv4 + IPv6', [{ interface: 1, address: '2001:db8:5::7/64' }]]] as const) {
+      const { ns, chain, prev } = await podSandbox((id) => k8sArgs(pod, id));
+      const withIps = { ...prev, ips: [...(prev.ips as unknown[]), ...ips] };
+      const add = await meshCni('ADD', chain, conf()(withIps), MESH_CNI_SOURCE, { PATH: `${fake}:${process.env.PATH ?? '/usr/sbin:/usr/bin'}` });
+      assert.notEqual(add.code, 0, `${name}: ADD must fail`);
+      const e = JSON.parse(add.stdout) as { code: number; msg: string; details: string };
+      assert.equal(e.code, 101, `${name}: ${add.stdout}`);
+      assert.match(e.msg, /cannot apply the redirect rules/);
+      assert.match(e.details, /line 9 failed: no such module/, 'the reason reaches the runtime');
+      assert.doesNotMatch(natRules(ns), /MESH_/, `${name}: no rules half-applied`);
+    }
   });
 
   it('skips pods that must not be redirected, without touching their netns', async () => {
