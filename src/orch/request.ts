@@ -37,7 +37,9 @@ function keptAlive(kc: KubeConfig, made: https.RequestOptions['agent']): https.R
   const tls = JSON.stringify([o.ca, o.cert, o.key, o.pfx, o.passphrase, o.rejectUnauthorized, o.servername].map((v) => (v === undefined ? null : String(v))));
   const kept = keepAliveAgents.get(kc);
   if (kept?.tls === tls) return kept.agent;
-  const agent = new https.Agent({ ...o, keepAlive: true });
+  // Idle connections close after 30 s, before the API server's or a load balancer's idle
+  // timeout (60-90 s) could leave a dead one for the next request.
+  const agent = new https.Agent({ ...o, keepAlive: true, timeout: 30_000 });
   keepAliveAgents.set(kc, { tls, agent });
   if (kept) retire(kept.agent);
   return agent;
