@@ -4,7 +4,8 @@
 import { spawn, type ChildProcess } from 'node:child_process';
 import path from 'node:path';
 import { ROOT } from './cli.ts';
-import { eventually, type HostTree } from './hosttree.ts';
+import { type HostTree } from './hosttree.ts';
+import { eventually } from './poll.ts';
 
 export interface AgentProcess {
   readonly child: ChildProcess;

@@ -85,13 +85,3 @@ export const BRIDGE_CONFLIST = `{
   ]
 }
 `;
-
-/** Polls `check` until it returns true or `ms` pass; fails the test with `what` otherwise. */
-export async function eventually(check: () => boolean | Promise<boolean>, what: string, ms = 5000): Promise<void> {
-  const deadline = Date.now() + ms;
-  for (;;) {
-    if (await check()) return;
-    if (Date.now() > deadline) throw new Error(`timed out after ${ms}ms waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 10));
-  }
-}

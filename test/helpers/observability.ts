@@ -49,14 +49,3 @@ export function captureSink(): { write(line: string): void; lines: string[]; tex
   const lines: string[] = [];
   return { write: (line) => void lines.push(line), lines, text: () => lines.join('') };
 }
-
-/** Polls `check` until it returns a value or the deadline passes (then throws `what`). */
-export async function waitFor<T>(what: string, check: () => T | undefined | Promise<T | undefined>, timeoutMs = 10_000): Promise<T> {
-  const deadline = Date.now() + timeoutMs;
-  for (;;) {
-    const v = await check();
-    if (v !== undefined && v !== false) return v;
-    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 20));
-  }
-}

@@ -8,7 +8,8 @@ import path from 'node:path';
 import { afterEach, describe, it } from 'node:test';
 import { spawnAgent, type AgentProcess } from '../helpers/agent.ts';
 import { startTestApiServer, type TestApiServer } from '../helpers/apiserver.ts';
-import { BRIDGE_CONFLIST, eventually, makeHostTree, type HostTree } from '../helpers/hosttree.ts';
+import { BRIDGE_CONFLIST, makeHostTree, type HostTree } from '../helpers/hosttree.ts';
+import { eventually } from '../helpers/poll.ts';
 
 const cleanups: (() => Promise<unknown>)[] = [];
 afterEach(async () => {

@@ -10,7 +10,8 @@ import { buildSettings } from '../../src/config/settings.ts';
 import { writeFileAtomic } from '../../src/install/atomicfile.ts';
 import { Installer } from '../../src/install/installer.ts';
 import { configureLogging } from '../../src/monitoring/logging.ts';
-import { BRIDGE_CONFLIST, eventually, makeHostTree } from '../helpers/hosttree.ts';
+import { BRIDGE_CONFLIST, makeHostTree } from '../helpers/hosttree.ts';
+import { eventually } from '../helpers/poll.ts';
 
 configureLogging({ asJson: true, outputLevels: buildSettings({ log_output_level: 'all:none' }, {}).logging.outputLevels }, { write: () => {} });
 

@@ -10,7 +10,8 @@ import { after, afterEach, describe, it } from 'node:test';
 import { buildSettings } from '../../src/config/settings.ts';
 import { Installer } from '../../src/install/installer.ts';
 import { registry } from '../../src/monitoring/metrics.ts';
-import { BRIDGE_CONFLIST, eventually, makeHostTree, SAMPLE_CA, type HostTree } from '../helpers/hosttree.ts';
+import { BRIDGE_CONFLIST, makeHostTree, SAMPLE_CA, type HostTree } from '../helpers/hosttree.ts';
+import { eventually } from '../helpers/poll.ts';
 import { configureLogging } from '../../src/monitoring/logging.ts';
 
 const logLines: string[] = [];

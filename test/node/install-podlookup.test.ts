@@ -14,7 +14,8 @@ import { configureLogging } from '../../src/monitoring/logging.ts';
 import { registry } from '../../src/monitoring/metrics.ts';
 import { startTestApiServer, type TestApiServer } from '../helpers/apiserver.ts';
 import { spawnAgent } from '../helpers/agent.ts';
-import { eventually, makeHostTree } from '../helpers/hosttree.ts';
+import { makeHostTree } from '../helpers/hosttree.ts';
+import { eventually } from '../helpers/poll.ts';
 import { BridgeNetwork, Netns, type ChainEnv } from '../helpers/netns.ts';
 import { k8sArgs, meshCni, meshPod, pluginConfig, tempDir } from '../helpers/plugin.ts';
 

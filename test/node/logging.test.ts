@@ -7,7 +7,8 @@ import { after, describe, it } from 'node:test';
 import { ConfigErrors } from '../../src/config/parse.ts';
 import { buildSettings, type LoggingSettings } from '../../src/config/settings.ts';
 import { closeLogging, configureLogging, klogV, logRecord, scope, scopeLevels, setScopeLevel, setStacktraceLevel, toConsoleLine } from '../../src/monitoring/logging.ts';
-import { captureSink, waitFor } from '../helpers/observability.ts';
+import { captureSink } from '../helpers/observability.ts';
+import { waitFor } from '../helpers/poll.ts';
 import { ROOT, runBin } from '../helpers/cli.ts';
 
 const tmp = mkdtempSync(path.join(os.tmpdir(), 'mcni-obs-log-'));

@@ -13,7 +13,8 @@ import { startPluginLogServer, DEFAULT_LIMITS, type LogServerLimits } from '../.
 import { LineSplitter } from '../../src/monitoring/lines.ts';
 import { registry } from '../../src/monitoring/metrics.ts';
 import { parsePluginLine } from '../../src/monitoring/pluginrecord.ts';
-import { captureSink, promtoolProblems, waitFor } from '../helpers/observability.ts';
+import { captureSink, promtoolProblems } from '../helpers/observability.ts';
+import { waitFor } from '../helpers/poll.ts';
 
 const tmp = mkdtempSync(path.join(os.tmpdir(), 'mcni-obs-uds-'));
 after(() => rmSync(tmp, { recursive: true, force: true }));

@@ -16,6 +16,7 @@ import type { RepairController, RepairTiming } from '../../src/repair/controller
 import { startRepair } from '../../src/repair/index.ts';
 import { ROOT } from '../helpers/cli.ts';
 import { apiRequest, startTestApiServer, type TestApiServer } from '../helpers/apiserver.ts';
+import { waitFor as pollFor } from '../helpers/poll.ts';
 import { brokenPod, testPod } from '../helpers/pods.ts';
 
 const FAST: Partial<RepairTiming> = {
@@ -34,13 +35,9 @@ const FAST: Partial<RepairTiming> = {
 const LABEL = 'cni.mesh.io/uninitialized';
 const logs: string[] = [];
 
-async function waitFor(what: string, pred: () => boolean, timeoutMs = 10_000): Promise<void> {
-  const deadline = Date.now() + timeoutMs;
-  while (!pred()) {
-    if (Date.now() > deadline) throw new Error(`timed out after ${timeoutMs} ms waiting for ${what}\nlast log lines:\n${logs.slice(-15).join('')}`);
-    await new Promise((r) => setTimeout(r, 20));
-  }
-}
+/** waitFor with the last log lines of the controller in its timeout error. */
+const waitFor = (what: string, pred: () => boolean, timeoutMs = 10_000) =>
+  pollFor(what, pred, { timeoutMs, context: () => `last log lines:\n${logs.slice(-15).join('')}` });
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
