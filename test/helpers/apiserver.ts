@@ -64,6 +64,8 @@ export interface TestApiServer {
   openWatches(): number;
   /** TLS connections accepted since start (each one a handshake). */
   connections(): number;
+  /** Serves a certificate from a new CA from now on (cutting open connections); returns the new CA. */
+  rotateCertificate(): Promise<string>;
   /** The newest resourceVersion handed out. */
   resourceVersion(): number;
 }
@@ -265,7 +267,7 @@ const TABLE_CONTENT_TYPE = 'application/json;as=Table;v=v1;g=meta.k8s.io';
 export async function startTestApiServer(opts: TestApiServerOptions = {}): Promise<TestApiServer> {
   const token = opts.token ?? `test-token-${randomUUID()}`;
   const bookmarkIntervalMs = opts.bookmarkIntervalMs ?? 1000;
-  const certs = await makeTestCerts();
+  let certs = await makeTestCerts();
   const tmp = await mkdtemp(path.join(os.tmpdir(), 'mcni-apiserver-'));
   const caFile = path.join(tmp, 'ca.crt');
   await writeFile(caFile, certs.caPem);
@@ -756,7 +758,9 @@ export async function startTestApiServer(opts: TestApiServerOptions = {}): Promi
     get port() {
       return port;
     },
-    caPem: certs.caPem,
+    get caPem() {
+      return certs.caPem;
+    },
     caFile,
     token,
     upsertPod,
@@ -784,6 +788,16 @@ export async function startTestApiServer(opts: TestApiServerOptions = {}): Promi
     requests,
     faults,
     closeWatches,
+    rotateCertificate: async () => {
+      // A new CA and serving certificate; every open connection (watches too) is cut, so
+      // clients reconnect and must trust the new CA.
+      certs = await makeTestCerts();
+      await writeFile(caFile, certs.caPem);
+      server.setSecureContext({ cert: certs.certPem, key: certs.keyPem });
+      closeWatches();
+      for (const sock of sockets) sock.destroy();
+      return certs.caPem;
+    },
     expireResourceVersions: () => {
       // Everything handed out so far is now too old; open watches learn it the way real ones do.
       oldestValidRv = nextRv();

@@ -86,7 +86,7 @@ describe('the shipped agent bundle (dist/install-cni.js)', () => {
     assert.doesNotMatch(a.stderr(), /DEP0169|DeprecationWarning/, 'no deprecation noise on stderr');
   });
 
-  it('keeps its connections to the API server alive across repairs, and goes on after the CA file changes', async () => {
+  it('keeps its connections to the API server alive across repairs, and trusts a rotated CA', async () => {
     const { api, t } = await setUp();
     const env = { KUBERNETES_SERVICE_HOST: api.host, KUBERNETES_SERVICE_PORT: String(api.port), NODE_NAME: 'node-1' };
     const a = bundled(t, { 'repair-enabled': 'true', 'repair-label-pods': 'true', 'repair-delete-pods': 'true' }, env);
@@ -98,11 +98,12 @@ describe('the shipped agent bundle (dist/install-cni.js)', () => {
     // 60 labels + 60 deletes + 60 events, 16 repairs at a time with their events beside them: about
     // one connection per concurrent request, not one per request.
     assert.ok(used <= 40, `${used} TLS handshakes for 180 requests`);
-    // The CA file changes (same CA, new bytes, as a kubelet's projected volume update would): a new
-    // keep-alive agent, and repairs go on.
-    await t.rotate({ 'ca.crt': `${api.caPem}\n` });
+    // The API server moves to a certificate from a new CA and the kubelet updates the projected
+    // ca.crt: the kept connections are cut, new ones must trust the new CA, and repairs go on.
+    const newCa = await api.rotateCertificate();
+    await t.rotate({ 'ca.crt': newCa });
     api.upsertPod(brokenPod('after-rotation', { node: 'node-1' }));
-    await eventually(() => !api.listPods().some((p) => p.metadata?.name === 'after-rotation'), 'repaired after the CA file changed', 10_000);
+    await eventually(() => !api.listPods().some((p) => p.metadata?.name === 'after-rotation'), 'repaired after the CA rotation', 15_000);
   });
 
   it('says which kubeconfig feature is left out when an orchconfig needs it (oidc auth-provider)', async () => {
