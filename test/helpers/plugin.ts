@@ -51,7 +51,18 @@ export function meshPod(namespace: string, name: string, annotations: Record<str
   };
 }
 
-export function tempDir(): { dir: string; remove(): void } {
-  const dir = mkdtempSync(path.join(os.tmpdir(), 'mcni-plg-'));
-  return { dir, remove: () => rmSync(dir, { recursive: true, force: true }) };
+/**
+ * A temp dir, made on first use: a suite whose tests are all filtered out (--test-name-pattern)
+ * runs no hooks, so a dir made when the suite is defined would never be removed.
+ */
+export function tempDir(): { readonly dir: string; remove(): void } {
+  let made: string | undefined;
+  return {
+    get dir() {
+      return (made ??= mkdtempSync(path.join(os.tmpdir(), 'mcni-plg-')));
+    },
+    remove: () => {
+      if (made) rmSync(made, { recursive: true, force: true });
+    },
+  };
 }

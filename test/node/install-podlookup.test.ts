@@ -28,17 +28,17 @@ const onNode = (ns: string, name: string, node: string, annotations: Record<stri
 
 describe('pod lookups served by the agent', () => {
   const tmp = tempDir();
-  const socket = path.join(tmp.dir, 'run/pods.sock');
+  const socket = () => path.join(tmp.dir, 'run/pods.sock');
   let api: TestApiServer;
   let lookup: Component;
-  const ask = (namespace: string, name: string, uid = '') => podFromAgent(socket, { namespace, name, uid }, 2000);
+  const ask = (namespace: string, name: string, uid = '') => podFromAgent(socket(), { namespace, name, uid }, 2000);
 
   before(async () => {
     api = await startTestApiServer();
     api.upsertPod(onNode('shop', 'cart-1', 'node-1'));
     api.upsertPod(onNode('shop', 'elsewhere', 'node-2'));
     const orchconfig = api.writeOrchconfig(path.join(tmp.dir, 'agent-orchconfig'));
-    const settings = buildSettings({ 'pod-lookup-uds-address': socket, orchconfig }, { NODE_NAME: 'node-1' });
+    const settings = buildSettings({ 'pod-lookup-uds-address': socket(), orchconfig }, { NODE_NAME: 'node-1' });
     lookup = await startPodLookup(settings, { waitMs: 300, maxConnections: 16 });
     await eventually(() => (lookup.status() as { state: string }).state === 'watching', 'the pod watch');
   });
@@ -49,7 +49,7 @@ describe('pod lookups served by the agent', () => {
   });
 
   it('listens on a 0600 socket', () => {
-    assert.equal(statSync(socket).mode & 0o777, 0o600);
+    assert.equal(statSync(socket()).mode & 0o777, 0o600);
   });
 
   it('answers a pod of its node from the watch', async () => {
@@ -77,7 +77,7 @@ describe('pod lookups served by the agent', () => {
   it('answers nonsense with a miss and keeps serving', async () => {
     const net = await import('node:net');
     const reply = await new Promise<string>((resolve) => {
-      const s = net.createConnection(socket, () => s.write('{"not":"a request"}\n'));
+      const s = net.createConnection(socket(), () => s.write('{"not":"a request"}\n'));
       let d = '';
       s.on('data', (c) => (d += c.toString()));
       s.on('close', () => resolve(d));
@@ -125,7 +125,7 @@ describe('pod lookups served by the agent', () => {
 
 describe('mesh-cni ADD with the agent answering the pod lookup', () => {
   const tmp = tempDir();
-  const socket = path.join(tmp.dir, 'run/pods.sock');
+  const socket = () => path.join(tmp.dir, 'run/pods.sock');
   let api: TestApiServer;
   let lookup: Component;
   let network: BridgeNetwork;
@@ -135,7 +135,7 @@ describe('mesh-cni ADD with the agent answering the pod lookup', () => {
   before(async () => {
     api = await startTestApiServer();
     orchconfig = api.writeOrchconfig(path.join(tmp.dir, 'ZZZ-mesh-cni-orchconfig'));
-    lookup = await startPodLookup(buildSettings({ 'pod-lookup-uds-address': socket, orchconfig }, { NODE_NAME: 'node-1' }));
+    lookup = await startPodLookup(buildSettings({ 'pod-lookup-uds-address': socket(), orchconfig }, { NODE_NAME: 'node-1' }));
     await eventually(() => (lookup.status() as { state: string }).state === 'watching', 'the pod watch');
     network = new BridgeNetwork('198.18.96.0/24');
   });
@@ -159,7 +159,7 @@ describe('mesh-cni ADD with the agent answering the pod lookup', () => {
   }
 
   it('takes the pod from the agent: rules applied, no GET of the pod', async () => {
-    const { add, ns, gets } = await addPod('via-agent', socket);
+    const { add, ns, gets } = await addPod('via-agent', socket());
     assert.equal(add.code, 0, add.stdout + add.stderr);
     assert.match(ns.exec(['iptables-nft-save', '-t', 'nat']), /-A MESH_REDIRECT -p tcp -j REDIRECT --to-ports 15001/);
     assert.equal(gets, 0);
