@@ -1,5 +1,6 @@
 // Runs a host binary with a time limit and optional stdin; never throws for a non-zero exit.
 
+import type { StdioOptions } from 'node:child_process';
 
 export interface ExecResult {
   readonly code: number | null;
@@ -21,16 +22,23 @@ export interface ExecOptions {
   readonly stdout?: boolean;
 }
 
+/** What exec and execNow give the child: the pipes asked for, and our PATH. */
+function childSetup(input: string | null, wantStdout: boolean): { stdio: StdioOptions; env: NodeJS.ProcessEnv } {
+  return { stdio: [input === null ? 'ignore' : 'pipe', wantStdout ? 'pipe' : 'ignore', 'pipe'], env: { ...process.env, PATH } };
+}
+
+const timedOut = (file: string, timeoutMs: number) => `${file} did not finish within ${timeoutMs} ms`;
+
 export function exec(file: string, args: readonly string[], { input = null, timeoutMs = 10_000, stdout: wantStdout = true }: ExecOptions = {}): Promise<ExecResult> {
   // Loaded on first use, like node:https in the pod client (startup snapshot, skipped pods).
   const { spawn } = process.getBuiltinModule('node:child_process');
   return new Promise((resolve) => {
-    const child = spawn(file, args, { stdio: [input === null ? 'ignore' : 'pipe', wantStdout ? 'pipe' : 'ignore', 'pipe'], env: { ...process.env, PATH } });
+    const child = spawn(file, args, childSetup(input, wantStdout));
     let stdout = '';
     let stderr = '';
     let error: string | null = null;
     const timer = setTimeout(() => {
-      error = `${file} did not finish within ${timeoutMs} ms`;
+      error = timedOut(file, timeoutMs);
       child.kill('SIGKILL');
     }, timeoutMs);
     child.stdout?.setEncoding('utf8').on('data', (d: string) => (stdout += d));
@@ -57,16 +65,15 @@ export function exec(file: string, args: readonly string[], { input = null, time
 export function execNow(file: string, args: readonly string[], { input = null, timeoutMs = 10_000, stdout: wantStdout = true }: ExecOptions = {}): ExecResult {
   const { spawnSync } = process.getBuiltinModule('node:child_process');
   const r = spawnSync(file, args, {
+    ...childSetup(input, wantStdout),
     input: input ?? undefined,
-    stdio: [input === null ? 'ignore' : 'pipe', wantStdout ? 'pipe' : 'ignore', 'pipe'],
-    env: { ...process.env, PATH },
     timeout: timeoutMs,
     killSignal: 'SIGKILL',
     encoding: 'utf8',
   });
   let error: string | null = null;
   if (r.error) {
-    error = (r.error as NodeJS.ErrnoException).code === 'ETIMEDOUT' ? `${file} did not finish within ${timeoutMs} ms` : `cannot run ${file}: ${r.error.message}`;
+    error = (r.error as NodeJS.ErrnoException).code === 'ETIMEDOUT' ? timedOut(file, timeoutMs) : `cannot run ${file}: ${r.error.message}`;
   }
   return { code: r.status, stdout: r.stdout ?? '', stderr: r.stderr ?? '', error };
 }

@@ -9,7 +9,7 @@
 import { existsSync } from 'node:fs';
 import { OWNED_TABLES } from '../redirect/constants.ts';
 import type { Family } from '../redirect/net.ts';
-import { exec, execNow, type ExecOptions } from './exec.ts';
+import { exec, execNow, type ExecOptions, type ExecResult } from './exec.ts';
 
 export type Flavour = 'legacy' | 'nft';
 
@@ -54,19 +54,16 @@ function binary(flavour: Flavour, family: Family, what: 'restore' | 'save'): str
 
 export class NetnsError extends Error {}
 
-function nsenter(netns: string, argv: readonly string[], options: ExecOptions) {
-  return exec('nsenter', [`--net=${netns}`, '--', ...argv], options);
+/** Runs argv in the netns; `blocking`: the caller has nothing else to do meanwhile (see execNow). */
+function nsenter(netns: string, argv: readonly string[], options: ExecOptions, blocking = false): ExecResult | Promise<ExecResult> {
+  const args = [`--net=${netns}`, '--', ...argv];
+  return blocking ? execNow('nsenter', args, options) : exec('nsenter', args, options);
 }
 
-/**
- * One `iptables-restore` for the whole document (no --noflush: it replaces our tables).
- * `blocking`: the caller has nothing else to do meanwhile (see execNow).
- */
+/** One `iptables-restore` for the whole document (no --noflush: it replaces our tables). */
 export async function restore(netns: string, flavour: Flavour, family: Family, doc: string, blocking = false): Promise<void> {
   const bin = binary(flavour, family, 'restore');
-  const argv = ['nsenter', `--net=${netns}`, '--', bin, '-w', '5'] as const;
-  const options = { input: doc, stdout: false };
-  const r = blocking ? execNow(argv[0], argv.slice(1), options) : await exec(argv[0], argv.slice(1), options);
+  const r = await nsenter(netns, [bin, '-w', '5'], { input: doc, stdout: false }, blocking);
   if (r.error !== null || r.code !== 0) {
     throw new NetnsError(`${bin} in ${netns} failed (exit ${r.code}): ${(r.error ?? r.stderr).trim()}`);
   }
