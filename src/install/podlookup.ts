@@ -66,18 +66,17 @@ export class NodePods {
   readonly #source: PodSource;
   readonly #ownsSource: boolean;
   readonly #waiters = new Set<{ req: Request; done: (pod: V1Pod) => void }>();
-  readonly #byKey = new Map<string, V1Pod>();
 
   /** Reads `source`; stops it on stop() only if `owns` (else whoever runs it does). */
   constructor(source: PodSource, owns: boolean) {
     this.#source = source;
     this.#ownsSource = owns;
+    // Lookups read the source's cache; the handler only wakes lookups waiting for a pod.
     source.addHandler({
       upsert: (pod) => {
-        this.#byKey.set(`${pod.metadata?.namespace}/${pod.metadata?.name}`, pod);
         for (const w of this.#waiters) if (matches(pod, w.req)) w.done(pod);
       },
-      remove: (pod) => this.#byKey.delete(`${pod.metadata?.namespace}/${pod.metadata?.name}`),
+      remove: () => {},
     });
   }
 
@@ -118,9 +117,9 @@ export class NodePods {
    * waited on: while it is down, a miss at once lets the plugin ask the API server sooner.
    */
   lookup(req: Request, waitMs: number): Promise<V1Pod | null> {
-    const cached = this.#byKey.get(`${req.namespace}/${req.name}`);
+    const cached = this.#source.get(req.namespace, req.name);
     if (cached && matches(cached, req)) return Promise.resolve(cached);
-    if (this.#source.status().state !== 'watching') return Promise.resolve(null);
+    if (this.#source.state !== 'watching') return Promise.resolve(null);
     return new Promise((resolve) => {
       const waiter = {
         req,

@@ -92,6 +92,15 @@ export class PodSource {
     return [...this.#cache.values()];
   }
 
+  /** The cached pod, if the list/watch has it. */
+  get(namespace: string, name: string): V1Pod | undefined {
+    return this.#cache.get(`${namespace}/${name}`);
+  }
+
+  get state(): SourceState {
+    return this.#state;
+  }
+
   status() {
     return {
       state: this.#state,
