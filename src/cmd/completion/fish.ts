@@ -6,15 +6,14 @@
 // (the later line's description is the one fish keeps for the option).
 
 import type { CompletionCommand, CompletionOption } from './model.ts';
-import { allCommands, identifier, positionalWords } from './shell.ts';
+import { allCommands, identifier, optionNames } from './shell.ts';
 
 export function fishScript(root: CompletionCommand): string {
   const prefix = `__${identifier(root.name)}`;
   const commands = allCommands(root);
   const key = (cmd: CompletionCommand, word: string): string => fq(`${cmd.path.join(' ')}|${word}`);
-  const namesOf = (o: CompletionOption): string[] => (o.short ? [o.short, o.long] : [o.long]);
-  const required = commands.flatMap((c) => c.options.filter((o) => o.value === 'required').flatMap((o) => namesOf(o).map((n) => key(c, n))));
-  const optional = commands.flatMap((c) => c.options.filter((o) => o.value === 'optional').flatMap((o) => namesOf(o).map((n) => key(c, n))));
+  const required = commands.flatMap((c) => c.options.filter((o) => o.value === 'required').flatMap((o) => optionNames(o).map((n) => key(c, n))));
+  const optional = commands.flatMap((c) => c.options.filter((o) => o.value === 'optional').flatMap((o) => optionNames(o).map((n) => key(c, n))));
   const subcommands = commands.flatMap((c) => c.commands.map((s) => key(c, s.name)));
 
   const lines: string[] = [];
@@ -24,8 +23,9 @@ export function fishScript(root: CompletionCommand): string {
     for (const sub of cmd.commands) {
       lines.push(`complete -c ${root.name} -n ${fq(`${prefix}_is ${fq(cmd.path.join(' '))} 0`)} -a ${fq(sub.name)}${describe(sub.description)}`);
     }
-    cmd.args.forEach((_arg, i) => {
-      const words = positionalWords(cmd, i).filter((w) => !cmd.commands.some((s) => s.name === w));
+    cmd.args.forEach((arg, i) => {
+      // Subcommands are completed above; an argument completes its choices.
+      const words = arg.choices;
       // Choices go bare, like option values: the argument's help only lists them again.
       if (words.length > 0) lines.push(`complete -c ${root.name} -n ${fq(`${prefix}_is ${fq(cmd.path.join(' '))} ${i}`)} -a ${fq(words.join(' '))}`);
     });

@@ -3,7 +3,7 @@
 // Free values and paths return nothing, which makes PowerShell fall back to path completion.
 
 import type { CompletionCommand, CompletionOption } from './model.ts';
-import { allCommands } from './shell.ts';
+import { allCommands, optionNames } from './shell.ts';
 
 export function powershellScript(root: CompletionCommand): string {
   const entries = allCommands(root).map((cmd) => {
@@ -103,7 +103,7 @@ ${entries.join('\n')}
 }
 
 function optionEntry(o: CompletionOption): string {
-  const names = o.short ? [o.short, o.long] : [o.long];
+  const names = optionNames(o);
   return `@{ Names = ${list(names)}; Value = ${pq(o.value)}; Choices = ${list(o.choices)}; Description = ${pq(o.description)} }`;
 }
 

@@ -2,7 +2,7 @@
 // `--flag=value` and `--flag value`, short options, and which options are already on the line.
 
 import type { CompletionCommand, CompletionOption } from './model.ts';
-import { allCommands, identifier, sq } from './shell.ts';
+import { allCommands, identifier, optionNames, sq } from './shell.ts';
 
 export function zshScript(root: CompletionCommand): string {
   const fns = allCommands(root).map((cmd) => commandFunction(cmd, functionName(cmd)));
@@ -61,7 +61,7 @@ ${cases.join('\n')}
 
 /** The _arguments specs of one option: one per name, excluding each other. */
 function optionSpecs(o: CompletionOption): string[] {
-  const names = o.short ? [o.short, o.long] : [o.long];
+  const names = optionNames(o);
   const exclusion = names.length > 1 ? `(${names.join(' ')})` : '';
   const desc = o.description ? `[${escapeSpec(o.description)}]` : '';
   const action = o.choices.length > 0 ? choiceAction(o.choices) : o.hint === 'dir' ? '_files -/' : o.hint === 'file' ? '_files' : ' ';
