@@ -1,9 +1,10 @@
-// The manifests as rendered by `kubectl kustomize`, and the DaemonSet's agent container turned
+// The manifests as rendered by kustomize (`kubectl apply -k` does the same), and the DaemonSet's agent container turned
 // into `podman run` arguments (env, args, securityContext, volumes), so a test can run the image
 // the way the kubelet would run it from deploy/.
 
 import assert from 'node:assert/strict';
 import { spawnSync } from 'node:child_process';
+import { createRequire } from 'node:module';
 import os from 'node:os';
 import path from 'node:path';
 import type { V1Container, V1DaemonSet } from '@kubernetes/client-node';
@@ -27,9 +28,16 @@ export function runOffline(cmd: string, args: readonly string[], input?: string)
   return { code: r.status, stdout: r.stdout, stderr: r.stderr };
 }
 
+/**
+ * kustomize v4.5.4 (what kubectl 1.24-1.26 embeds) from the npm devDependency: Debian bookworm's
+ * kubectl is 1.20, whose kustomize predates `components:`, and machines differ in what else they
+ * have. Its output matched kubectl 1.32's (kustomize v5.5) byte for byte for base and component.
+ */
+const KUSTOMIZE = createRequire(import.meta.url).resolve('kustomize/run.js');
+
 export function kustomize(dir: string): Rendered {
-  const r = runOffline('kubectl', ['kustomize', dir]);
-  assert.equal(r.code, 0, `kubectl kustomize ${dir} failed: ${r.stderr}`);
+  const r = runOffline(process.execPath, [KUSTOMIZE, 'build', dir]);
+  assert.equal(r.code, 0, `kustomize build ${dir} failed: ${r.stderr}`);
   const docs = parseAllDocuments(r.stdout);
   for (const d of docs) assert.deepEqual(d.errors, [], `rendered YAML does not parse: ${d.errors.join('; ')}`);
   return { text: r.stdout, objects: docs.map((d) => d.toJS() as K8sObject) };

@@ -1,4 +1,4 @@
-// The manifests an operator applies: `kubectl kustomize deploy/` renders offline, and the
+// The manifests an operator applies: `kustomize build deploy/` renders offline, and the
 // rendered objects hold what the agent needs and no more (kinds, RBAC verbs, mounts that match
 // the flags, the probe on the monitoring port, settings install-cni accepts, a template the
 // installer and the plugin both accept), for the base and the repair-delete component; yamllint
@@ -46,7 +46,7 @@ function podVerbs(role: V1ClusterRole | V1Role, group: string, resource: string)
 
 const DOWNWARD = { NODE_NAME: 'spec.nodeName', HOST_IP: 'status.hostIP', POD_NAME: 'metadata.name', POD_NAMESPACE: 'metadata.namespace' };
 
-describe('deploy: kubectl kustomize deploy/', () => {
+describe('deploy: kustomize build deploy/', () => {
   let base: ReturnType<typeof kustomize>;
   let withDelete: ReturnType<typeof kustomize>;
   let opDir: string;
