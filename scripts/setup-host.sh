@@ -26,7 +26,7 @@ needs=(
   chromium:chromium
   kubectl:kubernetes-client
   openssl:openssl
-  python3:python3
+  /usr/bin/python3:python3
 )
 
 missing=()

@@ -68,10 +68,10 @@ describe('mesh-cni bad input (no API server needed)', () => {
   it('reads a config that arrives in two parts, late, on a non-blocking stdin', async () => {
     // A runtime whose stdin pipe is non-blocking: the first read gives part of the config, the
     // next one EAGAIN; the rest must still be read, after what was already read. Node's own
-    // spawn makes a child's stdin blocking, so python3 sets O_NONBLOCK and execs the plugin.
+    // spawn makes a child's stdin blocking, so Debian's python3 sets O_NONBLOCK and execs the plugin.
     const setNonblock = 'import fcntl, os, sys; fcntl.fcntl(0, fcntl.F_SETFL, fcntl.fcntl(0, fcntl.F_GETFL) | os.O_NONBLOCK); os.execv(sys.argv[1], sys.argv[1:])';
     const config = JSON.stringify({ cniVersion: '0.3.1', name: 'late', padding: 'p'.repeat(20_000) });
-    const child = spawn('python3', ['-c', setNonblock, ...MESH_CNI_SOURCE], { env: cniEnv('VERSION', { ...chain, netns: 'dummy' }), stdio: ['pipe', 'pipe', 'pipe'] });
+    const child = spawn('/usr/bin/python3', ['-c', setNonblock, ...MESH_CNI_SOURCE], { env: cniEnv('VERSION', { ...chain, netns: 'dummy' }), stdio: ['pipe', 'pipe', 'pipe'] });
     let stdout = '';
     child.stdout.on('data', (d: Buffer) => (stdout += d.toString()));
     child.stdin.write(config.slice(0, 10_000));
