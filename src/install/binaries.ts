@@ -36,18 +36,18 @@ export class BinaryInstaller {
     this.destDir = destDir;
   }
 
-  /** The binaries to install: every regular file (or link to one) in the source dir. */
-  async sources(): Promise<string[]> {
+  /** The binaries to install: every regular file (or link to one) in the source dir, with its stat. */
+  async sources(): Promise<[name: string, stat: Stats][]> {
     let names: string[];
     try {
       names = await fs.readdir(this.srcDir);
     } catch (e) {
       throw new Error(`cannot read the binaries to install from ${this.srcDir}: ${(e as Error).message}`, { cause: e });
     }
-    const files: string[] = [];
+    const files: [string, Stats][] = [];
     for (const n of names.sort()) {
       const st = await fs.stat(path.join(this.srcDir, n)).catch(() => null);
-      if (st?.isFile()) files.push(n);
+      if (st?.isFile()) files.push([n, st]);
     }
     if (files.length === 0) throw new Error(`no binaries to install in ${this.srcDir} (is --cni-binaries-dir right?)`);
     return files;
@@ -56,10 +56,9 @@ export class BinaryInstaller {
   /** Copies what differs; returns the names written. */
   async sync(): Promise<string[]> {
     const written: string[] = [];
-    for (const name of await this.sources()) {
+    for (const [name, srcStat] of await this.sources()) {
       const src = path.join(this.srcDir, name);
       const dest = path.join(this.destDir, name);
-      const srcStat = await fs.stat(src);
       const destStat = await fs.lstat(dest).catch(() => null);
       if (
         destStat?.isFile() &&
@@ -82,7 +81,7 @@ export class BinaryInstaller {
   /** Removes the binaries we install from the host (uninstall). */
   async remove(): Promise<string[]> {
     const removed: string[] = [];
-    for (const name of await this.sources().catch(() => [])) {
+    for (const [name] of await this.sources().catch(() => [])) {
       if (await removeFile(path.join(this.destDir, name))) removed.push(name);
     }
     return removed;

@@ -199,7 +199,7 @@ export class Installer implements Component {
       return;
     }
     log.info('uninstalling mesh-cni from this node', { signal, why: decision.why });
-    const done = await this.reconciler.cleanup({ binaries: true });
+    const done = await this.reconciler.cleanup();
     for (const w of done) {
       metrics.writes.inc({ kind: w.kind, action: w.action });
       log.info(w.action === 'write' ? 'restored' : 'removed', { file: w.file, kind: w.kind });

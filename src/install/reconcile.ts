@@ -58,7 +58,9 @@ const sha256 = (s: string) => createHash('sha256').update(s).digest('hex');
  * uninstall after any number of agent restarts (every upgrade is one) can give the .conf back.
  * Hidden, and no config extension: no runtime reads it.
  */
-const originalRecord = (conflist: string) => `.${conflist}.mesh-original`;
+const RECORD_SUFFIX = '.mesh-original';
+const originalRecord = (conflist: string) => `.${conflist}${RECORD_SUFFIX}`;
+const isOriginalRecord = (name: string) => name.startsWith('.') && name.endsWith(RECORD_SUFFIX);
 
 const isFile = (file: string) => fs.stat(file).then((st) => st.isFile(), () => false);
 
@@ -76,10 +78,13 @@ export class Reconciler {
   private readonly env: EnvironmentFacts;
   private readonly binaries: BinaryInstaller;
   private readonly originals = new Map<string, Original>();
+  /** The conflist of our own in standalone mode (--cni-conf-name, or ours by default). */
+  private readonly standaloneName: string;
 
   constructor(settings: InstallSettings, env: EnvironmentFacts) {
     this.s = settings;
     this.env = env;
+    this.standaloneName = settings.cniConfName || STANDALONE_CONF_NAME;
     this.binaries = new BinaryInstaller(settings.cniBinariesDir, settings.mountedCniBinDir);
   }
 
@@ -89,7 +94,7 @@ export class Reconciler {
 
   /** Names in the net dir that are ours and never a primary config. */
   ownFiles(): ReadonlySet<string> {
-    return new Set([this.s.orchcfgFileName, this.s.chained ? STANDALONE_CONF_NAME : this.s.cniConfName || STANDALONE_CONF_NAME]);
+    return new Set([this.s.orchcfgFileName, this.s.chained ? STANDALONE_CONF_NAME : this.standaloneName]);
   }
 
   async reconcile(): Promise<Outcome> {
@@ -255,26 +260,28 @@ export class Reconciler {
     }
     // Our entry belongs only in the file the runtime reads: take it out of every other one (the
     // old primary when a new file took first place).
-    const keep = new Set([primary, primaryAfter, ...this.ownFiles()]);
-    for (const name of names) {
-      if (!keep.has(name) && isConfigFile(name)) await this.takeOut(name, writes);
-    }
+    await this.takeOutAllBut(names, new Set([primary, primaryAfter, ...this.ownFiles()]), writes);
     return primaryAfter;
   }
 
   private async syncStandalone(entry: JsonObject, writes: Write[]): Promise<string> {
-    const name = this.s.cniConfName || STANDALONE_CONF_NAME;
+    const name = this.standaloneName;
     const file = path.join(this.netDir, name);
     const text = standaloneConflist(entry);
     if ((await readIfExists(file)) !== text) {
       await writeFileAtomic(file, text, { mode: CONFIG_MODE });
       writes.push({ file, kind: 'cni_config', action: 'write' });
     }
-    const own = this.ownFiles();
-    for (const other of await fs.readdir(this.netDir)) {
-      if (other !== name && isConfigFile(other) && !own.has(other)) await this.takeOut(other, writes);
-    }
+    // ownFiles() holds our conflist in standalone mode.
+    await this.takeOutAllBut(await fs.readdir(this.netDir), this.ownFiles(), writes);
     return name;
+  }
+
+  /** Our entry out of every config file in `names` but those in `keep`. */
+  private async takeOutAllBut(names: readonly string[], keep: ReadonlySet<string | null>, writes: Write[]): Promise<void> {
+    for (const name of names) {
+      if (!keep.has(name) && isConfigFile(name)) await this.takeOut(name, writes);
+    }
   }
 
   /**
@@ -333,24 +340,22 @@ export class Reconciler {
   }
 
   /** Uninstall: our entry out of every config, our conflist and orchconfig gone, binaries too. */
-  async cleanup(opts: { binaries: boolean }): Promise<Write[]> {
+  async cleanup(): Promise<Write[]> {
     const writes: Write[] = [];
     const names = await fs.readdir(this.netDir).catch(() => [] as string[]);
     for (const name of names) {
       if (!isConfigFile(name)) continue;
-      if (!this.s.chained && name === (this.s.cniConfName || STANDALONE_CONF_NAME)) {
+      if (!this.s.chained && name === this.standaloneName) {
         if (await removeFile(path.join(this.netDir, name))) writes.push({ file: path.join(this.netDir, name), kind: 'cni_config', action: 'remove' });
         continue;
       }
       await this.takeOut(name, writes);
     }
     // Records of files no longer as we wrote them are no use to anyone now.
-    for (const name of names) if (name.startsWith('.') && name.endsWith('.mesh-original')) await removeFile(path.join(this.netDir, name));
+    for (const name of names) if (isOriginalRecord(name)) await removeFile(path.join(this.netDir, name));
     const orchconfig = path.join(this.netDir, this.s.orchcfgFileName);
     if (await removeFile(orchconfig)) writes.push({ file: orchconfig, kind: 'orchconfig', action: 'remove' });
-    if (opts.binaries) {
-      for (const name of await this.binaries.remove()) writes.push({ file: path.join(this.s.mountedCniBinDir, name), kind: 'binary', action: 'remove' });
-    }
+    for (const name of await this.binaries.remove()) writes.push({ file: path.join(this.s.mountedCniBinDir, name), kind: 'binary', action: 'remove' });
     return writes;
   }
 }
