@@ -39,11 +39,8 @@ function skipWithoutLookup(req: CniRequest): string | null {
   return null;
 }
 
-/** Pod lookup + skip logic + annotations, shared by ADD and CHECK. */
-async function decide(req: CniRequest, log: UdsLog): Promise<Decision> {
-  const early = skipWithoutLookup(req);
-  if (early !== null) return { skip: early };
-  const pod = req.pod!;
+/** Pod lookup + skip logic + annotations, shared by ADD and CHECK (after skipWithoutLookup). */
+async function decide(req: CniRequest, pod: NonNullable<CniRequest['pod']>, log: UdsLog): Promise<Decision> {
   const found = await lookupPod(req, pod, log);
   const why = skipReason(found);
   if (why !== null) return { skip: why };
@@ -127,7 +124,7 @@ export async function cmdAdd(req: CniRequest, log: UdsLog): Promise<Record<strin
   // both are on the pod's critical path.
   const flavourP = flavourFor(req, log);
   flavourP.catch(() => { /* awaited below when needed */ });
-  const d = await decide(req, log);
+  const d = await decide(req, req.pod!, log);
   if ('skip' in d) {
     // A detection under way finishes and is remembered, rather than orphaned at our exit.
     await flavourP.catch(() => {});
@@ -154,7 +151,8 @@ export async function cmdAdd(req: CniRequest, log: UdsLog): Promise<Record<strin
 export async function cmdCheck(req: CniRequest, log: UdsLog): Promise<void> {
   const result = convertResult(req.config.prevResult, req.config.cniVersion);
   requireNetns(req);
-  const d = await decide(req, log);
+  if (skipWithoutLookup(req) !== null) return;
+  const d = await decide(req, req.pod!, log);
   if ('skip' in d) return;
   const flavour = await flavourFor(req, log);
   const problems: string[] = [];

@@ -9,8 +9,6 @@ import { PROBE_ADDRESS_V4, PROBE_ADDRESS_V6, PROBE_PORT } from './redirect/const
 
 export interface ProbeOptions {
   readonly timeoutMs: number;
-  readonly port?: number;
-  readonly addresses?: readonly string[];
 }
 
 export type ProbeResult = { readonly ok: true; readonly detail: string } | { readonly ok: false; readonly detail: string };
@@ -28,18 +26,19 @@ function listen(host: string, port: number): Promise<net.Server | null> {
 }
 
 export async function probe(opts: ProbeOptions): Promise<ProbeResult> {
-  const port = opts.port ?? PROBE_PORT;
-  const addresses = opts.addresses ?? [PROBE_ADDRESS_V4, PROBE_ADDRESS_V6];
+  const port = PROBE_PORT;
+  const addresses = [PROBE_ADDRESS_V4, PROBE_ADDRESS_V6];
   const deadline = Date.now() + opts.timeoutMs;
   const arrivedPorts = new Set<number>();
   const waiters = new Map<number, () => void>();
-  let servers: net.Server[] = [];
   const sockets = new Set<net.Socket>();
-  try {
-    servers = (await Promise.all([listen('127.0.0.1', port), listen('::1', port)])).filter((s): s is net.Server => s !== null);
-  } catch (e) {
+  // Settled, not all: when one listen fails, the one that succeeded is closed again.
+  const listening = await Promise.allSettled([listen('127.0.0.1', port), listen('::1', port)]);
+  const servers = listening.flatMap((r) => (r.status === 'fulfilled' && r.value !== null ? [r.value] : []));
+  const failed = listening.find((r) => r.status === 'rejected');
+  if (failed) {
     for (const s of servers) s.close();
-    return { ok: false, detail: (e as Error).message };
+    return { ok: false, detail: (failed.reason as Error).message };
   }
   for (const s of servers) {
     s.on('connection', (c) => {

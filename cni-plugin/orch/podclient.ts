@@ -19,11 +19,12 @@ export class PodLookupError extends Error {
   }
 }
 
+/** 404s (or UID mismatches) tolerated before giving up: a new pod shows up within moments. */
+const MAX_NOT_FOUND = 5;
+
 export interface LookupOptions {
   readonly timeoutMs: number;
   readonly attemptTimeoutMs: number;
-  /** 404s (or UID mismatches) tolerated before giving up: a new pod shows up within moments. */
-  readonly maxNotFound?: number;
   /** When the runtime told us the pod UID, a pod with another UID is a stale namesake. */
   readonly expectUid?: string;
   /** Called on 401/403: a fresh read of the orchconfig (projected tokens rotate). */
@@ -86,7 +87,6 @@ export async function getPod(initial: OrchAccess, namespace: string, name: strin
   const path = `/api/v1/namespaces/${encodeURIComponent(namespace)}/pods/${encodeURIComponent(name)}`;
   const where = `${access.server.origin}${path}`;
   const deadline = Date.now() + opts.timeoutMs;
-  const maxNotFound = opts.maxNotFound ?? 5;
   const https = process.getBuiltinModule('node:https');
   const agent = new https.Agent({ keepAlive: true, maxSockets: 1 });
   let notFound = 0;
@@ -107,13 +107,13 @@ export async function getPod(initial: OrchAccess, namespace: string, name: strin
           const pod = JSON.parse(r.body) as PodLike;
           if (opts.expectUid && pod.metadata?.uid && pod.metadata.uid !== opts.expectUid) {
             last = `found UID ${pod.metadata.uid}, runtime asked for ${opts.expectUid}`;
-            if (++notFound > maxNotFound) throw new PodLookupError('not-found', attempt, `pod ${namespace}/${name} with UID ${opts.expectUid} not found at ${where}: ${last}`);
+            if (++notFound > MAX_NOT_FOUND) throw new PodLookupError('not-found', attempt, `pod ${namespace}/${name} with UID ${opts.expectUid} not found at ${where}: ${last}`);
           } else {
             return pod;
           }
         } else if (r.status === 404) {
           last = '404 Not Found';
-          if (++notFound > maxNotFound) throw new PodLookupError('not-found', attempt, `pod ${namespace}/${name} not found at ${where} after ${attempt} attempts`);
+          if (++notFound > MAX_NOT_FOUND) throw new PodLookupError('not-found', attempt, `pod ${namespace}/${name} not found at ${where} after ${attempt} attempts`);
         } else if (r.status === 401 || r.status === 403) {
           last = `${r.status} ${statusMessage(r.body)}`;
           if (!reloaded && opts.reloadAccess) {

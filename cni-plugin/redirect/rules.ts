@@ -45,12 +45,6 @@ class Doc {
     rules.push(`-A ${chain} ${rule}`);
   }
 
-  /** Declares a chain even if it stays empty (a jump target). */
-  chain(table: Table, chain: string): void {
-    const chains = this.chains.get(table)!;
-    if (!chains.has(chain)) chains.set(chain, []);
-  }
-
   /** Tables with any rule or chain of ours; `all` renders the others empty too. */
   render(all = false): string {
     const out: string[] = [];
@@ -87,7 +81,7 @@ export function buildFamilyRules(spec: RedirectSpec, family: Family): FamilyRule
 
   // Interfaces the mesh never touches, and virtual-machine interfaces whose traffic is outbound.
   const includeAll = spec.outboundCidrs === '*';
-  const includeCidrs = spec.outboundCidrs === '*' ? [] : ofFamily(spec.outboundCidrs);
+  const includeCidrs = includeAll ? [] : ofFamily(spec.outboundCidrs);
   for (const iface of spec.virtInterfaces) {
     if (includeAll) d.add('nat', 'PREROUTING', `-i ${iface} -j ${CHAIN.REDIRECT}`);
     for (const c of includeCidrs) d.add('nat', 'PREROUTING', `-d ${c.text} -i ${iface} -j ${CHAIN.REDIRECT}`);
@@ -155,8 +149,7 @@ export function buildFamilyRules(spec: RedirectSpec, family: Family): FamilyRule
     d.add('nat', CHAIN.OUTPUT, `-p udp -m udp --dport ${p} -j RETURN`);
   }
   d.add('nat', CHAIN.OUTPUT, `-s ${passthrough} -o lo -j RETURN`);
-  const loopbackIncluded = includeCidrs.some((c) => c.loopback) ||
-    (spec.outboundCidrs !== '*' && spec.outboundCidrs.some((c) => c.loopback));
+  const loopbackIncluded = !includeAll && spec.outboundCidrs.some((c) => c.loopback);
   const owners: [string, readonly string[]][] = [['uid', spec.proxyUids], ['gid', spec.proxyGids]];
   for (const [kind, ids] of owners) {
     for (const id of ids) {

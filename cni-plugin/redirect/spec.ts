@@ -50,7 +50,7 @@ export interface RedirectSpec {
   readonly dropInvalid: boolean;
 }
 
-export const DEFAULT_SPEC: RedirectSpec = Object.freeze({
+const DEFAULT_SPEC: RedirectSpec = Object.freeze({
   proxyPort: PROXY_PORT,
   inboundCapturePort: INBOUND_CAPTURE_PORT,
   inboundTunnelPort: INBOUND_TUNNEL_PORT,
@@ -120,7 +120,8 @@ function envFlag(pod: PodLike, name: string): boolean {
  * excludeInboundPorts always gets the agent ports added; an absent excludeOutboundPorts keeps the
  * default. Throws AnnotationError on the first bad value, before anything is applied.
  */
-export function specForPod(pod: PodLike, base: RedirectSpec = DEFAULT_SPEC): RedirectSpec {
+export function specForPod(pod: PodLike): RedirectSpec {
+  const base = DEFAULT_SPEC;
   const a = pod.metadata?.annotations ?? {};
   const interceptionMode = field<InterceptionMode>(a, ANNOTATION.INTERCEPTION_MODE, (v) => {
     const m = v.trim();
