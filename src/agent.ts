@@ -13,7 +13,7 @@ import { startControlz } from './monitoring/ctrlz.ts';
 import { closeLogging, configureLogging, scope } from './monitoring/logging.ts';
 import { startPluginLogServer } from './monitoring/logserver.ts';
 import { startMonitoringServer, type Readiness } from './monitoring/server.ts';
-import { podQuery, RepairController } from './repair/controller.ts';
+import { RepairController } from './repair/controller.ts';
 import { startRepair } from './repair/index.ts';
 
 const log = scope('default');
@@ -68,6 +68,6 @@ async function stopAll(components: readonly Component[], signal: NodeJS.Signals)
 /** The repair controller's watch, when it watches exactly the pods of this node. */
 function nodePodWatch(settings: Settings, repair: Component): PodSource | undefined {
   if (!(repair instanceof RepairController) || settings.env.nodeName === '') return undefined;
-  const q = podQuery(settings.repair);
+  const q = repair.query;
   return q.fieldSelector === `spec.nodeName=${settings.env.nodeName}` && q.labelSelector === '' ? repair.podSource : undefined;
 }

@@ -24,7 +24,7 @@ import { listenUnix } from '../monitoring/unixsocket.ts';
 import { clientNodeApi, type OrchApi } from '../orch/api.ts';
 import { orchKubeConfig } from '../orch/client.ts';
 import { realClock } from '../orch/limits.ts';
-import { PodSource } from '../orch/podsource.ts';
+import { PodSource, WATCH_DEFAULTS } from '../orch/podsource.ts';
 
 const log = scope('install');
 
@@ -83,13 +83,8 @@ export class NodePods {
   /** A watch of its own on the pods of `nodeName`. */
   static watching(api: OrchApi, nodeName: string): NodePods {
     const source = new PodSource(api, null, {
+      ...WATCH_DEFAULTS,
       query: { fieldSelector: `spec.nodeName=${nodeName}`, labelSelector: '' },
-      pageSize: 500,
-      requestTimeoutMs: 30_000,
-      watchTimeoutSeconds: 300,
-      silenceTimeoutMs: 120_000,
-      healthyAfterMs: 10_000,
-      backoff: { baseMs: 1000, maxMs: 30_000 },
       clock: realClock,
       logScope: 'install',
     });

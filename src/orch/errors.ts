@@ -26,21 +26,19 @@ export function parseRetryAfter(value: unknown): number | undefined {
   return Number.isNaN(t) ? undefined : Math.max(0, t - Date.now());
 }
 
-/** Turns whatever client-node threw into an ApiError. */
+/** "reason: message" of a Kubernetes Status object, or ''. */
+export function statusText(status: { reason?: unknown; message?: unknown }): string {
+  return [status.reason, status.message].filter((x) => typeof x === 'string' && x !== '').join(': ');
+}
+
+/**
+ * An ApiError for what a call threw: our requests throw ApiErrors already; client-node's Watch
+ * throws an Error with the HTTP status on `statusCode`, or a network error.
+ */
 export function toApiError(what: string, e: unknown): ApiError {
   if (e instanceof ApiError) return e;
-  const err = e as { code?: unknown; statusCode?: unknown; body?: unknown; headers?: Record<string, unknown>; message?: string; name?: string };
-  const code = typeof err.code === 'number' ? err.code : typeof err.statusCode === 'number' ? err.statusCode : undefined;
-  if (code !== undefined) {
-    let message: string;
-    try {
-      const status = (typeof err.body === 'string' ? JSON.parse(err.body) : err.body) as { message?: string; reason?: string } | undefined;
-      message = [status?.reason, status?.message].filter(Boolean).join(': ');
-    } catch {
-      message = '';
-    }
-    return new ApiError(what, code, message, parseRetryAfter(err.headers?.['retry-after']));
-  }
+  const err = e as { statusCode?: unknown; message?: string; name?: string };
+  if (typeof err.statusCode === 'number') return new ApiError(what, err.statusCode, '');
   const detail = err.name === 'AbortError' || err.name === 'TimeoutError' ? 'no answer in time (aborted)' : (err.message ?? String(e));
   return new ApiError(what, undefined, detail);
 }

@@ -9,7 +9,7 @@ import type { V1Pod } from '@kubernetes/client-node';
 import type { LogScope } from '../config/flags.ts';
 import { scope, type Logger } from '../monitoring/logging.ts';
 import type { PodQuery, OrchApi, WatchEventType } from './api.ts';
-import { ApiError, toApiError } from './errors.ts';
+import { ApiError, statusText, toApiError } from './errors.ts';
 import { Backoff, type BackoffOptions, type Clock } from './limits.ts';
 
 export interface PodHandler {
@@ -35,12 +35,25 @@ export interface PodSourceOptions {
   readonly onCacheSize?: (pods: number) => void;
 }
 
+/**
+ * The watch timing both readers use by default. A real API server sends a bookmark about once a
+ * minute, so two minutes of silence means the stream is dead; it closes a watch itself after
+ * watchTimeoutSeconds (here 5-10 min, jittered).
+ */
+export const WATCH_DEFAULTS = {
+  pageSize: 500,
+  requestTimeoutMs: 30_000,
+  watchTimeoutSeconds: 300,
+  silenceTimeoutMs: 120_000,
+  healthyAfterMs: 10_000,
+  backoff: { baseMs: 1000, maxMs: 30_000 },
+} as const satisfies Partial<PodSourceOptions>;
+
 export type RestartReason = 'closed' | 'expired' | 'silent' | 'error';
 export type SourceState = 'starting' | 'listing' | 'watching' | 'backoff' | 'stopped';
 
 interface WatchEnd {
   readonly reason: RestartReason | 'stopped';
-  readonly resourceVersion: string;
   readonly healthy: boolean;
   readonly error?: ApiError;
 }
@@ -133,7 +146,8 @@ export class PodSource {
         this.#state = 'watching';
         const end = await this.#watch(rv);
         if (end.reason === 'stopped') break;
-        rv = end.reason === 'expired' ? '' : end.resourceVersion;
+        // Events and bookmarks moved #resourceVersion on; an expired one means listing again.
+        rv = end.reason === 'expired' ? '' : this.#resourceVersion;
         if (end.healthy) backoff.reset();
         this.#restarts[end.reason]++;
         this.#o.onRestart?.(end.reason);
@@ -192,7 +206,6 @@ export class PodSource {
   #watch(rv: string): Promise<WatchEnd> {
     return new Promise<WatchEnd>((resolve) => {
       const started = this.#o.clock.now();
-      let last = rv;
       let delivered = false;
       let finished = false;
       let controller: AbortController | undefined;
@@ -204,11 +217,12 @@ export class PodSource {
         this.#stop.signal.removeEventListener('abort', onStop);
         controller?.abort();
         const healthy = delivered || this.#o.clock.now() - started >= this.#o.healthyAfterMs;
-        resolve({ reason, resourceVersion: last, healthy, ...(error ? { error } : {}) });
+        resolve({ reason, healthy, ...(error ? { error } : {}) });
       };
       const arm = () => {
-        clearTimeout(watchdog);
-        watchdog = setTimeout(() => finish('silent', new ApiError('watching pods', undefined, `no event or bookmark for ${this.#o.silenceTimeoutMs} ms`)), this.#o.silenceTimeoutMs);
+        // Restarted on every event: the same timer, pushed back.
+        if (watchdog) watchdog.refresh();
+        else watchdog = setTimeout(() => finish('silent', new ApiError('watching pods', undefined, `no event or bookmark for ${this.#o.silenceTimeoutMs} ms`)), this.#o.silenceTimeoutMs);
       };
       const onStop = () => finish('stopped');
       this.#stop.signal.addEventListener('abort', onStop, { once: true });
@@ -218,16 +232,13 @@ export class PodSource {
         arm();
         if (type === 'ERROR') {
           const status = obj as { code?: number; message?: string; reason?: string };
-          const err = new ApiError('watching pods', status.code ?? 500, [status.reason, status.message].filter(Boolean).join(': '));
+          const err = new ApiError('watching pods', status.code ?? 500, statusText(status));
           finish(status.code === 410 ? 'expired' : 'error', err);
           return;
         }
         const pod = obj as V1Pod;
         const objRv = pod.metadata?.resourceVersion;
-        if (objRv) {
-          last = objRv;
-          this.#resourceVersion = objRv;
-        }
+        if (objRv) this.#resourceVersion = objRv;
         if (type === 'BOOKMARK') return;
         delivered = true;
         const k = podKey(pod);

@@ -4,7 +4,7 @@
 import http from 'node:http';
 import https from 'node:https';
 import type { KubeConfig } from '@kubernetes/client-node/dist/config.js';
-import { ApiError, parseRetryAfter } from './errors.ts';
+import { ApiError, parseRetryAfter, statusText } from './errors.ts';
 
 export interface RequestOptions {
   readonly query?: Readonly<Record<string, string | number | boolean | undefined>>;
@@ -13,11 +13,10 @@ export interface RequestOptions {
   readonly signal?: AbortSignal;
 }
 
-/** The message of a Kubernetes Status body ("reason: message"), or ''. */
+/** The "reason: message" of a Kubernetes Status body, or ''. */
 function statusMessage(body: string): string {
   try {
-    const status = JSON.parse(body) as { message?: unknown; reason?: unknown };
-    return [status.reason, status.message].filter((x) => typeof x === 'string' && x !== '').join(': ');
+    return statusText(JSON.parse(body) as { reason?: unknown; message?: unknown });
   } catch {
     return '';
   }

@@ -14,12 +14,12 @@ import type { CoreV1Event, V1Pod } from '@kubernetes/client-node';
 import type { Component } from '../component.ts';
 import type { RepairSettings } from '../config/settings.ts';
 import { scope } from '../monitoring/logging.ts';
-import type { OrchApi } from '../orch/api.ts';
+import type { OrchApi, PodQuery } from '../orch/api.ts';
 import { toApiError, type ApiError } from '../orch/errors.ts';
-import { detectBroken, hasLabel, type BrokenCriteria } from './detect.ts';
+import { detectBroken, hasLabel } from './detect.ts';
 import { Backoff, TokenBucket, realClock, type Clock } from '../orch/limits.ts';
 import { podsRepaired, podsSeenBroken, repairFailures, watchedPods, watchRestarts } from './metrics.ts';
-import { PodSource } from '../orch/podsource.ts';
+import { PodSource, WATCH_DEFAULTS } from '../orch/podsource.ts';
 import { formatFieldSelector, formatLabelSelector, parseFieldSelector, parseLabelSelector } from '../orch/selectors.ts';
 
 const log = scope('repair');
@@ -43,20 +43,19 @@ export interface RepairTiming {
   readonly stopGraceMs: number;
 }
 
-// A real API server sends a bookmark about once a minute, so two minutes of silence means the
-// stream is dead; it closes a watch itself after timeoutSeconds (here 5-10 min, jittered).
+// The watch's own values are the pod source's defaults (WATCH_DEFAULTS, shared with the pod lookup).
 export const DEFAULT_TIMING: RepairTiming = {
-  watchBackoffBaseMs: 1000,
-  watchBackoffMaxMs: 30_000,
+  watchBackoffBaseMs: WATCH_DEFAULTS.backoff.baseMs,
+  watchBackoffMaxMs: WATCH_DEFAULTS.backoff.maxMs,
   actionBackoffBaseMs: 500,
   actionBackoffMaxMs: 15_000,
   maxAttempts: 6,
-  requestTimeoutMs: 30_000,
-  watchTimeoutSeconds: 300,
-  silenceTimeoutMs: 120_000,
-  healthyWatchMs: 10_000,
+  requestTimeoutMs: WATCH_DEFAULTS.requestTimeoutMs,
+  watchTimeoutSeconds: WATCH_DEFAULTS.watchTimeoutSeconds,
+  silenceTimeoutMs: WATCH_DEFAULTS.silenceTimeoutMs,
+  healthyWatchMs: WATCH_DEFAULTS.healthyAfterMs,
   resyncIntervalMs: 300_000,
-  pageSize: 500,
+  pageSize: WATCH_DEFAULTS.pageSize,
   stopGraceMs: 10_000,
 };
 
@@ -110,12 +109,13 @@ export function podQuery(s: Pick<RepairSettings, 'nodeName' | 'fieldSelectors' |
 
 export class RepairController implements Component {
   readonly name = 'repair';
+  /** The selectors of the watch, worked out once from the settings. */
+  readonly query: PodQuery;
   readonly #s: RepairSettings;
   readonly #api: OrchApi;
   readonly #reporter: RepairControllerOptions['reporter'];
   readonly #t: RepairTiming;
   readonly #clock: Clock;
-  readonly #criteria: BrokenCriteria;
   readonly #mode: RepairMode;
   readonly #source: PodSource;
   readonly #bucket: TokenBucket;
@@ -134,18 +134,18 @@ export class RepairController implements Component {
 
   constructor(o: RepairControllerOptions) {
     this.#s = o.settings;
+    this.query = podQuery(o.settings);
     this.#api = o.api;
     this.#reporter = o.reporter;
     this.#t = { ...DEFAULT_TIMING, ...o.timing };
     this.#clock = o.clock ?? realClock;
-    this.#criteria = o.settings;
     this.#mode = repairMode(o.settings);
     this.#bucket = new TokenBucket(o.settings.qps, o.settings.burst, this.#clock);
     this.#source = new PodSource(
       o.api,
       { upsert: (p) => this.#consider(p, false), remove: (p) => this.#forget(p) },
       {
-        query: podQuery(o.settings),
+        query: this.query,
         pageSize: this.#t.pageSize,
         requestTimeoutMs: this.#t.requestTimeoutMs,
         watchTimeoutSeconds: this.#t.watchTimeoutSeconds,
@@ -175,8 +175,7 @@ export class RepairController implements Component {
   }
 
   start(): void {
-    const q = podQuery(this.#s);
-    log.info('repair controller starting', { mode: this.#mode, fieldSelector: q.fieldSelector, labelSelector: q.labelSelector, qps: this.#s.qps, burst: this.#s.burst, concurrency: this.#s.concurrency });
+    log.info('repair controller starting', { mode: this.#mode, fieldSelector: this.query.fieldSelector, labelSelector: this.query.labelSelector, qps: this.#s.qps, burst: this.#s.burst, concurrency: this.#s.concurrency });
     this.#source.start();
     const resync = () => {
       this.#resync();
@@ -195,7 +194,7 @@ export class RepairController implements Component {
     return {
       enabled: true,
       mode: this.#mode,
-      query: podQuery(this.#s),
+      query: this.query,
       watch: this.#source.status(),
       counts: { ...this.#counts },
       queued: this.#queue.length,
@@ -225,7 +224,7 @@ export class RepairController implements Component {
   #consider(pod: V1Pod, resync: boolean): void {
     const uid = pod.metadata?.uid;
     if (!uid) return;
-    const broken = detectBroken(pod, this.#criteria);
+    const broken = detectBroken(pod, this.#s);
     const rec = this.#records.get(uid);
     if (rec) rec.pod = pod;
     if (!broken) return;

@@ -11,8 +11,6 @@ import { scope } from '../monitoring/logging.ts';
 
 const log = scope('repair');
 
-export { RepairController } from './controller.ts';
-
 export async function startRepair(settings: Settings, timing?: Partial<RepairTiming>): Promise<Component> {
   if (!settings.repair.enabled) return disabledComponent('repair');
   if (settings.repair.nodeName === '') {
