@@ -33,8 +33,13 @@ function fromSource(): Omit<BuildInfo, 'nodeVersion' | 'platform'> {
   return { version: pkg.version, gitCommit, gitTreeState, buildTime: 'unknown' };
 }
 
+let known: BuildInfo | undefined;
+
+/** Worked out once per process: from source it runs git, and /metrics and ControlZ ask often. */
 export function buildInfo(): BuildInfo {
+  if (known) return known;
   const baked = typeof __MESH_BUILD_INFO__ === 'undefined' ? undefined : __MESH_BUILD_INFO__;
   const base = baked ? { ...baked, gitTreeState: 'clean' as const } : fromSource();
-  return { ...base, nodeVersion: process.version, platform: `${process.platform}/${process.arch}` };
+  known = { ...base, nodeVersion: process.version, platform: `${process.platform}/${process.arch}` };
+  return known;
 }

@@ -47,6 +47,13 @@ export const LOG_SCOPES = [
   'monitoring', 'repair', 'spiffe', 'trustBundle', 'validation',
 ] as const;
 export type LogScope = Exclude<(typeof LOG_SCOPES)[number], 'all'>;
+/** Every scope itself (LOG_SCOPES without `all`). */
+export const SCOPES: readonly LogScope[] = LOG_SCOPES.filter((s): s is LogScope => s !== 'all');
+
+/** Every scope at one level. */
+export function scopesAt(level: LogLevel): Record<LogScope, LogLevel> {
+  return Object.fromEntries(SCOPES.map((s) => [s, level])) as Record<LogScope, LogLevel>;
+}
 
 export const CLEANUP_MODES = ['auto', 'always', 'never'] as const;
 export type CleanupMode = (typeof CLEANUP_MODES)[number];

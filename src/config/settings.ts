@@ -2,7 +2,7 @@
 // agent reads process.env: the entry point passes it here once.
 
 import path from 'node:path';
-import { CLEANUP_MODES, FLAGS, LOG_LEVELS, LOG_SCOPES, type CleanupMode, type FlagSpec, type LogLevel, type LogScope } from './flags.ts';
+import { CLEANUP_MODES, FLAGS, LOG_LEVELS, LOG_SCOPES, SCOPES, scopesAt, type CleanupMode, type FlagSpec, type LogLevel, type LogScope } from './flags.ts';
 import { ConfigError, ConfigErrors, MAX_TIMER_MS, parseBool, parseDuration, parseEnum, parseFileMode, parseInt10, parseList } from './parse.ts';
 import { isLabelKey, isLabelValue, parseFieldSelector, parseLabelSelector } from '../orch/selectors.ts';
 
@@ -88,11 +88,9 @@ export interface Settings {
 export type RawFlags = Readonly<Record<string, string | boolean | undefined>>;
 export type Env = Readonly<Record<string, string | undefined>>;
 
-const SCOPES = LOG_SCOPES.filter((s): s is LogScope => s !== 'all');
-
 /** `scope:level,...` as in the seed; a bare level applies to `default`, `all:` to every scope. */
 export function parseScopeLevels(flag: string, value: string, base: LogLevel): Record<LogScope, LogLevel> {
-  const out = Object.fromEntries(SCOPES.map((s) => [s, base])) as Record<LogScope, LogLevel>;
+  const out = scopesAt(base);
   for (const item of parseList(value)) {
     const i = item.lastIndexOf(':');
     const scope = i < 0 ? 'default' : item.slice(0, i);

@@ -12,7 +12,8 @@ import { maskedArgs, maskedEnvironment } from '../config/environ.ts';
 import { LOG_LEVELS, type LogLevel, type LogScope } from '../config/flags.ts';
 import type { Settings } from '../config/settings.ts';
 import { CONTROLZ_CSP, CONTROLZ_PAGE } from './ctrlz-page.ts';
-import { callerScopes, scope, scopeLevels, SCOPES, setScopeLevel, setStacktraceLevel, stacktraceLevels } from './logging.ts';
+import { SCOPES } from '../config/flags.ts';
+import { callerScopes, scope, scopeLevels, setScopeLevel, setStacktraceLevel, stacktraceLevels } from './logging.ts';
 import { registry } from './metrics.ts';
 
 const log = scope('monitoring');

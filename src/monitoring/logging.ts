@@ -7,7 +7,7 @@ import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { pino, stdSerializers, type Logger as PinoLogger } from 'pino';
 import type { LogLevel, LogScope } from '../config/flags.ts';
-import { LOG_SCOPES } from '../config/flags.ts';
+import { scopesAt } from '../config/flags.ts';
 import type { LoggingSettings } from '../config/settings.ts';
 import { openLogOutputs, stdoutOutput, type LogOutput } from './logtargets.ts';
 
@@ -22,7 +22,6 @@ export interface Logger {
   enabled(level: EmitLevel): boolean;
 }
 
-export const SCOPES: readonly LogScope[] = LOG_SCOPES.filter((s): s is LogScope => s !== 'all');
 const RANK: Record<LogLevel, number> = { none: 0, error: 1, warn: 2, info: 3, debug: 4 };
 const ROOT_DIR = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../..');
 
@@ -88,12 +87,11 @@ export function toConsoleLine(json: string): string {
   return `${String(time)}\t${String(level)}\t${String(scope)}\t${escapeControl(String(msg))}${kv ? '\t' + kv : ''}\n`;
 }
 
-const allAt = (level: LogLevel) => Object.fromEntries(SCOPES.map((s) => [s, level])) as Record<LogScope, LogLevel>;
 const stdoutSink: Sink = stdoutOutput;
 
 const state: State = {
-  levels: allAt('info'),
-  stacktrace: allAt('none'),
+  levels: scopesAt('info'),
+  stacktrace: scopesAt('none'),
   caller: new Set(),
   vklog: 0,
   asJson: false,
@@ -119,7 +117,7 @@ export function configureLogging(settings: ConfigurableSettings, sink?: Sink): v
   const fanOut: Sink = sink ?? (outputs.length === 1 && outputs[0] ? outputs[0] : { write: (line) => { for (const o of outputs) o.write(line); } });
   const previous = state.outputs;
   state.levels = { ...settings.outputLevels };
-  state.stacktrace = { ...(settings.stacktraceLevels ?? allAt('none')) };
+  state.stacktrace = { ...(settings.stacktraceLevels ?? scopesAt('none')) };
   state.caller = new Set(settings.caller ?? []);
   state.vklog = settings.vklog ?? 0;
   state.asJson = settings.asJson;

@@ -12,18 +12,13 @@ for (const name of ['nodejs_active_handles_total', 'nodejs_active_requests_total
   registry.removeSingleMetric(name);
 }
 
-// Asked for on the first scrape only: from source, build info runs git once.
-let buildLabels: { version: string; git_commit: string; node_version: string } | undefined;
 new Gauge({
   name: 'mesh_cni_build_info',
   help: 'Build of the running install-cni: version, git commit and Node.js version; always 1.',
   labelNames: ['version', 'git_commit', 'node_version'] as const,
   registers: [registry],
   collect() {
-    if (!buildLabels) {
-      const b = buildInfo();
-      buildLabels = { version: b.version, git_commit: b.gitCommit, node_version: b.nodeVersion };
-      this.set(buildLabels, 1);
-    }
+    const b = buildInfo();
+    this.set({ version: b.version, git_commit: b.gitCommit, node_version: b.nodeVersion }, 1);
   },
 });
