@@ -29,12 +29,11 @@ export interface SeaOptions {
   readonly main: string;
   readonly out: string;
   readonly mode: SeaMode;
-  readonly nodeBinary?: string;
 }
 
 /** Builds one executable; returns false when the stamp says it is already up to date. */
 export function buildSea(o: SeaOptions): boolean {
-  const node = o.nodeBinary ?? process.execPath;
+  const node = process.execPath;
   const work = path.join(o.root, 'dist', '.sea');
   mkdirSync(work, { recursive: true });
   mkdirSync(path.dirname(o.out), { recursive: true });

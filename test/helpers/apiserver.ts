@@ -9,13 +9,10 @@
 
 import type { CoreV1Event, V1DaemonSet, V1Pod } from '@kubernetes/client-node';
 import { randomUUID } from 'node:crypto';
-import { mkdtemp, rm, writeFile } from 'node:fs/promises';
 import { writeFileSync } from 'node:fs';
 import https from 'node:https';
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import type { AddressInfo, Socket } from 'node:net';
-import os from 'node:os';
-import path from 'node:path';
 import {
   matchesFields,
   matchesLabels,
@@ -39,7 +36,6 @@ export interface TestApiServer {
   readonly host: string;
   readonly port: number;
   readonly caPem: string;
-  readonly caFile: string;
   readonly token: string;
   upsertPod(pod: V1Pod): V1Pod;
   getPod(namespace: string, name: string): V1Pod | undefined;
@@ -66,8 +62,6 @@ export interface TestApiServer {
   connections(): number;
   /** Serves a certificate from a new CA from now on (cutting open connections); returns the new CA. */
   rotateCertificate(): Promise<string>;
-  /** The newest resourceVersion handed out. */
-  resourceVersion(): number;
 }
 
 export interface TestApiServerOptions {
@@ -268,9 +262,6 @@ export async function startTestApiServer(opts: TestApiServerOptions = {}): Promi
   const token = opts.token ?? `test-token-${randomUUID()}`;
   const bookmarkIntervalMs = opts.bookmarkIntervalMs ?? 1000;
   let certs = await makeTestCerts();
-  const tmp = await mkdtemp(path.join(os.tmpdir(), 'mcni-apiserver-'));
-  const caFile = path.join(tmp, 'ca.crt');
-  await writeFile(caFile, certs.caPem);
 
   const pods = new Map<string, V1Pod>();
   const daemonSets = new Map<string, V1DaemonSet>();
@@ -603,8 +594,8 @@ export async function startTestApiServer(opts: TestApiServerOptions = {}): Promi
     const method = req.method ?? 'GET';
     const p = url.pathname.replace(/\/+$/, '') || '/';
     const q = url.searchParams;
-    const d = discovery();
     if (method === 'GET') {
+      const d = discovery();
       if (p === '/version') return { code: 200, body: d.version };
       if (p === '/api') return { code: 200, body: d.api };
       if (p === '/apis') return { code: 200, body: d.apis };
@@ -761,7 +752,6 @@ export async function startTestApiServer(opts: TestApiServerOptions = {}): Promi
     get caPem() {
       return certs.caPem;
     },
-    caFile,
     token,
     upsertPod,
     getPod: (ns, name) => {
@@ -792,7 +782,6 @@ export async function startTestApiServer(opts: TestApiServerOptions = {}): Promi
       // A new CA and serving certificate; every open connection (watches too) is cut, so
       // clients reconnect and must trust the new CA.
       certs = await makeTestCerts();
-      await writeFile(caFile, certs.caPem);
       server.setSecureContext({ cert: certs.certPem, key: certs.keyPem });
       closeWatches();
       for (const sock of sockets) sock.destroy();
@@ -824,13 +813,9 @@ export async function startTestApiServer(opts: TestApiServerOptions = {}): Promi
       writeFileSync(file, JSON.stringify(config, null, 2), { mode: 0o600 });
       return file;
     },
-    close: async () => {
-      await stop();
-      await rm(tmp, { recursive: true, force: true });
-    },
+    close: stop,
     openWatches: () => watches.size,
     connections: () => handshakes,
-    resourceVersion: () => rv,
   };
   return api;
 }

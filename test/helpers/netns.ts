@@ -59,11 +59,6 @@ export class Netns {
     return sh(['ip', 'netns', 'exec', this.name, ...argv], input);
   }
 
-  tryExec(argv: readonly string[], input?: string): { status: number | null; stdout: string; stderr: string } {
-    const r = spawnSync('ip', ['netns', 'exec', this.name, ...argv], { encoding: 'utf8', input });
-    return { status: r.status, stdout: r.stdout, stderr: r.stderr };
-  }
-
   remove(): void {
     spawnSync('ip', ['netns', 'del', this.name]);
   }
@@ -132,9 +127,4 @@ export class BridgeNetwork {
     this.host.remove();
     rmSync(this.dataDir, { recursive: true, force: true });
   }
-}
-
-/** iptables-save of the pod netns for the given binary (`iptables-nft-save`, ...). */
-export function saveRules(ns: Netns, bin = 'iptables-nft-save'): string {
-  return ns.exec([bin]);
 }
