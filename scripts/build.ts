@@ -5,7 +5,7 @@
 // Build info (version, git commit) is baked in so `version` needs no git at run time.
 
 import { execFileSync } from 'node:child_process';
-import { existsSync, readFileSync } from 'node:fs';
+import { readFileSync } from 'node:fs';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import * as esbuild from 'esbuild';
@@ -36,7 +36,6 @@ const entries: Entry[] = [
 ];
 
 for (const e of entries) {
-  if (!existsSync(path.join(root, e.in))) continue;
   const result = await esbuild.build({
     ...bundleOptions(e.format, buildInfo),
     entryPoints: [path.join(root, e.in)],
@@ -46,14 +45,13 @@ for (const e of entries) {
   // failures on the node at run time: fail the build instead.
   if (result.warnings.length > 0) throw new Error(`build: ${e.out}: ${result.warnings.length} esbuild warning(s), printed above`);
 }
-console.log(`build: ${entries.filter((e) => existsSync(path.join(root, e.in))).map((e) => e.out).join(', ')}`);
+console.log(`build: ${entries.map((e) => e.out).join(', ')}`);
 
 // Single executables for the node (no Node.js there): dist/bin/mesh-cni, dist/mesh-validation.
 // MESH_SEA_MODE=plain|codecache|snapshot overrides the measured default; MESH_SEA=0 skips them.
 if (process.env.MESH_SEA !== '0') {
   const mode = seaModeFrom(process.env.MESH_SEA_MODE);
   for (const [bundle, exe] of [['dist/mesh-cni.cjs', 'dist/bin/mesh-cni'], ['dist/mesh-validation.cjs', 'dist/mesh-validation']] as const) {
-    if (!existsSync(path.join(root, bundle))) continue;
     const built = buildSea({ root, main: path.join(root, bundle), out: path.join(root, exe), mode });
     console.log(`build: ${exe} (SEA, ${mode}${built ? '' : ', up to date'})`);
   }

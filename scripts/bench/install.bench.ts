@@ -10,6 +10,7 @@ import fs from 'node:fs/promises';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { spawnAgent } from '../../test/helpers/agent.ts';
+import { pct } from './lib/stats.ts';
 import { BRIDGE_CONFLIST, makeHostTree, type HostTree } from '../../test/helpers/hosttree.ts';
 
 const REWRITES = Number(process.env.REWRITES ?? 200);
@@ -126,11 +127,6 @@ async function runPoller(): Promise<Result> {
     child.kill('SIGKILL');
     await tree.remove();
   }
-}
-
-function pct(xs: number[], p: number): number {
-  const s = [...xs].sort((a, b) => a - b);
-  return s[Math.min(s.length - 1, Math.ceil((p / 100) * s.length) - 1)]!;
 }
 
 const results = [await runAgent(), await runPoller()];

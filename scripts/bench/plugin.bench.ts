@@ -19,6 +19,7 @@ import { startTestApiServer } from '../../test/helpers/apiserver.ts';
 import { ROOT } from '../../test/helpers/cli.ts';
 import { BridgeNetwork, cniEnv, Netns, run, type ChainEnv } from '../../test/helpers/netns.ts';
 import { k8sArgs, meshPod, pluginConfig } from '../../test/helpers/plugin.ts';
+import { pct } from './lib/stats.ts';
 import { buildSea, SEA_MODES } from '../sea.ts';
 import type { V1Pod } from '@kubernetes/client-node';
 import { buildFamilyRules } from '../../cni-plugin/redirect/rules.ts';
@@ -131,10 +132,6 @@ try {
   rmSync(tmp, { recursive: true, force: true });
 }
 
-const pct = (xs: number[], p: number) => {
-  const s = [...xs].sort((a, b) => a - b);
-  return s[Math.min(s.length - 1, Math.ceil((p / 100) * s.length) - 1)]!;
-};
 const floor = pct(times.get('node -e 0 (floor)')!, 50);
 const rows = [...times.entries()].map(([name, xs]) => ({
   name, n: xs.length, p50: pct(xs, 50), p99: pct(xs, 99), mean: xs.reduce((a, b) => a + b, 0) / xs.length,

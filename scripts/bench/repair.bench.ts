@@ -22,6 +22,7 @@ import { fileURLToPath } from 'node:url';
 import { startTestApiServer, type TestApiServer } from '../../test/helpers/apiserver.ts';
 import { bundleOptions } from '../bundle-options.ts';
 import { brokenPod, testPod } from '../../test/helpers/pods.ts';
+import { waitFor } from '../../test/helpers/poll.ts';
 
 const PODS = Number(process.env.PODS ?? 1000);
 const REACTIONS = Number(process.env.REACTIONS ?? 200);
@@ -71,13 +72,7 @@ function procKb(pid: number, field: 'VmRSS' | 'VmHWM'): number {
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
-async function until(what: string, pred: () => boolean, timeoutMs: number, stepMs = 5): Promise<void> {
-  const deadline = performance.now() + timeoutMs;
-  while (!pred()) {
-    if (performance.now() > deadline) throw new Error(`timed out waiting for ${what}`);
-    await sleep(stepMs);
-  }
-}
+const until = (what: string, pred: () => boolean, timeoutMs: number, everyMs = 5) => waitFor(what, pred, { timeoutMs, everyMs });
 
 /** Starts a contender against a fresh server holding `pods`, waits until it has listed them. */
 async function launch(c: Contender, pods: number) {

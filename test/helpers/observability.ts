@@ -1,8 +1,8 @@
 // Helpers for the observability tests: HTTP requests with a bounded wait, promtool, and a
 // capturing log sink.
 
-import { spawn } from 'node:child_process';
 import http from 'node:http';
+import { run } from './netns.ts';
 
 export interface HttpResult {
   readonly status: number;
@@ -24,23 +24,9 @@ export function request(url: string, opts: { method?: string; headers?: Record<s
   });
 }
 
-/** Runs a command with stdin, bounded by a timeout. */
-export function runWithInput(cmd: string, args: readonly string[], input: string, timeoutMs = 30_000): Promise<{ code: number | null; stdout: string; stderr: string }> {
-  return new Promise((resolve, reject) => {
-    const child = spawn(cmd, args, { stdio: ['pipe', 'pipe', 'pipe'], timeout: timeoutMs });
-    let stdout = '';
-    let stderr = '';
-    child.stdout.on('data', (d: Buffer) => (stdout += d.toString()));
-    child.stderr.on('data', (d: Buffer) => (stderr += d.toString()));
-    child.on('error', reject);
-    child.on('close', (code) => resolve({ code, stdout, stderr }));
-    child.stdin.end(input);
-  });
-}
-
 /** `promtool check metrics` on an exposition; resolves with its complaints (empty when clean). */
 export async function promtoolProblems(text: string): Promise<string> {
-  const r = await runWithInput('promtool', ['check', 'metrics'], text);
+  const r = await run('promtool', ['check', 'metrics'], { input: text });
   return r.code === 0 ? '' : `exit ${r.code}: ${r.stdout}${r.stderr}`;
 }
 

@@ -5,7 +5,8 @@ import { Counter } from 'prom-client';
 import { registry } from '../../src/monitoring/metrics.ts';
 import { toOpenMetrics, wantsOpenMetrics } from '../../src/monitoring/openmetrics.ts';
 import { startMonitoringServer, type MonitoringServer } from '../../src/monitoring/server.ts';
-import { promtoolProblems, request, runWithInput } from '../helpers/observability.ts';
+import { run } from '../helpers/netns.ts';
+import { promtoolProblems, request } from '../helpers/observability.ts';
 
 // A counter of the kind every part defines, to see it in both formats.
 const probe = new Counter({ name: 'mesh_cni_test_probe_total', help: 'Test counter.', labelNames: ['reason'] as const, registers: [registry] });
@@ -39,11 +40,11 @@ describe('monitoring server', () => {
     assert.match(r.body, /^mesh_cni_test_probe_total\{reason="x"\} 3$/m);
     assert.ok(r.body.endsWith('# EOF\n'));
     // A strict OpenMetrics parser (Debian python3-prometheus-client) reads every family.
-    const py = await runWithInput('/usr/bin/python3', ['-c', [
+    const py = await run('/usr/bin/python3', ['-c', [
       'import sys',
       'from prometheus_client.openmetrics.parser import text_string_to_metric_families as p',
       'print(len(list(p(sys.stdin.read()))))',
-    ].join('\n')], r.body);
+    ].join('\n')], { input: r.body });
     assert.equal(py.code, 0, py.stderr);
     assert.ok(Number(py.stdout) > 10, py.stdout);
     // The registry itself is unchanged: the next Prometheus scrape still says *_total.
