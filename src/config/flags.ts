@@ -18,6 +18,8 @@ export interface FlagSpec {
   readonly help: string;
   /** For completion: fixed choices. */
   readonly choices?: readonly string[];
+  /** For completion: the value is a path to a file (or socket) or to a directory. */
+  readonly path?: 'file' | 'dir';
   /** Group shown in help and README. */
   readonly group: 'install' | 'repair' | 'logging' | 'ctrlz' | 'monitoring';
 }
@@ -63,28 +65,28 @@ export const FLAGS: readonly FlagSpec[] = [
   installFlag('ambient-enabled', 'bool', 'false', 'Whether ambient mode is enabled (not implemented yet: turning it on fails at start-up).'),
   installFlag('chained-cni-plugin', 'bool', 'true', 'Whether to install the plugin as a chained entry of the primary CNI config (false: write a standalone conflist).'),
   installFlag('cni-conf-name', 'string', undefined, 'Name of the CNI config file to put our entry into (chained) or to write (standalone); empty means pick it as the runtime does.'),
-  installFlag('cni-net-dir', 'string', '/etc/cni/net.d', 'The CNI net dir as the host sees it (used in paths written into configs).'),
+  installFlag('cni-net-dir', 'string', '/etc/cni/net.d', 'The CNI net dir as the host sees it (used in paths written into configs).', { path: 'dir' }),
   installFlag('cni-network-config', 'string', undefined, 'Template of our CNI plugin entry (JSON; comments allowed); overrides --cni-network-config-file.'),
-  installFlag('cni-network-config-file', 'string', undefined, 'File holding the template of our CNI plugin entry (JSON; comments allowed).'),
+  installFlag('cni-network-config-file', 'string', undefined, 'File holding the template of our CNI plugin entry (JSON; comments allowed).', { path: 'file' }),
   installFlag('ebpf-enabled', 'bool', 'false', 'Whether eBPF redirection is enabled (not implemented yet: turning it on fails at start-up).'),
-  installFlag('orch-ca-file', 'string', undefined, 'CA file the orchconfig trusts for the API server; empty means the service-account CA.'),
+  installFlag('orch-ca-file', 'string', undefined, 'CA file the orchconfig trusts for the API server; empty means the service-account CA.', { path: 'file' }),
   installFlag('orchcfg-file-name', 'string', 'ZZZ-mesh-cni-orchconfig', 'Name of the orchconfig file written into the CNI net dir.'),
   installFlag('orchconfig-mode', 'int', '384', 'File mode of the orchconfig file (decimal as in the seed, 384 = 0600; octal 0600 also accepted).'),
   installFlag('log-level', 'string', 'warn', 'Log level of the CNI plugin (written into its config).', { choices: LOG_LEVELS }),
-  installFlag('log-uds-address', 'string', '/var/run/mesh-cni/log.sock', 'Unix socket the CNI plugin sends its logs to; the agent prints them in scope cni.'),
-  installFlag('pod-lookup-uds-address', 'string', '/var/run/mesh-cni/pods.sock', 'Unix socket where the agent answers the plugin\'s pod lookups from its watch of this node\'s pods (empty: the plugin always asks the API server).'),
+  installFlag('log-uds-address', 'string', '/var/run/mesh-cni/log.sock', 'Unix socket the CNI plugin sends its logs to; the agent prints them in scope cni.', { path: 'file' }),
+  installFlag('pod-lookup-uds-address', 'string', '/var/run/mesh-cni/pods.sock', 'Unix socket where the agent answers the plugin\'s pod lookups from its watch of this node\'s pods (empty: the plugin always asks the API server).', { path: 'file' }),
   installFlag('monitoring-port', 'int', '15014', 'HTTP port for /metrics, /readyz and /healthz.'),
-  installFlag('mounted-cni-net-dir', 'string', '/host/etc/cni/net.d', 'The CNI net dir as mounted into this container (where files are written).'),
+  installFlag('mounted-cni-net-dir', 'string', '/host/etc/cni/net.d', 'The CNI net dir as mounted into this container (where files are written).', { path: 'dir' }),
   installFlag('skip-tls-verify', 'bool', 'false', 'Write insecure-skip-tls-verify into the orchconfig instead of a CA.'),
   // --- paths needed to run outside a real node, and agent behaviour the seed leaves open
-  installFlag('cni-bin-dir', 'string', '/opt/cni/bin', 'The CNI bin dir as the host sees it.'),
-  installFlag('mounted-cni-bin-dir', 'string', '/host/opt/cni/bin', 'The CNI bin dir as mounted into this container (where mesh-cni is copied to).'),
-  installFlag('cni-binaries-dir', 'string', '/opt/mesh-cni/bin', 'Directory holding the binaries to install (in the image).'),
-  installFlag('service-account-dir', 'string', '/var/run/secrets/kubernetes.io/serviceaccount', 'Directory of the pod service-account token, CA and namespace.'),
+  installFlag('cni-bin-dir', 'string', '/opt/cni/bin', 'The CNI bin dir as the host sees it.', { path: 'dir' }),
+  installFlag('mounted-cni-bin-dir', 'string', '/host/opt/cni/bin', 'The CNI bin dir as mounted into this container (where mesh-cni is copied to).', { path: 'dir' }),
+  installFlag('cni-binaries-dir', 'string', '/opt/mesh-cni/bin', 'Directory holding the binaries to install (in the image).', { path: 'dir' }),
+  installFlag('service-account-dir', 'string', '/var/run/secrets/kubernetes.io/serviceaccount', 'Directory of the pod service-account token, CA and namespace.', { path: 'dir' }),
   installFlag('exclude-namespaces', 'list', 'mesh-system,kube-system', 'Namespaces whose pods the plugin never redirects (comma-separated; written into its config).'),
   installFlag('cleanup-on-exit', 'string', 'auto', 'On SIGTERM: always remove our entry and files, never, or auto: keep them only while the API server confirms our DaemonSet still exists (a restart or upgrade).', { choices: CLEANUP_MODES }),
   installFlag('reconcile-interval', 'duration', '5s', 'How often a full reconcile runs besides the file watches (catches what watches miss).'),
-  installFlag('orchconfig', 'string', undefined, 'Orchconfig (kubeconfig) file the agent itself uses to reach the API server; empty means in-cluster (service account).'),
+  installFlag('orchconfig', 'string', undefined, 'Orchconfig (kubeconfig) file the agent itself uses to reach the API server; empty means in-cluster (service account).', { path: 'file' }),
   // --- repair controller (seed), and its client-side limits
   repairFlag('repair-enabled', 'bool', 'false', 'Whether the repair controller runs.'),
   repairFlag('repair-delete-pods', 'bool', 'false', 'Delete pods found broken by the race (with a uid precondition).'),
@@ -105,7 +107,7 @@ export const FLAGS: readonly FlagSpec[] = [
   commonFlag('log_as_json', 'bool', 'false', 'Emit JSON instead of console format.', 'logging'),
   commonFlag('log_caller', 'string', undefined, 'Comma-separated scopes that include caller info.', 'logging'),
   commonFlag('log_output_level', 'string', 'default:info', '<scope>:<level> pairs, comma-separated; levels none, error, warn, info, debug.', 'logging'),
-  commonFlag('log_rotate', 'string', undefined, 'Path of an optional rotating log file.', 'logging'),
+  commonFlag('log_rotate', 'string', undefined, 'Path of an optional rotating log file.', 'logging', { path: 'file' }),
   commonFlag('log_rotate_max_age', 'int', '30', 'Days before a log file is rotated (0: no limit).', 'logging'),
   commonFlag('log_rotate_max_backups', 'int', '1000', 'Rotated files kept (0: no limit).', 'logging'),
   commonFlag('log_rotate_max_size', 'int', '104857600', 'Size in megabytes before a log file is rotated.', 'logging'),

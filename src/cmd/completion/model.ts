@@ -66,23 +66,12 @@ function optionModel(o: Option, descriptions: boolean): CompletionOption {
     value: o.required ? 'required' : o.optional ? 'optional' : 'none',
     // Our booleans are declared `--flag [bool]`: commander takes `--flag=false` and `--flag false`.
     choices: o.argChoices ?? (o.flags.endsWith('[bool]') ? ['true', 'false'] : []),
-    hint: flag ? valueHint(flag.name, flag.kind) : 'none',
+    hint: flag?.path ?? 'none',
   };
 }
 
 function argumentModel(a: Argument, descriptions: boolean): CompletionArgument {
   return { name: a.name(), description: descriptions ? summary(a.description) : '', choices: a.argChoices ?? [] };
-}
-
-// The flag table has no "this is a path" field; the names say it (`*-dir`, `*-file`), and the few
-// other path flags are listed. A wrong guess only costs a file menu where none was needed.
-const FILE_FLAGS = new Set(['orchconfig', 'log_rotate', 'log-uds-address']);
-
-function valueHint(name: string, kind: string): ValueHint {
-  if (kind !== 'string') return 'none';
-  if (name.endsWith('-dir')) return 'dir';
-  if (name.endsWith('-file') || FILE_FLAGS.has(name)) return 'file';
-  return 'none';
 }
 
 /** First sentence, without the final period and on one line: menus show one line per item. */
