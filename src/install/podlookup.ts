@@ -149,10 +149,7 @@ export async function startPodLookup(settings: Settings, opts: PodLookupOptions 
   }
   const pods = shared ? new NodePods(shared, false) : NodePods.watching(clientNodeApi(orchKubeConfig(settings)), nodeName);
   pods.start();
-  const sockets = new Set<net.Socket>();
   const server = net.createServer((socket) => {
-    sockets.add(socket);
-    socket.on('close', () => sockets.delete(socket));
     socket.on('error', () => socket.destroy());
     socket.setTimeout(opts.waitMs + 1000, () => socket.destroy());
     let answered = false;
@@ -195,9 +192,7 @@ export async function startPodLookup(settings: Settings, opts: PodLookupOptions 
     notReadyReasons: () => [],
     status: () => ({ address, ...pods.status() }),
     stop: async () => {
-      const closed = close();
-      for (const s of sockets) s.destroy();
-      await closed;
+      await close();
       await pods.stop();
     },
   };

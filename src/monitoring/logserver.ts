@@ -107,10 +107,6 @@ export async function startPluginLogServer(settings: Settings, limits: LogServer
     name: 'plugin-log-server',
     notReadyReasons: () => [],
     status: () => ({ address, connections: sockets.size, limits }),
-    stop: async () => {
-      const closed = close();
-      for (const s of sockets) s.destroy();
-      await closed;
-    },
+    stop: close,
   };
 }

@@ -1,7 +1,8 @@
 // Serving on a unix socket that the CNI plugin (run as root by the container runtime) connects
 // to: the directory is created 0750, the socket is 0600 from the moment it exists, a stale socket
 // left by a killed agent is replaced, anything else at the path is refused, and on close the
-// socket is removed only if it is still ours (a newer agent may have replaced it).
+// open connections are cut and the socket is removed only if it is still ours (a newer agent
+// may have replaced it).
 
 import { chmod, lstat, mkdir, stat, unlink } from 'node:fs/promises';
 import type net from 'node:net';
@@ -46,8 +47,15 @@ export async function listenUnix(server: net.Server, address: string, what: stri
   });
   await chmod(address, 0o600);
   const ours = await stat(address);
+  const open = new Set<net.Socket>();
+  server.on('connection', (socket) => {
+    open.add(socket);
+    socket.on('close', () => open.delete(socket));
+  });
   return async () => {
-    await new Promise<void>((resolve) => server.close(() => resolve()));
+    const closed = new Promise<void>((resolve) => server.close(() => resolve()));
+    for (const s of open) s.destroy();
+    await closed;
     const now = await stat(address).catch(() => undefined);
     if (now && now.ino === ours.ino && now.dev === ours.dev) await unlink(address).catch(() => {});
   };
