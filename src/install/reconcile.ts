@@ -242,12 +242,16 @@ export class Reconciler {
               return primaryAfter;
             }
             writes.push({ file: target, kind: 'cni_config', action: 'write' });
-            const original: Original = { name: primary, text, mode: st.mode & 0o7777, uid: st.uid, gid: st.gid, written: sha256(rewrite.text) };
+            const original = await this.originalFor(primary, text, st, rewrite.text);
             this.originals.set(rewrite.fileName, original);
+            // A .conf given back from the .conflist we made needs its record on disk, kept up to
+            // date with what we wrote (every restart with another entry rewrites the conflist).
+            if (original.name !== rewrite.fileName) {
+              await writeFileAtomic(path.join(this.netDir, originalRecord(rewrite.fileName)), JSON.stringify(original), { mode: 0o600 });
+            }
             if (rewrite.replaces) {
               // Recorded before the .conf goes, so no kill in between loses its bytes. The
               // runtime reads the .conf first while both exist: the conflist, then the removal.
-              await writeFileAtomic(path.join(this.netDir, originalRecord(rewrite.fileName)), JSON.stringify(original), { mode: 0o600 });
               await removeFile(file);
               writes.push({ file, kind: 'cni_config', action: 'remove' });
             }
@@ -323,6 +327,24 @@ export class Reconciler {
       await writeFileAtomic(file, without, { mode: st.mode & 0o7777, uid: st.uid, gid: st.gid });
       writes.push({ file, kind: 'cni_config', action: 'write' });
     }
+  }
+
+  /**
+   * What to give back on uninstall once `text` (now in `name`) is replaced by `written`. Never
+   * a text with an entry of ours (one of an earlier version or run, or another log level):
+   * the record a run before us left, while the file is still as that run wrote it, else the
+   * text with every entry of ours taken out.
+   */
+  private async originalFor(name: string, text: string, st: { mode: number; uid: number; gid: number }, written: string): Promise<Original> {
+    const prior = this.originals.get(name) ?? (await this.recordedOriginal(name));
+    if (prior && prior.written === sha256(text)) return { ...prior, written: sha256(written) };
+    let clean = text;
+    try {
+      clean = withoutOurEntry(text, name) ?? text;
+    } catch {
+      // withOurEntry parsed it already; keep the text as it came.
+    }
+    return { name, text: clean, mode: st.mode & 0o7777, uid: st.uid, gid: st.gid, written: sha256(written) };
   }
 
   /** The record a previous run of the agent left for `name`, if any and if it reads. */

@@ -158,6 +158,33 @@ describe('installer', () => {
     }
   });
 
+  // Issue 12.1: the second run replaced the first run's entry (another log level) and recorded
+  // the file *with* that entry as the original, so the uninstall put an entry of ours back.
+  for (const [what, name, initial] of [
+    ['a conflist', '10-bridge.conflist', BRIDGE_CONFLIST],
+    ['a .conf made a .conflist', '10-flannel.conf', '{"cniVersion":"0.3.1","name":"cbr0","type":"flannel"}\n'],
+  ] as const) {
+    it(`an uninstall after a run with another entry gives back ${what} with no entry of ours`, async () => {
+      const tree = await makeHostTree();
+      try {
+        await fs.writeFile(path.join(tree.netDir, name), initial);
+        for (const [level, cleanup] of [['warn', false], ['debug', true]] as const) {
+          const settings = buildSettings({ 'reconcile-interval': '1h', 'log-level': level, 'cleanup-on-exit': cleanup ? 'always' : 'never', ...tree.flags }, tree.env);
+          const installer = new Installer(settings, { decideCleanup: async () => ({ cleanup, why: `log level ${level}` }) });
+          await installer.start();
+          const conflist = path.join(tree.netDir, name.replace(/\.conf$/, '.conflist'));
+          const entry = (JSON.parse(read(conflist)) as { plugins: Record<string, unknown>[] }).plugins.at(-1);
+          assert.equal(entry?.log_level, level);
+          await installer.stop('SIGTERM');
+        }
+        assert.equal(read(path.join(tree.netDir, name)), initial);
+        assert.deepEqual((await fs.readdir(tree.netDir)).filter((n) => n !== name), []);
+      } finally {
+        await tree.remove();
+      }
+    });
+  }
+
   it('on cleanup leaves the primary exactly as the primary CNI wrote it, and removes orchconfig and binary', async () => {
     const { installer, tree } = await startInstaller({}, {}, async (t) => fs.writeFile(path.join(t.netDir, '10-bridge.conflist'), BRIDGE_CONFLIST));
     await installer.stop('SIGTERM');
