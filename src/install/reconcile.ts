@@ -361,7 +361,13 @@ export class Reconciler {
     }
   }
 
-  /** Uninstall: our entry out of every config, our conflist and orchconfig gone, binaries too. */
+  /**
+   * Uninstall: our entry out of every config, our conflist and orchconfig gone. The binaries
+   * stay: the runtime runs DEL with the config it cached at ADD, so every pod started while we
+   * were installed still runs mesh-cni on its DEL, and a missing binary would stop that DEL
+   * before the IPAM and port-mapping plugins after it free the pod's lease and mappings. With
+   * its orchconfig gone the plugin passes DEL through.
+   */
   async cleanup(): Promise<Write[]> {
     const writes: Write[] = [];
     const names = await fs.readdir(this.netDir).catch(() => [] as string[]);
@@ -377,7 +383,6 @@ export class Reconciler {
     for (const name of names) if (isOriginalRecord(name)) await removeFile(path.join(this.netDir, name));
     const orchconfig = path.join(this.netDir, this.s.orchcfgFileName);
     if (await removeFile(orchconfig)) writes.push({ file: orchconfig, kind: 'orchconfig', action: 'remove' });
-    for (const name of await this.binaries.remove()) writes.push({ file: path.join(this.s.mountedCniBinDir, name), kind: 'binary', action: 'remove' });
     return writes;
   }
 }

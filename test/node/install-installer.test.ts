@@ -185,12 +185,15 @@ describe('installer', () => {
     });
   }
 
-  it('on cleanup leaves the primary exactly as the primary CNI wrote it, and removes orchconfig and binary', async () => {
+  it('on cleanup leaves the primary exactly as the primary CNI wrote it, removes the orchconfig and keeps the binary', async () => {
     const { installer, tree } = await startInstaller({}, {}, async (t) => fs.writeFile(path.join(t.netDir, '10-bridge.conflist'), BRIDGE_CONFLIST));
     await installer.stop('SIGTERM');
     assert.equal(read(path.join(tree.netDir, '10-bridge.conflist')), BRIDGE_CONFLIST);
     assert.deepEqual(await fs.readdir(tree.netDir), ['10-bridge.conflist']);
-    assert.deepEqual(await fs.readdir(tree.binDir), []);
+    // Issue 12.5: pods started while we were installed run mesh-cni on DEL from the runtime's
+    // cached config; without the binary their DEL stops there and their IP leases leak.
+    assert.deepEqual(await fs.readdir(tree.binDir), ['mesh-cni']);
+    assert.equal(read(path.join(tree.binDir, 'mesh-cni')), read(path.join(tree.binariesDir, 'mesh-cni')));
   });
 
   it('leaves everything in place when the decision is a restart', async () => {
