@@ -1,5 +1,6 @@
 // A small HTTPS server speaking the Kubernetes REST dialect for pods (list, watch, patch, delete,
-// status), events and daemonsets, with bearer-token auth and fault knobs. Good enough for the real
+// status), events, daemonsets and service-account TokenRequests, with bearer-token auth, RBAC per
+// token (what a Role/ClusterRole would allow, on the paths we use) and fault knobs. Good enough for the real
 // kubectl and @kubernetes/client-node; the one cluster piece tests cannot have for real.
 //
 // What it models of the real API server: one global resourceVersion counter, a watch cache that
@@ -62,10 +63,51 @@ export interface TestApiServer {
   connections(): number;
   /** Serves a certificate from a new CA from now on (cutting open connections); returns the new CA. */
   rotateCertificate(): Promise<string>;
+  /**
+   * Makes a service account known (TokenRequest answers only for known ones), with these rules if
+   * given (else it keeps its rules; a new one starts with none), and returns a fresh token of it,
+   * as the kubelet would project into a pod that runs as it.
+   */
+  serviceAccount(namespace: string, name: string, rules?: readonly RbacRule[]): string;
+  /** Replaces the rules of the identity the token belongs to. */
+  setRules(token: string, rules: readonly RbacRule[]): void;
+  /** Tokens minted through TokenRequest, oldest first. */
+  issuedTokens(): IssuedToken[];
+  /** Caps the lifetime of minted tokens (as --service-account-max-token-expiration, but any length). */
+  tokenMaxSeconds: number | undefined;
 }
+
+/** One rule of a Role (namespace set) or ClusterRole (unset), as the test server enforces it. */
+export interface RbacRule {
+  readonly verbs: readonly string[];
+  /** '' is the core group. */
+  readonly apiGroups: readonly string[];
+  /** `pods`, `pods/status`, `serviceaccounts/token`, ...; `*` for all. */
+  readonly resources: readonly string[];
+  readonly resourceNames?: readonly string[];
+  readonly namespace?: string;
+}
+
+export interface IssuedToken {
+  readonly token: string;
+  /** namespace/name */
+  readonly serviceAccount: string;
+  readonly audiences: readonly string[];
+  readonly expirationTimestamp: string;
+}
+
+/** Everything: the default token's rules, so tests that do not care about RBAC are not bound by it. */
+export const ALLOW_ALL: readonly RbacRule[] = [{ verbs: ['*'], apiGroups: ['*'], resources: ['*'] }];
+/** What deploy/ grants the plugin's account, known to every test server. */
+export const PLUGIN_SERVICE_ACCOUNT = { namespace: 'mesh-system', name: 'mesh-cni-plugin' } as const;
+const PLUGIN_RULES: readonly RbacRule[] = [{ verbs: ['get'], apiGroups: [''], resources: ['pods'] }];
+/** The audience a real API server accepts by default (--api-audiences defaults to its issuer). */
+export const DEFAULT_AUDIENCE = 'https://kubernetes.default.svc.cluster.local';
 
 export interface TestApiServerOptions {
   token?: string;
+  /** Rules of the default token (ALLOW_ALL unless given). */
+  rules?: readonly RbacRule[];
   /** How often a watch that asked for bookmarks gets one (the real server: about a minute). */
   bookmarkIntervalMs?: number;
 }
@@ -258,8 +300,60 @@ function tableMode(req: IncomingMessage, q: URLSearchParams): TableMode | undefi
 
 const TABLE_CONTENT_TYPE = 'application/json;as=Table;v=v1;g=meta.k8s.io';
 
+/** What RBAC decides on: the request's verb, group, resource[/subresource], namespace and name. */
+interface RequestAttributes {
+  readonly verb: string;
+  readonly group: string;
+  readonly resource: string;
+  readonly namespace: string | undefined;
+  readonly name: string | undefined;
+}
+
+/** The attributes of a resource request, or undefined for a non-resource path (discovery, /version). */
+export function requestAttributes(method: string, pathname: string, q: URLSearchParams): RequestAttributes | undefined {
+  const m = /^\/(?:api\/v1|apis\/([^/]+)\/v1)(?:\/namespaces\/([^/]+))?\/([^/]+)(?:\/([^/]+))?(?:\/([^/]+))?$/.exec(pathname);
+  if (!m) return undefined;
+  const name = m[4] === undefined ? undefined : decodeURIComponent(m[4]);
+  const watch = q.get('watch') === 'true' || q.get('watch') === '1';
+  const verbs: Record<string, string> = { GET: name ? 'get' : watch ? 'watch' : 'list', POST: 'create', PATCH: 'patch', PUT: 'update', DELETE: name ? 'delete' : 'deletecollection' };
+  return {
+    verb: verbs[method] ?? method.toLowerCase(),
+    group: m[1] ?? '',
+    resource: m[5] === undefined ? m[3]! : `${m[3]}/${m[5]}`,
+    namespace: m[2] === undefined ? undefined : decodeURIComponent(m[2]),
+    name,
+  };
+}
+
+const has = (list: readonly string[] | undefined, v: string) => list !== undefined && (list.includes(v) || list.includes('*'));
+
+export function allows(rules: readonly RbacRule[], a: RequestAttributes): boolean {
+  return rules.some((r) =>
+    has(r.verbs, a.verb) && has(r.apiGroups, a.group) && has(r.resources, a.resource) &&
+    (r.namespace === undefined || r.namespace === a.namespace) &&
+    (r.resourceNames === undefined || (a.name !== undefined && r.resourceNames.includes(a.name))));
+}
+
+interface Identity {
+  readonly user: string;
+  rules: readonly RbacRule[];
+}
+
 export async function startTestApiServer(opts: TestApiServerOptions = {}): Promise<TestApiServer> {
   const token = opts.token ?? `test-token-${randomUUID()}`;
+  // Who each bearer token is, and until when (minted tokens expire; the others do not).
+  const admin: Identity = { user: 'mesh-cni-test-admin', rules: opts.rules ?? ALLOW_ALL };
+  const tokens = new Map<string, { identity: Identity; expiresAt?: number; audiences: readonly string[] }>([[token, { identity: admin, audiences: [DEFAULT_AUDIENCE] }]]);
+  const accounts = new Map<string, Identity>();
+  const issued: IssuedToken[] = [];
+  let tokenMaxSeconds: number | undefined;
+  const account = (ns: string, name: string, rules?: readonly RbacRule[]): Identity => {
+    let id = accounts.get(key(ns, name));
+    if (!id) accounts.set(key(ns, name), (id = { user: `system:serviceaccount:${ns}:${name}`, rules: [] }));
+    if (rules) id.rules = rules;
+    return id;
+  };
+  account(PLUGIN_SERVICE_ACCOUNT.namespace, PLUGIN_SERVICE_ACCOUNT.name, PLUGIN_RULES);
   const bookmarkIntervalMs = opts.bookmarkIntervalMs ?? 1000;
   let certs = await makeTestCerts();
 
@@ -543,8 +637,10 @@ export async function startTestApiServer(opts: TestApiServerOptions = {}): Promi
         next.metadata.creationTimestamp = current.metadata!.creationTimestamp;
       }
       if (sub === 'status') {
-        // The status subresource changes status only, whatever else the body says.
-        next = { ...clone(current), status: next.status };
+        // The status subresource changes status, labels and annotations (what the real pod
+        // status strategy lets through), never the spec; a uid in the body stays a precondition.
+        const meta = next.metadata ?? {};
+        next = { ...clone(current), metadata: { ...clone(current.metadata!), uid: meta.uid, labels: meta.labels, annotations: meta.annotations }, status: next.status };
       } else if (method === 'PUT') {
         // The main resource ignores status changes.
         next = { ...next, status: clone(current.status) };
@@ -589,6 +685,36 @@ export async function startTestApiServer(opts: TestApiServerOptions = {}): Promi
       resources: [{ name: 'daemonsets', singularName: 'daemonset', namespaced: true, kind: 'DaemonSet', verbs: ['get', 'list'], shortNames: ['ds'], categories: ['all'] }],
     },
   });
+
+  interface TokenRequestBody {
+    spec?: { audiences?: string[]; expirationSeconds?: number };
+  }
+
+  /** TokenRequest: a new token of a known service account, acting as it until it expires. */
+  function tokenRequest(ns: string, name: string, body: TokenRequestBody | undefined): { code: number; body: unknown } {
+    const id = accounts.get(key(ns, name));
+    if (!id) throw new HttpError(404, 'NotFound', `serviceaccounts "${name}" not found`);
+    const asked = body?.spec?.expirationSeconds ?? 3600;
+    if (!Number.isInteger(asked) || asked < 600) {
+      throw new HttpError(422, 'Invalid', `TokenRequest.authentication.k8s.io "${name}" is invalid: spec.expirationSeconds: Invalid value: ${asked}: may not specify a duration less than 10 minutes`);
+    }
+    const seconds = Math.min(asked, tokenMaxSeconds ?? asked);
+    const audiences = body?.spec?.audiences?.length ? body.spec.audiences : [DEFAULT_AUDIENCE];
+    const t = `minted-${ns}-${name}-${randomUUID()}`;
+    const expiresAt = Date.now() + seconds * 1000;
+    tokens.set(t, { identity: id, expiresAt, audiences });
+    const expirationTimestamp = new Date(expiresAt).toISOString().replace(/\.\d+Z$/, 'Z');
+    issued.push({ token: t, serviceAccount: key(ns, name), audiences, expirationTimestamp });
+    return {
+      code: 201,
+      body: {
+        kind: 'TokenRequest', apiVersion: 'authentication.k8s.io/v1',
+        metadata: { name, namespace: ns, creationTimestamp: nowTimestamp() },
+        spec: { audiences, expirationSeconds: seconds, boundObjectRef: null },
+        status: { token: t, expirationTimestamp },
+      },
+    };
+  }
 
   async function route(req: IncomingMessage, res: ServerResponse, url: URL, rec: RequestRecord): Promise<{ code: number; body: unknown; contentType?: string } | undefined> {
     const method = req.method ?? 'GET';
@@ -651,6 +777,8 @@ export async function startTestApiServer(opts: TestApiServerOptions = {}): Promi
       }
       throw new HttpError(405, 'MethodNotAllowed', 'the server does not allow this method on the requested resource');
     }
+    m = /^\/api\/v1\/namespaces\/([^/]+)\/serviceaccounts\/([^/]+)\/token$/.exec(p);
+    if (m && method === 'POST') return tokenRequest(decodeURIComponent(m[1]!), decodeURIComponent(m[2]!), (await readBody(req)) as TokenRequestBody | undefined);
     m = /^\/apis\/apps\/v1\/namespaces\/([^/]+)\/daemonsets(?:\/([^/]+))?$/.exec(p);
     if (m && method === 'GET') {
       const ns = decodeURIComponent(m[1]!);
@@ -679,8 +807,15 @@ export async function startTestApiServer(opts: TestApiServerOptions = {}): Promi
     };
     try {
       if (faults.delayMs) await new Promise((r) => setTimeout(r, faults.delayMs));
-      if (req.headers.authorization !== `Bearer ${token}`) {
+      const auth = /^Bearer (.+)$/.exec(req.headers.authorization ?? '');
+      const who = auth ? tokens.get(auth[1]!) : undefined;
+      if (!who || (who.expiresAt !== undefined && who.expiresAt <= Date.now()) || !who.audiences.includes(DEFAULT_AUDIENCE)) {
         throw new HttpError(401, 'Unauthorized', 'Unauthorized');
+      }
+      const attrs = requestAttributes(req.method ?? 'GET', url.pathname.replace(/\/+$/, ''), url.searchParams);
+      if (attrs && !allows(who.identity.rules, attrs)) {
+        const res = attrs.resource.split('/')[0];
+        throw new HttpError(403, 'Forbidden', `${res}${attrs.name ? ` "${attrs.name}"` : ''} is forbidden: User "${who.identity.user}" cannot ${attrs.verb} resource "${attrs.resource}" in API group "${attrs.group}"${attrs.namespace !== undefined ? ` in the namespace "${attrs.namespace}"` : ' at the cluster scope'}`);
       }
       const f = faults.status;
       if (f && (!f.paths || f.paths.test(url.pathname))) {
@@ -814,6 +949,24 @@ export async function startTestApiServer(opts: TestApiServerOptions = {}): Promi
       return file;
     },
     close: stop,
+    serviceAccount: (ns, name, rules) => {
+      const id = account(ns, name, rules);
+      const t = `sa-${ns}-${name}-${randomUUID()}`;
+      tokens.set(t, { identity: id, audiences: [DEFAULT_AUDIENCE] });
+      return t;
+    },
+    setRules: (t, rules) => {
+      const who = tokens.get(t);
+      if (!who) throw new Error('setRules: unknown token');
+      who.identity.rules = rules;
+    },
+    issuedTokens: () => issued.map((t) => ({ ...t })),
+    get tokenMaxSeconds() {
+      return tokenMaxSeconds;
+    },
+    set tokenMaxSeconds(v) {
+      tokenMaxSeconds = v;
+    },
     openWatches: () => watches.size,
     connections: () => handshakes,
   };

@@ -114,11 +114,96 @@ describe('test API server', () => {
     assert.equal(stale.status, 409);
     const missing = await apiRequest(s, 'PATCH', '/api/v1/namespaces/default/pods/nope', {}, { 'content-type': 'application/merge-patch+json' });
     assert.equal(missing.status, 404);
-    // The status subresource is how a test plays the kubelet.
-    const st = await apiRequest(s, 'PATCH', '/api/v1/namespaces/default/pods/patch-me/status', { status: { phase: 'Succeeded' }, metadata: { labels: { ignored: 'x' } } }, { 'content-type': 'application/merge-patch+json' });
+    // The status subresource is how a test plays the kubelet, and how the repair controller
+    // labels: as on a real API server, it takes status, labels and annotations, never the spec.
+    const st = await apiRequest(s, 'PATCH', '/api/v1/namespaces/default/pods/patch-me/status',
+      { status: { phase: 'Succeeded' }, metadata: { labels: { via: 'status' } }, spec: { nodeName: 'elsewhere' } }, { 'content-type': 'application/merge-patch+json' });
     assert.equal(st.status, 200, st.text);
     assert.equal(s.getPod('default', 'patch-me')!.status!.phase, 'Succeeded');
-    assert.equal(s.getPod('default', 'patch-me')!.metadata!.labels!.ignored, undefined);
+    assert.equal(s.getPod('default', 'patch-me')!.metadata!.labels!.via, 'status');
+    assert.equal(s.getPod('default', 'patch-me')!.spec!.nodeName, 'node-p');
+    const wrongUid = await apiRequest(s, 'PATCH', '/api/v1/namespaces/default/pods/patch-me/status', { metadata: { uid: 'not-this-pod', labels: { x: '1' } } }, { 'content-type': 'application/merge-patch+json' });
+    assert.equal(wrongUid.status, 409, 'a uid in the patch is a precondition');
+  });
+
+  describe('RBAC per token and TokenRequest', () => {
+    const CORE_POD_GET = [{ verbs: ['get'], apiGroups: [''], resources: ['pods'] }];
+    it('answers 403 Status for what the token\'s rules do not allow, naming user, verb and resource', async () => {
+      s.upsertPod(pod('rbac-1', 'node-r'));
+      const reader = { ...s, token: s.serviceAccount('team-a', 'reader', CORE_POD_GET) };
+      assert.equal((await apiRequest(reader, 'GET', '/api/v1/namespaces/default/pods/rbac-1')).status, 200);
+      const list = await apiRequest(reader, 'GET', '/api/v1/pods');
+      assert.equal(list.status, 403, list.text);
+      assert.equal((list.body as { reason: string }).reason, 'Forbidden');
+      assert.match((list.body as { message: string }).message, /User "system:serviceaccount:team-a:reader" cannot list resource "pods" in API group ""/);
+      const patch = await apiRequest(reader, 'PATCH', '/api/v1/namespaces/default/pods/rbac-1', { metadata: { labels: { x: '1' } } }, { 'content-type': 'application/merge-patch+json' });
+      assert.equal(patch.status, 403);
+      // pods does not cover pods/status, nor the other way round.
+      const status = await apiRequest(reader, 'PATCH', '/api/v1/namespaces/default/pods/rbac-1/status', { metadata: { labels: { x: '1' } } }, { 'content-type': 'application/merge-patch+json' });
+      assert.equal(status.status, 403);
+      assert.match((status.body as { message: string }).message, /cannot patch resource "pods\/status"/);
+      s.setRules(reader.token, [{ verbs: ['patch'], apiGroups: [''], resources: ['pods/status'] }]);
+      assert.equal((await apiRequest(reader, 'PATCH', '/api/v1/namespaces/default/pods/rbac-1/status', { metadata: { labels: { x: '1' } } }, { 'content-type': 'application/merge-patch+json' })).status, 200);
+      assert.equal((await apiRequest(reader, 'PATCH', '/api/v1/namespaces/default/pods/rbac-1', { metadata: { labels: { y: '1' } } }, { 'content-type': 'application/merge-patch+json' })).status, 403);
+      assert.equal((await apiRequest(reader, 'GET', '/api/v1/namespaces/default/pods/rbac-1')).status, 403, 'rules were replaced');
+      // Namespaced rules (a Role) hold only in their namespace.
+      s.setRules(reader.token, [{ verbs: ['get'], apiGroups: ['apps'], resources: ['daemonsets'], namespace: 'mesh-system' }]);
+      s.upsertDaemonSet({ metadata: { name: 'ds', namespace: 'mesh-system' } });
+      s.upsertDaemonSet({ metadata: { name: 'ds', namespace: 'default' } });
+      assert.equal((await apiRequest(reader, 'GET', '/apis/apps/v1/namespaces/mesh-system/daemonsets/ds')).status, 200);
+      assert.equal((await apiRequest(reader, 'GET', '/apis/apps/v1/namespaces/default/daemonsets/ds')).status, 403);
+      // Discovery needs no rule (system:discovery is bound to every authenticated user).
+      assert.equal((await apiRequest(reader, 'GET', '/api/v1')).status, 200);
+    });
+
+    it('mints a token for a service account (TokenRequest), bounded by resourceNames, with an expiry and the default audience', async () => {
+      s.serviceAccount('mesh-system', 'minter', [
+        { verbs: ['create'], apiGroups: [''], resources: ['serviceaccounts/token'], resourceNames: ['target'], namespace: 'mesh-system' },
+      ]);
+      const minter = { ...s, token: s.serviceAccount('mesh-system', 'minter') };
+      s.serviceAccount('mesh-system', 'target', CORE_POD_GET);
+      s.serviceAccount('mesh-system', 'other', [{ verbs: ['*'], apiGroups: ['*'], resources: ['*'] }]);
+      const before = Date.now();
+      const r = await apiRequest(minter, 'POST', '/api/v1/namespaces/mesh-system/serviceaccounts/target/token',
+        { apiVersion: 'authentication.k8s.io/v1', kind: 'TokenRequest', spec: { expirationSeconds: 3600 } });
+      assert.equal(r.status, 201, r.text);
+      const tr = r.body as { kind: string; spec: { audiences: string[]; expirationSeconds: number }; status: { token: string; expirationTimestamp: string } };
+      assert.equal(tr.kind, 'TokenRequest');
+      assert.deepEqual(tr.spec.audiences, ['https://kubernetes.default.svc.cluster.local']);
+      const exp = Date.parse(tr.status.expirationTimestamp);
+      assert.ok(exp >= before + 3599_000 && exp <= Date.now() + 3601_000, tr.status.expirationTimestamp);
+      const minted = { ...s, token: tr.status.token };
+      s.upsertPod(pod('rbac-2', 'node-r'));
+      assert.equal((await apiRequest(minted, 'GET', '/api/v1/namespaces/default/pods/rbac-2')).status, 200, 'the token acts as the account it was minted for');
+      assert.equal((await apiRequest(minted, 'GET', '/api/v1/pods')).status, 403);
+      assert.deepEqual(s.issuedTokens().find((t) => t.token === tr.status.token)?.serviceAccount, 'mesh-system/target');
+      // resourceNames: only that one account; and nowhere else.
+      assert.equal((await apiRequest(minter, 'POST', '/api/v1/namespaces/mesh-system/serviceaccounts/other/token', { spec: {} })).status, 403);
+      assert.equal((await apiRequest(minter, 'POST', '/api/v1/namespaces/default/serviceaccounts/target/token', { spec: {} })).status, 403);
+      // As the real validation: at least 10 minutes.
+      assert.equal((await apiRequest(minter, 'POST', '/api/v1/namespaces/mesh-system/serviceaccounts/target/token', { spec: { expirationSeconds: 60 } })).status, 422);
+      // A token for an audience the server does not accept authenticates nobody.
+      const aud = await apiRequest(minter, 'POST', '/api/v1/namespaces/mesh-system/serviceaccounts/target/token', { spec: { audiences: ['vault'] } });
+      assert.equal(aud.status, 201);
+      assert.equal((await apiRequest({ ...s, token: (aud.body as typeof tr).status.token }, 'GET', '/api/v1/namespaces/default/pods/rbac-2')).status, 401);
+    });
+
+    it('caps what it issues at tokenMaxSeconds, and refuses a token once it expired', async () => {
+      s.tokenMaxSeconds = 1;
+      try {
+        const r = await apiRequest(s, 'POST', '/api/v1/namespaces/mesh-system/serviceaccounts/mesh-cni-plugin/token', { spec: { expirationSeconds: 3600 } });
+        assert.equal(r.status, 201, r.text);
+        const tr = r.body as { spec: { expirationSeconds: number }; status: { token: string } };
+        assert.equal(tr.spec.expirationSeconds, 1);
+        const t = { ...s, token: tr.status.token };
+        s.upsertPod(pod('rbac-3', 'node-r'));
+        assert.equal((await apiRequest(t, 'GET', '/api/v1/namespaces/default/pods/rbac-3')).status, 200, 'the plugin account is known and may get pods');
+        await new Promise((resolve) => setTimeout(resolve, 1100));
+        assert.equal((await apiRequest(t, 'GET', '/api/v1/namespaces/default/pods/rbac-3')).status, 401);
+      } finally {
+        s.tokenMaxSeconds = undefined;
+      }
+    });
   });
 
   it('deletes with a uid precondition: 409 on mismatch, 404 when absent', async () => {
