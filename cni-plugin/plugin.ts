@@ -34,7 +34,7 @@ const AGENT_LOOKUP_TIMEOUT_MS = 400;
 
 /** Skips decided from the request alone, before any lookup (the agent's own pods among them). */
 function skipWithoutLookup(req: CniRequest): string | null {
-  if (req.pod === null) return 'CNI_ARGS names no K8S_POD_NAME (not a Kubernetes pod)';
+  if (req.pod === null) return 'CNI_ARGS name no K8S_POD_NAMESPACE and K8S_POD_NAME (not a Kubernetes pod)';
   if (req.config.excludeNamespaces.includes(req.pod.namespace)) return `namespace ${req.pod.namespace} is excluded`;
   return null;
 }
@@ -48,7 +48,7 @@ async function decide(req: CniRequest, pod: NonNullable<CniRequest['pod']>, log:
     return { spec: specForPod(found) };
   } catch (e) {
     if (e instanceof AnnotationError) {
-      throw new CniError(CNI_ERROR.BAD_POD_ANNOTATION, `pod ${pod.namespace}/${pod.name} has a bad annotation; no rules applied`, `${e.message}; fix the annotation and recreate the pod`);
+      throw new CniError(CNI_ERROR.BAD_POD_ANNOTATION, `pod ${pod.namespace}/${pod.name} has a bad ${e.what}; no rules applied`, `${e.message}; fix the ${e.what} and recreate the pod`);
     }
     throw e;
   }

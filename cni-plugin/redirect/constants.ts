@@ -13,7 +13,11 @@ export const PROBE_PORT = 15002;
 export const PROBE_TIMEOUT_MS = 5000;
 /** The agent's DNS proxy (DNS_PROXY_ADDR localhost:15053). */
 export const DNS_PROXY_PORT = 15053;
-/** --proxy-uid / --proxy-gid: the proxy's own traffic is never captured. */
+/**
+ * --proxy-uid / --proxy-gid defaults: the proxy's own traffic is never captured. A pod's own
+ * ids come from its mesh-proxy container's runAsUser/runAsGroup (spec.ts); these are used when
+ * that leaves them out or sets 0.
+ */
 export const PROXY_UID = '1337';
 export const PROXY_GID = '1337';
 /** --mesh-inbound-tproxy-mark and --mesh-inbound-tproxy-route-table. */

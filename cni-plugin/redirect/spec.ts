@@ -83,16 +83,23 @@ export interface PodLike {
 export interface ContainerLike {
   readonly name?: string;
   readonly env?: readonly { readonly name?: string; readonly value?: string }[];
+  readonly securityContext?: { readonly runAsUser?: number | null; readonly runAsGroup?: number | null } | null;
 }
 
-/** A bad annotation: names the key and value so the pod owner can fix it. */
+/**
+ * A bad value in the pod (an annotation, or the proxy's securityContext): names where and what,
+ * so the pod owner can fix it. `key` is the annotation key or the field path.
+ */
 export class AnnotationError extends Error {
   readonly key: string;
   readonly value: string;
-  constructor(key: string, value: string, why: string) {
-    super(`annotation ${key}=${JSON.stringify(value)}: ${why}`);
+  /** `annotation`, or `container field` for the proxy's securityContext. */
+  readonly what: string;
+  constructor(key: string, value: string, why: string, what = 'annotation') {
+    super(`${what} ${key}=${JSON.stringify(value)}: ${why}`);
     this.key = key;
     this.value = value;
+    this.what = what;
   }
 }
 
@@ -109,20 +116,57 @@ function field<T>(annotations: Readonly<Record<string, string>>, key: string, pa
 
 const wildcardOr = <T>(parse: (v: string) => T) => (v: string): '*' | T => (v.trim() === '*' ? '*' : parse(v));
 
-function envFlag(pod: PodLike, name: string): boolean {
-  const proxy = pod.spec?.containers?.find((c) => c.name === PROXY_CONTAINER_NAME);
-  const v = proxy?.env?.find((e) => e.name === name)?.value;
-  return v !== undefined && /^(1|t|true)$/i.test(v.trim());
+/** What the rules take from the proxy container: its env and the ids it runs as. */
+interface ProxyInfo {
+  readonly env: ReadonlyMap<string, string>;
+  readonly runAsUser: unknown;
+  readonly runAsGroup: unknown;
 }
 
 /**
- * Annotations (and the proxy container's env) over the base spec, as Istio's CNI plugin does:
+ * Istio's ExtractPodInfo: every container named mesh-proxy counts, init containers first (the
+ * proxy is one when it runs as a native sidecar), then the others. Env values merge, a later
+ * container's winning; the last one with a securityContext gives runAsUser and runAsGroup, even
+ * when that securityContext leaves them out.
+ */
+function proxyInfo(pod: PodLike): ProxyInfo {
+  const env = new Map<string, string>();
+  let runAsUser: unknown;
+  let runAsGroup: unknown;
+  for (const c of [...(pod.spec?.initContainers ?? []), ...(pod.spec?.containers ?? [])]) {
+    if (c.name !== PROXY_CONTAINER_NAME) continue;
+    for (const e of c.env ?? []) if (typeof e.name === 'string') env.set(e.name, e.value ?? '');
+    if (c.securityContext) ({ runAsUser, runAsGroup } = c.securityContext);
+  }
+  return { env, runAsUser, runAsGroup };
+}
+
+/** Go's strconv.ParseBool, true side: how Istio reads the proxy env flags (anything else is false). */
+const envFlag = (info: ProxyInfo, name: string): boolean => ['1', 't', 'T', 'TRUE', 'true', 'True'].includes(info.env.get(name) ?? '');
+
+/**
+ * The owner match for the proxy's own traffic: its runAsUser/runAsGroup, or 1337 when absent or
+ * 0, as Istio does (a proxy under an assigned uid, OpenShift's 1000670000, would otherwise have
+ * its own outbound traffic redirected back into itself).
+ */
+function ownerId(value: unknown, field: 'runAsUser' | 'runAsGroup', fallback: string): string {
+  if (value === undefined || value === null || value === 0) return fallback;
+  if (typeof value !== 'number' || !Number.isInteger(value) || value < 0 || value > 0xffff_fffe) {
+    throw new AnnotationError(`spec.containers[${PROXY_CONTAINER_NAME}].securityContext.${field}`, String(value),
+      'expected a uid/gid (a whole number from 0 to 4294967294)', 'container field');
+  }
+  return String(value);
+}
+
+/**
+ * Annotations (and the proxy container's env and ids) over the base spec, as Istio's CNI plugin does:
  * excludeInboundPorts always gets the agent ports added; an absent excludeOutboundPorts keeps the
  * default. Throws AnnotationError on the first bad value, before anything is applied.
  */
 export function specForPod(pod: PodLike): RedirectSpec {
   const base = DEFAULT_SPEC;
   const a = pod.metadata?.annotations ?? {};
+  const proxy = proxyInfo(pod);
   const interceptionMode = field<InterceptionMode>(a, ANNOTATION.INTERCEPTION_MODE, (v) => {
     const m = v.trim();
     if (m === 'REDIRECT' || m === 'TPROXY') return m;
@@ -146,7 +190,9 @@ export function specForPod(pod: PodLike): RedirectSpec {
     outboundExcludeCidrs: excludeCidrs,
     excludeInterfaces: field(a, ANNOTATION.EXCLUDE_INTERFACES, parseInterfaceList, base.excludeInterfaces),
     virtInterfaces: field(a, ANNOTATION.KUBEVIRT_INTERFACES, parseInterfaceList, base.virtInterfaces),
-    captureDns: base.captureDns || envFlag(pod, ENV_DNS_CAPTURE),
-    dropInvalid: base.dropInvalid || envFlag(pod, ENV_INVALID_DROP),
+    proxyUids: [ownerId(proxy.runAsUser, 'runAsUser', PROXY_UID)],
+    proxyGids: [ownerId(proxy.runAsGroup, 'runAsGroup', PROXY_GID)],
+    captureDns: base.captureDns || envFlag(proxy, ENV_DNS_CAPTURE),
+    dropInvalid: base.dropInvalid || envFlag(proxy, ENV_INVALID_DROP),
   });
 }

@@ -21,6 +21,8 @@ interface Fixture {
   readonly description: string;
   readonly annotations: Record<string, string>;
   readonly proxyEnv?: Record<string, string>;
+  /** The mesh-proxy container's securityContext (runAsUser/runAsGroup). */
+  readonly proxySecurityContext?: { runAsUser?: number; runAsGroup?: number };
   readonly error?: string;
 }
 
@@ -30,7 +32,13 @@ const fixtures: Fixture[] = readdirSync(DIR).filter((f) => f.endsWith('.json')).
 function podOf(f: Fixture): PodLike {
   return {
     metadata: { name: f.name, namespace: 'default', annotations: { 'sidecar.mesh.io/status': '{}', ...f.annotations } },
-    spec: { containers: [{ name: 'app' }, { name: 'mesh-proxy', env: Object.entries(f.proxyEnv ?? {}).map(([name, value]) => ({ name, value })) }] },
+    spec: {
+      containers: [{ name: 'app' }, {
+        name: 'mesh-proxy',
+        env: Object.entries(f.proxyEnv ?? {}).map(([name, value]) => ({ name, value })),
+        ...(f.proxySecurityContext ? { securityContext: f.proxySecurityContext } : {}),
+      }],
+    },
   };
 }
 
@@ -84,6 +92,48 @@ describe('rule builder values', () => {
   it('deduplicates ports and refuses non-ports', () => {
     assert.deepEqual(parsePortList(' 80, 443,80 ,'), [80, 443]);
     for (const bad of ['-1', '65536', '1e3', '0x50', '8O']) assert.throws(() => parsePortList(bad), Error, bad);
+  });
+
+  // Istio's rule (cni/pkg/plugin kubernetes.go + sidecar_redirect.go): the proxy is every
+  // container named mesh-proxy, init containers first (a native sidecar is one), then the
+  // others; the last one with a securityContext gives runAsUser/runAsGroup; absent or 0 is 1337.
+  describe('the proxy uid/gid the owner matches use', () => {
+    const sc = (runAsUser?: number, runAsGroup?: number) => ({ securityContext: { runAsUser, runAsGroup } });
+    const ids = (spec: PodLike['spec']) => {
+      const s = specForPod({ metadata: { annotations: {} }, spec });
+      return [s.proxyUids, s.proxyGids];
+    };
+    it('comes from the mesh-proxy container, not from the pod or the app', () => {
+      assert.deepEqual(ids({ containers: [{ name: 'app', ...sc(1000) }, { name: 'mesh-proxy', ...sc(1000670000, 1000670001) }] }), [['1000670000'], ['1000670001']]);
+      assert.deepEqual(ids({ containers: [{ name: 'app', ...sc(1000, 1000) }, { name: 'mesh-proxy' }] }), [['1337'], ['1337']]);
+    });
+    it('falls back to 1337 for each of uid and gid that is absent or 0', () => {
+      assert.deepEqual(ids({ containers: [{ name: 'mesh-proxy', ...sc(0, 0) }] }), [['1337'], ['1337']]);
+      assert.deepEqual(ids({ containers: [{ name: 'mesh-proxy', ...sc(1000670000) }] }), [['1000670000'], ['1337']]);
+      assert.deepEqual(ids({ containers: [{ name: 'mesh-proxy', ...sc(undefined, 2000) }] }), [['1337'], ['2000']]);
+      assert.deepEqual(ids({ containers: [{ name: 'mesh-proxy', securityContext: { runAsUser: null } as never }] }), [['1337'], ['1337']]);
+    });
+    it('reads a native sidecar (mesh-proxy among the init containers), and its env', () => {
+      const spec = specForPod({ metadata: { annotations: {} }, spec: {
+        initContainers: [{ name: 'mesh-validation', ...sc(5) }, { name: 'mesh-proxy', ...sc(1000670000, 1000670001), env: [{ name: 'MESH_META_DNS_CAPTURE', value: 'true' }] }],
+        containers: [{ name: 'app' }],
+      } });
+      assert.deepEqual([spec.proxyUids, spec.proxyGids, spec.captureDns], [['1000670000'], ['1000670001'], true]);
+    });
+    it('takes the last mesh-proxy with a securityContext (containers after init containers)', () => {
+      assert.deepEqual(ids({ initContainers: [{ name: 'mesh-proxy', ...sc(1111, 1111) }], containers: [{ name: 'mesh-proxy', ...sc(2222) }] }), [['2222'], ['1337']]);
+      assert.deepEqual(ids({ initContainers: [{ name: 'mesh-proxy', ...sc(1111, 1111) }], containers: [{ name: 'mesh-proxy' }] }), [['1111'], ['1111']]);
+    });
+    it('refuses a value that is no uid, before any rule is built', () => {
+      for (const bad of [-1, 1.5, 2 ** 32, '1000' as unknown as number]) {
+        assert.throws(() => ids({ containers: [{ name: 'mesh-proxy', ...sc(bad) }] }), (e: unknown) => e instanceof AnnotationError && /runAsUser/.test(e.message), String(bad));
+      }
+    });
+    it('reads the env flags as Go\'s ParseBool does (1, t, T, TRUE, true, True)', () => {
+      const dns = (value: string) => specForPod({ metadata: { annotations: {} }, spec: { containers: [{ name: 'mesh-proxy', env: [{ name: 'MESH_META_DNS_CAPTURE', value }] }] } }).captureDns;
+      for (const v of ['1', 't', 'T', 'TRUE', 'true', 'True']) assert.equal(dns(v), true, v);
+      for (const v of ['0', 'false', 'yes', 'tRue', ' true', '']) assert.equal(dns(v), false, v);
+    });
   });
 
   it('always keeps the agent ports out of inbound capture', () => {
