@@ -24,6 +24,12 @@ export interface PluginConfig {
   readonly orchconfig: string;
   readonly cniBinDir: string;
   readonly excludeNamespaces: readonly string[];
+  /**
+   * `orch.assume_namespace_when_missing`: for test set-ups only. A call that names a pod
+   * (K8S_POD_NAME) but no K8S_POD_NAMESPACE is taken as a pod of this namespace. Empty (the
+   * default): such a call is not a Kubernetes pod and passes through untouched, as Istio does.
+   */
+  readonly assumeNamespaceWhenMissing: string;
   readonly nodeName: string;
   /** Pod lookup bounds; optional in the config (tests and slow clusters tune them). */
   readonly podLookupTimeoutMs: number;
@@ -69,12 +75,18 @@ export function parseCniArgs(raw: string): Map<string, string> {
   return out;
 }
 
-/** Kubernetes runtimes send namespace+name; podman sends only the name (its pods live in `default`). */
-export function podRefFromArgs(args: ReadonlyMap<string, string>): PodRef | null {
+/**
+ * The Kubernetes pod a call is for, or null when it is not one. Kubernetes runtimes send both
+ * namespace and name. Other runtimes sharing the node's CNI dir (podman sends
+ * `IgnoreUnknown=1;K8S_POD_NAME=<container>`) send no namespace: their containers are no pods,
+ * and looking them up would fail them; only `assumeNamespace` (a test set-up) makes them pods.
+ */
+export function podRefFromArgs(args: ReadonlyMap<string, string>, assumeNamespace: string): PodRef | null {
   const name = args.get('K8S_POD_NAME') ?? '';
-  if (name === '') return null;
+  const namespace = args.get('K8S_POD_NAMESPACE') || assumeNamespace;
+  if (name === '' || namespace === '') return null;
   return {
-    namespace: args.get('K8S_POD_NAMESPACE') || 'default',
+    namespace,
     name,
     uid: args.get('K8S_POD_UID') ?? '',
     infraContainerId: args.get('K8S_POD_INFRA_CONTAINER_ID') ?? '',
@@ -143,6 +155,11 @@ export function parseConfig(stdin: string, command: Command): PluginConfig {
   if (!Array.isArray(excl) || !excl.every((n) => typeof n === 'string')) {
     throw new CniError(CNI_ERROR.INVALID_CONFIG, 'invalid network config: orch.exclude_namespaces must be a list of strings', `got ${JSON.stringify(excl)}`);
   }
+  const assumeNamespace = str(orch, 'assume_namespace_when_missing', 'orch.', '');
+  if (assumeNamespace !== '' && !NAMESPACE.test(assumeNamespace)) {
+    throw new CniError(CNI_ERROR.INVALID_CONFIG, `invalid network config: orch.assume_namespace_when_missing ${JSON.stringify(assumeNamespace)}`,
+      'expected a namespace name (lower-case letters, digits and -, at most 63), or leave it out so calls without K8S_POD_NAMESPACE pass through');
+  }
   const flavour = str(raw, 'iptables_flavour', '', 'auto');
   if (flavour !== 'auto' && flavour !== 'legacy' && flavour !== 'nft') {
     throw new CniError(CNI_ERROR.INVALID_CONFIG, `invalid network config: iptables_flavour ${JSON.stringify(flavour)}`, 'expected auto, legacy or nft');
@@ -170,6 +187,7 @@ export function parseConfig(stdin: string, command: Command): PluginConfig {
     orchconfig,
     cniBinDir: str(orch, 'cni_bin_dir', 'orch.', ''),
     excludeNamespaces: Object.freeze([...(excl as string[])]),
+    assumeNamespaceWhenMissing: assumeNamespace,
     nodeName: str(orch, 'node_name', 'orch.', ''),
     podLookupTimeoutMs: num(raw, 'pod_lookup_timeout_ms', 10_000),
     podLookupAttemptTimeoutMs: num(raw, 'pod_lookup_attempt_timeout_ms', 2_000),
@@ -178,6 +196,8 @@ export function parseConfig(stdin: string, command: Command): PluginConfig {
   });
 }
 
+/** A Kubernetes namespace name (an RFC 1123 label). */
+const NAMESPACE = /^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$/;
 const CONTAINER_ID = /^[A-Za-z0-9][A-Za-z0-9_.-]*$/;
 const IFNAME = /^[^\s/:]{1,15}$/;
 
@@ -206,7 +226,7 @@ export function parseRequest(env: Env, stdin: string): CniRequest {
   }
   const args = parseCniArgs(env.CNI_ARGS ?? '');
   const config = parseConfig(stdin, command);
-  return { command, containerId, netns: env.CNI_NETNS ?? '', ifname, args, pod: podRefFromArgs(args), config };
+  return { command, containerId, netns: env.CNI_NETNS ?? '', ifname, args, pod: podRefFromArgs(args, config.assumeNamespaceWhenMissing), config };
 }
 
 export { parseCommand };

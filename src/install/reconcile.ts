@@ -10,6 +10,7 @@ import { removeFile, writeFileAtomic } from './atomicfile.ts';
 import { BinaryInstaller } from './binaries.ts';
 import { choosePrimary, CniConfigError, isConfigFile, PLUGIN_TYPE, standaloneConflist, withOurEntry, withoutOurEntry, type JsonObject } from './cniconfig.ts';
 import { renderOrchconfig } from './orchconfig.ts';
+import { readRegularFile, readRegularFileIfExists, UnsafeFileError } from './safefile.ts';
 import { DEFAULT_TEMPLATE, renderEntry } from './template.ts';
 
 /** Our conflist in standalone mode, unless --cni-conf-name names another. */
@@ -18,7 +19,7 @@ const CONFIG_MODE = 0o644;
 
 export type ErrorReason =
   | 'net_dir_missing' | 'primary_malformed' | 'template_invalid' | 'token_missing' | 'ca_missing'
-  | 'api_host_missing' | 'binaries_failed' | 'write_failed';
+  | 'api_host_missing' | 'binaries_failed' | 'write_failed' | 'file_refused';
 
 export interface Problem {
   readonly reason: ErrorReason;
@@ -64,13 +65,9 @@ const isOriginalRecord = (name: string) => name.startsWith('.') && name.endsWith
 
 const isFile = (file: string) => fs.stat(file).then((st) => st.isFile(), () => false);
 
+/** A file's text, null when it does not exist; anything but a regular file of at most 1 MiB is refused (safefile.ts). */
 async function readIfExists(file: string): Promise<string | null> {
-  try {
-    return await fs.readFile(file, 'utf8');
-  } catch (e) {
-    if ((e as NodeJS.ErrnoException).code === 'ENOENT') return null;
-    throw e;
-  }
+  return (await readRegularFileIfExists(file))?.text ?? null;
 }
 
 export class Reconciler {
@@ -154,7 +151,13 @@ export class Reconciler {
       return;
     }
     const tokenFile = path.join(this.s.serviceAccountDir, 'token');
-    const token = await readIfExists(tokenFile);
+    let token: string | null;
+    try {
+      token = await readIfExists(tokenFile);
+    } catch (e) {
+      fail(e instanceof UnsafeFileError ? 'file_refused' : 'token_missing', `cannot read the service-account token: ${(e as Error).message}`);
+      return;
+    }
     if (token === null || token.trim() === '') {
       fail('token_missing', `service-account token ${tokenFile} is ${token === null ? 'missing' : 'empty'}; the orchconfig cannot be written until it appears`);
       return;
@@ -162,7 +165,13 @@ export class Reconciler {
     let caPem: string | undefined;
     if (!this.s.skipTlsVerify) {
       const caFile = this.s.orchCaFile || path.join(this.s.serviceAccountDir, 'ca.crt');
-      const ca = await readIfExists(caFile);
+      let ca: string | null;
+      try {
+        ca = await readIfExists(caFile);
+      } catch (e) {
+        fail(e instanceof UnsafeFileError ? 'file_refused' : 'ca_missing', `cannot read the CA file: ${(e as Error).message}`);
+        return;
+      }
       if (ca === null) {
         fail('ca_missing', `CA file ${caFile} is missing; give --orch-ca-file or --skip-tls-verify`);
         return;
@@ -172,7 +181,7 @@ export class Reconciler {
     const text = renderOrchconfig({ host: this.env.orchServiceHost, port: this.env.orchServicePort, token: token.trim(), caPem, skipTlsVerify: this.s.skipTlsVerify });
     try {
       const st = await fs.stat(target).catch(() => null);
-      if ((await readIfExists(target)) !== text) {
+      if ((await readIfExists(target).catch(() => null)) !== text) {
         await writeFileAtomic(target, text, { mode: this.s.orchconfigMode });
         writes.push({ file: target, kind: 'orchconfig', action: 'write' });
       } else if (st && (st.mode & 0o7777) !== this.s.orchconfigMode) {
@@ -194,7 +203,7 @@ export class Reconciler {
     } else if (this.s.cniNetworkConfigFile) {
       source = this.s.cniNetworkConfigFile;
       try {
-        template = await fs.readFile(this.s.cniNetworkConfigFile, 'utf8');
+        template = (await readRegularFile(this.s.cniNetworkConfigFile)).text;
       } catch (e) {
         throw new CniConfigError(`cannot read the CNI network config template ${source}: ${(e as Error).message}`);
       }
@@ -224,8 +233,18 @@ export class Reconciler {
         : `waiting for a primary CNI config (.conf, .conflist or .json) in ${this.netDir}`);
     } else {
       const file = path.join(this.netDir, primary);
-      const text = await readIfExists(file);
-      if (text === null) {
+      let text: string | null = null;
+      let refused = false;
+      try {
+        text = await readIfExists(file);
+      } catch (e) {
+        if (!(e instanceof UnsafeFileError)) throw e;
+        fail('file_refused', `primary CNI config ${e.message}; leaving it untouched until it changes`);
+        refused = true;
+      }
+      if (refused) {
+        // Said above; the other files are still looked at below.
+      } else if (text === null) {
         notReady.push(`primary CNI config ${file} vanished while being read; retrying`);
       } else {
         try {
@@ -236,7 +255,7 @@ export class Reconciler {
             const target = path.join(this.netDir, rewrite.fileName);
             // The primary CNI may rewrite its file while ours is being written: then what we
             // computed is stale, and putting it in place would undo their change.
-            const unchanged = async () => (await readIfExists(file)) === text;
+            const unchanged = async () => (await readIfExists(file).catch(() => null)) === text;
             if (!(await writeFileAtomic(target, rewrite.text, { mode: st.mode & 0o7777, uid: st.uid, gid: st.gid, beforeRename: unchanged }))) {
               notReady.push(`primary CNI config ${file} changed while our entry was being added; doing it again`);
               return primaryAfter;
@@ -272,7 +291,7 @@ export class Reconciler {
     const name = this.standaloneName;
     const file = path.join(this.netDir, name);
     const text = standaloneConflist(entry);
-    if ((await readIfExists(file)) !== text) {
+    if ((await readIfExists(file).catch(() => null)) !== text) {
       await writeFileAtomic(file, text, { mode: CONFIG_MODE });
       writes.push({ file, kind: 'cni_config', action: 'write' });
     }
@@ -295,7 +314,11 @@ export class Reconciler {
    */
   private async takeOut(name: string, writes: Write[]): Promise<void> {
     const file = path.join(this.netDir, name);
-    const text = await readIfExists(file);
+    // A FIFO, device or oversized file never held an entry of ours: not ours to touch.
+    const text = await readIfExists(file).catch((e: unknown) => {
+      if (e instanceof UnsafeFileError) return null;
+      throw e;
+    });
     if (text === null) return;
     let without: string | null;
     try {

@@ -30,6 +30,7 @@ import { eventually } from '../helpers/poll.ts';
 import { run, type Run } from '../helpers/netns.ts';
 import { forwardLoopback, importBusybox, makePodman, type LoopbackForward, type Podman } from '../helpers/podman.ts';
 import { meshPod } from '../helpers/plugin.ts';
+import { DEFAULT_TEMPLATE } from '../../src/install/template.ts';
 
 const RUN = `mcni-e2e-${process.pid}`;
 const NODE = 'node-1';
@@ -194,6 +195,9 @@ function nodeSuite(mode: 'label' | 'delete'): void {
         'repair-enabled': 'true',
         ...(mode === 'label' ? { 'repair-label-pods': 'true' } : { 'repair-delete-pods': 'true' }),
         'log_output_level': 'default:info,install:debug,cni:debug,repair:debug',
+        // podman names no namespace; this test's pods live in default, so the plugin is told to
+        // assume it (by default such calls are no Kubernetes pods and pass through).
+        'cni-network-config': DEFAULT_TEMPLATE.replace('"orch": {', '"orch": {\n    "assume_namespace_when_missing": "default",'),
       }, {
         KUBERNETES_SERVICE_HOST: '127.0.0.1',
         KUBERNETES_SERVICE_PORT: String(api.port),
@@ -222,7 +226,7 @@ function nodeSuite(mode: 'label' | 'delete'): void {
       const applied = await agent.waitForLog((r) => r.msg === 'redirect rules applied', 'mesh-cni (run by podman) to report over the log socket', 30_000)
         .catch((e: Error) => { throw new Error(`${e.message}; agent logs: ${JSON.stringify(agent!.logs.slice(-15))}`); });
       assert.equal(applied.scope, 'cni');
-      // The plugin looked the pod up (podman gives no namespace: default), from the agent's pod
+      // The plugin looked the pod up (podman gives no namespace; our entry assumes default), from the agent's pod
       // watch (a lookup hit) or, failing that, from the API server.
       const viaAgent = /^mesh_cni_pod_lookups_total\{result="hit"\} [1-9]/m.test((await agent.get('/metrics')).body);
       const viaApi = api.requests.some((q) => q.method === 'GET' && q.path === `/api/v1/namespaces/default/pods/${late}`);

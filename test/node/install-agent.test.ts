@@ -2,7 +2,8 @@
 // vs upgrade decision against the test API server.
 
 import assert from 'node:assert/strict';
-import { readFileSync } from 'node:fs';
+import { execFileSync } from 'node:child_process';
+import { closeSync, constants, openSync, readFileSync } from 'node:fs';
 import fs from 'node:fs/promises';
 import path from 'node:path';
 import { afterEach, describe, it } from 'node:test';
@@ -137,5 +138,32 @@ describe('install-cni process', () => {
       assert.match(String(a.logs.find((r) => r.msg === 'uninstalling mesh-cni from this node')?.why), /cannot ask the API server/);
       await eventually(() => readFileSync(path.join(t.netDir, '10-bridge.conflist'), 'utf8') === BRIDGE_CONFLIST, 'primary restored');
     });
+  });
+});
+
+describe('install-cni process against hostile files in the net dir', () => {
+  it('a FIFO named like a config turns /readyz 503 naming it, and SIGTERM still exits 0', async () => {
+    const t = await tree();
+    const primary = path.join(t.netDir, '10-bridge.conflist');
+    await fs.writeFile(primary, BRIDGE_CONFLIST);
+    const a = agent(t);
+    await a.waitForLog((r) => r.msg === 'mesh-cni is installed and ready', 'ready');
+    const fifo = path.join(t.netDir, '00-x.conflist');
+    execFileSync('mkfifo', [fifo]);
+    cleanups.push(async () => {
+      // Releases a reader stuck in open() (the bug this test is about), so the process can go.
+      try {
+        closeSync(openSync(fifo, constants.O_WRONLY | constants.O_NONBLOCK));
+      } catch {
+        // No reader.
+      }
+    });
+    await eventually(async () => {
+      const r = await a.get('/readyz');
+      return r.status === 503 && r.body.includes('00-x.conflist is a FIFO');
+    }, '/readyz 503 naming the FIFO', 5000);
+    // The primary CNI rewrites its file meanwhile: passes still run, so the entry comes back.
+    await fs.writeFile(primary, BRIDGE_CONFLIST);
+    assert.equal(await a.stop('SIGTERM', 8000), 0);
   });
 });

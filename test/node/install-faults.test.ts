@@ -2,7 +2,7 @@
 
 import assert from 'node:assert/strict';
 import { execFileSync } from 'node:child_process';
-import { readFileSync } from 'node:fs';
+import { closeSync, constants, openSync, readFileSync } from 'node:fs';
 import fs from 'node:fs/promises';
 import path from 'node:path';
 import { describe, it } from 'node:test';
@@ -117,5 +117,115 @@ describe('atomic writes', () => {
     } finally {
       await tree.remove();
     }
+  });
+});
+
+/** Resolves with what `p` gives, or rejects after `ms` saying what did not finish. */
+async function within<T>(p: Promise<T>, ms: number, what: string): Promise<T> {
+  let timer: NodeJS.Timeout | undefined;
+  const timeout = new Promise<never>((_r, reject) => (timer = setTimeout(() => reject(new Error(`${what} did not finish within ${ms} ms`)), ms)));
+  try {
+    return await Promise.race([p, timeout]);
+  } finally {
+    clearTimeout(timer);
+  }
+}
+
+/** A reader blocked in open() of a FIFO returns once a writer opens and closes it. */
+function unblockFifo(file: string): void {
+  try {
+    // Non-blocking: ENXIO when no reader waits, which is the case once the fix is in.
+    closeSync(openSync(file, constants.O_WRONLY | constants.O_NONBLOCK));
+  } catch {
+    // No reader was waiting, or the file is gone.
+  }
+}
+
+describe('installer reads only regular files of bounded size', () => {
+  const everything = (installer: Installer) => `${installer.notReadyReasons().join('\n')}\n${JSON.stringify(installer.status())}`;
+
+  type Tree = Awaited<ReturnType<typeof makeHostTree>>;
+  async function withInstaller(flags: (tree: Tree) => Record<string, string>, prepare: (tree: Tree) => Promise<string[]>, body: (installer: Installer, tree: Tree) => Promise<void>): Promise<void> {
+    const tree = await makeHostTree();
+    const fifos: string[] = [];
+    const installer = new Installer(buildSettings({ 'reconcile-interval': '1h', ...tree.flags, ...flags(tree) }, tree.env), { decideCleanup: async () => ({ cleanup: true, why: 'test' }) });
+    try {
+      await fs.writeFile(path.join(tree.netDir, '10-bridge.conflist'), BRIDGE_CONFLIST);
+      fifos.push(...(await prepare(tree)));
+      await within(installer.start(), 5000, 'the first reconcile pass');
+      await body(installer, tree);
+      await within(installer.stop('SIGTERM'), 5000, 'stop');
+    } finally {
+      for (const f of fifos) unblockFifo(f);
+      await installer.stop('SIGTERM').catch(() => {});
+      await tree.remove();
+    }
+  }
+
+  it('a FIFO named like a config is refused, by name and kind, and the pass finishes', async () => {
+    await withInstaller(() => ({}), async (tree) => {
+      const fifo = path.join(tree.netDir, '00-x.conflist');
+      execFileSync('mkfifo', [fifo]);
+      return [fifo];
+    }, async (installer, tree) => {
+      assert.match(everything(installer), /00-x\.conflist is a FIFO, not a regular file/);
+      // Gone again: the next pass installs as usual.
+      await fs.rm(path.join(tree.netDir, '00-x.conflist'));
+      await eventually(() => installer.notReadyReasons().length === 0, 'ready once the FIFO is gone');
+      assert.match(readFileSync(path.join(tree.netDir, '10-bridge.conflist'), 'utf8'), /"mesh-cni"/);
+    });
+  });
+
+  it('a link to /dev/zero named like a config is refused without reading it', async () => {
+    await withInstaller(() => ({}), async (tree) => {
+      await fs.symlink('/dev/zero', path.join(tree.netDir, '00-zero.conflist'));
+      return [];
+    }, async (installer) => {
+      assert.match(everything(installer), /00-zero\.conflist is a character device, not a regular file/);
+    });
+  });
+
+  it('a config over 1 MiB is refused with its size, not read', async () => {
+    await withInstaller(() => ({}), async (tree) => {
+      const big = path.join(tree.netDir, '00-big.conflist');
+      await fs.writeFile(big, `{"cniVersion":"1.0.0","name":"big","plugins":[{"type":"bridge","pad":"${'x'.repeat(50 * 1024 * 1024)}"}]}`);
+      return [];
+    }, async (installer) => {
+      assert.match(everything(installer), /00-big\.conflist is 50\.0 MiB, over the 1 MiB limit/);
+      assert.doesNotMatch(everything(installer), /xxxx/);
+    });
+  });
+
+  it('a token that is a FIFO: not ready with the reason, nothing written', async () => {
+    await withInstaller(() => ({}), async (tree) => {
+      const token = path.join(tree.saDir, '..data', 'token');
+      await fs.rm(token);
+      execFileSync('mkfifo', [token]);
+      return [token];
+    }, async (installer, tree) => {
+      assert.match(installer.notReadyReasons().join('\n'), /token is a FIFO, not a regular file/);
+      assert.equal(readFileSync(path.join(tree.netDir, '10-bridge.conflist'), 'utf8'), BRIDGE_CONFLIST);
+    });
+  });
+
+  it('a CA that is a link to /dev/zero is refused', async () => {
+    await withInstaller(() => ({}), async (tree) => {
+      const ca = path.join(tree.saDir, '..data', 'ca.crt');
+      await fs.rm(ca);
+      await fs.symlink('/dev/zero', ca);
+      return [];
+    }, async (installer) => {
+      assert.match(installer.notReadyReasons().join('\n'), /ca\.crt is a character device, not a regular file/);
+    });
+  });
+
+  it('a template file that is a FIFO is refused', async () => {
+    await withInstaller((tree) => ({ 'cni-network-config-file': path.join(tree.root, 'template.json') }), async (tree) => {
+      const template = path.join(tree.root, 'template.json');
+      execFileSync('mkfifo', [template]);
+      return [template];
+    }, async (installer) => {
+      assert.match(installer.notReadyReasons().join('\n'), /template\.json is a FIFO, not a regular file/);
+    });
   });
 });

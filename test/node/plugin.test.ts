@@ -30,9 +30,13 @@ const PREV_V4 = {
 describe('CNI protocol pieces', () => {
   it('parses containerd and podman CNI_ARGS', () => {
     const c = parseCniArgs('IgnoreUnknown=1;K8S_POD_NAMESPACE=shop;K8S_POD_NAME=cart-1;K8S_POD_INFRA_CONTAINER_ID=abc;K8S_POD_UID=u-1');
-    assert.deepEqual(podRefFromArgs(c), { namespace: 'shop', name: 'cart-1', uid: 'u-1', infraContainerId: 'abc' });
-    assert.deepEqual(podRefFromArgs(parseCniArgs('IgnoreUnknown=1;K8S_POD_NAME=web')), { namespace: 'default', name: 'web', uid: '', infraContainerId: '' });
-    assert.equal(podRefFromArgs(parseCniArgs('')), null);
+    assert.deepEqual(podRefFromArgs(c, ''), { namespace: 'shop', name: 'cart-1', uid: 'u-1', infraContainerId: 'abc' });
+    // podman names the container but no namespace: not a Kubernetes pod, unless the config
+    // says which namespace to assume (test set-ups).
+    assert.equal(podRefFromArgs(parseCniArgs('IgnoreUnknown=1;K8S_POD_NAME=web'), ''), null);
+    assert.deepEqual(podRefFromArgs(parseCniArgs('IgnoreUnknown=1;K8S_POD_NAME=web'), 'default'), { namespace: 'default', name: 'web', uid: '', infraContainerId: '' });
+    assert.equal(podRefFromArgs(parseCniArgs('K8S_POD_NAMESPACE=shop'), 'default'), null);
+    assert.equal(podRefFromArgs(parseCniArgs(''), ''), null);
     assert.throws(() => parseCniArgs('K8S_POD_NAME'), (e: CniError) => e.code === 4 && /not KEY=VALUE/.test(e.details));
   });
 
@@ -95,6 +99,7 @@ describe('mesh-cni bad input (no API server needed)', () => {
     ['bad CNI_ARGS', () => meshCni('ADD', { ...chain, args: 'K8S_POD_NAMESPACE=a;garbage' }, conf()), 4, /invalid CNI_ARGS/],
     ['bad CNI_CONTAINERID', () => meshCni('ADD', { ...chain, containerId: '-x y' }, conf()), 4, /invalid CNI_CONTAINERID/],
     ['bad log_level', () => meshCni('ADD', chain, conf({ log_level: 'loud' })), 7, /log_level "loud"/],
+    ['a namespace to assume that is no namespace name', () => meshCni('ADD', chain, conf({ orch: { ...(conf().orch as object), assume_namespace_when_missing: 'Not/A;Namespace' } })), 7, /orch\.assume_namespace_when_missing "Not\/A;Namespace"/],
     ['netns that does not exist', () => meshCni('ADD', chain, conf()), 4, /CNI_NETNS \/run\/netns\/mcni-plg-none does not exist/],
   ];
   for (const [name, go, code, msg] of cases) {
@@ -258,10 +263,26 @@ describe('mesh-cni end to end (bridge + host-local + mesh-cni, test API server)'
     assert.doesNotMatch(natRules(ns), /MESH_/);
   });
 
-  it('takes podman CNI_ARGS (no namespace: default)', async () => {
+  it('passes a call without K8S_POD_NAMESPACE through untouched (podman: not a Kubernetes pod), asking no one', async () => {
+    // Nothing to ask: no orchconfig, no agent socket. Before, such a call was taken as namespace
+    // default and failed with code 11 once the lookups gave up.
+    const before = api.requests.length;
+    const { ns, chain, prev } = await podSandbox(() => 'IgnoreUnknown=1;K8S_POD_NAME=podman-only');
+    const add = await meshCni('ADD', chain, pluginConfig({ cniVersion: '1.0.0', orchconfig: path.join(tmp.dir, 'absent'), extra: { pod_lookup_uds_address: path.join(tmp.dir, 'absent.sock') } }, prev));
+    assert.equal(add.code, 0, add.stdout + add.stderr);
+    assert.deepEqual(JSON.parse(add.stdout), prev, 'prevResult passed through');
+    assert.doesNotMatch(natRules(ns), /MESH_/);
+    assert.equal(api.requests.length, before, 'no API request');
+    const check = await meshCni('CHECK', chain, pluginConfig({ cniVersion: '1.0.0', orchconfig: path.join(tmp.dir, 'absent') }, prev));
+    assert.equal(check.code, 0, check.stdout + check.stderr);
+  });
+
+  it('with orch.assume_namespace_when_missing, a call without K8S_POD_NAMESPACE is a pod of that namespace', async () => {
     const pod = api.upsertPod(meshPod('default', 'podman-web'));
     const { ns, chain, prev } = await podSandbox(() => `IgnoreUnknown=1;K8S_POD_NAME=${pod.metadata!.name}`);
-    const add = await meshCni('ADD', chain, conf()(prev));
+    const stdin = conf()(prev) as { orch: Record<string, unknown> };
+    stdin.orch.assume_namespace_when_missing = 'default';
+    const add = await meshCni('ADD', chain, stdin);
     assert.equal(add.code, 0, add.stdout + add.stderr);
     assert.match(natRules(ns), /-A OUTPUT -j MESH_OUTPUT/);
   });
