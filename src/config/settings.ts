@@ -21,6 +21,13 @@ export interface InstallSettings {
   readonly orchCaFile: string;
   readonly skipTlsVerify: boolean;
   readonly serviceAccountDir: string;
+  /** The account whose token the agent mints for the plugin's orchconfig (TokenRequest). */
+  readonly pluginServiceAccount: string;
+  readonly pluginTokenExpirationMs: number;
+  /** Empty: the API server's default audience. */
+  readonly pluginTokenAudiences: readonly string[];
+  /** A token provided for the plugin instead of a minted one; empty: mint. */
+  readonly pluginTokenFile: string;
   /** The plugin's log level, written into its config. */
   readonly pluginLogLevel: LogLevel;
   readonly logUdsAddress: string;
@@ -117,6 +124,14 @@ function parseScopes(flag: string, value: string): LogScope[] {
   return scopes.includes('all') ? [...SCOPES] : (scopes as LogScope[]);
 }
 
+/** A Kubernetes object name (DNS subdomain), as a service account's. */
+function parseObjectName(flag: string, value: string): string {
+  if (value.length > 253 || !/^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$/.test(value)) {
+    throw new ConfigError(flag, value, 'expected a service account name: lower-case letters, digits, - and ., at most 253');
+  }
+  return value;
+}
+
 /** A file name that must stay inside its directory. */
 function parseFileName(flag: string, value: string, allowEmpty: boolean): string {
   if (value === '' && allowEmpty) return value;
@@ -186,6 +201,11 @@ export function buildSettings(flags: RawFlags, env: Env): Settings {
     orchCaFile: absOrEmpty('orch-ca-file'),
     skipTlsVerify: bool('skip-tls-verify'),
     serviceAccountDir: abs('service-account-dir'),
+    pluginServiceAccount: get('plugin-service-account', parseObjectName, 'mesh-cni-plugin'),
+    // The API server refuses TokenRequests under 10 minutes.
+    pluginTokenExpirationMs: get('plugin-token-expiration', (s, v) => parseDuration(s, v, { min: 600_000, max: MAX_TIMER_MS }), 3_600_000),
+    pluginTokenAudiences: get('plugin-token-audiences', (_s, v) => parseList(v), []),
+    pluginTokenFile: absOrEmpty('plugin-token-file'),
     pluginLogLevel: get('log-level', (s, v) => parseEnum(s, v, LOG_LEVELS), 'warn'),
     logUdsAddress: absOrEmpty('log-uds-address'),
     podLookupUdsAddress: absOrEmpty('pod-lookup-uds-address'),
@@ -193,6 +213,9 @@ export function buildSettings(flags: RawFlags, env: Env): Settings {
     cleanupOnExit: get('cleanup-on-exit', (s, v) => parseEnum(s, v, CLEANUP_MODES), 'auto'),
     reconcileIntervalMs: get('reconcile-interval', (s, v) => parseDuration(s, v, { min: 100, max: MAX_TIMER_MS }), 5000),
   };
+  if (install.pluginTokenFile !== '' && install.pluginTokenFile === path.join(install.serviceAccountDir, 'token')) {
+    errors.push(new ConfigError('--plugin-token-file', install.pluginTokenFile, 'is the agent\'s own service-account token, which must never be written to the node\'s disk; give a token of the plugin\'s account, or leave it empty to mint one'));
+  }
   if (install.skipTlsVerify && install.orchCaFile !== '') {
     errors.push(new ConfigError('--skip-tls-verify', 'true', 'cannot be combined with --orch-ca-file; choose one way to trust the API server'));
   }

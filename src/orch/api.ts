@@ -1,5 +1,5 @@
-// The agent's view of the API server (OrchApi): list and watch pods, label, delete, record an
-// event, each cancellable and failing with one error type that says how to retry.
+// The agent's view of the API server (OrchApi): list and watch pods, label (pods/status), delete,
+// record an event, each cancellable and failing with one error type that says how to retry.
 // @kubernetes/client-node gives the connection: its KubeConfig (orchconfig or in-cluster service
 // account, token re-read as it rotates, CA, client certificates) and its Watch for the event
 // streams. The other calls are plain JSON requests (request.ts): client-node's generated API
@@ -84,8 +84,10 @@ export function clientNodeApi(kc: KubeConfig): OrchApi {
       );
     },
     async labelPod(pod, key, value, signal) {
-      // The uid in the patch is a precondition: a new pod that took the name is never labelled.
-      await apiRequest(kc, 'PATCH', podPath(pod), `labelling ${name(pod)}`, {
+      // Through the status subresource, which takes labels but never a spec change: the agent
+      // needs pods/status patch only, not the pods patch that could swap a pod's image. The uid
+      // in the patch is a precondition: a new pod that took the name is never labelled.
+      await apiRequest(kc, 'PATCH', `${podPath(pod)}/status`, `labelling ${name(pod)}`, {
         body: { metadata: { uid: pod.metadata!.uid, labels: { [key]: value } } },
         contentType: 'application/merge-patch+json',
         signal,

@@ -9,12 +9,13 @@ import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { after, before, describe, it } from 'node:test';
-import type { V1ClusterRole, V1ConfigMap, V1Container, V1DaemonSet, V1PolicyRule, V1Role, V1RoleBinding } from '@kubernetes/client-node';
+import type { V1ConfigMap, V1Container, V1DaemonSet, V1PolicyRule, V1RoleBinding } from '@kubernetes/client-node';
 import { parseConfig } from '../../cni-plugin/cni/protocol.ts';
 import { FLAGS } from '../../src/config/flags.ts';
 import { buildSettings, type RawFlags } from '../../src/config/settings.ts';
 import { renderEntry } from '../../src/install/template.ts';
 import { ROOT } from '../helpers/cli.ts';
+import { rulesFor } from '../helpers/rbac.ts';
 import { agentContainer, DEPLOY_DIR as DEPLOY, kustomize, one, runOffline as run, type K8sObject } from '../helpers/podman-daemonset.ts';
 
 const YAMLLINT_CONFIG = path.join(DEPLOY, '.yamllint.yaml');
@@ -37,12 +38,21 @@ function containerSettings(c: V1Container) {
   return buildSettings(flags as RawFlags, env);
 }
 
-function podVerbs(role: V1ClusterRole | V1Role, group: string, resource: string): string[] {
-  return (role.rules ?? [])
-    .filter((r: V1PolicyRule) => (r.apiGroups ?? []).includes(group) && (r.resources ?? []).includes(resource))
-    .flatMap((r) => r.verbs)
-    .sort();
+/** Every right a service account has through the rendered bindings, one `verb group/resource[(names)][ in ns]` each. */
+function rights(objects: K8sObject[], name: string): string[] {
+  return rulesFor(objects, 'mesh-system', name).flatMap((r) => r.verbs.flatMap((v) => r.apiGroups.flatMap((g) => r.resources.map((res) =>
+    `${v} ${g || 'core'}/${res}${r.resourceNames ? `(${r.resourceNames.join(',')})` : ''}${r.namespace ? ` in ${r.namespace}` : ''}`)))).sort();
 }
+
+const AGENT_RIGHTS = [
+  'create core/events',
+  'create core/serviceaccounts/token(mesh-cni-plugin) in mesh-system',
+  'get apps/daemonsets in mesh-system',
+  'get core/pods',
+  'list core/pods',
+  'patch core/pods/status',
+  'watch core/pods',
+];
 
 const DOWNWARD = { NODE_NAME: 'spec.nodeName', HOST_IP: 'status.hostIP', POD_NAME: 'metadata.name', POD_NAMESPACE: 'metadata.namespace' };
 
@@ -63,7 +73,7 @@ describe('deploy: kustomize build deploy/', () => {
 
   it('renders every kind the agent needs, namespaced objects in mesh-system', () => {
     const kinds = base.objects.map((o) => o.kind).sort();
-    assert.deepEqual(kinds, ['ClusterRole', 'ClusterRoleBinding', 'ConfigMap', 'DaemonSet', 'Namespace', 'Role', 'RoleBinding', 'ServiceAccount']);
+    assert.deepEqual(kinds, ['ClusterRole', 'ClusterRole', 'ClusterRoleBinding', 'ClusterRoleBinding', 'ConfigMap', 'DaemonSet', 'Namespace', 'Role', 'RoleBinding', 'ServiceAccount', 'ServiceAccount']);
     for (const o of base.objects) {
       const clusterScoped = ['Namespace', 'ClusterRole', 'ClusterRoleBinding'].includes(o.kind);
       assert.equal(o.metadata.namespace, clusterScoped ? undefined : 'mesh-system', `${o.kind} ${o.metadata.name}`);
@@ -71,25 +81,25 @@ describe('deploy: kustomize build deploy/', () => {
     }
   });
 
-  it('grants least privilege: pods read + patch, events create, its own DaemonSet read; no delete, no wildcards', () => {
-    const cr = one<V1ClusterRole>(base.objects, 'ClusterRole');
-    assert.deepEqual(podVerbs(cr, '', 'pods'), ['get', 'list', 'patch', 'watch']);
-    assert.deepEqual(podVerbs(cr, '', 'events'), ['create']);
-    const role = one<V1Role>(base.objects, 'Role');
-    assert.deepEqual(podVerbs(role, 'apps', 'daemonsets'), ['get']);
-    for (const r of [...(cr.rules ?? []), ...(role.rules ?? [])]) {
+  it('two service accounts with exactly these rights: the agent (no pods patch, no delete) and the plugin (pods get)', () => {
+    assert.deepEqual(rights(base.objects, 'mesh-cni'), AGENT_RIGHTS);
+    assert.deepEqual(rights(base.objects, 'mesh-cni-plugin'), ['get core/pods']);
+    const accounts = base.objects.filter((o) => o.kind === 'ServiceAccount').map((o) => o.metadata.name).sort();
+    assert.deepEqual(accounts, ['mesh-cni', 'mesh-cni-plugin']);
+    // No pod runs as the plugin's account, so none should carry its token.
+    assert.equal(one<K8sObject>(base.objects, 'ServiceAccount', 'mesh-cni-plugin').automountServiceAccountToken, false);
+    for (const r of base.objects.filter((o) => o.kind === 'ClusterRole' || o.kind === 'Role').flatMap((o) => (o.rules ?? []) as V1PolicyRule[])) {
       for (const field of [r.verbs, r.resources ?? [], r.apiGroups ?? []]) assert.ok(!field.includes('*'), `no wildcard in ${JSON.stringify(r)}`);
     }
-    // The bindings give those roles to the service account the DaemonSet runs as.
-    const sa = one<K8sObject>(base.objects, 'ServiceAccount');
-    const ds = one<V1DaemonSet>(base.objects, 'DaemonSet');
-    assert.equal(ds.spec!.template.spec!.serviceAccountName, sa.metadata.name);
-    for (const [bindingKind, roleKind, roleName] of [['ClusterRoleBinding', 'ClusterRole', cr.metadata!.name], ['RoleBinding', 'Role', role.metadata!.name]] as const) {
-      const b = one<V1RoleBinding>(base.objects, bindingKind);
-      assert.equal(b.roleRef.kind, roleKind);
-      assert.equal(b.roleRef.name, roleName);
-      assert.deepEqual(b.subjects, [{ kind: 'ServiceAccount', name: sa.metadata.name, namespace: 'mesh-system' }]);
+    // Every binding names a role that exists and one of the two accounts; the DaemonSet runs as the agent's.
+    for (const b of base.objects.filter((o): o is K8sObject & V1RoleBinding => o.kind === 'RoleBinding' || o.kind === 'ClusterRoleBinding')) {
+      assert.ok(base.objects.some((o) => o.kind === b.roleRef.kind && o.metadata.name === b.roleRef.name), `${b.kind} ${b.metadata!.name}: ${b.roleRef.kind} ${b.roleRef.name} exists`);
+      assert.equal(b.subjects?.length, 1);
+      assert.ok(['mesh-cni', 'mesh-cni-plugin'].includes(b.subjects![0]!.name) && b.subjects![0]!.namespace === 'mesh-system');
     }
+    assert.equal(one<V1DaemonSet>(base.objects, 'DaemonSet').spec!.template.spec!.serviceAccountName, 'mesh-cni');
+    // The plugin's account is the one the agent mints for (its default flag value).
+    assert.equal(containerSettings(agentContainer(base.objects)).install.pluginServiceAccount, 'mesh-cni-plugin');
   });
 
   it('runs on every node, first: host network, every taint tolerated, system-node-critical, no surge', () => {
@@ -223,16 +233,15 @@ describe('deploy: kustomize build deploy/', () => {
     assert.equal(conf.nodeName, 'node-1');
   });
 
-  it('repair-delete component: delete instead of patch on pods, delete mode on, nothing else changed', () => {
-    const cr = one<V1ClusterRole>(withDelete.objects, 'ClusterRole');
-    assert.deepEqual(podVerbs(cr, '', 'pods'), ['delete', 'get', 'list', 'watch']);
-    assert.deepEqual(podVerbs(cr, '', 'events'), ['create']);
+  it('repair-delete component: pods delete instead of pods/status patch for the agent, delete mode on, nothing else changed', () => {
+    assert.deepEqual(rights(withDelete.objects, 'mesh-cni'), [...AGENT_RIGHTS.filter((r) => r !== 'patch core/pods/status'), 'delete core/pods'].sort());
+    assert.deepEqual(rights(withDelete.objects, 'mesh-cni-plugin'), ['get core/pods']);
     const s = containerSettings(agentContainer(withDelete.objects));
     assert.deepEqual([s.repair.enabled, s.repair.labelPods, s.repair.deletePods], [true, false, true]);
     // Apart from the pods verbs and the repair env, the render is the base's.
     const strip = (objs: K8sObject[]) => objs.map((o) => {
       const c = structuredClone(o) as K8sObject & { rules?: V1PolicyRule[]; spec?: V1DaemonSet['spec'] };
-      if (c.kind === 'ClusterRole') c.rules = c.rules!.filter((r) => !(r.resources ?? []).includes('pods'));
+      if (c.kind === 'ClusterRole' && c.metadata.name === 'mesh-cni') c.rules = c.rules!.filter((r) => !(r.resources ?? []).some((x) => x === 'pods' || x === 'pods/status'));
       if (c.kind === 'DaemonSet') {
         const ct = c.spec!.template.spec!.containers[0]!;
         ct.env = ct.env!.filter((e) => !e.name.startsWith('REPAIR_')).sort((a, b) => a.name.localeCompare(b.name));

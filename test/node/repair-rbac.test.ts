@@ -1,4 +1,6 @@
-// The manifests grant exactly what the agent uses, no more: checked by parsing them.
+// The manifests grant exactly what each account uses, no more: checked by parsing the plain files
+// (`kubectl apply -f deploy/daemonset.yaml [-f deploy/repair-delete-rbac.yaml]`); deploy.test.ts
+// checks the kustomize render the same way.
 
 import assert from 'node:assert/strict';
 import { readFileSync } from 'node:fs';
@@ -6,16 +8,8 @@ import path from 'node:path';
 import { describe, it } from 'node:test';
 import { parseAllDocuments } from 'yaml';
 import { ROOT } from '../helpers/cli.ts';
-
-interface K8sObject {
-  apiVersion: string;
-  kind: string;
-  metadata: { name: string; namespace?: string };
-  rules?: Array<{ apiGroups?: string[]; resources?: string[]; verbs?: string[]; resourceNames?: string[]; nonResourceURLs?: string[] }>;
-  roleRef?: { apiGroup: string; kind: string; name: string };
-  subjects?: Array<{ kind: string; name: string; namespace?: string }>;
-  spec?: { template?: { spec?: { serviceAccountName?: string } } };
-}
+import type { K8sObject } from '../helpers/podman-daemonset.ts';
+import { rulesFor } from '../helpers/rbac.ts';
 
 function load(file: string): K8sObject[] {
   const docs = parseAllDocuments(readFileSync(path.join(ROOT, 'deploy', file), 'utf8'));
@@ -23,76 +17,59 @@ function load(file: string): K8sObject[] {
   return docs.map((d) => d.toJSON() as K8sObject).filter((o) => o !== null);
 }
 
-/** "group/resource" -> sorted verbs, merged over all rules of a role. */
-function grants(role: K8sObject): Record<string, string[]> {
-  const out: Record<string, Set<string>> = {};
-  for (const r of role.rules ?? []) {
-    assert.equal(r.resourceNames, undefined);
-    assert.equal(r.nonResourceURLs, undefined);
-    for (const g of r.apiGroups ?? []) {
-      for (const res of r.resources ?? []) {
-        for (const v of r.verbs ?? []) (out[`${g}/${res}`] ??= new Set()).add(v);
-      }
-    }
-  }
-  return Object.fromEntries(Object.entries(out).map(([k, v]) => [k, [...v].sort()]));
+/** One `verb group/resource[(names)][ in ns]` per right of the account. */
+function rights(objects: K8sObject[], name: string): string[] {
+  return rulesFor(objects, 'mesh-system', name).flatMap((r) => r.verbs.flatMap((v) => r.apiGroups.flatMap((g) => r.resources.map((res) =>
+    `${v} ${g || 'core'}/${res}${r.resourceNames ? `(${r.resourceNames.join(',')})` : ''}${r.namespace ? ` in ${r.namespace}` : ''}`)))).sort();
 }
 
-function find(objs: K8sObject[], kind: string, name: string, namespace?: string): K8sObject {
-  const o = objs.find((x) => x.kind === kind && x.metadata.name === name && x.metadata.namespace === namespace);
-  assert.ok(o, `${kind} ${namespace ? `${namespace}/` : ''}${name} is missing`);
-  return o;
-}
-
-const SA = [{ kind: 'ServiceAccount', name: 'mesh-cni', namespace: 'mesh-system' }];
+const AGENT = [
+  'create core/events',
+  'create core/serviceaccounts/token(mesh-cni-plugin) in mesh-system',
+  'get apps/daemonsets in mesh-system',
+  'get core/pods',
+  'list core/pods',
+  'patch core/pods/status',
+  'watch core/pods',
+];
 
 describe('deploy RBAC', () => {
   const main = load('daemonset.yaml');
   const overlay = load('repair-delete-rbac.yaml');
 
-  it('has the namespace and service account', () => {
-    find(main, 'Namespace', 'mesh-system');
-    find(main, 'ServiceAccount', 'mesh-cni', 'mesh-system');
+  it('has the namespace and the two service accounts', () => {
+    assert.ok(main.some((o) => o.kind === 'Namespace' && o.metadata.name === 'mesh-system'));
+    const accounts = main.filter((o) => o.kind === 'ServiceAccount').map((o) => `${o.metadata.namespace}/${o.metadata.name}`).sort();
+    assert.deepEqual(accounts, ['mesh-system/mesh-cni', 'mesh-system/mesh-cni-plugin']);
   });
 
-  it('ClusterRole: pods get/list/watch/patch (label mode), events create; nothing else', () => {
-    assert.deepEqual(grants(find(main, 'ClusterRole', 'mesh-cni')), {
-      '/pods': ['get', 'list', 'patch', 'watch'],
-      '/events': ['create'],
-    });
-    const binding = find(main, 'ClusterRoleBinding', 'mesh-cni');
-    assert.deepEqual(binding.roleRef, { apiGroup: 'rbac.authorization.k8s.io', kind: 'ClusterRole', name: 'mesh-cni' });
-    assert.deepEqual(binding.subjects, SA);
+  it('the agent: pods read, pods/status patch (labels), events create, its DaemonSet read and the plugin\'s token mint in mesh-system; no pods patch or delete', () => {
+    assert.deepEqual(rights(main, 'mesh-cni'), AGENT);
   });
 
-  it('Role in mesh-system: apps/daemonsets get only (the cleanup decision)', () => {
-    assert.deepEqual(grants(find(main, 'Role', 'mesh-cni', 'mesh-system')), { 'apps/daemonsets': ['get'] });
-    const binding = find(main, 'RoleBinding', 'mesh-cni', 'mesh-system');
-    assert.deepEqual(binding.roleRef, { apiGroup: 'rbac.authorization.k8s.io', kind: 'Role', name: 'mesh-cni' });
-    assert.deepEqual(binding.subjects, SA);
+  it('the plugin: pods get, nothing else', () => {
+    assert.deepEqual(rights(main, 'mesh-cni-plugin'), ['get core/pods']);
   });
 
-  it('grants no delete, wildcard or secret access in the default manifest', () => {
-    const roles = main.filter((o) => o.kind === 'ClusterRole' || o.kind === 'Role');
-    assert.equal(roles.length, 2, 'one ClusterRole and one Role');
-    for (const r of roles) {
-      for (const [res, verbs] of Object.entries(grants(r))) {
-        assert.ok(!verbs.includes('delete') && !verbs.includes('*') && !res.includes('*') && !res.endsWith('/secrets'), `${r.kind} ${r.metadata.name}: ${res} ${verbs.join(',')}`);
+  it('no wildcard, secret or non-resource rule anywhere', () => {
+    for (const r of [...main, ...overlay].filter((o) => o.kind === 'ClusterRole' || o.kind === 'Role')) {
+      for (const rule of (r.rules ?? []) as { verbs: string[]; resources?: string[]; apiGroups?: string[]; nonResourceURLs?: string[] }[]) {
+        assert.equal(rule.nonResourceURLs, undefined);
+        for (const field of [rule.verbs, rule.resources ?? [], rule.apiGroups ?? []]) assert.ok(!field.includes('*'), `${r.metadata.name}: ${JSON.stringify(rule)}`);
+        assert.ok(!(rule.resources ?? []).includes('secrets'), `${r.metadata.name} reads no secrets`);
       }
     }
   });
 
-  it('the delete overlay adds pods delete, nothing more, to the same service account', () => {
+  it('the delete overlay adds pods delete, nothing more, to the agent alone', () => {
     assert.equal(overlay.length, 2);
-    assert.deepEqual(grants(find(overlay, 'ClusterRole', 'mesh-cni-repair-delete')), { '/pods': ['delete'] });
-    const binding = find(overlay, 'ClusterRoleBinding', 'mesh-cni-repair-delete');
-    assert.deepEqual(binding.roleRef, { apiGroup: 'rbac.authorization.k8s.io', kind: 'ClusterRole', name: 'mesh-cni-repair-delete' });
-    assert.deepEqual(binding.subjects, SA);
+    assert.deepEqual(rights([...main, ...overlay], 'mesh-cni'), [...AGENT, 'delete core/pods'].sort());
+    assert.deepEqual(rights([...main, ...overlay], 'mesh-cni-plugin'), ['get core/pods']);
   });
 
-  it('runs the DaemonSet (when present) as that service account', () => {
+  it('runs the DaemonSet as the agent\'s account', () => {
     for (const ds of main.filter((o) => o.kind === 'DaemonSet')) {
-      assert.equal(ds.spec?.template?.spec?.serviceAccountName, 'mesh-cni');
+      assert.equal((ds as { spec?: { template?: { spec?: { serviceAccountName?: string } } } }).spec?.template?.spec?.serviceAccountName, 'mesh-cni');
     }
   });
 });

@@ -18,6 +18,8 @@ import { ROOT } from '../helpers/cli.ts';
 import { apiRequest, startTestApiServer, type TestApiServer } from '../helpers/apiserver.ts';
 import { waitFor as pollFor } from '../helpers/poll.ts';
 import { brokenPod, testPod } from '../helpers/pods.ts';
+import { DEPLOY_DIR, kustomize } from '../helpers/podman-daemonset.ts';
+import { rulesFor } from '../helpers/rbac.ts';
 
 const FAST: Partial<RepairTiming> = {
   watchBackoffBaseMs: 50,
@@ -68,8 +70,8 @@ describe('repair controller end to end', () => {
     await s?.close();
   });
 
-  async function start(flags: RawFlags, timing: Partial<RepairTiming> = FAST): Promise<RepairController> {
-    const kc = s.writeOrchconfig(path.join(dir, `kc-${Date.now()}-${Math.random()}.json`));
+  async function start(flags: RawFlags, timing: Partial<RepairTiming> = FAST, token?: string): Promise<RepairController> {
+    const kc = s.writeOrchconfig(path.join(dir, `kc-${Date.now()}-${Math.random()}.json`), { token });
     const settings = buildSettings({ 'repair-enabled': true, 'repair-node-name': 'node-a', orchconfig: kc, ...flags }, { NODE_NAME: 'node-a', POD_NAME: 'mesh-cni-test' });
     const c = (await startRepair(settings, timing)) as RepairController;
     running.push(c);
@@ -103,7 +105,7 @@ describe('repair controller end to end', () => {
     s.closeWatches();
     await waitFor('a new watch', () => count(s, 'GET', /\/api\/v1\/pods$/) >= 3);
     await sleep(300);
-    assert.equal(count(s, 'PATCH', /\/pods\/[^/]+$/), 5, 'one label patch per broken pod');
+    assert.equal(count(s, 'PATCH', /\/pods\/[^/]+\/status$/), 5 + 1, 'one label patch per broken pod, on the status subresource (+ the kubelet\'s above)');
     for (const n of ['elsewhere-0', 'healthy-0', 'plain-0']) {
       const p = s.listPods().find((x) => x.metadata?.name === n)!;
       assert.equal(p.metadata?.labels?.[LABEL], undefined, `${n} untouched`);
@@ -122,6 +124,29 @@ describe('repair controller end to end', () => {
     assert.equal(st2.counts.labelled, 5);
     assert.equal(st2.counts.seenBroken, 5);
     assert.deepEqual(c.notReadyReasons(), []);
+  });
+
+  it('labels through pods/status with only the rights deploy/ gives the agent (no pods patch); deletes only with the repair-delete rights', async () => {
+    s = await startTestApiServer({ bookmarkIntervalMs: 200 });
+    const rules = rulesFor(kustomize(DEPLOY_DIR).objects, 'mesh-system', 'mesh-cni');
+    const agentToken = s.serviceAccount('mesh-system', 'mesh-cni', rules);
+    s.upsertPod(brokenPod('rbac-0'));
+    const c = await start({ 'repair-label-pods': true }, FAST, agentToken);
+    await waitFor('rbac-0 labelled', () => labelled('rbac-0'));
+    assert.equal(s.requests.filter((r) => r.status === 403).length, 0, 'no call beyond the granted rights');
+    assert.ok(s.events().some((e) => e.involvedObject.name === 'rbac-0' && e.reason === 'MeshCniRepairLabelled'));
+    await c.stop('SIGTERM');
+    // Delete mode with the base rights is refused (403): deleting is opt-in.
+    s.upsertPod(brokenPod('rbac-1'));
+    const d = await start({ 'repair-delete-pods': true }, FAST, agentToken);
+    await waitFor('gave up on the refused delete', () => (d.status() as { counts: { gaveUp: number } }).counts.gaveUp >= 1);
+    assert.ok(s.requests.some((r) => r.method === 'DELETE' && r.path.endsWith('/rbac-1') && r.status === 403));
+    assert.ok(s.getPod('default', 'rbac-1'));
+    await d.stop('SIGTERM');
+    s.setRules(agentToken, [...rules, { verbs: ['delete'], apiGroups: [''], resources: ['pods'] }]);
+    s.upsertPod(brokenPod('rbac-2'));
+    await start({ 'repair-delete-pods': true }, FAST, agentToken);
+    await waitFor('rbac-2 deleted once the delete is granted', () => s.getPod('default', 'rbac-2') === undefined);
   });
 
   it('deletes broken pods once with a uid precondition; a new pod under the same name is never hit', async () => {
@@ -162,7 +187,7 @@ describe('repair controller end to end', () => {
     assert.equal(c.mode, 'label+delete');
     await waitFor('deleted', () => s.getPod('default', 'both-0') === undefined);
     const order = s.requests.filter((r) => r.method !== 'GET').map((r) => `${r.method} ${r.path.replace(/.*\//, '')}`);
-    assert.deepEqual(order, ['PATCH both-0', 'POST events', 'DELETE both-0']);
+    assert.deepEqual(order, ['PATCH status', 'POST events', 'DELETE both-0']);
   });
 
   it('report only: counts and logs, sends nothing', async () => {
@@ -193,7 +218,7 @@ describe('repair controller end to end', () => {
     await waitFor('relist after 410', () => (c.status() as { watch: { lists: number } }).watch.lists >= 2);
     await waitFor('new pod labelled', () => labelled('gone-3'));
     await sleep(300);
-    assert.equal(count(s, 'PATCH', /\/pods\/gone-\d$/), 5, '3 labels + the operator patch + gone-3');
+    assert.equal(count(s, 'PATCH', /\/pods\/gone-\d(\/status)?$/), 5, '3 labels + the operator patch + gone-3');
     assert.equal(labelled('gone-0'), false);
     assert.equal((await metric('mesh_cni_repair_watch_restarts_total', { reason: 'expired' })) - restartsBefore, 1);
     // A new failed run of the init container is a new broken state: labelled again.
@@ -215,8 +240,8 @@ describe('repair controller end to end', () => {
     const since = Date.now();
     await s.start();
     await waitFor('pods broken while down are labelled', () => [0, 1, 2].every((i) => labelled(`down-${i}`)), 10_000);
-    assert.equal(count(s, 'PATCH', /\/pods\/down-\d$/, since), 3);
-    assert.equal(count(s, 'PATCH', /\/pods\/early-0$/), 1);
+    assert.equal(count(s, 'PATCH', /\/pods\/down-\d\/status$/, since), 3);
+    assert.equal(count(s, 'PATCH', /\/pods\/early-0\/status$/), 1);
   });
 
   it('a watch that goes silent is detected and restarted', async () => {
@@ -250,10 +275,10 @@ describe('repair controller end to end', () => {
     await waitFor('recovered', () => labelled('storm-0'));
 
     // 429 with Retry-After: 1 on the pod: the next attempt waits at least that long.
-    s.faults.status = { code: 429, retryAfterSeconds: 1, paths: /\/pods\/storm-1$/, count: 2 };
+    s.faults.status = { code: 429, retryAfterSeconds: 1, paths: /\/pods\/storm-1\/status$/, count: 2 };
     s.upsertPod(brokenPod('storm-1'));
     await waitFor('labelled after the 429s', () => labelled('storm-1'), 8000);
-    const tries = s.requests.filter((r) => r.method === 'PATCH' && r.path.endsWith('/storm-1'));
+    const tries = s.requests.filter((r) => r.method === 'PATCH' && r.path.endsWith('/storm-1/status'));
     assert.deepEqual(tries.map((r) => r.status), [429, 429, 200]);
     assert.ok(tries[1]!.time - tries[0]!.time >= 950 && tries[2]!.time - tries[1]!.time >= 950, 'Retry-After honoured');
     assert.ok((await metric('mesh_cni_repair_failures_total', { type: 'label', reason: 'throttled' })) >= 2);
@@ -261,12 +286,12 @@ describe('repair controller end to end', () => {
 
   it('gives up after a bounded number of attempts when the API server keeps refusing, and says so', async () => {
     s = await startTestApiServer({ bookmarkIntervalMs: 200 });
-    s.faults.status = { code: 403, paths: /\/pods\/deny-0$/ };
+    s.faults.status = { code: 403, paths: /\/pods\/deny-0\/status$/ };
     s.upsertPod(brokenPod('deny-0'));
     const c = await start({ 'repair-label-pods': true });
     await waitFor('gave up', () => (c.status() as { counts: { gaveUp: number } }).counts.gaveUp === 1);
     await sleep(300);
-    assert.equal(count(s, 'PATCH', /deny-0$/), 1, 'a 403 is not retried at once');
+    assert.equal(count(s, 'PATCH', /deny-0\/status$/), 1, 'a 403 is not retried at once');
     assert.ok(logs.some((l) => /giving up/.test(l) && /deny-0/.test(l)));
   });
 
@@ -299,7 +324,7 @@ describe('repair controller end to end', () => {
     const code = await Promise.race([exited, new Promise<string>((r) => (timer = setTimeout(() => r('timeout'), 20_000)))]).finally(() => clearTimeout(timer));
     assert.equal(code, 0, `agent exit ${String(code)}:\n${out.slice(-3000)}`);
     assert.match(out, /repair controller stopped/);
-    const patched = s.requests.filter((r) => r.method === 'PATCH').map((r) => r.path.replace(/.*\//, ''));
+    const patched = s.requests.filter((r) => r.method === 'PATCH').map((r) => r.path.replace(/\/status$/, '').replace(/.*\//, ''));
     const deleted = s.requests.filter((r) => r.method === 'DELETE' && r.status === 200).map((r) => r.path.replace(/.*\//, ''));
     assert.ok(patched.length >= 1 && patched.length < 20, `SIGTERM stopped queued work (${patched.length} of 20 started)`);
     assert.deepEqual([...deleted].sort(), [...patched].sort(), 'every pod that was labelled was also deleted: no half-done repair');

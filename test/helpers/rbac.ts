@@ -1,0 +1,42 @@
+// The RBAC rules the manifests in deploy/ give a service account, as the test API server enforces
+// them: tests run the agent and the plugin with exactly what deploy/ grants, so a call the
+// manifests do not allow fails in the test as it would in a cluster.
+
+import assert from 'node:assert/strict';
+import type { RbacRule } from './apiserver.ts';
+import type { K8sObject } from './podman-daemonset.ts';
+
+interface PolicyRule {
+  apiGroups?: string[];
+  resources?: string[];
+  verbs?: string[];
+  resourceNames?: string[];
+  nonResourceURLs?: string[];
+}
+
+interface Binding extends K8sObject {
+  roleRef: { apiGroup: string; kind: string; name: string };
+  subjects?: { kind: string; name: string; namespace?: string }[];
+}
+
+/** Every rule bound to namespace/name: a RoleBinding's rules hold in its namespace only. */
+export function rulesFor(objects: readonly K8sObject[], namespace: string, name: string): RbacRule[] {
+  const out: RbacRule[] = [];
+  for (const b of objects.filter((o): o is Binding => o.kind === 'RoleBinding' || o.kind === 'ClusterRoleBinding')) {
+    if (!(b.subjects ?? []).some((s) => s.kind === 'ServiceAccount' && s.name === name && s.namespace === namespace)) continue;
+    const scoped = b.kind === 'RoleBinding' ? b.metadata.namespace : undefined;
+    const role = objects.find((o) => o.kind === b.roleRef.kind && o.metadata.name === b.roleRef.name && (b.roleRef.kind === 'ClusterRole' || o.metadata.namespace === scoped));
+    assert.ok(role, `${b.kind} ${b.metadata.name} refers to a ${b.roleRef.kind} ${b.roleRef.name} that the manifests do not have`);
+    for (const r of (role.rules ?? []) as PolicyRule[]) {
+      assert.equal(r.nonResourceURLs, undefined, 'no non-resource rules');
+      out.push({
+        verbs: r.verbs ?? [],
+        apiGroups: r.apiGroups ?? [],
+        resources: r.resources ?? [],
+        ...(r.resourceNames ? { resourceNames: r.resourceNames } : {}),
+        ...(scoped !== undefined ? { namespace: scoped } : {}),
+      });
+    }
+  }
+  return out;
+}
