@@ -7,13 +7,14 @@ import type { CniRequest } from './cni/protocol.ts';
 import { convertResult, resultFamilies } from './cni/result.ts';
 import type { UdsLog } from './log/udslog.ts';
 import { cacheFileFor, cachedFlavour } from './netns/flavourcache.ts';
-import { detectFlavour, diffRules, ipBatch, netnsExists, parseRules, restore, save, type Flavour } from './netns/iptables.ts';
+import { notAPodNetns } from './netns/guard.ts';
+import { applyRules, detectFlavour, diffRules, ipBatch, netnsExists, parseRules, removeRules, save, type Flavour } from './netns/iptables.ts';
 import { podFromAgent } from './orch/agentlookup.ts';
 import { OrchconfigError, readOrchconfig, type OrchAccess } from './orch/orchconfig.ts';
 import { getPod, PodLookupError } from './orch/podclient.ts';
-import { ANNOTATION, CHAIN, OWN_INIT_CONTAINER_NAME } from './redirect/constants.ts';
+import { ANNOTATION, OWN_INIT_CONTAINER_NAME } from './redirect/constants.ts';
 import type { Family } from './redirect/net.ts';
-import { buildFamilyRules, emptyRestore } from './redirect/rules.ts';
+import { buildFamilyRules } from './redirect/rules.ts';
 import { AnnotationError, specForPod, type PodLike, type RedirectSpec } from './redirect/spec.ts';
 
 /** Why a pod gets no rules (logged), or null when it must be redirected. */
@@ -110,6 +111,16 @@ async function flavourFor(req: CniRequest, log: UdsLog): Promise<Flavour> {
 
 function requireNetns(req: CniRequest): void {
   if (!netnsExists(req.netns)) throw new CniError(CNI_ERROR.INVALID_ENV, `CNI_NETNS ${req.netns} does not exist`, 'the pod network namespace is gone or the runtime passed a wrong path');
+  refuseHostNetns(req);
+}
+
+/** ADD, CHECK and DEL touch nothing in a netns that is not a pod's (the host's). */
+function refuseHostNetns(req: CniRequest): void {
+  const what = notAPodNetns(req.netns);
+  if (what !== null) {
+    throw new CniError(CNI_ERROR.INVALID_ENV, `CNI_NETNS ${req.netns} is not a pod's network namespace; refusing to touch it`,
+      `it is ${what}; a runtime passes the pod sandbox's own netns, so check what called mesh-cni ${req.command}`);
+  }
 }
 
 export async function cmdAdd(req: CniRequest, log: UdsLog): Promise<Record<string, unknown>> {
@@ -138,7 +149,8 @@ export async function cmdAdd(req: CniRequest, log: UdsLog): Promise<Record<strin
     // by side, each nf_tables commit waiting out its own grace period.
     await Promise.all(fams.map(async (fam) => {
       const r = buildFamilyRules(d.spec, fam);
-      await restore(req.netns, flavour, fam, r.restore, fams.length === 1);
+      const how = await applyRules(req.netns, flavour, fam, r.restore, fams.length === 1);
+      if (how === 'reconciled') log.debug('rules of ours were there already: replaced', { family: fam });
       await ipBatch(req.netns, fam, r.ipBatch);
     }));
   } catch (e) {
@@ -166,17 +178,17 @@ export async function cmdCheck(req: CniRequest, log: UdsLog): Promise<void> {
   }
 }
 
-/** Best effort: the netns may be gone (that is success); our tables are emptied only if our chains are there. */
+/** Best effort: the netns may be gone (that is success); our jumps and chains go, nothing else. */
 export async function cmdDel(req: CniRequest, log: UdsLog): Promise<void> {
   if (!netnsExists(req.netns)) {
     log.debug('netns already gone', { netns: req.netns });
     return;
   }
+  refuseHostNetns(req);
   try {
     const flavour = await flavourFor(req, log);
     await Promise.all(([4, 6] as const).map(async (fam) => {
-      const saved = await save(req.netns, flavour, fam).catch(() => '');
-      if (saved.includes(`:${CHAIN.OUTPUT} `)) await restore(req.netns, flavour, fam, emptyRestore());
+      if (await removeRules(req.netns, flavour, fam)) log.debug('redirect rules removed', { family: fam });
     }));
   } catch (e) {
     log.warn('could not remove redirect rules (ignored: DEL is best effort)', { error: (e as Error).message });

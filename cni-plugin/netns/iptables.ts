@@ -7,7 +7,7 @@
 // `iptables-legacy-save` / `iptables-nft-save` (v4 + v6) shows more rules; a tie means nft.
 
 import { existsSync } from 'node:fs';
-import { OWNED_TABLES } from '../redirect/constants.ts';
+import { OWN_CHAIN_PREFIX, OWNED_TABLES } from '../redirect/constants.ts';
 import type { Family } from '../redirect/net.ts';
 import { exec, execNow, type ExecOptions, type ExecResult } from './exec.ts';
 
@@ -60,13 +60,46 @@ function nsenter(netns: string, argv: readonly string[], options: ExecOptions, b
   return blocking ? execNow('nsenter', args, options) : exec('nsenter', args, options);
 }
 
-/** One `iptables-restore` for the whole document (no --noflush: it replaces our tables). */
+/**
+ * One `iptables-restore --noflush` for the whole document: only the chains and rules it names
+ * change; whatever else is in the netns (another plugin's, the pod's own) stays as it is.
+ */
 export async function restore(netns: string, flavour: Flavour, family: Family, doc: string, blocking = false): Promise<void> {
   const bin = binary(flavour, family, 'restore');
-  const r = await nsenter(netns, [bin, '-w', '5'], { input: doc, stdout: false }, blocking);
+  const r = await nsenter(netns, [bin, '--noflush', '-w', '5'], { input: doc, stdout: false }, blocking);
   if (r.error !== null || r.code !== 0) {
     throw new NetnsError(`${bin} in ${netns} failed (exit ${r.code}): ${(r.error ?? r.stderr).trim()}`);
   }
+}
+
+/**
+ * Our rules in the netns, whatever of ours is there already. `doc` (rules.ts) makes our chains
+ * with -N, so on a netns without them (every first ADD) it is all it takes; when it fails (our
+ * chains are there: a second ADD), what is there is read and reconciled in one more restore.
+ */
+export async function applyRules(netns: string, flavour: Flavour, family: Family, doc: string, blocking = false): Promise<'created' | 'reconciled'> {
+  try {
+    await restore(netns, flavour, family, doc, blocking);
+    return 'created';
+  } catch (first) {
+    let have: RuleSet;
+    try {
+      have = parseRules(await save(netns, flavour, family));
+    } catch {
+      throw first;
+    }
+    const fix = reconcileRestore(parseRules(doc), have);
+    if (fix !== null) await restore(netns, flavour, family, fix);
+    return 'reconciled';
+  }
+}
+
+/** DEL: our jumps, then our chains, out of the netns; nothing else. False when there was nothing of ours. */
+export async function removeRules(netns: string, flavour: Flavour, family: Family): Promise<boolean> {
+  const doc = reconcileRestore(null, parseRules(await save(netns, flavour, family)));
+  if (doc === null) return false;
+  await restore(netns, flavour, family, doc);
+  return true;
 }
 
 /** `ip -batch`; "File exists" (a rule left by an earlier ADD) is success. */
@@ -87,12 +120,26 @@ export async function save(netns: string, flavour: Flavour, family: Family): Pro
   return r.stdout;
 }
 
-/** table -> chain -> rules, for the tables we own; comments, counters and policies dropped. */
+/** table -> chain -> rules (`-A <chain> ...`), for the tables we may use; comments, counters and policies dropped. */
 export type RuleSet = Map<string, Map<string, string[]>>;
 
+/** Our chains are the MESH_* ones (rules.ts); everything else in the netns belongs to someone else. */
+const isOurs = (chain: string): boolean => chain.startsWith(OWN_CHAIN_PREFIX);
+
+/** A rule that jumps (-j) or goes (-g) into one of our chains: one of our jumps when it sits in another chain. */
+function jumpsToOurs(rule: string): boolean {
+  const m = / -[jg] (\S+)/.exec(rule);
+  return m !== null && isOurs(m[1]!);
+}
+
+/**
+ * Reads iptables-save output, or one of our restore documents: `-N X` declares a chain like
+ * `:X`, and `-I X 1 rule` is read as the rule it puts first in X.
+ */
 export function parseRules(text: string): RuleSet {
   const out: RuleSet = new Map();
   let chains: Map<string, string[]> | null = null;
+  const chain = (name: string): string[] => chains!.get(name) ?? chains!.set(name, []).get(name)!;
   for (const raw of text.split('\n')) {
     const line = raw.trim();
     if (line.startsWith('*')) {
@@ -102,39 +149,74 @@ export function parseRules(text: string): RuleSet {
     } else if (!chains || line === '' || line.startsWith('#') || line === 'COMMIT') {
       continue;
     } else if (line.startsWith(':')) {
-      const name = line.slice(1).split(' ')[0]!;
-      if (!chains.has(name)) chains.set(name, []);
+      chain(line.slice(1).split(' ')[0]!);
+    } else if (line.startsWith('-N ')) {
+      chain(line.split(' ')[1]!);
     } else if (line.startsWith('-A ')) {
-      const name = line.split(' ')[1]!;
-      if (!chains.has(name)) chains.set(name, []);
-      chains.get(name)!.push(line);
+      chain(line.split(' ')[1]!).push(line);
+    } else if (line.startsWith('-I ')) {
+      const [, name, pos, ...rest] = line.split(' ');
+      const rule = `-A ${name!} ${(/^\d+$/.test(pos!) ? rest : [pos!, ...rest]).join(' ')}`;
+      chain(name!).unshift(rule);
     }
   }
   return out;
 }
 
-/** Differences between what we meant and what is there; [] when equal. Empty chains/tables match absent ones. */
+/**
+ * Differences between what we meant and what is there, in what is ours only: our chains whole,
+ * and in every other chain just the rules that jump into ours. [] when equal.
+ */
 export function diffRules(expected: RuleSet, actual: RuleSet): string[] {
   const problems: string[] = [];
   for (const table of OWNED_TABLES) {
     const e = expected.get(table) ?? new Map<string, string[]>();
     const a = actual.get(table) ?? new Map<string, string[]>();
     for (const chain of new Set([...e.keys(), ...a.keys()])) {
-      const want = e.get(chain) ?? [];
-      const have = a.get(chain) ?? [];
-      if (want.length === 0 && have.length === 0) {
-        if (e.has(chain) !== a.has(chain) && chain.startsWith('MESH_')) problems.push(`${table}: chain ${chain} ${e.has(chain) ? 'missing' : 'unexpected'}`);
+      const ours = isOurs(chain);
+      if (ours && e.has(chain) !== a.has(chain)) {
+        problems.push(`${table}: chain ${chain} ${e.has(chain) ? 'missing' : 'unexpected'}`);
         continue;
       }
+      const want = ours ? e.get(chain) ?? [] : (e.get(chain) ?? []).filter(jumpsToOurs);
+      const have = ours ? a.get(chain) ?? [] : (a.get(chain) ?? []).filter(jumpsToOurs);
       for (let i = 0; i < Math.max(want.length, have.length); i++) {
         if (want[i] !== have[i]) {
-          problems.push(`${table} ${chain} rule ${i + 1}: expected ${want[i] ?? '(none)'}, found ${have[i] ?? '(none)'}`);
+          problems.push(`${table} ${chain} ${ours ? 'rule' : 'jump'} ${i + 1}: expected ${want[i] ?? '(none)'}, found ${have[i] ?? '(none)'}`);
           break;
         }
       }
     }
   }
   return problems;
+}
+
+/**
+ * The --noflush document that turns what is there (`have`) into what we want (null: nothing of
+ * ours, as DEL wants), touching nothing that is not ours; null when there is nothing to change.
+ * Per table, in one commit: our jumps out, every chain of ours declared (created, or flushed if
+ * there), the ones no longer wanted deleted, then our rules and our jumps (first in their chain).
+ */
+export function reconcileRestore(want: RuleSet | null, have: RuleSet): string | null {
+  const out: string[] = [];
+  for (const table of OWNED_TABLES) {
+    const w = want?.get(table) ?? new Map<string, string[]>();
+    const h = have.get(table) ?? new Map<string, string[]>();
+    const oursWanted = [...w.keys()].filter(isOurs);
+    const oursThere = [...h.keys()].filter(isOurs);
+    const jumpsThere = [...h].filter(([c]) => !isOurs(c)).flatMap(([, rules]) => rules.filter(jumpsToOurs));
+    if (oursWanted.length === 0 && oursThere.length === 0 && jumpsThere.length === 0) continue;
+    out.push(`*${table}`);
+    out.push(...jumpsThere.map((r) => `-D ${r.slice(3)}`));
+    for (const c of [...new Set([...oursWanted, ...oursThere])].sort()) out.push(`:${c} - [0:0]`);
+    for (const c of oursThere.filter((c) => !w.has(c)).sort()) out.push(`-X ${c}`);
+    for (const c of oursWanted.sort()) out.push(...w.get(c)!);
+    for (const [c, rules] of w) {
+      if (!isOurs(c)) out.push(...rules.filter(jumpsToOurs).reverse().map((r) => `-I ${c} 1 ${r.slice(4 + c.length)}`));
+    }
+    out.push('COMMIT');
+  }
+  return out.length === 0 ? null : out.join('\n') + '\n';
 }
 
 /** A netns reference that can still be entered (DEL may come after the runtime removed it). */

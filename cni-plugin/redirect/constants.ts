@@ -54,7 +54,10 @@ export const CHAIN = {
   DROP: 'MESH_DROP',
 } as const;
 
-/** Tables the plugin owns inside a pod netns: each restore rewrites all of them (idempotent ADD). */
+/** Every chain of ours starts so; the plugin touches no other chain, save for its one jump from each builtin it uses. */
+export const OWN_CHAIN_PREFIX = 'MESH_';
+
+/** Tables the plugin may have chains in, inside a pod netns (other rules in them are not ours and stay). */
 export const OWNED_TABLES = ['nat', 'mangle', 'raw'] as const;
 export type Table = (typeof OWNED_TABLES)[number];
 

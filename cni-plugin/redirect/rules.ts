@@ -3,10 +3,15 @@
 // (`-m tcp`, `--set-xmark`, canonical CIDRs, builtin chains in kernel order, our chains sorted),
 // so CHECK and the tests can compare the saved state line by line with what we meant.
 //
-// The document restores, without --noflush, each of OWNED_TABLES the spec uses (nat always): the
-// pod netns belongs to the pod and we are its only iptables writer, so a second ADD replaces the
-// first instead of appending. Unused tables are left out, not restored empty: with nf_tables each
-// table in a restore costs a kernel commit (~15 ms measured), on every pod start.
+// Framing: the pod netns is shared with whatever else runs there (another chained plugin, the
+// pod's own init containers), so the document is for `iptables-restore --noflush` and touches
+// only what is ours: chains named MESH_*, and one jump into them from each builtin chain we use.
+// A rule meant for builtin chain B goes into our chain MESH_B (so nat OUTPUT's rules lead our
+// MESH_OUTPUT), and B gets `-I B 1 -j MESH_B`: first, so a foreign rule cannot decide before our
+// redirection. Our chains are made with -N, so the document applies only to a netns with no
+// chain of ours yet (every first ADD); anything else is reconciled from what is there
+// (netns/iptables.ts: reconcileRestore), which DEL uses too. Unused tables are left out: with
+// nf_tables each table in a restore costs a kernel commit (~15 ms measured), on every pod start.
 
 import {
   CHAIN, DNS_PROXY_PORT, INBOUND_PASSTHROUGH_V4, INBOUND_PASSTHROUGH_V6, OUTBOUND_MARK, OWNED_TABLES,
@@ -31,33 +36,43 @@ const BUILTIN: Record<Table, readonly string[]> = {
 
 const hex = (n: number): string => `0x${n.toString(16)}`;
 
+/** Our chain for the rules a builtin chain would hold: the builtin jumps to it, once. */
+export const entryChain = (builtin: string): string => `MESH_${builtin}`;
+
 class Doc {
+  /** table -> chain -> rule bodies (without `-A <chain>`); builtin names stand for their entry chains. */
   private readonly chains = new Map<Table, Map<string, string[]>>();
 
   constructor() {
-    for (const t of OWNED_TABLES) this.chains.set(t, new Map(BUILTIN[t].map((c) => [c, [] as string[]])));
+    for (const t of OWNED_TABLES) this.chains.set(t, new Map());
   }
 
   add(table: Table, chain: string, rule: string): void {
     const chains = this.chains.get(table)!;
     let rules = chains.get(chain);
     if (!rules) chains.set(chain, (rules = []));
-    rules.push(`-A ${chain} ${rule}`);
+    rules.push(rule);
   }
 
-  /** Tables with any rule or chain of ours; `all` renders the others empty too. */
-  render(all = false): string {
+  /** The --noflush document: our chains (-N), their rules, then the jumps from the builtins. */
+  render(): string {
     const out: string[] = [];
     for (const t of OWNED_TABLES) {
-      const chains = this.chains.get(t)!;
-      const builtins = BUILTIN[t];
-      const own = [...chains.keys()].filter((c) => !builtins.includes(c)).sort();
-      if (!all && own.length === 0 && builtins.every((c) => chains.get(c)!.length === 0)) continue;
+      const ours = new Map<string, string[]>();
+      const jumps: string[] = [];
+      for (const b of BUILTIN[t]) {
+        const rules = [...(this.chains.get(t)!.get(b) ?? []), ...(this.chains.get(t)!.get(entryChain(b)) ?? [])];
+        if (rules.length === 0) continue;
+        ours.set(entryChain(b), rules);
+        jumps.push(`-I ${b} 1 -j ${entryChain(b)}`);
+      }
+      for (const [c, rules] of this.chains.get(t)!) if (!BUILTIN[t].includes(c) && !ours.has(c)) ours.set(c, rules);
+      if (ours.size === 0) continue;
+      const names = [...ours.keys()].sort();
       out.push(`*${t}`);
-      for (const c of builtins) out.push(`:${c} ACCEPT [0:0]`);
-      for (const c of own) out.push(`:${c} - [0:0]`);
-      for (const c of [...builtins, ...own]) out.push(...chains.get(c)!);
-      out.push('COMMIT');
+      for (const c of names) out.push(`-N ${c}`);
+      for (const c of names) out.push(...ours.get(c)!.map((r) => `-A ${c} ${r}`));
+      out.push(...jumps, 'COMMIT');
     }
     return out.join('\n') + '\n';
   }
@@ -141,7 +156,7 @@ export function buildFamilyRules(spec: RedirectSpec, family: Family): FamilyRule
   }
 
   // Outbound.
-  d.add('nat', 'OUTPUT', `-j ${CHAIN.OUTPUT}`);
+  // (nat OUTPUT's entry chain is MESH_OUTPUT itself: the builtin's rules above lead it.)
   // The probe first: validation must see its connection redirected whatever the pod's ranges say.
   d.add('nat', CHAIN.OUTPUT, `-d ${probe} ${tcpPort(spec.probePort)} -j REDIRECT --to-ports ${spec.probePort}`);
   for (const p of spec.outboundExcludePorts) {
@@ -202,9 +217,4 @@ export function buildFamilyRules(spec: RedirectSpec, family: Family): FamilyRule
   }
   if (v6) ipBatch.unshift(`address replace ${INBOUND_PASSTHROUGH_V6}/128 dev lo`);
   return { family, restore: d.render(), ipBatch };
-}
-
-/** The empty document for every table we own: what DEL restores to take our rules out. */
-export function emptyRestore(): string {
-  return new Doc().render(true);
 }

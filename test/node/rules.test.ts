@@ -7,9 +7,9 @@ import assert from 'node:assert/strict';
 import { existsSync, readdirSync, readFileSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 import { after, describe, it } from 'node:test';
-import { diffRules, parseRules, restore, save, type Flavour } from '../../cni-plugin/netns/iptables.ts';
+import { applyRules, diffRules, parseRules, reconcileRestore, removeRules, restore, save, type Flavour } from '../../cni-plugin/netns/iptables.ts';
 import { canonicalAddress, parseCidr, parsePortList } from '../../cni-plugin/redirect/net.ts';
-import { buildFamilyRules, emptyRestore } from '../../cni-plugin/redirect/rules.ts';
+import { buildFamilyRules } from '../../cni-plugin/redirect/rules.ts';
 import { AnnotationError, specForPod, type PodLike } from '../../cni-plugin/redirect/spec.ts';
 import { ROOT } from '../helpers/cli.ts';
 import { Netns } from '../helpers/netns.ts';
@@ -154,20 +154,21 @@ describe('rule builder round trip through real iptables', () => {
         namespaces.push(ns);
         for (const fam of [4, 6] as const) {
           const doc = buildFamilyRules(specForPod(podOf(f)), fam).restore;
-          await restore(ns.path, flavour, fam, doc);
+          assert.equal(await applyRules(ns.path, flavour, fam, doc), 'created');
           // A second ADD must leave one set of rules, not two.
-          await restore(ns.path, flavour, fam, doc);
+          assert.equal(await applyRules(ns.path, flavour, fam, doc), 'reconciled');
           const saved = await save(ns.path, flavour, fam);
           assert.deepEqual(diffRules(parseRules(doc), parseRules(saved)), [], `${f.name} IPv${fam} ${flavour}`);
-          const lines = saved.split('\n').filter((l) => l.startsWith('-A MESH_OUTPUT '));
-          assert.equal(new Set(lines).size, lines.length, 'no duplicated rules');
+          for (const chains of parseRules(saved).values()) {
+            for (const rules of chains.values()) assert.equal(new Set(rules).size, rules.length, 'no duplicated rules');
+          }
         }
         ns.remove();
       }
     });
   }
 
-  it('detects a changed rule set, and the empty document removes everything of ours', async () => {
+  it('detects a changed rule set, and removing ours leaves nothing of ours', async () => {
     const ns = new Netns('rt');
     namespaces.push(ns);
     const doc = buildFamilyRules(specForPod({}), 4).restore;
@@ -176,7 +177,8 @@ describe('rule builder round trip through real iptables', () => {
     const problems = diffRules(parseRules(doc), parseRules(await save(ns.path, 'nft', 4)));
     assert.equal(problems.length, 1);
     assert.match(problems[0]!, /nat MESH_OUTPUT rule \d+: expected -A MESH_OUTPUT -j MESH_REDIRECT, found \(none\)/);
-    await restore(ns.path, 'nft', 4, emptyRestore());
+    assert.equal(await removeRules(ns.path, 'nft', 4), true);
     assert.doesNotMatch(await save(ns.path, 'nft', 4), /MESH_/);
+    assert.equal(reconcileRestore(null, parseRules(await save(ns.path, 'nft', 4))), null, 'nothing left to remove');
   });
 });
