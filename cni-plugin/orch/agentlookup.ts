@@ -1,12 +1,16 @@
 // Asks the agent for the pod over its unix socket (see src/install/podlookup.ts for the wire
 // format): about a millisecond where reading it from the API server costs a TLS set-up and
 // handshake. Never throws: any failure is a miss, and the caller asks the API server instead.
+// Only the pod the runtime named by uid counts as an answer: without K8S_POD_UID the agent is not
+// asked (its watch cannot tell a pod from one re-created under the same name), and a reply with
+// another pod (an older agent matched any uid) is a miss, whatever answers on the socket.
 
 import type { PodLike } from '../redirect/spec.ts';
 
 export type AgentAnswer = { readonly pod: PodLike } | { readonly miss: string };
 
 export function podFromAgent(address: string, ref: { namespace: string; name: string; uid: string }, timeoutMs: number): Promise<AgentAnswer> {
+  if (ref.uid === '') return Promise.resolve({ miss: 'the runtime passed no K8S_POD_UID, so only the API server can tell which pod of that name is meant' });
   const net = process.getBuiltinModule('node:net');
   return new Promise((resolve) => {
     let settled = false;
@@ -28,7 +32,7 @@ export function podFromAgent(address: string, ref: { namespace: string; name: st
       if (nl < 0) return;
       try {
         const reply = JSON.parse(data.slice(0, nl)) as { pod?: PodLike; miss?: string };
-        if (reply.pod && typeof reply.pod === 'object') finish({ pod: reply.pod });
+        if (reply.pod && typeof reply.pod === 'object') finish(samePod(reply.pod, ref) ? { pod: reply.pod } : { miss: `the agent answered with another pod (uid ${JSON.stringify(reply.pod.metadata?.uid ?? null)})` });
         else finish({ miss: typeof reply.miss === 'string' ? reply.miss : 'the agent sent no pod' });
       } catch {
         finish({ miss: 'the agent sent something that is not JSON' });
@@ -37,4 +41,9 @@ export function podFromAgent(address: string, ref: { namespace: string; name: st
     socket.on('error', (e) => finish({ miss: `cannot reach the agent at ${address}: ${e.message}` }));
     socket.on('close', () => finish({ miss: 'the agent closed the connection without an answer' }));
   });
+}
+
+function samePod(pod: PodLike, ref: { namespace: string; name: string; uid: string }): boolean {
+  const m = pod.metadata;
+  return m?.namespace === ref.namespace && m?.name === ref.name && m?.uid === ref.uid;
 }

@@ -5,11 +5,21 @@
 // whenever this answer is not there (no socket, a miss, a timeout): never less safe, only faster.
 //
 // Wire format (one connection per lookup; the agent closes after answering):
-//   plugin -> agent   {"namespace":"ns","name":"pod","uid":"<K8S_POD_UID or empty>"}\n
+//   plugin -> agent   {"namespace":"ns","name":"pod","uid":"<K8S_POD_UID>"}\n
 //   agent  -> plugin  {"pod":{...the V1Pod...}}\n   or   {"miss":"<why>"}\n
 // A pod not (yet) in the watch, or cached under another uid, is waited for up to `waitMs`: the
 // runtime calls the plugin for a pod the kubelet just saw, and our watch sees it at about the
 // same moment.
+//
+// An answer must never give the plugin fewer rules than the API server's current pod would
+// (SPEC §7), so the agent answers only when its cache is the pod the runtime means, as the live
+// watch sees it: the request names the pod's uid (K8S_POD_UID), the cached pod has that uid, and
+// the watch is up (listed and watching). No uid (a pod deleted and re-created under the same
+// name is another pod the cache may not have seen go), another uid, a watch that is listing,
+// backing off or stopped: a miss, and the plugin reads the pod from the API server. A watch that
+// went silent without closing looks up until its silence timeout; the uid still pins the pod
+// object, so what it can hide is only an annotation edit to that same pod in that window, which
+// no ADD design catches either (rules are derived once per ADD).
 
 import type { V1Pod } from '@kubernetes/client-node';
 import net from 'node:net';
@@ -44,6 +54,8 @@ export interface PodLookupOptions {
 
 export const DEFAULT_POD_LOOKUP: PodLookupOptions = { waitMs: 250, maxConnections: 256 };
 const MAX_REQUEST_BYTES = 4096;
+
+type LookupAnswer = { readonly pod: V1Pod } | { readonly miss: string };
 
 interface Request {
   readonly namespace: string;
@@ -108,20 +120,23 @@ export class NodePods {
   }
 
   /**
-   * The pod, waiting up to `waitMs` for it; null when it did not come. Only a live watch is
-   * waited on: while it is down, a miss at once lets the plugin ask the API server sooner.
+   * The pod, waiting up to `waitMs` for it, or why not (see the top of this file for when the
+   * cache may answer). Only a live watch is waited on: while it is down, a miss at once lets the
+   * plugin ask the API server sooner.
    */
-  lookup(req: Request, waitMs: number): Promise<V1Pod | null> {
+  lookup(req: Request, waitMs: number): Promise<LookupAnswer> {
+    const what = `pod ${req.namespace}/${req.name}`;
+    if (req.uid === '') return Promise.resolve({ miss: `no pod uid in the request (K8S_POD_UID): this node's pod watch cannot tell which ${what} is meant` });
+    if (this.#source.state !== 'watching') return Promise.resolve({ miss: `this node's pod watch is not current (${this.#source.state})` });
     const cached = this.#source.get(req.namespace, req.name);
-    if (cached && matches(cached, req)) return Promise.resolve(cached);
-    if (this.#source.state !== 'watching') return Promise.resolve(null);
+    if (cached && matches(cached, req)) return Promise.resolve({ pod: cached });
     return new Promise((resolve) => {
       const waiter = {
         req,
         done: (pod: V1Pod | null) => {
           clearTimeout(timer);
           this.#waiters.delete(waiter);
-          resolve(pod);
+          resolve(pod ? { pod } : { miss: `${what} uid ${req.uid} is not in this node's pod watch` });
         },
       };
       const timer = setTimeout(() => waiter.done(null), waitMs);
@@ -131,7 +146,7 @@ export class NodePods {
 }
 
 function matches(pod: V1Pod, req: Request): boolean {
-  return pod.metadata?.namespace === req.namespace && pod.metadata?.name === req.name && (req.uid === '' || pod.metadata?.uid === req.uid);
+  return pod.metadata?.namespace === req.namespace && pod.metadata?.name === req.name && pod.metadata?.uid === req.uid;
 }
 
 /**
@@ -165,10 +180,10 @@ export async function startPodLookup(settings: Settings, opts: PodLookupOptions 
         answer({ miss: 'bad request: expected {"namespace","name","uid"}' });
         return;
       }
-      void pods.lookup(req, opts.waitMs).then((pod) => {
-        lookups.inc({ result: pod ? 'hit' : 'miss' });
-        if (!pod) log.debug('pod lookup miss', { pod: `${req.namespace}/${req.name}`, uid: req.uid });
-        answer(pod ? { pod } : { miss: `pod ${req.namespace}/${req.name}${req.uid ? ` uid ${req.uid}` : ''} is not in this node's pod watch` });
+      void pods.lookup(req, opts.waitMs).then((reply) => {
+        lookups.inc({ result: 'pod' in reply ? 'hit' : 'miss' });
+        if ('miss' in reply) log.debug('pod lookup miss', { pod: `${req.namespace}/${req.name}`, uid: req.uid, reason: reply.miss });
+        answer(reply);
       });
     }, () => {
       lookups.inc({ result: 'bad_request' });

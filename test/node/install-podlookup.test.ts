@@ -31,7 +31,17 @@ describe('pod lookups served by the agent', () => {
   const socket = () => path.join(tmp.dir, 'run/pods.sock');
   let api: TestApiServer;
   let lookup: Component;
-  const ask = (namespace: string, name: string, uid = '') => podFromAgent(socket(), { namespace, name, uid }, 2000);
+  const ask = (namespace: string, name: string, uid = api.getPod(namespace, name)?.metadata?.uid ?? 'no-such-uid') => podFromAgent(socket(), { namespace, name, uid }, 2000);
+  /** One request line as is; the agent's whole reply. */
+  const rawAsk = async (line: string): Promise<string> => {
+    const net = await import('node:net');
+    return new Promise<string>((resolve) => {
+      const s = net.createConnection(socket(), () => s.write(line));
+      let d = '';
+      s.on('data', (c) => (d += c.toString()));
+      s.on('close', () => resolve(d));
+    });
+  };
 
   before(async () => {
     api = await startTestApiServer();
@@ -59,6 +69,15 @@ describe('pod lookups served by the agent', () => {
     assert.equal(r.pod.metadata?.annotations?.['sidecar.mesh.io/status'] !== undefined, true);
   });
 
+  it('does not answer a lookup without the runtime\'s pod uid: it cannot tell which pod of that name is meant', async () => {
+    // Sent as is: the plugin's own client no longer asks without a uid.
+    for (const line of ['{"namespace":"shop","name":"cart-1","uid":""}\n', '{"namespace":"shop","name":"cart-1"}\n']) {
+      assert.match(await rawAsk(line), /"miss":"no pod uid in the request/, line);
+    }
+    const r = await ask('shop', 'cart-1', '');
+    assert.ok('miss' in r && /no K8S_POD_UID/.test(r.miss), JSON.stringify(r));
+  });
+
   it('misses a pod of another node, and a pod under another uid', async () => {
     const other = await ask('shop', 'elsewhere');
     assert.ok('miss' in other);
@@ -68,31 +87,29 @@ describe('pod lookups served by the agent', () => {
   });
 
   it('waits for a pod the watch has not delivered yet', async () => {
-    const asked = ask('shop', 'just-scheduled');
-    setTimeout(() => api.upsertPod(onNode('shop', 'just-scheduled', 'node-1')), 50);
+    const pod = onNode('shop', 'just-scheduled', 'node-1');
+    pod.metadata!.uid = 'uid-just-scheduled';
+    const asked = ask('shop', 'just-scheduled', 'uid-just-scheduled');
+    setTimeout(() => api.upsertPod(pod), 50);
     const r = await asked;
     assert.ok('pod' in r, JSON.stringify(r));
   });
 
   it('answers nonsense with a miss and keeps serving', async () => {
-    const net = await import('node:net');
-    const reply = await new Promise<string>((resolve) => {
-      const s = net.createConnection(socket(), () => s.write('{"not":"a request"}\n'));
-      let d = '';
-      s.on('data', (c) => (d += c.toString()));
-      s.on('close', () => resolve(d));
-    });
-    assert.match(reply, /"miss":"bad request/);
+    assert.match(await rawAsk('{"not":"a request"}\n'), /"miss":"bad request/);
     assert.ok('pod' in (await ask('shop', 'cart-1')));
   });
 
-  it('still answers from the watch while the API server is down, and misses at once what it lacks', async () => {
+  it('answers nothing while its watch is down (the cache may be stale), and at once', async () => {
+    const uid = api.getPod('shop', 'cart-1')!.metadata!.uid!;
     await api.stop();
     try {
       api.closeWatches();
       await eventually(() => (lookup.status() as { state: string }).state !== 'watching', 'the watch to notice');
-      assert.ok('pod' in (await ask('shop', 'cart-1')));
       const t0 = Date.now();
+      const r = await ask('shop', 'cart-1', uid);
+      assert.ok('miss' in r, 'a cached pod is no answer while the watch is down');
+      assert.match(r.miss, /watch is not current/);
       assert.ok('miss' in (await ask('shop', 'unknown-pod')));
       assert.ok(Date.now() - t0 < 250, 'no wait on a watch that is down');
     } finally {
@@ -193,7 +210,7 @@ describe('one watch of the node pods per agent', () => {
 
   it('reads the repair controller\'s watch when it watches exactly this node', async () => {
     const { api, socket } = await agentWith({});
-    const r = await podFromAgent(socket, { namespace: 'shop', name: 'cart-1', uid: '' }, 5000);
+    const r = await podFromAgent(socket, { namespace: 'shop', name: 'cart-1', uid: api.getPod('shop', 'cart-1')!.metadata!.uid! }, 5000);
     assert.ok('pod' in r, JSON.stringify(r));
     await eventually(() => api.openWatches() >= 1, 'a watch');
     assert.equal(api.openWatches(), 1);
@@ -202,7 +219,94 @@ describe('one watch of the node pods per agent', () => {
 
   it('keeps a watch of its own when repair watches a narrower set', async () => {
     const { api, socket } = await agentWith({ 'repair-label-selectors': 'app=web' });
-    assert.ok('pod' in (await podFromAgent(socket, { namespace: 'shop', name: 'cart-1', uid: '' }, 5000)));
+    assert.ok('pod' in (await podFromAgent(socket, { namespace: 'shop', name: 'cart-1', uid: api.getPod('shop', 'cart-1')!.metadata!.uid! }, 5000)));
     await eventually(() => api.openWatches() === 2, 'two watches');
+  });
+});
+
+// SPEC §7: a cached answer may never lead to fewer rules than the API server's current pod. A
+// watch that went silent (the stream open, nothing coming) still looks alive for up to its
+// silence timeout, while its cache holds a pod that may since have been replaced.
+describe('a stale pod watch never lets a pod start without its rules', () => {
+  const tmp = tempDir();
+  const socket = () => path.join(tmp.dir, 'run/pods.sock');
+  let api: TestApiServer;
+  let lookup: Component;
+  let network: BridgeNetwork;
+  const namespaces: Netns[] = [];
+  let orchconfig: string;
+  let n = 0;
+
+  before(async () => {
+    api = await startTestApiServer();
+    orchconfig = api.writeOrchconfig(path.join(tmp.dir, 'ZZZ-mesh-cni-orchconfig'));
+    lookup = await startPodLookup(buildSettings({ 'pod-lookup-uds-address': socket(), orchconfig }, { NODE_NAME: 'node-1' }));
+    await eventually(() => (lookup.status() as { state: string }).state === 'watching', 'the pod watch');
+    network = new BridgeNetwork('198.18.97.0/24');
+  });
+  after(async () => {
+    for (const ns of namespaces) ns.remove();
+    network?.cleanup();
+    await lookup?.stop('SIGTERM');
+    await api?.close();
+    tmp.remove();
+  });
+
+  /** ADD for pod shop/<name> as a runtime that passes `uid` as K8S_POD_UID (none when empty). */
+  async function add(name: string, uid: string, lookupSocket = socket()) {
+    const ns = new Netns('pod');
+    namespaces.push(ns);
+    const id = `ctr${process.pid}s${++n}`;
+    const args = `IgnoreUnknown=1;K8S_POD_NAMESPACE=shop;K8S_POD_NAME=${name};K8S_POD_INFRA_CONTAINER_ID=${id}${uid === '' ? '' : `;K8S_POD_UID=${uid}`}`;
+    const chain: ChainEnv = { containerId: id, netns: ns.path, ifname: 'eth0', args };
+    const prev = await network.addPod(chain);
+    const r = await meshCni('ADD', chain, pluginConfig({ cniVersion: '1.0.0', orchconfig, extra: { pod_lookup_uds_address: lookupSocket } }, prev));
+    return { r, nat: ns.exec(['iptables-nft-save', '-t', 'nat']) };
+  }
+
+  const gets = (name: string) => api.requests.filter((q) => q.method === 'GET' && q.path === `/api/v1/namespaces/shop/pods/${name}`).length;
+
+  it('a pod re-created under the same name with the sidecar while the watch is silent gets its rules, with or without K8S_POD_UID', async () => {
+    const plain = onNode('shop', 'reborn', 'node-1');
+    plain.metadata!.annotations = {};
+    const old = api.upsertPod(plain);
+    const oldUid = old.metadata!.uid!;
+    await eventually(async () => 'pod' in (await podFromAgent(socket(), { namespace: 'shop', name: 'reborn', uid: oldUid }, 1000)), 'the agent to have the first pod');
+    api.faults.silentWatches = true;
+    try {
+      api.deletePodFromStore('shop', 'reborn');
+      const reborn = api.upsertPod(onNode('shop', 'reborn', 'node-1'));
+      assert.notEqual(reborn.metadata!.uid, oldUid);
+      assert.equal((lookup.status() as { state: string }).state, 'watching', 'the silent watch still looks alive');
+      for (const [what, uid] of [['no K8S_POD_UID', ''], ['the new pod\'s K8S_POD_UID', reborn.metadata!.uid!]] as const) {
+        const before = gets('reborn');
+        const { r, nat } = await add('reborn', uid);
+        assert.equal(r.code, 0, `${what}: ${r.stdout}${r.stderr}`);
+        assert.match(nat, /-A MESH_REDIRECT -p tcp -j REDIRECT --to-ports 15001/, `${what}: the new pod's rules are applied`);
+        assert.equal(gets('reborn'), before + 1, `${what}: read from the API server`);
+      }
+    } finally {
+      api.faults.silentWatches = false;
+    }
+  });
+
+  it('the plugin takes from the lookup socket only the pod of the uid it asked for', async () => {
+    // Whatever answers there (an older agent that matched any uid, or anything else on the node)
+    // cannot hand the plugin another pod of that name.
+    const net = await import('node:net');
+    const fakeSocket = path.join(tmp.dir, 'fake.sock');
+    const stale = { metadata: { namespace: 'shop', name: 'checked', uid: 'an-older-pod', annotations: {} } };
+    const server = net.createServer((c) => c.end(JSON.stringify({ pod: stale }) + '\n'));
+    await new Promise<void>((resolve) => server.listen(fakeSocket, resolve));
+    try {
+      const pod = api.upsertPod(onNode('shop', 'checked', 'node-1'));
+      for (const uid of ['', pod.metadata!.uid!]) {
+        const { r, nat } = await add('checked', uid, fakeSocket);
+        assert.equal(r.code, 0, r.stdout + r.stderr);
+        assert.match(nat, /-A MESH_REDIRECT -p tcp -j REDIRECT --to-ports 15001/, `uid ${JSON.stringify(uid)}: the pod's rules, not the stale answer`);
+      }
+    } finally {
+      server.close();
+    }
   });
 });
