@@ -164,8 +164,11 @@ describe('mesh-cni ADD with the agent answering the pod lookup', () => {
     tmp.remove();
   });
 
-  async function addPod(name: string, lookupSocket: string) {
-    const pod = api.upsertPod(onNode('shop', name, 'node-1'));
+  async function addPod(name: string, lookupSocket: string, proxySecurityContext?: { runAsUser: number; runAsGroup: number }) {
+    const base = onNode('shop', name, 'node-1');
+    const pod = api.upsertPod(proxySecurityContext
+      ? { ...base, spec: { ...base.spec!, containers: [{ name: 'app', image: 'app:1' }, { name: 'mesh-proxy', image: 'proxy:1', securityContext: proxySecurityContext }] } }
+      : base);
     const ns = new Netns('pod');
     namespaces.push(ns);
     const chain: ChainEnv = { containerId: `ctr${process.pid}${name}`, netns: ns.path, ifname: 'eth0', args: k8sArgs(pod, `ctr${process.pid}${name}`) };
@@ -179,6 +182,13 @@ describe('mesh-cni ADD with the agent answering the pod lookup', () => {
     const { add, ns, gets } = await addPod('via-agent', socket());
     assert.equal(add.code, 0, add.stdout + add.stderr);
     assert.match(ns.exec(['iptables-nft-save', '-t', 'nat']), /-A MESH_REDIRECT -p tcp -j REDIRECT --to-ports 15001/);
+    assert.equal(gets, 0);
+  });
+
+  it('answers the whole pod: the mesh-proxy securityContext (the proxy\'s uid/gid) reaches the rules', async () => {
+    const { add, ns, gets } = await addPod('via-agent-uid', socket(), { runAsUser: 1000670000, runAsGroup: 1000670001 });
+    assert.equal(add.code, 0, add.stdout + add.stderr);
+    assert.match(ns.exec(['iptables-nft-save', '-t', 'nat']), /--uid-owner 1000670000 -j RETURN[\s\S]*--gid-owner 1000670001 -j RETURN/);
     assert.equal(gets, 0);
   });
 

@@ -196,6 +196,19 @@ describe('mesh-cni end to end (bridge + host-local + mesh-cni, test API server)'
     assert.equal(delGone.code, 0, 'DEL succeeds when the netns is gone');
   });
 
+  it('excludes the uid and gid the pod\'s mesh-proxy container runs as (OpenShift-style assigned ids)', async () => {
+    const pod = api.upsertPod(meshPod('shop', 'assigned-uid', {}, {
+      containers: [{ name: 'app', image: 'app:1' }, { name: 'mesh-proxy', image: 'proxy:1', securityContext: { runAsUser: 1000670000, runAsGroup: 1000670001 } }],
+    }));
+    const { ns, chain, prev } = await podSandbox((id) => k8sArgs(pod, id));
+    const add = await meshCni('ADD', chain, conf()(prev));
+    assert.equal(add.code, 0, add.stdout + add.stderr);
+    const nat = natRules(ns);
+    assert.match(nat, /-A MESH_OUTPUT -m owner --uid-owner 1000670000 -j RETURN/);
+    assert.match(nat, /-A MESH_OUTPUT -m owner --gid-owner 1000670001 -j RETURN/);
+    assert.doesNotMatch(nat, /-owner 1337/);
+  });
+
   it('answers in the requested cniVersion (0.4.0 chain)', async () => {
     const pod = api.upsertPod(meshPod('shop', 'old-runtime'));
     const { chain, prev } = await podSandbox((id) => k8sArgs(pod, id));
