@@ -49,10 +49,13 @@ for (const result of ['hit', 'miss', 'bad_request']) lookups.inc({ result }, 0);
 export interface PodLookupOptions {
   /** How long a lookup waits for a pod the watch has not delivered yet. */
   readonly waitMs: number;
+  /** Connections held at once; one more closes the oldest. */
   readonly maxConnections: number;
+  /** The request line must be complete this soon after connecting. */
+  readonly requestTimeoutMs: number;
 }
 
-export const DEFAULT_POD_LOOKUP: PodLookupOptions = { waitMs: 250, maxConnections: 256 };
+export const DEFAULT_POD_LOOKUP: PodLookupOptions = { waitMs: 250, maxConnections: 256, requestTimeoutMs: 1000 };
 const MAX_REQUEST_BYTES = 4096;
 
 type LookupAnswer = { readonly pod: V1Pod } | { readonly miss: string };
@@ -153,7 +156,8 @@ function matches(pod: V1Pod, req: Request): boolean {
  * Serves pod lookups. `shared`: a watch of exactly this node's pods already running in the agent
  * (the repair controller's, when it has no extra selectors), read instead of a second one.
  */
-export async function startPodLookup(settings: Settings, opts: PodLookupOptions = DEFAULT_POD_LOOKUP, shared?: PodSource): Promise<Component> {
+export async function startPodLookup(settings: Settings, options: Partial<PodLookupOptions> = {}, shared?: PodSource): Promise<Component> {
+  const opts: PodLookupOptions = { ...DEFAULT_POD_LOOKUP, ...options };
   const address = settings.install.podLookupUdsAddress;
   const nodeName = settings.env.nodeName;
   if (address === '') return disabledComponent('pod-lookup');
@@ -166,14 +170,30 @@ export async function startPodLookup(settings: Settings, opts: PodLookupOptions 
   pods.start();
   const server = net.createServer((socket) => {
     socket.on('error', () => socket.destroy());
+    // The plugin writes its request at once: a sender still not done at the deadline is cut,
+    // however often it sends a byte (an idle timer alone would let a byte a second hold a slot).
+    const requestDeadline = setTimeout(() => socket.destroy(), opts.requestTimeoutMs);
     socket.setTimeout(opts.waitMs + 1000, () => socket.destroy());
+    socket.on('close', () => clearTimeout(requestDeadline));
     let answered = false;
     const answer = (reply: object) => {
       if (answered) return;
       answered = true;
-      socket.end(JSON.stringify(reply) + '\n');
+      // Nothing more is read (see `first`), so the peer's end is never seen: close once sent.
+      socket.end(JSON.stringify(reply) + '\n', () => socket.destroy());
     };
-    const lines = new LineSplitter(MAX_REQUEST_BYTES, (line) => {
+    // One request a connection: after the first line (or a too long one) nothing more is read
+    // or parsed, so one connection can start one lookup, hold one request's bytes, no more.
+    let requested = false;
+    const first = <A extends unknown[]>(handle: (...args: A) => void) => (...args: A) => {
+      if (requested) return;
+      requested = true;
+      clearTimeout(requestDeadline);
+      socket.off('data', onData);
+      socket.pause();
+      handle(...args);
+    };
+    const lines = new LineSplitter(MAX_REQUEST_BYTES, first((line: Buffer) => {
       const req = parseRequest(line);
       if (!req) {
         lookups.inc({ result: 'bad_request' });
@@ -185,16 +205,17 @@ export async function startPodLookup(settings: Settings, opts: PodLookupOptions 
         if ('miss' in reply) log.debug('pod lookup miss', { pod: `${req.namespace}/${req.name}`, uid: req.uid, reason: reply.miss });
         answer(reply);
       });
-    }, () => {
+    }), first(() => {
       lookups.inc({ result: 'bad_request' });
       answer({ miss: 'bad request: too long' });
-    });
-    socket.on('data', (chunk: Buffer) => lines.push(chunk));
+    }));
+    const onData = (chunk: Buffer) => lines.push(chunk);
+    socket.on('data', onData);
   });
-  server.maxConnections = opts.maxConnections;
   let close: () => Promise<void>;
   try {
-    close = await listenUnix(server, address, 'pod lookups', '--pod-lookup-uds-address');
+    // At the limit a new connection closes the oldest: held connections cannot lock the plugin out.
+    close = await listenUnix(server, address, 'pod lookups', '--pod-lookup-uds-address', { maxConnections: opts.maxConnections });
   } catch (e) {
     // A speed-up, not a duty: without it the plugin reads pods from the API server itself.
     log.error('cannot serve pod lookups; the plugin will read pods from the API server', { error: (e as Error).message });

@@ -1,7 +1,16 @@
 // The plugin log server on --log-uds-address: the CNI plugin, run by the container runtime once
 // per pod, connects, writes its log lines (one JSON object each, see pluginrecord.ts) and closes;
 // the agent prints each in scope `cni`. Anything on the node that can reach the socket may send
-// anything, so every resource is bounded: line length, concurrent connections, idle time.
+// anything, so every resource is bounded:
+//   - memory: a partial line per connection (line cap) and across connections (a total budget;
+//     the connection that would go over it is closed); whole lines are parsed from the read
+//     buffer and never held;
+//   - read rate: over it, every connection pauses until the next tick, leaving the rest in the
+//     sender's socket buffer. Every byte read costs a read buffer that the GC frees only later,
+//     so the rate, not only what is held, is what keeps RSS below the DaemonSet's limit in a flood;
+//   - time: a connection idle too long, one whose line does not end soon after it began (the
+//     plugin writes each line in one write), and one older than any plugin run are closed;
+//   - connections: at the limit, a new one closes the oldest (see unixsocket.ts).
 
 import net from 'node:net';
 import { Counter, Gauge } from 'prom-client';
@@ -12,22 +21,41 @@ import { logRecord, scope } from './logging.ts';
 import { registry } from './metrics.ts';
 import { listenUnix } from './unixsocket.ts';
 import { parsePluginLine } from './pluginrecord.ts';
+import { prepareCacheDir } from '../../cni-plugin/netns/flavourcache.ts';
 
 const log = scope('monitoring');
 
 export interface LogServerLimits {
   /** Longest line kept (the plugin sends at most 16 KiB); longer ones are dropped whole. */
   readonly maxLineBytes: number;
-  /** Concurrent connections; more are closed at once (a runtime starts few pods at a time). */
+  /** Partial lines held across all connections. */
+  readonly maxBufferedBytes: number;
+  /** Bytes read a second across all connections (a node's plugin runs send a few KiB a pod). */
+  readonly maxBytesPerSecond: number;
+  /** Concurrent connections; one more closes the oldest (a runtime starts few pods at a time). */
   readonly maxConnections: number;
   /** A connection silent this long is closed (a plugin run takes well under a second). */
   readonly idleTimeoutMs: number;
+  /** A line must end this soon after its first byte arrived. */
+  readonly lineTimeoutMs: number;
+  /** A connection is closed this long after it opened: longer than any plugin run (its API lookup gives up after 10 s). */
+  readonly maxConnectionMs: number;
 }
 
-export const DEFAULT_LIMITS: LogServerLimits = { maxLineBytes: 64 * 1024, maxConnections: 256, idleTimeoutMs: 10_000 };
+export const DEFAULT_LIMITS: LogServerLimits = {
+  maxLineBytes: 64 * 1024,
+  maxBufferedBytes: 4 * 1024 * 1024,
+  maxBytesPerSecond: 16 * 1024 * 1024,
+  maxConnections: 256,
+  idleTimeoutMs: 10_000,
+  lineTimeoutMs: 2_000,
+  maxConnectionMs: 60_000,
+};
 
 const DROP_REASONS = ['oversized', 'invalid_json', 'invalid_record'] as const;
 type DropReason = (typeof DROP_REASONS)[number];
+const CLOSE_REASONS = ['evicted', 'idle', 'line_timeout', 'lifetime', 'over_budget'] as const;
+type CloseReason = (typeof CLOSE_REASONS)[number];
 
 const metrics = {
   lines: new Counter({ name: 'mesh_cni_plugin_log_lines_received_total', help: 'Lines read from the CNI plugin log socket, printed or dropped.', registers: [registry] }),
@@ -38,17 +66,19 @@ const metrics = {
     registers: [registry],
   }),
   bytes: new Counter({ name: 'mesh_cni_plugin_log_received_bytes_total', help: 'Bytes read from the CNI plugin log socket.', registers: [registry] }),
-  connections: new Counter({
-    name: 'mesh_cni_plugin_log_connections_total',
-    help: 'Connections to the plugin log socket: accepted, or rejected because the connection limit was reached.',
-    labelNames: ['result'] as const,
+  connections: new Counter({ name: 'mesh_cni_plugin_log_connections_total', help: 'Connections accepted on the plugin log socket.', registers: [registry] }),
+  closed: new Counter({
+    name: 'mesh_cni_plugin_log_connections_closed_total',
+    help: 'Plugin log connections closed by the agent: evicted (the oldest, for a new one over the connection limit), idle, line_timeout (a line not ended in time), lifetime, over_budget (partial lines over the total memory budget).',
+    labelNames: ['reason'] as const,
     registers: [registry],
   }),
-  idle: new Counter({ name: 'mesh_cni_plugin_log_connections_idle_closed_total', help: 'Plugin log connections closed by the agent after the idle timeout.', registers: [registry] }),
   open: new Gauge({ name: 'mesh_cni_plugin_log_connections_open', help: 'Plugin log connections open now.', registers: [registry] }),
+  buffered: new Gauge({ name: 'mesh_cni_plugin_log_buffered_bytes', help: 'Bytes of partial plugin log lines held now, across connections.', registers: [registry] }),
+  pauses: new Counter({ name: 'mesh_cni_plugin_log_read_pauses_total', help: 'Times reading the plugin log socket paused because the read rate limit was reached.', registers: [registry] }),
 };
 for (const reason of DROP_REASONS) metrics.dropped.inc({ reason }, 0);
-for (const result of ['accepted', 'rejected']) metrics.connections.inc({ result }, 0);
+for (const reason of CLOSE_REASONS) metrics.closed.inc({ reason }, 0);
 
 function handleLine(line: Buffer): void {
   const text = line.toString('utf8', 0, line.length > 0 && line[line.length - 1] === 13 ? line.length - 1 : line.length);
@@ -67,26 +97,78 @@ function drop(reason: DropReason): void {
   log.debug('dropped a plugin log line', { reason });
 }
 
+// The read rate may burst to this many milliseconds' worth: a plugin run's few lines never wait.
+const TICK_MS = 100;
+
 export async function startPluginLogServer(settings: Settings, limits: LogServerLimits = DEFAULT_LIMITS): Promise<Component> {
   const address = settings.install.logUdsAddress;
   if (address === '') return disabledComponent('plugin-log-server');
 
   const sockets = new Set<net.Socket>();
+  let buffered = 0;
+  const setBuffered = (delta: number) => {
+    buffered += delta;
+    metrics.buffered.set(buffered);
+  };
+
+  // Read rate, as a token bucket holding at most a tick's worth: a read may take it below zero
+  // (a read returns up to 64 KiB at once), and then every socket pauses until it is paid back.
+  const rate = limits.maxBytesPerSecond / 1000; // bytes a millisecond
+  const burst = Math.max(1, rate * TICK_MS);
+  let tokens = burst;
+  let refilled = Date.now();
+  let paused: NodeJS.Timeout | null = null;
+  const resumeAll = () => {
+    paused = null;
+    for (const s of sockets) s.resume();
+  };
+  const account = (n: number) => {
+    const now = Date.now();
+    tokens = Math.min(burst, tokens + (now - refilled) * rate) - n;
+    refilled = now;
+    if (tokens >= 0 || paused) return;
+    metrics.pauses.inc();
+    for (const s of sockets) s.pause();
+    paused = setTimeout(resumeAll, Math.ceil(-tokens / rate));
+  };
+
   const server = net.createServer((socket) => {
-    metrics.connections.inc({ result: 'accepted' });
+    metrics.connections.inc();
     sockets.add(socket);
     metrics.open.set(sockets.size);
+    if (paused) socket.pause();
     const lines = new LineSplitter(limits.maxLineBytes, handleLine, () => {
       metrics.lines.inc();
       drop('oversized');
     });
-    socket.setTimeout(limits.idleTimeoutMs, () => {
-      metrics.idle.inc();
+    let held = 0;
+    let lineTimer: NodeJS.Timeout | null = null;
+    const cut = (reason: CloseReason) => {
+      metrics.closed.inc({ reason });
       socket.destroy();
-    });
+    };
+    const lifetime = setTimeout(() => cut('lifetime'), limits.maxConnectionMs);
+    socket.setTimeout(limits.idleTimeoutMs, () => cut('idle'));
     socket.on('data', (chunk: Buffer) => {
       metrics.bytes.inc(chunk.length);
+      account(chunk.length);
       lines.push(chunk);
+      const now = lines.buffered;
+      if (now !== held) {
+        if (now > held && buffered + now - held > limits.maxBufferedBytes) {
+          lines.reset();
+          setBuffered(-held);
+          held = 0;
+          return cut('over_budget');
+        }
+        setBuffered(now - held);
+        held = now;
+      }
+      if (lines.inLine && lineTimer === null) lineTimer = setTimeout(() => cut('line_timeout'), limits.lineTimeoutMs);
+      else if (!lines.inLine && lineTimer !== null) {
+        clearTimeout(lineTimer);
+        lineTimer = null;
+      }
     });
     socket.on('end', () => {
       lines.end();
@@ -94,19 +176,34 @@ export async function startPluginLogServer(settings: Settings, limits: LogServer
     });
     socket.on('error', (e) => log.debug('plugin log connection failed', { error: e.message }));
     socket.on('close', () => {
+      clearTimeout(lifetime);
+      if (lineTimer !== null) clearTimeout(lineTimer);
+      lines.reset();
+      setBuffered(-held);
+      held = 0;
       sockets.delete(socket);
       metrics.open.set(sockets.size);
     });
   });
-  server.maxConnections = limits.maxConnections;
-  server.on('drop', () => metrics.connections.inc({ result: 'rejected' }));
-  const close = await listenUnix(server, address, 'plugin logs', '--log-uds-address');
+  const close = await listenUnix(server, address, 'plugin logs', '--log-uds-address', {
+    maxConnections: limits.maxConnections,
+    onEvict: () => metrics.closed.inc({ reason: 'evicted' }),
+  });
   log.info('plugin log server listening', { path: address });
+  try {
+    // Where the plugin, as root, remembers the host's iptables flavour: a 0700 dir of our own.
+    prepareCacheDir(address);
+  } catch (e) {
+    log.warn('cannot make the plugin\'s cache directory; the plugin detects the iptables flavour on every ADD', { error: (e as Error).message });
+  }
 
   return {
     name: 'plugin-log-server',
     notReadyReasons: () => [],
-    status: () => ({ address, connections: sockets.size, limits }),
-    stop: close,
+    status: () => ({ address, connections: sockets.size, bufferedBytes: buffered, readPaused: paused !== null, limits }),
+    stop: async () => {
+      if (paused) clearTimeout(paused);
+      await close();
+    },
   };
 }

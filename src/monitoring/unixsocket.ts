@@ -2,7 +2,9 @@
 // to: the directory is created 0750, the socket is 0600 from the moment it exists, a stale socket
 // left by a killed agent is replaced, anything else at the path is refused, and on close the
 // open connections are cut and the socket is removed only if it is still ours (a newer agent
-// may have replaced it).
+// may have replaced it). At most `maxConnections` are held: one more closes the oldest, so
+// senders that keep connections open cannot lock the plugin out (its runs are short; a new
+// connection is far more likely to be a plugin run than the oldest one is).
 
 import { chmod, lstat, mkdir, stat, unlink } from 'node:fs/promises';
 import type net from 'node:net';
@@ -11,8 +13,14 @@ import { scope } from './logging.ts';
 
 const log = scope('monitoring');
 
+export interface Slots {
+  readonly maxConnections: number;
+  /** Called for a connection closed to make room, before it is destroyed. */
+  readonly onEvict?: (socket: net.Socket) => void;
+}
+
 /** Starts `server` on `address` (`what` and `flag` name it in errors); resolves to its closer. */
-export async function listenUnix(server: net.Server, address: string, what: string, flag: string): Promise<() => Promise<void>> {
+export async function listenUnix(server: net.Server, address: string, what: string, flag: string, slots: Slots): Promise<() => Promise<void>> {
   const dir = path.dirname(address);
   const created = await mkdir(dir, { recursive: true, mode: 0o750 });
   if (created !== undefined) await chmod(dir, 0o750); // mkdir's mode is filtered by the umask.
@@ -28,6 +36,19 @@ export async function listenUnix(server: net.Server, address: string, what: stri
     await unlink(address);
     log.info(`removed stale ${what} socket`, { path: address });
   }
+  // Tracked from the first connection on (one may arrive before listen's callback runs).
+  const open = new Set<net.Socket>();
+  server.on('connection', (socket) => {
+    // A Set keeps insertion order: its first entry is the oldest connection.
+    while (open.size >= slots.maxConnections) {
+      const oldest = open.values().next().value as net.Socket;
+      open.delete(oldest);
+      slots.onEvict?.(oldest);
+      oldest.destroy();
+    }
+    open.add(socket);
+    socket.on('close', () => open.delete(socket));
+  });
   await new Promise<void>((resolve, reject) => {
     const onError = (e: NodeJS.ErrnoException) =>
       reject(new Error(`cannot serve ${what} on ${address}: ${e.code ?? e.message}; check ${flag} and that its directory is writable`, { cause: e }));
@@ -47,11 +68,6 @@ export async function listenUnix(server: net.Server, address: string, what: stri
   });
   await chmod(address, 0o600);
   const ours = await stat(address);
-  const open = new Set<net.Socket>();
-  server.on('connection', (socket) => {
-    open.add(socket);
-    socket.on('close', () => open.delete(socket));
-  });
   return async () => {
     const closed = new Promise<void>((resolve) => server.close(() => resolve()));
     for (const s of open) s.destroy();
