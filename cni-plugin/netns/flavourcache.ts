@@ -1,15 +1,23 @@
 // The host's iptables flavour, remembered for the boot. Detecting it runs four `*-save`
 // commands in the host netns, and on a node with thousands of kube-proxy rules each can take
 // tens of milliseconds: on every pod's critical path that is too much for an answer that does
-// not change while the node runs. The first ADD after boot detects and writes the answer next to
-// the log socket (the agent's run dir); later ones read it. A cache from another boot, older
-// than an hour, or unreadable is ignored and rewritten.
+// not change while the node runs. The first ADD after boot detects and writes the answer into
+// a directory of its own beside the log socket (the agent's run dir); later ones read it. A cache
+// from another boot, older than an hour, or unreadable is ignored and rewritten.
+//
+// The plugin runs as root, so the cache must not let anyone else choose what root writes or
+// reads: the directory (made 0700 by the agent) is used only when it is a real directory, owned
+// by us and writable by no one else, and it is used through the descriptor that was checked
+// (/proc/self/fd/N/...), so swapping the path for a link afterwards changes nothing. The answer
+// is written to a temp file of an unpredictable name opened O_CREAT|O_EXCL|O_NOFOLLOW, then
+// renamed; read with O_NOFOLLOW. Anything else: no cache, only slower.
 
-import { readFileSync, renameSync, writeFileSync } from 'node:fs';
+import { chmodSync, closeSync, constants, fstatSync, lstatSync, mkdirSync, openSync, readFileSync, renameSync, unlinkSync, writeSync } from 'node:fs';
 import path from 'node:path';
 import type { Detection, Flavour } from './iptables.ts';
 
 export const CACHE_FILE_NAME = 'iptables-flavour.json';
+export const CACHE_DIR_NAME = 'plugin-cache';
 const MAX_AGE_MS = 3_600_000;
 
 interface Cached {
@@ -27,32 +35,94 @@ function bootId(): string {
   }
 }
 
-/** Where the cache lives: beside the log socket; null (no cache) when no socket is configured. */
+/** Where the cache lives: its own directory beside the log socket; null (no cache) when no socket is configured. */
 export function cacheFileFor(logUdsAddress: string): string | null {
-  return logUdsAddress === '' ? null : path.join(path.dirname(logUdsAddress), CACHE_FILE_NAME);
+  return logUdsAddress === '' ? null : path.join(path.dirname(logUdsAddress), CACHE_DIR_NAME, CACHE_FILE_NAME);
+}
+
+/**
+ * The agent's part, at start: the cache directory beside its log socket, 0700. Throws when
+ * something else is at that path (the plugin then keeps no cache: slower, never unsafe).
+ */
+export function prepareCacheDir(logUdsAddress: string): void {
+  const file = cacheFileFor(logUdsAddress);
+  if (file === null) return;
+  const dir = path.dirname(file);
+  try {
+    mkdirSync(dir, { mode: 0o700 });
+  } catch (e) {
+    if ((e as NodeJS.ErrnoException).code !== 'EEXIST') throw e;
+  }
+  const st = lstatSync(dir);
+  if (!st.isDirectory() || st.uid !== process.geteuid!()) {
+    throw new Error(`${dir} is not a directory of this agent's user; remove it so the plugin can cache the iptables flavour there`);
+  }
+  chmodSync(dir, 0o700); // mkdir's mode is filtered by the umask, and an older dir may be wider.
+}
+
+/** The directory of `file` opened as checked (see the top); null when it must not be used. */
+function openCacheDir(file: string): { fd: number; at: (name: string) => string } | null {
+  let fd: number;
+  try {
+    fd = openSync(path.dirname(file), constants.O_RDONLY | constants.O_DIRECTORY | constants.O_NOFOLLOW);
+  } catch {
+    return null;
+  }
+  const st = fstatSync(fd);
+  if (!st.isDirectory() || st.uid !== process.geteuid!() || (st.mode & 0o022) !== 0) {
+    closeSync(fd);
+    return null;
+  }
+  return { fd, at: (name) => `/proc/self/fd/${fd}/${name}` };
+}
+
+function readCache(at: (name: string) => string, name: string): Partial<Cached> | null {
+  try {
+    const fd = openSync(at(name), constants.O_RDONLY | constants.O_NOFOLLOW);
+    try {
+      return JSON.parse(readFileSync(fd, 'utf8')) as Partial<Cached>;
+    } finally {
+      closeSync(fd);
+    }
+  } catch {
+    return null; // No cache yet, a broken one, or a link: detect and rewrite it.
+  }
+}
+
+function writeCache(at: (name: string) => string, name: string, c: Cached): void {
+  const { randomBytes } = process.getBuiltinModule('node:crypto');
+  const tmp = at(`.${name}.${randomBytes(12).toString('hex')}.tmp`);
+  try {
+    const fd = openSync(tmp, constants.O_WRONLY | constants.O_CREAT | constants.O_EXCL | constants.O_NOFOLLOW, 0o600);
+    try {
+      writeSync(fd, JSON.stringify(c));
+    } finally {
+      closeSync(fd);
+    }
+    renameSync(tmp, at(name));
+  } catch {
+    // A cache we cannot write costs speed, never correctness.
+    try {
+      unlinkSync(tmp);
+    } catch {
+      // not made
+    }
+  }
 }
 
 export async function cachedFlavour(file: string | null, detect: () => Promise<Detection>, now = Date.now()): Promise<Detection & { readonly cached: boolean }> {
   const boot = bootId();
-  if (file !== null) {
-    try {
-      const c = JSON.parse(readFileSync(file, 'utf8')) as Partial<Cached>;
-      if ((c.flavour === 'nft' || c.flavour === 'legacy') && c.bootId === boot && typeof c.at === 'number' && now - c.at >= 0 && now - c.at < MAX_AGE_MS) {
-        return { flavour: c.flavour, why: `${c.why ?? 'detected'} (remembered since ${new Date(c.at).toISOString()})`, cached: true };
-      }
-    } catch {
-      // No cache yet, or a broken one: detect and rewrite it.
+  const dir = file === null ? null : openCacheDir(file);
+  const name = file === null ? '' : path.basename(file);
+  try {
+    const c = dir === null ? null : readCache(dir.at, name);
+    if (c !== null && (c.flavour === 'nft' || c.flavour === 'legacy') && c.bootId === boot && typeof c.at === 'number' && now - c.at >= 0 && now - c.at < MAX_AGE_MS) {
+      return { flavour: c.flavour, why: `${c.why ?? 'detected'} (remembered since ${new Date(c.at).toISOString()})`, cached: true };
     }
+    const d = await detect();
+    if (dir !== null) writeCache(dir.at, name, { flavour: d.flavour, why: d.why, bootId: boot, at: now });
+    return { ...d, cached: false };
+  } finally {
+    if (dir !== null) closeSync(dir.fd);
   }
-  const d = await detect();
-  if (file !== null) {
-    try {
-      const tmp = `${file}.${process.pid}.tmp`;
-      writeFileSync(tmp, JSON.stringify({ flavour: d.flavour, why: d.why, bootId: boot, at: now } satisfies Cached), { mode: 0o644 });
-      renameSync(tmp, file);
-    } catch {
-      // A cache we cannot write costs speed, never correctness.
-    }
-  }
-  return { ...d, cached: false };
 }

@@ -22,6 +22,7 @@ import { k8sArgs, meshPod, pluginConfig } from '../../test/helpers/plugin.ts';
 import { pct } from './lib/stats.ts';
 import { buildSea, SEA_MODES } from '../sea.ts';
 import type { V1Pod } from '@kubernetes/client-node';
+import { prepareCacheDir } from '../../cni-plugin/netns/flavourcache.ts';
 import { buildFamilyRules } from '../../cni-plugin/redirect/rules.ts';
 import { specForPod } from '../../cni-plugin/redirect/spec.ts';
 import { buildSettings } from '../../src/config/settings.ts';
@@ -52,6 +53,7 @@ for (const mode of SEA_MODES) {
 
 // As on a node: a log socket dir, where the plugin also remembers the host's iptables flavour.
 mkdirSync(path.join(tmp, 'run'));
+prepareCacheDir(path.join(tmp, 'run/log.sock'));
 const api = await startTestApiServer();
 const orchconfig = api.writeOrchconfig(path.join(tmp, 'orchconfig'));
 const network = new BridgeNetwork('198.18.3.0/24');
@@ -67,7 +69,7 @@ async function restoreAlone(pod: V1Pod): Promise<void> {
   for (const flavour of ['nft', 'legacy'] as const) {
     const ns = new Netns('r');
     try {
-      const r = await timed(['nsenter', `--net=${ns.path}`, '--', `iptables-${flavour}-restore`, '-w', '5'], { PATH: '/usr/sbin:/usr/bin:/sbin:/bin' }, doc);
+      const r = await timed(['nsenter', `--net=${ns.path}`, '--', `iptables-${flavour}-restore`, '--noflush', '-w', '5'], { PATH: '/usr/sbin:/usr/bin:/sbin:/bin' }, doc);
       if (r.code !== 0) throw new Error(`iptables-${flavour}-restore: ${r.out}`);
       record(`iptables-${flavour}-restore alone (nsenter)`, r.ms);
     } finally {
