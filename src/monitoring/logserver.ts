@@ -22,7 +22,6 @@ import { registry } from './metrics.ts';
 import { listenUnix } from './unixsocket.ts';
 import { parsePluginLine } from './pluginrecord.ts';
 import { prepareCacheDir } from '../../cni-plugin/netns/flavourcache.ts';
-import { prepareCacheDir } from '../../cni-plugin/netns/flavourcache.ts';
 
 const log = scope('monitoring');
 
@@ -191,12 +190,6 @@ export async function startPluginLogServer(settings: Settings, limits: LogServer
     onEvict: () => metrics.closed.inc({ reason: 'evicted' }),
   });
   log.info('plugin log server listening', { path: address });
-  try {
-    // Where the plugin, as root, remembers the host's iptables flavour: a 0700 dir of our own.
-    prepareCacheDir(address);
-  } catch (e) {
-    log.warn('cannot make the plugin\'s cache directory; the plugin detects the iptables flavour on every ADD', { error: (e as Error).message });
-  }
   try {
     // Where the plugin, as root, remembers the host's iptables flavour: a 0700 dir of our own.
     prepareCacheDir(address);
