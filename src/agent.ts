@@ -1,5 +1,5 @@
 // The install-cni process: logging, the monitoring server, the plugin log server, the repair
-// controller, the plugin's pod lookup, the installer and ControlZ, started in that order and
+// controller, the plugin's pod lookup, the plugin's token, the installer and ControlZ, started in that order and
 // stopped in reverse on SIGTERM/SIGINT. The pod lookup is up before the installer puts the
 // plugin in place (else the first pods' lookups go to the API server), and reads the repair
 // controller's watch when that is a watch of exactly this node's pods: one watch per node.
@@ -9,6 +9,7 @@ import type { Settings } from './config/settings.ts';
 import { startInstaller } from './install/index.ts';
 import { DEFAULT_POD_LOOKUP, startPodLookup } from './install/podlookup.ts';
 import type { PodSource } from './orch/podsource.ts';
+import { startPluginToken } from './orch/tokenrequest.ts';
 import { startControlz } from './monitoring/ctrlz.ts';
 import { closeLogging, configureLogging, scope } from './monitoring/logging.ts';
 import { startPluginLogServer } from './monitoring/logserver.ts';
@@ -36,7 +37,11 @@ export async function runAgent(settings: Settings): Promise<number> {
     const repair = await startRepair(settings);
     components.push(repair);
     components.push(await startPodLookup(settings, DEFAULT_POD_LOOKUP, nodePodWatch(settings, repair)));
-    components.push(await startInstaller(settings));
+    // The orchconfig on the node's disk gets the plugin's own short-lived token, minted here;
+    // the agent keeps using its own token, which never leaves this pod.
+    const pluginToken = await startPluginToken(settings);
+    components.push(pluginToken);
+    components.push(await startInstaller(settings, pluginToken));
     components.push(await startControlz(settings, { components: () => components }));
     started = true;
     log.info('install-cni started', { components: components.map((c) => c.name) });

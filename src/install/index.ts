@@ -1,10 +1,12 @@
 // The installer's entry for the agent.
 import type { Component } from '../component.ts';
 import type { Settings } from '../config/settings.ts';
+import type { PluginTokenSource } from '../orch/tokenrequest.ts';
 import { Installer } from './installer.ts';
 
-export async function startInstaller(settings: Settings): Promise<Component> {
-  const installer = new Installer(settings);
+/** The orchconfig gets `pluginToken`: the plugin's own token, never the agent's. */
+export async function startInstaller(settings: Settings, pluginToken: PluginTokenSource): Promise<Component> {
+  const installer = new Installer(settings, { pluginToken });
   await installer.start();
   return installer;
 }

@@ -11,6 +11,7 @@ import * as metrics from './metrics.ts';
 import { Reconciler, type Outcome } from './reconcile.ts';
 import { decideCleanup, type CleanupDecision } from './uninstall.ts';
 import { DirWatcher, type Trigger } from './watch.ts';
+import type { PluginTokenSource } from '../orch/tokenrequest.ts';
 
 const log = scope('install');
 
@@ -24,6 +25,8 @@ const RETRY_MAX_MS = 5000;
 export interface InstallerOptions {
   /** Decides uninstall vs restart on stop; the default asks the API server (--cleanup-on-exit). */
   readonly decideCleanup?: (settings: Settings) => Promise<CleanupDecision>;
+  /** The plugin's token for the orchconfig (the agent always passes one); else the service-account token. */
+  readonly pluginToken?: PluginTokenSource;
 }
 
 export class Installer implements Component {
@@ -46,7 +49,9 @@ export class Installer implements Component {
 
   constructor(settings: Settings, opts: InstallerOptions = {}) {
     this.settings = settings;
-    this.reconciler = new Reconciler(settings.install, settings.env);
+    this.reconciler = new Reconciler(settings.install, settings.env, opts.pluginToken);
+    // A new token goes into the orchconfig at once.
+    opts.pluginToken?.onChange(() => this.schedule('token'));
     this.decide = opts.decideCleanup ?? decideCleanup;
     const s = settings.install;
     const dirs: { dir: string; trigger: Trigger }[] = [

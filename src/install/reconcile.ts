@@ -10,6 +10,7 @@ import { removeFile, writeFileAtomic } from './atomicfile.ts';
 import { BinaryInstaller } from './binaries.ts';
 import { choosePrimary, CniConfigError, isConfigFile, PLUGIN_TYPE, standaloneConflist, withOurEntry, withoutOurEntry, type JsonObject } from './cniconfig.ts';
 import { renderOrchconfig } from './orchconfig.ts';
+import type { PluginTokenSource } from '../orch/tokenrequest.ts';
 import { readRegularFile, readRegularFileIfExists, UnsafeFileError } from './safefile.ts';
 import { DEFAULT_TEMPLATE, renderEntry } from './template.ts';
 
@@ -78,9 +79,13 @@ export class Reconciler {
   /** The conflist of our own in standalone mode (--cni-conf-name, or ours by default). */
   private readonly standaloneName: string;
 
-  constructor(settings: InstallSettings, env: EnvironmentFacts) {
+  /** The plugin's token for the orchconfig; without one, the service-account token (the installer run alone, in tests). */
+  private readonly pluginToken: PluginTokenSource | undefined;
+
+  constructor(settings: InstallSettings, env: EnvironmentFacts, pluginToken?: PluginTokenSource) {
     this.s = settings;
     this.env = env;
+    this.pluginToken = pluginToken;
     this.standaloneName = settings.cniConfName || STANDALONE_CONF_NAME;
     this.binaries = new BinaryInstaller(settings.cniBinariesDir, settings.mountedCniBinDir);
   }
@@ -150,17 +155,19 @@ export class Reconciler {
       fail('api_host_missing', 'KUBERNETES_SERVICE_HOST is not set, so the orchconfig cannot name the API server');
       return;
     }
-    const tokenFile = path.join(this.s.serviceAccountDir, 'token');
-    let token: string | null;
-    try {
-      token = await readIfExists(tokenFile);
-    } catch (e) {
-      fail(e instanceof UnsafeFileError ? 'file_refused' : 'token_missing', `cannot read the service-account token: ${(e as Error).message}`);
-      return;
-    }
-    if (token === null || token.trim() === '') {
-      fail('token_missing', `service-account token ${tokenFile} is ${token === null ? 'missing' : 'empty'}; the orchconfig cannot be written until it appears`);
-      return;
+    let token: string;
+    if (this.pluginToken) {
+      // The plugin's own token (minted by the agent, or --plugin-token-file), never the agent's.
+      const got = await this.pluginToken.current();
+      if ('missing' in got) {
+        fail('token_missing', got.missing);
+        return;
+      }
+      token = got.token;
+    } else {
+      const t = await this.serviceAccountToken(fail);
+      if (t === null) return;
+      token = t;
     }
     let caPem: string | undefined;
     if (!this.s.skipTlsVerify) {
@@ -191,6 +198,22 @@ export class Reconciler {
     } catch (e) {
       fail('write_failed', `cannot write orchconfig ${target}: ${(e as Error).message}`);
     }
+  }
+
+  private async serviceAccountToken(fail: (r: ErrorReason, m: string) => void): Promise<string | null> {
+    const tokenFile = path.join(this.s.serviceAccountDir, 'token');
+    let token: string | null;
+    try {
+      token = await readIfExists(tokenFile);
+    } catch (e) {
+      fail(e instanceof UnsafeFileError ? 'file_refused' : 'token_missing', `cannot read the service-account token: ${(e as Error).message}`);
+      return null;
+    }
+    if (token === null || token.trim() === '') {
+      fail('token_missing', `service-account token ${tokenFile} is ${token === null ? 'missing' : 'empty'}; the orchconfig cannot be written until it appears`);
+      return null;
+    }
+    return token;
   }
 
   /** Our plugin entry from the template; read every pass, so a changed ConfigMap takes effect. */

@@ -52,6 +52,10 @@ export async function makeHostTree(opts: { token?: string; ca?: string } = {}): 
     if (old) await fs.rm(path.join(saDir, old), { recursive: true, force: true });
   };
   await rotate({});
+  // A tree not wired to an API server (no token given) cannot have the plugin's token minted:
+  // the agent gets one as a file, as an operator could give it (--plugin-token-file).
+  const pluginTokenFile = path.join(root, 'plugin-token');
+  if (opts.token === undefined) await fs.writeFile(pluginTokenFile, 'plugin-token-1\n', { mode: 0o600 });
 
   return {
     root,
@@ -66,6 +70,7 @@ export async function makeHostTree(opts: { token?: string; ca?: string } = {}): 
       'service-account-dir': saDir,
       'log-uds-address': path.join(root, 'run/log.sock'),
       'pod-lookup-uds-address': path.join(root, 'run/pods.sock'),
+      ...(opts.token === undefined ? { 'plugin-token-file': pluginTokenFile } : {}),
     },
     env: { KUBERNETES_SERVICE_HOST: '198.18.96.1', KUBERNETES_SERVICE_PORT: '443', NODE_NAME: 'node-1' },
     rotate,

@@ -1,0 +1,260 @@
+// The CNI plugin's credential: a short-lived token of its own service account (pods get only),
+// minted by the agent with the TokenRequest API and refreshed well before it expires. The
+// orchconfig in the host's CNI net dir holds this token and nothing else: the agent's own token,
+// which may watch pods and label them, never leaves the agent's pod, so root on one node (or any
+// pod that mounts the net dir) gets a credential that can read pods for an hour, not one that can
+// change the cluster.
+
+import { readFile } from 'node:fs/promises';
+import path from 'node:path';
+import type { KubeConfig } from '@kubernetes/client-node/dist/config.js';
+import type { Component } from '../component.ts';
+import type { Settings } from '../config/settings.ts';
+import { orchKubeConfig } from './client.ts';
+import * as metrics from '../install/metrics.ts';
+import { scope } from '../monitoring/logging.ts';
+import { ApiError, toApiError } from './errors.ts';
+import { apiRequest } from './request.ts';
+
+const log = scope('install');
+
+/** Where the orchconfig's token comes from: the token to write now, or why there is none. */
+export interface PluginTokenSource {
+  current(): Promise<{ readonly token: string } | { readonly missing: string }>;
+  /** `listener` runs whenever the token changed, so the orchconfig is rewritten at once. */
+  onChange(listener: () => void): void;
+}
+
+export interface MintedToken {
+  readonly token: string;
+  /** Epoch milliseconds. */
+  readonly expiresAt: number;
+}
+
+/** One TokenRequest; fails with an ApiError. */
+export type Mint = (signal: AbortSignal) => Promise<MintedToken>;
+
+export interface TokenRequestTarget {
+  readonly namespace: string;
+  readonly serviceAccount: string;
+  readonly expirationSeconds: number;
+  /** Empty: the API server's default audience. */
+  readonly audiences: readonly string[];
+}
+
+/**
+ * POST .../serviceaccounts/<name>/token. Without audiences the API server binds the token to its
+ * own default audience: the one audience it is sure to accept, and the plugin uses the token
+ * against that API server and nowhere else. Not bound to the agent's pod: a token that died with
+ * the agent's pod would fail every pod start on the node during each agent restart or upgrade.
+ */
+export function tokenRequestMint(kc: KubeConfig, t: TokenRequestTarget): Mint {
+  const where = `/api/v1/namespaces/${encodeURIComponent(t.namespace)}/serviceaccounts/${encodeURIComponent(t.serviceAccount)}/token`;
+  const what = `minting a token for service account ${t.namespace}/${t.serviceAccount} (TokenRequest)`;
+  return async (signal) => {
+    const spec: Record<string, unknown> = { expirationSeconds: t.expirationSeconds };
+    if (t.audiences.length > 0) spec.audiences = t.audiences;
+    const answer = await apiRequest<{ status?: { token?: unknown; expirationTimestamp?: unknown } }>(kc, 'POST', where, what, {
+      body: { apiVersion: 'authentication.k8s.io/v1', kind: 'TokenRequest', spec },
+      signal,
+    });
+    const token = answer?.status?.token;
+    const expiresAt = Date.parse(String(answer?.status?.expirationTimestamp));
+    if (typeof token !== 'string' || token === '' || /\s/.test(token) || Number.isNaN(expiresAt)) {
+      throw new ApiError(what, undefined, 'the answer has no status.token or no valid status.expirationTimestamp');
+    }
+    return { token, expiresAt };
+  };
+}
+
+/** When to refresh: at 50-80% of the lifetime, at random, so a fleet of agents spreads its requests. */
+export function refreshDelayMs(lifetimeMs: number, random: number): number {
+  return Math.max(0, lifetimeMs) * (0.5 + 0.3 * Math.min(1, Math.max(0, random)));
+}
+
+export interface MinterOptions {
+  /** "service account mesh-system/mesh-cni-plugin", for messages. */
+  readonly account: string;
+  readonly now?: () => number;
+  readonly random?: () => number;
+  /** First retry after a failed refresh; doubles up to retryMaxMs (jittered), never past expiry. */
+  readonly retryBaseMs?: number;
+  readonly retryMaxMs?: number;
+  readonly requestTimeoutMs?: number;
+}
+
+/**
+ * Keeps a fresh plugin token: mints one at start, refreshes at 50-80% of its lifetime, and on
+ * failure keeps the old token (it still works until it expires) and retries with backoff. Ready
+ * while it has a token that is neither expired nor past the point where it should already have
+ * been replaced (80% of its lifetime): then /readyz says why.
+ */
+export class PluginTokenMinter implements Component, PluginTokenSource {
+  readonly name = 'plugin-token';
+  readonly #mint: Mint;
+  readonly #o: Required<MinterOptions>;
+  #token: MintedToken | null = null;
+  #issuedAt = 0;
+  #lastError = '';
+  #failures = 0;
+  #timer: NodeJS.Timeout | null = null;
+  #inflight: AbortController | null = null;
+  #stopped = false;
+  readonly #listeners: (() => void)[] = [];
+
+  constructor(mint: Mint, o: MinterOptions) {
+    this.#mint = mint;
+    this.#o = { now: Date.now, random: Math.random, retryBaseMs: 1000, retryMaxMs: 60_000, requestTimeoutMs: 10_000, ...o };
+  }
+
+  /**
+   * Mints the first token, waiting for it at most `waitMs` (the installer writes the orchconfig
+   * when it comes); a failure is retried in the background and shown on /readyz.
+   */
+  async start(waitMs = 3000): Promise<void> {
+    let timer: NodeJS.Timeout | undefined;
+    await Promise.race([this.#refresh(), new Promise((resolve) => (timer = setTimeout(resolve, waitMs)))]);
+    clearTimeout(timer);
+  }
+
+  onChange(listener: () => void): void {
+    this.#listeners.push(listener);
+  }
+
+  async current(): Promise<{ token: string } | { missing: string }> {
+    if (this.#token) return { token: this.#token.token };
+    return { missing: `the plugin's token is not minted yet (${this.#o.account})${this.#lastError ? `: ${this.#lastError}` : ''}; the orchconfig is written once it is` };
+  }
+
+  async #refresh(): Promise<void> {
+    if (this.#stopped) return;
+    const abort = new AbortController();
+    this.#inflight = abort;
+    const timer = setTimeout(() => abort.abort(), this.#o.requestTimeoutMs);
+    try {
+      const t = await this.#mint(abort.signal);
+      if (this.#stopped) return;
+      this.#token = t;
+      this.#issuedAt = this.#o.now();
+      this.#lastError = '';
+      this.#failures = 0;
+      metrics.pluginTokenRefreshes.inc();
+      metrics.pluginTokenExpiry.set(t.expiresAt / 1000);
+      const delay = refreshDelayMs(t.expiresAt - this.#issuedAt, this.#o.random());
+      log.info('minted the plugin\'s token', { account: this.#o.account, expires: new Date(t.expiresAt).toISOString(), refreshInSeconds: Math.round(delay / 1000) });
+      this.#arm(delay);
+      for (const l of this.#listeners) l();
+    } catch (e) {
+      if (this.#stopped) return;
+      const err = toApiError(`minting the plugin's token (${this.#o.account})`, e);
+      this.#failures++;
+      this.#lastError = err.message;
+      metrics.pluginTokenRefreshFailures.inc({ reason: err.reason });
+      // Backoff with jitter (50-100% of the step), and never later than the old token's expiry.
+      const step = Math.min(this.#o.retryMaxMs, this.#o.retryBaseMs * 2 ** Math.min(20, this.#failures - 1));
+      let delay = step * (0.5 + 0.5 * this.#o.random());
+      if (this.#token) delay = Math.min(delay, Math.max(this.#o.retryBaseMs, this.#token.expiresAt - this.#o.now()));
+      log.error('cannot mint the plugin\'s token; the old one stays in the orchconfig until it expires', {
+        error: err.message, attempt: this.#failures, retryInMs: Math.round(delay), oldTokenExpires: this.#token ? new Date(this.#token.expiresAt).toISOString() : null,
+      });
+      this.#arm(delay);
+    } finally {
+      clearTimeout(timer);
+      if (this.#inflight === abort) this.#inflight = null;
+    }
+  }
+
+  #arm(delayMs: number): void {
+    if (this.#timer) clearTimeout(this.#timer);
+    this.#timer = setTimeout(() => void this.#refresh(), delayMs);
+  }
+
+  notReadyReasons(): readonly string[] {
+    const t = this.#token;
+    if (!t) return [`no token for the plugin yet (${this.#o.account})${this.#lastError ? `: ${this.#lastError}` : ''}`];
+    const now = this.#o.now();
+    const why = this.#lastError ? `; refreshing failed ${this.#failures} time(s), last: ${this.#lastError}` : '';
+    if (now >= t.expiresAt) return [`the plugin's token (${this.#o.account}) expired at ${new Date(t.expiresAt).toISOString()}; pods on this node cannot be checked by the plugin${why}`];
+    // Past 80% of its lifetime the token should have been replaced already.
+    if (now >= this.#issuedAt + 0.8 * (t.expiresAt - this.#issuedAt)) {
+      return [`the plugin's token (${this.#o.account}) expires at ${new Date(t.expiresAt).toISOString()}, in ${Math.round((t.expiresAt - now) / 1000)} s${why || '; refreshing it is late'}`];
+    }
+    return [];
+  }
+
+  status(): Record<string, unknown> {
+    return {
+      account: this.#o.account,
+      expires: this.#token ? new Date(this.#token.expiresAt).toISOString() : null,
+      issued: this.#token ? new Date(this.#issuedAt).toISOString() : null,
+      failures: this.#failures,
+      lastError: this.#lastError || null,
+    };
+  }
+
+  async stop(): Promise<void> {
+    this.#stopped = true;
+    if (this.#timer) clearTimeout(this.#timer);
+    this.#inflight?.abort();
+  }
+}
+
+/**
+ * A token the operator provides (--plugin-token-file), read on every pass. The agent's own token
+ * is refused even under another name: it must never reach the node's disk.
+ */
+export function fileTokenSource(file: string, agentTokenFile: string): PluginTokenSource {
+  return {
+    async current() {
+      let token: string;
+      try {
+        token = (await readFile(file, 'utf8')).trim();
+      } catch (e) {
+        return { missing: `the plugin's token file ${file} cannot be read: ${(e as NodeJS.ErrnoException).code ?? (e as Error).message}` };
+      }
+      if (token === '') return { missing: `the plugin's token file ${file} is empty` };
+      const own = await readFile(agentTokenFile, 'utf8').then((t) => t.trim(), () => null);
+      if (own !== null && own === token) {
+        return { missing: `the plugin's token file ${file} holds the agent's own token (${agentTokenFile}), which must never be written to the node; give a token of the plugin's account` };
+      }
+      return { token };
+    },
+    onChange() {},
+  };
+}
+
+/** The agent's own namespace: POD_NAMESPACE (downward API), else its service-account dir's. */
+async function agentNamespace(settings: Settings): Promise<string> {
+  if (settings.env.podNamespace) return settings.env.podNamespace;
+  const file = path.join(settings.install.serviceAccountDir, 'namespace');
+  const ns = await readFile(file, 'utf8').then((t) => t.trim(), () => '');
+  if (ns === '') throw new ApiError('finding the agent\'s namespace', undefined, `POD_NAMESPACE is not set and ${file} is missing or empty; set POD_NAMESPACE from metadata.namespace`);
+  return ns;
+}
+
+/** The agent's source of the plugin's token: --plugin-token-file if given, else a minter. */
+export async function startPluginToken(settings: Settings): Promise<PluginTokenSource & Component> {
+  const s = settings.install;
+  if (s.pluginTokenFile) {
+    const source = fileTokenSource(s.pluginTokenFile, path.join(s.serviceAccountDir, 'token'));
+    return { ...source, name: 'plugin-token', notReadyReasons: () => [], status: () => ({ file: s.pluginTokenFile }), stop: async () => {} };
+  }
+  let mint: Mint | undefined;
+  let namespace = settings.env.podNamespace;
+  const minter = new PluginTokenMinter(async (signal) => {
+    if (!mint) {
+      // Worked out on first use, so a missing namespace or API server shows on /readyz, retried.
+      namespace = await agentNamespace(settings);
+      let kc: KubeConfig;
+      try {
+        kc = orchKubeConfig(settings);
+      } catch (e) {
+        throw new ApiError('reaching the API server', undefined, (e as Error).message);
+      }
+      mint = tokenRequestMint(kc, { namespace, serviceAccount: s.pluginServiceAccount, expirationSeconds: Math.round(s.pluginTokenExpirationMs / 1000), audiences: s.pluginTokenAudiences });
+    }
+    return mint(signal);
+  }, { account: `service account ${namespace || '<agent namespace>'}/${s.pluginServiceAccount}` });
+  await minter.start();
+  return minter;
+}

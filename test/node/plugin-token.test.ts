@@ -1,0 +1,199 @@
+// Issue 11.1: the node's disk holds no cluster-wide write credential. The agent mints the plugin's
+// own short-lived token (TokenRequest, mesh-cni-plugin: pods get only) and puts that, never its
+// own token, into the orchconfig in the host's CNI net dir; it refreshes the token at 50-80% of
+// its lifetime, keeps the old one while refreshing fails, and says so on /readyz and in a metric.
+// Against the test API server with the exact RBAC deploy/ grants each account.
+
+import assert from 'node:assert/strict';
+import { readFileSync } from 'node:fs';
+import fs from 'node:fs/promises';
+import os from 'node:os';
+import path from 'node:path';
+import { after, afterEach, before, describe, it } from 'node:test';
+import { buildSettings } from '../../src/config/settings.ts';
+import { configureLogging } from '../../src/monitoring/logging.ts';
+import { registry } from '../../src/monitoring/metrics.ts';
+import { orchKubeConfig } from '../../src/orch/client.ts';
+import { fileTokenSource, PluginTokenMinter, refreshDelayMs, tokenRequestMint } from '../../src/orch/tokenrequest.ts';
+import { spawnAgent, type AgentProcess } from '../helpers/agent.ts';
+import { apiRequest, startTestApiServer, type TestApiServer } from '../helpers/apiserver.ts';
+import { BRIDGE_CONFLIST, makeHostTree, type HostTree } from '../helpers/hosttree.ts';
+import { promtoolProblems } from '../helpers/observability.ts';
+import { DEPLOY_DIR, kustomize, type K8sObject } from '../helpers/podman-daemonset.ts';
+import { waitFor } from '../helpers/poll.ts';
+import { testPod } from '../helpers/pods.ts';
+import { rulesFor } from '../helpers/rbac.ts';
+
+const cleanups: (() => Promise<unknown>)[] = [];
+afterEach(async () => {
+  for (const c of cleanups.splice(0).reverse()) await c().catch(() => {});
+});
+
+let manifests: K8sObject[];
+before(() => {
+  manifests = kustomize(DEPLOY_DIR).objects;
+  configureLogging({ asJson: true, outputLevels: buildSettings({ log_output_level: 'all:none' }, {}).logging.outputLevels }, { write: () => {} });
+});
+after(() => configureLogging({ asJson: false, outputLevels: buildSettings({}, {}).logging.outputLevels }));
+
+/** A test API server that knows both accounts with exactly deploy/'s rules; returns the agent's token. */
+async function cluster(): Promise<{ api: TestApiServer; agentToken: string }> {
+  const api = await startTestApiServer({ bookmarkIntervalMs: 200 });
+  cleanups.push(() => api.close());
+  api.serviceAccount('mesh-system', 'mesh-cni-plugin', rulesFor(manifests, 'mesh-system', 'mesh-cni-plugin'));
+  const agentToken = api.serviceAccount('mesh-system', 'mesh-cni', rulesFor(manifests, 'mesh-system', 'mesh-cni'));
+  return { api, agentToken };
+}
+
+async function metric(name: string, labels: Record<string, string> = {}): Promise<number> {
+  const m = (await registry.getMetricsAsJSON()).find((x) => x.name === name);
+  return (m?.values ?? []).filter((v) => Object.entries(labels).every(([k, val]) => v.labels[k] === val)).reduce((n, v) => n + v.value, 0);
+}
+
+const orchToken = (file: string) => (JSON.parse(readFileSync(file, 'utf8')) as { users: { user: { token: string } }[] }).users[0]!.user.token;
+
+/** Every file under dir whose bytes contain needle. */
+async function filesHolding(dir: string, needle: string): Promise<string[]> {
+  const hits: string[] = [];
+  for (const e of await fs.readdir(dir, { withFileTypes: true, recursive: true })) {
+    if (!e.isFile()) continue;
+    const file = path.join(e.parentPath, e.name);
+    if ((await fs.readFile(file)).includes(Buffer.from(needle))) hits.push(file);
+  }
+  return hits;
+}
+
+describe('the plugin\'s token', () => {
+  it('refreshes at 50-80% of the lifetime, spread by the random draw', () => {
+    assert.equal(refreshDelayMs(3_600_000, 0), 1_800_000);
+    assert.equal(refreshDelayMs(3_600_000, 1), 2_880_000);
+    assert.equal(refreshDelayMs(3_600_000, 0.5), 2_340_000);
+    assert.equal(refreshDelayMs(1000, 7), 800, 'a draw out of range is clamped');
+    assert.equal(refreshDelayMs(-5, 0.5), 0, 'an already expired token is refreshed at once');
+  });
+
+  it('is minted with the agent\'s rights from deploy/ for mesh-cni-plugin alone, for the asked lifetime and the default audience, and can only get pods', async () => {
+    const { api, agentToken } = await cluster();
+    const kc = orchKubeConfig(buildSettings({ orchconfig: api.writeOrchconfig(path.join(await tmp(), 'agent.kc'), { token: agentToken }) }, {}));
+    const mint = tokenRequestMint(kc, { namespace: 'mesh-system', serviceAccount: 'mesh-cni-plugin', expirationSeconds: 3600, audiences: [] });
+    const t = await mint(AbortSignal.timeout(5000));
+    const issued = api.issuedTokens();
+    assert.deepEqual(issued.map((i) => [i.serviceAccount, i.audiences]), [['mesh-system/mesh-cni-plugin', ['https://kubernetes.default.svc.cluster.local']]]);
+    assert.equal(issued[0]!.token, t.token);
+    assert.ok(Math.abs(t.expiresAt - (Date.now() + 3600_000)) < 5000, 'expiry from the answer');
+    assert.notEqual(t.token, agentToken);
+    // What the plugin does (get its pod) works; nothing else does.
+    api.upsertPod(testPod('app-0'));
+    const plugin = { ...api, token: t.token };
+    assert.equal((await apiRequest(plugin, 'GET', '/api/v1/namespaces/default/pods/app-0')).status, 200);
+    assert.equal((await apiRequest(plugin, 'GET', '/api/v1/pods')).status, 403);
+    assert.equal((await apiRequest(plugin, 'PATCH', '/api/v1/namespaces/default/pods/app-0', { metadata: { labels: { x: '1' } } }, { 'content-type': 'application/merge-patch+json' })).status, 403);
+    assert.equal((await apiRequest(plugin, 'PATCH', '/api/v1/namespaces/default/pods/app-0/status', { metadata: { labels: { x: '1' } } }, { 'content-type': 'application/merge-patch+json' })).status, 403);
+    assert.equal((await apiRequest(plugin, 'POST', '/api/v1/namespaces/mesh-system/serviceaccounts/mesh-cni-plugin/token', { spec: {} })).status, 403);
+    // The agent may mint for that one account only (resourceNames), and only in its namespace.
+    await assert.rejects(tokenRequestMint(kc, { namespace: 'mesh-system', serviceAccount: 'mesh-cni', expirationSeconds: 3600, audiences: [] })(AbortSignal.timeout(5000)), /HTTP 403/);
+    await assert.rejects(tokenRequestMint(kc, { namespace: 'kube-system', serviceAccount: 'mesh-cni-plugin', expirationSeconds: 3600, audiences: [] })(AbortSignal.timeout(5000)), /HTTP 403/);
+  });
+
+  it('keeps the old token while refreshing fails, counts the failures, says why on readiness once it is late or expired, and recovers', async () => {
+    const { api, agentToken } = await cluster();
+    const kc = orchKubeConfig(buildSettings({ orchconfig: api.writeOrchconfig(path.join(await tmp(), 'agent.kc'), { token: agentToken }) }, {}));
+    // Tokens of 2 s: refreshed after 1-1.6 s.
+    api.tokenMaxSeconds = 2;
+    const minter = new PluginTokenMinter(tokenRequestMint(kc, { namespace: 'mesh-system', serviceAccount: 'mesh-cni-plugin', expirationSeconds: 3600, audiences: [] }),
+      { account: 'service account mesh-system/mesh-cni-plugin', retryBaseMs: 100, retryMaxMs: 200 });
+    cleanups.push(() => minter.stop());
+    let changes = 0;
+    minter.onChange(() => changes++);
+    await minter.start();
+    const first = await minter.current();
+    assert.ok('token' in first);
+    assert.deepEqual(minter.notReadyReasons(), []);
+    await waitFor('a refresh', () => api.issuedTokens().length >= 2, 5000);
+    await waitFor('the listener told', () => changes >= 2, 2000);
+    const second = await minter.current();
+    assert.ok('token' in second && second.token !== first.token, 'a new token');
+
+    const failuresBefore = await metric('mesh_cni_plugin_token_refresh_failures_total', { reason: 'server_error' });
+    api.faults.status = { code: 500, paths: /\/serviceaccounts\/mesh-cni-plugin\/token$/ };
+    const reasons = await waitFor('readiness to say the token is late', () => minter.notReadyReasons().length > 0 && minter.notReadyReasons(), 5000);
+    assert.match(reasons[0]!, /plugin's token \(service account mesh-system\/mesh-cni-plugin\) (expires|expired)/);
+    assert.match(reasons[0]!, /HTTP 500/);
+    assert.deepEqual(await minter.current(), second, 'the old token stays in use');
+    await waitFor('readiness to say it expired', () => /expired at/.test(minter.notReadyReasons()[0] ?? ''), 5000);
+    assert.ok((await metric('mesh_cni_plugin_token_refresh_failures_total', { reason: 'server_error' })) - failuresBefore >= 2, 'failures counted');
+
+    delete api.faults.status;
+    await waitFor('ready again after a good refresh', () => minter.notReadyReasons().length === 0, 5000);
+    const third = await minter.current();
+    assert.ok('token' in third && third.token !== second.token);
+    assert.ok((await metric('mesh_cni_plugin_token_expiry_timestamp_seconds')) * 1000 > Date.now());
+    assert.equal(await promtoolProblems(await registry.metrics()), '');
+  });
+
+  it('a token file (--plugin-token-file) is used as given, but never the agent\'s own token', async () => {
+    const dir = await tmp();
+    const own = path.join(dir, 'own-token');
+    const given = path.join(dir, 'plugin-token');
+    await fs.writeFile(own, 'agent-secret\n');
+    await fs.writeFile(given, 'plugin-secret\n');
+    assert.deepEqual(await fileTokenSource(given, own).current(), { token: 'plugin-secret' });
+    await fs.writeFile(given, 'agent-secret');
+    assert.match(((await fileTokenSource(given, own).current()) as { missing: string }).missing, /holds the agent's own token/);
+    assert.throws(() => buildSettings({ 'plugin-token-file': '/var/run/secrets/kubernetes.io/serviceaccount/token' }, {}), /--plugin-token-file.*agent's own service-account token/);
+  });
+
+  describe('the agent', () => {
+    async function agentOn(api: TestApiServer, agentToken: string, flags: Record<string, string> = {}): Promise<{ a: AgentProcess; t: HostTree }> {
+      const t = await makeHostTree({ token: agentToken, ca: api.caPem });
+      cleanups.push(() => t.remove());
+      await fs.writeFile(path.join(t.netDir, '10-bridge.conflist'), BRIDGE_CONFLIST);
+      const a = spawnAgent(t, { 'cleanup-on-exit': 'never', ...flags }, { KUBERNETES_SERVICE_HOST: api.host, KUBERNETES_SERVICE_PORT: String(api.port), POD_NAMESPACE: 'mesh-system', NODE_NAME: 'node-1' });
+      cleanups.push(() => a.stop('SIGKILL'));
+      return { a, t };
+    }
+
+    it('writes the plugin\'s minted token into the orchconfig (0600); the agent\'s own token is nowhere on the node\'s disk', async () => {
+      const { api, agentToken } = await cluster();
+      const { a, t } = await agentOn(api, agentToken);
+      await a.waitForLog((r) => r.msg === 'mesh-cni is installed and ready', 'ready');
+      const orchconfig = path.join(t.netDir, 'ZZZ-mesh-cni-orchconfig');
+      const token = orchToken(orchconfig);
+      assert.equal((await fs.stat(orchconfig)).mode & 0o777, 0o600);
+      assert.equal(api.issuedTokens().find((i) => i.token === token)?.serviceAccount, 'mesh-system/mesh-cni-plugin', 'the orchconfig holds a minted plugin token');
+      assert.deepEqual(await filesHolding(t.netDir, agentToken), [], 'no file in the net dir holds the agent\'s token');
+      assert.deepEqual(await filesHolding(t.binDir, agentToken), [], 'no file in the bin dir holds the agent\'s token');
+      assert.deepEqual(api.requests.filter((r) => r.status === 403).map((r) => `${r.method} ${r.path}`), [], 'the agent stays within deploy/\'s rights');
+      assert.equal((await a.get('/readyz')).status, 200);
+    });
+
+    it('refreshes the token in the orchconfig before it expires, and turns /readyz 503 with the reason while it cannot', async () => {
+      const { api, agentToken } = await cluster();
+      api.tokenMaxSeconds = 2;
+      const { a, t } = await agentOn(api, agentToken);
+      await a.waitForLog((r) => r.msg === 'mesh-cni is installed and ready', 'ready');
+      const orchconfig = path.join(t.netDir, 'ZZZ-mesh-cni-orchconfig');
+      const first = orchToken(orchconfig);
+      await waitFor('a refreshed token in the orchconfig', () => orchToken(orchconfig) !== first, 5000);
+      assert.equal((await fs.stat(orchconfig)).mode & 0o777, 0o600);
+      api.faults.status = { code: 503, paths: /\/serviceaccounts\/mesh-cni-plugin\/token$/ };
+      const held = orchToken(orchconfig);
+      const notReady = await waitFor('/readyz 503 naming the token', async () => {
+        const r = await a.get('/readyz');
+        return r.status === 503 && /plugin's token/.test(r.body) && r.body;
+      }, 8000);
+      assert.match(notReady, /mesh-system\/mesh-cni-plugin/);
+      assert.equal(orchToken(orchconfig), held, 'the old token stays while refreshing fails');
+      assert.match((await a.get('/metrics')).body, /^mesh_cni_plugin_token_refresh_failures_total\{reason="server_error"\} [1-9]/m);
+      delete api.faults.status;
+      await waitFor('/readyz 200 again', async () => (await a.get('/readyz')).status === 200, 8000);
+      assert.notEqual(orchToken(orchconfig), held);
+    });
+  });
+});
+
+async function tmp(): Promise<string> {
+  const dir = await fs.mkdtemp(path.join(os.tmpdir(), 'mcni-token-'));
+  cleanups.push(() => fs.rm(dir, { recursive: true, force: true }));
+  return dir;
+}
