@@ -74,7 +74,13 @@ const DEFAULT_SPEC: RedirectSpec = Object.freeze({
 
 /** The slice of a V1Pod the plugin reads (kept structural: the plugin bundles no client library). */
 export interface PodLike {
-  readonly metadata?: { readonly name?: string; readonly namespace?: string; readonly uid?: string; readonly annotations?: Readonly<Record<string, string>> };
+  readonly metadata?: {
+    readonly name?: string;
+    readonly namespace?: string;
+    readonly uid?: string;
+    readonly labels?: Readonly<Record<string, string>>;
+    readonly annotations?: Readonly<Record<string, string>>;
+  };
   readonly spec?: {
     readonly initContainers?: readonly ContainerLike[];
     readonly containers?: readonly ContainerLike[];
@@ -82,6 +88,7 @@ export interface PodLike {
 }
 export interface ContainerLike {
   readonly name?: string;
+  readonly args?: readonly string[];
   readonly env?: readonly { readonly name?: string; readonly value?: string }[];
   readonly securityContext?: { readonly runAsUser?: number | null; readonly runAsGroup?: number | null } | null;
 }
@@ -116,8 +123,11 @@ function field<T>(annotations: Readonly<Record<string, string>>, key: string, pa
 
 const wildcardOr = <T>(parse: (v: string) => T) => (v: string): '*' | T => (v.trim() === '*' ? '*' : parse(v));
 
-/** What the rules take from the proxy container: its env and the ids it runs as. */
-interface ProxyInfo {
+/** What the plugin takes from the proxy container: whether there is one, its type, env and ids. */
+export interface ProxyInfo {
+  readonly present: boolean;
+  /** `args[1]` when `args[0]` is `proxy` (`sidecar`, `router`, ...), else empty. */
+  readonly type: string;
   readonly env: ReadonlyMap<string, string>;
   readonly runAsUser: unknown;
   readonly runAsGroup: unknown;
@@ -129,20 +139,31 @@ interface ProxyInfo {
  * container's winning; the last one with a securityContext gives runAsUser and runAsGroup, even
  * when that securityContext leaves them out.
  */
-function proxyInfo(pod: PodLike): ProxyInfo {
+export function proxyInfo(pod: PodLike): ProxyInfo {
   const env = new Map<string, string>();
+  let present = false;
+  let type = '';
   let runAsUser: unknown;
   let runAsGroup: unknown;
   for (const c of [...(pod.spec?.initContainers ?? []), ...(pod.spec?.containers ?? [])]) {
     if (c.name !== PROXY_CONTAINER_NAME) continue;
+    present = true;
+    if (c.args && c.args.length >= 2 && c.args[0] === 'proxy') type = c.args[1]!;
     for (const e of c.env ?? []) if (typeof e.name === 'string') env.set(e.name, e.value ?? '');
     if (c.securityContext) ({ runAsUser, runAsGroup } = c.securityContext);
   }
-  return { env, runAsUser, runAsGroup };
+  return { present, type, env, runAsUser, runAsGroup };
 }
 
-/** Go's strconv.ParseBool, true side: how Istio reads the proxy env flags (anything else is false). */
-const envFlag = (info: ProxyInfo, name: string): boolean => ['1', 't', 'T', 'TRUE', 'true', 'True'].includes(info.env.get(name) ?? '');
+/** Go's strconv.ParseBool, as Istio reads its flags: true, false, or null for anything else. */
+export function goBool(v: string | undefined): boolean | null {
+  if (v === undefined) return null;
+  if (['1', 't', 'T', 'TRUE', 'true', 'True'].includes(v)) return true;
+  if (['0', 'f', 'F', 'FALSE', 'false', 'False'].includes(v)) return false;
+  return null;
+}
+
+const envFlag = (info: ProxyInfo, name: string): boolean => goBool(info.env.get(name)) === true;
 
 /**
  * The owner match for the proxy's own traffic: its runAsUser/runAsGroup, or 1337 when absent or

@@ -13,7 +13,8 @@ import type { CniError } from '../../cni-plugin/cni/errors.ts';
 import { convertResult } from '../../cni-plugin/cni/result.ts';
 import { parseCniArgs, podRefFromArgs } from '../../cni-plugin/cni/protocol.ts';
 import { buildFamilyRules } from '../../cni-plugin/redirect/rules.ts';
-import { specForPod } from '../../cni-plugin/redirect/spec.ts';
+import { specForPod, type PodLike } from '../../cni-plugin/redirect/spec.ts';
+import { skipReason } from '../../cni-plugin/plugin.ts';
 import { startTestApiServer, type TestApiServer } from '../helpers/apiserver.ts';
 import { BridgeNetwork, cniEnv, Netns, type ChainEnv } from '../helpers/netns.ts';
 import { k8sArgs, MESH_CNI_SOURCE, meshCni, meshPod, pluginConfig, tempDir } from '../helpers/plugin.ts';
@@ -54,6 +55,39 @@ describe('CNI protocol pieces', () => {
     assert.deepEqual(back.ips, [{ address: 'fd00::5/64', interface: 0 }, { address: '10.0.0.5/24', gateway: '10.0.0.1', interface: 0 }]);
     assert.deepEqual(convertResult(v11, '1.1.0'), v11);
   });
+});
+
+// Istio's plugin.go, in its order: its own init container, DISABLE_ENVOY on the proxy, no proxy
+// container, a proxy of another type than sidecar, inject disabled (label over annotation, Go's
+// ParseBool), no status annotation. Our status annotation and interceptionMode NONE checks too.
+describe('which pods get rules', () => {
+  const pod = (o: { annotations?: Record<string, string>; labels?: Record<string, string>; init?: object[]; containers?: object[] } = {}): PodLike => ({
+    metadata: { annotations: { 'sidecar.mesh.io/status': '{}', ...o.annotations }, ...(o.labels ? { labels: o.labels } : {}) },
+    spec: { initContainers: (o.init ?? []) as never, containers: (o.containers ?? [{ name: 'app' }, { name: 'mesh-proxy' }]) as never },
+  });
+  const redirected: [string, PodLike][] = [
+    ['an injected pod', pod()],
+    ['a native sidecar (mesh-proxy among the init containers)', pod({ init: [{ name: 'mesh-proxy' }], containers: [{ name: 'app' }] })],
+    ['a proxy of type sidecar', pod({ containers: [{ name: 'mesh-proxy', args: ['proxy', 'sidecar'] }] })],
+    ['a proxy with other args', pod({ containers: [{ name: 'mesh-proxy', args: ['--log', 'x'] }] })],
+    ['inject label true over annotation false', pod({ labels: { 'sidecar.mesh.io/inject': 'true' }, annotations: { 'sidecar.mesh.io/inject': 'false' } })],
+    ['inject annotation no boolean', pod({ annotations: { 'sidecar.mesh.io/inject': 'nope' } })],
+    ['inject annotation " false" (ParseBool takes no blanks)', pod({ annotations: { 'sidecar.mesh.io/inject': ' false' } })],
+    ['DISABLE_ENVOY not true', pod({ containers: [{ name: 'mesh-proxy', env: [{ name: 'DISABLE_ENVOY', value: 'no' }] }] })],
+  ];
+  const skipped: [string, PodLike, RegExp][] = [
+    ['no status annotation', { metadata: { annotations: {} }, spec: { containers: [{ name: 'mesh-proxy' }] } }, /no sidecar\.mesh\.io\/status/],
+    ['its own mesh-init', pod({ init: [{ name: 'mesh-init' }] }), /own mesh-init/],
+    ['DISABLE_ENVOY', pod({ containers: [{ name: 'mesh-proxy', env: [{ name: 'DISABLE_ENVOY', value: 'True' }] }] }), /DISABLE_ENVOY/],
+    ['no mesh-proxy container', pod({ containers: [{ name: 'app' }] }), /no mesh-proxy container/],
+    ['a gateway', pod({ containers: [{ name: 'mesh-proxy', args: ['proxy', 'router'] }] }), /proxy type router/],
+    ['inject annotation false', pod({ annotations: { 'sidecar.mesh.io/inject': 'false' } }), /inject is disabled/],
+    ['inject annotation 0', pod({ annotations: { 'sidecar.mesh.io/inject': '0' } }), /inject is disabled/],
+    ['inject label F over annotation true', pod({ labels: { 'sidecar.mesh.io/inject': 'F' }, annotations: { 'sidecar.mesh.io/inject': 'true' } }), /label sidecar\.mesh\.io\/inject/],
+    ['interceptionMode NONE', pod({ annotations: { 'sidecar.mesh.io/interceptionMode': 'NONE' } }), /NONE/],
+  ];
+  for (const [why, p] of redirected) it(`redirects ${why}`, () => assert.equal(skipReason(p), null));
+  for (const [why, p, reason] of skipped) it(`skips ${why}`, () => assert.match(skipReason(p) ?? '(redirected)', reason));
 });
 
 describe('mesh-cni bad input (no API server needed)', () => {
@@ -256,6 +290,8 @@ describe('mesh-cni end to end (bridge + host-local + mesh-cni, test API server)'
       ['no sidecar', { ...meshPod('shop', 'plain'), metadata: { namespace: 'shop', name: 'plain', annotations: {} } }],
       ['inject false', meshPod('shop', 'optout', { 'sidecar.mesh.io/inject': 'false' })],
       ['own mesh-init', meshPod('shop', 'selfinit', {}, { initContainers: [{ name: 'mesh-init', image: 'proxy:1' }] })],
+      ['no mesh-proxy container', meshPod('shop', 'proxyless', {}, { containers: [{ name: 'app', image: 'app:1' }] })],
+      ['a gateway (proxy router)', meshPod('shop', 'gateway', {}, { containers: [{ name: 'mesh-proxy', image: 'proxy:1', args: ['proxy', 'router'] }] })],
     ];
     for (const [why, p] of skipped) {
       const pod = api.upsertPod(p);
