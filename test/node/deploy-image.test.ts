@@ -3,20 +3,25 @@
 // runs the way deploy/ runs it (the DaemonSet's env, args, securityContext: root with every
 // capability dropped, read-only root fs, no privilege escalation; its volumes as host dirs) and
 // installs the plugin into a sandbox node, answers /readyz, and on SIGTERM takes it all out
-// again, leaving the primary config byte for byte as it was.
+// again, leaving the primary config byte for byte as it was. Its API server is the test one,
+// with exactly the RBAC deploy/ grants each account: the agent in the image mints the plugin's
+// token, and its own token appears nowhere on the sandbox node's disk.
 //
 // Needs root, buildah and podman (scripts/setup-host.sh) and a built dist/ (npm test builds).
 
 import assert from 'node:assert/strict';
 import { existsSync, readFileSync } from 'node:fs';
 import fs from 'node:fs/promises';
+import net from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
 import { after, before, describe, it } from 'node:test';
 import type { V1ConfigMap, V1DaemonSet } from '@kubernetes/client-node';
 import { ROOT } from '../helpers/cli.ts';
 import { BRIDGE_CONFLIST, makeHostTree, type HostTree } from '../helpers/hosttree.ts';
+import { startTestApiServer, type TestApiServer } from '../helpers/apiserver.ts';
 import { eventually } from '../helpers/poll.ts';
+import { rulesFor } from '../helpers/rbac.ts';
 import { run } from '../helpers/netns.ts';
 import { makePodman, type Podman } from '../helpers/podman.ts';
 import { DEPLOY_DIR, kustomize, one, podmanRunArgs, SERVICE_ACCOUNT_MOUNT, type Rendered } from '../helpers/podman-daemonset.ts';
@@ -75,10 +80,16 @@ describe('deploy: the container image', { timeout: 300_000 }, () => {
     let tree: HostTree;
     let runDir: string;
     let templateDir: string;
+    let api: TestApiServer;
+    let agentToken: string;
     const name = `mcni-image-agent-${process.pid}`;
     before(async () => {
       rendered = kustomize(DEPLOY_DIR);
-      tree = await makeHostTree();
+      api = await startTestApiServer();
+      for (const sa of ['mesh-cni', 'mesh-cni-plugin']) api.serviceAccount('mesh-system', sa, rulesFor(rendered.objects, 'mesh-system', sa));
+      agentToken = api.serviceAccount('mesh-system', 'mesh-cni');
+      // The service-account dir the kubelet would project: the agent's token, the CA, the namespace.
+      tree = await makeHostTree({ token: agentToken, ca: api.caPem });
       await fs.rm(path.join(tree.binariesDir, 'mesh-cni'));
       await fs.writeFile(path.join(tree.netDir, '10-bridge.conflist'), BRIDGE_CONFLIST);
       runDir = path.join(tree.root, 'var-run-mesh-cni');
@@ -91,6 +102,7 @@ describe('deploy: the container image', { timeout: 300_000 }, () => {
     after(async () => {
       await podman.run(['rm', '--force', '--time', '0', name]);
       await tree.remove();
+      await api?.close();
     });
 
     it('installs binary, orchconfig and entry with no capabilities on a read-only root, is ready, and SIGTERM takes them out', async () => {
@@ -100,25 +112,28 @@ describe('deploy: the container image', { timeout: 300_000 }, () => {
         const where: Record<string, string> = { '/opt/cni/bin': tree.binDir, '/etc/cni/net.d': tree.netDir, '/var/run/mesh-cni': runDir };
         volumeDirs[v.name] = v.hostPath ? where[v.hostPath.path]! : templateDir;
       }
+      // The host network, as the manifest says, to reach the test API server on loopback; the
+      // fixed ports (monitoring 15014, ControlZ 9876) are moved to free ones so this machine's
+      // own are never taken.
+      const monitoringPort = await freePort();
       const { flags, args } = podmanRunArgs(rendered.objects, {
         volumeDirs,
         env: {
           NODE_NAME: 'node-1', HOST_IP: '198.19.250.1', POD_NAME: 'mesh-cni-node-abcde', POD_NAMESPACE: 'mesh-system',
-          // No API server here: the orchconfig only names it, and stopping cannot ask it.
-          KUBERNETES_SERVICE_HOST: '198.19.250.2', KUBERNETES_SERVICE_PORT: '443',
+          KUBERNETES_SERVICE_HOST: api.host, KUBERNETES_SERVICE_PORT: String(api.port),
+          MONITORING_PORT: String(monitoringPort),
           CLEANUP_ON_EXIT: 'always', REPAIR_ENABLED: 'false',
         },
         extraMounts: [[tree.saDir, `${SERVICE_ACCOUNT_MOUNT}:ro`]],
-        // Its own netns: the manifest's fixed port 15014 must not be bound on this machine.
-        network: 'none',
       });
+      assert.ok(flags.includes('--network') && flags[flags.indexOf('--network') + 1] === 'host', 'the DaemonSet runs on the host network');
       const primary = await fs.readFile(path.join(tree.netDir, '10-bridge.conflist'));
-      await podman.ok(['run', '--detach', '--name', name, ...flags, IMAGE, ...args]);
+      await podman.ok(['run', '--detach', '--name', name, ...flags, IMAGE, ...args, '--ctrlz_port=0']);
 
       const binary = path.join(tree.binDir, 'mesh-cni');
       const orchconfig = path.join(tree.netDir, 'ZZZ-mesh-cni-orchconfig');
       const readyz = () => podman.run(['exec', name, '/usr/bin/node', '-e',
-        "fetch('http://127.0.0.1:15014/readyz').then(async r=>{console.log(r.status, await r.text());process.exit(r.status===200?0:1)},()=>process.exit(2))"]);
+        `fetch('http://127.0.0.1:${monitoringPort}/readyz').then(async r=>{console.log(r.status, await r.text());process.exit(r.status===200?0:1)},()=>process.exit(2))`]);
       await eventually(async () => (await readyz()).code === 0, '/readyz of the agent in the image to answer 200', 60_000).catch(async (e: Error) => {
         const logs = await podman.run(['logs', name]);
         throw new Error(`${e.message}; /readyz: ${(await readyz()).stdout}; logs:\n${logs.stdout}${logs.stderr}`);
@@ -126,6 +141,15 @@ describe('deploy: the container image', { timeout: 300_000 }, () => {
       assert.deepEqual(await fs.readFile(binary), await fs.readFile(path.join(ROOT, 'dist/bin/mesh-cni')), 'the plugin executable was copied whole');
       assert.equal((await fs.stat(binary)).mode & 0o777, 0o755);
       assert.equal((await fs.stat(orchconfig)).mode & 0o777, 0o600);
+      // The orchconfig holds the plugin's minted token; the agent's own is on no file of the node.
+      const written = (JSON.parse(await fs.readFile(orchconfig, 'utf8')) as { users: { user: { token: string } }[] }).users[0]!.user.token;
+      assert.equal(api.issuedTokens().find((t) => t.token === written)?.serviceAccount, 'mesh-system/mesh-cni-plugin');
+      for (const dir of [tree.netDir, tree.binDir, runDir]) {
+        for (const e of await fs.readdir(dir, { withFileTypes: true, recursive: true })) {
+          if (e.isFile()) assert.ok(!(await fs.readFile(path.join(e.parentPath, e.name))).includes(agentToken), `${path.join(e.parentPath, e.name)} holds the agent's token`);
+        }
+      }
+      assert.deepEqual(api.requests.filter((r) => r.status === 403).map((r) => `${r.method} ${r.path}`), [], 'the agent in the image stays within deploy/\'s rights');
       const conf = JSON.parse(await fs.readFile(path.join(tree.netDir, '10-bridge.conflist'), 'utf8')) as { plugins: { type: string; log_uds_address?: string; pod_lookup_timeout_ms?: number }[] };
       assert.deepEqual(conf.plugins.map((p) => p.type), ['bridge', 'mesh-cni']);
       // The entry came from the ConfigMap's template (it alone sets the lookup timeout).
@@ -142,3 +166,15 @@ describe('deploy: the container image', { timeout: 300_000 }, () => {
     });
   });
 });
+
+/** A TCP port free on this machine now. */
+async function freePort(): Promise<number> {
+  return new Promise((resolve, reject) => {
+    const srv = net.createServer();
+    srv.once('error', reject);
+    srv.listen(0, '127.0.0.1', () => {
+      const { port } = srv.address() as { port: number };
+      srv.close(() => resolve(port));
+    });
+  });
+}
