@@ -73,7 +73,9 @@ export const ANNOTATION = {
   INCLUDE_OUTBOUND_PORTS: 'traffic.sidecar.mesh.io/includeOutboundPorts',
   EXCLUDE_OUTBOUND_PORTS: 'traffic.sidecar.mesh.io/excludeOutboundPorts',
   EXCLUDE_INTERFACES: 'traffic.sidecar.mesh.io/excludeInterfaces',
+  /** Deprecated by REROUTE_VIRTUAL_INTERFACES, read only when that one is absent. */
   KUBEVIRT_INTERFACES: 'traffic.sidecar.mesh.io/kubevirtInterfaces',
+  REROUTE_VIRTUAL_INTERFACES: 'mesh.io/reroute-virtual-interfaces',
 } as const;
 
 /** The injected proxy container, whose env asks for DNS capture / invalid-packet drop. */

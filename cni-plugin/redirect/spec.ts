@@ -210,7 +210,10 @@ export function specForPod(pod: PodLike): RedirectSpec {
     outboundCidrs: field(a, ANNOTATION.INCLUDE_OUTBOUND_IP_RANGES, cidrsOrAll, base.outboundCidrs),
     outboundExcludeCidrs: excludeCidrs,
     excludeInterfaces: field(a, ANNOTATION.EXCLUDE_INTERFACES, parseInterfaceList, base.excludeInterfaces),
-    virtInterfaces: field(a, ANNOTATION.KUBEVIRT_INTERFACES, parseInterfaceList, base.virtInterfaces),
+    // Present (even empty), the newer annotation decides, as in Istio.
+    virtInterfaces: a[ANNOTATION.REROUTE_VIRTUAL_INTERFACES] !== undefined
+      ? field(a, ANNOTATION.REROUTE_VIRTUAL_INTERFACES, parseInterfaceList, base.virtInterfaces)
+      : field(a, ANNOTATION.KUBEVIRT_INTERFACES, parseInterfaceList, base.virtInterfaces),
     proxyUids: [ownerId(proxy.runAsUser, 'runAsUser', PROXY_UID)],
     proxyGids: [ownerId(proxy.runAsGroup, 'runAsGroup', PROXY_GID)],
     captureDns: base.captureDns || envFlag(proxy, ENV_DNS_CAPTURE),

@@ -136,6 +136,15 @@ describe('rule builder values', () => {
     });
   });
 
+  it('takes mesh.io/reroute-virtual-interfaces over the deprecated kubevirtInterfaces when present, even empty', () => {
+    const virt = (annotations: Record<string, string>) => specForPod({ metadata: { annotations } }).virtInterfaces;
+    assert.deepEqual(virt({ 'traffic.sidecar.mesh.io/kubevirtInterfaces': 'net1' }), ['net1']);
+    assert.deepEqual(virt({ 'mesh.io/reroute-virtual-interfaces': 'net2,net3' }), ['net2', 'net3']);
+    assert.deepEqual(virt({ 'mesh.io/reroute-virtual-interfaces': 'net2', 'traffic.sidecar.mesh.io/kubevirtInterfaces': 'net1' }), ['net2']);
+    assert.deepEqual(virt({ 'mesh.io/reroute-virtual-interfaces': '', 'traffic.sidecar.mesh.io/kubevirtInterfaces': 'net1' }), []);
+    assert.throws(() => virt({ 'mesh.io/reroute-virtual-interfaces': 'bad name' }), /annotation mesh\.io\/reroute-virtual-interfaces="bad name"/);
+  });
+
   it('always keeps the agent ports out of inbound capture', () => {
     const spec = specForPod({ metadata: { annotations: { 'traffic.sidecar.mesh.io/excludeInboundPorts': '22' } } });
     assert.deepEqual(spec.inboundExcludePorts, [22, 15020, 15021, 15090]);
