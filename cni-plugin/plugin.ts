@@ -48,7 +48,10 @@ const AGENT_LOOKUP_TIMEOUT_MS = 400;
 
 /** Skips decided from the request alone, before any lookup (the agent's own pods among them). */
 function skipWithoutLookup(req: CniRequest): string | null {
-  if (req.pod === null) return 'CNI_ARGS name no K8S_POD_NAMESPACE and K8S_POD_NAME (not a Kubernetes pod)';
+  if (req.pod === null) {
+    const missing = ['K8S_POD_NAMESPACE', 'K8S_POD_NAME'].filter((k) => !req.args.get(k));
+    return `CNI_ARGS has no ${missing.join(' and ')}: not a Kubernetes pod`;
+  }
   if (req.config.excludeNamespaces.includes(req.pod.namespace)) return `namespace ${req.pod.namespace} is excluded`;
   return null;
 }

@@ -316,10 +316,18 @@ describe('mesh-cni end to end (bridge + host-local + mesh-cni, test API server)'
     // Nothing to ask: no orchconfig, no agent socket. Before, such a call was taken as namespace
     // default and failed with code 11 once the lookups gave up.
     const before = api.requests.length;
+    const sock = path.join(tmp.dir, 'passthrough-log.sock');
+    const lines: string[] = [];
+    const server = net.createServer((c) => c.on('data', (d) => lines.push(...d.toString().split('\n').filter((l) => l !== ''))));
+    await new Promise<void>((r) => server.listen(sock, r));
     const { ns, chain, prev } = await podSandbox(() => 'IgnoreUnknown=1;K8S_POD_NAME=podman-only');
-    const add = await meshCni('ADD', chain, pluginConfig({ cniVersion: '1.0.0', orchconfig: path.join(tmp.dir, 'absent'), extra: { pod_lookup_uds_address: path.join(tmp.dir, 'absent.sock') } }, prev));
+    const add = await meshCni('ADD', chain, pluginConfig({ cniVersion: '1.0.0', orchconfig: path.join(tmp.dir, 'absent'), logUds: sock, extra: { pod_lookup_uds_address: path.join(tmp.dir, 'absent.sock') } }, prev));
     assert.equal(add.code, 0, add.stdout + add.stderr);
     assert.deepEqual(JSON.parse(add.stdout), prev, 'prevResult passed through');
+    const said = () => lines.some((l) => (JSON.parse(l) as { msg: string }).msg === 'not redirecting: CNI_ARGS has no K8S_POD_NAMESPACE: not a Kubernetes pod');
+    for (const deadline = Date.now() + 5000; !said() && Date.now() < deadline;) await new Promise((r) => setTimeout(r, 20));
+    server.close();
+    assert.ok(said(), `the log line says why: ${lines.join('\n')}`);
     assert.doesNotMatch(natRules(ns), /MESH_/);
     assert.equal(api.requests.length, before, 'no API request');
     const check = await meshCni('CHECK', chain, pluginConfig({ cniVersion: '1.0.0', orchconfig: path.join(tmp.dir, 'absent') }, prev));
