@@ -170,10 +170,10 @@ const envFlag = (info: ProxyInfo, name: string): boolean => goBool(info.env.get(
  * 0, as Istio does (a proxy under an assigned uid, OpenShift's 1000670000, would otherwise have
  * its own outbound traffic redirected back into itself).
  */
-function ownerId(value: unknown, field: 'runAsUser' | 'runAsGroup', fallback: string): string {
+function ownerId(value: unknown, key: 'runAsUser' | 'runAsGroup', fallback: string): string {
   if (value === undefined || value === null || value === 0) return fallback;
   if (typeof value !== 'number' || !Number.isInteger(value) || value < 0 || value > 0xffff_fffe) {
-    throw new AnnotationError(`spec.containers[${PROXY_CONTAINER_NAME}].securityContext.${field}`, String(value),
+    throw new AnnotationError(`spec.containers[${PROXY_CONTAINER_NAME}].securityContext.${key}`, String(value),
       'expected a uid/gid (a whole number from 0 to 4294967294)', 'container field');
   }
   return String(value);
