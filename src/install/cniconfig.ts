@@ -37,20 +37,132 @@ export function isOurs(plugin: Json | undefined): boolean {
 }
 
 /**
- * The config file the runtime uses: `confName` when given (or the .conflist we converted it to),
- * else the first config file in byte order, leaving out our own files. Null: none yet.
+ * The config files to try as the primary, in the runtime's order. With `confName`: that file,
+ * else its other form (`X.conflist` for `X.conf` and the other way round, as Istio does: our
+ * own uninstall gives a .conflist back as the .conf it was). Else every config file in byte
+ * order, leaving out our own files; the first one libcniVerdict accepts is the primary.
  */
-export function choosePrimary(fileNames: readonly string[], opts: { confName: string; ownFiles: ReadonlySet<string> }): string | null {
+export function primaryCandidates(fileNames: readonly string[], opts: { confName: string; ownFiles: ReadonlySet<string> }): string[] {
   const names = new Set(fileNames);
   if (opts.confName) {
-    if (names.has(opts.confName)) return opts.confName;
-    const converted = conflistName(opts.confName);
-    return converted !== opts.confName && names.has(converted) ? converted : null;
+    const found = [opts.confName, otherForm(opts.confName)].find((n) => n !== null && names.has(n));
+    return found ? [found] : [];
   }
   const candidates = fileNames.filter((n) => isConfigFile(n) && !opts.ownFiles.has(n));
   // Go's sort.Strings order (libcni): compare UTF-16 code units, not locale.
-  candidates.sort((a, b) => (a < b ? -1 : a > b ? 1 : 0));
-  return candidates[0] ?? null;
+  return candidates.sort((a, b) => (a < b ? -1 : a > b ? 1 : 0));
+}
+
+/** `X.conf` <-> `X.conflist`; null for any other name. */
+export function otherForm(fileName: string): string | null {
+  const ext = path.extname(fileName);
+  if (ext === '.conf') return fileName + 'list';
+  if (ext === '.conflist') return fileName.slice(0, -'list'.length);
+  return null;
+}
+
+/** The primary for a list of names alone (no contents read): the first candidate. */
+export function choosePrimary(fileNames: readonly string[], opts: { confName: string; ownFiles: ReadonlySet<string> }): string | null {
+  return primaryCandidates(fileNames, opts)[0] ?? null;
+}
+
+/**
+ * Whether the runtime would load this file, judged as libcni does (ConfListFromFile for a
+ * .conflist, NetworkConfFromFile -> ConfListFromConf for a .conf/.json, which is how CRI-O and
+ * containerd read the dir). `pluginDir`: a conflist whose network name libcni also looks up as
+ * a directory of more plugin .conf files, appended after the listed ones. Reasons name what is
+ * wrong, never the file's contents.
+ */
+export type Verdict =
+  | { readonly ok: true; readonly kind: 'conf' | 'conflist'; readonly pluginDir?: string; readonly listed?: boolean }
+  | { readonly ok: false; readonly reason: string };
+
+export function libcniVerdict(text: string, fileName: string): Verdict {
+  let value: unknown;
+  try {
+    value = JSON.parse(text);
+  } catch (e) {
+    return { ok: false, reason: `not valid JSON (${e instanceof SyntaxError ? 'syntax error' : 'unreadable'})` };
+  }
+  const bad = (reason: string): Verdict => ({ ok: false, reason });
+  if (path.extname(fileName) === '.conflist') {
+    // NetworkConfFromBytes: a JSON object (JSON null is an empty map there, so: no name).
+    if (Array.isArray(value) || (typeof value !== 'object' && value !== null)) return bad(`not a JSON object (a ${jsonKind(value)})`);
+    const list = (value ?? {}) as JsonObject;
+    if (!Object.hasOwn(list, 'name')) return bad('a .conflist needs a "name"');
+    if (typeof list.name !== 'string') return bad('"name" is not a string');
+    if (Object.hasOwn(list, 'cniVersion') && typeof list.cniVersion !== 'string') return bad('"cniVersion" is not a string');
+    if (Object.hasOwn(list, 'cniVersions')) {
+      const vs = list.cniVersions;
+      if (!Array.isArray(vs)) return bad('"cniVersions" is not a list');
+      const i = vs.findIndex((v) => typeof v !== 'string' || !isCniVersion(v));
+      if (i >= 0) return bad(`"cniVersions"[${i}] is not a version`);
+      if (typeof list.cniVersion === 'string' && !isCniVersion(list.cniVersion)) return bad('"cniVersion" is not a version');
+    }
+    for (const key of ['disableCheck', 'disableGC', 'loadOnlyInlinedPlugins']) {
+      if (!Object.hasOwn(list, key)) continue;
+      const v = list[key];
+      if (typeof v !== 'boolean' && !(typeof v === 'string' && ['true', 'false'].includes(v.toLowerCase()))) return bad(`"${key}" is neither true nor false`);
+    }
+    const inlinedOnly = list.loadOnlyInlinedPlugins === true || (typeof list.loadOnlyInlinedPlugins === 'string' && list.loadOnlyInlinedPlugins.toLowerCase() === 'true');
+    if (!Object.hasOwn(list, 'plugins')) {
+      // libcni then loads the plugins from the <name>/ dir only; the I/O side looks there.
+      return inlinedOnly ? bad('no "plugins" list (and "loadOnlyInlinedPlugins" is true)') : { ok: true, kind: 'conflist', pluginDir: list.name, listed: false };
+    }
+    const plugins = list.plugins;
+    if (!Array.isArray(plugins)) return bad('"plugins" is not a list');
+    if (plugins.length === 0) return bad('"plugins" is empty');
+    for (const [i, p] of plugins.entries()) {
+      const why = pluginProblem(p);
+      if (why) return bad(`plugins[${i}]: ${why}`);
+    }
+    return inlinedOnly ? { ok: true, kind: 'conflist', listed: true } : { ok: true, kind: 'conflist', pluginDir: list.name, listed: true };
+  }
+  const why = pluginProblem(value);
+  return why ? bad(why) : { ok: true, kind: 'conf' };
+}
+
+/** `x`, `x.y` or `x.y.z`, whole numbers (libcni's version.ParseVersion). */
+function isCniVersion(v: string): boolean {
+  return /^[+-]?\d+(\.[+-]?\d+){0,2}$/.test(v);
+}
+
+function jsonKind(v: unknown): string {
+  return Array.isArray(v) ? 'list' : v === null ? 'null' : typeof v;
+}
+
+/**
+ * Why one plugin config would not load into libcni's PluginConf (Go's decoder: a JSON object
+ * or null, field names matched case-insensitively, the typed fields of the right type, and a
+ * "type"); null when it would.
+ */
+function pluginProblem(v: unknown): string | null {
+  if (v !== null && (typeof v !== 'object' || Array.isArray(v))) return `not a JSON object (a ${jsonKind(v)})`;
+  const obj = (v ?? {}) as JsonObject;
+  const field = (name: string): Json | undefined => {
+    let found: Json | undefined;
+    for (const [k, val] of Object.entries(obj)) if (k.toLowerCase() === name.toLowerCase()) found = val;
+    return found;
+  };
+  for (const name of ['cniVersion', 'name', 'type']) {
+    const f = field(name);
+    if (f !== undefined && f !== null && typeof f !== 'string') return `"${name}" is not a string`;
+  }
+  const ipam = field('ipam');
+  if (ipam !== undefined && ipam !== null) {
+    if (typeof ipam !== 'object' || Array.isArray(ipam)) return '"ipam" is not an object';
+    const t = Object.entries(ipam).filter(([k]) => k.toLowerCase() === 'type').at(-1)?.[1];
+    if (t !== undefined && t !== null && typeof t !== 'string') return '"ipam.type" is not a string';
+  }
+  const caps = field('capabilities');
+  if (caps !== undefined && caps !== null) {
+    if (typeof caps !== 'object' || Array.isArray(caps) || Object.values(caps).some((c) => c !== null && typeof c !== 'boolean')) return '"capabilities" is not an object of true/false';
+  }
+  const prev = field('prevResult');
+  if (prev !== undefined && prev !== null && (typeof prev !== 'object' || Array.isArray(prev))) return '"prevResult" is not an object';
+  const type = field('type');
+  if (typeof type !== 'string' || type === '') return 'no "type" (which plugin to run)';
+  return null;
 }
 
 /** `10-flannel.conf` -> `10-flannel.conflist`. */
@@ -67,6 +179,9 @@ export function parseCniConfig(text: string, fileName: string): ParsedConfig {
   } catch (e) {
     throw new CniConfigError(`cannot parse ${fileName}: ${(e as Error).message}`);
   }
+  // What the runtime would not load is no config to edit, whatever else holds.
+  const verdict = libcniVerdict(text, fileName);
+  if (!verdict.ok) throw new CniConfigError(`${fileName}: ${verdict.reason}`);
   if (typeof value !== 'object' || value === null || Array.isArray(value)) {
     throw new CniConfigError(`${fileName} is not a JSON object`);
   }
@@ -124,9 +239,14 @@ export function withoutOurEntry(text: string, fileName: string): string | null {
   return out;
 }
 
-/** Our own conflist for standalone mode (--chained-cni-plugin=false). */
-export function standaloneConflist(entry: JsonObject, cniVersion = '1.0.0'): string {
-  return JSON.stringify({ cniVersion, name: 'mesh-cni', plugins: [entry] }, null, 2) + '\n';
+/**
+ * Our own config for standalone mode (--chained-cni-plugin=false), in the form its name
+ * promises: a conflist for a .conflist, a single-plugin config (type at the top) for a .conf or
+ * .json, as a runtime reads each.
+ */
+export function standaloneConfig(entry: JsonObject, fileName: string, cniVersion = '1.0.0'): string {
+  const body = path.extname(fileName) === '.conflist' ? { cniVersion, name: PLUGIN_TYPE, plugins: [entry] } : { cniVersion, name: PLUGIN_TYPE, ...entry };
+  return JSON.stringify(body, null, 2) + '\n';
 }
 
 /** The text with every plugin entry of ours spliced out of the plugins list. */

@@ -183,6 +183,8 @@ export class Installer implements Component {
       ready: this.last?.notReady.length === 0,
       mode: s.chained ? 'chained' : 'standalone',
       primaryConfig: this.last?.primary ?? null,
+      // Config files before the primary that the runtime would not load either, with why.
+      skipped: this.last?.skipped ?? [],
       netDir: s.mountedCniNetDir,
       binDir: s.mountedCniBinDir,
       lastReconcile: this.lastAt?.toISOString() ?? null,

@@ -8,7 +8,7 @@ import path from 'node:path';
 import type { EnvironmentFacts, InstallSettings } from '../config/settings.ts';
 import { removeFile, writeFileAtomic } from './atomicfile.ts';
 import { BinaryInstaller } from './binaries.ts';
-import { choosePrimary, CniConfigError, isConfigFile, PLUGIN_TYPE, standaloneConflist, withOurEntry, withoutOurEntry, type JsonObject } from './cniconfig.ts';
+import { choosePrimary, CniConfigError, isConfigFile, libcniVerdict, otherForm, primaryCandidates, PLUGIN_TYPE, standaloneConfig, withOurEntry, withoutOurEntry, type JsonObject } from './cniconfig.ts';
 import { renderOrchconfig } from './orchconfig.ts';
 import type { PluginTokenSource } from '../orch/tokenrequest.ts';
 import { readRegularFile, readRegularFileIfExists, UnsafeFileError } from './safefile.ts';
@@ -20,7 +20,7 @@ const CONFIG_MODE = 0o644;
 
 export type ErrorReason =
   | 'net_dir_missing' | 'primary_malformed' | 'template_invalid' | 'token_missing' | 'ca_missing'
-  | 'api_host_missing' | 'binaries_failed' | 'write_failed' | 'file_refused';
+  | 'api_host_missing' | 'binaries_failed' | 'write_failed' | 'file_refused' | 'primary_unsupported';
 
 export interface Problem {
   readonly reason: ErrorReason;
@@ -40,6 +40,14 @@ export interface Outcome {
   readonly problems: readonly Problem[];
   readonly primary: string | null;
   readonly writes: readonly Write[];
+  /** Config files passed over for the primary because the runtime would not load them either. */
+  readonly skipped?: readonly Skipped[];
+}
+
+export interface Skipped {
+  readonly file: string;
+  /** What is wrong with it; never its contents. */
+  readonly reason: string;
 }
 
 /** What we replaced, to give the primary CNI's exact bytes back on cleanup. */
@@ -129,6 +137,7 @@ export class Reconciler {
       fail('template_invalid', (e as Error).message);
     }
     let primary: string | null = null;
+    const skipped: Skipped[] = [];
     // An entry the runtime cannot run would fail every pod of the node, excluded namespaces
     // too: put it in only once the plugin and its orchconfig are on the node (one already there
     // stays, failing pods closed, rather than letting them start unredirected).
@@ -141,12 +150,12 @@ export class Reconciler {
       notReady.push(`not adding our entry to the CNI config until ${missing.join(' and ')} ${missing.length > 1 ? 'are' : 'is'} in place`);
     } else if (entry) {
       try {
-        primary = this.s.chained ? await this.syncChained(entry, writes, notReady, fail) : await this.syncStandalone(entry, writes);
+        primary = this.s.chained ? await this.syncChained(entry, writes, notReady, fail, skipped) : await this.syncStandalone(entry, writes);
       } catch (e) {
         fail('write_failed', `cannot update the CNI config in ${this.netDir}: ${(e as Error).message}`);
       }
     }
-    return { notReady, problems, primary, writes };
+    return { notReady, problems, primary, writes, skipped };
   }
 
   private async syncOrchconfig(writes: Write[], fail: (r: ErrorReason, m: string) => void): Promise<void> {
@@ -246,33 +255,75 @@ export class Reconciler {
     }, source);
   }
 
-  private async syncChained(entry: JsonObject, writes: Write[], notReady: string[], fail: (r: ErrorReason, m: string) => void): Promise<string | null> {
-    const names = await fs.readdir(this.netDir);
-    const primary = choosePrimary(names, { confName: this.s.cniConfName, ownFiles: this.ownFiles() });
-    let primaryAfter: string | null = null;
-    if (primary === null) {
-      notReady.push(this.s.cniConfName
-        ? `waiting for the primary CNI config ${this.s.cniConfName} in ${this.netDir}`
-        : `waiting for a primary CNI config (.conf, .conflist or .json) in ${this.netDir}`);
-    } else {
-      const file = path.join(this.netDir, primary);
-      let text: string | null = null;
-      let refused = false;
+  /**
+   * The primary config and its text, found as the runtime finds it: the first candidate libcni
+   * would load; those it would not are passed over into `skipped`. A file we will not read (not
+   * a regular file, too big) or one whose plugins list goes on in a directory is not passed
+   * over: the runtime may well load it, and our entry in a later file would then be ignored.
+   * Null text: such a file (said through `fail`), or the file vanished.
+   */
+  private async findPrimary(names: readonly string[], skipped: Skipped[], fail: (r: ErrorReason, m: string) => void): Promise<{ name: string; text: string | null; said?: boolean } | null> {
+    const explicit = this.s.cniConfName !== '';
+    for (const name of primaryCandidates(names, { confName: this.s.cniConfName, ownFiles: this.ownFiles() })) {
+      const file = path.join(this.netDir, name);
+      let text: string | null;
       try {
         text = await readIfExists(file);
       } catch (e) {
         if (!(e instanceof UnsafeFileError)) throw e;
         fail('file_refused', `primary CNI config ${e.message}; leaving it untouched until it changes`);
-        refused = true;
+        return { name, text: null, said: true };
       }
-      if (refused) {
-        // Said above; the other files are still looked at below.
+      if (text === null) return { name, text: null };
+      const verdict = libcniVerdict(text, name);
+      if (!verdict.ok) {
+        // A named primary is taken as it is; what is wrong with it is said when it is parsed.
+        if (explicit) return { name, text };
+        skipped.push({ file: name, reason: verdict.reason });
+        continue;
+      }
+      if (verdict.pluginDir !== undefined) {
+        const dir = path.join(this.netDir, verdict.pluginDir);
+        const more = (await fs.readdir(dir, { withFileTypes: true }).catch(() => [])).filter((d) => !d.isDirectory() && path.extname(d.name) === '.conf');
+        if (more.length > 0) {
+          fail('primary_unsupported', `${name} in ${this.netDir} takes ${more.length} more plugin config(s) from ${dir}/ after its own list, so an entry of ours there would not run last; not installing. Move them into its "plugins" list`);
+          return { name, text: null, said: true };
+        }
+        if (!verdict.listed) {
+          if (explicit) return { name, text };
+          skipped.push({ file: name, reason: `no "plugins" list, and no plugin .conf files in ${verdict.pluginDir}/` });
+          continue;
+        }
+      }
+      return { name, text };
+    }
+    return null;
+  }
+
+  private async syncChained(entry: JsonObject, writes: Write[], notReady: string[], fail: (r: ErrorReason, m: string) => void, skipped: Skipped[]): Promise<string | null> {
+    const names = await fs.readdir(this.netDir);
+    const found = await this.findPrimary(names, skipped, fail);
+    const primary = found?.name ?? null;
+    let primaryAfter: string | null = null;
+    const passedOver = skipped.length > 0 ? `; passed over, as the runtime would: ${skipped.map((k) => `${k.file}: ${k.reason}`).join('; ')}` : '';
+    if (found === null && skipped.length > 0) {
+      // Maybe a file caught half-written: an error, retried on the backoff, said if it stays.
+      fail('primary_malformed', `waiting for a primary CNI config the runtime can load in ${this.netDir}${passedOver}`);
+    } else if (found === null) {
+      notReady.push(this.s.cniConfName
+        ? `waiting for the primary CNI config ${this.s.cniConfName}${otherForm(this.s.cniConfName) ? ` (or ${otherForm(this.s.cniConfName)})` : ''} in ${this.netDir}`
+        : `waiting for a primary CNI config (.conf, .conflist or .json) in ${this.netDir}${passedOver}`);
+    } else {
+      const file = path.join(this.netDir, found.name);
+      const text = found.text;
+      if (found.said) {
+        // Said through fail(); the other files are still looked at below.
       } else if (text === null) {
         notReady.push(`primary CNI config ${file} vanished while being read; retrying`);
       } else {
         try {
-          const rewrite = withOurEntry(text, primary, entry);
-          primaryAfter = rewrite?.fileName ?? primary;
+          const rewrite = withOurEntry(text, found.name, entry);
+          primaryAfter = rewrite?.fileName ?? found.name;
           if (rewrite) {
             const st = await fs.stat(file);
             const target = path.join(this.netDir, rewrite.fileName);
@@ -284,7 +335,7 @@ export class Reconciler {
               return primaryAfter;
             }
             writes.push({ file: target, kind: 'cni_config', action: 'write' });
-            const original = await this.originalFor(primary, text, st, rewrite.text);
+            const original = await this.originalFor(found.name, text, st, rewrite.text);
             this.originals.set(rewrite.fileName, original);
             // A .conf given back from the .conflist we made needs its record on disk, kept up to
             // date with what we wrote (every restart with another entry rewrites the conflist).
@@ -313,7 +364,7 @@ export class Reconciler {
   private async syncStandalone(entry: JsonObject, writes: Write[]): Promise<string> {
     const name = this.standaloneName;
     const file = path.join(this.netDir, name);
-    const text = standaloneConflist(entry);
+    const text = standaloneConfig(entry, name);
     if ((await readIfExists(file).catch(() => null)) !== text) {
       await writeFileAtomic(file, text, { mode: CONFIG_MODE });
       writes.push({ file, kind: 'cni_config', action: 'write' });

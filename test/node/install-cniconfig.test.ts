@@ -2,7 +2,7 @@ import assert from 'node:assert/strict';
 import { readdirSync, readFileSync } from 'node:fs';
 import path from 'node:path';
 import { describe, it } from 'node:test';
-import { choosePrimary, CniConfigError, isOurs, parseCniConfig, standaloneConflist, withOurEntry, withoutOurEntry } from '../../src/install/cniconfig.ts';
+import { choosePrimary, CniConfigError, isOurs, parseCniConfig, standaloneConfig, withOurEntry, withoutOurEntry } from '../../src/install/cniconfig.ts';
 import { DEFAULT_TEMPLATE, renderEntry } from '../../src/install/template.ts';
 import { FIXTURE_ENTRY, FIXTURE_VALUES } from '../helpers/install-fixtures.ts';
 import { ROOT } from '../helpers/cli.ts';
@@ -61,9 +61,10 @@ describe('bad primary configs', () => {
     ['10-x.conflist', '', /cannot parse 10-x.conflist/],
     ['10-x.conflist', '[]', /not a JSON object/],
     ['10-x.conflist', '{"name":"x"}', /no "plugins" list/],
-    ['10-x.conflist', '{"plugins": []}', /no "plugins" list/],
-    ['10-x.conflist', '{"plugins": [{"name":"no-type"}]}', /plugins\[0\] has no "type"/],
-    ['10-x.conf', '{"name":"x","cniVersion":"1.0.0"}', /10-x.conf has no "type"/],
+    ['10-x.conflist', '{"name":"x","plugins": []}', /"plugins" is empty/],
+    ['10-x.conflist', '{"plugins": [{"type":"bridge"}]}', /needs a "name"/],
+    ['10-x.conflist', '{"name":"x","plugins": [{"name":"no-type"}]}', /plugins\[0\]: no "type"/],
+    ['10-x.conf', '{"name":"x","cniVersion":"1.0.0"}', /10-x.conf: no "type"/],
   ];
   for (const [file, text, re] of cases) {
     it(`${file} ${JSON.stringify(text)} -> ${re}`, () => {
@@ -86,6 +87,11 @@ describe('choosing the primary config as the runtime does', () => {
     [['05-cilium.conflist', '10-calico.conflist'], '10-calico.conflist', '10-calico.conflist'],
     [['05-cilium.conflist'], '10-calico.conflist', null],
     [['10-flannel.conflist'], '10-flannel.conf', '10-flannel.conflist'],
+    // Issue 12.3: and the other way round, as Istio does.
+    [['10-flannel.conf'], '10-flannel.conflist', '10-flannel.conf'],
+    [['10-flannel.conf', '10-flannel.conflist'], '10-flannel.conflist', '10-flannel.conflist'],
+    [['10-flannel.conf', '10-flannel.conflist'], '10-flannel.conf', '10-flannel.conf'],
+    [['10-flannel.json'], '10-flannel.conflist', null],
   ];
   for (const [files, confName, want] of cases) {
     it(`${JSON.stringify(files)}${confName ? ` with --cni-conf-name ${confName}` : ''} -> ${want}`, () => {
@@ -133,7 +139,7 @@ describe('the plugin entry template', () => {
       exclude: ['mesh-system', 'kube-system'],
     });
     // Strict JSON out: what we write parses with JSON.parse.
-    assert.deepEqual(JSON.parse(standaloneConflist(entry)).plugins[0], entry);
+    assert.deepEqual(JSON.parse(standaloneConfig(entry, 'YY-mesh-cni.conflist')).plugins[0], entry);
   });
 
   it('escapes values so a quote in a path cannot break the JSON', () => {

@@ -243,8 +243,8 @@ describe('installer', () => {
     installer.schedule('periodic');
     await installer.settled();
     assert.equal(read(file), broken);
-    assert.match(installer.notReadyReasons().join('\n'), /cannot parse 10-bridge.conflist.*leaving it untouched/);
-    const errors = logLines.slice(before).filter((l) => l.includes('cannot parse 10-bridge.conflist'));
+    assert.match(installer.notReadyReasons().join('\n'), /passed over, as the runtime would: 10-bridge.conflist: not valid JSON/);
+    const errors = logLines.slice(before).filter((l) => l.includes('10-bridge.conflist: not valid JSON'));
     assert.equal(errors.length, 1);
     assert.equal(JSON.parse(errors[0]!).level, 'error');
     await fs.writeFile(file, BRIDGE_CONFLIST);
@@ -293,6 +293,85 @@ describe('installer', () => {
     await fs.symlink('..data/token', path.join(tree.saDir, 'token'));
     await eventually(() => installer.notReadyReasons().length === 0, 'ready once both are there');
     assert.deepEqual(plugins(file), ['bridge', 'mesh-cni']);
+  });
+
+  // Issue 12.2: the runtime (libcni, as CRI-O reads the dir) skips files it cannot load and
+  // takes the first one it can; so do we, and say which we skipped and why.
+  for (const [what, first, firstText] of [
+    ['a non-JSON file', '00-notes.conf', 'this is no JSON\n'],
+    ['a conflist with no name', '00-noname.conflist', '{"cniVersion":"1.0.0","plugins":[{"type":"bridge"}]}\n'],
+    ['a conflist with no plugins', '00-noplugins.conflist', '{"cniVersion":"1.0.0","name":"x","plugin":[{"type":"bridge"}]}\n'],
+    ['a .conf with no type', '00-notype.conf', '{"cniVersion":"1.0.0","name":"x"}\n'],
+    ['a top-level array', '00-array.conflist', '[]\n'],
+    ['an empty object', '00-empty.conf', '{}\n'],
+  ] as const) {
+    it(`skips ${what} first in the dir, as the runtime does, and says so`, async () => {
+      const { installer, tree } = await startInstaller({}, {}, async (t) => {
+        await fs.writeFile(path.join(t.netDir, first), firstText);
+        await fs.writeFile(path.join(t.netDir, '10-bridge.conflist'), BRIDGE_CONFLIST);
+      });
+      assert.deepEqual(installer.notReadyReasons(), []);
+      assert.equal(installer.status().primaryConfig, '10-bridge.conflist');
+      assert.deepEqual(plugins(path.join(tree.netDir, '10-bridge.conflist')), ['bridge', 'mesh-cni']);
+      assert.equal(read(path.join(tree.netDir, first)), firstText, 'the skipped file is left alone');
+      const skipped = installer.status().skipped as { file: string; reason: string }[];
+      assert.deepEqual(skipped.map((s) => s.file), [first]);
+      assert.ok(!skipped[0]!.reason.includes(firstText.trim()), `no file contents in the reason: ${skipped[0]!.reason}`);
+    });
+  }
+
+  it('with only files the runtime would skip, waits and names each with its reason', async () => {
+    const { installer } = await startInstaller({}, {}, async (t) => {
+      await fs.writeFile(path.join(t.netDir, '00-notes.conf'), 'secret-token-like-text');
+      await fs.writeFile(path.join(t.netDir, '10-noname.conflist'), '{"plugins":[{"type":"bridge"}]}');
+    });
+    const reasons = installer.notReadyReasons().join('\n');
+    assert.match(reasons, /waiting for a primary CNI config the runtime can load/);
+    assert.match(reasons, /00-notes.conf: not valid JSON/);
+    assert.match(reasons, /10-noname.conflist: .*"name"/);
+    assert.doesNotMatch(reasons, /secret-token-like-text/);
+  });
+
+  // Issue 12.3: --cni-conf-name X.conflist takes X.conf and the other way round, as Istio does;
+  // our own uninstall turns X.conflist back into X.conf, so the next install must find it.
+  it('--cni-conf-name X.conflist falls back to X.conf, also after our uninstall gave the .conf back', async () => {
+    const conf = '{"cniVersion":"0.3.1","name":"cbr0","type":"flannel"}\n';
+    const tree = await makeHostTree();
+    try {
+      await fs.writeFile(path.join(tree.netDir, '10-flannel.conf'), conf);
+      const run = async (confName: string, check: () => void) => {
+        const installer = new Installer(buildSettings({ 'reconcile-interval': '1h', 'cni-conf-name': confName, ...tree.flags }, tree.env), { decideCleanup: async () => ({ cleanup: true, why: 'test' }) });
+        try {
+          await installer.start();
+          assert.deepEqual(installer.notReadyReasons(), [], confName);
+          check();
+        } finally {
+          await installer.stop('SIGTERM');
+        }
+      };
+      for (const confName of ['10-flannel.conflist', '10-flannel.conflist', '10-flannel.conf']) {
+        await run(confName, () => assert.deepEqual(plugins(path.join(tree.netDir, '10-flannel.conflist')), ['flannel', 'mesh-cni']));
+        assert.equal(read(path.join(tree.netDir, '10-flannel.conf')), conf);
+      }
+      await fs.rm(path.join(tree.netDir, '10-flannel.conf'));
+      await fs.writeFile(path.join(tree.netDir, '10-other.conflist'), BRIDGE_CONFLIST);
+      await run('10-other.conf', () => assert.deepEqual(plugins(path.join(tree.netDir, '10-other.conflist')), ['bridge', 'mesh-cni']));
+    } finally {
+      await tree.remove();
+    }
+  });
+
+  // Issue 12.4: a .conf name promises a single-plugin config (type at the top), which is what a
+  // runtime reads from a .conf; a conflist body there is skipped or rejected.
+  it('standalone mode with a .conf name writes a single-plugin config', async () => {
+    const { installer, tree } = await startInstaller({ 'chained-cni-plugin': 'false', 'cni-conf-name': 'YY-user-defined.conf' });
+    const own = JSON.parse(read(path.join(tree.netDir, 'YY-user-defined.conf'))) as Record<string, unknown>;
+    assert.equal(own.type, 'mesh-cni');
+    assert.equal(own.name, 'mesh-cni');
+    assert.equal(own.plugins, undefined);
+    assert.deepEqual(installer.notReadyReasons(), []);
+    await installer.stop('SIGTERM');
+    assert.deepEqual((await fs.readdir(tree.netDir)).filter((n) => n.endsWith('.conf')), []);
   });
 
   it('standalone mode writes our own conflist', async () => {
