@@ -3,6 +3,8 @@
 
 import path from 'node:path';
 import { CLEANUP_MODES, FLAGS, LOG_LEVELS, LOG_SCOPES, SCOPES, scopesAt, type CleanupMode, type FlagSpec, type LogLevel, type LogScope } from './flags.ts';
+import { TEMP_MARKER } from '../install/atomicfile.ts';
+import { CONFIG_EXTENSIONS } from '../install/cniconfig.ts';
 import { ConfigError, ConfigErrors, MAX_TIMER_MS, parseBool, parseDuration, parseEnum, parseFileMode, parseInt10, parseList } from './parse.ts';
 import { isLabelKey, isLabelValue, parseFieldSelector, parseLabelSelector } from '../orch/selectors.ts';
 
@@ -141,13 +143,46 @@ function parseFileName(flag: string, value: string, allowEmpty: boolean): string
   return value;
 }
 
-function parseAbsPath(flag: string, value: string): string {
-  if (!path.isAbsolute(value) || value.includes('\0')) throw new ConfigError(flag, value, 'expected an absolute path');
-  return path.normalize(value);
+/** A path; a relative one is taken from the working directory, as a shell user means it. */
+function parsePath(flag: string, value: string, cwd: string): string {
+  if (value.includes('\0')) throw new ConfigError(flag, value, 'expected a path (no NUL characters)');
+  return path.resolve(cwd, value);
+}
+
+/**
+ * The orchconfig's name in the net dir. It holds the plugin's token, so the runtime must never
+ * take it for a CNI config: no config extension (libcni reads .conf, .conflist, .json), and it
+ * sorts after the primary config (checked here against --cni-conf-name, and at every pass
+ * against the primary found), as the seed's ZZZ- prefix means it to.
+ */
+function parseOrchcfgFileName(flag: string, value: string): string {
+  const name = parseFileName(flag, value, false);
+  const ext = path.extname(name).toLowerCase();
+  if (CONFIG_EXTENSIONS.includes(ext)) {
+    throw new ConfigError(flag, value, `has a CNI config extension (${ext}); the runtime would read the token file as a CNI config. Use a name without .conf, .conflist or .json, such as the default ZZZ-mesh-cni-orchconfig`);
+  }
+  if (name.includes(TEMP_MARKER)) throw new ConfigError(flag, value, `names like our temp files (${TEMP_MARKER}), which are removed at start-up`);
+  return name;
+}
+
+/**
+ * The orchconfig's mode. It holds a token: owner read/write at most, unless group/other read is
+ * asked for explicitly (a node agent of another vendor that reads it as another user). Write and
+ * execute bits beyond the owner's rw are never taken.
+ */
+function parseOrchconfigMode(flag: string, value: string, allowGroupOtherRead: boolean): number {
+  const mode = parseFileMode(flag, value);
+  const problems: string[] = [];
+  if (mode & 0o044 && !allowGroupOtherRead) problems.push('makes the token in it readable by group or others');
+  if (mode & 0o022) problems.push('makes it writable by group or others');
+  if (mode & 0o111) problems.push('sets execute bits');
+  if (problems.length === 0) return mode;
+  const hatch = mode & 0o044 && !allowGroupOtherRead ? '; group/other read, if really wanted, needs --orchconfig-allow-group-other-read' : '';
+  throw new ConfigError(flag, value, `${problems.join(' and ')}; use 0600 (384) or 0400 (256)${hatch}`);
 }
 
 /** Builds the settings; throws ConfigErrors listing every bad value (nothing is touched first). */
-export function buildSettings(flags: RawFlags, env: Env): Settings {
+export function buildSettings(flags: RawFlags, env: Env, cwd: string = process.cwd()): Settings {
   const errors: ConfigError[] = [];
   // Resolve flag > env > default, remembering which source gave the value for messages.
   const raw = (spec: FlagSpec): { value: string; source: string } => {
@@ -175,8 +210,13 @@ export function buildSettings(flags: RawFlags, env: Env): Settings {
   const str = (name: string) => get(name, (_s, v) => v, '');
   const bool = (name: string) => get(name, parseBool, false);
   const int = (name: string, min: number, max: number) => get(name, (s, v) => parseInt10(s, v, min, max), min);
-  const abs = (name: string) => get(name, parseAbsPath, '/');
-  const absOrEmpty = (name: string) => get(name, (s, v) => (v === '' ? '' : parseAbsPath(s, v)), '');
+  // Path flags are the ones the flag table marks `path:` (completion reads the same mark).
+  const pathFlag = (name: string, allowEmpty: boolean) => {
+    if (!byName.get(name)?.path) throw new Error(`internal: flag ${name} is read as a path but not marked path: in the flag table`);
+    return get(name, (s, v) => (v === '' && allowEmpty ? '' : parsePath(s, v, cwd)), allowEmpty ? '' : '/');
+  };
+  const abs = (name: string) => pathFlag(name, false);
+  const absOrEmpty = (name: string) => pathFlag(name, true);
 
   const unimplemented = (name: string, what: string) =>
     get(name, (s, v) => {
@@ -196,8 +236,8 @@ export function buildSettings(flags: RawFlags, env: Env): Settings {
     cniBinariesDir: abs('cni-binaries-dir'),
     cniNetworkConfig: str('cni-network-config'),
     cniNetworkConfigFile: absOrEmpty('cni-network-config-file'),
-    orchcfgFileName: get('orchcfg-file-name', (s, v) => parseFileName(s, v, false), 'x'),
-    orchconfigMode: get('orchconfig-mode', parseFileMode, 0o600),
+    orchcfgFileName: get('orchcfg-file-name', parseOrchcfgFileName, 'x'),
+    orchconfigMode: get('orchconfig-mode', (s, v) => parseOrchconfigMode(s, v, bool('orchconfig-allow-group-other-read')), 0o600),
     orchCaFile: absOrEmpty('orch-ca-file'),
     skipTlsVerify: bool('skip-tls-verify'),
     serviceAccountDir: abs('service-account-dir'),
@@ -215,6 +255,9 @@ export function buildSettings(flags: RawFlags, env: Env): Settings {
   };
   if (install.pluginTokenFile !== '' && install.pluginTokenFile === path.join(install.serviceAccountDir, 'token')) {
     errors.push(new ConfigError('--plugin-token-file', install.pluginTokenFile, 'is the agent\'s own service-account token, which must never be written to the node\'s disk; give a token of the plugin\'s account, or leave it empty to mint one'));
+  }
+  if (install.cniConfName !== '' && install.orchcfgFileName <= install.cniConfName) {
+    errors.push(new ConfigError('--orchcfg-file-name', install.orchcfgFileName, `sorts before --cni-conf-name ${install.cniConfName}, the config the runtime reads; name it so that it sorts after (byte order), as the default ZZZ-mesh-cni-orchconfig does`));
   }
   if (install.skipTlsVerify && install.orchCaFile !== '') {
     errors.push(new ConfigError('--skip-tls-verify', 'true', 'cannot be combined with --orch-ca-file; choose one way to trust the API server'));
@@ -250,7 +293,7 @@ export function buildSettings(flags: RawFlags, env: Env): Settings {
     caller: get('log_caller', parseScopes, []),
     outputLevels: get('log_output_level', (s, v) => parseScopeLevels(s, v, 'info'), parseScopeLevels('', '', 'info')),
     stacktraceLevels: get('log_stacktrace_level', (s, v) => parseScopeLevels(s, v, 'none'), parseScopeLevels('', '', 'none')),
-    rotate: str('log_rotate'),
+    rotate: absOrEmpty('log_rotate'),
     rotateMaxAgeDays: int('log_rotate_max_age', 0, 1_000_000),
     rotateMaxBackups: int('log_rotate_max_backups', 0, 1_000_000),
     rotateMaxSizeMb: int('log_rotate_max_size', 1, Number.MAX_SAFE_INTEGER),

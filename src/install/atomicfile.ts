@@ -6,7 +6,7 @@
 // Temp names start with a dot and end in `.mesh-tmp-*`, which no runtime reads as a CNI config.
 
 import { randomBytes } from 'node:crypto';
-import { constants } from 'node:fs';
+import { constants, type BigIntStats } from 'node:fs';
 import fs from 'node:fs/promises';
 import path from 'node:path';
 
@@ -56,19 +56,26 @@ export async function writeFileAtomic(file: string, data: string | Uint8Array, o
   }
 }
 
-/** Copies `src` to `dest` atomically (a running copy of dest keeps its old inode: no ETXTBSY). */
-export async function copyFileAtomic(src: string, dest: string, mode: number): Promise<void> {
+/**
+ * Copies the open file `src` to `dest` atomically (a running copy of dest keeps its old inode:
+ * no ETXTBSY). Reads from the handle, not a path, so what was checked is what is copied.
+ * Returns the stat of the file now at `dest`, so its writer can know it again.
+ */
+export async function copyFromHandleAtomic(src: fs.FileHandle, dest: string, mode: number): Promise<BigIntStats> {
   const tmp = tempPath(dest);
   try {
-    await fs.copyFile(src, tmp, constants.COPYFILE_EXCL);
-    const fh = await fs.open(tmp, 'r+');
+    // The kernel copies (copy_file_range) from the very file the handle holds open.
+    await fs.copyFile(`/proc/self/fd/${src.fd}`, tmp, constants.COPYFILE_EXCL);
+    const out = await fs.open(tmp, constants.O_RDWR | constants.O_NOFOLLOW);
     try {
-      await fh.chmod(mode);
-      await fh.sync();
+      await out.chmod(mode);
+      await out.sync();
+      await fs.rename(tmp, dest);
+      // After the rename (which changes ctime), from the fd: the identity our file has now.
+      return await out.stat({ bigint: true });
     } finally {
-      await fh.close();
+      await out.close();
     }
-    await fs.rename(tmp, dest);
   } catch (e) {
     await fs.rm(tmp, { force: true }).catch(() => {});
     throw e;

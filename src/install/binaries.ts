@@ -1,89 +1,122 @@
 // Keeps the host's CNI bin dir holding our binaries, byte for byte, mode 0755. A binary is
 // replaced by an atomic rename (a running plugin keeps its old file; no ETXTBSY, never a half
-// file). Hashes are cached by file identity so a steady-state reconcile reads no binary.
+// file).
+//
+// Only the binaries we ship are copied, by name: --cni-binaries-dir may point anywhere (/etc),
+// and the bin dir is the host's. A source that is a link is refused (it could point anywhere on
+// the image or, through a mount, the host), and nothing in the bin dir is followed or read
+// unless it is a regular file.
+//
+// The plugin is a 126 MB single executable, so reading it is the cost that matters: the
+// source is hashed once per process (it is in the image and does not change; a new stat
+// identity would be hashed again), an installed file is hashed only when its stat identity is
+// new, and a file we wrote ourselves is known by the identity it has after our rename, so the
+// pass that our own write triggers reads nothing.
 
 import { createHash } from 'node:crypto';
-import { createReadStream, type Stats } from 'node:fs';
+import type { BigIntStats } from 'node:fs';
 import fs from 'node:fs/promises';
 import path from 'node:path';
-import { copyFileAtomic, removeFile } from './atomicfile.ts';
+import { copyFromHandleAtomic } from './atomicfile.ts';
+import { PLUGIN_TYPE } from './cniconfig.ts';
+import { identity, openRegular, UnsafeFileError } from './safefile.ts';
 
 export const BINARY_MODE = 0o755;
 
-class HashCache {
-  private readonly byPath = new Map<string, { key: string; hash: string }>();
+/** What we install into the host's bin dir: the plugin single executable, nothing else. */
+export const SHIPPED_BINARIES: readonly string[] = [PLUGIN_TYPE];
 
-  async hash(file: string, st: Stats): Promise<string> {
-    const key = `${st.dev}:${st.ino}:${st.size}:${st.mtimeMs}:${st.ctimeMs}`;
-    const hit = this.byPath.get(file);
-    if (hit?.key === key) return hit.hash;
-    const hash = await new Promise<string>((resolve, reject) => {
-      const h = createHash('sha256');
-      createReadStream(file).on('error', reject).on('data', (d) => h.update(d)).on('end', () => resolve(h.digest('hex')));
-    });
-    this.byPath.set(file, { key, hash });
-    return hash;
-  }
+/** sha256 of an open file, read in large chunks (one read of a 126 MB file is ~130 steps). */
+async function hashHandle(fh: fs.FileHandle): Promise<string> {
+  const h = createHash('sha256');
+  for await (const chunk of fh.createReadStream({ highWaterMark: 1024 * 1024, autoClose: false, start: 0 })) h.update(chunk as Buffer);
+  return h.digest('hex');
+}
+
+interface Known {
+  readonly id: string;
+  readonly hash: string;
 }
 
 export class BinaryInstaller {
-  private readonly cache = new HashCache();
   private readonly srcDir: string;
   private readonly destDir: string;
+  /** By source path: the hash of the source at that stat identity. */
+  private readonly sources = new Map<string, Known>();
+  /** By installed path: the hash of what is there at that stat identity (ours after a write). */
+  private readonly installed = new Map<string, Known>();
+  /** How many files were read to hash them: for tests and the benchmark. */
+  hashes = 0;
 
   constructor(srcDir: string, destDir: string) {
     this.srcDir = srcDir;
     this.destDir = destDir;
   }
 
-  /** The binaries to install: every regular file (or link to one) in the source dir, with its stat. */
-  async sources(): Promise<[name: string, stat: Stats][]> {
-    let names: string[];
-    try {
-      names = await fs.readdir(this.srcDir);
-    } catch (e) {
-      throw new Error(`cannot read the binaries to install from ${this.srcDir}: ${(e as Error).message}`, { cause: e });
-    }
-    const files: [string, Stats][] = [];
-    for (const n of names.sort()) {
-      const st = await fs.stat(path.join(this.srcDir, n)).catch(() => null);
-      if (st?.isFile()) files.push([n, st]);
-    }
-    if (files.length === 0) throw new Error(`no binaries to install in ${this.srcDir} (is --cni-binaries-dir right?)`);
-    return files;
-  }
-
   /** Copies what differs; returns the names written. */
   async sync(): Promise<string[]> {
     const written: string[] = [];
-    for (const [name, srcStat] of await this.sources()) {
+    for (const name of SHIPPED_BINARIES) {
       const src = path.join(this.srcDir, name);
-      const dest = path.join(this.destDir, name);
-      const destStat = await fs.lstat(dest).catch(() => null);
-      if (
-        destStat?.isFile() &&
-        destStat.size === srcStat.size &&
-        (destStat.mode & 0o7777) === BINARY_MODE &&
-        (await this.cache.hash(dest, destStat)) === (await this.cache.hash(src, srcStat))
-      ) {
-        continue;
-      }
+      let opened;
       try {
-        await copyFileAtomic(src, dest, BINARY_MODE);
+        opened = await openRegular(src, { noFollow: true });
       } catch (e) {
-        throw new Error(`cannot install ${name} into ${this.destDir}: ${(e as Error).message}`, { cause: e });
+        if ((e as NodeJS.ErrnoException).code === 'ENOENT') throw new Error(`no binaries to install: ${src} is missing (is --cni-binaries-dir right?)`, { cause: e });
+        const why = e instanceof UnsafeFileError ? e.message : `cannot read ${src}: ${(e as Error).message}`;
+        throw new Error(`${why}; --cni-binaries-dir must hold the ${name} binary as a regular file`, { cause: e });
       }
-      written.push(name);
+      const { fh, stat } = opened;
+      try {
+        const srcHash = await this.sourceHash(src, fh, stat);
+        const dest = path.join(this.destDir, name);
+        if (await this.holds(dest, stat.size, srcHash)) continue;
+        try {
+          const destStat = await copyFromHandleAtomic(fh, dest, BINARY_MODE);
+          this.installed.set(dest, { id: identity(destStat), hash: srcHash });
+        } catch (e) {
+          throw new Error(`cannot install ${name} into ${this.destDir}: ${(e as Error).message}`, { cause: e });
+        }
+        written.push(name);
+      } finally {
+        await fh.close();
+      }
     }
     return written;
   }
 
-  /** Removes the binaries we install from the host (uninstall). */
-  async remove(): Promise<string[]> {
-    const removed: string[] = [];
-    for (const [name] of await this.sources().catch(() => [])) {
-      if (await removeFile(path.join(this.destDir, name))) removed.push(name);
+  private async sourceHash(src: string, fh: fs.FileHandle, stat: BigIntStats): Promise<string> {
+    const id = identity(stat);
+    const known = this.sources.get(src);
+    if (known?.id === id) return known.hash;
+    this.hashes++;
+    const hash = await hashHandle(fh);
+    this.sources.set(src, { id, hash });
+    return hash;
+  }
+
+  /** Whether `dest` is a regular file, mode 0755, with exactly the source's bytes. */
+  private async holds(dest: string, size: bigint, hash: string): Promise<boolean> {
+    const st = await fs.lstat(dest, { bigint: true }).catch(() => null);
+    // Anything else there (missing, a link, a FIFO, another size or mode) is replaced unread.
+    if (!st?.isFile() || st.size !== size || (Number(st.mode) & 0o7777) !== BINARY_MODE) return false;
+    const id = identity(st);
+    const known = this.installed.get(dest);
+    if (known?.id === id) return known.hash === hash;
+    let opened;
+    try {
+      opened = await openRegular(dest, { noFollow: true });
+    } catch {
+      return false;
     }
-    return removed;
+    try {
+      // Hashed at the identity fstat saw on the fd, so a swap after the lstat is not misread.
+      this.hashes++;
+      const got = await hashHandle(opened.fh);
+      this.installed.set(dest, { id: identity(opened.stat), hash: got });
+      return got === hash;
+    } finally {
+      await opened.fh.close();
+    }
   }
 }

@@ -8,6 +8,7 @@
 import path from 'node:path';
 import { isDeepStrictEqual } from 'node:util';
 import { arrayElements, lineIndent, objectMembers, skipWs, type Span } from './jsonspans.ts';
+import { describeParseError } from './safefile.ts';
 
 /** The `type` of our plugin entry: how we recognise it in any config. */
 export const PLUGIN_TYPE = 'mesh-cni';
@@ -82,7 +83,7 @@ export function libcniVerdict(text: string, fileName: string): Verdict {
   try {
     value = JSON.parse(text);
   } catch (e) {
-    return { ok: false, reason: `not valid JSON (${e instanceof SyntaxError ? 'syntax error' : 'unreadable'})` };
+    return { ok: false, reason: describeParseError(e, text, 'JSON') };
   }
   const bad = (reason: string): Verdict => ({ ok: false, reason });
   if (path.extname(fileName) === '.conflist') {
@@ -177,7 +178,8 @@ export function parseCniConfig(text: string, fileName: string): ParsedConfig {
   try {
     value = JSON.parse(text);
   } catch (e) {
-    throw new CniConfigError(`cannot parse ${fileName}: ${(e as Error).message}`);
+    // Never the parser's message as it is: it quotes the text, which may be a token.
+    throw new CniConfigError(`cannot parse ${fileName}: ${describeParseError(e, text, 'JSON')}`);
   }
   // What the runtime would not load is no config to edit, whatever else holds.
   const verdict = libcniVerdict(text, fileName);

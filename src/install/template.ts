@@ -4,6 +4,7 @@
 
 import JSON5 from 'json5';
 import { CniConfigError, PLUGIN_TYPE, type JsonObject } from './cniconfig.ts';
+import { describeParseError } from './safefile.ts';
 
 export const DEFAULT_TEMPLATE = `{
   // Written by install-cni. Values in __X__ are filled in from its settings.
@@ -61,7 +62,8 @@ export function renderEntry(template: string, values: TemplateValues, source: st
   try {
     parsed = JSON5.parse(text);
   } catch (e) {
-    throw new CniConfigError(`cannot parse the CNI network config template from ${source}: ${(e as Error).message}`);
+    // Never json5's message as it is: it quotes the text, and a mistaken path may name a token.
+    throw new CniConfigError(`cannot parse the CNI network config template from ${source}: ${describeParseError(e, text, 'JSON5')}`);
   }
   if (typeof parsed !== 'object' || parsed === null || Array.isArray(parsed)) {
     throw new CniConfigError(`the CNI network config template from ${source} must be a JSON object (one plugin entry)`);

@@ -1,5 +1,7 @@
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
+import path from 'node:path';
+import { FLAGS } from '../../src/config/flags.ts';
 import { buildSettings } from '../../src/config/settings.ts';
 import { ConfigErrors } from '../../src/config/parse.ts';
 import { runBin } from '../helpers/cli.ts';
@@ -38,7 +40,7 @@ describe('settings', () => {
     assert.equal(buildSettings({ 'cni-net-dir': '/flag/net.d' }, { CNI_NET_DIR: '/env/net.d' }).install.cniNetDir, '/flag/net.d');
     assert.equal(buildSettings({}, { CHAINED_CNI_PLUGIN: 'false' }).install.chained, false);
     assert.equal(buildSettings({ 'chained-cni-plugin': true }, { CHAINED_CNI_PLUGIN: 'false' }).install.chained, true);
-    assert.equal(buildSettings({}, { ORCHCONFIG_MODE: '0640' }).install.orchconfigMode, 0o640);
+    assert.equal(buildSettings({}, { ORCHCONFIG_MODE: '0400' }).install.orchconfigMode, 0o400);
     assert.equal(buildSettings({}, { MONITORING_PORT: '9000' }).monitoring.port, 9000);
     assert.equal(buildSettings({}, { REPAIR_LABEL_PODS: 'true' }).repair.labelPods, true);
   });
@@ -71,8 +73,21 @@ describe('settings', () => {
     [{ log_output_level: 'nope:info' }, {}, /unknown scope "nope"/],
     [{ log_output_level: 'install:loud' }, {}, /unknown level "loud"/],
     [{ 'log-level': 'verbose' }, {}, /--log-level.*none, error, warn, info, debug/],
-    [{ 'cni-net-dir': 'relative/dir' }, {}, /--cni-net-dir.*absolute path/],
+    [{ 'cni-net-dir': 'bad\0dir' }, {}, /--cni-net-dir.*path/],
     [{ 'orchcfg-file-name': '../escape' }, {}, /--orchcfg-file-name.*plain file name/],
+    // The runtime would read it as a CNI config (the token file over the primary, or first).
+    [{ 'orchcfg-file-name': '10-a.conflist' }, {}, /--orchcfg-file-name.*\.conf, \.conflist or \.json/],
+    [{ 'orchcfg-file-name': 'x.conf' }, {}, /--orchcfg-file-name.*CNI config extension/],
+    [{}, { ORCHCFG_FILE_NAME: 'x.JSON' }, /env ORCHCFG_FILE_NAME.*CNI config extension/],
+    [{ 'orchcfg-file-name': 'a/b' }, {}, /--orchcfg-file-name.*plain file name/],
+    [{ 'orchcfg-file-name': '.x.mesh-tmp-1' }, {}, /--orchcfg-file-name.*temp files/],
+    [{ 'orchcfg-file-name': '00-orchconfig', 'cni-conf-name': '10-calico.conflist' }, {}, /--orchcfg-file-name.*sorts before --cni-conf-name 10-calico\.conflist/],
+    // A token readable or writable by anyone but its owner.
+    [{ 'orchconfig-mode': '0666' }, {}, /--orchconfig-mode.*readable by group or others.*--orchconfig-allow-group-other-read/],
+    [{ 'orchconfig-mode': '0777' }, {}, /--orchconfig-mode/],
+    [{ 'orchconfig-mode': '0644' }, {}, /--orchconfig-mode.*readable by group or others/],
+    [{ 'orchconfig-mode': '0700' }, {}, /--orchconfig-mode.*execute/],
+    [{ 'orchconfig-mode': '0662', 'orchconfig-allow-group-other-read': 'true' }, {}, /--orchconfig-mode.*writable/],
     [{ 'ambient-enabled': 'true' }, {}, /ambient mode is not implemented/],
     [{}, { EBPF_ENABLED: 'true' }, /eBPF redirection is not implemented/],
     [{ 'reconcile-interval': '5 parsecs' }, {}, /--reconcile-interval.*duration/],
@@ -87,6 +102,24 @@ describe('settings', () => {
       assert.throws(() => buildSettings(flags, env), (e: unknown) => e instanceof ConfigErrors && re.test(e.message));
     });
   }
+
+  it('takes an orchconfig mode with group/other read only with the escape hatch', () => {
+    assert.equal(buildSettings({ 'orchconfig-mode': '0644', 'orchconfig-allow-group-other-read': 'true' }, {}).install.orchconfigMode, 0o644);
+    assert.equal(buildSettings({ 'orchconfig-mode': '416' }, { ORCHCONFIG_ALLOW_GROUP_OTHER_READ: 'true' }).install.orchconfigMode, 0o640);
+    assert.equal(buildSettings({ 'orchconfig-mode': '384' }, {}).install.orchconfigMode, 0o600);
+  });
+
+  it('resolves a relative value of every path flag against the working directory', () => {
+    const pathFlags = FLAGS.filter((f) => f.path !== undefined);
+    assert.ok(pathFlags.length >= 10, 'the flag table marks path flags');
+    for (const f of pathFlags) {
+      const s = buildSettings({ [f.name]: `rel/${f.name}` }, {}, '/work/dir');
+      assert.ok(JSON.stringify(s).includes(`"/work/dir/rel/${f.name}"`), `--${f.name} rel/${f.name} resolves to /work/dir/rel/${f.name}`);
+    }
+    assert.equal(buildSettings({ 'cni-binaries-dir': 'dist/bin' }, {}, '/src/mesh').install.cniBinariesDir, '/src/mesh/dist/bin');
+    assert.equal(buildSettings({}, { CNI_BINARIES_DIR: './dist/../dist/bin/' }, '/src/mesh').install.cniBinariesDir, '/src/mesh/dist/bin');
+    assert.equal(buildSettings({ 'cni-binaries-dir': 'dist/bin' }, {}).install.cniBinariesDir, path.join(process.cwd(), 'dist/bin'));
+  });
 
   it('reports every bad value at once', () => {
     assert.throws(() => buildSettings({ 'monitoring-port': 'x', 'orchconfig-mode': 'y' }, {}), (e: unknown) => e instanceof ConfigErrors && e.errors.length === 2);

@@ -1,0 +1,111 @@
+// The installer given settings or files that would hurt the node if taken as they come: a
+// binaries dir holding more than our binaries, an orchconfig name that sorts before the primary
+// config, files whose contents (a token) must never show up in a readiness reason.
+
+import assert from 'node:assert/strict';
+import { readFileSync } from 'node:fs';
+import fs from 'node:fs/promises';
+import path from 'node:path';
+import { afterEach, describe, it } from 'node:test';
+import { buildSettings } from '../../src/config/settings.ts';
+import { Installer } from '../../src/install/installer.ts';
+import { configureLogging } from '../../src/monitoring/logging.ts';
+import { BRIDGE_CONFLIST, makeHostTree, type HostTree } from '../helpers/hosttree.ts';
+
+configureLogging({ asJson: true, outputLevels: buildSettings({ log_output_level: 'all:none' }, {}).logging.outputLevels }, { write: () => {} });
+
+const running: { installer: Installer; tree: HostTree }[] = [];
+afterEach(async () => {
+  for (const { installer, tree } of running.splice(0)) {
+    await installer.stop('SIGTERM').catch(() => {});
+    await tree.remove();
+  }
+});
+
+async function start(flags: (t: HostTree) => Record<string, string>, prepare: (t: HostTree) => Promise<void>): Promise<{ installer: Installer; tree: HostTree }> {
+  const tree = await makeHostTree();
+  await prepare(tree);
+  const installer = new Installer(buildSettings({ 'reconcile-interval': '1h', ...tree.flags, ...flags(tree) }, tree.env), { decideCleanup: async () => ({ cleanup: true, why: 'test' }) });
+  running.push({ installer, tree });
+  await installer.start();
+  await installer.settled();
+  return { installer, tree };
+}
+
+const everything = (installer: Installer) => `${installer.notReadyReasons().join('\n')}\n${JSON.stringify(installer.status())}`;
+const SECRET = 'eyJhbGciOiJSUzI1NiJ9.c2VjcmV0LXRva2VuLWRvLW5vdC1sZWFr.sig';
+
+describe('binaries: only the ones we ship, never through a link', () => {
+  it('copies mesh-cni only, however many other files the binaries dir holds (--cni-binaries-dir /etc)', async () => {
+    const { installer, tree } = await start(() => ({}), async (t) => {
+      await fs.writeFile(path.join(t.netDir, '10-bridge.conflist'), BRIDGE_CONFLIST);
+      await fs.writeFile(path.join(t.binariesDir, 'shadow'), 'root:$6$secret:19000:0:99999:7:::\n', { mode: 0o600 });
+      await fs.symlink('/etc/hostname', path.join(t.binariesDir, 'hostname'));
+    });
+    assert.deepEqual(installer.notReadyReasons(), []);
+    assert.deepEqual(await fs.readdir(tree.binDir), ['mesh-cni']);
+  });
+
+  it('refuses a mesh-cni that is a link (it could point anywhere on the image or host)', async () => {
+    const { installer, tree } = await start(() => ({}), async (t) => {
+      await fs.writeFile(path.join(t.netDir, '10-bridge.conflist'), BRIDGE_CONFLIST);
+      await fs.rm(path.join(t.binariesDir, 'mesh-cni'));
+      await fs.symlink('/etc/hostname', path.join(t.binariesDir, 'mesh-cni'));
+    });
+    assert.match(installer.notReadyReasons().join('\n'), /mesh-cni is a symbolic link/);
+    assert.deepEqual(await fs.readdir(tree.binDir), []);
+  });
+
+  it('replaces a FIFO or link planted where our binary goes, without reading or following it', async () => {
+    const { installer, tree } = await start(() => ({}), async (t) => {
+      await fs.writeFile(path.join(t.netDir, '10-bridge.conflist'), BRIDGE_CONFLIST);
+      await fs.symlink('/dev/zero', path.join(t.binDir, 'mesh-cni'));
+    });
+    assert.deepEqual(installer.notReadyReasons(), []);
+    const st = await fs.lstat(path.join(tree.binDir, 'mesh-cni'));
+    assert.ok(st.isFile());
+    assert.equal(readFileSync(path.join(tree.binDir, 'mesh-cni'), 'utf8'), readFileSync(path.join(tree.binariesDir, 'mesh-cni'), 'utf8'));
+  });
+});
+
+describe('the orchconfig name against the primary found at run time', () => {
+  it('fails the pass, touching nothing, when the orchconfig would sort before the primary', async () => {
+    const { installer, tree } = await start(() => ({ 'orchcfg-file-name': '05-mesh-orchconfig' }), async (t) => {
+      await fs.writeFile(path.join(t.netDir, '10-bridge.conflist'), BRIDGE_CONFLIST);
+    });
+    assert.match(installer.notReadyReasons().join('\n'), /--orchcfg-file-name 05-mesh-orchconfig sorts before the CNI config 10-bridge\.conflist in .*, which the runtime may take as the primary; not installing/);
+    assert.deepEqual(await fs.readdir(tree.netDir), ['10-bridge.conflist']);
+    assert.equal(readFileSync(path.join(tree.netDir, '10-bridge.conflist'), 'utf8'), BRIDGE_CONFLIST);
+    assert.deepEqual(await fs.readdir(tree.binDir), []);
+  });
+});
+
+describe('reasons name files and errors, never contents', () => {
+  it('an unparseable primary holding a token', async () => {
+    const { installer } = await start(() => ({}), async (t) => {
+      await fs.writeFile(path.join(t.netDir, '10-bridge.conflist'), SECRET);
+    });
+    const said = everything(installer);
+    assert.match(said, /10-bridge\.conflist: not valid JSON/);
+    assert.doesNotMatch(said, /eyJ|c2Vj|sig/);
+  });
+
+  it('an unparseable primary with the token after a valid start', async () => {
+    const { installer } = await start(() => ({}), async (t) => {
+      await fs.writeFile(path.join(t.netDir, '10-bridge.conflist'), `{"cniVersion": "1.0.0", "name": ${SECRET}}`);
+    });
+    const said = everything(installer);
+    assert.match(said, /10-bridge\.conflist: not valid JSON/);
+    assert.doesNotMatch(said, /eyJ|c2Vj|cniVersion/);
+  });
+
+  it('a template file holding a token (--cni-network-config-file pointed at the wrong file)', async () => {
+    const { installer } = await start((t) => ({ 'cni-network-config-file': path.join(t.root, 'token-by-mistake') }), async (t) => {
+      await fs.writeFile(path.join(t.netDir, '10-bridge.conflist'), BRIDGE_CONFLIST);
+      await fs.writeFile(path.join(t.root, 'token-by-mistake'), SECRET);
+    });
+    const said = everything(installer);
+    assert.match(said, /cannot parse the CNI network config template from .*token-by-mistake: not valid JSON5 \(invalid character at line 1 column 1\)/);
+    assert.doesNotMatch(said, /eyJ|'e'/);
+  });
+});
