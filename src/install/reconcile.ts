@@ -6,7 +6,7 @@ import { createHash } from 'node:crypto';
 import fs from 'node:fs/promises';
 import path from 'node:path';
 import type { EnvironmentFacts, InstallSettings } from '../config/settings.ts';
-import { removeFile, writeFileAtomic } from './atomicfile.ts';
+import { removeFile, TEMP_MARKER, writeFileAtomic } from './atomicfile.ts';
 import { BinaryInstaller } from './binaries.ts';
 import { choosePrimary, CniConfigError, isConfigFile, libcniVerdict, otherForm, primaryCandidates, PLUGIN_TYPE, standaloneConfig, withOurEntry, withoutOurEntry, type JsonObject } from './cniconfig.ts';
 import { renderOrchconfig } from './orchconfig.ts';
@@ -54,6 +54,8 @@ export interface Skipped {
 interface Original {
   readonly name: string;
   readonly text: string;
+  /** A .conf that was a symbolic link (to this): given back as the link, not as a copy. */
+  readonly link?: string;
   readonly mode: number;
   readonly uid: number;
   readonly gid: number;
@@ -73,6 +75,24 @@ const originalRecord = (conflist: string) => `.${conflist}${RECORD_SUFFIX}`;
 const isOriginalRecord = (name: string) => name.startsWith('.') && name.endsWith(RECORD_SUFFIX);
 
 const isFile = (file: string) => fs.stat(file).then((st) => st.isFile(), () => false);
+
+/**
+ * Where a write to the config `file` goes: for a symbolic link, the file it points to (followed
+ * to the end), so the link stays and the primary CNI's later writes through it still count; the
+ * temp file is then made beside that target, so the rename is atomic there. Else `file`.
+ */
+async function writeTarget(file: string): Promise<string> {
+  const st = await fs.lstat(file).catch(() => null);
+  return st?.isSymbolicLink() ? fs.realpath(file) : file;
+}
+
+/** Makes `file` a symbolic link to `to`, atomically (a temp link renamed over it). */
+async function symlinkAtomic(to: string, file: string): Promise<void> {
+  const tmp = path.join(path.dirname(file), `.${path.basename(file)}${TEMP_MARKER}${process.pid}-link`);
+  await fs.rm(tmp, { force: true });
+  await fs.symlink(to, tmp);
+  await fs.rename(tmp, file);
+}
 
 /** A file's text, null when it does not exist; anything but a regular file of at most 1 MiB is refused (safefile.ts). */
 async function readIfExists(file: string): Promise<string | null> {
@@ -326,7 +346,9 @@ export class Reconciler {
           primaryAfter = rewrite?.fileName ?? found.name;
           if (rewrite) {
             const st = await fs.stat(file);
-            const target = path.join(this.netDir, rewrite.fileName);
+            const link = (await fs.lstat(file)).isSymbolicLink() ? await fs.readlink(file) : undefined;
+            // A .conf made a .conflist is a new file; else the primary is edited where it is.
+            const target = rewrite.replaces ? path.join(this.netDir, rewrite.fileName) : await writeTarget(file);
             // The primary CNI may rewrite its file while ours is being written: then what we
             // computed is stale, and putting it in place would undo their change.
             const unchanged = async () => (await readIfExists(file).catch(() => null)) === text;
@@ -335,7 +357,7 @@ export class Reconciler {
               return primaryAfter;
             }
             writes.push({ file: target, kind: 'cni_config', action: 'write' });
-            const original = await this.originalFor(found.name, text, st, rewrite.text);
+            const original = { ...(await this.originalFor(found.name, text, st, rewrite.text)), ...(rewrite.replaces && link !== undefined ? { link } : {}) };
             this.originals.set(rewrite.fileName, original);
             // A .conf given back from the .conflist we made needs its record on disk, kept up to
             // date with what we wrote (every restart with another entry rewrites the conflist).
@@ -407,7 +429,8 @@ export class Reconciler {
     await removeFile(path.join(this.netDir, originalRecord(name)));
     if (original && original.written === sha256(text)) {
       const back = path.join(this.netDir, original.name);
-      await writeFileAtomic(back, original.text, { mode: original.mode, uid: original.uid, gid: original.gid });
+      if (original.link !== undefined && original.name !== name) await symlinkAtomic(original.link, back);
+      else await writeFileAtomic(await writeTarget(back), original.text, { mode: original.mode, uid: original.uid, gid: original.gid });
       writes.push({ file: back, kind: 'cni_config', action: 'write' });
       if (original.name !== name) {
         await removeFile(file);
@@ -421,7 +444,7 @@ export class Reconciler {
       await removeFile(file);
       writes.push({ file, kind: 'cni_config', action: 'remove' });
     } else {
-      await writeFileAtomic(file, without, { mode: st.mode & 0o7777, uid: st.uid, gid: st.gid });
+      await writeFileAtomic(await writeTarget(file), without, { mode: st.mode & 0o7777, uid: st.uid, gid: st.gid });
       writes.push({ file, kind: 'cni_config', action: 'write' });
     }
   }
@@ -451,7 +474,7 @@ export class Reconciler {
     try {
       const o = JSON.parse(text) as Partial<Original>;
       const ok = typeof o.name === 'string' && o.name !== '' && !o.name.includes('/') && typeof o.text === 'string' && typeof o.written === 'string' &&
-        typeof o.mode === 'number' && typeof o.uid === 'number' && typeof o.gid === 'number';
+        typeof o.mode === 'number' && typeof o.uid === 'number' && typeof o.gid === 'number' && (o.link === undefined || typeof o.link === 'string');
       return ok ? (o as Original) : undefined;
     } catch {
       return undefined;

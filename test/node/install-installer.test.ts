@@ -79,7 +79,7 @@ describe('installer', () => {
   });
 
   it('honours --orchconfig-mode and --orchcfg-file-name', async () => {
-    const { tree } = await startInstaller({ 'orchconfig-mode': '416', 'orchcfg-file-name': 'my-orchconfig' });
+    const { tree } = await startInstaller({ 'orchconfig-mode': '416', 'orchconfig-allow-group-other-read': 'true', 'orchcfg-file-name': 'my-orchconfig' });
     assert.equal(statSync(path.join(tree.netDir, 'my-orchconfig')).mode & 0o777, 0o640);
   });
 
@@ -372,6 +372,50 @@ describe('installer', () => {
     assert.deepEqual(installer.notReadyReasons(), []);
     await installer.stop('SIGTERM');
     assert.deepEqual((await fs.readdir(tree.netDir)).filter((n) => n.endsWith('.conf')), []);
+  });
+
+  // Issue 11.4: a primary that is a symbolic link (some CNIs keep their config elsewhere and
+  // link it into the net dir) is edited where it points, and stays a link, also on uninstall.
+  it('edits a symlinked primary in its target, atomically, and keeps the link, also on uninstall', async () => {
+    const { installer, tree } = await startInstaller({}, {}, async (t) => {
+      await fs.mkdir(path.join(t.root, 'host/etc/cni/vendor'));
+      await fs.writeFile(path.join(t.root, 'host/etc/cni/vendor/10-bridge.conflist'), BRIDGE_CONFLIST, { mode: 0o640 });
+      await fs.symlink('../vendor/10-bridge.conflist', path.join(t.netDir, '10-bridge.conflist'));
+    });
+    const link = path.join(tree.netDir, '10-bridge.conflist');
+    const target = path.join(tree.root, 'host/etc/cni/vendor/10-bridge.conflist');
+    assert.deepEqual(installer.notReadyReasons(), []);
+    assert.ok((await fs.lstat(link)).isSymbolicLink(), 'still a link');
+    assert.equal(await fs.readlink(link), '../vendor/10-bridge.conflist');
+    assert.deepEqual(plugins(target), ['bridge', 'mesh-cni']);
+    assert.equal(statSync(target).mode & 0o777, 0o640);
+    assert.deepEqual((await fs.readdir(path.dirname(target))), ['10-bridge.conflist'], 'no temp file left beside the target');
+    // The primary CNI updates its file where it keeps it: our entry comes back there.
+    const updated = BRIDGE_CONFLIST.replace('bridge-net', 'bridge-net-2');
+    await fs.writeFile(target, updated);
+    installer.schedule('periodic');
+    await installer.settled();
+    assert.ok((await fs.lstat(link)).isSymbolicLink());
+    assert.deepEqual(plugins(target), ['bridge', 'mesh-cni']);
+    await installer.stop('SIGTERM');
+    assert.ok((await fs.lstat(link)).isSymbolicLink(), 'a link after uninstall');
+    assert.equal(read(target), updated, 'the target as the primary CNI last wrote it');
+  });
+
+  it('gives a symlinked .conf back as the link after making it a .conflist', async () => {
+    const conf = '{"cniVersion":"0.3.1","name":"cbr0","type":"flannel"}\n';
+    const { installer, tree } = await startInstaller({}, {}, async (t) => {
+      await fs.mkdir(path.join(t.root, 'host/etc/cni/vendor'));
+      await fs.writeFile(path.join(t.root, 'host/etc/cni/vendor/10-flannel.conf'), conf);
+      await fs.symlink('../vendor/10-flannel.conf', path.join(t.netDir, '10-flannel.conf'));
+    });
+    assert.deepEqual(installer.notReadyReasons(), []);
+    assert.deepEqual(plugins(path.join(tree.netDir, '10-flannel.conflist')), ['flannel', 'mesh-cni']);
+    assert.equal(await fs.lstat(path.join(tree.netDir, '10-flannel.conf')).catch(() => null), null, 'the .conf link is out of the runtime\'s way');
+    await installer.stop('SIGTERM');
+    assert.equal(await fs.readlink(path.join(tree.netDir, '10-flannel.conf')), '../vendor/10-flannel.conf');
+    assert.equal(read(path.join(tree.root, 'host/etc/cni/vendor/10-flannel.conf')), conf);
+    assert.deepEqual((await fs.readdir(tree.netDir)).sort(), ['10-flannel.conf']);
   });
 
   it('standalone mode writes our own conflist', async () => {

@@ -14,6 +14,10 @@ import type { Component } from '../../src/component.ts';
 import { buildSettings } from '../../src/config/settings.ts';
 import { startPodLookup } from '../../src/install/podlookup.ts';
 import { configureLogging } from '../../src/monitoring/logging.ts';
+import { notAPodNetns } from '../../cni-plugin/netns/guard.ts';
+import { applyRules, diffRules, parseRules, removeRules, restore, save } from '../../cni-plugin/netns/iptables.ts';
+import { buildFamilyRules } from '../../cni-plugin/redirect/rules.ts';
+import { specForPod } from '../../cni-plugin/redirect/spec.ts';
 import { startTestApiServer, type TestApiServer } from '../helpers/apiserver.ts';
 import { BridgeNetwork, cniEnv, Netns, run, type ChainEnv } from '../helpers/netns.ts';
 import { k8sArgs, MESH_CNI_SOURCE, meshCni, meshPod, pluginConfig, tempDir } from '../helpers/plugin.ts';
@@ -196,4 +200,59 @@ describe('mesh-cni refuses a netns that is not a pod\'s', () => {
       assert.deepEqual(rulesOf(init, 'nft'), before, 'nothing changed');
     });
   }
+});
+
+// Pods started by an earlier mesh-cni have our rules written straight into the builtin chains
+// (it restored whole tables). Their DEL, and any ADD, now runs this version.
+describe('rules an earlier mesh-cni left in the builtin chains', () => {
+  const OLD = `*nat
+:PREROUTING ACCEPT [0:0]
+:OUTPUT ACCEPT [0:0]
+:MESH_INBOUND - [0:0]
+:MESH_OUTPUT - [0:0]
+:MESH_REDIRECT - [0:0]
+-A PREROUTING -i net1 -j MESH_REDIRECT
+-A PREROUTING -i eth1 -j RETURN
+-A PREROUTING -p tcp -j MESH_INBOUND
+-A OUTPUT -o eth1 -j RETURN
+-A OUTPUT -j MESH_OUTPUT
+-A MESH_INBOUND -p tcp -m tcp --dport 15008 -j RETURN
+-A MESH_OUTPUT -j MESH_REDIRECT
+-A MESH_REDIRECT -p tcp -j REDIRECT --to-ports 15001
+COMMIT
+`;
+  const spaces: Netns[] = [];
+  after(() => { for (const s of spaces) s.remove(); });
+
+  for (const flavour of FLAVOURS) {
+    it(`${flavour}: DEL takes out every jump into our chains and the chains; a new ADD replaces them`, async () => {
+      const ns = new Netns('old');
+      spaces.push(ns);
+      await restore(ns.path, flavour, 4, OLD);
+      assert.equal(await removeRules(ns.path, flavour, 4), true);
+      const left = await save(ns.path, flavour, 4);
+      assert.doesNotMatch(left, /MESH_/);
+      assert.match(left, /-A OUTPUT -o eth1 -j RETURN/, 'rules without a jump into ours are not known as ours: they stay');
+
+      await restore(ns.path, flavour, 4, OLD);
+      const doc = buildFamilyRules(specForPod({}), 4).restore;
+      assert.equal(await applyRules(ns.path, flavour, 4, doc), 'reconciled');
+      const now = await save(ns.path, flavour, 4);
+      assert.deepEqual(diffRules(parseRules(doc), parseRules(now)), []);
+      assert.doesNotMatch(now, /-A PREROUTING -p tcp -j MESH_INBOUND|-A PREROUTING -i net1 -j MESH_REDIRECT/);
+    });
+  }
+});
+
+describe('the netns guard itself', () => {
+  it('knows the plugin\'s own netns by any path, and a pod\'s netns as a pod\'s', () => {
+    assert.match(notAPodNetns('/proc/self/ns/net') ?? '', /mesh-cni itself runs in/);
+    assert.match(notAPodNetns(`/proc/${process.pid}/ns/net`) ?? '', /mesh-cni itself runs in/);
+    const ns = new Netns('guard');
+    try {
+      assert.equal(notAPodNetns(ns.path), null);
+    } finally {
+      ns.remove();
+    }
+  });
 });
