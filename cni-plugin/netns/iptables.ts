@@ -88,6 +88,8 @@ export async function applyRules(netns: string, flavour: Flavour, family: Family
     } catch {
       throw first;
     }
+    // Nothing of ours there: the document itself failed, and its own error says why.
+    if (![...have.values()].some((chains) => [...chains.keys()].some(isOurs))) throw first;
     const fix = reconcileRestore(parseRules(doc), have);
     if (fix !== null) await restore(netns, flavour, family, fix);
     return 'reconciled';

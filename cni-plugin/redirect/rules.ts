@@ -1,6 +1,6 @@
 // The rule builder: RedirectSpec -> one iptables-restore document per IP family (plus the policy
 // routing TPROXY needs). Pure. Rules are written in the exact form `iptables-save` prints them
-// (`-m tcp`, `--set-xmark`, canonical CIDRs, builtin chains in kernel order, our chains sorted),
+// (`-m tcp`, `--set-xmark`, canonical CIDRs, our chains sorted, the jumps in kernel order),
 // so CHECK and the tests can compare the saved state line by line with what we meant.
 //
 // Framing: the pod netns is shared with whatever else runs there (another chained plugin, the
