@@ -244,6 +244,33 @@ COMMIT
   }
 });
 
+describe('a second ADD over whatever of ours is there', () => {
+  const spaces: Netns[] = [];
+  after(() => { for (const s of spaces) s.remove(); });
+  const tproxy = buildFamilyRules(specForPod({ metadata: { annotations: { 'sidecar.mesh.io/interceptionMode': 'TPROXY' } } }), 4).restore;
+  const redirect = buildFamilyRules(specForPod({}), 4).restore;
+
+  for (const flavour of FLAVOURS) {
+    it(`${flavour}: a changed spec leaves exactly the new set (chains no longer wanted deleted), also after a half-applied first ADD`, async () => {
+      const ns = new Netns('again');
+      spaces.push(ns);
+      assert.equal(await applyRules(ns.path, flavour, 4, tproxy), 'created');
+      assert.equal(await applyRules(ns.path, flavour, 4, redirect), 'reconciled');
+      const now = await save(ns.path, flavour, 4);
+      assert.deepEqual(diffRules(parseRules(redirect), parseRules(now)), []);
+      assert.doesNotMatch(now, /MESH_TPROXY|MESH_DIVERT/, 'the TPROXY chains are gone');
+
+      // Only mangle has a chain of ours (legacy commits table by table: a first ADD that failed
+      // after nat): the -N document fails there, the reconcile puts everything right.
+      const half = new Netns('half');
+      spaces.push(half);
+      half.exec([`iptables-${flavour}`, '-t', 'mangle', '-N', 'MESH_INBOUND']);
+      assert.equal(await applyRules(half.path, flavour, 4, tproxy), 'reconciled');
+      assert.deepEqual(diffRules(parseRules(tproxy), parseRules(await save(half.path, flavour, 4))), []);
+    });
+  }
+});
+
 describe('the netns guard itself', () => {
   it('knows the plugin\'s own netns by any path, and a pod\'s netns as a pod\'s', () => {
     assert.match(notAPodNetns('/proc/self/ns/net') ?? '', /mesh-cni itself runs in/);
