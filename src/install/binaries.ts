@@ -7,13 +7,13 @@
 // the image or, through a mount, the host), and nothing in the bin dir is followed or read
 // unless it is a regular file.
 //
-// The plugin is a 126 MB single executable, so reading it is the cost that matters: the
-// source is hashed once per process (it is in the image and does not change; a new stat
-// identity would be hashed again), an installed file is hashed only when its stat identity is
-// new, and a file we wrote ourselves is known by the identity it has after our rename, so the
-// pass that our own write triggers reads nothing.
+// The plugin is a 126 MB single executable, so reading it is the cost that matters. What the
+// bin dir holds is known by stat identity (dev, ino, size, mtime, ctime): a file we wrote is
+// known by the identity it has after our rename, so the pass our own write triggers reads
+// nothing; a file of unknown identity (an earlier run's, at start-up) is compared byte for byte
+// with the source once, which reads each file once and hashes nothing (cheaper than the sha256
+// of both); and a missing or different-sized file is replaced without reading it at all.
 
-import { createHash } from 'node:crypto';
 import type { BigIntStats } from 'node:fs';
 import fs from 'node:fs/promises';
 import path from 'node:path';
@@ -26,27 +26,28 @@ export const BINARY_MODE = 0o755;
 /** What we install into the host's bin dir: the plugin single executable, nothing else. */
 export const SHIPPED_BINARIES: readonly string[] = [PLUGIN_TYPE];
 
-/** sha256 of an open file, read in large chunks (one read of a 126 MB file is ~130 steps). */
-async function hashHandle(fh: fs.FileHandle): Promise<string> {
-  const h = createHash('sha256');
-  for await (const chunk of fh.createReadStream({ highWaterMark: 1024 * 1024, autoClose: false, start: 0 })) h.update(chunk as Buffer);
-  return h.digest('hex');
-}
+const CHUNK = 1024 * 1024;
 
-interface Known {
-  readonly id: string;
-  readonly hash: string;
+/** Whether two open files of `size` bytes hold the same bytes. */
+async function sameBytes(a: fs.FileHandle, b: fs.FileHandle, size: bigint): Promise<boolean> {
+  const ba = Buffer.allocUnsafe(CHUNK);
+  const bb = Buffer.allocUnsafe(CHUNK);
+  for (let pos = 0; pos < Number(size); ) {
+    const [ra, rb] = await Promise.all([a.read(ba, 0, CHUNK, pos), b.read(bb, 0, CHUNK, pos)]);
+    if (ra.bytesRead !== rb.bytesRead || ra.bytesRead === 0) return false;
+    if (ba.compare(bb, 0, rb.bytesRead, 0, ra.bytesRead) !== 0) return false;
+    pos += ra.bytesRead;
+  }
+  return true;
 }
 
 export class BinaryInstaller {
   private readonly srcDir: string;
   private readonly destDir: string;
-  /** By source path: the hash of the source at that stat identity. */
-  private readonly sources = new Map<string, Known>();
-  /** By installed path: the hash of what is there at that stat identity (ours after a write). */
-  private readonly installed = new Map<string, Known>();
-  /** How many files were read to hash them: for tests and the benchmark. */
-  hashes = 0;
+  /** By installed path: at identity `id` it holds the bytes of the source at identity `srcId`. */
+  private readonly installed = new Map<string, { readonly id: string; readonly srcId: string }>();
+  /** How many installed files were read to compare them: for tests and the benchmark. */
+  reads = 0;
 
   constructor(srcDir: string, destDir: string) {
     this.srcDir = srcDir;
@@ -68,12 +69,11 @@ export class BinaryInstaller {
       }
       const { fh, stat } = opened;
       try {
-        const srcHash = await this.sourceHash(src, fh, stat);
         const dest = path.join(this.destDir, name);
-        if (await this.holds(dest, stat.size, srcHash)) continue;
+        if (await this.holds(dest, fh, stat)) continue;
         try {
           const destStat = await copyFromHandleAtomic(fh, dest, BINARY_MODE);
-          this.installed.set(dest, { id: identity(destStat), hash: srcHash });
+          this.installed.set(dest, { id: identity(destStat), srcId: identity(stat) });
         } catch (e) {
           throw new Error(`cannot install ${name} into ${this.destDir}: ${(e as Error).message}`, { cause: e });
         }
@@ -85,24 +85,14 @@ export class BinaryInstaller {
     return written;
   }
 
-  private async sourceHash(src: string, fh: fs.FileHandle, stat: BigIntStats): Promise<string> {
-    const id = identity(stat);
-    const known = this.sources.get(src);
-    if (known?.id === id) return known.hash;
-    this.hashes++;
-    const hash = await hashHandle(fh);
-    this.sources.set(src, { id, hash });
-    return hash;
-  }
-
-  /** Whether `dest` is a regular file, mode 0755, with exactly the source's bytes. */
-  private async holds(dest: string, size: bigint, hash: string): Promise<boolean> {
+  /** Whether `dest` is a regular file, mode 0755, with exactly the bytes of the open source. */
+  private async holds(dest: string, src: fs.FileHandle, srcStat: BigIntStats): Promise<boolean> {
     const st = await fs.lstat(dest, { bigint: true }).catch(() => null);
     // Anything else there (missing, a link, a FIFO, another size or mode) is replaced unread.
-    if (!st?.isFile() || st.size !== size || (Number(st.mode) & 0o7777) !== BINARY_MODE) return false;
-    const id = identity(st);
+    if (!st?.isFile() || st.size !== srcStat.size || (Number(st.mode) & 0o7777) !== BINARY_MODE) return false;
+    const srcId = identity(srcStat);
     const known = this.installed.get(dest);
-    if (known?.id === id) return known.hash === hash;
+    if (known?.id === identity(st) && known.srcId === srcId) return true;
     let opened;
     try {
       opened = await openRegular(dest, { noFollow: true });
@@ -110,11 +100,11 @@ export class BinaryInstaller {
       return false;
     }
     try {
-      // Hashed at the identity fstat saw on the fd, so a swap after the lstat is not misread.
-      this.hashes++;
-      const got = await hashHandle(opened.fh);
-      this.installed.set(dest, { id: identity(opened.stat), hash: got });
-      return got === hash;
+      // Known at the identity fstat saw on the fd, so a swap after the lstat is not misread.
+      this.reads++;
+      if (opened.stat.size !== srcStat.size || !(await sameBytes(opened.fh, src, srcStat.size))) return false;
+      this.installed.set(dest, { id: identity(opened.stat), srcId });
+      return true;
     } finally {
       await opened.fh.close();
     }
