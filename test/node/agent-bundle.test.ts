@@ -1,9 +1,10 @@
 // The shipped agent, dist/install-cni.js (built by `npm test`'s pretest), against the test API
 // server. The other agent tests run the TypeScript sources; the bundle differs in what it leaves
 // out of @kubernetes/client-node (scripts/slim-client-node.ts), so its API paths are run here:
-// in-cluster config with a service-account token, the watch, merge patch, delete with a uid
-// precondition, events, the two reads of --cleanup-on-exit=auto, and the error for a kubeconfig
-// feature the bundle leaves out.
+// in-cluster config with a service-account token, the watch, merge patch (pods/status), delete
+// with a uid precondition, events, TokenRequest for the plugin's token, the two reads of
+// --cleanup-on-exit=auto, and the error for a kubeconfig feature the bundle leaves out. The agent
+// runs with exactly the rights deploy/ gives it (plus pods delete, as the repair-delete component).
 
 import assert from 'node:assert/strict';
 import fs from 'node:fs/promises';
@@ -16,6 +17,8 @@ import { eventually } from '../helpers/poll.ts';
 import { brokenPod } from '../helpers/pods.ts';
 import { ROOT } from '../helpers/cli.ts';
 import { LEFT_OUT } from '../../scripts/slim-client-node.ts';
+import { DEPLOY_DIR, kustomize } from '../helpers/podman-daemonset.ts';
+import { rulesFor } from '../helpers/rbac.ts';
 
 const cleanups: (() => Promise<unknown>)[] = [];
 afterEach(async () => {
@@ -25,7 +28,8 @@ afterEach(async () => {
 async function setUp(): Promise<{ api: TestApiServer; t: HostTree }> {
   const api = await startTestApiServer({ bookmarkIntervalMs: 200 });
   cleanups.push(() => api.close());
-  const t = await makeHostTree({ token: api.token, ca: api.caPem });
+  const rules = [...rulesFor(kustomize(DEPLOY_DIR).objects, 'mesh-system', 'mesh-cni'), { verbs: ['delete'], apiGroups: [''], resources: ['pods'] }];
+  const t = await makeHostTree({ token: api.serviceAccount('mesh-system', 'mesh-cni', rules), ca: api.caPem });
   cleanups.push(() => t.remove());
   await fs.writeFile(path.join(t.netDir, '10-bridge.conflist'), BRIDGE_CONFLIST);
   return { api, t };
@@ -73,7 +77,9 @@ describe('the shipped agent bundle (dist/install-cni.js)', () => {
     const broken = api.upsertPod(brokenPod('raced', { node: 'node-1' }));
     await eventually(() => api.listPods().every((p) => p.metadata?.name !== 'raced'), 'the broken pod deleted', 10_000);
     const sent = (method: string, re: RegExp) => api.requests.filter((r) => r.method === method && re.test(r.path));
-    assert.equal(sent('PATCH', /\/pods\/raced$/).length, 1, 'labelled once');
+    assert.equal(sent('PATCH', /\/pods\/raced\/status$/).length, 1, 'labelled once');
+    assert.equal(sent('POST', /\/serviceaccounts\/mesh-cni-plugin\/token$/)[0]?.status, 201, 'minted the plugin\'s token');
+    assert.deepEqual(api.requests.filter((r) => r.status === 403).map((r) => `${r.method} ${r.path}`), [], 'nothing beyond its rights');
     assert.equal(sent('DELETE', /\/pods\/raced$/).length, 1, 'deleted once');
     assert.equal(sent('DELETE', /\/pods\/raced$/)[0]!.status, 200);
     assert.ok(api.requests.some((r) => r.method === 'GET' && r.path === '/api/v1/pods' && /watch=true/.test(r.query)), 'watched');
