@@ -20,7 +20,7 @@ const CONFIG_MODE = 0o644;
 
 export type ErrorReason =
   | 'net_dir_missing' | 'primary_malformed' | 'template_invalid' | 'token_missing' | 'ca_missing'
-  | 'api_host_missing' | 'binaries_failed' | 'write_failed' | 'file_refused' | 'primary_unsupported';
+  | 'api_host_missing' | 'binaries_failed' | 'write_failed' | 'file_refused' | 'primary_unsupported' | 'orchconfig_name_refused';
 
 export interface Problem {
   readonly reason: ErrorReason;
@@ -136,6 +136,12 @@ export class Reconciler {
       notReady.push(message);
     };
 
+    const misnamed = await this.orchconfigSortsFirst();
+    if (misnamed) {
+      fail('orchconfig_name_refused', misnamed);
+      return { notReady, problems, primary: null, writes };
+    }
+
     try {
       for (const name of await this.binaries.sync()) writes.push({ file: path.join(this.s.mountedCniBinDir, name), kind: 'binary', action: 'write' });
     } catch (e) {
@@ -176,6 +182,21 @@ export class Reconciler {
       }
     }
     return { notReady, problems, primary, writes, skipped };
+  }
+
+  /**
+   * Why the orchconfig's name must not be used with the primary config there now: it holds a
+   * token, and a runtime that reads the dir in order must meet the primary first. The primary is
+   * known only at run time, so this is asked before every pass touches anything.
+   */
+  private async orchconfigSortsFirst(): Promise<string | null> {
+    if (!this.s.chained) return null;
+    const names = await fs.readdir(this.netDir).catch(() => null);
+    if (!names) return null;
+    // The first candidate by name: the primary is it or a later one (findPrimary).
+    const first = choosePrimary(names, { confName: this.s.cniConfName, ownFiles: this.ownFiles() });
+    if (first === null || this.s.orchcfgFileName > first) return null;
+    return `--orchcfg-file-name ${this.s.orchcfgFileName} sorts before the CNI config ${first} in ${this.netDir}, which the runtime may take as the primary; not installing. Give a name that sorts after it (byte order), as the default ZZZ-mesh-cni-orchconfig does`;
   }
 
   private async syncOrchconfig(writes: Write[], fail: (r: ErrorReason, m: string) => void): Promise<void> {
