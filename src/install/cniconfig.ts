@@ -174,6 +174,9 @@ export function conflistName(fileName: string): string {
 
 /** Parses a config as the runtime would: .conflist needs plugins, .conf/.json needs a type. */
 export function parseCniConfig(text: string, fileName: string): ParsedConfig {
+  if (!isConfigFile(fileName)) {
+    throw new CniConfigError(`${fileName} is no .conf, .conflist or .json file, so no runtime reads it; not editing it`);
+  }
   let value: unknown;
   try {
     value = JSON.parse(text);

@@ -320,6 +320,20 @@ describe('installer', () => {
     });
   }
 
+  // libcni appends the plugin .conf files of a <network name>/ dir after a conflist's own list
+  // (NetworkConfFromFile): an entry of ours in the list would not run last, so no install.
+  it('refuses a conflist whose plugins go on in a <name>/ dir, and does not pass it over', async () => {
+    const { installer, tree } = await startInstaller({}, {}, async (t) => {
+      await fs.writeFile(path.join(t.netDir, '10-bridge.conflist'), BRIDGE_CONFLIST);
+      await fs.mkdir(path.join(t.netDir, 'bridge-net'));
+      await fs.writeFile(path.join(t.netDir, 'bridge-net/tuning.conf'), '{"type":"tuning"}');
+      await fs.writeFile(path.join(t.netDir, '20-other.conflist'), BRIDGE_CONFLIST.replace('bridge-net', 'other'));
+    });
+    assert.match(installer.notReadyReasons().join('\n'), /10-bridge.conflist .* takes 1 more plugin config\(s\) from .*bridge-net\/ after its own list/);
+    assert.equal(read(path.join(tree.netDir, '10-bridge.conflist')), BRIDGE_CONFLIST);
+    assert.deepEqual(plugins(path.join(tree.netDir, '20-other.conflist')), ['bridge']);
+  });
+
   it('with only files the runtime would skip, waits and names each with its reason', async () => {
     const { installer } = await startInstaller({}, {}, async (t) => {
       await fs.writeFile(path.join(t.netDir, '00-notes.conf'), 'secret-token-like-text');

@@ -1,0 +1,54 @@
+// The reference's own cases (Istio's install-cni tests and libcni's config loading), each as a
+// fixture of ours: test/node/fixtures/install-conformance/<case>/ holds the net dir before
+// (in/, plus later/ for files that appear after the first pass), case.json (flags, the
+// reference case, whether the node ends up ready), and the net dir after install (out/) and
+// after uninstall (clean/). README.md there maps every reference case to its fixture.
+// test/node/fixtures/libcni/<case>/ holds one config file and the verdict libcni would give;
+// test/node/fixtures/orchconfig/<case>/ what the orchconfig is made from and the orchconfig.
+
+import assert from 'node:assert/strict';
+import { readdirSync, readFileSync } from 'node:fs';
+import path from 'node:path';
+import { describe, it } from 'node:test';
+import { libcniVerdict } from '../../src/install/cniconfig.ts';
+import { renderOrchconfig, type OrchconfigInput } from '../../src/install/orchconfig.ts';
+import { ROOT } from '../helpers/cli.ts';
+import { dirFiles, runConformanceCase, type ConformanceCase } from '../helpers/install-fixtures.ts';
+
+const CONFORMANCE = path.join(ROOT, 'test/node/fixtures/install-conformance');
+const LIBCNI = path.join(ROOT, 'test/node/fixtures/libcni');
+const ORCHCONFIG = path.join(ROOT, 'test/node/fixtures/orchconfig');
+
+describe('install-cni on the reference cases (net dir in -> out after install -> clean after uninstall)', () => {
+  for (const name of readdirSync(CONFORMANCE).filter((n) => !n.includes('.')).sort()) {
+    const dir = path.join(CONFORMANCE, name);
+    const c = JSON.parse(readFileSync(path.join(dir, 'case.json'), 'utf8')) as ConformanceCase;
+    it(`${name} (${c.reference})`, async () => {
+      const run = await runConformanceCase(dir);
+      if (c.ready) assert.deepEqual(run.notReady, [], 'ready');
+      else assert.match(run.notReady.join('\n'), new RegExp(c.reason ?? '.'), 'not ready, with the reason');
+      assert.deepEqual(run.installed, dirFiles(path.join(dir, 'out')), 'the net dir after install');
+      assert.deepEqual(run.uninstalled, dirFiles(path.join(dir, 'clean')), 'the net dir after uninstall');
+    });
+  }
+});
+
+describe('which files libcni loads (one file in -> verdict out)', () => {
+  for (const name of readdirSync(LIBCNI).filter((n) => !n.includes('.')).sort()) {
+    const dir = path.join(LIBCNI, name);
+    const input = readdirSync(dir).find((f) => f.startsWith('input'))!;
+    it(`${name}: ${input}`, () => {
+      const expected = JSON.parse(readFileSync(path.join(dir, 'expected.json'), 'utf8')) as unknown;
+      assert.deepEqual(libcniVerdict(readFileSync(path.join(dir, input), 'utf8'), input), expected);
+    });
+  }
+});
+
+describe('the orchconfig (what it is made from in -> orchconfig out)', () => {
+  for (const name of readdirSync(ORCHCONFIG).sort()) {
+    it(name, () => {
+      const input = JSON.parse(readFileSync(path.join(ORCHCONFIG, name, 'input.json'), 'utf8')) as OrchconfigInput;
+      assert.equal(renderOrchconfig(input), readFileSync(path.join(ORCHCONFIG, name, 'expected.json'), 'utf8'));
+    });
+  }
+});
