@@ -1,13 +1,19 @@
 // One plugin invocation: CNI_* env + stdin -> stdout text and exit code. Split from main.ts so
 // tests and the benchmark can import it without running it.
+//
+// The short calls load only what they need (issue 20): VERSION and DEL of a netns that is gone
+// answer from the modules imported here (node:fs and our parsing); the log socket (node:net) and
+// the commands (plugin.ts, which loads the lookup and iptables code only when a pod needs them)
+// are imported when a call gets that far. esbuild keeps each such module in the one bundle
+// behind a lazy initializer, so a call that does not reach it never evaluates it.
+// test/node/plugin-lazy.test.ts pins which modules each short call loads.
 
-import { readSync, writeSync } from 'node:fs';
-import { isatty } from 'node:tty';
+import { fstatSync, readSync, writeSync } from 'node:fs';
 import { CniError, CNI_ERROR } from './cni/errors.ts';
 import { parseCommand, parseConfig, parseRequest, versionOf, type Env } from './cni/protocol.ts';
 import { SUPPORTED_VERSIONS } from './cni/result.ts';
-import { UdsLog } from './log/udslog.ts';
-import { cmdAdd, cmdCheck, cmdDel, cmdStatus } from './plugin.ts';
+import type { UdsLog } from './log/udslog.ts';
+import { netnsExists } from './netns/guard.ts';
 
 /**
  * All of stdin. Read synchronously while the pipe gives data (no stream set-up on the pod's
@@ -15,7 +21,7 @@ import { cmdAdd, cmdCheck, cmdDel, cmdStatus } from './plugin.ts';
  * read fails with EAGAIN: the rest is then read as a stream, after what was already read.
  */
 async function readStdin(): Promise<string> {
-  if (isatty(0)) return '';
+  if (stdinIsTerminal()) return '';
   const chunks: Buffer[] = [];
   try {
     for (;;) {
@@ -33,6 +39,17 @@ async function readStdin(): Promise<string> {
   } catch (e) {
     throw stdinError(e);
   }
+}
+
+/** A terminal on stdin (someone typing `mesh-cni` by hand): nothing to read. node:tty (which
+ * loads node:net) only for a character device, never for the runtime's pipe. */
+function stdinIsTerminal(): boolean {
+  try {
+    if (!fstatSync(0).isCharacterDevice()) return false;
+  } catch {
+    return false; // no stdin at all: the read below says so
+  }
+  return process.getBuiltinModule('node:tty').isatty(0);
 }
 
 function stdinError(e: unknown): CniError {
@@ -57,10 +74,14 @@ export async function run(env: Env, stdinText: () => string | Promise<string>): 
     if (command === 'STATUS' || command === 'GC') {
       const config = parseConfig(stdin, command);
       // GC: mesh-cni keeps no per-attachment state outside the pod netns, so nothing is stale.
-      if (command === 'STATUS') cmdStatus(config.orchconfig);
+      if (command === 'STATUS') (await import('./plugin.ts')).cmdStatus(config.orchconfig);
       return { code: 0, stdout: '' };
     }
     const req = parseRequest(env, stdin);
+    // DEL of a netns that is gone (a runtime's second DEL, a node after reboot): nothing of ours
+    // can be left, so answer at once. cmdDel checks the same for its other callers.
+    if (command === 'DEL' && !netnsExists(req.netns)) return { code: 0, stdout: '' };
+    const [{ UdsLog }, { cmdAdd, cmdCheck, cmdDel }] = await Promise.all([import('./log/udslog.ts'), import('./plugin.ts')]);
     log = new UdsLog(req.config.logUdsAddress, req.config.logLevel,
       { command, containerID: req.containerId, pod: req.pod ? { namespace: req.pod.namespace, name: req.pod.name } : null });
     const started = Date.now();

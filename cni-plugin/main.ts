@@ -2,9 +2,11 @@
 // and stdin, prints a result or a CNI error object on stdout, exits 0 or 1. Bundled to
 // dist/mesh-cni.cjs and built into the single executable dist/bin/mesh-cni.
 
-import v8 from 'node:v8';
 import { main } from './invoke.ts';
 
 // Built as a startup snapshot (SEA useSnapshot), main runs when the snapshot is deserialized.
-if (v8.startupSnapshot?.isBuildingSnapshot()) v8.startupSnapshot.setDeserializeMainFunction(() => void main());
+// node:v8 (it loads Node's streams) only while building one: never on a call (issue 20).
+const maybeBuildingSnapshot = process.execArgv.some((a) => a === '--build-snapshot' || a.startsWith('--experimental-sea-config'));
+const v8 = maybeBuildingSnapshot ? process.getBuiltinModule('node:v8') : null;
+if (v8?.startupSnapshot?.isBuildingSnapshot()) v8.startupSnapshot.setDeserializeMainFunction(() => void main());
 else void main();

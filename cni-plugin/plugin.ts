@@ -6,15 +6,11 @@ import { CniError, CNI_ERROR } from './cni/errors.ts';
 import type { CniRequest } from './cni/protocol.ts';
 import { convertResult, resultFamilies } from './cni/result.ts';
 import type { UdsLog } from './log/udslog.ts';
-import { cacheFileFor, cachedFlavour } from './netns/flavourcache.ts';
-import { notAPodNetns } from './netns/guard.ts';
-import { applyRules, detectFlavour, diffRules, ipBatch, netnsExists, parseRules, removeRules, save, type Flavour } from './netns/iptables.ts';
-import { podFromAgent } from './orch/agentlookup.ts';
+import { netnsExists, notAPodNetns } from './netns/guard.ts';
+import type { Flavour } from './netns/iptables.ts';
 import { OrchconfigError, readOrchconfig, type OrchAccess } from './orch/orchconfig.ts';
-import { getPod, PodLookupError } from './orch/podclient.ts';
 import { ANNOTATION, OWN_INIT_CONTAINER_NAME, PROXY_CONTAINER_NAME } from './redirect/constants.ts';
 import type { Family } from './redirect/net.ts';
-import { buildFamilyRules } from './redirect/rules.ts';
 import { AnnotationError, goBool, proxyInfo, specForPod, type PodLike, type RedirectSpec } from './redirect/spec.ts';
 
 /**
@@ -71,9 +67,15 @@ async function decide(req: CniRequest, pod: NonNullable<CniRequest['pod']>, log:
   }
 }
 
+// The lookup, flavour and iptables code is imported when a pod gets that far (issue 20): an
+// excluded namespace, a call with no pod and a DEL never evaluate what they do not run.
+const iptables = () => import('./netns/iptables.ts');
+const ruleBuilder = () => import('./redirect/rules.ts');
+
 /** The pod from the agent's watch when it has it, else from the API server (fail closed). */
 async function lookupPod(req: CniRequest, pod: NonNullable<CniRequest['pod']>, log: UdsLog): Promise<PodLike> {
   if (req.config.podLookupUdsAddress !== '') {
+    const { podFromAgent } = await import('./orch/agentlookup.ts');
     const started = Date.now();
     const answer = await podFromAgent(req.config.podLookupUdsAddress, { namespace: pod.namespace, name: pod.name, uid: pod.uid }, AGENT_LOOKUP_TIMEOUT_MS);
     if ('pod' in answer) {
@@ -90,6 +92,7 @@ async function lookupPod(req: CniRequest, pod: NonNullable<CniRequest['pod']>, l
     throw e;
   }
   let found: PodLike;
+  const { getPod, PodLookupError } = await import('./orch/podclient.ts');
   const started = Date.now();
   try {
     found = await getPod(access, pod.namespace, pod.name, {
@@ -117,6 +120,7 @@ function families(result: Record<string, unknown>): Family[] {
 async function flavourFor(req: CniRequest, log: UdsLog): Promise<Flavour> {
   if (req.config.iptablesFlavour !== 'auto') return req.config.iptablesFlavour;
   try {
+    const [{ cacheFileFor, cachedFlavour }, { detectFlavour }] = await Promise.all([import('./netns/flavourcache.ts'), iptables()]);
     const d = await cachedFlavour(cacheFileFor(req.config.logUdsAddress), detectFlavour);
     log.debug('iptables flavour', { flavour: d.flavour, why: d.why, cached: d.cached });
     return d.flavour;
@@ -160,6 +164,7 @@ export async function cmdAdd(req: CniRequest, log: UdsLog): Promise<Record<strin
   }
   const fams = families(result);
   const flavour = await flavourP;
+  const [{ applyRules, ipBatch }, { buildFamilyRules }] = await Promise.all([iptables(), ruleBuilder()]);
   try {
     // A single family (most pods) restores with a blocking spawn, a little sooner; two run side
     // by side, each nf_tables commit waiting out its own grace period.
@@ -183,6 +188,7 @@ export async function cmdCheck(req: CniRequest, log: UdsLog): Promise<void> {
   const d = await decide(req, req.pod!, log);
   if ('skip' in d) return;
   const flavour = await flavourFor(req, log);
+  const [{ diffRules, parseRules, save }, { buildFamilyRules }] = await Promise.all([iptables(), ruleBuilder()]);
   const problems: string[] = [];
   for (const fam of families(result)) {
     const want = parseRules(buildFamilyRules(d.spec, fam).restore);
@@ -203,6 +209,7 @@ export async function cmdDel(req: CniRequest, log: UdsLog): Promise<void> {
   refuseHostNetns(req);
   try {
     const flavour = await flavourFor(req, log);
+    const { removeRules } = await iptables();
     await Promise.all(([4, 6] as const).map(async (fam) => {
       if (await removeRules(req.netns, flavour, fam)) log.debug('redirect rules removed', { family: fam });
     }));

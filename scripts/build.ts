@@ -9,7 +9,8 @@ import { readFileSync } from 'node:fs';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import * as esbuild from 'esbuild';
-import { buildSea, seaModeFrom } from './sea.ts';
+import { seaModeFrom } from './sea.ts';
+import { buildExecutable, pluginRuntimeFrom } from './plugin-runtime.ts';
 import { bundleOptions } from './bundle-options.ts';
 
 const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
@@ -48,11 +49,13 @@ for (const e of entries) {
 console.log(`build: ${entries.map((e) => e.out).join(', ')}`);
 
 // Single executables for the node (no Node.js there): dist/bin/mesh-cni, dist/mesh-validation.
-// MESH_SEA_MODE=plain|codecache|snapshot overrides the measured default; MESH_SEA=0 skips them.
+// MESH_PLUGIN_RUNTIME=node-sea|bun picks their runtime (scripts/plugin-runtime.ts), the bundle
+// is the same; MESH_SEA_MODE=plain|codecache|snapshot the node-sea mode; MESH_SEA=0 skips them.
 if (process.env.MESH_SEA !== '0') {
-  const mode = seaModeFrom(process.env.MESH_SEA_MODE);
+  const runtime = pluginRuntimeFrom(process.env.MESH_PLUGIN_RUNTIME);
+  const seaMode = seaModeFrom(process.env.MESH_SEA_MODE);
   for (const [bundle, exe] of [['dist/mesh-cni.cjs', 'dist/bin/mesh-cni'], ['dist/mesh-validation.cjs', 'dist/mesh-validation']] as const) {
-    const built = buildSea({ root, main: path.join(root, bundle), out: path.join(root, exe), mode });
-    console.log(`build: ${exe} (SEA, ${mode}${built ? '' : ', up to date'})`);
+    const built = buildExecutable({ root, main: path.join(root, bundle), out: path.join(root, exe), runtime, seaMode });
+    console.log(`build: ${exe} (${runtime === 'node-sea' ? `node-sea, ${seaMode}` : runtime}${built ? '' : ', up to date'})`);
   }
 }

@@ -5,7 +5,7 @@
 // the device and inode of its nsfs file, whatever path (bind mount under /run/netns, /proc/<pid>
 // link) reaches it.
 
-import { statSync, type BigIntStats } from 'node:fs';
+import { existsSync, statSync, type BigIntStats } from 'node:fs';
 
 /** Network namespaces that are never a pod's, by the /proc link that names them. */
 const NOT_A_POD: readonly (readonly [string, string])[] = [
@@ -19,6 +19,12 @@ function nsfsId(p: string): BigIntStats | null {
   } catch {
     return null;
   }
+}
+
+/** The netns path is there (a DEL after the runtime removed it finds nothing to do). Here, not in
+ * iptables.ts, so the short calls answer without loading the iptables code (issue 20). */
+export function netnsExists(netns: string): boolean {
+  return netns !== '' && existsSync(netns);
 }
 
 /** Why the netns at `netns` must not be touched, or null when it may be a pod's. */

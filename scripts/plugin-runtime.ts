@@ -1,0 +1,74 @@
+// The runtime inside the shipped executables (dist/bin/mesh-cni, dist/mesh-validation) is a
+// build choice; the bundle (dist/*.cjs, one TypeScript source) is the same for each:
+//   node-sea  a Node 24 single executable application with a V8 code cache (scripts/sea.ts)
+//   bun       `bun build --compile --bytecode --minify` of the bundle, with the Bun of
+//             node_modules (@oven/bun-linux-x64, pinned exactly: the build stays offline)
+// Chosen by MESH_PLUGIN_RUNTIME; the default is the one `npm run bench -- plugin` measured
+// fastest with every shipped-executable test green (README, "The plugin executable").
+// Deno was looked at too: its npm package `deno` fetches its binary from a postinstall script
+// (@deno/linux-x64-glibc holds it without one), but `deno compile` downloads its `denort`
+// runtime from the network at build time (here: a DNS error), and no npm package holds denort,
+// so it cannot build offline: not a candidate.
+
+import { execFileSync } from 'node:child_process';
+import { createHash } from 'node:crypto';
+import { chmodSync, existsSync, mkdirSync, readFileSync, renameSync, rmSync, statSync, writeFileSync } from 'node:fs';
+import path from 'node:path';
+import { buildSea, type SeaMode } from './sea.ts';
+
+export const PLUGIN_RUNTIMES = ['node-sea', 'bun'] as const;
+export type PluginRuntime = (typeof PLUGIN_RUNTIMES)[number];
+export const DEFAULT_PLUGIN_RUNTIME: PluginRuntime = 'node-sea';
+
+export function pluginRuntimeFrom(value: string | undefined): PluginRuntime {
+  if (value === undefined || value === '') return DEFAULT_PLUGIN_RUNTIME;
+  if (!(PLUGIN_RUNTIMES as readonly string[]).includes(value)) throw new Error(`MESH_PLUGIN_RUNTIME=${value}: expected one of ${PLUGIN_RUNTIMES.join(', ')}`);
+  return value as PluginRuntime;
+}
+
+/** The Bun binary of node_modules (no install script: the package is the binary). */
+export function bunBinary(root: string): string {
+  const bin = path.join(root, 'node_modules/@oven/bun-linux-x64/bin/bun');
+  if (!existsSync(bin)) throw new Error(`${bin} is missing: run npm ci (devDependency @oven/bun-linux-x64)`);
+  return bin;
+}
+
+export interface ExecutableOptions {
+  readonly root: string;
+  /** The bundle (CJS, built-ins only). */
+  readonly main: string;
+  readonly out: string;
+  readonly runtime: PluginRuntime;
+  /** node-sea only. */
+  readonly seaMode: SeaMode;
+}
+
+/** Builds one executable; returns false when its stamp says it is up to date. */
+export function buildExecutable(o: ExecutableOptions): boolean {
+  if (o.runtime === 'node-sea') return buildSea({ root: o.root, main: o.main, out: o.out, mode: o.seaMode });
+  return buildBun(o);
+}
+
+function buildBun(o: ExecutableOptions): boolean {
+  const bun = bunBinary(o.root);
+  const work = path.join(o.root, 'dist', '.sea');
+  mkdirSync(work, { recursive: true });
+  mkdirSync(path.dirname(o.out), { recursive: true });
+  const bunStat = statSync(bun);
+  const stamp = createHash('sha256').update(readFileSync(o.main)).update('bun').update(`${bun}:${bunStat.size}:${bunStat.mtimeMs}`).digest('hex');
+  const stampFile = path.join(work, `${path.basename(o.out)}.stamp`);
+  if (existsSync(o.out) && existsSync(stampFile) && readFileSync(stampFile, 'utf8') === stamp) return false;
+  // Never write into the executable in place: a runtime may be running it (ETXTBSY). No
+  // --target: the executable embeds the very Bun that builds it (another target is a download).
+  const tmp = `${o.out}.tmp-${process.pid}`;
+  try {
+    execFileSync(bun, ['build', '--compile', '--bytecode', '--minify', o.main, '--outfile', tmp],
+      { stdio: ['ignore', 'ignore', 'pipe'], env: { PATH: process.env.PATH ?? '', HOME: process.env.HOME ?? '/root', BUN_INSTALL_CACHE_DIR: path.join(work, 'bun-cache'), DO_NOT_TRACK: '1' } });
+    chmodSync(tmp, 0o755);
+    renameSync(tmp, o.out);
+  } finally {
+    rmSync(tmp, { force: true });
+  }
+  writeFileSync(stampFile, stamp);
+  return true;
+}
