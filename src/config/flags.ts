@@ -91,6 +91,7 @@ export const FLAGS: readonly FlagSpec[] = [
   installFlag('exclude-namespaces', 'list', 'mesh-system,kube-system', 'Namespaces whose pods the plugin never redirects (comma-separated; written into its config).'),
   installFlag('cleanup-on-exit', 'string', 'auto', 'On SIGTERM: always remove our entry and files, never, or auto: keep them only while the API server confirms our DaemonSet still exists (a restart or upgrade).', { choices: CLEANUP_MODES }),
   installFlag('reconcile-interval', 'duration', '5s', 'How often a full reconcile runs besides the file watches (catches what watches miss).'),
+  installFlag('reconcile-timeout', 'duration', '30s', 'A reconcile pass running longer than this makes /readyz fail with the reason (it is stuck); stopping waits at most this long for a running pass, and as long again for the uninstall.'),
   installFlag('orchconfig', 'string', undefined, 'Orchconfig (kubeconfig) file the agent itself uses to reach the API server; empty means in-cluster (service account).', { path: 'file' }),
   // --- repair controller (seed), and its client-side limits
   repairFlag('repair-enabled', 'bool', 'false', 'Whether the repair controller runs.'),

@@ -11,6 +11,7 @@ import * as metrics from './metrics.ts';
 import { Reconciler, type Outcome } from './reconcile.ts';
 import { decideCleanup, type CleanupDecision } from './uninstall.ts';
 import { DirWatcher, type Trigger } from './watch.ts';
+import { watchdogReasons } from './watchdog.ts';
 import type { PluginTokenSource } from '../orch/tokenrequest.ts';
 
 const log = scope('install');
@@ -46,6 +47,9 @@ export class Installer implements Component {
   private retryTimer: NodeJS.Timeout | null = null;
   private retryDelayMs = RETRY_MIN_MS;
   private lastMalformed = false;
+  /** When the pass running now started (null: none runs), for the watchdog. */
+  private runningSince: number | null = null;
+  private readonly startedAt = Date.now();
 
   constructor(settings: Settings, opts: InstallerOptions = {}) {
     this.settings = settings;
@@ -82,7 +86,11 @@ export class Installer implements Component {
     });
     this.watcher.refresh();
     this.schedule('startup');
-    await this.running;
+    // A first pass stuck in a file system call must not hold the agent's start (and with it
+    // SIGTERM handling): readiness says it is stuck.
+    if (!(await within(this.running, s.reconcileTimeoutMs))) {
+      log.error('the first reconcile pass is still running; starting anyway, /readyz says it is stuck', { afterMs: s.reconcileTimeoutMs });
+    }
     this.timer = setInterval(() => this.schedule('periodic'), s.reconcileIntervalMs);
   }
 
@@ -109,7 +117,12 @@ export class Installer implements Component {
     let trigger: Trigger | null = first;
     while (trigger && !this.stopped) {
       this.pending = null;
-      await this.pass(trigger);
+      this.runningSince = Date.now();
+      try {
+        await this.pass(trigger);
+      } finally {
+        this.runningSince = null;
+      }
       trigger = this.pending;
     }
   }
@@ -174,7 +187,14 @@ export class Installer implements Component {
   }
 
   notReadyReasons(): readonly string[] {
-    return this.last ? this.last.notReady : ['the installer has not run yet'];
+    const last = this.last ? this.last.notReady : ['the installer has not run yet'];
+    // The last pass's answer only counts while passes still run and finish (watchdog.ts).
+    const s = this.settings.install;
+    const stuck = watchdogReasons({
+      now: Date.now(), runningSince: this.runningSince, lastFinished: this.lastAt?.getTime() ?? null, started: this.startedAt,
+      intervalMs: s.reconcileIntervalMs, timeoutMs: s.reconcileTimeoutMs,
+    });
+    return stuck.length > 0 ? [...stuck, ...last] : last;
   }
 
   status(): Record<string, unknown> {
@@ -199,18 +219,41 @@ export class Installer implements Component {
     if (this.timer) clearInterval(this.timer);
     if (this.retryTimer) clearTimeout(this.retryTimer);
     this.watcher.close();
-    await this.settled();
+    const timeoutMs = this.settings.install.reconcileTimeoutMs;
+    if (!(await within(this.settled(), timeoutMs))) {
+      // Uninstalling beside a pass that may still write would race it; the plugin keeps working
+      // with everything left in place, which is the state of a restart.
+      log.error('a reconcile pass is still running; not waiting for it, and leaving mesh-cni installed as it is', { signal, runningForMs: Date.now() - (this.runningSince ?? Date.now()) });
+      return;
+    }
     const decision = await this.decide(this.settings);
     if (!decision.cleanup) {
       log.info('leaving mesh-cni installed', { signal, why: decision.why });
       return;
     }
     log.info('uninstalling mesh-cni from this node', { signal, why: decision.why });
-    const done = await this.reconciler.cleanup();
+    const cleanup = this.reconciler.cleanup();
+    if (!(await within(cleanup, timeoutMs))) {
+      log.error('the uninstall did not finish in time; stopping without it', { signal, afterMs: timeoutMs });
+      return;
+    }
+    const done = await cleanup;
     for (const w of done) {
       metrics.writes.inc({ kind: w.kind, action: w.action });
       log.info(w.action === 'write' ? 'restored' : 'removed', { file: w.file, kind: w.kind });
     }
     metrics.installReady.set(0);
+  }
+}
+
+/** Whether `p` settles within `ms` (it goes on running either way). */
+async function within(p: Promise<unknown> | null, ms: number): Promise<boolean> {
+  if (!p) return true;
+  let timer: NodeJS.Timeout | undefined;
+  const late = new Promise<false>((resolve) => (timer = setTimeout(() => resolve(false), ms)));
+  try {
+    return await Promise.race([p.then(() => true, () => true), late]);
+  } finally {
+    clearTimeout(timer);
   }
 }
