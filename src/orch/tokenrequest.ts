@@ -98,6 +98,8 @@ export class PluginTokenMinter implements Component, PluginTokenSource {
   #lastError = '';
   #failures = 0;
   #timer: NodeJS.Timeout | null = null;
+  /** Milliseconds from the last attempt to the next one. */
+  #nextInMs: number | null = null;
   #inflight: AbortController | null = null;
   #stopped = false;
   readonly #listeners: (() => void)[] = [];
@@ -150,10 +152,12 @@ export class PluginTokenMinter implements Component, PluginTokenSource {
       this.#failures++;
       this.#lastError = err.message;
       metrics.pluginTokenRefreshFailures.inc({ reason: err.reason });
-      // Backoff with jitter (50-100% of the step), and never later than the old token's expiry.
+      // Backoff with jitter (50-100% of the step), and never later than the old token's expiry
+      // (once it expired, the backoff alone: a failing API server is not asked every second).
       const step = Math.min(this.#o.retryMaxMs, this.#o.retryBaseMs * 2 ** Math.min(20, this.#failures - 1));
       let delay = step * (0.5 + 0.5 * this.#o.random());
-      if (this.#token) delay = Math.min(delay, Math.max(this.#o.retryBaseMs, this.#token.expiresAt - this.#o.now()));
+      const left = this.#token ? this.#token.expiresAt - this.#o.now() : 0;
+      if (left > 0) delay = Math.min(delay, left);
       log.error('cannot mint the plugin\'s token; the old one stays in the orchconfig until it expires', {
         error: err.message, attempt: this.#failures, retryInMs: Math.round(delay), oldTokenExpires: this.#token ? new Date(this.#token.expiresAt).toISOString() : null,
       });
@@ -165,6 +169,7 @@ export class PluginTokenMinter implements Component, PluginTokenSource {
   }
 
   #arm(delayMs: number): void {
+    this.#nextInMs = delayMs;
     if (this.#timer) clearTimeout(this.#timer);
     this.#timer = setTimeout(() => void this.#refresh(), delayMs);
   }
@@ -189,6 +194,7 @@ export class PluginTokenMinter implements Component, PluginTokenSource {
       issued: this.#token ? new Date(this.#issuedAt).toISOString() : null,
       failures: this.#failures,
       lastError: this.#lastError || null,
+      nextAttemptInMs: this.#nextInMs === null ? null : Math.round(this.#nextInMs),
     };
   }
 

@@ -131,6 +131,24 @@ describe('the plugin\'s token', () => {
     assert.equal(await promtoolProblems(await registry.metrics()), '');
   });
 
+  it('once the old token expired, a failing API server is retried on the backoff alone, not at the retry floor', async () => {
+    let clock = Date.now();
+    let calls = 0;
+    const minter = new PluginTokenMinter(async () => {
+      calls++;
+      if (calls === 1) return { token: 'short-lived', expiresAt: clock + 1000 };
+      throw new Error('connect ECONNREFUSED');
+    }, { account: 'service account mesh-system/mesh-cni-plugin', now: () => clock, random: () => 1, retryBaseMs: 20, retryMaxMs: 10_000 });
+    cleanups.push(() => minter.stop());
+    await minter.start();
+    clock += 60_000; // the token expired long ago when the refreshes fail
+    await waitFor('four failed refreshes', () => (minter.status() as { failures: number }).failures >= 4, 5000);
+    await minter.stop();
+    const st = minter.status() as { failures: number; nextAttemptInMs: number };
+    assert.equal(st.nextAttemptInMs, 20 * 2 ** (st.failures - 1), 'the doubled step, not the 20 ms floor');
+    assert.match(minter.notReadyReasons()[0]!, /expired at .*refreshing failed \d+ time\(s\), last: .*ECONNREFUSED/);
+  });
+
   it('a token file (--plugin-token-file) is used as given, but never the agent\'s own token', async () => {
     const dir = await tmp();
     const own = path.join(dir, 'own-token');
