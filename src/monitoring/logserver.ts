@@ -17,6 +17,7 @@ import { Counter, Gauge } from 'prom-client';
 import type { Settings } from '../config/settings.ts';
 import { disabledComponent, type Component } from '../component.ts';
 import { LineSplitter } from './lines.ts';
+import { ReadPacer } from './pacer.ts';
 import { logRecord, scope } from './logging.ts';
 import { registry } from './metrics.ts';
 import { listenUnix } from './unixsocket.ts';
@@ -98,7 +99,11 @@ function drop(reason: DropReason): void {
 }
 
 // The read rate may burst to this many milliseconds' worth: a plugin run's few lines never wait.
-const TICK_MS = 100;
+const BURST_MS = 100;
+// What a line costs on top of its bytes, in bytes of the read rate: parsing (and printing) a line
+// costs far more than reading its bytes, and a flood of tiny lines is the CPU-bound kind. At the
+// default rate this is at most 32 000 lines a second.
+const LINE_COST = 512;
 
 export async function startPluginLogServer(settings: Settings, limits: LogServerLimits = DEFAULT_LIMITS): Promise<Component> {
   const address = settings.install.logUdsAddress;
@@ -110,34 +115,18 @@ export async function startPluginLogServer(settings: Settings, limits: LogServer
     buffered += delta;
     metrics.buffered.set(buffered);
   };
-
-  // Read rate, as a token bucket holding at most a tick's worth: a read may take it below zero
-  // (a read returns up to 64 KiB at once), and then every socket pauses until it is paid back.
-  const rate = limits.maxBytesPerSecond / 1000; // bytes a millisecond
-  const burst = Math.max(1, rate * TICK_MS);
-  let tokens = burst;
-  let refilled = Date.now();
-  let paused: NodeJS.Timeout | null = null;
-  const resumeAll = () => {
-    paused = null;
-    for (const s of sockets) s.resume();
-  };
-  const account = (n: number) => {
-    const now = Date.now();
-    tokens = Math.min(burst, tokens + (now - refilled) * rate) - n;
-    refilled = now;
-    if (tokens >= 0 || paused) return;
-    metrics.pauses.inc();
-    for (const s of sockets) s.pause();
-    paused = setTimeout(resumeAll, Math.ceil(-tokens / rate));
-  };
+  const pacer = new ReadPacer(limits.maxBytesPerSecond, BURST_MS, () => metrics.pauses.inc());
 
   const server = net.createServer((socket) => {
     metrics.connections.inc();
     sockets.add(socket);
     metrics.open.set(sockets.size);
-    if (paused) socket.pause();
-    const lines = new LineSplitter(limits.maxLineBytes, handleLine, () => {
+    pacer.admit(socket);
+    let linesRead = 0;
+    const lines = new LineSplitter(limits.maxLineBytes, (line) => {
+      linesRead++;
+      handleLine(line);
+    }, () => {
       metrics.lines.inc();
       drop('oversized');
     });
@@ -148,11 +137,17 @@ export async function startPluginLogServer(settings: Settings, limits: LogServer
       socket.destroy();
     };
     const lifetime = setTimeout(() => cut('lifetime'), limits.maxConnectionMs);
+    // Time spent waiting for its turn to be read is ours, not the sender's.
+    const lineTimeout = () => {
+      if (pacer.holds(socket)) lineTimer = setTimeout(lineTimeout, limits.lineTimeoutMs);
+      else cut('line_timeout');
+    };
     socket.setTimeout(limits.idleTimeoutMs, () => cut('idle'));
     socket.on('data', (chunk: Buffer) => {
       metrics.bytes.inc(chunk.length);
-      account(chunk.length);
+      linesRead = 0;
       lines.push(chunk);
+      pacer.charge(socket, chunk.length + linesRead * LINE_COST);
       const now = lines.buffered;
       if (now !== held) {
         if (now > held && buffered + now - held > limits.maxBufferedBytes) {
@@ -164,7 +159,7 @@ export async function startPluginLogServer(settings: Settings, limits: LogServer
         setBuffered(now - held);
         held = now;
       }
-      if (lines.inLine && lineTimer === null) lineTimer = setTimeout(() => cut('line_timeout'), limits.lineTimeoutMs);
+      if (lines.inLine && lineTimer === null) lineTimer = setTimeout(lineTimeout, limits.lineTimeoutMs);
       else if (!lines.inLine && lineTimer !== null) {
         clearTimeout(lineTimer);
         lineTimer = null;
@@ -182,6 +177,7 @@ export async function startPluginLogServer(settings: Settings, limits: LogServer
       setBuffered(-held);
       held = 0;
       sockets.delete(socket);
+      pacer.forget(socket);
       metrics.open.set(sockets.size);
     });
   });
@@ -200,9 +196,9 @@ export async function startPluginLogServer(settings: Settings, limits: LogServer
   return {
     name: 'plugin-log-server',
     notReadyReasons: () => [],
-    status: () => ({ address, connections: sockets.size, bufferedBytes: buffered, readPaused: paused !== null, limits }),
+    status: () => ({ address, connections: sockets.size, bufferedBytes: buffered, waitingToRead: { new: pacer.waitingNew, all: pacer.waiting }, limits }),
     stop: async () => {
-      if (paused) clearTimeout(paused);
+      pacer.stop();
       await close();
     },
   };

@@ -1,5 +1,5 @@
 import assert from 'node:assert/strict';
-import { spawnSync } from 'node:child_process';
+import { spawn, spawnSync } from 'node:child_process';
 import { lstatSync, mkdtempSync, readFileSync, rmSync, statSync, writeFileSync, existsSync } from 'node:fs';
 import net from 'node:net';
 import os from 'node:os';
@@ -265,16 +265,47 @@ describe('plugin log server', () => {
   });
 
   it('reads no faster than its rate limit, pausing every connection, and loses no line', async () => {
-    const { address } = await start({ maxBytesPerSecond: 64 * 1024 });
+    const { address } = await start({ maxBytesPerSecond: 256 * 1024 });
     const before = await metric('mesh_cni_plugin_log_read_pauses_total');
-    const line = JSON.stringify({ level: 'info', msg: 'paced', pad: 'z'.repeat(900) }) + '\n';
+    const line = JSON.stringify({ level: 'info', msg: 'paced', pad: 'z'.repeat(4000) }) + '\n';
     const t0 = Date.now();
-    await send(address, line.repeat(200)); // ~190 KiB: about three seconds at 64 KiB/s
+    await send(address, line.repeat(200)); // ~790 KiB: about three seconds at 256 KiB/s
     await waitFor('200 paced lines', () => (cniLines().filter((l) => l.includes('\tpaced\t')).length === 200 ? true : undefined));
     assert.ok((await metric('mesh_cni_plugin_log_read_pauses_total')) - before >= 2);
     // A lower bound only (a busy machine makes it longer): the rate held, whatever the chunk size
     // (the 64 KiB reads are paid for after they are read, so the last one's pause comes after).
-    assert.ok(Date.now() - t0 >= 1_500, `190 KiB read in ${Date.now() - t0} ms at 64 KiB/s`);
+    assert.ok(Date.now() - t0 >= 2_000, `790 KiB read in ${Date.now() - t0} ms at 256 KiB/s`);
+  });
+
+  it('serves a plugin run while flooding connections use up the read rate', async () => {
+    const { address, c } = await start();
+    const linesBefore = await metric('mesh_cni_plugin_log_lines_received_total');
+    // The flood comes from another process, as it would: in this one it would share our event loop.
+    const flooder = spawn(process.execPath, ['-e', `
+      const net = require('node:net');
+      const junk = Buffer.from('{not json}\\n'.repeat(20000));
+      for (let i = 0; i < 24; i++) {
+        const s = net.createConnection(${JSON.stringify(address)});
+        s.on('error', () => {});
+        const pump = () => { while (!s.destroyed) if (!s.write(junk)) return void s.once('drain', pump); };
+        s.once('connect', pump);
+      }`], { stdio: 'ignore' });
+    try {
+      // The flood under way, and every flooding connection read from once (none is new any more).
+      await waitFor('the flood under way', async () => {
+        const waiting = (c.status() as { waitingToRead?: { new: number } }).waitingToRead;
+        return (await metric('mesh_cni_plugin_log_lines_received_total')) - linesBefore >= 100_000 && (waiting?.new ?? 0) === 0 ? true : undefined;
+      }, 30_000);
+      for (let run = 0; run < 3; run++) {
+        const client = new UdsLog(address, 'info', { command: 'ADD', containerID: `c${run}`, pod: { namespace: 'shop', name: `cart-${run}` } }, 'none');
+        client.info(`plugin run ${run} in the flood`);
+        await client.flush(2000);
+        await waitFor(`plugin run ${run}'s record`, () => cniLines().find((l) => l.includes(`plugin run ${run} in the flood`)), 5_000);
+      }
+    } finally {
+      flooder.kill('SIGKILL');
+      await new Promise((r) => (flooder.exitCode !== null || flooder.signalCode !== null ? r(undefined) : flooder.once('exit', r)));
+    }
   });
 
   it('replaces a stale socket left by a killed agent', async () => {
