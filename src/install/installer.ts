@@ -64,6 +64,7 @@ export class Installer implements Component {
       { dir: s.serviceAccountDir, trigger: 'token' },
     ];
     if (s.orchCaFile) dirs.push({ dir: path.dirname(s.orchCaFile), trigger: 'ca' });
+    if (s.pluginTokenFile) dirs.push({ dir: path.dirname(s.pluginTokenFile), trigger: 'token' });
     if (s.cniNetworkConfigFile) dirs.push({ dir: path.dirname(s.cniNetworkConfigFile), trigger: 'template' });
     this.watcher = new DirWatcher(
       dirs,

@@ -161,6 +161,23 @@ describe('the plugin\'s token', () => {
     assert.throws(() => buildSettings({ 'plugin-token-file': '/var/run/secrets/kubernetes.io/serviceaccount/token' }, {}), /--plugin-token-file.*agent's own service-account token/);
   });
 
+  it('the agent puts a replaced --plugin-token-file into the orchconfig at once (its dir is watched)', async () => {
+    const t = await makeHostTree();
+    cleanups.push(() => t.remove());
+    await fs.writeFile(path.join(t.netDir, '10-bridge.conflist'), BRIDGE_CONFLIST);
+    const a = spawnAgent(t, { 'reconcile-interval': '1h', 'cleanup-on-exit': 'never' });
+    cleanups.push(() => a.stop('SIGKILL'));
+    await a.waitForLog((r) => r.msg === 'mesh-cni is installed and ready', 'ready');
+    const orchconfig = path.join(t.netDir, 'ZZZ-mesh-cni-orchconfig');
+    assert.equal(orchToken(orchconfig), 'plugin-token-1');
+    const file = t.flags['plugin-token-file']!;
+    await fs.writeFile(`${file}.new`, 'plugin-token-2\n');
+    await fs.rename(`${file}.new`, file);
+    // The periodic pass is an hour away: only a watch of the file's dir can do this.
+    await waitFor('the new token in the orchconfig', () => orchToken(orchconfig) === 'plugin-token-2', 3000);
+    assert.deepEqual(await filesHolding(t.netDir, '"token-1"'), [], 'the agent\'s own token (token-1) is not there');
+  });
+
   describe('the agent', () => {
     async function agentOn(api: TestApiServer, agentToken: string, flags: Record<string, string> = {}): Promise<{ a: AgentProcess; t: HostTree }> {
       const t = await makeHostTree({ token: agentToken, ca: api.caPem });
