@@ -25,6 +25,7 @@ export async function runAgent(settings: Settings): Promise<number> {
   let started = false;
   const readiness: Readiness = {
     notReadyReasons: () => (started ? components.flatMap((c) => c.notReadyReasons()) : ['starting']),
+    notes: () => components.flatMap((c) => c.notes?.() ?? []),
   };
   // Signals that arrive while starting are kept and acted on once everything is up.
   const stopSignal = new Promise<NodeJS.Signals>((resolve) => {

@@ -5,6 +5,8 @@ export interface Component {
   readonly name: string;
   /** Why this part is not ready yet; empty when it is. */
   notReadyReasons(): readonly string[];
+  /** What an operator should know whether ready or not (shown by /readyz); none when absent. */
+  notes?(): readonly string[];
   /** A small JSON-able snapshot of the part's state, for ControlZ. */
   status(): Record<string, unknown>;
   /** Stops the part; `signal` says why (cleanup decisions depend on it). */

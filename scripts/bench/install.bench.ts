@@ -97,7 +97,10 @@ async function runAgent(): Promise<Result> {
   }
 }
 
-/** Rotates the token the way the kubelet does and times until the orchconfig carries it. */
+/**
+ * Replaces the plugin's token file (--plugin-token-file, temp + rename, as a refresh writes it) and
+ * times until the orchconfig carries it. The agent's own service-account token never goes there.
+ */
 async function runTokenRotation(): Promise<number[]> {
   const tree = await prepare();
   const agent = spawnAgent(tree, { 'log_output_level': 'default:warn,install:warn', 'reconcile-interval': '1h' });
@@ -108,7 +111,9 @@ async function runTokenRotation(): Promise<number[]> {
     while (!hasEntry(path.join(tree.netDir, '10-bridge.conflist'))) await new Promise((r) => setTimeout(r, 10));
     for (let i = 0; i < 50; i++) {
       const token = `rotated-token-${i}`;
-      await tree.rotate({ token });
+      const file = tree.flags['plugin-token-file']!;
+      await fs.writeFile(`${file}.new`, token);
+      await fs.rename(`${file}.new`, file);
       const t0 = performance.now();
       while (!readFileSync(orchconfig, 'utf8').includes(token)) {
         if (performance.now() - t0 > 5000) break;
@@ -412,7 +417,7 @@ if (PARTS.has('restore')) {
     console.log(`| ${r.name} | ${pct(r.latenciesMs, 50).toFixed(2)} | ${pct(r.latenciesMs, 99).toFixed(2)} | ${Math.max(...r.latenciesMs).toFixed(2)} | ${r.writes} | ${(r.writes / REWRITES).toFixed(2)} |`);
   }
   const rotation = await runTokenRotation();
-  console.log(`\nservice-account token rotated 50 times by a ..data symlink swap; time until the orchconfig has it: p50 ${pct(rotation, 50).toFixed(2)} ms, p99 ${pct(rotation, 99).toFixed(2)} ms, max ${Math.max(...rotation).toFixed(2)} ms (target: within 1 s)`);
+  console.log(`\nthe plugin's token file replaced 50 times; time until the orchconfig has it: p50 ${pct(rotation, 50).toFixed(2)} ms, p99 ${pct(rotation, 99).toFixed(2)} ms, max ${Math.max(...rotation).toFixed(2)} ms (target: within 1 s)`);
   const ours = results[0]!;
   const ok = pct(ours.latenciesMs, 99) <= 20 && ours.writes === REWRITES;
   console.log(`\ntarget: p99 <= 20 ms and exactly one write per restore: ${ok ? 'met' : 'NOT met'}`);

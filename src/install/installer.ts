@@ -198,6 +198,11 @@ export class Installer implements Component {
     return stuck.length > 0 ? [...stuck, ...last] : last;
   }
 
+  /** The config files passed over for the primary, each with why: worth knowing while ready. */
+  notes(): readonly string[] {
+    return (this.last?.skipped ?? []).map((k) => `passed over ${path.join(this.settings.install.mountedCniNetDir, k.file)}, as the runtime would: ${k.reason}`);
+  }
+
   status(): Record<string, unknown> {
     const s = this.settings.install;
     return {

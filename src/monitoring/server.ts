@@ -11,6 +11,8 @@ const log = scope('monitoring');
 export interface Readiness {
   /** Empty when ready; otherwise one reason a line, shown by /readyz. */
   notReadyReasons(): readonly string[];
+  /** Lines /readyz adds, ready or not (e.g. config files the installer passed over). */
+  notes?(): readonly string[];
 }
 
 export interface MonitoringServer {
@@ -64,7 +66,8 @@ const ROUTES: Record<string, (send: Send, readiness: Readiness, req: http.Incomi
   '/healthz': async (send) => send(200, 'ok\n'),
   '/readyz': async (send, readiness) => {
     const reasons = readiness.notReadyReasons();
-    if (reasons.length === 0) send(200, 'ready\n');
-    else send(503, `not ready:\n${reasons.map((r) => `- ${r}`).join('\n')}\n`);
+    const notes = (readiness.notes?.() ?? []).map((n) => `note: ${n}\n`).join('');
+    if (reasons.length === 0) send(200, `ready\n${notes}`);
+    else send(503, `not ready:\n${reasons.map((r) => `- ${r}`).join('\n')}\n${notes}`);
   },
 };

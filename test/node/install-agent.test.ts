@@ -59,6 +59,34 @@ describe('install-cni process', () => {
     assert.deepEqual(await fs.readdir(t.binDir), ['mesh-cni']);
   });
 
+  // Issue 12.1 as reported: a run that leaves everything, then one with another log level that
+  // uninstalls; the uninstall put the first run's entry back.
+  it('never/warn, then always/debug and SIGTERM: the primary is given back with no entry of ours', async () => {
+    const t = await tree();
+    const primary = path.join(t.netDir, '10-bridge.conflist');
+    await fs.writeFile(primary, BRIDGE_CONFLIST);
+    for (const [cleanup, level] of [['never', 'warn'], ['always', 'debug']]) {
+      const a = agent(t, { 'cleanup-on-exit': cleanup!, 'log-level': level! });
+      await a.waitForLog((r) => r.msg === 'mesh-cni is installed and ready', `ready (${cleanup})`);
+      assert.equal(await a.stop('SIGTERM'), 0);
+    }
+    assert.equal(readFileSync(primary, 'utf8'), BRIDGE_CONFLIST);
+  });
+
+  // Issue 12.2: files passed over are named in /readyz also while ready (by name and reason).
+  it('names the files it passed over in /readyz, ready or not, never with their contents', async () => {
+    const t = await tree();
+    await fs.writeFile(path.join(t.netDir, '00-notes.conf'), 'token-like-secret-text\n');
+    await fs.writeFile(path.join(t.netDir, '10-bridge.conflist'), BRIDGE_CONFLIST);
+    const a = agent(t);
+    // Ready once every part has started (ControlZ comes after the installer).
+    await eventually(async () => (await a.get('/readyz')).status === 200, 'ready');
+    const r = await a.get('/readyz');
+    assert.match(r.body, /^ready\n/);
+    assert.match(r.body, /^note: passed over .*\/00-notes.conf, as the runtime would: not valid JSON/m);
+    assert.doesNotMatch(r.body, /token-like-secret-text/);
+  });
+
   it('SIGKILL at any moment leaves only whole config files, and a restart finishes the job', async () => {
     const t = await tree();
     const primary = path.join(t.netDir, '10-bridge.conflist');
