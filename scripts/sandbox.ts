@@ -32,6 +32,9 @@ const files: Record<string, string> = { token: 'sandbox-token', namespace: 'mesh
 for (const [name, content] of Object.entries(files)) {
   if (!fse.pathExistsSync(path.join(saDir, name))) fse.outputFileSync(path.join(saDir, name), content);
 }
+// No API server to mint the plugin's token from: the agent is given one as a file.
+const pluginToken = path.join(sandbox, 'plugin-token');
+if (!fse.pathExistsSync(pluginToken)) fse.outputFileSync(pluginToken, 'sandbox-plugin-token', { mode: 0o600 });
 if (!fse.pathExistsSync(path.join(binariesDir, 'mesh-cni'))) {
   console.error(`npm start: ${path.join(binariesDir, 'mesh-cni')} is missing; run npm run build first (npm start does)`);
   process.exit(1);
@@ -43,6 +46,7 @@ process.exit(await main([
   `--mounted-cni-bin-dir=${binDir}`,
   `--cni-binaries-dir=${binariesDir}`,
   `--service-account-dir=${saDir}`,
+  `--plugin-token-file=${pluginToken}`,
   `--log-uds-address=${path.join(sandbox, 'run/mesh-cni/log.sock')}`,
   // No API server here to watch pods from: the plugin would read them from one itself.
   '--pod-lookup-uds-address=',
