@@ -11,6 +11,9 @@ import { isLabelKey, isLabelValue, parseFieldSelector, parseLabelSelector } from
 export interface InstallSettings {
   readonly chained: boolean;
   readonly cniConfName: string;
+  /** Chained mode: our own config file sorting before the primary's, instead of an entry spliced into it. */
+  readonly meshOwnedCniConfig: boolean;
+  readonly meshOwnedCniConfigFilename: string;
   readonly cniNetDir: string;
   readonly mountedCniNetDir: string;
   readonly cniBinDir: string;
@@ -145,6 +148,18 @@ function parseFileName(flag: string, value: string, allowEmpty: boolean): string
   return value;
 }
 
+/**
+ * Our own config file's name (--mesh-owned-cni-config): a .conflist, since that is what we
+ * write, and not a temp-file name of ours (leftovers of those are removed at start).
+ */
+function parseOwnedFileName(flag: string, value: string): string {
+  const name = parseFileName(flag, value, false);
+  if (path.extname(name) !== '.conflist') throw new ConfigError(flag, value, 'expected a .conflist name (what we write there is a conflist), such as 02-mesh-cni.conflist');
+  if (name.includes(TEMP_MARKER)) throw new ConfigError(flag, value, `must not contain ${TEMP_MARKER}, the mark of our temp files`);
+  if (name.startsWith('.')) throw new ConfigError(flag, value, 'must not start with a dot');
+  return name;
+}
+
 /** A path; a relative one is taken from the working directory, as a shell user means it. */
 function parsePath(flag: string, value: string, cwd: string): string {
   if (value.includes('\0')) throw new ConfigError(flag, value, 'expected a path (no NUL characters)');
@@ -231,6 +246,8 @@ export function buildSettings(flags: RawFlags, env: Env, cwd: string = process.c
   const install: InstallSettings = {
     chained: bool('chained-cni-plugin'),
     cniConfName: get('cni-conf-name', (s, v) => parseFileName(s, v, true), ''),
+    meshOwnedCniConfig: bool('mesh-owned-cni-config'),
+    meshOwnedCniConfigFilename: get('mesh-owned-cni-config-filename', parseOwnedFileName, '02-mesh-cni.conflist'),
     cniNetDir: abs('cni-net-dir'),
     mountedCniNetDir: abs('mounted-cni-net-dir'),
     cniBinDir: abs('cni-bin-dir'),
@@ -261,6 +278,9 @@ export function buildSettings(flags: RawFlags, env: Env, cwd: string = process.c
   }
   if (install.cniConfName !== '' && install.orchcfgFileName <= install.cniConfName) {
     errors.push(new ConfigError('--orchcfg-file-name', install.orchcfgFileName, `sorts before --cni-conf-name ${install.cniConfName}, the config the runtime reads; name it so that it sorts after (byte order), as the default ZZZ-mesh-cni-orchconfig does`));
+  }
+  if (install.chained && install.meshOwnedCniConfig && install.cniConfName !== '' && install.cniConfName <= install.meshOwnedCniConfigFilename) {
+    errors.push(new ConfigError('--mesh-owned-cni-config-filename', install.meshOwnedCniConfigFilename, `does not sort before --cni-conf-name ${install.cniConfName}, so the runtime would read that file, not ours; name it so that it sorts first (byte order), or run with --mesh-owned-cni-config=false`));
   }
   if (install.skipTlsVerify && install.orchCaFile !== '') {
     errors.push(new ConfigError('--skip-tls-verify', 'true', 'cannot be combined with --orch-ca-file; choose one way to trust the API server'));

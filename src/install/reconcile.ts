@@ -13,6 +13,7 @@ import { renderOrchconfig } from './orchconfig.ts';
 import type { PluginTokenSource } from '../orch/tokenrequest.ts';
 import { readRegularFile, readRegularFileIfExists, UnsafeFileError } from './safefile.ts';
 import { DEFAULT_TEMPLATE, renderEntry } from './template.ts';
+import { planOwned, sortsBefore, type OwnedPlan } from './owned.ts';
 
 /** Our conflist in standalone mode, unless --cni-conf-name names another. */
 export const STANDALONE_CONF_NAME = 'YY-mesh-cni.conflist';
@@ -124,7 +125,8 @@ export class Reconciler {
 
   /** Names in the net dir that are ours and never a primary config. */
   ownFiles(): ReadonlySet<string> {
-    return new Set([this.s.orchcfgFileName, this.s.chained ? STANDALONE_CONF_NAME : this.standaloneName]);
+    // Our owned file (--mesh-owned-cni-config) in every mode: a copy of the primary, never one.
+    return new Set([this.s.orchcfgFileName, this.s.chained ? STANDALONE_CONF_NAME : this.standaloneName, this.s.meshOwnedCniConfigFilename]);
   }
 
   async reconcile(): Promise<Outcome> {
@@ -176,7 +178,9 @@ export class Reconciler {
       notReady.push(`not adding our entry to the CNI config until ${missing.join(' and ')} ${missing.length > 1 ? 'are' : 'is'} in place`);
     } else if (entry) {
       try {
-        primary = this.s.chained ? await this.syncChained(entry, writes, notReady, fail, skipped) : await this.syncStandalone(entry, writes);
+        primary = !this.s.chained ? await this.syncStandalone(entry, writes)
+          : this.s.meshOwnedCniConfig ? await this.syncOwned(entry, writes, notReady, fail, skipped)
+          : await this.syncChained(entry, writes, notReady, fail, skipped);
       } catch (e) {
         fail('write_failed', `cannot update the CNI config in ${this.netDir}: ${(e as Error).message}`);
       }
@@ -401,6 +405,9 @@ export class Reconciler {
     // Our entry belongs only in the file the runtime reads: take it out of every other one (the
     // old primary when a new file took first place).
     await this.takeOutAllBut(names, new Set([primary, primaryAfter, ...this.ownFiles()]), writes);
+    // Switched from --mesh-owned-cni-config: our file goes only now that the entry is in the
+    // primary, so the runtime never reads a config without it.
+    if (primaryAfter !== null && !this.s.meshOwnedCniConfig) await this.removeOwned(writes);
     return primaryAfter;
   }
 
@@ -414,7 +421,109 @@ export class Reconciler {
     }
     // ownFiles() holds our conflist in standalone mode.
     await this.takeOutAllBut(await fs.readdir(this.netDir), this.ownFiles(), writes);
+    if (name !== this.s.meshOwnedCniConfigFilename) await this.removeOwned(writes);
     return name;
+  }
+
+  /** The primary our owned file was last made from (for the message once it is gone). */
+  private ownedFrom: string | null = null;
+
+  /**
+   * --mesh-owned-cni-config (owned.ts): our own file, the primary's network with our entry
+   * last, sorting before the primary, which is never edited. The runtime reads ours; a primary
+   * rewritten meanwhile leaves ours as it was, with our entry, until it is made again from the
+   * new text. Returns the file the runtime reads with our entry.
+   */
+  private async syncOwned(entry: JsonObject, writes: Write[], notReady: string[], fail: (r: ErrorReason, m: string) => void, skipped: Skipped[]): Promise<string | null> {
+    const ownedName = this.s.meshOwnedCniConfigFilename;
+    const owned = path.join(this.netDir, ownedName);
+    const names = await fs.readdir(this.netDir);
+    const found = await this.findPrimary(names, skipped, fail);
+    const current = await readIfExists(owned).catch(() => null);
+    const kept = current !== null ? ownedName : null;
+    if (found?.said) return kept;
+    if (found && sortsBefore(found.name, ownedName)) {
+      // The runtime reads that file, not ours: fail closed, our entry goes into it as without
+      // this mode; ours stays (with our entry) for when that file is gone.
+      notReady.push(...planOwned({ ownedName, primary: { name: found.name, text: '', mode: 0 }, current: null }, entry, this.netDir).notReady);
+      skipped.length = 0;
+      return this.syncChained(entry, writes, notReady, fail, skipped);
+    }
+    const primaryFile = found ? path.join(this.netDir, found.name) : '';
+    const st = found && found.text !== null ? await fs.stat(primaryFile).catch(() => null) : null;
+    if (found && (found.text === null || st === null)) {
+      notReady.push(`primary CNI config ${primaryFile} vanished while being read; retrying`);
+      return kept;
+    }
+    const before = found && this.s.cniConfName !== '' ? await this.validBefore(names, ownedName, found.name) : [];
+    const curMode = current !== null ? ((await fs.stat(owned).catch(() => null))?.mode ?? 0) : 0;
+    let plan: OwnedPlan;
+    try {
+      plan = planOwned({
+        ownedName,
+        primary: found && st ? { name: found.name, text: found.text!, mode: st.mode } : null,
+        current: current !== null ? { text: current, mode: curMode } : null,
+        madeFrom: this.ownedFrom,
+        before,
+      }, entry, this.netDir);
+    } catch (e) {
+      if (!(e instanceof CniConfigError)) throw e;
+      fail('primary_malformed', `${e.message} (in ${this.netDir}); leaving it untouched until it changes${kept ? `, and our ${ownedName} as it is` : ''}`);
+      return kept;
+    }
+    notReady.push(...plan.notReady);
+    // No primary: maybe one caught half-written (an error, retried on the backoff).
+    const passedOver = skipped.length > 0 ? `; passed over, as the runtime would: ${skipped.map((k) => `${k.file}: ${k.reason}`).join('; ')}` : '';
+    if (found === null && skipped.length > 0) fail('primary_malformed', `waiting for a primary CNI config the runtime can load in ${this.netDir}${passedOver}${kept ? `; keeping our ${ownedName} as it is` : ''}`);
+    if (plan.action === 'wait' || plan.action === 'shadowed') {
+      if (skipped.length === 0) notReady.push(`waiting for a primary CNI config (.conf, .conflist or .json) in ${this.netDir} to make our ${ownedName} from`);
+      return null;
+    }
+    if (plan.action === 'write') {
+      const text = found!.text;
+      // The primary rewritten while ours was being made: ours would be stale; the runtime
+      // keeps reading our previous version (with our entry) and the change's event runs again.
+      const unchanged = async () => (await readIfExists(primaryFile).catch(() => null)) === text;
+      if (!(await writeFileAtomic(owned, plan.text, { mode: plan.mode, beforeRename: unchanged }))) {
+        notReady.push(`primary CNI config ${primaryFile} changed while our ${ownedName} was being made from it; doing it again`);
+        return kept;
+      }
+      writes.push({ file: owned, kind: 'cni_config', action: 'write' });
+    }
+    if (plan.from !== null) this.ownedFrom = plan.from;
+    // Ours is in place with our entry: an entry anywhere else (the primary's, from a run
+    // without this mode) goes, the primary given back byte for byte.
+    await this.takeOutAllBut(await fs.readdir(this.netDir), this.ownFiles(), writes);
+    return ownedName;
+  }
+
+  /** Configs the runtime would load that sort before ours, but the named primary (--cni-conf-name). */
+  private async validBefore(names: readonly string[], ownedName: string, primary: string): Promise<string[]> {
+    const out: string[] = [];
+    for (const name of [...names].sort()) {
+      if (!sortsBefore(name, ownedName) || !isConfigFile(name) || name === primary || this.ownFiles().has(name)) continue;
+      const text = await readIfExists(path.join(this.netDir, name)).catch(() => null);
+      if (text !== null && libcniVerdict(text, name).ok) out.push(name);
+    }
+    return out;
+  }
+
+  /**
+   * Our owned file gone (a run without --mesh-owned-cni-config, uninstall). Only a file that
+   * holds an entry of ours: a file of that name we never wrote is not ours to remove.
+   */
+  private async removeOwned(writes: Write[]): Promise<void> {
+    const name = this.s.meshOwnedCniConfigFilename;
+    const file = path.join(this.netDir, name);
+    const text = await readIfExists(file).catch(() => null);
+    if (text === null) return;
+    let ours: boolean;
+    try {
+      ours = withoutOurEntry(text, name) !== null;
+    } catch {
+      return;
+    }
+    if (ours && (await removeFile(file))) writes.push({ file, kind: 'cni_config', action: 'remove' });
   }
 
   /** Our entry out of every config file in `names` but those in `keep`. */
@@ -512,8 +621,11 @@ export class Reconciler {
   async cleanup(): Promise<Write[]> {
     const writes: Write[] = [];
     const names = await fs.readdir(this.netDir).catch(() => [] as string[]);
+    // Our owned file first: taking the entry out of it would leave a copy of the primary.
+    if (this.s.chained || this.standaloneName !== this.s.meshOwnedCniConfigFilename) await this.removeOwned(writes);
     for (const name of names) {
       if (!isConfigFile(name)) continue;
+      if (name === this.s.meshOwnedCniConfigFilename && (this.s.chained || this.standaloneName !== name)) continue;
       if (!this.s.chained && name === this.standaloneName) {
         if (await removeFile(path.join(this.netDir, name))) writes.push({ file: path.join(this.netDir, name), kind: 'cni_config', action: 'remove' });
         continue;

@@ -1,0 +1,84 @@
+// The owned config file (--mesh-owned-cni-config): instead of splicing our entry into the
+// primary CNI's file, we write a file of our own that sorts before it, holding the primary's
+// network with our entry last. The runtime reads ours; the primary CNI can rewrite its own file
+// as often as it likes, and the runtime meanwhile keeps reading our previous version, which has
+// our entry: there is no window in which a pod starts without mesh-cni.
+//
+// Pure planning only: which text and mode our file should have, given the primary's text, mode
+// and name and what our file holds now. The reconcile pass (reconcile.ts) does the I/O.
+
+import { withOurEntry, type JsonObject } from './cniconfig.ts';
+
+/** Our file's name unless --mesh-owned-cni-config-filename says otherwise. */
+export const DEFAULT_OWNED_NAME = '02-mesh-cni.conflist';
+/** Our file's mode unless the primary's is stricter. */
+export const OWNED_MODE = 0o600;
+
+/**
+ * Our file's text: the primary's network with exactly one entry of ours, last, the primary's
+ * bytes kept as the splice keeps them (cniconfig.ts withOurEntry); a .conf or .json primary is
+ * wrapped into a conflist with its own name and cniVersion. Throws CniConfigError for a
+ * primary the runtime would not load.
+ */
+export function ownedText(primaryText: string, primaryName: string, entry: JsonObject): string {
+  // null: the primary already has exactly our entry, last (it was spliced there before).
+  return withOurEntry(primaryText, primaryName, entry)?.text ?? primaryText;
+}
+
+/** 0600, or the primary's mode when that gives fewer rights (0400 stays 0400, 0644 becomes 0600). */
+export function ownedMode(primaryMode: number): number {
+  return OWNED_MODE & primaryMode & 0o777;
+}
+
+/** Byte order, as libcni sorts the dir (Go's sort.Strings). */
+export function sortsBefore(a: string, b: string): boolean {
+  return a < b;
+}
+
+export interface OwnedState {
+  /** Our file's name. */
+  readonly ownedName: string;
+  /** The primary: the first config the runtime would load, ours left out; null if none. */
+  readonly primary: { readonly name: string; readonly text: string; readonly mode: number } | null;
+  /** Our file now; null when it does not exist. */
+  readonly current: { readonly text: string; readonly mode: number } | null;
+  /** The primary our file was last made from, when known (for the message when it is gone). */
+  readonly madeFrom?: string | null;
+  /** Valid configs (not ours, not the primary) that sort before ours: the runtime would read one of them. */
+  readonly before?: readonly string[];
+}
+
+export type OwnedPlan =
+  /** Write our file (text and/or mode differ); `from` is the primary it is made from. */
+  | { readonly action: 'write'; readonly text: string; readonly mode: number; readonly from: string; readonly notReady: readonly string[] }
+  /** Our file is right as it is. */
+  | { readonly action: 'keep'; readonly from: string | null; readonly notReady: readonly string[] }
+  /** The primary sorts before our file: the runtime reads it, not ours; the entry must go there (splice). */
+  | { readonly action: 'shadowed'; readonly by: string; readonly notReady: readonly string[] }
+  /** No primary and no file of ours: nothing to write yet. */
+  | { readonly action: 'wait'; readonly notReady: readonly string[] };
+
+/**
+ * What to do with our file this pass. Throws CniConfigError for a primary the runtime would
+ * not load (the caller keeps our file as it is and says so).
+ */
+export function planOwned(s: OwnedState, entry: JsonObject, netDir: string): OwnedPlan {
+  const notReady: string[] = [];
+  if (s.before && s.before.length > 0) {
+    notReady.push(`${s.before.join(', ')} in ${netDir} ${s.before.length > 1 ? 'sort' : 'sorts'} before our ${s.ownedName}, so the runtime reads ${s.before.length > 1 ? 'the first of them' : 'it'}, not ours, and pods may start without mesh-cni; remove ${s.before.length > 1 ? 'them' : 'it'}, give --mesh-owned-cni-config-filename a name that sorts first (byte order), or run with --mesh-owned-cni-config=false`);
+  }
+  if (s.primary === null) {
+    if (s.current === null) return { action: 'wait', notReady };
+    notReady.push(`the primary CNI config${s.madeFrom ? ` ${s.madeFrom}` : ''} our ${s.ownedName} was made from is gone from ${netDir}; keeping ours as it is, so pods still get mesh-cni with the network it had, until the primary CNI writes its config again`);
+    return { action: 'keep', from: null, notReady };
+  }
+  if (sortsBefore(s.primary.name, s.ownedName)) {
+    notReady.push(`${s.primary.name} in ${netDir} sorts before our ${s.ownedName}, so the runtime reads it, not ours; our entry goes into it as without --mesh-owned-cni-config until it is gone. Give --mesh-owned-cni-config-filename a name that sorts first (byte order), or run with --mesh-owned-cni-config=false`);
+    return { action: 'shadowed', by: s.primary.name, notReady };
+  }
+  const text = ownedText(s.primary.text, s.primary.name, entry);
+  const mode = ownedMode(s.primary.mode);
+  if (s.current && s.current.text === text && (s.current.mode & 0o7777) === mode) return { action: 'keep', from: s.primary.name, notReady };
+  return { action: 'write', text, mode, from: s.primary.name, notReady };
+}
+

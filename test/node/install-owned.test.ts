@@ -1,0 +1,232 @@
+// --mesh-owned-cni-config: our own config file, sorting before the primary CNI's, which is never
+// edited. The generation from every primary shape (fixtures), the planner's cases, and the real
+// reconcile pass on a temp net dir: following the primary, keeping ours when it is gone, a file
+// sorting before ours, uninstall, and switching modes in either direction.
+
+import assert from 'node:assert/strict';
+import { readdirSync, readFileSync, statSync } from 'node:fs';
+import fs from 'node:fs/promises';
+import path from 'node:path';
+import { afterEach, describe, it } from 'node:test';
+import { buildSettings } from '../../src/config/settings.ts';
+import { ConfigErrors } from '../../src/config/parse.ts';
+import { isOurs, withoutOurEntry } from '../../src/install/cniconfig.ts';
+import { Installer } from '../../src/install/installer.ts';
+import { ownedMode, ownedText, planOwned } from '../../src/install/owned.ts';
+import { Reconciler } from '../../src/install/reconcile.ts';
+import { ROOT } from '../helpers/cli.ts';
+import { BRIDGE_CONFLIST, makeHostTree, type HostTree } from '../helpers/hosttree.ts';
+import { FIXTURE_ENTRY } from '../helpers/install-fixtures.ts';
+import { runtimeView } from '../helpers/runtime-view.ts';
+
+const FIXTURES = path.join(ROOT, 'test/node/fixtures/install-owned');
+const OWNED = '02-mesh-cni.conflist';
+const types = (text: string) => (JSON.parse(text) as { plugins: { type: string }[] }).plugins.map((p) => p.type);
+
+describe('owned config: generated from every primary shape (fixtures: primary in -> our file out)', () => {
+  for (const name of readdirSync(FIXTURES).filter((n) => statSync(path.join(FIXTURES, n)).isDirectory()).sort()) {
+    const dir = path.join(FIXTURES, name);
+    const input = readdirSync(dir).find((f) => f.startsWith('input'))!;
+    const inText = readFileSync(path.join(dir, input), 'utf8');
+    it(`${name}: ${input} -> expected.conflist`, () => {
+      const out = ownedText(inText, input, FIXTURE_ENTRY);
+      assert.equal(out, readFileSync(path.join(dir, 'expected.conflist'), 'utf8'));
+      // Exactly one entry of ours, last; the rest is the primary's chain in its order.
+      const plugins = (JSON.parse(out) as { plugins: unknown[] }).plugins;
+      assert.equal(plugins.filter((p) => isOurs(p as never)).length, 1);
+      assert.deepEqual(plugins.at(-1), FIXTURE_ENTRY);
+      const primary = JSON.parse(inText) as { plugins?: unknown[] };
+      assert.deepEqual(plugins.slice(0, -1), (primary.plugins ?? [primary]).filter((p) => !isOurs(p as never)));
+      // Made again from our own output, it is the same: a pass that finds it right writes nothing.
+      assert.equal(ownedText(out, OWNED, FIXTURE_ENTRY), out);
+    });
+    if (input.endsWith('.conflist') && !(JSON.parse(inText) as { plugins: unknown[] }).plugins.some((p) => isOurs(p as never))) {
+      it(`${name}: every byte of the primary's is kept (ours without our entry is the primary)`, () => {
+        assert.equal(withoutOurEntry(ownedText(inText, input, FIXTURE_ENTRY), OWNED), inText);
+      });
+    }
+  }
+});
+
+describe('owned config: mode and plan', () => {
+  it('is 0600, or the primary\'s mode when that gives fewer rights', () => {
+    for (const [primary, ours] of [[0o644, 0o600], [0o600, 0o600], [0o640, 0o600], [0o400, 0o400], [0o444, 0o400], [0o100644, 0o600], [0o200, 0o200]] as const) {
+      assert.equal(ownedMode(primary), ours, `primary ${primary.toString(8)}`);
+    }
+  });
+
+  const primary = { name: '10-bridge.conflist', text: BRIDGE_CONFLIST, mode: 0o644 };
+  const made = ownedText(BRIDGE_CONFLIST, primary.name, FIXTURE_ENTRY);
+  const cases: [string, Parameters<typeof planOwned>[0], string, RegExp | null][] = [
+    ['no primary, no file of ours: wait', { ownedName: OWNED, primary: null, current: null }, 'wait', null],
+    ['primary, no file of ours: write', { ownedName: OWNED, primary, current: null }, 'write', null],
+    ['ours is right: keep', { ownedName: OWNED, primary, current: { text: made, mode: 0o100600 } }, 'keep', null],
+    ['ours right but 0644: write (mode)', { ownedName: OWNED, primary, current: { text: made, mode: 0o644 } }, 'write', null],
+    ['the primary changed: write', { ownedName: OWNED, primary: { ...primary, text: BRIDGE_CONFLIST.replace('mcni-br0', 'mcni-br1') }, current: { text: made, mode: 0o600 } }, 'write', null],
+    ['the primary is gone: keep ours, say why', { ownedName: OWNED, primary: null, current: { text: made, mode: 0o600 }, madeFrom: '10-bridge.conflist' }, 'keep', /primary CNI config 10-bridge.conflist our 02-mesh-cni.conflist was made from is gone .*keeping ours/],
+    ['a primary sorting before ours: shadowed', { ownedName: OWNED, primary: { ...primary, name: '01-first.conflist' }, current: null }, 'shadowed', /01-first.conflist .* sorts before our 02-mesh-cni.conflist, so the runtime reads it, not ours/],
+    ['another config sorting before ours (named primary): say so', { ownedName: OWNED, primary, current: { text: made, mode: 0o600 }, before: ['00-multi.conf'] }, 'keep', /00-multi.conf in \/n sorts before our 02-mesh-cni.conflist, so the runtime reads it, not ours/],
+  ];
+  for (const [what, state, action, reason] of cases) {
+    it(what, () => {
+      const plan = planOwned(state, FIXTURE_ENTRY, '/n');
+      assert.equal(plan.action, action);
+      if (reason) assert.match(plan.notReady.join('\n'), reason);
+      else assert.deepEqual(plan.notReady, []);
+      if (plan.action === 'write') assert.equal(plan.mode, 0o600);
+    });
+  }
+});
+
+describe('owned config: settings', () => {
+  const refused = (flags: Record<string, string>, re: RegExp) =>
+    assert.throws(() => buildSettings(flags, {}), (e: unknown) => e instanceof ConfigErrors && re.test(e.message));
+  it('takes MESH_OWNED_CNI_CONFIG and the file name, and refuses names it cannot use', () => {
+    const s = buildSettings({}, { MESH_OWNED_CNI_CONFIG: 'true', MESH_OWNED_CNI_CONFIG_FILENAME: '01-ours.conflist' });
+    assert.equal(s.install.meshOwnedCniConfig, true);
+    assert.equal(s.install.meshOwnedCniConfigFilename, '01-ours.conflist');
+    assert.equal(buildSettings({}, {}).install.meshOwnedCniConfigFilename, OWNED);
+    refused({ 'mesh-owned-cni-config-filename': '02-mesh.conf' }, /expected a .conflist name/);
+    refused({ 'mesh-owned-cni-config-filename': 'a/02.conflist' }, /plain file name/);
+    refused({ 'mesh-owned-cni-config-filename': '.02.conflist' }, /must not start with a dot/);
+    refused({ 'mesh-owned-cni-config': 'true', 'cni-conf-name': '01-calico.conflist' }, /does not sort before --cni-conf-name 01-calico.conflist/);
+  });
+});
+
+describe('owned config: the reconcile pass on a real net dir', () => {
+  const trees: HostTree[] = [];
+  afterEach(async () => {
+    for (const t of trees.splice(0)) await t.remove();
+  });
+
+  async function setup(flags: Record<string, string> = {}, files: Record<string, string> = { '10-bridge.conflist': BRIDGE_CONFLIST }) {
+    const tree = await makeHostTree();
+    trees.push(tree);
+    for (const [name, text] of Object.entries(files)) await fs.writeFile(path.join(tree.netDir, name), text, { mode: 0o644 });
+    const make = (extra: Record<string, string> = {}) => new Reconciler(buildSettings({ ...tree.flags, 'mesh-owned-cni-config': 'true', ...flags, ...extra }, tree.env).install, buildSettings({}, tree.env).env);
+    return { tree, net: (n: string) => path.join(tree.netDir, n), make };
+  }
+
+  it('writes ours (0600) before the primary, never touches the primary, and the runtime reads ours', async () => {
+    const { tree, net, make } = await setup();
+    const r = make();
+    const out = await r.reconcile();
+    assert.deepEqual(out.notReady, []);
+    assert.equal(out.primary, OWNED);
+    assert.equal(readFileSync(net('10-bridge.conflist'), 'utf8'), BRIDGE_CONFLIST);
+    assert.deepEqual(types(readFileSync(net(OWNED), 'utf8')), ['bridge', 'mesh-cni']);
+    assert.equal(statSync(net(OWNED)).mode & 0o7777, 0o600);
+    assert.deepEqual(runtimeView(tree.netDir), { file: OWNED, entries: 1, chain: ['bridge', 'mesh-cni'] });
+    // Nothing to do the second time.
+    assert.deepEqual((await r.reconcile()).writes, []);
+  });
+
+  it('takes the primary\'s mode when it is stricter', async () => {
+    const { net, make } = await setup();
+    await fs.chmod(net('10-bridge.conflist'), 0o400);
+    await make().reconcile();
+    assert.equal(statSync(net(OWNED)).mode & 0o7777, 0o400);
+  });
+
+  it('makes ours again when the primary changes, and follows a new primary that takes first place', async () => {
+    const { tree, net, make } = await setup();
+    const r = make();
+    await r.reconcile();
+    await fs.writeFile(net('10-bridge.conflist'), BRIDGE_CONFLIST.replace('"bridge",', '"bridge", "mtu": 1400,'));
+    await r.reconcile();
+    assert.equal(readFileSync(net(OWNED), 'utf8'), ownedText(readFileSync(net('10-bridge.conflist'), 'utf8'), '10-bridge.conflist', (JSON.parse(readFileSync(net(OWNED), 'utf8')) as { plugins: never[] }).plugins.at(-1)!));
+    const ptp = '{"cniVersion":"1.0.0","name":"ptp-net","type":"ptp","ipam":{"type":"host-local","subnet":"198.18.125.0/24"}}\n';
+    await fs.writeFile(net('05-ptp.conf'), ptp);
+    const out = await r.reconcile();
+    assert.deepEqual(out.notReady, []);
+    assert.deepEqual(runtimeView(tree.netDir), { file: OWNED, entries: 1, chain: ['ptp', 'mesh-cni'] });
+    assert.equal(readFileSync(net('05-ptp.conf'), 'utf8'), ptp);
+    assert.equal(readFileSync(net('10-bridge.conflist'), 'utf8'), BRIDGE_CONFLIST.replace('"bridge",', '"bridge", "mtu": 1400,'));
+  });
+
+  it('keeps ours when the primary is gone, not ready, saying why; made again when it is back', async () => {
+    const { tree, net, make } = await setup();
+    const r = make();
+    await r.reconcile();
+    const ours = readFileSync(net(OWNED), 'utf8');
+    await fs.rm(net('10-bridge.conflist'));
+    const out = await r.reconcile();
+    assert.equal(readFileSync(net(OWNED), 'utf8'), ours);
+    assert.match(out.notReady.join('\n'), /primary CNI config 10-bridge.conflist our 02-mesh-cni.conflist was made from is gone from .*keeping ours as it is/);
+    assert.deepEqual(runtimeView(tree.netDir).chain, ['bridge', 'mesh-cni']);
+    // A restarted agent does not know the name any more, and says the same without it.
+    assert.match((await make().reconcile()).notReady.join('\n'), /primary CNI config our 02-mesh-cni.conflist was made from is gone/);
+    await fs.writeFile(net('10-bridge.conflist'), BRIDGE_CONFLIST);
+    assert.deepEqual((await r.reconcile()).notReady, []);
+  });
+
+  it('a config sorting before ours: reported (the runtime reads it), and our entry goes into it meanwhile', async () => {
+    const { tree, net, make } = await setup();
+    const r = make();
+    await r.reconcile();
+    const early = '{"cniVersion":"1.0.0","name":"early","plugins":[{"type":"ptp","ipam":{"type":"host-local","subnet":"198.18.126.0/24"}}]}\n';
+    await fs.writeFile(net('01-early.conflist'), early);
+    const out = await r.reconcile();
+    assert.match(out.notReady.join('\n'), /01-early.conflist in .* sorts before our 02-mesh-cni.conflist, so the runtime reads it, not ours/);
+    // Fail closed: the file the runtime reads has our entry, once.
+    assert.deepEqual(runtimeView(tree.netDir), { file: '01-early.conflist', entries: 1, chain: ['ptp', 'mesh-cni'] });
+    await fs.rm(net('01-early.conflist'));
+    assert.deepEqual((await r.reconcile()).notReady, []);
+    assert.deepEqual(runtimeView(tree.netDir), { file: OWNED, entries: 1, chain: ['bridge', 'mesh-cni'] });
+  });
+
+  it('with --cni-conf-name, another config sorting before ours is reported on /readyz', async () => {
+    const { installerFor } = { installerFor: async (t: HostTree) => {
+      const s = buildSettings({ ...t.flags, 'mesh-owned-cni-config': 'true', 'cni-conf-name': '10-bridge.conflist', 'reconcile-interval': '1h' }, t.env);
+      const inst = new Installer(s, { decideCleanup: async () => ({ cleanup: true, why: 'test' }) });
+      await inst.start();
+      await inst.settled();
+      return inst;
+    } };
+    const { tree } = await setup({}, { '10-bridge.conflist': BRIDGE_CONFLIST, '00-multi.conf': '{"cniVersion":"1.0.0","name":"multi","type":"ptp"}\n' });
+    const inst = await installerFor(tree);
+    try {
+      assert.match(inst.notReadyReasons().join('\n'), /00-multi.conf in .* sorts before our 02-mesh-cni.conflist, so the runtime reads it, not ours/);
+    } finally {
+      await inst.stop('SIGTERM');
+    }
+  });
+
+  it('uninstall removes ours; the primary was never touched', async () => {
+    const { tree, net, make } = await setup();
+    const r = make();
+    await r.reconcile();
+    const writes = await r.cleanup();
+    assert.ok(writes.some((w) => w.file === net(OWNED) && w.action === 'remove'));
+    assert.deepEqual((await fs.readdir(tree.netDir)).sort(), ['10-bridge.conflist']);
+    assert.equal(readFileSync(net('10-bridge.conflist'), 'utf8'), BRIDGE_CONFLIST);
+  });
+
+  it('switching modes either way leaves one entry in the file the runtime reads and no stale owned file', async () => {
+    for (const primaryName of ['10-bridge.conflist', '10-ptp.conf']) {
+      const ptp = '{"cniVersion":"1.0.0","name":"ptp-net","type":"ptp","ipam":{"type":"host-local","subnet":"198.18.127.0/24"}}\n';
+      const primaryText = primaryName.endsWith('.conf') ? ptp : BRIDGE_CONFLIST;
+      const { tree, net, make } = await setup({}, { [primaryName]: primaryText });
+      // Spliced first (an agent of before), then owned: the primary gets its bytes back.
+      await make({ 'mesh-owned-cni-config': 'false' }).reconcile();
+      assert.equal(runtimeView(tree.netDir).entries, 1);
+      const owned = make();
+      assert.deepEqual((await owned.reconcile()).notReady, []);
+      // A .conf made a .conflist by the splice is given back as the .conf: a second pass then
+      // makes ours from it.
+      await owned.reconcile();
+      assert.deepEqual(runtimeView(tree.netDir), { file: OWNED, entries: 1, chain: [primaryName.endsWith('.conf') ? 'ptp' : 'bridge', 'mesh-cni'] });
+      assert.equal(readFileSync(net(primaryName), 'utf8'), primaryText);
+      assert.deepEqual((await fs.readdir(tree.netDir)).filter((n) => n.endsWith('.conf') || n.endsWith('.conflist')).sort(), [OWNED, primaryName]);
+      // And back: the entry into the primary first, then ours removed.
+      const spliced = make({ 'mesh-owned-cni-config': 'false' });
+      const out = await spliced.reconcile();
+      assert.deepEqual(out.notReady, []);
+      assert.ok(!(await fs.readdir(tree.netDir)).includes(OWNED), 'no stale owned file');
+      assert.equal(runtimeView(tree.netDir).entries, 1);
+      const removed = out.writes.findIndex((w) => w.file === net(OWNED));
+      const spliceWrite = out.writes.findIndex((w) => w.action === 'write' && w.kind === 'cni_config');
+      assert.ok(spliceWrite >= 0 && spliceWrite < removed, 'the entry was in the primary before ours went');
+    }
+  });
+});
