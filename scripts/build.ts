@@ -10,7 +10,7 @@ import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import * as esbuild from 'esbuild';
 import { seaModeFrom } from './sea.ts';
-import { buildExecutable, pluginRuntimeFrom } from './plugin-runtime.ts';
+import { buildExecutable, DEFAULT_VALIDATION_RUNTIME, pluginRuntimeFrom } from './plugin-runtime.ts';
 import { bundleOptions } from './bundle-options.ts';
 
 const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
@@ -49,12 +49,16 @@ for (const e of entries) {
 console.log(`build: ${entries.map((e) => e.out).join(', ')}`);
 
 // Single executables for the node (no Node.js there): dist/bin/mesh-cni, dist/mesh-validation.
-// MESH_PLUGIN_RUNTIME=node-sea|bun picks their runtime (scripts/plugin-runtime.ts), the bundle
-// is the same; MESH_SEA_MODE=plain|codecache|snapshot the node-sea mode; MESH_SEA=0 skips them.
+// Their runtime is a build choice (scripts/plugin-runtime.ts), the bundle is the same:
+// MESH_PLUGIN_RUNTIME=node-sea|bun for the plugin, MESH_VALIDATION_RUNTIME for mesh-validation;
+// MESH_SEA_MODE=plain|codecache|snapshot the node-sea mode; MESH_SEA=0 skips them.
 if (process.env.MESH_SEA !== '0') {
-  const runtime = pluginRuntimeFrom(process.env.MESH_PLUGIN_RUNTIME);
   const seaMode = seaModeFrom(process.env.MESH_SEA_MODE);
-  for (const [bundle, exe] of [['dist/mesh-cni.cjs', 'dist/bin/mesh-cni'], ['dist/mesh-validation.cjs', 'dist/mesh-validation']] as const) {
+  const executables = [
+    ['dist/mesh-cni.cjs', 'dist/bin/mesh-cni', pluginRuntimeFrom(process.env.MESH_PLUGIN_RUNTIME)],
+    ['dist/mesh-validation.cjs', 'dist/mesh-validation', pluginRuntimeFrom(process.env.MESH_VALIDATION_RUNTIME, 'MESH_VALIDATION_RUNTIME', DEFAULT_VALIDATION_RUNTIME)],
+  ] as const;
+  for (const [bundle, exe, runtime] of executables) {
     const built = buildExecutable({ root, main: path.join(root, bundle), out: path.join(root, exe), runtime, seaMode });
     console.log(`build: ${exe} (${runtime === 'node-sea' ? `node-sea, ${seaMode}` : runtime}${built ? '' : ', up to date'})`);
   }

@@ -1,26 +1,34 @@
-// Plugin ADD wall time as the runtime sees it (spawn to exit), cold process every time, over
-// >= 100 pods, each with an API lookup (test API server, HTTPS + token) and rules applied in a
-// fresh pod netns after Debian's bridge + host-local. Same run, same pods, interleaved:
-//   node -e 0             the floor of any Node.js process
-//   bridge ADD            Debian's Go reference plugin, the primary CNI before us
-//   node dist/mesh-cni.cjs the bundle on a Node.js install
-//   SEA plain/codecache/snapshot  dist/bin/mesh-cni built each way
-//   SEA codecache with the pod from the agent's watch (--pod-lookup-uds-address), the default,
-//     also with iptables_flavour legacy (a host whose kubelet uses legacy iptables)
-//   iptables-{nft,legacy}-restore alone, the same rules in a fresh netns: what the kernel's
-//     nf_tables commit costs (its netlink socket close waits for an RCU grace period)
-// Target: mesh-cni p50 <= 60 ms and <= floor + 25 ms.  `npm run bench -- plugin` (PODS=n).
+// The plugin's cost as the runtime sees it, per runtime of the shipped executable (issue 20):
+// spawn to exit and the process's own user+sys CPU (its nsenter/iptables children included), a
+// cold process every time, measured by wait4 (lib/rusage-driver.py). One run, interleaved: per
+// pod, every row below runs once, in an order that rotates from pod to pod, so load from other
+// work on the machine falls on every row alike. Rows:
+//   floor             `node -e 0`, and each runtime's executable of an empty script
+//   bridge VERSION    Debian's Go reference plugin: what the targets compare with
+//   VERSION           per runtime
+//   DEL, netns gone   per runtime (a runtime's second DEL, a node after reboot)
+//   ADD excluded ns   per runtime: a kube-system pod, answered from the request alone
+//   ADD               per runtime x pod lookup (agent's watch over its socket | API server,
+//                     HTTPS + token, the fallback) x iptables flavour (nft | legacy), each in a
+//                     fresh pod netns after Debian's bridge + host-local ADD
+//   DEL, netns there  per runtime x flavour: our rules removed after that ADD
+//   restored alone    the same IPv4 rules by nsenter + iptables-{nft,legacy}-restore, fresh netns
+// Then the node-reboot case: 100 (BURST=n) ADDs started at once per runtime, pods from the
+// agent, flavour auto (remembered in the plugin cache): total CPU and the time to the last exit.
+// The targets (issue 20) are printed at the end, each met or not.
+//   npm run bench -- plugin        (PODS=n, BURST=n, BURSTS=n)
 
 import { spawnSync } from 'node:child_process';
-import { mkdirSync, mkdtempSync, rmSync } from 'node:fs';
+import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { startTestApiServer } from '../../test/helpers/apiserver.ts';
 import { ROOT } from '../../test/helpers/cli.ts';
-import { BridgeNetwork, cniEnv, Netns, run, type ChainEnv } from '../../test/helpers/netns.ts';
+import { BridgeNetwork, cniEnv, Netns, type ChainEnv } from '../../test/helpers/netns.ts';
 import { k8sArgs, meshPod, pluginConfig } from '../../test/helpers/plugin.ts';
 import { pct } from './lib/stats.ts';
-import { buildSea, SEA_MODES } from '../sea.ts';
+import { RusageDriver, type Job, type Measured } from './lib/rusage.ts';
+import { buildExecutable, DEFAULT_PLUGIN_RUNTIME, PLUGIN_RUNTIMES, type PluginRuntime } from '../plugin-runtime.ts';
 import type { V1Pod } from '@kubernetes/client-node';
 import { prepareCacheDir } from '../../cni-plugin/netns/flavourcache.ts';
 import { buildFamilyRules } from '../../cni-plugin/redirect/rules.ts';
@@ -32,125 +40,200 @@ import { configureLogging } from '../../src/monitoring/logging.ts';
 configureLogging({ asJson: false, outputLevels: buildSettings({ log_output_level: 'all:warn' }, {}).logging.outputLevels });
 
 const PODS = Number(process.env.PODS ?? 100);
+const BURST = Number(process.env.BURST ?? 100);
+const BURSTS = Number(process.env.BURSTS ?? 2);
+const PATH_ENV = '/usr/sbin:/usr/bin:/sbin:/bin';
 const tmp = mkdtempSync(path.join(os.tmpdir(), 'mcni-plg-bench-'));
 
 const build = spawnSync(process.execPath, [path.join(ROOT, 'scripts/build.ts')], { cwd: ROOT, env: { ...process.env, MESH_SEA: '0' }, stdio: 'inherit' });
 if (build.status !== 0) process.exit(1);
 const bundle = path.join(ROOT, 'dist/mesh-cni.cjs');
-// api: pod read from the API server; agent: from the agent's watch; agent-legacy: that, on a
-// host whose iptables flavour is legacy.
-type Lookup = 'api' | 'agent' | 'agent-legacy';
-const variants: [string, string[], Lookup][] = [['node mesh-cni.cjs (bundle)', [process.execPath, bundle], 'api']];
-for (const mode of SEA_MODES) {
-  const out = path.join(tmp, `mesh-cni-${mode}`);
-  buildSea({ root: ROOT, main: bundle, out, mode });
-  variants.push([`SEA ${mode}`, [out], 'api']);
-  if (mode === 'codecache') {
-    variants.push([`SEA ${mode}, pod from the agent`, [out], 'agent']);
-    variants.push([`SEA ${mode}, pod from the agent, legacy host`, [out], 'agent-legacy']);
-  }
+const emptyScript = path.join(tmp, 'empty.cjs');
+writeFileSync(emptyScript, 'process.exit(0);\n');
+const exe = new Map<PluginRuntime, string>();
+const emptyExe = new Map<PluginRuntime, string>();
+for (const runtime of PLUGIN_RUNTIMES) {
+  // The same bundle, each runtime's executable built as scripts/build.ts builds it.
+  exe.set(runtime, path.join(tmp, `mesh-cni-${runtime}`));
+  buildExecutable({ root: ROOT, main: bundle, out: exe.get(runtime)!, runtime, seaMode: 'codecache' });
+  emptyExe.set(runtime, path.join(tmp, `empty-${runtime}`));
+  buildExecutable({ root: ROOT, main: emptyScript, out: emptyExe.get(runtime)!, runtime, seaMode: 'codecache' });
 }
 
 // As on a node: a log socket dir, where the plugin also remembers the host's iptables flavour.
 mkdirSync(path.join(tmp, 'run'));
-prepareCacheDir(path.join(tmp, 'run/log.sock'));
+const logUds = path.join(tmp, 'run/log.sock');
+prepareCacheDir(logUds);
 const api = await startTestApiServer();
 const orchconfig = api.writeOrchconfig(path.join(tmp, 'orchconfig'));
 const network = new BridgeNetwork('198.18.3.0/24');
+const burstNetwork = new BridgeNetwork('198.18.4.0/24');
 // The agent's pod lookup (in this process: it answers from its watch while the plugin runs).
 const podLookupSocket = path.join(tmp, 'run/pods.sock');
 const lookup = await startPodLookup(buildSettings({ 'pod-lookup-uds-address': podLookupSocket, orchconfig }, { NODE_NAME: 'node-1' }));
-const times = new Map<string, number[]>();
-const record = (k: string, ms: number) => (times.get(k) ?? times.set(k, []).get(k)!).push(ms);
+const driver = new RusageDriver();
+const excludedNetns = new Netns('x');
 
-/** The pod's IPv4 rules restored by nsenter + iptables-*-restore alone, each flavour in a fresh netns. */
-async function restoreAlone(pod: V1Pod): Promise<void> {
-  const doc = buildFamilyRules(specForPod(pod), 4).restore;
-  for (const flavour of ['nft', 'legacy'] as const) {
-    const ns = new Netns('r');
-    try {
-      const r = await timed(['nsenter', `--net=${ns.path}`, '--', `iptables-${flavour}-restore`, '--noflush', '-w', '5'], { PATH: '/usr/sbin:/usr/bin:/sbin:/bin' }, doc);
-      if (r.code !== 0) throw new Error(`iptables-${flavour}-restore: ${r.out}`);
-      record(`iptables-${flavour}-restore alone (nsenter)`, r.ms);
-    } finally {
-      ns.remove();
-    }
-  }
+const samples = new Map<string, Measured[]>();
+const record = (k: string, m: Measured) => (samples.get(k) ?? samples.set(k, []).get(k)!).push(m);
+
+async function measured(name: string, job: Job, check = true): Promise<Measured> {
+  const m = await driver.run(job);
+  if (check && m.code !== 0) throw new Error(`${name}: exit ${m.code}: ${m.stdout} ${m.stderr}`);
+  record(name, m);
+  return m;
 }
 
-async function timed(argv: readonly string[], env: Record<string, string>, input: string): Promise<{ ms: number; code: number | null; out: string }> {
-  const t0 = process.hrtime.bigint();
-  const r = await run(argv[0]!, argv.slice(1), { env, input });
-  return { ms: Number(process.hrtime.bigint() - t0) / 1e6, code: r.code, out: r.stdout + r.stderr };
+function pluginStdin(extra: Record<string, unknown>, prev: unknown): string {
+  return JSON.stringify(pluginConfig({ cniVersion: '1.0.0', orchconfig, extra: { log_level: 'warn', log_uds_address: logUds, ...extra } }, prev));
 }
 
 /** A fresh pod netns with Debian's bridge ADD done in it, as the runtime leaves it for us. */
-async function podNetns(pod: V1Pod, id: string, measureBridge: boolean): Promise<{ ns: Netns; chain: ChainEnv; prev: unknown }> {
+async function podNetns(net: BridgeNetwork, pod: V1Pod, id: string): Promise<{ ns: Netns; chain: ChainEnv; prev: unknown }> {
   const ns = new Netns('b');
   try {
     const chain: ChainEnv = { containerId: id, netns: ns.path, ifname: 'eth0', args: k8sArgs(pod, id) };
-    const br = await timed(['ip', 'netns', 'exec', network.host.name, '/usr/lib/cni/bridge'], cniEnv('ADD', chain), JSON.stringify(network.bridgeConfig));
-    if (br.code !== 0) throw new Error(`bridge ADD: ${br.out}`);
-    if (measureBridge) {
-      // `ip netns exec` itself costs a fork+exec+setns; measured alone and subtracted.
-      const ipx = await timed(['ip', 'netns', 'exec', network.host.name, 'true'], {}, '');
-      record('bridge ADD (Debian, Go)', Math.max(0, br.ms - ipx.ms));
-    }
-    return { ns, chain, prev: JSON.parse(br.out.slice(0, br.out.lastIndexOf('}') + 1)) as unknown };
+    const br = await net.bridgeCmd('ADD', chain);
+    if (br.code !== 0) throw new Error(`bridge ADD: ${br.stdout} ${br.stderr}`);
+    return { ns, chain, prev: JSON.parse(br.stdout) as unknown };
   } catch (e) {
     ns.remove();
     throw e;
   }
 }
 
-try {
-  for (let i = 0; i < PODS; i++) {
-    const template = meshPod('bench', `pod-${i}`);
-    const pod = api.upsertPod({ ...template, spec: { ...template.spec!, nodeName: 'node-1' } });
-    record('node -e 0 (floor)', (await timed([process.execPath, '-e', '0'], {}, '')).ms);
-    await restoreAlone(pod);
-    // Every variant gets a pod netns of its own, as every ADD does on a node (rules replaced in
-    // a netns that has them already cost more, in nf_tables). The order rotates per pod.
-    for (let k = 0; k < variants.length; k++) {
-      const [name, argv, lookupBy] = variants[(i + k) % variants.length]!;
-      const { ns, chain, prev } = await podNetns(pod, `bench${process.pid}x${i}v${k}`, k === 0);
+type Task = () => Promise<void>;
+
+function tasksFor(pod: V1Pod, i: number): Task[] {
+  const tasks: Task[] = [
+    async () => { await measured('floor: node -e 0', { argv: [process.execPath, '-e', '0'], env: {} }); },
+    async () => { await measured('bridge VERSION (Debian, Go)', { argv: ['/usr/lib/cni/bridge'], env: { CNI_COMMAND: 'VERSION' }, input: '{"cniVersion":"1.0.0"}' }); },
+  ];
+  for (const flavour of ['nft', 'legacy'] as const) {
+    tasks.push(async () => {
+      const ns = new Netns('r');
       try {
-        const extra = { iptables_flavour: lookupBy === 'agent-legacy' ? 'legacy' : 'auto', log_level: 'warn', log_uds_address: path.join(tmp, 'run/log.sock') };
-        const lookupVia = lookupBy === 'api' ? {} : { pod_lookup_uds_address: podLookupSocket };
-        const stdin = JSON.stringify(pluginConfig({ cniVersion: '1.0.0', orchconfig, extra: { ...extra, ...lookupVia } }, prev));
-        const r = await timed(argv, cniEnv('ADD', chain, { PATH: '/usr/sbin:/usr/bin:/sbin:/bin' }), stdin);
-        if (r.code !== 0) throw new Error(`${name} ADD failed: ${r.out}`);
-        record(`mesh-cni ADD, ${name}`, r.ms);
-        await network.bridgeCmd('DEL', chain, prev);
+        await measured(`${flavour}: the same rules restored alone`, { argv: ['/usr/bin/nsenter', `--net=${ns.path}`, '--', `/usr/sbin/iptables-${flavour}-restore`, '--noflush', '-w', '5'], env: { PATH: PATH_ENV }, input: buildFamilyRules(specForPod(pod), 4).restore });
       } finally {
         ns.remove();
       }
+    });
+  }
+  for (const runtime of PLUGIN_RUNTIMES) {
+    const argv = [exe.get(runtime)!];
+    tasks.push(async () => { await measured(`${runtime}: floor (empty script)`, { argv: [emptyExe.get(runtime)!], env: {} }); });
+    tasks.push(async () => { await measured(`${runtime}: VERSION`, { argv, env: { CNI_COMMAND: 'VERSION' }, input: '{"cniVersion":"1.0.0"}' }); });
+    tasks.push(async () => {
+      const chain = { containerId: `gone${i}`, netns: `/run/netns/mcni-plg-${process.pid}-gone`, ifname: 'eth0', args: k8sArgs(pod, `gone${i}`) };
+      await measured(`${runtime}: DEL, netns gone`, { argv, env: cniEnv('DEL', chain, { PATH: PATH_ENV }), input: pluginStdin({ iptables_flavour: 'nft' }, undefined) });
+    });
+    tasks.push(async () => {
+      const chain = { containerId: `x${i}`, netns: excludedNetns.path, ifname: 'eth0', args: `IgnoreUnknown=1;K8S_POD_NAMESPACE=kube-system;K8S_POD_NAME=dns-${i};K8S_POD_UID=x${i}` };
+      const prev = { cniVersion: '1.0.0', interfaces: [{ name: 'eth0', sandbox: excludedNetns.path }], ips: [{ address: '198.18.5.2/24', interface: 0 }] };
+      await measured(`${runtime}: ADD, excluded namespace`, { argv, env: cniEnv('ADD', chain, { PATH: PATH_ENV }), input: pluginStdin({ iptables_flavour: 'nft' }, prev) });
+    });
+    for (const by of ['agent', 'api'] as const) {
+      for (const flavour of ['nft', 'legacy'] as const) {
+        tasks.push(async () => {
+          const { ns, chain, prev } = await podNetns(network, pod, `bench${process.pid}x${i}${runtime}${by}${flavour}`);
+          try {
+            const lookupVia = by === 'api' ? {} : { pod_lookup_uds_address: podLookupSocket };
+            const stdin = pluginStdin({ iptables_flavour: flavour, ...lookupVia }, prev);
+            await measured(`${runtime}: ADD, pod from the ${by === 'agent' ? 'agent' : 'API server'}, ${flavour}`, { argv, env: cniEnv('ADD', chain, { PATH: PATH_ENV }), input: stdin });
+            if (by === 'agent') await measured(`${runtime}: DEL, netns there, ${flavour}`, { argv, env: cniEnv('DEL', chain, { PATH: PATH_ENV }), input: stdin });
+            await network.bridgeCmd('DEL', chain, prev);
+          } finally {
+            ns.remove();
+          }
+        });
+      }
     }
   }
+  return tasks;
+}
+
+interface BurstRow { runtime: PluginRuntime; wallMs: number; cpuMs: number; p50: number; p99: number; failed: number }
+const bursts: BurstRow[] = [];
+
+async function burst(runtime: PluginRuntime, pods: V1Pod[], round: number): Promise<void> {
+  const made: { ns: Netns; chain: ChainEnv; prev: unknown }[] = [];
+  try {
+    for (let j = 0; j < pods.length; j++) made.push(await podNetns(burstNetwork, pods[j]!, `burst${process.pid}r${round}${runtime}${j}`));
+    const jobs = made.map(({ chain, prev }) => ({
+      argv: [exe.get(runtime)!], env: cniEnv('ADD', chain, { PATH: PATH_ENV }),
+      input: pluginStdin({ iptables_flavour: 'auto', pod_lookup_uds_address: podLookupSocket }, prev),
+    }));
+    const r = await driver.runAll(jobs);
+    const walls = r.results.map((m) => m.wallMs);
+    bursts.push({
+      runtime, wallMs: r.wallMs, cpuMs: r.results.reduce((a, m) => a + m.userMs + m.sysMs, 0),
+      p50: pct(walls, 50), p99: pct(walls, 99), failed: r.results.filter((m) => m.code !== 0).length,
+    });
+    const bad = r.results.find((m) => m.code !== 0);
+    if (bad) console.error(`burst ${runtime}: an ADD failed: ${bad.stdout} ${bad.stderr}`);
+  } finally {
+    for (const { ns, chain, prev } of made) {
+      await burstNetwork.bridgeCmd('DEL', chain, prev);
+      ns.remove();
+    }
+  }
+}
+
+try {
+  const pods: V1Pod[] = [];
+  for (let i = 0; i < Math.max(PODS, BURST); i++) {
+    const template = meshPod('bench', `pod-${i}`);
+    pods.push(api.upsertPod({ ...template, spec: { ...template.spec!, nodeName: 'node-1' } }));
+  }
+  // Warm-up: page cache, the flavour cache, the agent's watch.
+  for (const t of tasksFor(pods[0]!, 0)) await t();
+  samples.clear();
+  for (let i = 0; i < PODS; i++) {
+    const tasks = tasksFor(pods[i]!, i);
+    for (let k = 0; k < tasks.length; k++) await tasks[(i * 7 + k) % tasks.length]!();
+  }
+  for (let round = 0; round < BURSTS; round++) {
+    const order = round % 2 === 0 ? [...PLUGIN_RUNTIMES] : [...PLUGIN_RUNTIMES].reverse();
+    for (const runtime of order) await burst(runtime, pods.slice(0, BURST), round);
+  }
 } finally {
+  driver.close();
+  excludedNetns.remove();
   network.cleanup();
+  burstNetwork.cleanup();
   await lookup.stop('SIGTERM');
   await api.close();
   rmSync(tmp, { recursive: true, force: true });
 }
 
-const floor = pct(times.get('node -e 0 (floor)')!, 50);
-const rows = [...times.entries()].map(([name, xs]) => ({
-  name, n: xs.length, p50: pct(xs, 50), p99: pct(xs, 99), mean: xs.reduce((a, b) => a + b, 0) / xs.length,
-}));
+const rows = [...samples.entries()].map(([name, xs]) => {
+  const wall = xs.map((m) => m.wallMs);
+  const cpu = xs.map((m) => m.userMs + m.sysMs);
+  return { name, n: xs.length, p50: pct(wall, 50), p99: pct(wall, 99), cpu: cpu.reduce((a, b) => a + b, 0) / cpu.length };
+}).sort((a, b) => a.name.localeCompare(b.name));
 const w = Math.max(...rows.map((r) => r.name.length));
-console.log(`\nplugin ADD, spawn to exit, cold, ${PODS} pods (API lookup + rules; ${os.cpus().length} CPUs, load ${os.loadavg()[0]!.toFixed(2)})`);
-console.log(`${'variant'.padEnd(w)}  ${'n'.padStart(4)}  ${'p50 ms'.padStart(8)}  ${'p99 ms'.padStart(8)}  ${'mean ms'.padStart(8)}  ${'p50-floor'.padStart(9)}`);
-for (const r of rows) {
-  console.log(`${r.name.padEnd(w)}  ${String(r.n).padStart(4)}  ${r.p50.toFixed(1).padStart(8)}  ${r.p99.toFixed(1).padStart(8)}  ${r.mean.toFixed(1).padStart(8)}  ${(r.p50 - floor).toFixed(1).padStart(9)}`);
+const f = (v: number, n = 8) => v.toFixed(1).padStart(n);
+console.log(`\nplugin, spawn to exit, cold process, ${PODS} pods, every row once per pod in a rotating order (${os.cpus().length} CPUs, load ${os.loadavg()[0]!.toFixed(2)} at the end)`);
+console.log(`${'row'.padEnd(w)}  ${'n'.padStart(4)}  ${'p50 ms'.padStart(8)}  ${'p99 ms'.padStart(8)}  ${'CPU ms/call'.padStart(11)}`);
+for (const r of rows) console.log(`${r.name.padEnd(w)}  ${String(r.n).padStart(4)}  ${f(r.p50)}  ${f(r.p99)}  ${f(r.cpu, 11)}`);
+
+console.log(`\n${BURST} ADDs started at once (a node reboot), pods from the agent, flavour auto; ${BURSTS} round(s), runtimes alternating first`);
+console.log(`${'runtime'.padEnd(9)}  ${'to last exit ms'.padStart(15)}  ${'total CPU ms'.padStart(12)}  ${'CPU ms/ADD'.padStart(10)}  ${'p50 ms'.padStart(8)}  ${'p99 ms'.padStart(8)}  failed`);
+for (const b of bursts) console.log(`${b.runtime.padEnd(9)}  ${f(b.wallMs, 15)}  ${f(b.cpuMs, 12)}  ${f(b.cpuMs / BURST, 10)}  ${f(b.p50)}  ${f(b.p99)}  ${b.failed}`);
+
+const row = (name: string) => rows.find((r) => r.name === name)!;
+const bridgeVersion = row('bridge VERSION (Debian, Go)').p50;
+const verdict = (ok: boolean) => (ok ? 'met' : 'MISSED');
+console.log(`\ntargets (issue 20), default runtime today: ${DEFAULT_PLUGIN_RUNTIME}; bridge VERSION p50 ${bridgeVersion.toFixed(1)} ms`);
+for (const runtime of PLUGIN_RUNTIMES) {
+  for (const flavour of ['nft', 'legacy'] as const) {
+    const alone = row(`${flavour}: the same rules restored alone`).p50;
+    for (const by of ['agent', 'API server']) {
+      const add = row(`${runtime}: ADD, pod from the ${by}, ${flavour}`);
+      console.log(`  ${runtime}, ${flavour}, pod from the ${by}: ADD p50 ${add.p50.toFixed(1)} - restore alone ${alone.toFixed(1)} = ${(add.p50 - alone).toFixed(1)} ms (<= 15: ${verdict(add.p50 - alone <= 15)}); CPU ${add.cpu.toFixed(1)} ms/ADD (<= 15: ${verdict(add.cpu <= 15)})`);
+    }
+  }
+  const v = row(`${runtime}: VERSION`).p50;
+  const d = row(`${runtime}: DEL, netns gone`).p50;
+  console.log(`  ${runtime}: VERSION p50 ${v.toFixed(1)} ms = ${(v / bridgeVersion).toFixed(2)} x bridge (<= 2: ${verdict(v <= 2 * bridgeVersion)}); DEL, netns gone p50 ${d.toFixed(1)} ms = ${(d / bridgeVersion).toFixed(2)} x bridge (<= 2: ${verdict(d <= 2 * bridgeVersion)})`);
 }
-const p50 = (name: string) => rows.find((r) => r.name === name)!.p50;
-const verdict = (name: string) => {
-  const v = p50(name);
-  return `${name}: p50 ${v.toFixed(1)} ms = floor + ${(v - floor).toFixed(1)} ms -> ${v <= 60 && v <= floor + 25 ? 'met' : 'NOT met'}`;
-};
-console.log(`target p50 <= 60 ms and <= floor + 25 ms (floor ${floor.toFixed(1)} ms):`);
-console.log(`  ${verdict('mesh-cni ADD, SEA codecache, pod from the agent')}`);
-console.log(`  ${verdict('mesh-cni ADD, SEA codecache, pod from the agent, legacy host')}`);
-const commit = p50('iptables-nft-restore alone (nsenter)') - p50('iptables-legacy-restore alone (nsenter)');
-console.log(`  the same rules cost ${commit.toFixed(1)} ms more through nf_tables than through legacy iptables (kernel commit, RCU grace period)`);

@@ -8,7 +8,12 @@ import path from 'node:path';
 import { ROOT } from './cli.ts';
 import { cniEnv, run, type ChainEnv, type Run } from './netns.ts';
 
-export const MESH_CNI_SOURCE = [process.execPath, path.join(ROOT, 'bin/mesh-cni.js')] as const;
+// The plugin under test: its sources under Node 24, or, with MESH_TEST_SHIPPED=1 (set by
+// test/node/plugin-shipped.test.ts, which re-runs the plugin and validation suites so), the
+// shipped executables whichever runtime built them (issue 20).
+const SHIPPED = process.env.MESH_TEST_SHIPPED === '1';
+export const MESH_CNI_SOURCE: readonly string[] = SHIPPED ? [path.join(ROOT, 'dist/bin/mesh-cni')] : [process.execPath, path.join(ROOT, 'bin/mesh-cni.js')];
+export const MESH_VALIDATION_ARGV: readonly string[] = SHIPPED ? [path.join(ROOT, 'dist/mesh-validation')] : [process.execPath, path.join(ROOT, 'bin/mesh-validation.js')];
 
 export interface PluginConf {
   cniVersion: string;

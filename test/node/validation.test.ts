@@ -8,14 +8,11 @@ import { readFileSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 import { after, before, describe, it } from 'node:test';
 import { startTestApiServer, type TestApiServer } from '../helpers/apiserver.ts';
-import { ROOT } from '../helpers/cli.ts';
 import { BridgeNetwork, Netns, run, type ChainEnv } from '../helpers/netns.ts';
-import { k8sArgs, meshCni, meshPod, pluginConfig, tempDir } from '../helpers/plugin.ts';
-
-const VALIDATION = path.join(ROOT, 'bin/mesh-validation.js');
+import { k8sArgs, meshCni, meshPod, MESH_VALIDATION_ARGV, pluginConfig, tempDir } from '../helpers/plugin.ts';
 
 function validate(ns: Netns, args: string[]) {
-  return run('ip', ['netns', 'exec', ns.name, process.execPath, VALIDATION, ...args], { timeoutMs: 20_000 });
+  return run('ip', ['netns', 'exec', ns.name, ...MESH_VALIDATION_ARGV, ...args], { timeoutMs: 20_000 });
 }
 
 describe('mesh-validation', () => {
