@@ -173,3 +173,46 @@ export async function importBusybox(podman: Podman, name: string): Promise<void>
     rmSync(root, { recursive: true, force: true });
   }
 }
+
+/** What one plugin answered to a DEL the test ran for the runtime. */
+export interface PluginDel {
+  readonly type: string;
+  readonly code: number | null;
+  readonly output: string;
+}
+
+/**
+ * Runs DEL for a container the way a runtime that tears down with the config it cached at ADD
+ * does (CRI-O; podman 4.3 re-reads its config dir instead): from libcni's own cache entry
+ * (`<cacheDir>/results/<network>-<container id>-<ifname>`, written by podman at ADD), every
+ * plugin of the cached conflist in reverse order, each given the list's name and cniVersion and
+ * the cached result as prevResult, stopping at the first failure as libcni does. Runs in
+ * `hostNetns`, where podman ran the plugins.
+ */
+export async function delFromCachedConfig(o: { cacheFile: string; netns: string; pluginDirs: readonly string[]; hostNetns: string }): Promise<PluginDel[]> {
+  const cache = JSON.parse(readFileSync(o.cacheFile, 'utf8')) as {
+    containerId: string; ifName: string; config: string; cniArgs?: [string, string][]; result?: unknown;
+  };
+  const list = JSON.parse(Buffer.from(cache.config, 'base64').toString('utf8')) as { name: string; cniVersion: string; plugins: { type: string }[] };
+  const done: PluginDel[] = [];
+  for (const plugin of [...list.plugins].reverse()) {
+    const exe = o.pluginDirs.map((d) => path.join(d, plugin.type)).find((f) => spawnSync('test', ['-x', f]).status === 0);
+    if (!exe) {
+      done.push({ type: plugin.type, code: null, output: `failed to find plugin "${plugin.type}" in path ${o.pluginDirs.join(':')}` });
+      return done;
+    }
+    const conf = { ...plugin, name: list.name, cniVersion: list.cniVersion, ...(cache.result ? { prevResult: cache.result } : {}) };
+    const r = await run('nsenter', [`--net=${o.hostNetns}`, '--', exe], {
+      input: JSON.stringify(conf),
+      env: {
+        PATH: process.env.PATH ?? '/usr/sbin:/usr/bin:/sbin:/bin',
+        CNI_COMMAND: 'DEL', CNI_CONTAINERID: cache.containerId, CNI_NETNS: o.netns, CNI_IFNAME: cache.ifName,
+        CNI_ARGS: (cache.cniArgs ?? []).map(([k, v]) => `${k}=${v}`).join(';'), CNI_PATH: o.pluginDirs.join(':'),
+      },
+      timeoutMs: 30_000,
+    });
+    done.push({ type: plugin.type, code: r.code, output: `${r.stdout}${r.stderr}` });
+    if (r.code !== 0) return done;
+  }
+  return done;
+}

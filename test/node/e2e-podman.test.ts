@@ -28,7 +28,7 @@ import { ROOT } from '../helpers/cli.ts';
 import { makeHostTree, type HostTree } from '../helpers/hosttree.ts';
 import { eventually } from '../helpers/poll.ts';
 import { run, type Run } from '../helpers/netns.ts';
-import { forwardLoopback, importBusybox, makePodman, type LoopbackForward, type Podman } from '../helpers/podman.ts';
+import { delFromCachedConfig, forwardLoopback, importBusybox, makePodman, type LoopbackForward, type Podman } from '../helpers/podman.ts';
 import { meshPod } from '../helpers/plugin.ts';
 import { DEFAULT_TEMPLATE } from '../../src/install/template.ts';
 
@@ -98,6 +98,7 @@ function nodeSuite(mode: 'label' | 'delete'): void {
     let agent: AgentProcess | undefined;
     let primaryFile: string;
     let primaryBytes: Buffer;
+    let ipamDir: string;
     const cleanups: (() => unknown)[] = [];
 
     const podNamed = (name: string): V1Pod => ({
@@ -141,7 +142,7 @@ function nodeSuite(mode: 'label' | 'delete'): void {
       } catch {
         copyFileSync(path.join(ROOT, 'dist/bin/mesh-cni'), exe);
       }
-      const ipamDir = path.join(tree.root, 'ipam');
+      ipamDir = path.join(tree.root, 'ipam');
       await fs.mkdir(ipamDir);
       primaryFile = path.join(tree.netDir, '10-mcni-e2e.conflist');
       await fs.writeFile(primaryFile, primaryConflist(NETWORK, bridge, ipamDir));
@@ -251,18 +252,41 @@ function nodeSuite(mode: 'label' | 'delete'): void {
       assert.equal(healthy.metadata?.labels?.[REPAIR_LABEL], undefined, 'the redirected pod is not labelled');
       await eventually(() => api.events().some((ev) => ev.involvedObject.name === early), `an Event on ${early} saying why`, 10_000);
 
-      // 5. Containers go (podman runs DEL through the chain), then install-cni is stopped: its
-      // DaemonSet is gone, so it uninstalls and the primary config is exactly the original.
-      await podman.ok(['rm', '--force', '--time', '0', early, late]);
-      assert.ok(!existsSync(lateNetns) && !existsSync(earlyNetns), 'container netns removed');
-      const cached = (await fs.readdir(CNI_CACHE).catch(() => [] as string[])).filter((f) => f.startsWith(`${NETWORK}-`));
-      assert.deepEqual(cached, [], 'DEL ran through the whole chain (mesh-cni included) and the runtime dropped its cache');
+      // 5. The early container goes while we are installed (podman runs DEL through the chain,
+      // mesh-cni included), then install-cni is stopped: its DaemonSet is gone, so it uninstalls:
+      // the primary config is exactly the original, the orchconfig is gone, the plugin stays.
+      await podman.ok(['rm', '--force', '--time', '0', early]);
+      assert.ok(!existsSync(earlyNetns), 'container netns removed');
       const code = await agent.stop('SIGTERM', 30_000);
       agent = undefined;
       assert.equal(code, 0);
       assert.deepEqual(await fs.readFile(primaryFile), primaryBytes, 'the primary config is byte for byte the original');
       assert.ok(!existsSync(path.join(tree.netDir, 'ZZZ-mesh-cni-orchconfig')), 'orchconfig removed');
-      assert.ok(!existsSync(path.join(tree.binDir, 'mesh-cni')), 'plugin executable removed');
+      assert.ok(existsSync(path.join(tree.binDir, 'mesh-cni')), 'plugin executable kept for the DELs still to come');
+
+      // 6. Issue 12.5: the late pod, started with our entry, goes after the uninstall. A runtime
+      // that tears down with the config it cached at ADD (CRI-O) still runs mesh-cni first; the
+      // test plays that runtime from libcni's own cache entry, which podman wrote at ADD (podman
+      // 4.3 itself re-reads the config dir). mesh-cni, without its orchconfig now, removes its
+      // rules and exits 0, so bridge runs and host-local frees the pod's IP lease.
+      const lateId = (await podman.ok(['inspect', '--format', '{{.Id}}', late])).trim();
+      const leases = async () => {
+        const dir = path.join(ipamDir, NETWORK);
+        const out: string[] = [];
+        for (const f of await fs.readdir(dir).catch(() => [] as string[])) {
+          if ((await fs.readFile(path.join(dir, f), 'utf8').catch(() => '')).startsWith(lateId)) out.push(f);
+        }
+        return out;
+      };
+      assert.equal((await leases()).length, 1, `${late} holds one host-local lease`);
+      const dels = await delFromCachedConfig({ cacheFile: path.join(CNI_CACHE, `${NETWORK}-${lateId}-eth0`), netns: lateNetns, pluginDirs: [tree.binDir, '/usr/lib/cni'], hostNetns: hostNetnsPath });
+      assert.deepEqual(dels.map((d) => [d.type, d.code]), [['mesh-cni', 0], ['bridge', 0]], `DEL from the cached config: ${JSON.stringify(dels)}`);
+      assert.deepEqual(await leases(), [], `${late}'s host-local lease is freed`);
+      assert.doesNotMatch(rulesIn(lateNetns), OUR_CHAIN, 'our rules are gone from its netns');
+      await podman.ok(['rm', '--force', '--time', '0', late]);
+      assert.ok(!existsSync(lateNetns), 'container netns removed');
+      const cached = (await fs.readdir(CNI_CACHE).catch(() => [] as string[])).filter((f) => f.startsWith(`${NETWORK}-`));
+      assert.deepEqual(cached, [], 'the runtime dropped its cache');
     });
   });
 }
