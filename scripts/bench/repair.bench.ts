@@ -130,7 +130,8 @@ async function reaction(c: Contender, n: number) {
     await sleep(5 + Math.random() * 20);
     const t0 = performance.now();
     run.server.upsertPod(brokenPod(name));
-    await until(`${name} labelled`, () => run.server.requests.some((r) => r.method === 'PATCH' && r.path.endsWith(`/${name}`)), 10_000, 1);
+    // The agent labels through pods/status, the baseline patches the pod itself.
+    await until(`${name} labelled`, () => run.server.requests.some((r) => r.method === 'PATCH' && (r.path.endsWith(`/${name}`) || r.path.endsWith(`/${name}/status`))), 10_000, 1);
     lat.push(performance.now() - t0);
   }
   await run.close();
