@@ -5,7 +5,8 @@
 #   /lib/..., /lib64/...              the shared libraries it links (from ldd) and the loader
 #   /opt/mesh-cni/install-cni.js      the bundled agent (entrypoint)
 #   /opt/mesh-cni/mesh-validation.cjs  the validation check, for an init container using this image
-#   /opt/mesh-cni/bin/mesh-cni        the plugin single executable, in install-cni's
+#   /opt/mesh-cni/bin/mesh-cni        the plugin executable (its runtime embedded: Bun by default,
+#                                     MESH_PLUGIN_RUNTIME at build), in install-cni's
 #                                     --cni-binaries-dir default: what it copies to the host
 #   /etc/passwd, /etc/group           root and nobody, so user lookups work
 # The default user is nobody (65534): `version` and friends need nothing more. The DaemonSet

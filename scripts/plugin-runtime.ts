@@ -18,7 +18,7 @@ import { buildSea, type SeaMode } from './sea.ts';
 
 export const PLUGIN_RUNTIMES = ['node-sea', 'bun'] as const;
 export type PluginRuntime = (typeof PLUGIN_RUNTIMES)[number];
-export const DEFAULT_PLUGIN_RUNTIME: PluginRuntime = 'node-sea';
+export const DEFAULT_PLUGIN_RUNTIME: PluginRuntime = 'bun';
 
 /**
  * mesh-validation stays on Node: Bun reports a connect() that fails with ENETUNREACH as

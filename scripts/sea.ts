@@ -5,7 +5,8 @@
 //
 // Steps (nodejs.org/api/single-executable-applications.html): a preparation blob from the
 // bundle (`node --experimental-sea-config`), a copy of this node binary, the blob injected with
-// postject under the SEA fuse. The mode is measured by `npm run bench -- plugin`:
+// postject under the SEA fuse. The mode was measured by `npm run bench -- plugin` before it
+// compared runtimes instead (scripts/plugin-runtime.ts; the plugin's default is now Bun):
 //   plain     the bundle's source only
 //   codecache V8 code cache of the bundle (useCodeCache)
 //   snapshot  a V8 startup snapshot taken after the bundle's top level ran (useSnapshot)

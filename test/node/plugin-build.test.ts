@@ -1,5 +1,6 @@
 // The shipped plugin: the bundles require nothing but node: built-ins (no client library, no
-// node_modules at run time), and the single executables run with no Node.js on PATH.
+// node_modules at run time), and the single executables run with no Node.js on PATH, built by
+// every runtime scripts/plugin-runtime.ts offers from the same bundle.
 
 import assert from 'node:assert/strict';
 import { spawnSync } from 'node:child_process';
@@ -7,6 +8,7 @@ import { existsSync, readFileSync } from 'node:fs';
 import { builtinModules } from 'node:module';
 import path from 'node:path';
 import { after, before, describe, it } from 'node:test';
+import { buildExecutable, PLUGIN_RUNTIMES } from '../../scripts/plugin-runtime.ts';
 import { ROOT } from '../helpers/cli.ts';
 import { Netns, run } from '../helpers/netns.ts';
 import { pluginConfig, tempDir } from '../helpers/plugin.ts';
@@ -45,6 +47,19 @@ describe('plugin build', () => {
     const v = spawnSync(path.join(ROOT, 'dist/mesh-validation'), ['--help'], { env: { PATH: tmp.dir }, encoding: 'utf8' });
     assert.equal(v.status, 0, v.stderr);
     assert.match(v.stdout, /Usage: mesh-validation/);
+  });
+
+  it('builds the plugin with every runtime from the same bundle; each answers VERSION with no node on PATH', () => {
+    for (const runtime of PLUGIN_RUNTIMES) {
+      const out = path.join(tmp.dir, `mesh-cni-${runtime}`);
+      buildExecutable({ root: ROOT, main: path.join(ROOT, 'dist/mesh-cni.cjs'), out, runtime, seaMode: 'codecache' });
+      const r = spawnSync(out, [], { env: { PATH: tmp.dir, CNI_COMMAND: 'VERSION' }, input: '{"cniVersion":"1.1.0"}', encoding: 'utf8' });
+      assert.equal(r.status, 0, `${runtime}: ${r.stderr}`);
+      assert.equal(JSON.parse(r.stdout).cniVersion, '1.1.0', runtime);
+    }
+    const bad = spawnSync(process.execPath, [path.join(ROOT, 'scripts/build.ts')], { encoding: 'utf8', cwd: ROOT, env: { ...process.env, MESH_PLUGIN_RUNTIME: 'deno' } });
+    assert.notEqual(bad.status, 0);
+    assert.match(bad.stderr, /MESH_PLUGIN_RUNTIME=deno: expected one of node-sea, bun/);
   });
 
   it('the executable passes prevResult through for a skipped pod and errors cleanly, no node on PATH', async () => {
