@@ -58,6 +58,9 @@ export function scopesAt(level: LogLevel): Record<LogScope, LogLevel> {
 }
 
 export const CLEANUP_MODES = ['auto', 'always', 'never'] as const;
+/** --ctrlz_write: auto lets ControlZ change levels only when it listens on loopback alone. */
+export const CTRLZ_WRITE_MODES = ['auto', 'true', 'false'] as const;
+export type CtrlzWriteMode = (typeof CTRLZ_WRITE_MODES)[number];
 export type CleanupMode = (typeof CLEANUP_MODES)[number];
 
 export const FLAGS: readonly FlagSpec[] = [
@@ -125,6 +128,7 @@ export const FLAGS: readonly FlagSpec[] = [
   // --- ctrlz
   commonFlag('ctrlz_address', 'string', 'localhost', 'Address ControlZ listens on (* means all addresses).', 'ctrlz'),
   commonFlag('ctrlz_port', 'int', '9876', 'Port ControlZ listens on.', 'ctrlz'),
+  commonFlag('ctrlz_write', 'string', 'auto', 'Whether ControlZ may change log levels: auto (only when it listens on loopback alone), true or false.', 'ctrlz', { choices: CTRLZ_WRITE_MODES }),
 ];
 
 export function findFlag(name: string): FlagSpec | undefined {

@@ -2,7 +2,7 @@
 // agent reads process.env: the entry point passes it here once.
 
 import path from 'node:path';
-import { CLEANUP_MODES, FLAGS, LOG_LEVELS, LOG_SCOPES, SCOPES, scopesAt, type CleanupMode, type FlagSpec, type LogLevel, type LogScope } from './flags.ts';
+import { CLEANUP_MODES, CTRLZ_WRITE_MODES, FLAGS, LOG_LEVELS, LOG_SCOPES, SCOPES, scopesAt, type CleanupMode, type CtrlzWriteMode, type FlagSpec, type LogLevel, type LogScope } from './flags.ts';
 import { TEMP_MARKER } from '../install/atomicfile.ts';
 import { CONFIG_EXTENSIONS } from '../install/cniconfig.ts';
 import { ConfigError, ConfigErrors, MAX_TIMER_MS, parseBool, parseDuration, parseEnum, parseFileMode, parseInt10, parseList } from './parse.ts';
@@ -93,7 +93,7 @@ export interface Settings {
   readonly repair: RepairSettings;
   readonly logging: LoggingSettings;
   readonly monitoring: { readonly port: number };
-  readonly ctrlz: { readonly address: string; readonly port: number };
+  readonly ctrlz: { readonly address: string; readonly port: number; readonly write: CtrlzWriteMode };
   readonly orchconfig: string;
   readonly env: EnvironmentFacts;
 }
@@ -333,7 +333,7 @@ export function buildSettings(flags: RawFlags, env: Env, cwd: string = process.c
     repair,
     logging,
     monitoring: { port: int('monitoring-port', 0, 65535) },
-    ctrlz: { address: str('ctrlz_address'), port: int('ctrlz_port', 0, 65535) },
+    ctrlz: { address: str('ctrlz_address'), port: int('ctrlz_port', 0, 65535), write: get('ctrlz_write', (s, v) => parseEnum(s, v, CTRLZ_WRITE_MODES), 'auto') },
     orchconfig: absOrEmpty('orchconfig'),
     env: {
       nodeName,

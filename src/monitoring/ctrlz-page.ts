@@ -20,6 +20,8 @@ const STYLE = `
   td.v { font-family: ui-monospace, monospace; word-break: break-all; }
   pre { font: 12px/1.35 ui-monospace, monospace; white-space: pre-wrap; word-break: break-all; }
   .bad { color: #c0392b; } .ok { color: #27ae60; }
+  #access { padding: 6px 10px; border-left: 4px solid #c0392b; background: #c0392b14; }
+  select:disabled { opacity: .75; }
   #status { margin-left: auto; font-size: 12px; }
 `;
 
@@ -29,6 +31,8 @@ const $ = (id) => document.getElementById(id);
 const el = (tag, text, cls) => { const e = document.createElement(tag); if (text !== undefined) e.textContent = String(text); if (cls) e.className = cls; return e; };
 const row = (...cells) => { const tr = el('tr'); for (const c of cells) tr.append(c instanceof Node ? c : el('td', c)); return tr; };
 const say = (text, bad) => { const s = $('status'); s.textContent = text; s.className = bad ? 'bad' : 'ok'; };
+// Read-only (--ctrlz_write): levels are shown, not offered for change, and the page says why.
+let writable = false;
 async function api(path, init) {
   const r = await fetch('/api/' + path, init);
   if (!r.ok) throw new Error(path + ': ' + r.status + ' ' + (await r.text()));
@@ -39,6 +43,8 @@ function levelSelect(scope, field, value) {
   s.name = scope + '.' + field;
   s.dataset.scope = scope; s.dataset.field = field;
   for (const l of LEVELS) { const o = el('option', l); o.value = l; o.selected = l === value; s.append(o); }
+  s.disabled = !writable;
+  if (!writable) s.title = 'read-only';
   s.addEventListener('change', async () => {
     try {
       await api('scopes/' + encodeURIComponent(scope), { method: 'PUT', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ [field]: s.value }) });
@@ -49,6 +55,10 @@ function levelSelect(scope, field, value) {
   const td = el('td'); td.append(s); return td;
 }
 async function loadScopes() {
+  const access = await api('controlz');
+  writable = access.writable;
+  $('access').hidden = writable;
+  $('access').textContent = writable ? '' : 'Read-only: ' + access.reason + '.';
   const scopes = await api('scopes');
   const body = $('scopes-body'); body.replaceChildren();
   for (const s of scopes) {
@@ -122,8 +132,8 @@ export const CONTROLZ_PAGE = `<!doctype html>
   <button data-tab="metrics">Metrics</button>
 </nav>
 <main>
-  <section id="scopes"><table><thead><tr><th>scope</th><th>output level</th><th>stack trace level</th><th>caller</th></tr></thead><tbody id="scopes-body"></tbody></table>
-    <p>A change takes effect at once and lasts until the agent restarts.</p></section>
+  <section id="scopes"><p id="access" hidden></p><table><thead><tr><th>scope</th><th>output level</th><th>stack trace level</th><th>caller</th></tr></thead><tbody id="scopes-body"></tbody></table>
+    <p>A change takes effect at once, lasts until the agent restarts, and is logged (scope monitoring) before it applies.</p></section>
   <section id="components" hidden><div id="components-body"></div></section>
   <section id="proc" hidden><table><tbody id="proc-body"></tbody></table></section>
   <section id="env" hidden><p>Values of names containing TOKEN, SECRET, PASSWORD, KEY or CERT are masked.</p><table><tbody id="env-body"></tbody></table></section>

@@ -2,6 +2,12 @@
 // levels at run time, and to see process info, the masked environment, metrics and each part's
 // state. ControlZ is for looking, not for running the node: if it cannot listen, the agent logs
 // why and goes on without it.
+//
+// Who can reach it: the agent runs on the host network, so on loopback every process of the
+// node can (any user, and every other host-network pod); with `*` everyone who can reach the
+// node. It has no login (as Istio's ControlZ): so changes are allowed only where --ctrlz_write
+// says (by default only on loopback), and each change is logged, with the client's uid when the
+// kernel names it, before it applies, in a record no level can silence.
 
 import http from 'node:http';
 import type { AddressInfo } from 'node:net';
@@ -9,12 +15,13 @@ import os from 'node:os';
 import { buildInfo } from '../cmd/buildinfo.ts';
 import type { Component } from '../component.ts';
 import { maskedArgs, maskedEnvironment } from '../config/environ.ts';
-import { LOG_LEVELS, type LogLevel, type LogScope } from '../config/flags.ts';
+import { LOG_LEVELS, type CtrlzWriteMode, type LogLevel, type LogScope } from '../config/flags.ts';
 import type { Settings } from '../config/settings.ts';
 import { CONTROLZ_CSP, CONTROLZ_PAGE } from './ctrlz-page.ts';
 import { SCOPES } from '../config/flags.ts';
-import { callerScopes, scope, scopeLevels, setScopeLevel, setStacktraceLevel, stacktraceLevels } from './logging.ts';
+import { callerScopes, logAlways, scope, scopeLevels, setScopeLevel, setStacktraceLevel, stacktraceLevels, type Fields } from './logging.ts';
 import { registry } from './metrics.ts';
+import { loopbackPeerUid } from './peer.ts';
 
 const log = scope('monitoring');
 const MAX_BODY = 16 * 1024;
@@ -57,8 +64,24 @@ function parseLevel(field: string, v: unknown): LogLevel | undefined {
   return v as LogLevel;
 }
 
+/** Whether level changes are allowed, and why (shown by the page and in a refusal). */
+export interface WriteAccess {
+  readonly writable: boolean;
+  readonly reason: string;
+}
+
+export function writeAccess(address: string, mode: CtrlzWriteMode): WriteAccess {
+  const host = listenHost(address);
+  const loopbackOnly = host !== undefined && LOOPBACK_HOSTS.has(host);
+  if (mode === 'true') return { writable: true, reason: `level changes allowed (--ctrlz_write=true)${loopbackOnly ? '' : `, though ControlZ listens on ${address}, beyond loopback`}` };
+  if (mode === 'false') return { writable: false, reason: 'ControlZ is read-only (--ctrlz_write=false)' };
+  return loopbackOnly
+    ? { writable: true, reason: `level changes allowed: ControlZ listens on ${address} only (--ctrlz_write=auto)` }
+    : { writable: false, reason: `ControlZ is read-only: it listens on ${address} (beyond loopback), and --ctrlz_write=auto allows level changes on loopback only; pass --ctrlz_write=true to allow them` };
+}
+
 /** PUT /api/scopes/<name> (`all` sets every scope): {"output_level"?, "stack_trace_level"?}. */
-function updateScope(name: string, body: string): Reply {
+function updateScope(name: string, body: string, client: () => Fields): Reply {
   const targets: LogScope[] = name === 'all' ? [...SCOPES] : (SCOPES as readonly string[]).includes(name) ? [name as LogScope] : [];
   if (targets.length === 0) throw new HttpError(404, `no scope ${JSON.stringify(name)}; scopes are all, ${SCOPES.join(', ')}`);
   let req: unknown;
@@ -72,11 +95,21 @@ function updateScope(name: string, body: string): Reply {
   const output = parseLevel('output_level', r.output_level);
   const stack = parseLevel('stack_trace_level', r.stack_trace_level);
   if (output === undefined && stack === undefined) throw new HttpError(400, 'give output_level and/or stack_trace_level');
+  // On record first, whatever the levels are or are about to be: a change that silences every
+  // scope must not silence itself.
+  const was = (levels: Readonly<Record<LogScope, LogLevel>>) => targets.map((t) => `${t}:${levels[t]}`).join(',');
+  logAlways('monitoring', 'info', 'ControlZ: changing scope levels', {
+    scope_name: name,
+    ...(output ? { output_level: output } : {}),
+    ...(stack ? { stack_trace_level: stack } : {}),
+    ...(output ? { from: was(scopeLevels()) } : {}),
+    ...(stack ? { stack_trace_from: was(stacktraceLevels()) } : {}),
+    ...client(),
+  });
   for (const t of targets) {
     if (output !== undefined) setScopeLevel(t, output);
     if (stack !== undefined) setStacktraceLevel(t, stack);
   }
-  log.info('scope levels changed via ControlZ', { scope_name: name, ...(output ? { output_level: output } : {}), ...(stack ? { stack_trace_level: stack } : {}) });
   return json(name === 'all' ? targets.map(scopeView) : scopeView(targets[0] as LogScope));
 }
 
@@ -111,7 +144,14 @@ function componentsView(components: readonly Component[]) {
   });
 }
 
-async function route(method: string, pathname: string, body: () => Promise<string>, deps: ControlzDeps): Promise<Reply> {
+interface RequestContext {
+  readonly body: () => Promise<string>;
+  /** Fields naming the client: address:port and, on loopback, the uid owning its socket. */
+  readonly client: () => Fields;
+  readonly access: WriteAccess;
+}
+
+async function route(method: string, pathname: string, ctx: RequestContext, deps: ControlzDeps): Promise<Reply> {
   const get = method === 'GET' || method === 'HEAD';
   const only = (ok: boolean, allow: string) => {
     if (!ok) throw Object.assign(new HttpError(405, `method ${method} not allowed on ${pathname}; use ${allow}`), { allow });
@@ -132,9 +172,11 @@ async function route(method: string, pathname: string, body: () => Promise<strin
       return json(scopeView(name as LogScope));
     }
     only(method === 'PUT' || method === 'POST', 'GET, PUT');
-    return updateScope(name, await body());
+    if (!ctx.access.writable) throw new HttpError(403, ctx.access.reason);
+    return updateScope(name, await ctx.body(), ctx.client);
   }
   const views: Record<string, () => Promise<Reply>> = {
+    '/api/controlz': async () => json(ctx.access),
     '/api/proc': async () => json(procInfo()),
     '/api/env': async () => json(maskedEnvironment()),
     '/api/args': async () => json(maskedArgs()),
@@ -171,6 +213,7 @@ function readBody(req: http.IncomingMessage): Promise<string> {
 }
 
 const LOOPBACK_HOSTS = new Set(['localhost', '127.0.0.1', '[::1]', '::1']);
+const isLoopback = (a: string | undefined) => a !== undefined && (a === '::1' || a.startsWith('127.') || a.startsWith('::ffff:127.'));
 
 /** The host to listen on: `*` means every address. */
 export function listenHost(address: string): string | undefined {
@@ -183,7 +226,7 @@ export interface ControlzServer {
   close(): Promise<void>;
 }
 
-export async function serveControlz(address: string, port: number, deps: ControlzDeps): Promise<ControlzServer> {
+export async function serveControlz(address: string, port: number, deps: ControlzDeps, access: WriteAccess = writeAccess(address, 'auto')): Promise<ControlzServer> {
   const host = listenHost(address);
   const loopbackOnly = host !== undefined && LOOPBACK_HOSTS.has(host);
   const server = http.createServer((req, res) => {
@@ -213,7 +256,12 @@ export async function serveControlz(address: string, port: number, deps: Control
     if (loopbackOnly && !LOOPBACK_HOSTS.has(hostname)) return fail(new HttpError(403, `host ${JSON.stringify(hostname)} not allowed; ControlZ listens on ${address} only`));
     const url = URL.parse(req.url ?? '/', 'http://localhost');
     if (!url) return fail(new HttpError(400, 'bad request target'));
-    route(req.method ?? 'GET', url.pathname, () => readBody(req), deps).then((r) => send(r), fail);
+    const client = (): Fields => {
+      const { remoteAddress, remotePort, localPort } = req.socket;
+      const uid = remotePort !== undefined && localPort !== undefined && isLoopback(remoteAddress) ? loopbackPeerUid(remotePort, localPort) : undefined;
+      return { client: `${remoteAddress ?? '?'}:${remotePort ?? '?'}`, ...(uid !== undefined ? { client_uid: uid } : {}) };
+    };
+    route(req.method ?? 'GET', url.pathname, { body: () => readBody(req), client, access }, deps).then((r) => send(r), fail);
   });
   await new Promise<void>((resolve, reject) => {
     server.once('error', (e: NodeJS.ErrnoException) =>
@@ -233,19 +281,23 @@ export async function serveControlz(address: string, port: number, deps: Control
 
 export async function startControlz(settings: Settings, deps: ControlzDeps): Promise<Component> {
   const { address, port } = settings.ctrlz;
+  const access = writeAccess(address, settings.ctrlz.write);
   let server: ControlzServer;
   try {
-    server = await serveControlz(address, port, deps);
+    server = await serveControlz(address, port, deps, access);
   } catch (e) {
     log.error('ControlZ is off', { error: (e as Error).message });
     const error = (e as Error).message;
     return { name: 'ctrlz', notReadyReasons: () => [], status: () => ({ enabled: true, listening: false, error }), stop: async () => {} };
   }
-  log.info('ControlZ listening', { address, host: server.host, port: server.port, url: `http://${address === '*' ? 'localhost' : address}:${server.port}/` });
+  log.info('ControlZ listening', { address, host: server.host, port: server.port, url: `http://${address === '*' ? 'localhost' : address}:${server.port}/`, writable: access.writable });
+  if (access.writable && !writeAccess(address, 'auto').writable) {
+    log.warn('ControlZ lets anyone who can reach it change log levels', { address, port: server.port, reason: access.reason });
+  }
   return {
     name: 'ctrlz',
     notReadyReasons: () => [],
-    status: () => ({ enabled: true, listening: true, address, port: server.port }),
+    status: () => ({ enabled: true, listening: true, address, port: server.port, writable: access.writable }),
     stop: () => server.close(),
   };
 }

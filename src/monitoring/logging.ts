@@ -214,6 +214,15 @@ export function logRecord(name: LogScope, level: EmitLevel, msg: string, fields:
 }
 
 /**
+ * Logs a record whatever the scope levels say (`none` included), to the same outputs as every
+ * other record: for what must be on record however logging is set, such as a change of the
+ * levels themselves (one that sets every scope to `none` would otherwise silence its own record).
+ */
+export function logAlways(name: LogScope, level: EmitLevel, msg: string, fields?: Fields): void {
+  write(name, level, msg, fields, logAlways);
+}
+
+/**
  * Verbose client logging, as klog's `V(n)`: messages of verbosity `v` go to scope klog at info
  * when `v <= --vklog`. Verbosity 0 messages always pass (the klog scope's level still applies).
  */

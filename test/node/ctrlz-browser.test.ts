@@ -59,6 +59,8 @@ describe('ControlZ in Chromium', { skip: existsSync(CHROMIUM) ? false : `${CHROM
     const select = page.locator('select[name="cni.output_level"]');
     await select.waitFor();
     assert.equal(await select.inputValue(), 'info');
+    assert.equal(await select.isDisabled(), false);
+    assert.equal(await page.locator('#access').isVisible(), false, 'no read-only note on loopback');
 
     await pluginSays('debug before');
     assert.equal(agent.logs.some((r) => r.msg === 'debug before'), false, 'cni at info hides debug records');
@@ -72,7 +74,7 @@ describe('ControlZ in Chromium', { skip: existsSync(CHROMIUM) ? false : `${CHROM
     assert.ok(rec, 'the agent prints the debug record once the page set cni to debug');
     assert.equal(rec.level, 'debug');
     assert.equal(rec.pod, 'shop/cart-7');
-    assert.ok(agent.logs.some((r) => r.msg === 'scope levels changed via ControlZ' && r.scope_name === 'cni'));
+    assert.ok(agent.logs.some((r) => r.msg === 'ControlZ: changing scope levels' && r.scope_name === 'cni' && r.from === 'cni:info' && r.client_uid === 0));
   });
 
   it('shows components, process info, masked env and metrics', async () => {
@@ -103,6 +105,29 @@ describe('ControlZ in Chromium', { skip: existsSync(CHROMIUM) ? false : `${CHROM
     const foreign = requested.filter((u) => !u.startsWith(base + '/'));
     assert.deepEqual(foreign, []);
     assert.deepEqual(consoleErrors, []);
+  });
+
+  it('shows the levels read-only, saying why, when the agent runs with --ctrlz_write=false', async () => {
+    const tree2 = await makeHostTree();
+    const agent2 = spawnAgent(tree2, { ctrlz_address: 'localhost', ctrlz_write: 'false' });
+    const page2 = await context.newPage();
+    try {
+      const base2 = `http://localhost:${(await agent2.waitForLog((r) => r.msg === 'ControlZ listening', 'ControlZ', 30_000)).port as number}`;
+      const errors: string[] = [];
+      page2.on('console', (m) => m.type() === 'error' && errors.push(m.text()));
+      await page2.goto(base2 + '/');
+      await page2.locator('body[data-loaded="scopes"]').waitFor();
+      const select = page2.locator('select[name="cni.output_level"]');
+      assert.equal(await select.isDisabled(), true);
+      assert.equal(await select.inputValue(), 'info');
+      assert.match(await page2.locator('#access').innerText(), /^Read-only: ControlZ is read-only \(--ctrlz_write=false\)\.$/);
+      assert.equal(await page2.locator('select:not([disabled])').count(), 0, 'no level can be picked');
+      assert.deepEqual(errors, []);
+    } finally {
+      await page2.close();
+      await agent2.stop('SIGTERM');
+      await tree2.remove();
+    }
   });
 
   it('renders the scopes page (screenshot)', async () => {

@@ -1,4 +1,6 @@
 import assert from 'node:assert/strict';
+import { execFile } from 'node:child_process';
+import { promisify } from 'node:util';
 import { after, before, describe, it } from 'node:test';
 import type { Component } from '../../src/component.ts';
 import { maskedArgs, maskedEnvironment } from '../../src/config/environ.ts';
@@ -69,7 +71,7 @@ describe('ControlZ API', () => {
     assert.equal(scope('install').enabled('debug'), true);
     scope('install').debug('now visible');
     assert.ok(sink.lines.some((l) => l.includes('\tinstall\tnow visible')));
-    assert.ok(sink.lines.some((l) => l.includes('scope levels changed via ControlZ') && l.includes('scope_name=install output_level=debug')));
+    assert.ok(sink.lines.some((l) => l.includes('\tControlZ: changing scope levels\t') && l.includes('scope_name=install output_level=debug stack_trace_level=error from=install:info stack_trace_from=install:none')));
     const all = await put('/api/scopes/all', '{"output_level":"warn"}');
     assert.equal(all.status, 200);
     assert.equal(scope('repair').enabled('info'), false);
@@ -156,5 +158,104 @@ describe('secret masking', () => {
   });
   it('masks values of secret-looking flags in both spellings', () => {
     assert.deepEqual(maskedArgs(['node', 'x.js', '--token', 't', '--client-cert=/p', '--token', '--other', 'v']), ['node', 'x.js', '--token', '******', '--client-cert=******', '--token', '--other', 'v']);
+  });
+});
+
+describe('ControlZ level changes on record', () => {
+  const sink = captureSink();
+  let ctrlz: Component;
+  let base: string;
+  const put = (p: string, body: string) => request(base + p, { method: 'PUT', headers: { 'content-type': 'application/json' }, body });
+  const changes = () => sink.lines.filter((l) => l.includes('\tControlZ: changing scope levels\t'));
+
+  before(async () => {
+    ctrlz = await startControlz(buildSettings({ ctrlz_address: 'localhost', ctrlz_port: '0' }, {}), { components: () => [] });
+    base = `http://localhost:${(ctrlz.status() as { port: number }).port}`;
+  });
+  after(() => ctrlz.stop('SIGTERM'));
+
+  it('logs a change with every scope at none, in a record no level silences', async () => {
+    configureLogging(buildSettings({ log_output_level: 'all:none' }, {}).logging, sink);
+    const r = await put('/api/scopes/cni', '{"output_level":"debug"}');
+    assert.equal(r.status, 200, r.body);
+    assert.equal(scope('monitoring').enabled('error'), false, 'monitoring is still at none');
+    const [line, ...more] = changes();
+    assert.deepEqual(more, []);
+    assert.match(line ?? '', /^\S+Z\tinfo\tmonitoring\tControlZ: changing scope levels\tscope_name=cni output_level=debug from=cni:none client=127\.0\.0\.1:\d+ /);
+  });
+
+  it('logs the change that silences every scope before it applies', async () => {
+    configureLogging(buildSettings({ log_output_level: 'all:info' }, {}).logging, sink);
+    sink.lines.length = 0;
+    const r = await put('/api/scopes/all', '{"output_level":"none","stack_trace_level":"none"}');
+    assert.equal(r.status, 200, r.body);
+    assert.equal(scope('monitoring').enabled('error'), false);
+    assert.equal(changes().length, 1, sink.text());
+    assert.match(changes()[0]!, /\tscope_name=all output_level=none stack_trace_level=none from=ambient:info,.*,validation:info stack_trace_from=ambient:none,.*,validation:none client=/);
+  });
+
+  it('names the local user who made the change', async () => {
+    configureLogging(buildSettings({ log_output_level: 'all:none' }, {}).logging, sink);
+    sink.lines.length = 0;
+    // An unprivileged user on the node: the agent runs as root, so uid 65534 is someone else.
+    const port = (ctrlz.status() as { port: number }).port;
+    const script = `import http.client as h; c=h.HTTPConnection('127.0.0.1', ${port}); c.request('PUT', '/api/scopes/install', '{"output_level":"debug"}', {'content-type': 'application/json', 'host': 'localhost'}); print(c.getresponse().status)`;
+    // Not spawnSync: the server answering it runs on this event loop.
+    const r = await promisify(execFile)('/usr/bin/python3', ['-c', script], { uid: 65534, gid: 65534, encoding: 'utf8', timeout: 10_000 });
+    assert.equal(r.stdout.trim(), '200', r.stderr);
+    assert.match(changes()[0] ?? '', /\tscope_name=install output_level=debug from=install:none client=127\.0\.0\.1:\d+ client_uid=65534$/m);
+  });
+});
+
+describe('ControlZ write switch (--ctrlz_write)', () => {
+  const sink = captureSink();
+  const running: Component[] = [];
+  before(() => configureLogging(buildSettings({}, {}).logging, sink));
+  after(async () => {
+    for (const c of running) await c.stop('SIGTERM');
+  });
+  async function start(flags: Record<string, string>) {
+    const c = await startControlz(buildSettings({ ctrlz_port: '0', ...flags }, {}), { components: () => [] });
+    running.push(c);
+    const base = `http://127.0.0.1:${(c.status() as { port: number }).port}`;
+    const headers = { host: 'localhost', 'content-type': 'application/json' };
+    return {
+      c,
+      info: async () => JSON.parse((await request(base + '/api/controlz', { headers })).body) as { writable: boolean; reason: string },
+      change: () => request(base + '/api/scopes/repair', { method: 'PUT', headers, body: '{"output_level":"debug"}' }),
+    };
+  }
+
+  it('writes by default on loopback', async () => {
+    const z = await start({ ctrlz_address: 'localhost' });
+    assert.equal((await z.info()).writable, true);
+    assert.equal((await z.change()).status, 200);
+    assert.equal(z.c.status().writable, true);
+  });
+
+  it('is read-only by default when it listens beyond loopback', async () => {
+    const z = await start({ ctrlz_address: '*' });
+    const info = await z.info();
+    assert.equal(info.writable, false);
+    assert.match(info.reason, /listens on \* .*--ctrlz_write=true/);
+    const changes = () => sink.lines.filter((l) => l.includes('ControlZ: changing scope levels')).length;
+    const before = changes();
+    const r = await z.change();
+    assert.equal(r.status, 403);
+    assert.match(r.body, /ControlZ is read-only/);
+    assert.equal(changes(), before, 'nothing changed, nothing to log');
+  });
+
+  it('is read-only with --ctrlz_write=false, and writes beyond loopback only when told, with a warning', async () => {
+    const off = await start({ ctrlz_address: 'localhost', ctrlz_write: 'false' });
+    assert.equal((await off.change()).status, 403);
+    assert.match((await off.info()).reason, /--ctrlz_write=false/);
+    const on = await start({ ctrlz_address: '*', ctrlz_write: 'true' });
+    assert.equal((await on.change()).status, 200);
+    assert.ok(sink.lines.some((l) => /\twarn\tmonitoring\tControlZ lets anyone who can reach it change log levels\t/.test(l)), sink.text());
+  });
+
+  it('refuses a value other than auto, true or false', () => {
+    assert.throws(() => buildSettings({ ctrlz_write: 'maybe' }, {}), /--ctrlz_write/);
   });
 });
