@@ -5,13 +5,13 @@
 // pod that mounts the net dir) gets a credential that can read pods for an hour, not one that can
 // change the cluster.
 
-import { readFile } from 'node:fs/promises';
 import path from 'node:path';
 import type { KubeConfig } from '@kubernetes/client-node/dist/config.js';
 import type { Component } from '../component.ts';
 import type { Settings } from '../config/settings.ts';
 import { orchKubeConfig } from './client.ts';
 import * as metrics from '../install/metrics.ts';
+import { readRegularFile, UnsafeFileError } from '../install/safefile.ts';
 import { scope } from '../monitoring/logging.ts';
 import { ApiError, toApiError } from './errors.ts';
 import { apiRequest } from './request.ts';
@@ -214,12 +214,14 @@ export function fileTokenSource(file: string, agentTokenFile: string): PluginTok
     async current() {
       let token: string;
       try {
-        token = (await readFile(file, 'utf8')).trim();
+        // A regular file of bounded size only (safefile.ts): a FIFO there would hold every pass.
+        token = (await readRegularFile(file)).text.trim();
       } catch (e) {
+        if (e instanceof UnsafeFileError) return { missing: `the plugin's token file cannot be used: ${e.message}` };
         return { missing: `the plugin's token file ${file} cannot be read: ${(e as NodeJS.ErrnoException).code ?? (e as Error).message}` };
       }
       if (token === '') return { missing: `the plugin's token file ${file} is empty` };
-      const own = await readFile(agentTokenFile, 'utf8').then((t) => t.trim(), () => null);
+      const own = await readRegularFile(agentTokenFile).then((r) => r.text.trim(), () => null);
       if (own !== null && own === token) {
         return { missing: `the plugin's token file ${file} holds the agent's own token (${agentTokenFile}), which must never be written to the node; give a token of the plugin's account` };
       }
@@ -233,7 +235,7 @@ export function fileTokenSource(file: string, agentTokenFile: string): PluginTok
 async function agentNamespace(settings: Settings): Promise<string> {
   if (settings.env.podNamespace) return settings.env.podNamespace;
   const file = path.join(settings.install.serviceAccountDir, 'namespace');
-  const ns = await readFile(file, 'utf8').then((t) => t.trim(), () => '');
+  const ns = await readRegularFile(file).then((r) => r.text.trim(), () => '');
   if (ns === '') throw new ApiError('finding the agent\'s namespace', undefined, `POD_NAMESPACE is not set and ${file} is missing or empty; set POD_NAMESPACE from metadata.namespace`);
   return ns;
 }

@@ -194,4 +194,25 @@ describe('install-cni process against hostile files in the net dir', () => {
     await fs.writeFile(primary, BRIDGE_CONFLIST);
     assert.equal(await a.stop('SIGTERM', 8000), 0);
   });
+
+  it('a plugin token file that is a FIFO is refused by name, and SIGTERM still exits 0', async () => {
+    const t = await tree();
+    await fs.writeFile(path.join(t.netDir, '10-bridge.conflist'), BRIDGE_CONFLIST);
+    const tokenFile = t.flags['plugin-token-file']!;
+    await fs.rm(tokenFile);
+    execFileSync('mkfifo', [tokenFile]);
+    cleanups.push(async () => {
+      try {
+        closeSync(openSync(tokenFile, constants.O_WRONLY | constants.O_NONBLOCK));
+      } catch {
+        // No reader.
+      }
+    });
+    const a = agent(t);
+    await eventually(async () => {
+      const r = await a.get('/readyz').catch(() => ({ status: 0, body: '' }));
+      return r.status === 503 && r.body.includes('plugin-token is a FIFO, not a regular file');
+    }, '/readyz 503 naming the FIFO token file', 8000);
+    assert.equal(await a.stop('SIGTERM', 8000), 0);
+  });
 });
