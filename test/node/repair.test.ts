@@ -139,8 +139,8 @@ describe('repair controller end to end', () => {
     // Delete mode with the base rights is refused (403): deleting is opt-in.
     s.upsertPod(brokenPod('rbac-1'));
     const d = await start({ 'repair-delete-pods': true }, FAST, agentToken);
-    await waitFor('gave up on the refused delete', () => (d.status() as { counts: { gaveUp: number } }).counts.gaveUp >= 1);
-    assert.ok(s.requests.some((r) => r.method === 'DELETE' && r.path.endsWith('/rbac-1') && r.status === 403));
+    await waitFor('the refused delete of rbac-1', () => s.requests.some((r) => r.method === 'DELETE' && r.path.endsWith('/rbac-1') && r.status === 403));
+    await waitFor('gave up on the refused deletes', () => (d.status() as { counts: { gaveUp: number } }).counts.gaveUp >= 1);
     assert.ok(s.getPod('default', 'rbac-1'));
     await d.stop('SIGTERM');
     s.setRules(agentToken, [...rules, { verbs: ['delete'], apiGroups: [''], resources: ['pods'] }]);
