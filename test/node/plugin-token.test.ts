@@ -95,6 +95,21 @@ describe('the plugin\'s token', () => {
     await assert.rejects(tokenRequestMint(kc, { namespace: 'kube-system', serviceAccount: 'mesh-cni-plugin', expirationSeconds: 3600, audiences: [] })(AbortSignal.timeout(5000)), /HTTP 403/);
   });
 
+  it('asks for the configured audiences and lifetime; refuses a lifetime under the API server\'s 10 minutes', async () => {
+    const { api, agentToken } = await cluster();
+    const settings = buildSettings({ orchconfig: api.writeOrchconfig(path.join(await tmp(), 'agent.kc'), { token: agentToken }), 'plugin-token-audiences': 'mesh-cni,other', 'plugin-token-expiration': '20m' }, {});
+    assert.equal(settings.install.pluginTokenExpirationMs, 1_200_000);
+    const mint = tokenRequestMint(orchKubeConfig(settings), { namespace: 'mesh-system', serviceAccount: settings.install.pluginServiceAccount, expirationSeconds: settings.install.pluginTokenExpirationMs / 1000, audiences: settings.install.pluginTokenAudiences });
+    const t = await mint(AbortSignal.timeout(5000));
+    assert.deepEqual(api.issuedTokens().at(-1)?.audiences, ['mesh-cni', 'other']);
+    assert.ok(Math.abs(t.expiresAt - (Date.now() + 1_200_000)) < 5000);
+    // Why the default is the API server's own audience: a token for another one is no use there.
+    api.upsertPod(testPod('aud-0'));
+    assert.equal((await apiRequest({ ...api, token: t.token }, 'GET', '/api/v1/namespaces/default/pods/aud-0')).status, 401);
+    assert.throws(() => buildSettings({ 'plugin-token-expiration': '5m' }, {}), /--plugin-token-expiration/);
+    assert.throws(() => buildSettings({ 'plugin-service-account': 'Not_A_Name' }, {}), /--plugin-service-account/);
+  });
+
   it('keeps the old token while refreshing fails, counts the failures, says why on readiness once it is late or expired, and recovers', async () => {
     const { api, agentToken } = await cluster();
     const kc = orchKubeConfig(buildSettings({ orchconfig: api.writeOrchconfig(path.join(await tmp(), 'agent.kc'), { token: agentToken }) }, {}));
