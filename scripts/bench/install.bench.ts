@@ -8,10 +8,14 @@
 //  3. churn: the agent's CPU (user+sys / wall) while another conflist is rewritten every
 //     millisecond, and at steady state with 10,000 config files in the net dir (plus the time
 //     to restore our entry there), against a naive loop that re-reads every file of the dir on
-//     every event.
+//     every event;
+//  4. storm (issue 13): the primary rewritten STORM_REWRITES times while a reader thread parses
+//     the file the runtime would pick; reads that saw no entry of ours, with the entry spliced
+//     into the primary and with our own file (--mesh-owned-cni-config), from the same storm.
 //
 //   npm run build && npm run bench -- install      (REWRITES=200, RUNS=5, CHURN_S=5 by default;
-//                                                   PARTS=restore,ready,churn picks parts)
+//                                                   STORM_REWRITES=1000;
+//                                                   PARTS=restore,ready,churn,storm picks parts)
 
 import { spawn, type ChildProcess } from 'node:child_process';
 import { existsSync, readFileSync, watch } from 'node:fs';
@@ -22,13 +26,14 @@ import { fileURLToPath } from 'node:url';
 import { spawnAgent } from '../../test/helpers/agent.ts';
 import { ROOT } from '../../test/helpers/cli.ts';
 import { pct } from './lib/stats.ts';
+import { benchStorm } from './lib/storm.ts';
 import { BRIDGE_CONFLIST, makeHostTree, type HostTree } from '../../test/helpers/hosttree.ts';
 
 const REWRITES = Number(process.env.REWRITES ?? 200);
 const RUNS = Number(process.env.RUNS ?? 5);
 const CHURN_S = Number(process.env.CHURN_S ?? 5);
 /** Which parts to run (comma-separated): restore, ready, churn. */
-const PARTS = new Set((process.env.PARTS ?? 'restore,ready,churn').split(','));
+const PARTS = new Set((process.env.PARTS ?? 'restore,ready,churn,storm').split(','));
 const here = path.dirname(fileURLToPath(import.meta.url));
 
 interface Result {
@@ -424,3 +429,4 @@ if (PARTS.has('restore')) {
 }
 if (PARTS.has('ready')) await benchExecToReady();
 if (PARTS.has('churn')) await benchChurn();
+if (PARTS.has('storm')) await benchStorm(Number(process.env.STORM_REWRITES ?? 1000), RUNS);
