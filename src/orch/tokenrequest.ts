@@ -54,12 +54,15 @@ export function tokenRequestMint(kc: KubeConfig, t: TokenRequestTarget): Mint {
   return async (signal) => {
     const spec: Record<string, unknown> = { expirationSeconds: t.expirationSeconds };
     if (t.audiences.length > 0) spec.audiences = t.audiences;
-    const answer = await apiRequest<{ status?: { token?: unknown; expirationTimestamp?: unknown } }>(kc, 'POST', where, what, {
+    const answer = await apiRequest<{ spec?: { expirationSeconds?: unknown }; status?: { token?: unknown; expirationTimestamp?: unknown } }>(kc, 'POST', where, what, {
       body: { apiVersion: 'authentication.k8s.io/v1', kind: 'TokenRequest', spec },
       signal,
     });
     const token = answer?.status?.token;
-    const expiresAt = Date.parse(String(answer?.status?.expirationTimestamp));
+    // The lifetime the server granted, counted from now on our clock: its expirationTimestamp is
+    // on the server's clock, and a node clock behind it would refresh only after the token died.
+    const granted = answer?.spec?.expirationSeconds;
+    const expiresAt = typeof granted === 'number' && granted > 0 ? Date.now() + granted * 1000 : Date.parse(String(answer?.status?.expirationTimestamp));
     if (typeof token !== 'string' || token === '' || /\s/.test(token) || Number.isNaN(expiresAt)) {
       throw new ApiError(what, undefined, 'the answer has no status.token or no valid status.expirationTimestamp');
     }

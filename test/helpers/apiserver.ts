@@ -75,6 +75,8 @@ export interface TestApiServer {
   issuedTokens(): IssuedToken[];
   /** Caps the lifetime of minted tokens (as --service-account-max-token-expiration, but any length). */
   tokenMaxSeconds: number | undefined;
+  /** How far the server's clock runs ahead of this machine's (ms): shows in the times it writes. */
+  clockSkewMs: number;
 }
 
 /** One rule of a Role (namespace set) or ClusterRole (unset), as the test server enforces it. */
@@ -347,6 +349,7 @@ export async function startTestApiServer(opts: TestApiServerOptions = {}): Promi
   const accounts = new Map<string, Identity>();
   const issued: IssuedToken[] = [];
   let tokenMaxSeconds: number | undefined;
+  let clockSkewMs = 0;
   const account = (ns: string, name: string, rules?: readonly RbacRule[]): Identity => {
     let id = accounts.get(key(ns, name));
     if (!id) accounts.set(key(ns, name), (id = { user: `system:serviceaccount:${ns}:${name}`, rules: [] }));
@@ -703,7 +706,7 @@ export async function startTestApiServer(opts: TestApiServerOptions = {}): Promi
     const t = `minted-${ns}-${name}-${randomUUID()}`;
     const expiresAt = Date.now() + seconds * 1000;
     tokens.set(t, { identity: id, expiresAt, audiences });
-    const expirationTimestamp = new Date(expiresAt).toISOString().replace(/\.\d+Z$/, 'Z');
+    const expirationTimestamp = new Date(expiresAt + clockSkewMs).toISOString().replace(/\.\d+Z$/, 'Z');
     issued.push({ token: t, serviceAccount: key(ns, name), audiences, expirationTimestamp });
     return {
       code: 201,
@@ -966,6 +969,12 @@ export async function startTestApiServer(opts: TestApiServerOptions = {}): Promi
     },
     set tokenMaxSeconds(v) {
       tokenMaxSeconds = v;
+    },
+    get clockSkewMs() {
+      return clockSkewMs;
+    },
+    set clockSkewMs(v) {
+      clockSkewMs = v;
     },
     openWatches: () => watches.size,
     connections: () => handshakes,

@@ -95,6 +95,15 @@ describe('the plugin\'s token', () => {
     await assert.rejects(tokenRequestMint(kc, { namespace: 'kube-system', serviceAccount: 'mesh-cni-plugin', expirationSeconds: 3600, audiences: [] })(AbortSignal.timeout(5000)), /HTTP 403/);
   });
 
+  it('times the refresh by the lifetime granted, not by the API server\'s clock (a node clock 50 minutes behind)', async () => {
+    const { api, agentToken } = await cluster();
+    api.clockSkewMs = 3_000_000;
+    const kc = orchKubeConfig(buildSettings({ orchconfig: api.writeOrchconfig(path.join(await tmp(), 'agent.kc'), { token: agentToken }) }, {}));
+    const t = await tokenRequestMint(kc, { namespace: 'mesh-system', serviceAccount: 'mesh-cni-plugin', expirationSeconds: 3600, audiences: [] })(AbortSignal.timeout(5000));
+    // The token dies 3600 s from now whatever the clocks say; its timestamp would say 6600 s here.
+    assert.ok(Math.abs(t.expiresAt - (Date.now() + 3_600_000)) < 5000, `expires in ${Math.round((t.expiresAt - Date.now()) / 1000)} s`);
+  });
+
   it('asks for the configured audiences and lifetime; refuses a lifetime under the API server\'s 10 minutes', async () => {
     const { api, agentToken } = await cluster();
     const settings = buildSettings({ orchconfig: api.writeOrchconfig(path.join(await tmp(), 'agent.kc'), { token: agentToken }), 'plugin-token-audiences': 'mesh-cni,other', 'plugin-token-expiration': '20m' }, {});
