@@ -10,7 +10,8 @@
 //     so the rate, not only what is held, is what keeps RSS below the DaemonSet's limit in a flood;
 //   - time: a connection idle too long, one whose line does not end soon after it began (the
 //     plugin writes each line in one write), and one older than any plugin run are closed;
-//   - connections: at the limit, a new one closes the oldest (see unixsocket.ts).
+//   - connections: at the limit, a new one closes the oldest, never one still waiting for its
+//     first read (see unixsocket.ts).
 
 import net from 'node:net';
 import { Counter, Gauge } from 'prom-client';
@@ -55,7 +56,7 @@ export const DEFAULT_LIMITS: LogServerLimits = {
 
 const DROP_REASONS = ['oversized', 'invalid_json', 'invalid_record'] as const;
 type DropReason = (typeof DROP_REASONS)[number];
-const CLOSE_REASONS = ['evicted', 'idle', 'line_timeout', 'lifetime', 'over_budget'] as const;
+const CLOSE_REASONS = ['evicted', 'rejected', 'idle', 'line_timeout', 'lifetime', 'over_budget'] as const;
 type CloseReason = (typeof CLOSE_REASONS)[number];
 
 const metrics = {
@@ -70,13 +71,13 @@ const metrics = {
   connections: new Counter({ name: 'mesh_cni_plugin_log_connections_total', help: 'Connections accepted on the plugin log socket.', registers: [registry] }),
   closed: new Counter({
     name: 'mesh_cni_plugin_log_connections_closed_total',
-    help: 'Plugin log connections closed by the agent: evicted (the oldest, for a new one over the connection limit), idle, line_timeout (a line not ended in time), lifetime, over_budget (partial lines over the total memory budget).',
+    help: 'Plugin log connections closed by the agent: evicted (the oldest, for a new one over the connection limit), rejected (a new one over the limit while every open one waits for its first read), idle, line_timeout (a line not ended in time), lifetime, over_budget (partial lines over the total memory budget).',
     labelNames: ['reason'] as const,
     registers: [registry],
   }),
   open: new Gauge({ name: 'mesh_cni_plugin_log_connections_open', help: 'Plugin log connections open now.', registers: [registry] }),
   buffered: new Gauge({ name: 'mesh_cni_plugin_log_buffered_bytes', help: 'Bytes of partial plugin log lines held now, across connections.', registers: [registry] }),
-  pauses: new Counter({ name: 'mesh_cni_plugin_log_read_pauses_total', help: 'Times reading the plugin log socket paused because the read rate limit was reached.', registers: [registry] }),
+  pauses: new Counter({ name: 'mesh_cni_plugin_log_read_pauses_total', help: 'Times a plugin log connection had to wait its turn to be read because the read rate limit was reached.', registers: [registry] }),
 };
 for (const reason of DROP_REASONS) metrics.dropped.inc({ reason }, 0);
 for (const reason of CLOSE_REASONS) metrics.closed.inc({ reason }, 0);
@@ -184,6 +185,8 @@ export async function startPluginLogServer(settings: Settings, limits: LogServer
   const close = await listenUnix(server, address, 'plugin logs', '--log-uds-address', {
     maxConnections: limits.maxConnections,
     onEvict: () => metrics.closed.inc({ reason: 'evicted' }),
+    unserved: (s) => pacer.owesFirstRead(s),
+    onReject: () => metrics.closed.inc({ reason: 'rejected' }),
   });
   log.info('plugin log server listening', { path: address });
   try {

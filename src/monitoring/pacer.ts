@@ -44,6 +44,11 @@ export class ReadPacer {
     return this.#fresh.size;
   }
 
+  /** Whether `c` is a new connection still waiting for its first read. */
+  owesFirstRead(c: Pausable): boolean {
+    return this.#fresh.has(c);
+  }
+
   /** Whether `c` is waiting its turn (its sender is not slow then: we are). */
   holds(c: Pausable): boolean {
     return this.#fresh.has(c) || this.#waiting.has(c);

@@ -4,7 +4,10 @@
 // open connections are cut and the socket is removed only if it is still ours (a newer agent
 // may have replaced it). At most `maxConnections` are held: one more closes the oldest, so
 // senders that keep connections open cannot lock the plugin out (its runs are short; a new
-// connection is far more likely to be a plugin run than the oldest one is).
+// connection is far more likely to be a plugin run than the oldest one is). A connection the
+// server has not served yet (`unserved`: waiting for its first read) is never the one closed to
+// make room: when every other one is such, the newcomer is closed instead, so a stream of new
+// connections cannot push a waiting plugin run out before its turn.
 
 import { chmod, lstat, mkdir, stat, unlink } from 'node:fs/promises';
 import type net from 'node:net';
@@ -17,6 +20,10 @@ export interface Slots {
   readonly maxConnections: number;
   /** Called for a connection closed to make room, before it is destroyed. */
   readonly onEvict?: (socket: net.Socket) => void;
+  /** Connections not to close to make room (the server owes them their first read). */
+  readonly unserved?: (socket: net.Socket) => boolean;
+  /** Called for a new connection closed because every open one is unserved. */
+  readonly onReject?: (socket: net.Socket) => void;
 }
 
 /** Starts `server` on `address` (`what` and `flag` name it in errors); resolves to its closer. */
@@ -39,12 +46,23 @@ export async function listenUnix(server: net.Server, address: string, what: stri
   // Tracked from the first connection on (one may arrive before listen's callback runs).
   const open = new Set<net.Socket>();
   server.on('connection', (socket) => {
-    // A Set keeps insertion order: its first entry is the oldest connection.
+    // A Set keeps insertion order: the first one that may go is the oldest such.
     while (open.size >= slots.maxConnections) {
-      const oldest = open.values().next().value as net.Socket;
-      open.delete(oldest);
-      slots.onEvict?.(oldest);
-      oldest.destroy();
+      let victim: net.Socket | undefined;
+      for (const s of open) {
+        if (slots.unserved?.(s) !== true) {
+          victim = s;
+          break;
+        }
+      }
+      if (victim === undefined) {
+        slots.onReject?.(socket);
+        socket.destroy();
+        return;
+      }
+      open.delete(victim);
+      slots.onEvict?.(victim);
+      victim.destroy();
     }
     open.add(socket);
     socket.on('close', () => open.delete(socket));

@@ -221,6 +221,33 @@ describe('plugin log server', () => {
     }
   });
 
+  it('never closes a plugin run that waits for its first read to make room: a newcomer goes instead', async () => {
+    // A tiny rate: every read puts the server in debt, so new connections wait for their turn.
+    const { address } = await start({ maxConnections: 4, maxBytesPerSecond: 8 * 1024 });
+    const before = await metric('mesh_cni_plugin_log_connections_closed_total', { reason: 'rejected' });
+    const socks: net.Socket[] = [];
+    const connect = async () => {
+      const s = net.createConnection({ path: address });
+      s.on('error', () => {});
+      socks.push(s);
+      await new Promise((r) => s.once('connect', r));
+      return s;
+    };
+    try {
+      for (let i = 0; i < 4; i++) (await connect()).write('{"level":"info","msg":"flood"}\n'.repeat(2000));
+      await waitFor('reading paced', async () => ((await metric('mesh_cni_plugin_log_read_pauses_total')) > 0 ? true : undefined));
+      const client = new UdsLog(address, 'info', { command: 'ADD', containerID: 'c7', pod: { namespace: 'shop', name: 'cart-7' } }, 'none');
+      client.info('waited for its turn');
+      await client.flush(2000);
+      // Connections that keep coming while the run waits: they take the flooders' slots, then are refused.
+      for (let i = 0; i < 6; i++) await connect();
+      await waitFor('the waiting run printed', () => cniLines().find((l) => l.includes('waited for its turn')));
+      assert.ok((await metric('mesh_cni_plugin_log_connections_closed_total', { reason: 'rejected' })) - before >= 1);
+    } finally {
+      for (const s of socks) s.destroy();
+    }
+  });
+
   it('holds at most a line per connection, however the bytes come', async () => {
     const { address, c } = await start({ maxLineBytes: 4096 });
     const s = net.createConnection({ path: address });
