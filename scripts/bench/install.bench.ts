@@ -299,7 +299,7 @@ async function manyFiles(tree: HostTree, count: number): Promise<void> {
 
 /** The agent from source (what the tests run), ready, with our entry in the primary. */
 async function readyAgent(tree: HostTree, flags: Record<string, string> = {}) {
-  const agent = spawnAgent(tree, { 'log_output_level': 'all:warn', 'cleanup-on-exit': 'never', ...flags });
+  const agent = spawnAgent(tree, { 'log_output_level': 'default:warn,install:warn', 'cleanup-on-exit': 'never', ...flags });
   await agent.monitoringPort();
   const t0 = performance.now();
   while (!hasEntry(path.join(tree.netDir, '10-bridge.conflist'))) {

@@ -22,6 +22,9 @@ const log = scope('install');
 const RETRY_MIN_MS = 5;
 const TEMP_NAME = new RegExp(`[^\\s/'"]*${TEMP_MARKER.replaceAll('.', '\\.')}[\\w-]+`, 'g');
 const RETRY_MAX_MS = 5000;
+const PACE_BURST = 10;
+const PACE_EVERY_MS = 10;
+const WATCH_TRIGGERS: ReadonlySet<Trigger> = new Set<Trigger>(['net_dir', 'bin_dir', 'token', 'ca', 'template']);
 
 export interface InstallerOptions {
   /** Decides uninstall vs restart on stop; the default asks the API server (--cleanup-on-exit). */
@@ -50,6 +53,9 @@ export class Installer implements Component {
   /** When the pass running now started (null: none runs), for the watchdog. */
   private runningSince: number | null = null;
   private readonly startedAt = Date.now();
+  private verifyPending = true;
+  private paceTokens = PACE_BURST;
+  private paceAt = 0;
 
   constructor(settings: Settings, opts: InstallerOptions = {}) {
     this.settings = settings;
@@ -70,9 +76,15 @@ export class Installer implements Component {
       dirs,
       (trigger, file) => {
         // Our own temp files come and go with every write we make: not a change to react to.
-        if (!path.basename(file).includes(TEMP_MARKER)) this.schedule(trigger);
+        if (file !== null && path.basename(file).includes(TEMP_MARKER)) return;
+        if (file === null) this.reconciler.files.unsure();
+        else this.reconciler.files.changed(file);
+        this.schedule(trigger);
       },
-      (dir, e) => log.warn('watch failed; the periodic reconcile still covers it', { dir, error: e.message }),
+      (dir, e) => {
+        this.reconciler.files.unsure();
+        log.warn('watch failed; the periodic reconcile still covers it', { dir, error: e.message });
+      },
     );
   }
 
@@ -98,6 +110,9 @@ export class Installer implements Component {
   /** Runs a pass now, or right after the one running (triggers meanwhile merge into one). */
   schedule(trigger: Trigger): void {
     if (this.stopped) return;
+    // Passes a watch event brings trust the file cache for what no event touched; any other
+    // (periodic, start-up, retry) checks it, so a missed event costs at most one period.
+    if (!WATCH_TRIGGERS.has(trigger)) this.verifyPending = true;
     if (this.running) {
       this.pending = trigger;
       return;
@@ -117,6 +132,9 @@ export class Installer implements Component {
   private async loop(first: Trigger): Promise<void> {
     let trigger: Trigger | null = first;
     while (trigger && !this.stopped) {
+      await this.pace();
+      if (this.stopped) break;
+      // Every trigger up to here is covered by the pass below; later ones bring one more.
       this.pending = null;
       this.runningSince = Date.now();
       try {
@@ -128,12 +146,33 @@ export class Installer implements Component {
     }
   }
 
+  /**
+   * A file rewritten every millisecond would otherwise run passes back to back. A token bucket:
+   * up to PACE_BURST passes at once (a primary CNI's write and our repair take a few), then one
+   * per PACE_EVERY_MS. Triggers that come while a pass waits merge into it, so the last change
+   * is always followed by a pass.
+   */
+  private async pace(): Promise<void> {
+    const now = performance.now();
+    this.paceTokens = Math.min(PACE_BURST, this.paceTokens + (now - this.paceAt) / PACE_EVERY_MS);
+    this.paceAt = now;
+    if (this.paceTokens < 1) {
+      const wait = (1 - this.paceTokens) * PACE_EVERY_MS;
+      await new Promise((r) => setTimeout(r, wait));
+      this.paceTokens = 1;
+      this.paceAt = performance.now();
+    }
+    this.paceTokens -= 1;
+  }
+
   private async pass(trigger: Trigger): Promise<void> {
     metrics.reconciles.inc({ trigger });
     const end = metrics.reconcileDuration.startTimer();
     let outcome: Outcome;
     try {
-      outcome = await this.reconciler.reconcile();
+      const verify = this.verifyPending;
+      this.verifyPending = false;
+      outcome = await this.reconciler.reconcile({ verify });
     } catch (e) {
       outcome = { notReady: [`reconcile failed: ${(e as Error).message}`], problems: [{ reason: 'write_failed', message: (e as Error).message }], primary: this.last?.primary ?? null, writes: [] };
     }
@@ -156,7 +195,10 @@ export class Installer implements Component {
     this.retryOnProblems(outcome);
     // A directory deleted and recreated needs a new watch. Every pass looks (a stat per dir):
     // triggers merge while a pass runs, so no one kind of pass can be relied on to come.
-    if (this.watcher.refresh()) this.schedule('net_dir');
+    if (this.watcher.refresh()) {
+      this.reconciler.files.unsure();
+      this.schedule('net_dir');
+    }
   }
 
   private retryOnProblems(outcome: Outcome): void {

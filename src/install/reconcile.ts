@@ -11,6 +11,7 @@ import { BinaryInstaller } from './binaries.ts';
 import { choosePrimary, CniConfigError, isConfigFile, libcniVerdict, otherForm, primaryCandidates, PLUGIN_TYPE, standaloneConfig, withOurEntry, withoutOurEntry, type JsonObject } from './cniconfig.ts';
 import { renderOrchconfig } from './orchconfig.ts';
 import type { PluginTokenSource } from '../orch/tokenrequest.ts';
+import { FileCache, type CachedFile } from './filecache.ts';
 import { readRegularFile, readRegularFileIfExists, UnsafeFileError } from './safefile.ts';
 import { DEFAULT_TEMPLATE, renderEntry } from './template.ts';
 import { planOwned, sortsBefore, type OwnedPlan } from './owned.ts';
@@ -100,11 +101,25 @@ async function readIfExists(file: string): Promise<string | null> {
   return (await readRegularFileIfExists(file))?.text ?? null;
 }
 
+/** Whether a config holds an entry of ours, worked out once per content. */
+function holdsOurEntry(file: CachedFile, name: string): boolean {
+  return file.memo('ours', (t) => {
+    try {
+      return withoutOurEntry(t, name) !== null;
+    } catch {
+      // Files that do not parse are not ours to touch.
+      return false;
+    }
+  });
+}
+
 export class Reconciler {
   private readonly s: InstallSettings;
   private readonly env: EnvironmentFacts;
   private readonly binaries: BinaryInstaller;
   private readonly originals = new Map<string, Original>();
+  /** Other config files as last read (filecache.ts): told of changes by the installer's watch. */
+  readonly files = new FileCache();
   /** The conflist of our own in standalone mode (--cni-conf-name, or ours by default). */
   private readonly standaloneName: string;
 
@@ -129,7 +144,16 @@ export class Reconciler {
     return new Set([this.s.orchcfgFileName, this.s.chained ? STANDALONE_CONF_NAME : this.standaloneName, this.s.meshOwnedCniConfigFilename]);
   }
 
-  async reconcile(): Promise<Outcome> {
+  /**
+   * One pass. `verify` (the default; false only for a pass brought by watch events) checks every
+   * cached config file by its stat identity; else the cache trusts what no event has touched.
+   */
+  async reconcile(opts: { verify?: boolean } = {}): Promise<Outcome> {
+    this.files.startPass(opts.verify ?? true);
+    return this.reconcileOnce();
+  }
+
+  private async reconcileOnce(): Promise<Outcome> {
     const notReady: string[] = [];
     const problems: Problem[] = [];
     const writes: Write[] = [];
@@ -528,9 +552,24 @@ export class Reconciler {
 
   /** Our entry out of every config file in `names` but those in `keep`. */
   private async takeOutAllBut(names: readonly string[], keep: ReadonlySet<string | null>, writes: Write[]): Promise<void> {
-    for (const name of names) {
-      if (!keep.has(name) && isConfigFile(name)) await this.takeOut(name, writes);
+    this.files.keepOnly(new Set(names.map((n) => path.join(this.netDir, n))));
+    const others = names.filter((n) => !keep.has(n) && isConfigFile(n));
+    await this.files.warm(others.map((n) => path.join(this.netDir, n)));
+    for (const name of others) {
+      // Known to hold no entry of ours: no await, no I/O (thousands of files, pass after pass).
+      const known = this.files.peek(path.join(this.netDir, name));
+      if (known && !holdsOurEntry(known, name)) continue;
+      await this.takeOut(name, writes);
     }
+  }
+
+  /** Whether `file` may hold an entry of ours, worked out once per content (filecache.ts). */
+  private async mayHoldOurEntry(file: string, name: string): Promise<boolean> {
+    const cached = await this.files.read(file).catch((e: unknown) => {
+      if (e instanceof UnsafeFileError) return null;
+      throw e;
+    });
+    return cached !== null && holdsOurEntry(cached, name);
   }
 
   /**
@@ -540,6 +579,9 @@ export class Reconciler {
    */
   private async takeOut(name: string, writes: Write[]): Promise<void> {
     const file = path.join(this.netDir, name);
+    // Most files hold no entry of ours, pass after pass: that is known from the cache.
+    if (!(await this.mayHoldOurEntry(file, name))) return;
+    // About to write: from what is there now, not from the cache.
     // A FIFO, device or oversized file never held an entry of ours: not ours to touch.
     const text = await readIfExists(file).catch((e: unknown) => {
       if (e instanceof UnsafeFileError) return null;

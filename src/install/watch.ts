@@ -32,10 +32,11 @@ function identity(dir: string): string {
 
 export class DirWatcher {
   private readonly watched: Watched[];
-  private readonly onChange: (trigger: Trigger, file: string) => void;
+  /** `file` is null when the event names none (inotify's queue overflowed, the dir itself changed). */
+  private readonly onChange: (trigger: Trigger, file: string | null) => void;
   private readonly onError: (dir: string, e: Error) => void;
 
-  constructor(dirs: readonly { dir: string; trigger: Trigger }[], onChange: (trigger: Trigger, file: string) => void, onError: (dir: string, e: Error) => void) {
+  constructor(dirs: readonly { dir: string; trigger: Trigger }[], onChange: (trigger: Trigger, file: string | null) => void, onError: (dir: string, e: Error) => void) {
     // One watch per directory even when several triggers share it (net dir holds the template).
     const seen = new Map<string, Watched>();
     for (const d of dirs) if (!seen.has(d.dir)) seen.set(d.dir, { dir: d.dir, trigger: d.trigger, identity: 'none', watcher: null });
@@ -56,7 +57,7 @@ export class DirWatcher {
       w.watcher = null;
       if (id === 'missing') continue;
       try {
-        const watcher = watch(w.dir, { persistent: true }, (_event, name) => this.onChange(w.trigger, path.join(w.dir, name ?? '')));
+        const watcher = watch(w.dir, { persistent: true }, (_event, name) => this.onChange(w.trigger, name ? path.join(w.dir, name) : null));
         watcher.on('error', (e) => {
           // The directory went away: forget it so the next refresh re-arms the new one.
           watcher.close();
