@@ -138,12 +138,15 @@ export async function startPluginLogServer(settings: Settings, limits: LogServer
       socket.destroy();
     };
     const lifetime = setTimeout(() => cut('lifetime'), limits.maxConnectionMs);
-    // Time spent waiting for its turn to be read is ours, not the sender's.
+    // Time spent waiting for its turn to be read is ours, not the sender's (the idle timer too).
     const lineTimeout = () => {
       if (pacer.holds(socket)) lineTimer = setTimeout(lineTimeout, limits.lineTimeoutMs);
       else cut('line_timeout');
     };
-    socket.setTimeout(limits.idleTimeoutMs, () => cut('idle'));
+    socket.setTimeout(limits.idleTimeoutMs, () => {
+      if (pacer.holds(socket)) socket.setTimeout(limits.idleTimeoutMs); // counts again from now
+      else cut('idle');
+    });
     socket.on('data', (chunk: Buffer) => {
       metrics.bytes.inc(chunk.length);
       linesRead = 0;

@@ -248,6 +248,28 @@ describe('plugin log server', () => {
     }
   });
 
+  it('does not close as idle a plugin run that only waits for its turn to be read', async () => {
+    const { address } = await start({ maxBytesPerSecond: 8 * 1024, idleTimeoutMs: 300 });
+    const socks: net.Socket[] = [];
+    const connect = async (data: string) => {
+      const s = net.createConnection({ path: address });
+      s.on('error', () => {});
+      socks.push(s);
+      await new Promise((r) => s.once('connect', r));
+      s.write(data);
+    };
+    try {
+      await connect('{"level":"debug","msg":"x"}\n'.repeat(2000)); // puts the server in debt
+      await waitFor('reading paced', async () => ((await metric('mesh_cni_plugin_log_read_pauses_total')) > 0 ? true : undefined));
+      // Three new connections ahead of the run: it waits for their turns first, well past 300 ms.
+      for (let i = 0; i < 3; i++) await connect('{"level":"debug","msg":"ahead"}\n'.repeat(500));
+      await connect('{"level":"info","msg":"waited, never idle"}\n');
+      await waitFor('the run printed', () => cniLines().find((l) => l.includes('waited, never idle')));
+    } finally {
+      for (const s of socks) s.destroy();
+    }
+  });
+
   it('holds at most a line per connection, however the bytes come', async () => {
     const { address, c } = await start({ maxLineBytes: 4096 });
     const s = net.createConnection({ path: address });
