@@ -205,6 +205,30 @@ describe('owned config: the reconcile pass on a real net dir', () => {
     assert.equal(readFileSync(net('10-bridge.conflist'), 'utf8'), BRIDGE_CONFLIST);
   });
 
+  it('a restart or upgrade (--cleanup-on-exit auto: our DaemonSet still there) leaves ours in place; the next agent writes nothing', async () => {
+    const { tree, net } = await setup();
+    const settings = buildSettings({ ...tree.flags, 'mesh-owned-cni-config': 'true', 'reconcile-interval': '1h' }, tree.env);
+    const first = new Installer(settings, { decideCleanup: async () => ({ cleanup: false, why: 'DaemonSet still exists' }) });
+    await first.start();
+    await first.settled();
+    const ours = readFileSync(net(OWNED), 'utf8');
+    await first.stop('SIGTERM');
+    assert.equal(readFileSync(net(OWNED), 'utf8'), ours);
+    const next = new Reconciler(settings.install, settings.env);
+    const out = await next.reconcile();
+    assert.deepEqual(out.notReady, []);
+    assert.deepEqual(out.writes.filter((w) => w.kind === 'cni_config'), []);
+    assert.deepEqual(runtimeView(tree.netDir), { file: OWNED, entries: 1, chain: ['bridge', 'mesh-cni'] });
+  });
+
+  it('standalone mode (--chained-cni-plugin=false) leaves no owned file behind', async () => {
+    const { tree, net, make } = await setup();
+    await make().reconcile();
+    await make({ 'chained-cni-plugin': 'false' }).reconcile();
+    assert.deepEqual((await fs.readdir(tree.netDir)).filter((n) => n.endsWith('.conflist')).sort(), ['10-bridge.conflist', 'YY-mesh-cni.conflist']);
+    assert.equal(readFileSync(net('10-bridge.conflist'), 'utf8'), BRIDGE_CONFLIST);
+  });
+
   it('switching modes either way leaves one entry in the file the runtime reads and no stale owned file', async () => {
     for (const primaryName of ['10-bridge.conflist', '10-ptp.conf']) {
       const ptp = '{"cniVersion":"1.0.0","name":"ptp-net","type":"ptp","ipam":{"type":"host-local","subnet":"198.18.127.0/24"}}\n';
