@@ -133,8 +133,9 @@ describe('repair controller end to end', () => {
     s.upsertPod(brokenPod('rbac-0'));
     const c = await start({ 'repair-label-pods': true }, FAST, agentToken);
     await waitFor('rbac-0 labelled', () => labelled('rbac-0'));
+    // The Event goes beside the repair, not after it.
+    await waitFor('the Event on rbac-0', () => s.events().some((e) => e.involvedObject.name === 'rbac-0' && e.reason === 'MeshCniRepairLabelled'));
     assert.equal(s.requests.filter((r) => r.status === 403).length, 0, 'no call beyond the granted rights');
-    assert.ok(s.events().some((e) => e.involvedObject.name === 'rbac-0' && e.reason === 'MeshCniRepairLabelled'));
     await c.stop('SIGTERM');
     // Delete mode with the base rights is refused (403): deleting is opt-in.
     s.upsertPod(brokenPod('rbac-1'));
