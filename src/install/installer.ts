@@ -95,7 +95,7 @@ export class Installer implements Component {
       if (stale.length > 0) log.info('removed temp files left by an earlier run', { dir, files: stale });
     }
     log.info('installing mesh-cni', {
-      mode: s.chained ? 'chained' : 'standalone', netDir: s.mountedCniNetDir, binDir: s.mountedCniBinDir, binariesFrom: s.cniBinariesDir,
+      mode: s.chained ? 'chained' : 'standalone', ownedConfig: s.chained && s.meshOwnedCniConfig ? s.meshOwnedCniConfigFilename : null, netDir: s.mountedCniNetDir, binDir: s.mountedCniBinDir, binariesFrom: s.cniBinariesDir,
     });
     this.watcher.refresh();
     this.schedule('startup');
@@ -250,6 +250,8 @@ export class Installer implements Component {
     return {
       ready: this.last?.notReady.length === 0,
       mode: s.chained ? 'chained' : 'standalone',
+      // Our own config file (--mesh-owned-cni-config), which the runtime reads; null: the splice.
+      ownedConfig: s.chained && s.meshOwnedCniConfig ? s.meshOwnedCniConfigFilename : null,
       primaryConfig: this.last?.primary ?? null,
       // Config files before the primary that the runtime would not load either, with why.
       skipped: this.last?.skipped ?? [],

@@ -190,6 +190,7 @@ describe('owned config: the reconcile pass on a real net dir', () => {
     const inst = await installerFor(tree);
     try {
       assert.match(inst.notReadyReasons().join('\n'), /00-multi.conf in .* sorts before our 02-mesh-cni.conflist, so the runtime reads it, not ours/);
+      assert.equal(inst.status().ownedConfig, OWNED, 'ControlZ shows the owned file');
     } finally {
       await inst.stop('SIGTERM');
     }
