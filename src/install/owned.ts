@@ -44,8 +44,6 @@ export interface OwnedState {
   readonly current: { readonly text: string; readonly mode: number } | null;
   /** The primary our file was last made from, when known (for the message when it is gone). */
   readonly madeFrom?: string | null;
-  /** Valid configs (not ours, not the primary) that sort before ours: the runtime would read one of them. */
-  readonly before?: readonly string[];
 }
 
 export type OwnedPlan =
@@ -59,14 +57,21 @@ export type OwnedPlan =
   | { readonly action: 'wait'; readonly notReady: readonly string[] };
 
 /**
+ * Why our file is not the one the runtime reads: configs it would load (other than the named
+ * primary, --cni-conf-name) that sort before ours. Pods then start without mesh-cni: an error.
+ */
+export function shadowedBy(before: readonly string[], ownedName: string, netDir: string): string | null {
+  if (before.length === 0) return null;
+  const many = before.length > 1;
+  return `${before.join(', ')} in ${netDir} ${many ? 'sort' : 'sorts'} before our ${ownedName}, so the runtime reads ${many ? 'the first of them' : 'it'}, not ours, and pods may start without mesh-cni; remove ${many ? 'them' : 'it'}, give --mesh-owned-cni-config-filename a name that sorts first (byte order), or run with --mesh-owned-cni-config=false`;
+}
+
+/**
  * What to do with our file this pass. Throws CniConfigError for a primary the runtime would
  * not load (the caller keeps our file as it is and says so).
  */
 export function planOwned(s: OwnedState, entry: JsonObject, netDir: string): OwnedPlan {
   const notReady: string[] = [];
-  if (s.before && s.before.length > 0) {
-    notReady.push(`${s.before.join(', ')} in ${netDir} ${s.before.length > 1 ? 'sort' : 'sorts'} before our ${s.ownedName}, so the runtime reads ${s.before.length > 1 ? 'the first of them' : 'it'}, not ours, and pods may start without mesh-cni; remove ${s.before.length > 1 ? 'them' : 'it'}, give --mesh-owned-cni-config-filename a name that sorts first (byte order), or run with --mesh-owned-cni-config=false`);
-  }
   if (s.primary === null) {
     if (s.current === null) return { action: 'wait', notReady };
     notReady.push(`the primary CNI config${s.madeFrom ? ` ${s.madeFrom}` : ''} our ${s.ownedName} was made from is gone from ${netDir}; keeping ours as it is, so pods still get mesh-cni with the network it had, until the primary CNI writes its config again`);

@@ -14,7 +14,7 @@ import type { PluginTokenSource } from '../orch/tokenrequest.ts';
 import { FileCache, type CachedFile } from './filecache.ts';
 import { readRegularFile, readRegularFileIfExists, UnsafeFileError } from './safefile.ts';
 import { DEFAULT_TEMPLATE, renderEntry } from './template.ts';
-import { planOwned, sortsBefore, type OwnedPlan } from './owned.ts';
+import { planOwned, shadowedBy, sortsBefore, type OwnedPlan } from './owned.ts';
 
 /** Our conflist in standalone mode, unless --cni-conf-name names another. */
 export const STANDALONE_CONF_NAME = 'YY-mesh-cni.conflist';
@@ -22,7 +22,8 @@ const CONFIG_MODE = 0o644;
 
 export type ErrorReason =
   | 'net_dir_missing' | 'primary_malformed' | 'template_invalid' | 'token_missing' | 'ca_missing'
-  | 'api_host_missing' | 'binaries_failed' | 'write_failed' | 'file_refused' | 'primary_unsupported' | 'orchconfig_name_refused';
+  | 'api_host_missing' | 'binaries_failed' | 'write_failed' | 'file_refused' | 'primary_unsupported' | 'orchconfig_name_refused'
+  | 'config_shadowed';
 
 export interface Problem {
   readonly reason: ErrorReason;
@@ -479,7 +480,10 @@ export class Reconciler {
       notReady.push(`primary CNI config ${primaryFile} vanished while being read; retrying`);
       return kept;
     }
-    const before = found && this.s.cniConfName !== '' ? await this.validBefore(names, ownedName, found.name) : [];
+    // With --cni-conf-name, a config the runtime loads may sort before ours: not a primary, but
+    // what the runtime reads instead of ours.
+    const shadowed = found && this.s.cniConfName !== '' ? shadowedBy(await this.validBefore(names, ownedName, found.name), ownedName, this.netDir) : null;
+    if (shadowed) fail('config_shadowed', shadowed);
     const curMode = current !== null ? ((await fs.stat(owned).catch(() => null))?.mode ?? 0) : 0;
     let plan: OwnedPlan;
     try {
@@ -488,7 +492,6 @@ export class Reconciler {
         primary: found && st ? { name: found.name, text: found.text!, mode: st.mode } : null,
         current: current !== null ? { text: current, mode: curMode } : null,
         madeFrom: this.ownedFrom,
-        before,
       }, entry, this.netDir);
     } catch (e) {
       if (!(e instanceof CniConfigError)) throw e;
