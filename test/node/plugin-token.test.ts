@@ -223,7 +223,9 @@ describe('the plugin\'s token', () => {
       assert.deepEqual(await filesHolding(t.netDir, agentToken), [], 'no file in the net dir holds the agent\'s token');
       assert.deepEqual(await filesHolding(t.binDir, agentToken), [], 'no file in the bin dir holds the agent\'s token');
       assert.deepEqual(api.requests.filter((r) => r.status === 403).map((r) => `${r.method} ${r.path}`), [], 'the agent stays within deploy/\'s rights');
-      assert.equal((await a.get('/readyz')).status, 200);
+      // Every part ready (the pod lookup's watch may list a moment after the installer is done).
+      let last = { status: 0, body: '' };
+      await waitFor('/readyz 200', async () => (last = await a.get('/readyz')).status === 200, { timeoutMs: 5000, context: () => last.body });
     });
 
     it('refreshes the token in the orchconfig before it expires, and turns /readyz 503 with the reason while it cannot', async () => {
@@ -246,7 +248,8 @@ describe('the plugin\'s token', () => {
       assert.match((await a.get('/metrics')).body, /^mesh_cni_plugin_token_refresh_failures_total\{reason="server_error"\} [1-9]/m);
       delete api.faults.status;
       await waitFor('/readyz 200 again', async () => (await a.get('/readyz')).status === 200, 8000);
-      assert.notEqual(orchToken(orchconfig), held);
+      // The new token is written by the pass its arrival triggers, just after.
+      await waitFor('a new token in the orchconfig', () => orchToken(orchconfig) !== held, 3000);
     });
   });
 });
