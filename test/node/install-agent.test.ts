@@ -85,6 +85,14 @@ describe('install-cni process', () => {
     assert.match(r.body, /^ready\n/);
     assert.match(r.body, /^note: passed over .*\/00-notes.conf, as the runtime would: not valid JSON/m);
     assert.doesNotMatch(r.body, /token-like-secret-text/);
+    // And in ControlZ's installer status.
+    const listening = await a.waitForLog((l) => l.msg === 'ControlZ listening', 'ControlZ up');
+    const res = await fetch(`http://127.0.0.1:${String(listening.port)}/api/components`);
+    const text = await res.text();
+    const install = (JSON.parse(text) as { name: string; status: { skipped: { file: string; reason: string }[] } }[]).find((c) => c.name === 'install');
+    assert.deepEqual(install?.status.skipped.map((k) => k.file), ['00-notes.conf']);
+    assert.match(install.status.skipped[0]!.reason, /^not valid JSON/);
+    assert.doesNotMatch(text, /token-like-secret-text/);
   });
 
   it('SIGKILL at any moment leaves only whole config files, and a restart finishes the job', async () => {
