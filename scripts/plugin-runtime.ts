@@ -3,6 +3,10 @@
 //   node-sea  a Node 24 single executable application with a V8 code cache (scripts/sea.ts)
 //   bun       `bun build --compile --bytecode --minify` of the bundle, with the Bun of
 //             node_modules (@oven/bun-linux-x64, pinned exactly: the build stays offline)
+//             Its CPU floor is x86-64 with SSE4.2 (Nehalem): Bun 1.4.5 ships one x86-64 binary
+//             that picks its AVX2 code at run time; @oven/bun-linux-x64-baseline 1.4.5 is an
+//             alias holding the same file (same sha256), so there is no other build to pick.
+//             Node runs on any x86-64 (plugin-build.test.ts runs both under qemu CPU models).
 // Chosen by MESH_PLUGIN_RUNTIME; the default is the one `npm run bench -- plugin` measured
 // fastest with every shipped-executable test green (README, "The plugin executable").
 // Deno was looked at too: its npm package `deno` fetches its binary from a postinstall script

@@ -62,6 +62,38 @@ describe('plugin build', () => {
     assert.match(bad.stderr, /MESH_PLUGIN_RUNTIME=deno: expected one of node-sea, bun/);
   });
 
+  // The CPU floor (README, "The plugin executable"): Bun 1.4.5 ships one x86-64 binary, built for
+  // Nehalem (SSE4.2, no AVX) with its AVX2 code picked at run time (@oven/bun-linux-x64-baseline
+  // is an alias holding the same file); Node runs on any x86-64. qemu's user-mode emulator runs
+  // each runtime's plugin on a CPU model without the newer features, as an old or a masked
+  // virtual CPU would: it raises SIGILL on an instruction the model lacks.
+  const QEMU = '/usr/bin/qemu-x86_64';
+  const noQemu = process.arch !== 'x64' ? 'an x86-64 host only' : existsSync(QEMU) ? false : `${QEMU} is missing: apt-get install qemu-user`;
+  it('every runtime runs VERSION and ADD on a CPU without AVX or AVX2 (qemu -cpu Nehalem); below SSE4.2 (qemu64) only node-sea', { skip: noQemu }, async () => {
+    const ns = new Netns('cpu');
+    try {
+      const prev = { cniVersion: '1.1.0', interfaces: [{ name: 'eth0', sandbox: ns.path }], ips: [{ address: '198.18.9.10/24', interface: 0 }] };
+      const add = JSON.stringify(pluginConfig({ cniVersion: '1.1.0', orchconfig: path.join(tmp.dir, 'none') }, prev));
+      const addEnv = { PATH: tmp.dir, CNI_COMMAND: 'ADD', CNI_CONTAINERID: 'cpu1', CNI_NETNS: ns.path, CNI_IFNAME: 'eth0', CNI_ARGS: 'IgnoreUnknown=1;K8S_POD_NAMESPACE=kube-system;K8S_POD_NAME=dns' };
+      for (const runtime of PLUGIN_RUNTIMES) {
+        const out = path.join(tmp.dir, `mesh-cni-${runtime}`);
+        buildExecutable({ root: ROOT, main: path.join(ROOT, 'dist/mesh-cni.cjs'), out, runtime, seaMode: 'codecache' });
+        const version = spawnSync(QEMU, ['-cpu', 'Nehalem', out], { env: { PATH: tmp.dir, CNI_COMMAND: 'VERSION' }, input: '{"cniVersion":"1.1.0"}', encoding: 'utf8' });
+        assert.equal(version.status, 0, `${runtime} on Nehalem: ${version.signal ?? ''} ${version.stderr}`);
+        assert.equal(JSON.parse(version.stdout).cniVersion, '1.1.0', runtime);
+        const added = await run(QEMU, ['-cpu', 'Nehalem', out], { env: addEnv, input: add });
+        assert.equal(added.code, 0, `${runtime} on Nehalem: ${added.stdout}${added.stderr}`);
+        assert.deepEqual(JSON.parse(added.stdout), prev, runtime);
+        // The floor is real, and the emulator enforces the model: Bun needs SSE4.2.
+        const old = spawnSync(QEMU, ['-cpu', 'qemu64', out], { env: { PATH: tmp.dir, CNI_COMMAND: 'VERSION' }, input: '{"cniVersion":"1.1.0"}', encoding: 'utf8' });
+        if (runtime === 'bun') assert.equal(old.signal, 'SIGILL', `bun on qemu64 (no SSE4.2): ${old.status} ${old.stderr}`);
+        else assert.equal(old.status, 0, `${runtime} on qemu64: ${old.signal ?? ''} ${old.stderr}`);
+      }
+    } finally {
+      ns.remove();
+    }
+  });
+
   it('the executable passes prevResult through for a skipped pod and errors cleanly, no node on PATH', async () => {
     const ns = new Netns('sea');
     try {
