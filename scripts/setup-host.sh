@@ -27,6 +27,7 @@ needs=(
   kubectl:kubernetes-client
   openssl:openssl
   /usr/bin/python3:python3
+  /usr/bin/qemu-x86_64:qemu-user
 )
 
 missing=()
