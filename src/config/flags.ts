@@ -67,7 +67,7 @@ export const FLAGS: readonly FlagSpec[] = [
   // --- install-cni flags of the seed
   installFlag('ambient-enabled', 'bool', 'false', 'Whether ambient mode is enabled (not implemented yet: turning it on fails at start-up).'),
   installFlag('chained-cni-plugin', 'bool', 'true', 'Whether to install the plugin as a chained entry of the primary CNI config (false: write a standalone conflist).'),
-  installFlag('mesh-owned-cni-config', 'bool', 'true', 'Chained mode: write our own config file (--mesh-owned-cni-config-filename), the primary CNI\'s network with our entry last, sorting before the primary\'s file, which is never edited, so no pod starts without our entry while the primary CNI rewrites its file (false: splice our entry into the primary\'s file).'),
+  installFlag('mesh-owned-cni-config', 'bool', 'false', 'Chained mode: write our own config file (--mesh-owned-cni-config-filename), the primary CNI\'s network with our entry last, sorting before the primary\'s file, which is never edited, so no pod starts without our entry while the primary CNI rewrites its file (false, the default: splice our entry into the primary\'s file; README "Owned config" says what to check before turning it on).'),
   installFlag('mesh-owned-cni-config-filename', 'string', '02-mesh-cni.conflist', 'Name of our own config file with --mesh-owned-cni-config; it must sort before the primary CNI\'s file (byte order).'),
   installFlag('cni-conf-name', 'string', undefined, 'Name of the CNI config file to put our entry into (chained) or to write (standalone); empty means pick it as the runtime does.'),
   installFlag('cni-net-dir', 'string', '/etc/cni/net.d', 'The CNI net dir as the host sees it (used in paths written into configs).', { path: 'dir' }),

@@ -150,12 +150,11 @@ describe('deploy: the container image', { timeout: 300_000 }, () => {
         }
       }
       assert.deepEqual(api.requests.filter((r) => r.status === 403).map((r) => `${r.method} ${r.path}`), [], 'the agent in the image stays within deploy/\'s rights');
-      // The default (--mesh-owned-cni-config): our own file, sorting before the primary's,
-      // which is never edited.
+      // The default (--mesh-owned-cni-config=false): our entry spliced into the primary's file,
+      // no file of our own.
       const owned = path.join(tree.netDir, '02-mesh-cni.conflist');
-      assert.deepEqual(await fs.readFile(path.join(tree.netDir, '10-bridge.conflist')), primary, 'the primary config is not edited');
-      assert.equal((await fs.stat(owned)).mode & 0o777, 0o600);
-      const conf = JSON.parse(await fs.readFile(owned, 'utf8')) as { plugins: { type: string; log_uds_address?: string; pod_lookup_timeout_ms?: number }[] };
+      assert.ok(!existsSync(owned), 'no owned config file by default');
+      const conf = JSON.parse(await fs.readFile(path.join(tree.netDir, '10-bridge.conflist'), 'utf8')) as { plugins: { type: string; log_uds_address?: string; pod_lookup_timeout_ms?: number }[] };
       assert.deepEqual(conf.plugins.map((p) => p.type), ['bridge', 'mesh-cni']);
       // The entry came from the ConfigMap's template (it alone sets the lookup timeout).
       assert.equal(conf.plugins[1]!.pod_lookup_timeout_ms, 10000);
@@ -167,7 +166,7 @@ describe('deploy: the container image', { timeout: 300_000 }, () => {
       assert.equal(state.ExitCode, 0, 'SIGTERM ends it with exit code 0 (not the runtime\'s SIGKILL)');
       assert.deepEqual(await fs.readFile(path.join(tree.netDir, '10-bridge.conflist')), primary, 'the primary config is byte for byte the original');
       assert.ok(!existsSync(orchconfig), 'orchconfig removed');
-      assert.ok(!existsSync(owned), 'our own config file removed');
+      assert.ok(!existsSync(owned), 'no owned config file left');
       assert.ok(existsSync(binary), 'binary kept: DELs of pods started while installed run it');
     });
   });

@@ -91,9 +91,9 @@ describe('owned config: settings', () => {
     assert.equal(s.install.meshOwnedCniConfig, true);
     assert.equal(s.install.meshOwnedCniConfigFilename, '01-ours.conflist');
     assert.equal(buildSettings({}, {}).install.meshOwnedCniConfigFilename, OWNED);
-    // On by default (README: "Owned config"); the splice is one flag away.
-    assert.equal(buildSettings({}, {}).install.meshOwnedCniConfig, true);
-    assert.equal(buildSettings({ 'mesh-owned-cni-config': 'false' }, {}).install.meshOwnedCniConfig, false);
+    // Off by default (README: "Owned config": the gaps left before it can be); one flag away.
+    assert.equal(buildSettings({}, {}).install.meshOwnedCniConfig, false);
+    assert.equal(buildSettings({ 'mesh-owned-cni-config': 'true' }, {}).install.meshOwnedCniConfig, true);
     refused({ 'mesh-owned-cni-config-filename': '02-mesh.conf' }, /expected a .conflist name/);
     refused({ 'mesh-owned-cni-config-filename': 'a/02.conflist' }, /plain file name/);
     refused({ 'mesh-owned-cni-config-filename': '.02.conflist' }, /must not start with a dot/);
