@@ -67,6 +67,21 @@ export function shadowedBy(before: readonly string[], ownedName: string, netDir:
 }
 
 /**
+ * A file at one of our own names (our owned file's, standalone mode's) that sorts before
+ * `target`, the file holding our entry, and holds none itself: the runtime reads it, not ours.
+ * We cannot tell we wrote it (a copy of the primary that a rollback to a version without the
+ * owned file left behind, or another program's), so it is not ours to remove: an error.
+ */
+export function ownNameShadows(name: string, target: string, netDir: string): string {
+  return `${name} in ${netDir} holds no entry of ours and sorts before ${target}, so the runtime reads it, not our entry, and pods may start without mesh-cni; it has one of our file names but is not known as ours (a copy of the primary left by a version of the agent without --mesh-owned-cni-config, or another program's), so it is left as it is: remove it`;
+}
+
+/** Our owned file's name taken by a file that holds no entry of ours: never overwritten or removed. */
+export function foreignOwned(ownedName: string, netDir: string, why = 'holds no entry of ours'): string {
+  return `${ownedName} in ${netDir} ${why}, so we did not write it (another program's file, the primary CNI's own, or a copy left by another version of the agent): not overwriting it, and uninstall will not remove it. Remove it, or give --mesh-owned-cni-config-filename a name no other file has`;
+}
+
+/**
  * What to do with our file this pass. Throws CniConfigError for a primary the runtime would
  * not load (the caller keeps our file as it is and says so).
  */

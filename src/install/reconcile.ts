@@ -14,7 +14,7 @@ import type { PluginTokenSource } from '../orch/tokenrequest.ts';
 import { FileCache, type CachedFile } from './filecache.ts';
 import { readRegularFile, readRegularFileIfExists, UnsafeFileError } from './safefile.ts';
 import { DEFAULT_TEMPLATE, renderEntry } from './template.ts';
-import { planOwned, shadowedBy, sortsBefore, type OwnedPlan } from './owned.ts';
+import { foreignOwned, ownNameShadows, planOwned, shadowedBy, sortsBefore, type OwnedPlan } from './owned.ts';
 
 /** Our conflist in standalone mode, unless --cni-conf-name names another. */
 export const STANDALONE_CONF_NAME = 'YY-mesh-cni.conflist';
@@ -100,6 +100,15 @@ async function symlinkAtomic(to: string, file: string): Promise<void> {
 /** A file's text, null when it does not exist; anything but a regular file of at most 1 MiB is refused (safefile.ts). */
 async function readIfExists(file: string): Promise<string | null> {
   return (await readRegularFileIfExists(file))?.text ?? null;
+}
+
+/** Whether a config's text holds an entry of ours; a file that does not parse holds none. */
+function textHoldsOurEntry(text: string, name: string): boolean {
+  try {
+    return withoutOurEntry(text, name) !== null;
+  } catch {
+    return false;
+  }
 }
 
 /** Whether a config holds an entry of ours, worked out once per content. */
@@ -433,7 +442,24 @@ export class Reconciler {
     // Switched from --mesh-owned-cni-config: our file goes only now that the entry is in the
     // primary, so the runtime never reads a config without it.
     if (primaryAfter !== null && !this.s.meshOwnedCniConfig) await this.removeOwned(writes);
+    if (primaryAfter !== null) await this.failOwnNamesShadowing(names, primaryAfter, fail);
     return primaryAfter;
+  }
+
+  /**
+   * A file at one of our own names sorting before `target` (the file holding our entry) that
+   * the runtime loads, with no entry of ours (owned.ts ownNameShadows): config_shadowed. Left
+   * out as a primary, so nothing else would say that the runtime reads it instead of ours.
+   */
+  private async failOwnNamesShadowing(names: readonly string[], target: string, fail: (r: ErrorReason, m: string) => void): Promise<void> {
+    const own = this.ownFiles();
+    for (const name of [...names].sort()) {
+      if (name === target || !own.has(name) || !isConfigFile(name) || !sortsBefore(name, target)) continue;
+      // Gone since the listing (our own removeOwned), or not a regular file: nothing the runtime loads.
+      const text = await readIfExists(path.join(this.netDir, name)).catch(() => null);
+      if (text === null || !libcniVerdict(text, name).ok || textHoldsOurEntry(text, name)) continue;
+      fail('config_shadowed', ownNameShadows(name, target, this.netDir));
+    }
   }
 
   private async syncStandalone(entry: JsonObject, writes: Write[]): Promise<string> {
@@ -464,7 +490,14 @@ export class Reconciler {
     const owned = path.join(this.netDir, ownedName);
     const names = await fs.readdir(this.netDir);
     const found = await this.findPrimary(names, skipped, fail);
-    const current = await readIfExists(owned).catch(() => null);
+    let current: string | null;
+    try {
+      current = await readIfExists(owned);
+    } catch (e) {
+      if (!(e instanceof UnsafeFileError)) throw e;
+      fail('file_refused', foreignOwned(ownedName, this.netDir, `is not a file we write (${e.message})`));
+      return null;
+    }
     const kept = current !== null ? ownedName : null;
     if (found?.said) return kept;
     if (found && sortsBefore(found.name, ownedName)) {
@@ -473,6 +506,12 @@ export class Reconciler {
       notReady.push(...planOwned({ ownedName, primary: { name: found.name, text: '', mode: 0 }, current: null }, entry, this.netDir).notReady);
       skipped.length = 0;
       return this.syncChained(entry, writes, notReady, fail, skipped);
+    }
+    // A file at our name that we did not write (no entry of ours: another program's, the
+    // primary's own when the names are equal): never overwritten; uninstall leaves it too.
+    if (current !== null && !textHoldsOurEntry(current, ownedName)) {
+      fail('file_refused', foreignOwned(ownedName, this.netDir));
+      return null;
     }
     const primaryFile = found ? path.join(this.netDir, found.name) : '';
     const st = found && found.text !== null ? await fs.stat(primaryFile).catch(() => null) : null;
@@ -521,6 +560,7 @@ export class Reconciler {
     // Ours is in place with our entry: an entry anywhere else (the primary's, from a run
     // without this mode) goes, the primary given back byte for byte.
     await this.takeOutAllBut(await fs.readdir(this.netDir), this.ownFiles(), writes);
+    await this.failOwnNamesShadowing(names, ownedName, fail);
     return ownedName;
   }
 
