@@ -6,9 +6,10 @@
 // Temp names start with a dot and end in `.mesh-tmp-*`, which no runtime reads as a CNI config.
 
 import { randomBytes } from 'node:crypto';
-import { constants, type BigIntStats } from 'node:fs';
+import { constants, lstatSync, type BigIntStats } from 'node:fs';
 import fs from 'node:fs/promises';
 import path from 'node:path';
+import { identity } from './safefile.ts';
 
 export const TEMP_MARKER = '.mesh-tmp-';
 
@@ -41,14 +42,14 @@ export async function writeFileAtomic(file: string, data: string | Uint8Array, o
       if (opts.uid !== undefined && opts.gid !== undefined) await fh.chown(opts.uid, opts.gid).catch(() => {});
       await fh.writeFile(data);
       await fh.sync();
+      if (opts.beforeRename && !(await opts.beforeRename())) {
+        await fs.rm(tmp, { force: true });
+        return false;
+      }
+      await renameOwn(tmp, file, fh);
     } finally {
       await fh.close();
     }
-    if (opts.beforeRename && !(await opts.beforeRename())) {
-      await fs.rm(tmp, { force: true });
-      return false;
-    }
-    await fs.rename(tmp, file);
     return true;
   } catch (e) {
     await fs.rm(tmp, { force: true }).catch(() => {});
@@ -70,9 +71,7 @@ export async function copyFromHandleAtomic(src: fs.FileHandle, dest: string, mod
     try {
       await out.chmod(mode);
       await out.sync();
-      await fs.rename(tmp, dest);
-      // After the rename (which changes ctime), from the fd: the identity our file has now.
-      return await out.stat({ bigint: true });
+      return await renameOwn(tmp, dest, out);
     } finally {
       await out.close();
     }
@@ -80,6 +79,40 @@ export async function copyFromHandleAtomic(src: fs.FileHandle, dest: string, mod
     await fs.rm(tmp, { force: true }).catch(() => {});
     throw e;
   }
+}
+
+/**
+ * The identity (safefile.ts) each file had right after our last write of it, taken from our own
+ * fd after the rename, so the watch event our own write brings can be told from another
+ * writer's: while the file still has that identity, nothing changed that we do not know.
+ */
+const ownWrites = new Map<string, string>();
+/** Files being renamed into place by us: their event may come before we know the identity. */
+const renaming = new Set<string>();
+
+/** Renames our temp file into place; returns the identity it has there, from our fd. */
+async function renameOwn(tmp: string, file: string, fh: fs.FileHandle): Promise<BigIntStats> {
+  renaming.add(file);
+  try {
+    await fs.rename(tmp, file);
+    // After the rename (which changes ctime): the identity our file has now.
+    const st = await fh.stat({ bigint: true });
+    ownWrites.set(file, identity(st));
+    return st;
+  } finally {
+    renaming.delete(file);
+  }
+}
+
+/** Whether `file` is still exactly as our last write of it left it (a stat, synchronous). */
+export function isOwnWrite(file: string): boolean {
+  if (renaming.has(file)) return true;
+  const mine = ownWrites.get(file);
+  if (mine === undefined) return false;
+  const st = lstatSync(file, { bigint: true, throwIfNoEntry: false });
+  if (st?.isFile() && identity(st) === mine) return true;
+  ownWrites.delete(file);
+  return false;
 }
 
 /** Removes `file` if present; false when it was not there. */

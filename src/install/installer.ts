@@ -6,7 +6,7 @@ import path from 'node:path';
 import type { Component } from '../component.ts';
 import type { Settings } from '../config/settings.ts';
 import { scope } from '../monitoring/logging.ts';
-import { removeStaleTemps, TEMP_MARKER } from './atomicfile.ts';
+import { isOwnWrite, removeStaleTemps, TEMP_MARKER } from './atomicfile.ts';
 import * as metrics from './metrics.ts';
 import { Reconciler, type Outcome } from './reconcile.ts';
 import { decideCleanup, type CleanupDecision } from './uninstall.ts';
@@ -23,7 +23,7 @@ const RETRY_MIN_MS = 5;
 const TEMP_NAME = new RegExp(`[^\\s/'"]*${TEMP_MARKER.replaceAll('.', '\\.')}[\\w-]+`, 'g');
 const RETRY_MAX_MS = 5000;
 const PACE_BURST = 10;
-const PACE_EVERY_MS = 10;
+const PACE_EVERY_MS = 20;
 const WATCH_TRIGGERS: ReadonlySet<Trigger> = new Set<Trigger>(['net_dir', 'bin_dir', 'token', 'ca', 'template']);
 
 export interface InstallerOptions {
@@ -55,6 +55,7 @@ export class Installer implements Component {
   private readonly startedAt = Date.now();
   private verifyPending = true;
   private paceTokens = PACE_BURST;
+  private lastPassWrote = false;
   private paceAt = 0;
 
   constructor(settings: Settings, opts: InstallerOptions = {}) {
@@ -79,6 +80,8 @@ export class Installer implements Component {
         if (file !== null && path.basename(file).includes(TEMP_MARKER)) return;
         if (file === null) this.reconciler.files.unsure();
         else this.reconciler.files.changed(file);
+        // The event of our own write (the file is still as we left it): no pass to run for it.
+        if (file !== null && isOwnWrite(file)) return;
         this.schedule(trigger);
       },
       (dir, e) => {
@@ -148,11 +151,13 @@ export class Installer implements Component {
 
   /**
    * A file rewritten every millisecond would otherwise run passes back to back. A token bucket:
-   * up to PACE_BURST passes at once (a primary CNI's write and our repair take a few), then one
-   * per PACE_EVERY_MS. Triggers that come while a pass waits merge into it, so the last change
-   * is always followed by a pass.
+   * up to PACE_BURST passes at once, then one per PACE_EVERY_MS. Triggers that come while a pass
+   * waits merge into it, so the last change is always followed by a pass. Only passes after one
+   * that changed nothing wait: a pass that had to repair something (a primary CNI rewriting its
+   * file without our entry) is followed at once.
    */
   private async pace(): Promise<void> {
+    if (this.lastPassWrote) return;
     const now = performance.now();
     this.paceTokens = Math.min(PACE_BURST, this.paceTokens + (now - this.paceAt) / PACE_EVERY_MS);
     this.paceAt = now;
@@ -178,6 +183,7 @@ export class Installer implements Component {
     }
     end();
     this.passes++;
+    this.lastPassWrote = outcome.writes.length > 0;
     this.last = outcome;
     this.lastAt = new Date();
     for (const w of outcome.writes) {

@@ -54,6 +54,30 @@ describe('installer under churn', () => {
     }
   });
 
+  it('the watch events of our own writes bring no pass; another writer\'s do', async () => {
+    const tree = await makeHostTree();
+    const installer = new Installer(buildSettings({ 'reconcile-interval': '1h', ...tree.flags }, tree.env), { decideCleanup: async () => ({ cleanup: false, why: 'test' }) });
+    try {
+      const primary = path.join(tree.netDir, '10-bridge.conflist');
+      await fs.writeFile(primary, BRIDGE_CONFLIST);
+      await installer.start();
+      await installer.settled();
+      await pause(100);
+      await installer.settled();
+      // The start-up pass wrote the binary, the orchconfig and the primary: one pass, no more.
+      assert.equal(installer.status().reconciles, 1);
+      await fs.writeFile(primary, BRIDGE_CONFLIST);
+      await eventually(() => hasEntry(primary), 'our entry back');
+      await pause(100);
+      await installer.settled();
+      const after = installer.status().reconciles as number;
+      assert.ok(after >= 2 && after <= 4, `passes after one foreign rewrite and our repair: ${after}`);
+    } finally {
+      await installer.stop('SIGTERM').catch(() => {});
+      await tree.remove();
+    }
+  });
+
   it('a burst of rewrites of the primary ends with our entry in it: the last change gets a pass', async () => {
     const tree = await makeHostTree();
     const installer = new Installer(buildSettings({ 'reconcile-interval': '1h', ...tree.flags }, tree.env), { decideCleanup: async () => ({ cleanup: false, why: 'test' }) });
