@@ -80,14 +80,27 @@ const isOriginalRecord = (name: string) => name.startsWith('.') && name.endsWith
 const isFile = (file: string) => fs.stat(file).then((st) => st.isFile(), () => false);
 
 /**
- * Where a write to the config `file` goes: for a symbolic link, the file it points to (followed
- * to the end), so the link stays and the primary CNI's later writes through it still count; the
- * temp file is then made beside that target, so the rename is atomic there. Else `file`.
+ * Where a write to the config `file` goes: for a symbolic link (a primary CNI that keeps its
+ * config elsewhere and links it here), the file it points to (followed to the end), so the link
+ * stays and the primary CNI's later writes through it still count; the temp file is then made
+ * beside that target, so the rename is atomic there. Else `file`. A link is followed only to a
+ * regular file that holds `expected` now, the CNI config just read through it and parsed: the
+ * net dir is writable by others, and a link to any other file (a CNI binary) would have the root
+ * agent overwrite it. Never for a name taken from a record (takeOut writes those in the net dir).
  */
-async function writeTarget(file: string): Promise<string> {
+async function writeTarget(file: string, expected: string): Promise<string> {
   const st = await fs.lstat(file).catch(() => null);
-  return st?.isSymbolicLink() ? fs.realpath(file) : file;
+  if (!st?.isSymbolicLink()) return file;
+  const target = await fs.realpath(file);
+  const now = await readRegularFileIfExists(target, { noFollow: true }).catch(() => null);
+  if (now?.text !== expected) {
+    throw new Error(`${file} is a symbolic link to ${target}, which is not the regular file holding the CNI config just read through it; not writing through the link`);
+  }
+  return target;
 }
+
+/** A record's mode, without the bits no CNI config needs (exec, setuid, group/other write). */
+const RECORD_MODE_MASK = 0o644;
 
 /** Makes `file` a symbolic link to `to`, atomically (a temp link renamed over it). */
 async function symlinkAtomic(to: string, file: string): Promise<void> {
@@ -275,12 +288,11 @@ export class Reconciler {
     }
     const text = renderOrchconfig({ host: this.env.orchServiceHost, port: this.env.orchServicePort, token: token.trim(), caPem, skipTlsVerify: this.s.skipTlsVerify });
     try {
-      const st = await fs.stat(target).catch(() => null);
-      if ((await readIfExists(target).catch(() => null)) !== text) {
+      // Not through a link (O_NOFOLLOW): one planted here is replaced, and the file it points
+      // to neither read nor chmodded. A wrong mode is mended by writing the file again.
+      const now = await readRegularFileIfExists(target, { noFollow: true }).catch(() => null);
+      if (now?.text !== text || Number(now.stat.mode & 0o7777n) !== this.s.orchconfigMode) {
         await writeFileAtomic(target, text, { mode: this.s.orchconfigMode });
-        writes.push({ file: target, kind: 'orchconfig', action: 'write' });
-      } else if (st && (st.mode & 0o7777) !== this.s.orchconfigMode) {
-        await fs.chmod(target, this.s.orchconfigMode);
         writes.push({ file: target, kind: 'orchconfig', action: 'write' });
       }
     } catch (e) {
@@ -407,7 +419,7 @@ export class Reconciler {
             const st = await fs.stat(file);
             const link = (await fs.lstat(file)).isSymbolicLink() ? await fs.readlink(file) : undefined;
             // A .conf made a .conflist is a new file; else the primary is edited where it is.
-            const target = rewrite.replaces ? path.join(this.netDir, rewrite.fileName) : await writeTarget(file);
+            const target = rewrite.replaces ? path.join(this.netDir, rewrite.fileName) : await writeTarget(file, text);
             // The primary CNI may rewrite its file while ours is being written: then what we
             // computed is stale, and putting it in place would undo their change.
             const unchanged = async () => (await readIfExists(file).catch(() => null)) === text;
@@ -639,13 +651,16 @@ export class Reconciler {
     }
     if (without === null) return;
     const st = await fs.stat(file);
-    const original = this.originals.get(name) ?? (await this.recordedOriginal(name));
+    const original = this.originals.get(name) ?? (await this.recordedOriginal(name, st));
     this.originals.delete(name);
     await removeFile(path.join(this.netDir, originalRecord(name)));
     if (original && original.written === sha256(text)) {
       const back = path.join(this.netDir, original.name);
       if (original.link !== undefined && original.name !== name) await symlinkAtomic(original.link, back);
-      else await writeFileAtomic(await writeTarget(back), original.text, { mode: original.mode, uid: original.uid, gid: original.gid });
+      // The .conf we made this conflist from: written in the net dir itself (a link found there
+      // now is replaced, not followed). Only the file itself, edited in place, may be a link.
+      else if (original.name !== name) await writeFileAtomic(back, original.text, { mode: original.mode, uid: original.uid, gid: original.gid });
+      else await writeFileAtomic(await writeTarget(back, text), original.text, { mode: original.mode, uid: original.uid, gid: original.gid });
       writes.push({ file: back, kind: 'cni_config', action: 'write' });
       if (original.name !== name) {
         await removeFile(file);
@@ -659,7 +674,7 @@ export class Reconciler {
       await removeFile(file);
       writes.push({ file, kind: 'cni_config', action: 'remove' });
     } else {
-      await writeFileAtomic(await writeTarget(file), without, { mode: st.mode & 0o7777, uid: st.uid, gid: st.gid });
+      await writeFileAtomic(await writeTarget(file, text), without, { mode: st.mode & 0o7777, uid: st.uid, gid: st.gid });
       writes.push({ file, kind: 'cni_config', action: 'write' });
     }
   }
@@ -671,7 +686,7 @@ export class Reconciler {
    * text with every entry of ours taken out.
    */
   private async originalFor(name: string, text: string, st: { mode: number; uid: number; gid: number }, written: string): Promise<Original> {
-    const prior = this.originals.get(name) ?? (await this.recordedOriginal(name));
+    const prior = this.originals.get(name) ?? (await this.recordedOriginal(name, st));
     if (prior && prior.written === sha256(text)) return { ...prior, written: sha256(written) };
     let clean = text;
     try {
@@ -682,15 +697,25 @@ export class Reconciler {
     return { name, text: clean, mode: st.mode & 0o7777, uid: st.uid, gid: st.gid, written: sha256(written) };
   }
 
-  /** The record a previous run of the agent left for `name`, if any and if it reads. */
-  private async recordedOriginal(name: string): Promise<Original | undefined> {
-    const text = await readIfExists(path.join(this.netDir, originalRecord(name))).catch(() => null);
+  /**
+   * The record a previous run of the agent left for the conflist `name` (owned as `owner`), if
+   * any and if it reads. The record sits in the net dir, which others can write, so it is taken
+   * as a claim: only for the .conf this conflist was made from (the one record we write), with
+   * a config file's mode bits at most, and an owner that is the conflist's or root.
+   */
+  private async recordedOriginal(name: string, owner: { uid: number; gid: number }): Promise<Original | undefined> {
+    const text = await readRegularFileIfExists(path.join(this.netDir, originalRecord(name)), { noFollow: true }).then((r) => r?.text ?? null, () => null);
     if (text === null) return undefined;
     try {
       const o = JSON.parse(text) as Partial<Original>;
-      const ok = typeof o.name === 'string' && o.name !== '' && !o.name.includes('/') && typeof o.text === 'string' && typeof o.written === 'string' &&
+      const ok = path.extname(name) === '.conflist' && o.name === otherForm(name) && typeof o.text === 'string' && typeof o.written === 'string' &&
         typeof o.mode === 'number' && typeof o.uid === 'number' && typeof o.gid === 'number' && (o.link === undefined || typeof o.link === 'string');
-      return ok ? (o as Original) : undefined;
+      if (!ok) return undefined;
+      const r = o as Original;
+      const known = (id: number, own: number) => id === own || id === 0;
+      const uid = known(r.uid, owner.uid) ? r.uid : owner.uid;
+      const gid = known(r.gid, owner.gid) ? r.gid : owner.gid;
+      return { ...r, mode: r.mode & RECORD_MODE_MASK, uid, gid };
     } catch {
       return undefined;
     }

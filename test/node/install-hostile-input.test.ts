@@ -3,7 +3,8 @@
 // config, files whose contents (a token) must never show up in a readiness reason.
 
 import assert from 'node:assert/strict';
-import { readFileSync } from 'node:fs';
+import { createHash } from 'node:crypto';
+import { lstatSync, readFileSync, statSync } from 'node:fs';
 import fs from 'node:fs/promises';
 import path from 'node:path';
 import { afterEach, describe, it } from 'node:test';
@@ -107,5 +108,70 @@ describe('reasons name files and errors, never contents', () => {
     const said = everything(installer);
     assert.match(said, /cannot parse the CNI network config template from .*token-by-mistake: not valid JSON5 \(invalid character at line 1 column 1\)/);
     assert.doesNotMatch(said, /eyJ|'e'/);
+  });
+});
+
+describe('the net dir is writable by others: nothing found there steers a write elsewhere', () => {
+  const evil = `${JSON.stringify({ cniVersion: '0.3.1', name: 'evil', plugins: [{ type: 'bridge' }, { type: 'mesh-cni' }] })}\n`;
+  const sha = (s: string) => createHash('sha256').update(s).digest('hex');
+  async function plant(tree: HostTree, record: object): Promise<string> {
+    const victim = path.join(tree.binDir, 'victim');
+    await fs.writeFile(victim, 'ORIGINAL BINARY\n', { mode: 0o755 });
+    await fs.writeFile(path.join(tree.netDir, '.99-evil.conflist.mesh-original'), JSON.stringify(record));
+    await fs.writeFile(path.join(tree.netDir, '99-evil.conflist'), evil);
+    return victim;
+  }
+  async function pass(installer: Installer): Promise<void> {
+    installer.schedule('periodic');
+    await installer.settled();
+  }
+
+  it('a planted record naming another file (a link to a binary) is not followed: the victim keeps its bytes and mode', async () => {
+    const { installer, tree } = await start(() => ({}), async (t) => {
+      await fs.writeFile(path.join(t.netDir, '10-bridge.conflist'), BRIDGE_CONFLIST);
+    });
+    const victim = await plant(tree, { name: '50-x.conf', text: '#!/bin/sh\necho pwned\n', written: sha(evil), mode: 0o755, uid: 0, gid: 0 });
+    await fs.symlink(victim, path.join(tree.netDir, '50-x.conf'));
+    await pass(installer);
+    assert.equal(readFileSync(victim, 'utf8'), 'ORIGINAL BINARY\n');
+    assert.equal(statSync(victim).mode & 0o7777, 0o755);
+    // The planted conflist is handled as any other file holding our entry: the entry taken out.
+    assert.doesNotMatch(readFileSync(path.join(tree.netDir, '99-evil.conflist'), 'utf8'), /mesh-cni/);
+    assert.ok(lstatSync(path.join(tree.netDir, '50-x.conf')).isSymbolicLink());
+  });
+
+  it('a record naming the .conf of its conflist is given back in the net dir itself, never through a link, and never executable', async () => {
+    const { installer, tree } = await start(() => ({}), async (t) => {
+      await fs.writeFile(path.join(t.netDir, '10-bridge.conflist'), BRIDGE_CONFLIST);
+    });
+    const conf = `${JSON.stringify({ cniVersion: '0.3.1', name: 'evil', type: 'bridge' })}\n`;
+    const victim = await plant(tree, { name: '99-evil.conf', text: conf, written: sha(evil), mode: 0o6777, uid: 12345, gid: 12345 });
+    await fs.symlink(victim, path.join(tree.netDir, '99-evil.conf'));
+    await pass(installer);
+    assert.equal(readFileSync(victim, 'utf8'), 'ORIGINAL BINARY\n');
+    assert.equal(statSync(victim).mode & 0o7777, 0o755);
+    const back = lstatSync(path.join(tree.netDir, '99-evil.conf'));
+    assert.ok(back.isFile(), 'the planted link is replaced by a regular file');
+    assert.equal(readFileSync(path.join(tree.netDir, '99-evil.conf'), 'utf8'), conf);
+    assert.equal(back.mode & 0o7777, 0o644);
+    // Not the owner the record names: the owner of the conflist it replaces (root here).
+    assert.equal(back.uid, 0);
+  });
+
+  it('the orchconfig replaced by a link to a file with its bytes: the link is replaced, the file it points to is not chmodded', async () => {
+    const { installer, tree } = await start(() => ({}), async (t) => {
+      await fs.writeFile(path.join(t.netDir, '10-bridge.conflist'), BRIDGE_CONFLIST);
+    });
+    const orchconfig = path.join(tree.netDir, 'ZZZ-mesh-cni-orchconfig');
+    const elsewhere = path.join(tree.root, 'elsewhere');
+    await fs.writeFile(elsewhere, readFileSync(orchconfig), { mode: 0o644 });
+    await fs.chmod(elsewhere, 0o644);
+    await fs.rm(orchconfig);
+    await fs.symlink(elsewhere, orchconfig);
+    await pass(installer);
+    assert.equal(statSync(elsewhere).mode & 0o7777, 0o644);
+    const st = lstatSync(orchconfig);
+    assert.ok(st.isFile());
+    assert.equal(st.mode & 0o7777, 0o600);
   });
 });
