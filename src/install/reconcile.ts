@@ -14,7 +14,10 @@ import type { PluginTokenSource } from '../orch/tokenrequest.ts';
 import { FileCache, type CachedFile } from './filecache.ts';
 import { readRegularFile, readRegularFileIfExists, UnsafeFileError } from './safefile.ts';
 import { DEFAULT_TEMPLATE, renderEntry } from './template.ts';
+import { scope } from '../monitoring/logging.ts';
 import { foreignOwned, ownNameShadows, planOwned, shadowedBy, sortsBefore, type OwnedPlan } from './owned.ts';
+
+const log = scope('install');
 
 /** Our conflist in standalone mode, unless --cni-conf-name names another. */
 export const STANDALONE_CONF_NAME = 'YY-mesh-cni.conflist';
@@ -563,7 +566,13 @@ export class Reconciler {
       // keeps reading our previous version (with our entry) and the change's event runs again.
       const unchanged = async () => (await readIfExists(primaryFile).catch(() => null)) === text;
       if (!(await writeFileAtomic(owned, plan.text, { mode: plan.mode, beforeRename: unchanged }))) {
-        notReady.push(`primary CNI config ${primaryFile} changed while our ${ownedName} was being made from it; doing it again`);
+        const again = `primary CNI config ${primaryFile} changed while our ${ownedName} was being made from it; doing it again`;
+        // Ours already holds our entry (a file at our name without one is refused above), so
+        // the runtime still reads a network with mesh-cni: no reason to be not ready. The
+        // change's own watch event brings the pass that makes ours again (a storm of rewrites
+        // made /readyz flap otherwise). Without a file of ours yet, the runtime reads the primary.
+        if (kept === null) notReady.push(again);
+        else log.debug(again);
         return kept;
       }
       writes.push({ file: owned, kind: 'cni_config', action: 'write' });

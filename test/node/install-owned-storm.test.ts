@@ -21,7 +21,11 @@ const REWRITES = 1000;
 // Thousands of passes: their log lines would only bury the result.
 configureLogging({ asJson: true, outputLevels: buildSettings({ log_output_level: 'all:none' }, {}).logging.outputLevels }, { write: () => {} });
 
-async function storm(owned: boolean): Promise<StormResult> {
+/** /readyz samples taken every millisecond during the storm: how many said not ready, and why. */
+interface Readiness { samples: number; notReady: number; reasons: Set<string> }
+
+async function storm(owned: boolean, opts: { rewrites?: number; readiness?: Readiness } = {}): Promise<StormResult> {
+  const rewrites = opts.rewrites ?? REWRITES;
   const tree = await makeHostTree();
   const primary = '10-bridge.conflist';
   await fs.writeFile(path.join(tree.netDir, primary), BRIDGE_CONFLIST);
@@ -31,18 +35,29 @@ async function storm(owned: boolean): Promise<StormResult> {
     await installer.start();
     await installer.settled();
     assert.deepEqual(installer.notReadyReasons(), []);
-    const last = `"x-generation": ${REWRITES - 1},`;
-    return await rewriteStorm(tree.netDir, primary, BRIDGE_CONFLIST, {
-      rewrites: REWRITES,
-      settled: async () => {
-        // Caught up: the file the runtime reads has our entry and the last generation.
-        await eventually(() => {
-          const v = runtimeView(tree.netDir);
-          return v.entries === 1 && readFileSync(path.join(tree.netDir, v.file!), 'utf8').includes(last);
-        }, 'the installer caught up with the last rewrite', 10_000);
-        await installer.settled();
-      },
-    });
+    const last = `"x-generation": ${rewrites - 1},`;
+    const r = opts.readiness;
+    const sampler = r ? setInterval(() => {
+      const reasons = installer.notReadyReasons();
+      r.samples++;
+      if (reasons.length > 0) r.notReady++;
+      for (const m of reasons) r.reasons.add(m.replace(/\d+/g, 'N'));
+    }, 1) : null;
+    try {
+      return await rewriteStorm(tree.netDir, primary, BRIDGE_CONFLIST, {
+        rewrites,
+        settled: async () => {
+          // Caught up: the file the runtime reads has our entry and the last generation.
+          await eventually(() => {
+            const v = runtimeView(tree.netDir);
+            return v.entries === 1 && readFileSync(path.join(tree.netDir, v.file!), 'utf8').includes(last);
+          }, 'the installer caught up with the last rewrite', 10_000);
+          await installer.settled();
+        },
+      });
+    } finally {
+      if (sampler) clearInterval(sampler);
+    }
   } finally {
     await installer.stop('SIGTERM');
     await tree.remove();
@@ -61,5 +76,16 @@ describe('a primary CNI rewriting its config 1,000 times', () => {
     assert.equal(owned.none, 0);
     // The window the owned file closes: with the splice, reads find the primary's own chain.
     assert.ok(spliced.missing > 0, 'spliced mode: expected reads without our entry while the primary is rewritten');
+  });
+});
+
+describe('readiness through a rewrite storm (owned mode)', () => {
+  it('stays ready while the runtime\'s file always has our entry: a write dropped because the primary changed under it is retried, not a reason', async (t) => {
+    const readiness: Readiness = { samples: 0, notReady: 0, reasons: new Set() };
+    const owned = await storm(true, { rewrites: 300, readiness });
+    t.diagnostic(`readiness: ${readiness.notReady} of ${readiness.samples} samples not ready ${JSON.stringify([...readiness.reasons])}`);
+    assert.equal(owned.missing, 0);
+    assert.ok(readiness.samples >= 100, `only ${readiness.samples} samples`);
+    assert.equal(readiness.notReady, 0, `not ready in ${readiness.notReady} of ${readiness.samples} samples: ${JSON.stringify([...readiness.reasons])}`);
   });
 });
