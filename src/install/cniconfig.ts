@@ -7,7 +7,7 @@
 
 import path from 'node:path';
 import { isDeepStrictEqual } from 'node:util';
-import { arrayElements, lineIndent, objectMembers, skipWs, type Span } from './jsonspans.ts';
+import { arrayElements, lineIndent, objectMembers, skipWs, valueEnd, type Span } from './jsonspans.ts';
 import { describeParseError } from './safefile.ts';
 
 /** The `type` of our plugin entry: how we recognise it in any config. */
@@ -80,12 +80,18 @@ export type Verdict =
 
 export function libcniVerdict(text: string, fileName: string): Verdict {
   let value: unknown;
+  let huge = false;
   try {
-    value = JSON.parse(text);
+    value = JSON.parse(text, (_k, v: unknown) => {
+      if (typeof v === 'number' && !Number.isFinite(v)) huge = true;
+      return v;
+    });
   } catch (e) {
     return { ok: false, reason: describeParseError(e, text, 'JSON') };
   }
   const bad = (reason: string): Verdict => ({ ok: false, reason });
+  // libcni decodes every file into a map of Go values (float64 for numbers) at least once.
+  if (huge) return bad("a number too large for a 64-bit float (1e400 and the like), which Go's decoder refuses");
   if (path.extname(fileName) === '.conflist') {
     // NetworkConfFromBytes: a JSON object (JSON null is an empty map there, so: no name).
     if (Array.isArray(value) || (typeof value !== 'object' && value !== null)) return bad(`not a JSON object (a ${jsonKind(value)})`);
@@ -98,6 +104,7 @@ export function libcniVerdict(text: string, fileName: string): Verdict {
       if (!Array.isArray(vs)) return bad('"cniVersions" is not a list');
       const i = vs.findIndex((v) => typeof v !== 'string' || !isCniVersion(v));
       if (i >= 0) return bad(`"cniVersions"[${i}] is not a version`);
+      // Only then is cniVersion parsed, and an empty one is skipped.
       if (typeof list.cniVersion === 'string' && !isCniVersion(list.cniVersion)) return bad('"cniVersion" is not a version');
     }
     for (const key of ['disableCheck', 'disableGC', 'loadOnlyInlinedPlugins']) {
@@ -114,18 +121,27 @@ export function libcniVerdict(text: string, fileName: string): Verdict {
     if (!Array.isArray(plugins)) return bad('"plugins" is not a list');
     if (plugins.length === 0) return bad('"plugins" is empty');
     for (const [i, p] of plugins.entries()) {
-      const why = pluginProblem(p);
+      // Each plugin is re-marshalled from the map before it is decoded: keys deduplicated
+      // (the last wins) and sorted.
+      const why = pluginProblem(remarshalled(p));
       if (why) return bad(`plugins[${i}]: ${why}`);
     }
     return inlinedOnly ? { ok: true, kind: 'conflist', listed: true } : { ok: true, kind: 'conflist', pluginDir: list.name, listed: true };
   }
-  const why = pluginProblem(value);
+  // ConfFromFile decodes the text as written (every duplicate key, in order), then
+  // ConfListFromConf decodes it again re-marshalled: the file must pass both.
+  const why = pluginProblem(asWritten(text)) ?? pluginProblem(remarshalled(value as Json));
   return why ? bad(why) : { ok: true, kind: 'conf' };
 }
 
-/** `x`, `x.y` or `x.y.z`, whole numbers (libcni's version.ParseVersion). */
+/**
+ * libcni's version.ParseVersion: empty (taken as 0.1.0), or `x`, `x.y`, `x.y.z` where each
+ * part is what Go's strconv.Atoi takes: an optional sign and decimal digits within int64.
+ */
 function isCniVersion(v: string): boolean {
-  return /^[+-]?\d+(\.[+-]?\d+){0,2}$/.test(v);
+  if (v === '') return true;
+  const parts = v.split('.');
+  return parts.length <= 3 && parts.every((p) => /^[+-]?\d+$/.test(p) && BigInt(p) >= -(2n ** 63n) && BigInt(p) < 2n ** 63n);
 }
 
 function jsonKind(v: unknown): string {
@@ -133,36 +149,94 @@ function jsonKind(v: unknown): string {
 }
 
 /**
- * Why one plugin config would not load into libcni's PluginConf (Go's decoder: a JSON object
- * or null, field names matched case-insensitively, the typed fields of the right type, and a
- * "type"); null when it would.
+ * A JSON value as Go's decoder walks it into a struct: an object is its members in the order
+ * the decoder meets them, duplicate keys included (each one is decoded, the last value that is
+ * not null stays, and a member of the wrong type fails the decode wherever it stands).
  */
-function pluginProblem(v: unknown): string | null {
-  if (v !== null && (typeof v !== 'object' || Array.isArray(v))) return `not a JSON object (a ${jsonKind(v)})`;
-  const obj = (v ?? {}) as JsonObject;
-  const field = (name: string): Json | undefined => {
-    let found: Json | undefined;
-    for (const [k, val] of Object.entries(obj)) if (k.toLowerCase() === name.toLowerCase()) found = val;
-    return found;
-  };
+type GoJson =
+  | { readonly kind: 'object'; readonly members: readonly (readonly [string, GoJson])[] }
+  | { readonly kind: 'array'; readonly items: readonly GoJson[] }
+  | { readonly kind: 'scalar'; readonly value: null | boolean | number | string };
+
+/** The text as written. Only for text JSON.parse already took. */
+function asWritten(text: string, start = skipWs(text, 0)): GoJson {
+  const c = text[start];
+  if (c === '{') return { kind: 'object', members: objectMembers(text, start).map((m) => [m.key, asWritten(text, m.value.start)] as const) };
+  if (c === '[') return { kind: 'array', items: arrayElements(text, start).map((s) => asWritten(text, s.start)) };
+  return { kind: 'scalar', value: JSON.parse(text.slice(start, valueEnd(text, start))) as null | boolean | number | string };
+}
+
+/** A value as Go's json.Marshal writes a map: keys once each, sorted by their UTF-8 bytes. */
+function remarshalled(v: Json): GoJson {
+  if (Array.isArray(v)) return { kind: 'array', items: v.map(remarshalled) };
+  if (typeof v === 'object' && v !== null) {
+    const keys = Object.keys(v).sort((a, b) => Buffer.compare(Buffer.from(a), Buffer.from(b)));
+    return { kind: 'object', members: keys.map((k) => [k, remarshalled(v[k]!)] as const) };
+  }
+  return { kind: 'scalar', value: v };
+}
+
+/** Go matches a key to a struct field ignoring case by Unicode simple folding (ſ is s, K is k). */
+function fold(key: string): string {
+  return key.toLowerCase().replaceAll('ſ', 's');
+}
+
+/** The members of an object whose key is the field `name` to Go, in order. */
+function fieldValues(obj: GoJson & { kind: 'object' }, name: string): GoJson[] {
+  const want = fold(name);
+  return obj.members.filter(([k]) => fold(k) === want).map(([, v]) => v);
+}
+
+const isNull = (v: GoJson): boolean => v.kind === 'scalar' && v.value === null;
+const isString = (v: GoJson): boolean => v.kind === 'scalar' && (v.value === null || typeof v.value === 'string');
+const isObject = (v: GoJson): v is GoJson & { kind: 'object' } => v.kind === 'object';
+const isStringList = (v: GoJson): boolean => isNull(v) || (v.kind === 'array' && v.items.every(isString));
+
+/**
+ * Why one plugin config would not decode into libcni's types.PluginConf (a JSON object or
+ * null, field names matched ignoring case, each typed field of its type) or has no "type";
+ * null when it would load.
+ */
+function pluginProblem(v: GoJson): string | null {
+  if (isNull(v)) return 'no "type" (which plugin to run)';
+  if (v.kind === 'array') return 'not a JSON object (a list)';
+  if (v.kind === 'scalar') return `not a JSON object (a ${jsonKind(v.value)})`;
   for (const name of ['cniVersion', 'name', 'type']) {
-    const f = field(name);
-    if (f !== undefined && f !== null && typeof f !== 'string') return `"${name}" is not a string`;
+    if (!fieldValues(v, name).every(isString)) return `"${name}" is not a string`;
   }
-  const ipam = field('ipam');
-  if (ipam !== undefined && ipam !== null) {
-    if (typeof ipam !== 'object' || Array.isArray(ipam)) return '"ipam" is not an object';
-    const t = Object.entries(ipam).filter(([k]) => k.toLowerCase() === 'type').at(-1)?.[1];
-    if (t !== undefined && t !== null && typeof t !== 'string') return '"ipam.type" is not a string';
+  for (const ipam of fieldValues(v, 'ipam')) {
+    if (isNull(ipam)) continue;
+    if (!isObject(ipam)) return '"ipam" is not an object';
+    if (!fieldValues(ipam, 'type').every(isString)) return '"ipam.type" is not a string';
   }
-  const caps = field('capabilities');
-  if (caps !== undefined && caps !== null) {
-    if (typeof caps !== 'object' || Array.isArray(caps) || Object.values(caps).some((c) => c !== null && typeof c !== 'boolean')) return '"capabilities" is not an object of true/false';
+  for (const dns of fieldValues(v, 'dns')) {
+    if (isNull(dns)) continue;
+    if (!isObject(dns)) return '"dns" is not an object';
+    if (!fieldValues(dns, 'domain').every(isString)) return '"dns.domain" is not a string';
+    for (const list of ['nameservers', 'search', 'options']) {
+      if (!fieldValues(dns, list).every(isStringList)) return `"dns.${list}" is not a list of strings`;
+    }
   }
-  const prev = field('prevResult');
-  if (prev !== undefined && prev !== null && (typeof prev !== 'object' || Array.isArray(prev))) return '"prevResult" is not an object';
-  const type = field('type');
-  if (typeof type !== 'string' || type === '') return 'no "type" (which plugin to run)';
+  for (const caps of fieldValues(v, 'capabilities')) {
+    const ok = isNull(caps) || (isObject(caps) && caps.members.every(([, c]) => c.kind === 'scalar' && (c.value === null || typeof c.value === 'boolean')));
+    if (!ok) return '"capabilities" is not an object of true/false';
+  }
+  for (const prev of fieldValues(v, 'prevResult')) {
+    if (!isNull(prev) && !isObject(prev)) return '"prevResult" is not an object';
+  }
+  for (const att of fieldValues(v, 'cni.dev/valid-attachments')) {
+    if (isNull(att)) continue;
+    if (att.kind !== 'array' || !att.items.every((a) => isNull(a) || isObject(a))) return '"cni.dev/valid-attachments" is not a list of objects';
+    for (const [i, a] of att.items.entries()) {
+      if (!isObject(a)) continue;
+      for (const name of ['containerID', 'ifname']) {
+        if (!fieldValues(a, name).every(isString)) return `"cni.dev/valid-attachments"[${i}].${name} is not a string`;
+      }
+    }
+  }
+  // The last type that is not null stays: an empty one after a good one leaves none.
+  const type = fieldValues(v, 'type').filter((t) => !isNull(t)).at(-1);
+  if (type === undefined || type.kind !== 'scalar' || type.value === '') return 'no "type" (which plugin to run)';
   return null;
 }
 
