@@ -248,7 +248,10 @@ export class Installer implements Component {
 
   /** The config files passed over for the primary, each with why: worth knowing while ready. */
   notes(): readonly string[] {
-    return (this.last?.skipped ?? []).map((k) => `passed over ${path.join(this.settings.install.mountedCniNetDir, k.file)}, as the runtime would: ${k.reason}`);
+    return [
+      ...(this.last?.skipped ?? []).map((k) => `passed over ${path.join(this.settings.install.mountedCniNetDir, k.file)}, as the runtime would: ${k.reason}`),
+      ...(this.last?.notes ?? []),
+    ];
   }
 
   status(): Record<string, unknown> {

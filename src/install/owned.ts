@@ -51,8 +51,12 @@ export type OwnedPlan =
   | { readonly action: 'write'; readonly text: string; readonly mode: number; readonly from: string; readonly notReady: readonly string[] }
   /** Our file is right as it is. */
   | { readonly action: 'keep'; readonly from: string | null; readonly notReady: readonly string[] }
-  /** The primary sorts before our file: the runtime reads it, not ours; the entry must go there (splice). */
-  | { readonly action: 'shadowed'; readonly by: string; readonly notReady: readonly string[] }
+  /**
+   * The primary sorts before our file: the runtime reads it, not ours; the entry must go there
+   * (splice). Once it is there that is a note, not a reason to be not ready: the runtime reads
+   * a file with our entry, and a node with Multus's 00-multus.conf would never be ready.
+   */
+  | { readonly action: 'shadowed'; readonly by: string; readonly note: string; readonly notReady: readonly string[] }
   /** No primary and no file of ours: nothing to write yet. */
   | { readonly action: 'wait'; readonly notReady: readonly string[] };
 
@@ -93,8 +97,8 @@ export function planOwned(s: OwnedState, entry: JsonObject, netDir: string): Own
     return { action: 'keep', from: null, notReady };
   }
   if (sortsBefore(s.primary.name, s.ownedName)) {
-    notReady.push(`${s.primary.name} in ${netDir} sorts before our ${s.ownedName}, so the runtime reads it, not ours; our entry goes into it as without --mesh-owned-cni-config until it is gone. Give --mesh-owned-cni-config-filename a name that sorts first (byte order), or run with --mesh-owned-cni-config=false`);
-    return { action: 'shadowed', by: s.primary.name, notReady };
+    const note = `${s.primary.name} in ${netDir} sorts before our ${s.ownedName}, so the runtime reads it, not ours; our entry is spliced into it, as with --mesh-owned-cni-config=false, so each rewrite of it by its CNI opens a window in which pods start without mesh-cni, until it is gone. Give --mesh-owned-cni-config-filename a name that sorts first (byte order) to close it`;
+    return { action: 'shadowed', by: s.primary.name, note, notReady };
   }
   const text = ownedText(s.primary.text, s.primary.name, entry);
   const mode = ownedMode(s.primary.mode);

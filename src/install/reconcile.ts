@@ -48,6 +48,8 @@ export interface Outcome {
   readonly writes: readonly Write[];
   /** Config files passed over for the primary because the runtime would not load them either. */
   readonly skipped?: readonly Skipped[];
+  /** Worth knowing while ready (on /readyz as notes): a config sorting before our owned file. */
+  readonly notes?: readonly string[];
 }
 
 export interface Skipped {
@@ -216,6 +218,7 @@ export class Reconciler {
     }
     let primary: string | null = null;
     const skipped: Skipped[] = [];
+    const notes: string[] = [];
     // An entry the runtime cannot run would fail every pod of the node, excluded namespaces
     // too: put it in only once the plugin and its orchconfig are on the node (one already there
     // stays, failing pods closed, rather than letting them start unredirected).
@@ -229,13 +232,13 @@ export class Reconciler {
     } else if (entry) {
       try {
         primary = !this.s.chained ? await this.syncStandalone(entry, writes)
-          : this.s.meshOwnedCniConfig ? await this.syncOwned(entry, writes, notReady, fail, skipped)
+          : this.s.meshOwnedCniConfig ? await this.syncOwned(entry, writes, notReady, fail, skipped, notes)
           : await this.syncChained(entry, writes, notReady, fail, skipped);
       } catch (e) {
         fail('write_failed', `cannot update the CNI config in ${this.netDir}: ${(e as Error).message}`);
       }
     }
-    return { notReady, problems, primary, writes, skipped };
+    return { notReady, problems, primary, writes, skipped, notes };
   }
 
   /**
@@ -500,7 +503,7 @@ export class Reconciler {
    * rewritten meanwhile leaves ours as it was, with our entry, until it is made again from the
    * new text. Returns the file the runtime reads with our entry.
    */
-  private async syncOwned(entry: JsonObject, writes: Write[], notReady: string[], fail: (r: ErrorReason, m: string) => void, skipped: Skipped[]): Promise<string | null> {
+  private async syncOwned(entry: JsonObject, writes: Write[], notReady: string[], fail: (r: ErrorReason, m: string) => void, skipped: Skipped[], notes: string[]): Promise<string | null> {
     const ownedName = this.s.meshOwnedCniConfigFilename;
     const owned = path.join(this.netDir, ownedName);
     const names = await fs.readdir(this.netDir);
@@ -517,10 +520,13 @@ export class Reconciler {
     if (found?.said) return kept;
     if (found && sortsBefore(found.name, ownedName)) {
       // The runtime reads that file, not ours: fail closed, our entry goes into it as without
-      // this mode; ours stays (with our entry) for when that file is gone.
-      notReady.push(...planOwned({ ownedName, primary: { name: found.name, text: '', mode: 0 }, current: null }, entry, this.netDir).notReady);
+      // this mode; ours stays (with our entry) for when that file is gone. Ready once it is
+      // in (the runtime reads our entry), with a note; whatever stops it is said by syncChained.
+      const plan = planOwned({ ownedName, primary: { name: found.name, text: '', mode: 0 }, current: null }, entry, this.netDir);
       skipped.length = 0;
-      return this.syncChained(entry, writes, notReady, fail, skipped);
+      const into = await this.syncChained(entry, writes, notReady, fail, skipped);
+      if (plan.action === 'shadowed') notes.push(plan.note);
+      return into;
     }
     // A file at our name that we did not write (no entry of ours: another program's, the
     // primary's own when the names are equal): never overwritten; uninstall leaves it too.

@@ -64,13 +64,15 @@ describe('owned config: mode and plan', () => {
     ['ours right but 0644: write (mode)', { ownedName: OWNED, primary, current: { text: made, mode: 0o644 } }, 'write', null],
     ['the primary changed: write', { ownedName: OWNED, primary: { ...primary, text: BRIDGE_CONFLIST.replace('mcni-br0', 'mcni-br1') }, current: { text: made, mode: 0o600 } }, 'write', null],
     ['the primary is gone: keep ours, say why', { ownedName: OWNED, primary: null, current: { text: made, mode: 0o600 }, madeFrom: '10-bridge.conflist' }, 'keep', /primary CNI config 10-bridge.conflist our 02-mesh-cni.conflist was made from is gone .*keeping ours/],
-    ['a primary sorting before ours: shadowed', { ownedName: OWNED, primary: { ...primary, name: '01-first.conflist' }, current: null }, 'shadowed', /01-first.conflist .* sorts before our 02-mesh-cni.conflist, so the runtime reads it, not ours/],
+    ['a primary sorting before ours: shadowed, a note', { ownedName: OWNED, primary: { ...primary, name: '01-first.conflist' }, current: null }, 'shadowed', /01-first.conflist .* sorts before our 02-mesh-cni.conflist, so the runtime reads it, not ours; our entry is spliced into it/],
   ];
   for (const [what, state, action, reason] of cases) {
     it(what, () => {
       const plan = planOwned(state, FIXTURE_ENTRY, '/n');
       assert.equal(plan.action, action);
-      if (reason) assert.match(plan.notReady.join('\n'), reason);
+      // Shadowed: the runtime reads a file our entry is spliced into: a note, still ready.
+      if (plan.action === 'shadowed') assert.match(plan.note, reason!);
+      if (reason && plan.action !== 'shadowed') assert.match(plan.notReady.join('\n'), reason);
       else assert.deepEqual(plan.notReady, []);
       if (plan.action === 'write') assert.equal(plan.mode, 0o600);
     });
@@ -168,19 +170,40 @@ describe('owned config: the reconcile pass on a real net dir', () => {
     assert.deepEqual((await r.reconcile()).notReady, []);
   });
 
-  it('a config sorting before ours: reported (the runtime reads it), and our entry goes into it meanwhile', async () => {
+  it('a config sorting before ours (Multus\'s 00-multus.conf): our entry goes into it, ready, with a note on /readyz', async () => {
     const { tree, net, make } = await setup();
     const r = make();
     await r.reconcile();
     const early = '{"cniVersion":"1.0.0","name":"early","plugins":[{"type":"ptp","ipam":{"type":"host-local","subnet":"198.18.126.0/24"}}]}\n';
     await fs.writeFile(net('01-early.conflist'), early);
     const out = await r.reconcile();
-    assert.match(out.notReady.join('\n'), /01-early.conflist in .* sorts before our 02-mesh-cni.conflist, so the runtime reads it, not ours/);
+    // The runtime reads a file with our entry: ready (a rollout on such nodes must not stall),
+    // and said as a note, for the window a rewrite of that file opens.
+    assert.deepEqual(out.notReady, []);
+    assert.match((out.notes ?? []).join('\n'), /01-early.conflist in .* sorts before our 02-mesh-cni.conflist, so the runtime reads it, not ours; our entry is spliced into it/);
     // Fail closed: the file the runtime reads has our entry, once.
     assert.deepEqual(runtimeView(tree.netDir), { file: '01-early.conflist', entries: 1, chain: ['ptp', 'mesh-cni'] });
     await fs.rm(net('01-early.conflist'));
-    assert.deepEqual((await r.reconcile()).notReady, []);
+    const back = await r.reconcile();
+    assert.deepEqual(back.notReady, []);
+    assert.deepEqual(back.notes ?? [], []);
     assert.deepEqual(runtimeView(tree.netDir), { file: OWNED, entries: 1, chain: ['bridge', 'mesh-cni'] });
+  });
+
+  it('the note of a config sorting before ours reaches /readyz through the installer, which stays ready', async () => {
+    const { tree } = await setup({}, { '10-bridge.conflist': BRIDGE_CONFLIST, '00-multus.conf': '{"cniVersion":"1.0.0","name":"multus-net","type":"ptp","ipam":{"type":"host-local","subnet":"198.18.122.0/24"}}\n' });
+    const s = buildSettings({ ...tree.flags, 'mesh-owned-cni-config': 'true', 'reconcile-interval': '1h' }, tree.env);
+    const inst = new Installer(s, { decideCleanup: async () => ({ cleanup: true, why: 'test' }) });
+    await inst.start();
+    try {
+      await inst.settled();
+      assert.deepEqual(inst.notReadyReasons(), []);
+      // A .conf the splice made a .conflist, as without the owned file.
+      assert.match(inst.notes().join('\n'), /00-multus.conflist in .* sorts before our 02-mesh-cni.conflist/);
+      assert.equal(runtimeView(tree.netDir).entries, 1);
+    } finally {
+      await inst.stop('SIGTERM');
+    }
   });
 
   it('with --cni-conf-name, another config sorting before ours is reported on /readyz', async () => {
