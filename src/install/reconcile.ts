@@ -3,6 +3,7 @@
 // event and every periodic tick runs the same pass, so a missed event costs at most one period.
 
 import { createHash } from 'node:crypto';
+import type { Dirent } from 'node:fs';
 import fs from 'node:fs/promises';
 import path from 'node:path';
 import type { EnvironmentFacts, InstallSettings } from '../config/settings.ts';
@@ -361,7 +362,12 @@ export class Reconciler {
    */
   private async findPrimary(names: readonly string[], skipped: Skipped[], fail: (r: ErrorReason, m: string) => void): Promise<{ name: string; text: string | null; said?: boolean } | null> {
     const explicit = this.s.cniConfName !== '';
-    for (const name of primaryCandidates(names, { confName: this.s.cniConfName, ownFiles: this.ownFiles() })) {
+    // libcni's ConfFiles leaves directories out whatever their name (lstat: a link to one is
+    // still a candidate, refused below as not a regular file): no runtime reads them.
+    const isDir = async (n: string) => (await fs.lstat(path.join(this.netDir, n)).catch(() => null))?.isDirectory() === true;
+    const dirs = new Set<string>();
+    for (const n of names) if ((isConfigFile(n) || n === this.s.cniConfName) && (await isDir(n))) dirs.add(n);
+    for (const name of primaryCandidates(names.filter((n) => !dirs.has(n)), { confName: this.s.cniConfName, ownFiles: this.ownFiles() })) {
       const file = path.join(this.netDir, name);
       let text: string | null;
       try {
@@ -381,7 +387,24 @@ export class Reconciler {
       }
       if (verdict.pluginDir !== undefined) {
         const dir = path.join(this.netDir, verdict.pluginDir);
-        const more = (await fs.readdir(dir, { withFileTypes: true }).catch(() => [])).filter((d) => !d.isDirectory() && path.extname(d.name) === '.conf');
+        let listing: Dirent[];
+        try {
+          listing = await fs.readdir(dir, { withFileTypes: true });
+        } catch (e) {
+          // As libcni: a missing dir adds no plugins, any other error fails the load. ENOTDIR
+          // fails it for every reader, so that file is passed over as the runtime does; another
+          // error (EACCES, EIO) may be ours alone, and the runtime may load the file: stop here.
+          const code = (e as NodeJS.ErrnoException).code;
+          if (code === 'ENOENT') listing = [];
+          else if (code === 'ENOTDIR' && !explicit) {
+            skipped.push({ file: name, reason: `${verdict.pluginDir} is not a directory, where libcni looks for more of its plugins, so it fails to load` });
+            continue;
+          } else {
+            fail(code === 'ENOTDIR' ? 'primary_unsupported' : 'file_refused', `${name} in ${this.netDir}: cannot read ${dir}/, where libcni looks for more of its plugins (${code ?? (e as Error).message}); not installing until it can be read`);
+            return { name, text: null, said: true };
+          }
+        }
+        const more = listing.filter((d) => !d.isDirectory() && path.extname(d.name) === '.conf');
         if (more.length > 0) {
           fail('primary_unsupported', `${name} in ${this.netDir} takes ${more.length} more plugin config(s) from ${dir}/ after its own list, so an entry of ours there would not run last; not installing. Move them into its "plugins" list`);
           return { name, text: null, said: true };

@@ -43,11 +43,15 @@ export interface ConformanceRun {
   readonly uninstalled: Record<string, string>;
 }
 
-/** The config files of a dir (no dotfiles, no orchconfig), name -> text. */
+/** The config files of a dir (no dotfiles, no orchconfig), name -> text; a subdir's as `sub/name`. */
 export function dirFiles(dir: string, leaveOut: readonly string[] = []): Record<string, string> {
   if (!existsSync(dir)) return {};
   const out: Record<string, string> = {};
-  for (const n of readdirSync(dir).sort()) if (!n.startsWith('.') && !leaveOut.includes(n)) out[n] = readFileSync(path.join(dir, n), 'utf8');
+  for (const d of readdirSync(dir, { withFileTypes: true }).sort((a, b) => (a.name < b.name ? -1 : 1))) {
+    if (d.name.startsWith('.') || leaveOut.includes(d.name)) continue;
+    if (d.isDirectory()) for (const [n, t] of Object.entries(dirFiles(path.join(dir, d.name)))) out[`${d.name}/${n}`] = t;
+    else out[d.name] = readFileSync(path.join(dir, d.name), 'utf8');
+  }
   return out;
 }
 
