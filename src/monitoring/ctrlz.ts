@@ -9,7 +9,7 @@
 // says (by default only on loopback), and each change is logged, with the client's uid when the
 // kernel names it, before it applies, in a record no level can silence.
 
-import http from 'node:http';
+import type http from 'node:http';
 import type { AddressInfo } from 'node:net';
 import os from 'node:os';
 import { buildInfo } from '../cmd/buildinfo.ts';
@@ -18,6 +18,7 @@ import { maskedArgs, maskedEnvironment } from '../config/environ.ts';
 import { LOG_LEVELS, type CtrlzWriteMode, type LogLevel, type LogScope } from '../config/flags.ts';
 import type { Settings } from '../config/settings.ts';
 import { CONTROLZ_CSP, CONTROLZ_PAGE } from './ctrlz-page.ts';
+import { boundedHttpServer, HTTP_BOUNDS } from './httpbounds.ts';
 import { SCOPES } from '../config/flags.ts';
 import { callerScopes, logAlways, scope, scopeLevels, setScopeLevel, setStacktraceLevel, stacktraceLevels, type Fields } from './logging.ts';
 import { registry } from './metrics.ts';
@@ -229,7 +230,7 @@ export interface ControlzServer {
 export async function serveControlz(address: string, port: number, deps: ControlzDeps, access: WriteAccess = writeAccess(address, 'auto')): Promise<ControlzServer> {
   const host = listenHost(address);
   const loopbackOnly = host !== undefined && LOOPBACK_HOSTS.has(host);
-  const server = http.createServer((req, res) => {
+  const server = boundedHttpServer((req, res) => {
     const send = (r: Reply, extra: Record<string, string> = {}) => {
       res.writeHead(r.status ?? 200, {
         'content-type': r.type,
@@ -262,7 +263,7 @@ export async function serveControlz(address: string, port: number, deps: Control
       return { client: `${remoteAddress ?? '?'}:${remotePort ?? '?'}`, ...(uid !== undefined ? { client_uid: uid } : {}) };
     };
     route(req.method ?? 'GET', url.pathname, { body: () => readBody(req), client, access }, deps).then((r) => send(r), fail);
-  });
+  }, HTTP_BOUNDS.ctrlzMaxConnections);
   await new Promise<void>((resolve, reject) => {
     server.once('error', (e: NodeJS.ErrnoException) =>
       reject(new Error(`cannot serve ControlZ on ${address}:${port}: ${e.code ?? e.message}; choose another --ctrlz_port or --ctrlz_address`, { cause: e })));

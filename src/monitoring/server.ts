@@ -1,7 +1,8 @@
 // The monitoring HTTP server on --monitoring-port: /metrics, /readyz, /healthz.
 
-import http from 'node:http';
+import type http from 'node:http';
 import type { AddressInfo } from 'node:net';
+import { boundedHttpServer } from './httpbounds.ts';
 import { registry } from './metrics.ts';
 import { scope } from './logging.ts';
 import { OPENMETRICS_CONTENT_TYPE, toOpenMetrics, wantsOpenMetrics } from './openmetrics.ts';
@@ -20,8 +21,11 @@ export interface MonitoringServer {
   close(): Promise<void>;
 }
 
+/** Connections held at once on the monitoring port; one more closes the oldest (httpbounds.ts). */
+export const MONITORING_MAX_CONNECTIONS = 64;
+
 export async function startMonitoringServer(opts: { port: number; host?: string; readiness: Readiness }): Promise<MonitoringServer> {
-  const server = http.createServer((req, res) => {
+  const server = boundedHttpServer((req, res) => {
     const send = (status: number, body: string, type = 'text/plain; charset=utf-8') => {
       res.writeHead(status, { 'content-type': type, 'cache-control': 'no-store' });
       res.end(req.method === 'HEAD' ? undefined : body);
@@ -38,7 +42,7 @@ export async function startMonitoringServer(opts: { port: number; host?: string;
       log.error('monitoring request failed', { path: pathname, error: String(e) });
       if (!res.headersSent) send(500, 'internal error\n');
     });
-  });
+  }, MONITORING_MAX_CONNECTIONS);
   await new Promise<void>((resolve, reject) => {
     server.once('error', (e: NodeJS.ErrnoException) =>
       reject(new Error(`cannot serve metrics on ${opts.host ?? '*'}:${opts.port}: ${e.code ?? e.message}; choose a free --monitoring-port`, { cause: e })));

@@ -43,30 +43,7 @@ export async function listenUnix(server: net.Server, address: string, what: stri
     await unlink(address);
     log.info(`removed stale ${what} socket`, { path: address });
   }
-  // Tracked from the first connection on (one may arrive before listen's callback runs).
-  const open = new Set<net.Socket>();
-  server.on('connection', (socket) => {
-    // A Set keeps insertion order: the first one that may go is the oldest such.
-    while (open.size >= slots.maxConnections) {
-      let victim: net.Socket | undefined;
-      for (const s of open) {
-        if (slots.unserved?.(s) !== true) {
-          victim = s;
-          break;
-        }
-      }
-      if (victim === undefined) {
-        slots.onReject?.(socket);
-        socket.destroy();
-        return;
-      }
-      open.delete(victim);
-      slots.onEvict?.(victim);
-      victim.destroy();
-    }
-    open.add(socket);
-    socket.on('close', () => open.delete(socket));
-  });
+  const open = holdSlots(server, slots);
   await new Promise<void>((resolve, reject) => {
     const onError = (e: NodeJS.ErrnoException) =>
       reject(new Error(`cannot serve ${what} on ${address}: ${e.code ?? e.message}; check ${flag} and that its directory is writable`, { cause: e }));
@@ -93,4 +70,36 @@ export async function listenUnix(server: net.Server, address: string, what: stri
     const now = await stat(address).catch(() => undefined);
     if (now && now.ino === ours.ino && now.dev === ours.dev) await unlink(address).catch(() => {});
   };
+}
+
+/**
+ * Holds at most `slots.maxConnections` connections on `server` (see the top of this file): one
+ * more closes the oldest that may go. Any net.Server (the HTTP servers too). Returns the set of
+ * open connections, tracked from the first one on (one may arrive before listen's callback).
+ */
+export function holdSlots(server: net.Server, slots: Slots): Set<net.Socket> {
+  const open = new Set<net.Socket>();
+  server.on('connection', (socket: net.Socket) => {
+    // A Set keeps insertion order: the first one that may go is the oldest such.
+    while (open.size >= slots.maxConnections) {
+      let victim: net.Socket | undefined;
+      for (const s of open) {
+        if (slots.unserved?.(s) !== true) {
+          victim = s;
+          break;
+        }
+      }
+      if (victim === undefined) {
+        slots.onReject?.(socket);
+        socket.destroy();
+        return;
+      }
+      open.delete(victim);
+      slots.onEvict?.(victim);
+      victim.destroy();
+    }
+    open.add(socket);
+    socket.on('close', () => open.delete(socket));
+  });
+  return open;
 }

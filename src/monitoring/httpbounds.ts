@@ -1,0 +1,40 @@
+// Bounds for the agent's HTTP servers (the monitoring port, on every address by default, and
+// ControlZ): without them Node waits 60 s for a request's headers (checked every 30 s), 5 min
+// for its body, and holds any number of connections, so one client opening connections or
+// sending its headers a byte at a time could keep the kubelet's /readyz probe from an answer.
+
+import http from 'node:http';
+import type net from 'node:net';
+import { holdSlots } from './unixsocket.ts';
+
+export const HTTP_BOUNDS = {
+  /** A request's headers must be in within this. */
+  headersTimeoutMs: 5_000,
+  /** The whole request (our routes take no body) within this. */
+  requestTimeoutMs: 10_000,
+  /** Idle keep-alive connections go after this (a scraper or probe comes back on a new one). */
+  keepAliveTimeoutMs: 2_000,
+  /** How often the two timeouts above are checked (Node's default, 30 s, would stretch them). */
+  checkIntervalMs: 1_000,
+  /** Request line and headers together; a probe or scrape sends a few hundred bytes. */
+  maxHeaderSize: 8 * 1024,
+  /** ControlZ's connection cap (one or two browsers). */
+  ctrlzMaxConnections: 32,
+} as const;
+
+/**
+ * An HTTP server with those bounds, holding at most `maxConnections`: one more closes the
+ * oldest (unixsocket.ts's slots), so held connections cannot lock a new one out; a probe's
+ * connection is new, the ones holding slots the oldest.
+ */
+export function boundedHttpServer(handler: http.RequestListener, maxConnections: number, onEvict?: (socket: net.Socket) => void): http.Server {
+  const server = http.createServer({
+    headersTimeout: HTTP_BOUNDS.headersTimeoutMs,
+    requestTimeout: HTTP_BOUNDS.requestTimeoutMs,
+    keepAliveTimeout: HTTP_BOUNDS.keepAliveTimeoutMs,
+    connectionsCheckingInterval: HTTP_BOUNDS.checkIntervalMs,
+    maxHeaderSize: HTTP_BOUNDS.maxHeaderSize,
+  }, handler);
+  holdSlots(server, { maxConnections, onEvict });
+  return server;
+}
