@@ -30,6 +30,13 @@ export function ownedMode(primaryMode: number): number {
   return OWNED_MODE & primaryMode & 0o777;
 }
 
+/**
+ * How long a primary that vanished keeps ours as it was made from it (not ready) before a file
+ * sorting after it is followed: a primary CNI that deletes its file, then writes it, is back
+ * within that; one that moved to another file name is followed after it.
+ */
+export const PRIMARY_GONE_GRACE_MS = 2000;
+
 /** Byte order, as libcni sorts the dir (Go's sort.Strings). */
 export function sortsBefore(a: string, b: string): boolean {
   return a < b;

@@ -16,7 +16,7 @@ import { FileCache, type CachedFile } from './filecache.ts';
 import { readRegularFile, readRegularFileIfExists, UnsafeFileError } from './safefile.ts';
 import { DEFAULT_TEMPLATE, renderEntry } from './template.ts';
 import { scope } from '../monitoring/logging.ts';
-import { foreignOwned, ownNameShadows, planOwned, shadowedBy, sortsBefore, type OwnedPlan } from './owned.ts';
+import { foreignOwned, ownNameShadows, planOwned, PRIMARY_GONE_GRACE_MS, shadowedBy, sortsBefore, type OwnedPlan } from './owned.ts';
 
 const log = scope('install');
 
@@ -519,6 +519,8 @@ export class Reconciler {
 
   /** The primary our owned file was last made from (for the message once it is gone). */
   private ownedFrom: string | null = null;
+  /** When the primary ours was made from was first seen gone (holdOwned). */
+  private ownedFromGoneSince: number | null = null;
 
   /**
    * --mesh-owned-cni-config (owned.ts): our own file, the primary's network with our entry
@@ -557,6 +559,7 @@ export class Reconciler {
       fail('file_refused', foreignOwned(ownedName, this.netDir));
       return null;
     }
+    if (this.holdOwned(found?.name ?? null, names, current !== null, skipped, notReady, fail)) return ownedName;
     const primaryFile = found ? path.join(this.netDir, found.name) : '';
     const st = found && found.text !== null ? await fs.stat(primaryFile).catch(() => null) : null;
     if (found && (found.text === null || st === null)) {
@@ -612,6 +615,32 @@ export class Reconciler {
     await this.takeOutAllBut(await fs.readdir(this.netDir), this.ownFiles(), writes);
     await this.failOwnNamesShadowing(names, ownedName, fail);
     return ownedName;
+  }
+
+  /**
+   * Whether to keep ours as it is (not ready) rather than make it from `found`, a file sorting
+   * after the primary ours was made from: that one still exists but does not load now (caught
+   * half-written), or has just vanished (a primary CNI that deletes, then writes). Following
+   * the next file would give pods another network, and report ready. A file sorting before it
+   * is what the runtime reads, so it is followed; one gone for PRIMARY_GONE_GRACE_MS is too.
+   */
+  private holdOwned(found: string | null, names: readonly string[], haveOurs: boolean, skipped: readonly Skipped[], notReady: string[], fail: (r: ErrorReason, m: string) => void): boolean {
+    const from = this.ownedFrom;
+    const ownedName = this.s.meshOwnedCniConfigFilename;
+    if (from !== null && !names.includes(from)) this.ownedFromGoneSince ??= Date.now();
+    else this.ownedFromGoneSince = null;
+    if (from === null || found === null || !haveOurs || found === from || sortsBefore(found, from)) return false;
+    const bad = skipped.find((k) => k.file === from);
+    if (bad) {
+      // As a half-written primary without --mesh-owned-cni-config: an error said if it stays, retried.
+      fail('primary_malformed', `the primary CNI config ${from} our ${ownedName} was made from cannot be loaded now (${bad.reason}); keeping ours as it is, not following ${found}, which sorts after it, until ${from} loads again or is gone`);
+      return true;
+    }
+    if (names.includes(from)) return false;
+    const left = PRIMARY_GONE_GRACE_MS - (Date.now() - (this.ownedFromGoneSince ?? Date.now()));
+    if (left <= 0) return false;
+    notReady.push(`the primary CNI config ${from} our ${ownedName} was made from is gone from ${this.netDir}; keeping ours as it is, and following ${found}, which sorts after it, only if ${from} is not back within ${PRIMARY_GONE_GRACE_MS} ms`);
+    return true;
   }
 
   /** Configs the runtime would load that sort before ours, but the named primary (--cni-conf-name). */

@@ -12,7 +12,7 @@ import { buildSettings } from '../../src/config/settings.ts';
 import { ConfigErrors } from '../../src/config/parse.ts';
 import { isOurs, withoutOurEntry } from '../../src/install/cniconfig.ts';
 import { Installer } from '../../src/install/installer.ts';
-import { ownedMode, ownedText, planOwned, shadowedBy } from '../../src/install/owned.ts';
+import { ownedMode, ownedText, planOwned, PRIMARY_GONE_GRACE_MS, shadowedBy } from '../../src/install/owned.ts';
 import { Reconciler } from '../../src/install/reconcile.ts';
 import { ROOT } from '../helpers/cli.ts';
 import { BRIDGE_CONFLIST, makeHostTree, type HostTree } from '../helpers/hosttree.ts';
@@ -360,5 +360,59 @@ describe('owned config: files at our names that we did not write', () => {
     assert.equal(readFileSync(net('20-ptp.conflist'), 'utf8'), ptp);
     await r.cleanup();
     assert.equal(readFileSync(net('10-bridge.conflist'), 'utf8'), BRIDGE_CONFLIST);
+  });
+});
+
+describe('owned config: the primary ours was made from, unloadable or just gone', () => {
+  const trees: HostTree[] = [];
+  afterEach(async () => {
+    for (const t of trees.splice(0)) await t.remove();
+  });
+  const ptp = '{"cniVersion":"1.0.0","name":"ptp-net","plugins":[{"type":"ptp","ipam":{"type":"host-local","subnet":"198.18.121.0/24"}}]}\n';
+  async function setup() {
+    const tree = await makeHostTree();
+    trees.push(tree);
+    await fs.writeFile(path.join(tree.netDir, '10-bridge.conflist'), BRIDGE_CONFLIST);
+    await fs.writeFile(path.join(tree.netDir, '20-ptp.conflist'), ptp);
+    const r = new Reconciler(buildSettings({ ...tree.flags, 'mesh-owned-cni-config': 'true' }, tree.env).install, buildSettings({}, tree.env).env);
+    assert.deepEqual((await r.reconcile()).notReady, []);
+    assert.deepEqual(runtimeView(tree.netDir).chain, ['bridge', 'mesh-cni']);
+    return { tree, r, net: (n: string) => path.join(tree.netDir, n) };
+  }
+
+  it('caught half-written: ours kept, not ready; the file after it is not followed', async () => {
+    const { tree, r, net } = await setup();
+    const ours = readFileSync(net(OWNED), 'utf8');
+    await fs.writeFile(net('10-bridge.conflist'), BRIDGE_CONFLIST.slice(0, 40));
+    const out = await r.reconcile();
+    assert.equal(readFileSync(net(OWNED), 'utf8'), ours, 'ours not made from 20-ptp.conflist');
+    assert.match(out.notReady.join('\n'), /10-bridge.conflist our 02-mesh-cni.conflist was made from cannot be loaded now .*keeping ours as it is/);
+    assert.deepEqual(runtimeView(tree.netDir).chain, ['bridge', 'mesh-cni']);
+    await fs.writeFile(net('10-bridge.conflist'), BRIDGE_CONFLIST);
+    assert.deepEqual((await r.reconcile()).notReady, []);
+    // One that sorts before it is followed, as the runtime would read it.
+    await fs.writeFile(net('10-bridge.conflist'), BRIDGE_CONFLIST.slice(0, 40));
+    await fs.writeFile(net('05-ptp.conflist'), ptp);
+    assert.deepEqual((await r.reconcile()).notReady, []);
+    assert.deepEqual(runtimeView(tree.netDir).chain, ['ptp', 'mesh-cni']);
+  });
+
+  it('just gone: ours kept, not ready, for a grace period; then the next file is followed', async () => {
+    const { tree, r, net } = await setup();
+    const ours = readFileSync(net(OWNED), 'utf8');
+    await fs.rm(net('10-bridge.conflist'));
+    const out = await r.reconcile();
+    assert.equal(readFileSync(net(OWNED), 'utf8'), ours, 'ours not made from 20-ptp.conflist at once');
+    assert.match(out.notReady.join('\n'), /10-bridge.conflist our 02-mesh-cni.conflist was made from is gone .*keeping ours as it is/);
+    // Back within the grace period (a primary CNI that deletes, then writes): made from it again.
+    await fs.writeFile(net('10-bridge.conflist'), BRIDGE_CONFLIST);
+    assert.deepEqual((await r.reconcile()).notReady, []);
+    assert.deepEqual(runtimeView(tree.netDir).chain, ['bridge', 'mesh-cni']);
+    // Gone for good: after the grace period the next file is the primary.
+    await fs.rm(net('10-bridge.conflist'));
+    assert.notDeepEqual((await r.reconcile()).notReady, []);
+    await new Promise((resolve) => setTimeout(resolve, PRIMARY_GONE_GRACE_MS + 100));
+    assert.deepEqual((await r.reconcile()).notReady, []);
+    assert.deepEqual(runtimeView(tree.netDir).chain, ['ptp', 'mesh-cni']);
   });
 });
