@@ -301,14 +301,19 @@ async function manyFiles(tree: HostTree, count: number): Promise<void> {
 /** The agent from source (what the tests run), ready, with our entry in the primary. */
 async function readyAgent(tree: HostTree, flags: Record<string, string> = {}) {
   const agent = spawnAgent(tree, { 'log_output_level': 'default:warn,install:warn', 'cleanup-on-exit': 'never', ...flags });
-  await agent.monitoringPort();
-  const t0 = performance.now();
-  while (!hasEntry(path.join(tree.netDir, '10-bridge.conflist'))) {
-    if (performance.now() - t0 > 60_000) throw new Error('no entry after 60 s');
-    await sleep(10);
+  try {
+    await agent.monitoringPort();
+    const t0 = performance.now();
+    while (!hasEntry(path.join(tree.netDir, '10-bridge.conflist'))) {
+      if (performance.now() - t0 > 60_000) throw new Error('no entry after 60 s');
+      await sleep(10);
+    }
+    while ((await agent.get('/readyz')).status !== 200) await sleep(10);
+    return agent;
+  } catch (e) {
+    await agent.stop('SIGKILL');
+    throw e;
   }
-  while ((await agent.get('/readyz')).status !== 200) await sleep(10);
-  return agent;
 }
 
 /** The baseline: on every event in the dir, read every file in it (a naive reconcile's reads). */
@@ -358,7 +363,10 @@ async function benchChurn(): Promise<void> {
   // a) another conflist rewritten every millisecond
   {
     const tree = await prepare();
-    const agent = await readyAgent(tree);
+    const agent = await readyAgent(tree).catch(async (e: unknown) => {
+      await tree.remove();
+      throw e;
+    });
     try {
       let writes = 0;
       const cpu = await cpuPerSecond(agent.child.pid!, async () => void (writes = await churn(tree, CHURN_S)));
@@ -383,7 +391,10 @@ async function benchChurn(): Promise<void> {
   {
     const tree = await prepare();
     await manyFiles(tree, 10_000);
-    const agent = await readyAgent(tree, { 'reconcile-interval': '5s' });
+    const agent = await readyAgent(tree, { 'reconcile-interval': '5s' }).catch(async (e: unknown) => {
+      await tree.remove();
+      throw e;
+    });
     try {
       await sleep(1000);
       const cpu = await cpuPerSecond(agent.child.pid!, () => sleep(CHURN_S * 2000));
