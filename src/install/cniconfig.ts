@@ -69,8 +69,8 @@ export function choosePrimary(fileNames: readonly string[], opts: { confName: st
 
 /**
  * Whether the runtime would load this file, judged as libcni does (ConfListFromFile for a
- * .conflist, NetworkConfFromFile -> ConfListFromConf for a .conf/.json, which is how CRI-O and
- * containerd read the dir). `pluginDir`: a conflist whose network name libcni also looks up as
+ * .conflist, ConfFromFile -> ConfListFromConf for a .conf/.json: the calls CRI-O and containerd
+ * make per file; CRI-O passes over a file that fails, containerd's go-cni stops at it). `pluginDir`: a conflist whose network name libcni also looks up as
  * a directory of more plugin .conf files, appended after the listed ones. Reasons name what is
  * wrong, never the file's contents.
  */
