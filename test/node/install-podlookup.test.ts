@@ -15,7 +15,7 @@ import { registry } from '../../src/monitoring/metrics.ts';
 import { startTestApiServer, type TestApiServer } from '../helpers/apiserver.ts';
 import { spawnAgent } from '../helpers/agent.ts';
 import { makeHostTree } from '../helpers/hosttree.ts';
-import { eventually } from '../helpers/poll.ts';
+import { eventually, waitFor } from '../helpers/poll.ts';
 import { BridgeNetwork, Netns, type ChainEnv } from '../helpers/netns.ts';
 import { k8sArgs, meshCni, meshPod, pluginConfig, tempDir } from '../helpers/plugin.ts';
 
@@ -218,9 +218,20 @@ describe('one watch of the node pods per agent', () => {
     return { api, socket: tree.flags['pod-lookup-uds-address']!, agent };
   }
 
+  /**
+   * shop/cart-1 from the agent, asked until it is a hit: the lookup is served before the shared
+   * watch has listed, and answers a miss ("listing") until then (a slow list under load).
+   */
+  async function cartFromAgent(api: TestApiServer, socket: string) {
+    let last: Awaited<ReturnType<typeof podFromAgent>> | undefined;
+    const ref = { namespace: 'shop', name: 'cart-1', uid: api.getPod('shop', 'cart-1')!.metadata!.uid! };
+    await waitFor('a pod lookup hit (the watch listed)', async () => 'pod' in (last = await podFromAgent(socket, ref, 5000)), { timeoutMs: 15_000, context: () => JSON.stringify(last) });
+    return last!;
+  }
+
   it('reads the repair controller\'s watch when it watches exactly this node', async () => {
     const { api, socket } = await agentWith({});
-    const r = await podFromAgent(socket, { namespace: 'shop', name: 'cart-1', uid: api.getPod('shop', 'cart-1')!.metadata!.uid! }, 5000);
+    const r = await cartFromAgent(api, socket);
     assert.ok('pod' in r, JSON.stringify(r));
     await eventually(() => api.openWatches() >= 1, 'a watch');
     assert.equal(api.openWatches(), 1);
@@ -229,7 +240,7 @@ describe('one watch of the node pods per agent', () => {
 
   it('keeps a watch of its own when repair watches a narrower set', async () => {
     const { api, socket } = await agentWith({ 'repair-label-selectors': 'app=web' });
-    assert.ok('pod' in (await podFromAgent(socket, { namespace: 'shop', name: 'cart-1', uid: api.getPod('shop', 'cart-1')!.metadata!.uid! }, 5000)));
+    assert.ok('pod' in (await cartFromAgent(api, socket)));
     await eventually(() => api.openWatches() === 2, 'two watches');
   });
 });
