@@ -391,16 +391,18 @@ export class Reconciler {
         try {
           listing = await fs.readdir(dir, { withFileTypes: true });
         } catch (e) {
-          // As libcni: a missing dir adds no plugins, any other error fails the load. ENOTDIR
-          // fails it for every reader, so that file is passed over as the runtime does; another
-          // error (EACCES, EIO) may be ours alone, and the runtime may load the file: stop here.
-          const code = (e as NodeJS.ErrnoException).code;
+          // As libcni: a missing dir adds no plugins, any other error fails the load. A path
+          // error (not a directory, a link loop, too long) fails it for every reader, so that
+          // file is passed over as the runtime does; another error (EACCES, EIO) may be ours
+          // alone, and the runtime may load the file: stop here.
+          const code = (e as NodeJS.ErrnoException).code ?? '';
+          const everyReader = ['ENOTDIR', 'ELOOP', 'ENAMETOOLONG'].includes(code);
           if (code === 'ENOENT') listing = [];
-          else if (code === 'ENOTDIR' && !explicit) {
-            skipped.push({ file: name, reason: `${verdict.pluginDir} is not a directory, where libcni looks for more of its plugins, so it fails to load` });
+          else if (everyReader && !explicit) {
+            skipped.push({ file: name, reason: `${verdict.pluginDir}/, where libcni looks for more of its plugins, cannot be listed by any reader (${code}), so it fails to load` });
             continue;
           } else {
-            fail(code === 'ENOTDIR' ? 'primary_unsupported' : 'file_refused', `${name} in ${this.netDir}: cannot read ${dir}/, where libcni looks for more of its plugins (${code ?? (e as Error).message}); not installing until it can be read`);
+            fail(everyReader ? 'primary_unsupported' : 'file_refused', `${name} in ${this.netDir}: cannot read ${dir}/, where libcni looks for more of its plugins (${code || (e as Error).message}); not installing until it can be read`);
             return { name, text: null, said: true };
           }
         }

@@ -8,11 +8,15 @@
 
 import assert from 'node:assert/strict';
 import { readdirSync, readFileSync } from 'node:fs';
+import fs from 'node:fs/promises';
 import path from 'node:path';
 import { describe, it } from 'node:test';
+import { buildSettings } from '../../src/config/settings.ts';
 import { libcniVerdict } from '../../src/install/cniconfig.ts';
+import { Installer } from '../../src/install/installer.ts';
 import { renderOrchconfig, type OrchconfigInput } from '../../src/install/orchconfig.ts';
 import { ROOT } from '../helpers/cli.ts';
+import { BRIDGE_CONFLIST, makeHostTree } from '../helpers/hosttree.ts';
 import { dirFiles, runConformanceCase, type ConformanceCase } from '../helpers/install-fixtures.ts';
 
 const CONFORMANCE = path.join(ROOT, 'test/node/fixtures/install-conformance');
@@ -44,6 +48,43 @@ describe('which files libcni loads (one file in -> verdict out)', () => {
       assert.deepEqual(libcniVerdict(readFileSync(path.join(dir, input), 'utf8'), input), expected);
     });
   }
+});
+
+describe('a conflist\'s <name>/ plugin dir, read as libcni reads it (links git cannot carry)', () => {
+  // libcni's ConfFiles: a missing dir adds no plugins; any other error fails the load. An error
+  // every reader gets (a link loop) passes the file over, as the runtime does.
+  const POD_LIST = '{ "cniVersion": "1.0.0", "name": "pods", "plugins": [{ "type": "bridge", "bridge": "podbr8" }] }\n';
+  async function run(link: string): Promise<{ ready: boolean; notes: string; withEntry: string[] }> {
+    const tree = await makeHostTree();
+    try {
+      await fs.writeFile(path.join(tree.netDir, '00-pods.conflist'), POD_LIST);
+      await fs.writeFile(path.join(tree.netDir, '10-bridge.conflist'), BRIDGE_CONFLIST);
+      await fs.symlink(link, path.join(tree.netDir, 'pods'));
+      const installer = new Installer(buildSettings({ 'reconcile-interval': '1h', ...tree.flags }, tree.env), { decideCleanup: async () => ({ cleanup: true, why: 'test' }) });
+      try {
+        await installer.start();
+        await installer.settled();
+        const withEntry: string[] = [];
+        for (const n of ['00-pods.conflist', '10-bridge.conflist']) if ((await fs.readFile(path.join(tree.netDir, n), 'utf8')).includes('"mesh-cni"')) withEntry.push(n);
+        return { ready: installer.notReadyReasons().length === 0, notes: installer.notes().join('\n'), withEntry };
+      } finally {
+        await installer.stop('SIGTERM');
+      }
+    } finally {
+      await tree.remove();
+    }
+  }
+
+  it('a link loop (ELOOP): libcni fails the load, so the file is passed over', async () => {
+    const r = await run('pods');
+    assert.deepEqual(r, { ready: true, notes: r.notes, withEntry: ['10-bridge.conflist'] });
+    assert.match(r.notes, /passed over .*00-pods\.conflist.*pods\/, where libcni looks .*ELOOP/);
+  });
+
+  it('a dangling link (ENOENT): no more plugins, the file is the primary', async () => {
+    const r = await run('gone');
+    assert.deepEqual({ ready: r.ready, withEntry: r.withEntry }, { ready: true, withEntry: ['00-pods.conflist'] });
+  });
 });
 
 describe('the orchconfig (what it is made from in -> orchconfig out)', () => {
