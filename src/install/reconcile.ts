@@ -9,16 +9,18 @@ import path from 'node:path';
 import type { EnvironmentFacts, InstallSettings } from '../config/settings.ts';
 import { removeFile, TEMP_MARKER, writeFileAtomic } from './atomicfile.ts';
 import { BinaryInstaller } from './binaries.ts';
-import { choosePrimary, CniConfigError, isConfigFile, libcniVerdict, otherForm, primaryCandidates, PLUGIN_TYPE, standaloneConfig, withOurEntry, withoutOurEntry, type JsonObject } from './cniconfig.ts';
+import { choosePrimary, CniConfigError, isConfigFile, isOurs, libcniVerdict, otherForm, primaryCandidates, PLUGIN_TYPE, standaloneConfig, withOurEntry, withoutOurEntry, type JsonObject } from './cniconfig.ts';
 import { renderOrchconfig } from './orchconfig.ts';
 import type { PluginTokenSource } from '../orch/tokenrequest.ts';
 import { FileCache, type CachedFile } from './filecache.ts';
 import { readRegularFile, readRegularFileIfExists, UnsafeFileError } from './safefile.ts';
 import { DEFAULT_TEMPLATE, renderEntry } from './template.ts';
 import { scope } from '../monitoring/logging.ts';
-import { foreignOwned, ownNameShadows, planOwned, PRIMARY_GONE_GRACE_MS, shadowedBy, sortsBefore, type OwnedPlan } from './owned.ts';
+import { foreignOwned, ownedText, ownNameShadows, planOwned, PRIMARY_GONE_GRACE_MS, shadowedBy, sortsBefore, type OwnedPlan } from './owned.ts';
 
 const log = scope('install');
+/** Configs after a suspected copy of ours compared with it (failCopyOfOurs). */
+const COPY_LOOKUP_MAX = 8;
 
 /** Our conflist in standalone mode, unless --cni-conf-name names another. */
 export const STANDALONE_CONF_NAME = 'YY-mesh-cni.conflist';
@@ -426,6 +428,7 @@ export class Reconciler {
     const names = await fs.readdir(this.netDir);
     const found = await this.findPrimary(names, skipped, fail);
     const primary = found?.name ?? null;
+    if (found && found.text !== null && !found.said) await this.failCopyOfOurs(found.name, found.text, names, fail);
     let primaryAfter: string | null = null;
     const passedOver = skipped.length > 0 ? `; passed over, as the runtime would: ${skipped.map((k) => `${k.file}: ${k.reason}`).join('; ')}` : '';
     if (found === null && skipped.length > 0) {
@@ -545,6 +548,7 @@ export class Reconciler {
     }
     const kept = current !== null ? ownedName : null;
     if (found?.said) return kept;
+    if (found && found.text !== null && (await this.failCopyOfOurs(found.name, found.text, names, fail))) return kept;
     if (found && sortsBefore(found.name, ownedName)) {
       // The runtime reads that file, not ours: fail closed, our entry goes into it as without
       // this mode; ours stays (with our entry) for when that file is gone. Ready once it is
@@ -643,6 +647,41 @@ export class Reconciler {
     if (left <= 0) return false;
     notReady.push(`the primary CNI config ${from} our ${ownedName} was made from is gone from ${this.netDir}; keeping ours as it is, and following ${found}, which sorts after it, only if ${from} is not back within ${PRIMARY_GONE_GRACE_MS} ms`);
     return true;
+  }
+
+  /**
+   * Whether `name`, taken for the primary, is an owned file of ours under another name (an
+   * earlier --mesh-owned-cni-config-filename): exactly what we would make from a config after
+   * it, with its entry of ours. The runtime reads it, and a change of that config would never
+   * reach pods: config_shadowed, left for the operator to remove (we cannot be sure we wrote
+   * it). Looked for only in a file of ours' mode (no group or other bits) holding our entry, so
+   * a pass with a primary of 0644 reads nothing more. Found only while that config is as it was.
+   */
+  private async failCopyOfOurs(name: string, text: string, names: readonly string[], fail: (r: ErrorReason, m: string) => void): Promise<boolean> {
+    const st = await fs.stat(path.join(this.netDir, name)).catch(() => null);
+    if (st === null || (st.mode & 0o077) !== 0 || path.extname(name) !== '.conflist' || !textHoldsOurEntry(text, name)) return false;
+    let entry: JsonObject | undefined;
+    try {
+      entry = ((JSON.parse(text) as { plugins: JsonObject[] }).plugins).findLast((p) => isOurs(p));
+    } catch {
+      return false;
+    }
+    if (entry === undefined) return false;
+    const later = primaryCandidates(names, { confName: this.s.cniConfName, ownFiles: this.ownFiles() }).filter((n) => sortsBefore(name, n)).slice(0, COPY_LOOKUP_MAX);
+    for (const other of later) {
+      const otherText = await readIfExists(path.join(this.netDir, other)).catch(() => null);
+      if (otherText === null || textHoldsOurEntry(otherText, other)) continue;
+      let made: string;
+      try {
+        made = ownedText(otherText, other, entry);
+      } catch {
+        continue;
+      }
+      if (made !== text) continue;
+      fail('config_shadowed', `${name} in ${this.netDir} is a copy of ${other} with our entry, as our owned config file under another name (an earlier --mesh-owned-cni-config-filename) would be; the runtime reads it, so a change of ${other} would never reach pods. It is not known as ours, so it is left as it is: remove it`);
+      return true;
+    }
+    return false;
   }
 
   /** Configs the runtime would load that sort before ours, but the named primary (--cni-conf-name). */

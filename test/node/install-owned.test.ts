@@ -416,3 +416,35 @@ describe('owned config: the primary ours was made from, unloadable or just gone'
     assert.deepEqual(runtimeView(tree.netDir).chain, ['ptp', 'mesh-cni']);
   });
 });
+
+describe('owned config: a copy of ours left under an earlier --mesh-owned-cni-config-filename', () => {
+  const trees: HostTree[] = [];
+  afterEach(async () => {
+    for (const t of trees.splice(0)) await t.remove();
+  });
+  async function setup() {
+    const tree = await makeHostTree();
+    trees.push(tree);
+    await fs.writeFile(path.join(tree.netDir, '10-bridge.conflist'), BRIDGE_CONFLIST);
+    const make = (extra: Record<string, string> = {}) => new Reconciler(buildSettings({ ...tree.flags, 'mesh-owned-cni-config': 'true', ...extra }, tree.env).install, buildSettings({}, tree.env).env);
+    // The agent of before wrote its owned file under another name, then was restarted with this one.
+    assert.deepEqual((await make({ 'mesh-owned-cni-config-filename': '05-mesh-old.conflist' }).reconcile()).notReady, []);
+    return { tree, make, net: (n: string) => path.join(tree.netDir, n) };
+  }
+  const reasons = (out: { problems: readonly { reason: string }[] }) => out.problems.map((p) => p.reason);
+
+  it('owned mode: not taken for the primary silently (a change of the primary would never reach pods): config_shadowed', async () => {
+    const { make, net } = await setup();
+    const old = readFileSync(net('05-mesh-old.conflist'), 'utf8');
+    const out = await make().reconcile();
+    assert.ok(reasons(out).includes('config_shadowed'), out.notReady.join('; '));
+    assert.match(out.notReady.join('\n'), /05-mesh-old.conflist in .* is a copy of 10-bridge.conflist with our entry/);
+    assert.equal(readFileSync(net('05-mesh-old.conflist'), 'utf8'), old, 'left as it is');
+  });
+
+  it('with the splice: config_shadowed too', async () => {
+    const { make } = await setup();
+    const out = await make({ 'mesh-owned-cni-config': 'false' }).reconcile();
+    assert.ok(reasons(out).includes('config_shadowed'), out.notReady.join('; '));
+  });
+});
