@@ -3,6 +3,7 @@
 
 import { readFileSync } from 'node:fs';
 import { isObject } from '../json.ts';
+import { describeJsonError } from '../parseerror.ts';
 
 export interface OrchAccess {
   /** `https://host:port` (IPv6 hosts in brackets). */
@@ -28,7 +29,7 @@ export function parseOrchconfig(text: string, file: string): OrchAccess {
   try {
     doc = JSON.parse(text);
   } catch (e) {
-    throw new OrchconfigError(`${file} is not JSON (install-cni writes it as JSON): ${(e as Error).message}`);
+    throw new OrchconfigError(`${file} is not JSON (install-cni writes it as JSON): ${describeJsonError(e, text)}`);
   }
   if (!isObject(doc)) throw new OrchconfigError(`${file}: expected a JSON object`);
   const ctx = byName(doc.contexts, doc['current-context'], 'context', file).context;

@@ -12,7 +12,11 @@ import { serverUrl } from '../install/orchconfig.ts';
 export function orchKubeConfig(settings: Settings): KubeConfig {
   const kc = new KubeConfig();
   if (settings.orchconfig) {
-    kc.loadFromFile(settings.orchconfig);
+    try {
+      kc.loadFromFile(settings.orchconfig);
+    } catch (e) {
+      throw new Error(`cannot load --orchconfig ${settings.orchconfig}: ${describeLoadError(e)}`);
+    }
     return kc;
   }
   const { orchServiceHost: host, orchServicePort: port } = settings.env;
@@ -28,4 +32,22 @@ export function orchKubeConfig(settings: Settings): KubeConfig {
     { name: 'service-account', authProvider: { name: 'tokenFile', config: { tokenFile: path.join(sa, 'token') } } },
   );
   return kc;
+}
+
+/**
+ * What went wrong loading an orchconfig, without its text: js-yaml's message quotes the lines
+ * around the error (a token line), and this becomes the plugin token's last error on /readyz and
+ * a log line. A YAML error is said by its kind and place; other errors (a missing file, a
+ * missing field) name no contents and are kept, to their first line.
+ */
+function describeLoadError(e: unknown): string {
+  const y = e as { name?: unknown; reason?: unknown; mark?: { line?: unknown; column?: unknown } };
+  if (y?.name === 'YAMLException') {
+    let kind = typeof y.reason === 'string' ? y.reason : '';
+    // Kinds are plain words ("bad indentation of a mapping entry"); anything quoting is not said.
+    if (kind === '' || kind.length > 80 || /["'`]/.test(kind)) kind = 'syntax error';
+    const where = typeof y.mark?.line === 'number' && typeof y.mark.column === 'number' ? ` at line ${y.mark.line + 1} column ${y.mark.column + 1}` : '';
+    return `not valid YAML (${kind}${where})`;
+  }
+  return (e instanceof Error ? e.message : String(e)).split('\n')[0]!;
 }
