@@ -19,6 +19,8 @@ import { scope } from '../monitoring/logging.ts';
 import { foreignOwned, ownedText, ownNameShadows, planOwned, PRIMARY_GONE_GRACE_MS, shadowedBy, sortsBefore, type OwnedPlan } from './owned.ts';
 
 const log = scope('install');
+/** Beside our owned file (hidden): the name of the primary it was made from (holdOwned). */
+const OWNED_FROM_SUFFIX = '.mesh-from';
 /** Configs after a suspected copy of ours compared with it (failCopyOfOurs). */
 const COPY_LOOKUP_MAX = 8;
 
@@ -547,6 +549,8 @@ export class Reconciler {
       return null;
     }
     const kept = current !== null ? ownedName : null;
+    // A restarted agent: which primary ours was made from, as the run before recorded it.
+    if (this.ownedFrom === null && current !== null) this.ownedFrom = await this.recordedOwnedFrom();
     if (found?.said) return kept;
     if (found && found.text !== null && (await this.failCopyOfOurs(found.name, found.text, names, fail))) return kept;
     if (found && sortsBefore(found.name, ownedName)) {
@@ -615,7 +619,7 @@ export class Reconciler {
       }
       writes.push({ file: owned, kind: 'cni_config', action: 'write' });
     }
-    if (plan.from !== null) this.ownedFrom = plan.from;
+    if (plan.from !== null) await this.rememberOwnedFrom(plan.from);
     // Ours is in place with our entry: an entry anywhere else (the primary's, from a run
     // without this mode) goes, the primary given back byte for byte.
     await this.takeOutAllBut(await fs.readdir(this.netDir), this.ownFiles(), writes);
@@ -711,6 +715,35 @@ export class Reconciler {
       return;
     }
     if (ours && (await removeFile(file))) writes.push({ file, kind: 'cni_config', action: 'remove' });
+    if (ours) await this.forgetOwnedFrom();
+  }
+
+  /** Where the name of the primary our owned file was made from is kept, for a restarted agent. Hidden, no config extension. */
+  private ownedFromRecord(): string {
+    return path.join(this.netDir, `.${this.s.meshOwnedCniConfigFilename}${OWNED_FROM_SUFFIX}`);
+  }
+
+  /**
+   * The primary our owned file was made from, as a run before this one recorded it. The net dir
+   * may be writable by others: a record is only a config file name in this dir, and the worst
+   * a planted one does is keep ours as it is, not ready, or for PRIMARY_GONE_GRACE_MS.
+   */
+  private async recordedOwnedFrom(): Promise<string | null> {
+    const text = await readRegularFileIfExists(this.ownedFromRecord(), { noFollow: true }).then((r) => r?.text ?? null, () => null);
+    const name = text?.trim() ?? '';
+    const ok = isConfigFile(name) && !name.includes('/') && !name.startsWith('.') && name !== this.s.meshOwnedCniConfigFilename;
+    return ok ? name : null;
+  }
+
+  private async rememberOwnedFrom(from: string): Promise<void> {
+    if (from === this.ownedFrom) return;
+    this.ownedFrom = from;
+    await writeFileAtomic(this.ownedFromRecord(), `${from}\n`, { mode: 0o600 });
+  }
+
+  private async forgetOwnedFrom(): Promise<void> {
+    this.ownedFrom = null;
+    await removeFile(this.ownedFromRecord());
   }
 
   /** Our entry out of every config file in `names` but those in `keep`. */

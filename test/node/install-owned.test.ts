@@ -164,8 +164,8 @@ describe('owned config: the reconcile pass on a real net dir', () => {
     assert.equal(readFileSync(net(OWNED), 'utf8'), ours);
     assert.match(out.notReady.join('\n'), /primary CNI config 10-bridge.conflist our 02-mesh-cni.conflist was made from is gone from .*keeping ours as it is/);
     assert.deepEqual(runtimeView(tree.netDir).chain, ['bridge', 'mesh-cni']);
-    // A restarted agent does not know the name any more, and says the same without it.
-    assert.match((await make().reconcile()).notReady.join('\n'), /primary CNI config our 02-mesh-cni.conflist was made from is gone/);
+    // A restarted agent knows the name from the record beside ours.
+    assert.match((await make().reconcile()).notReady.join('\n'), /primary CNI config 10-bridge.conflist our 02-mesh-cni.conflist was made from is gone/);
     await fs.writeFile(net('10-bridge.conflist'), BRIDGE_CONFLIST);
     assert.deepEqual((await r.reconcile()).notReady, []);
   });
@@ -395,6 +395,22 @@ describe('owned config: the primary ours was made from, unloadable or just gone'
     await fs.writeFile(net('05-ptp.conflist'), ptp);
     assert.deepEqual((await r.reconcile()).notReady, []);
     assert.deepEqual(runtimeView(tree.netDir).chain, ['ptp', 'mesh-cni']);
+  });
+
+  it('an agent restarted meanwhile knows which file ours was made from (a hidden record beside ours)', async () => {
+    const { tree, net } = await setup();
+    const restarted = () => new Reconciler(buildSettings({ ...tree.flags, 'mesh-owned-cni-config': 'true' }, tree.env).install, buildSettings({}, tree.env).env);
+    const ours = readFileSync(net(OWNED), 'utf8');
+    await fs.writeFile(net('10-bridge.conflist'), BRIDGE_CONFLIST.slice(0, 40));
+    assert.match((await restarted().reconcile()).notReady.join('\n'), /10-bridge.conflist our 02-mesh-cni.conflist was made from cannot be loaded now/);
+    assert.equal(readFileSync(net(OWNED), 'utf8'), ours);
+    await fs.rm(net('10-bridge.conflist'));
+    assert.match((await restarted().reconcile()).notReady.join('\n'), /10-bridge.conflist our 02-mesh-cni.conflist was made from is gone/);
+    assert.equal(readFileSync(net(OWNED), 'utf8'), ours);
+    // Uninstall leaves nothing of ours, the record neither.
+    await fs.writeFile(net('10-bridge.conflist'), BRIDGE_CONFLIST);
+    await restarted().cleanup();
+    assert.deepEqual((await fs.readdir(tree.netDir)).sort(), ['10-bridge.conflist', '20-ptp.conflist']);
   });
 
   it('just gone: ours kept, not ready, for a grace period; then the next file is followed', async () => {
