@@ -9,7 +9,8 @@
 // make room: when every other one is such, the newcomer is closed instead, so a stream of new
 // connections cannot push a waiting plugin run out before its turn.
 
-import { chmod, lstat, mkdir, stat, unlink } from 'node:fs/promises';
+import { constants } from 'node:fs';
+import { chmod, lstat, mkdir, open, stat, unlink } from 'node:fs/promises';
 import type net from 'node:net';
 import path from 'node:path';
 import { scope } from './logging.ts';
@@ -26,11 +27,43 @@ export interface Slots {
   readonly onReject?: (socket: net.Socket) => void;
 }
 
+/** Dirs shared with the rest of the node: a socket may be put there, their mode is not ours. */
+const SYSTEM_DIRS = new Set(['/', '/run', '/var/run', '/tmp', '/var/tmp', '/dev/shm']);
+
+/**
+ * The sockets' dir 0750 (at most): mkdir's mode is filtered by the umask, and one found there
+ * (the DaemonSet's hostPath, DirectoryOrCreate, makes /var/run/mesh-cni 0755) keeps its mode.
+ * Only a real dir of ours (opened O_NOFOLLOW, checked and changed on the fd): a link, another
+ * user's dir or a shared one (sticky or writable by all, /tmp, /run) is left as it is.
+ */
+async function tightenRunDir(dir: string, created: boolean): Promise<void> {
+  let fh;
+  try {
+    fh = await open(dir, constants.O_RDONLY | constants.O_DIRECTORY | constants.O_NOFOLLOW);
+  } catch (e) {
+    const code = (e as NodeJS.ErrnoException).code;
+    if (code === 'ELOOP' || code === 'ENOTDIR') return;
+    throw e;
+  }
+  try {
+    const st = await fh.stat();
+    const mode = st.mode & 0o7777;
+    if (!st.isDirectory() || st.uid !== process.geteuid?.() || SYSTEM_DIRS.has(path.resolve(dir)) || (mode & 0o1002) !== 0) return;
+    const want = created ? 0o750 : mode & 0o750;
+    if (mode !== want) {
+      await fh.chmod(want);
+      if (!created) log.info('made the socket dir readable by root and its group only', { path: dir, was: mode.toString(8), now: want.toString(8) });
+    }
+  } finally {
+    await fh.close();
+  }
+}
+
 /** Starts `server` on `address` (`what` and `flag` name it in errors); resolves to its closer. */
 export async function listenUnix(server: net.Server, address: string, what: string, flag: string, slots: Slots): Promise<() => Promise<void>> {
   const dir = path.dirname(address);
   const created = await mkdir(dir, { recursive: true, mode: 0o750 });
-  if (created !== undefined) await chmod(dir, 0o750); // mkdir's mode is filtered by the umask.
+  await tightenRunDir(dir, created !== undefined);
   const existing = await lstat(address).catch((e: NodeJS.ErrnoException) => {
     if (e.code === 'ENOENT') return undefined;
     throw e;
