@@ -273,6 +273,7 @@ export class Reconciler {
       const got = await this.pluginToken.current();
       if ('missing' in got) {
         fail('token_missing', got.missing);
+        await this.dropAgentTokenOrchconfig(target, writes);
         return;
       }
       token = got.token;
@@ -309,6 +310,20 @@ export class Reconciler {
     } catch (e) {
       fail('write_failed', `cannot write orchconfig ${target}: ${(e as Error).message}`);
     }
+  }
+
+  /**
+   * No plugin token to be had (minting failing): an orchconfig that holds the agent's own
+   * service-account token (written by a version before the plugin had a token of its own) goes,
+   * for that token must not stay on the node's disk. Until a token is minted, a plugin ADD the
+   * agent's pod lookup cannot answer then fails closed (CNI error 11, try again later). Any other
+   * orchconfig (an earlier plugin token, maybe still valid) stays.
+   */
+  private async dropAgentTokenOrchconfig(target: string, writes: Write[]): Promise<void> {
+    const own = await readRegularFile(path.join(this.s.serviceAccountDir, 'token')).then((r) => r.text.trim(), () => '');
+    if (own === '') return;
+    const now = await readRegularFileIfExists(target, { noFollow: true }).then((r) => r?.text ?? null, () => null);
+    if (now !== null && now.includes(own) && (await removeFile(target))) writes.push({ file: target, kind: 'orchconfig', action: 'remove' });
   }
 
   private async serviceAccountToken(fail: (r: ErrorReason, m: string) => void): Promise<string | null> {

@@ -11,6 +11,7 @@ import { afterEach, describe, it } from 'node:test';
 import { buildSettings } from '../../src/config/settings.ts';
 import { Installer } from '../../src/install/installer.ts';
 import { configureLogging } from '../../src/monitoring/logging.ts';
+import { fileTokenSource } from '../../src/orch/tokenrequest.ts';
 import { BRIDGE_CONFLIST, makeHostTree, type HostTree } from '../helpers/hosttree.ts';
 
 configureLogging({ asJson: true, outputLevels: buildSettings({ log_output_level: 'all:none' }, {}).logging.outputLevels }, { write: () => {} });
@@ -173,5 +174,36 @@ describe('the net dir is writable by others: nothing found there steers a write 
     const st = lstatSync(orchconfig);
     assert.ok(st.isFile());
     assert.equal(st.mode & 0o7777, 0o600);
+  });
+});
+
+describe('an orchconfig from before the plugin had a token of its own', () => {
+  /** Installer with the plugin's token not to be had (minting failing: the file source, file gone). */
+  async function startWithoutPluginToken(orchconfigText: (tree: HostTree) => string): Promise<{ installer: Installer; tree: HostTree; orchconfig: string }> {
+    const tree = await makeHostTree();
+    await fs.writeFile(path.join(tree.netDir, '10-bridge.conflist'), BRIDGE_CONFLIST);
+    const orchconfig = path.join(tree.netDir, 'ZZZ-mesh-cni-orchconfig');
+    await fs.writeFile(orchconfig, orchconfigText(tree), { mode: 0o600 });
+    await fs.rm(path.join(tree.root, 'plugin-token'));
+    const settings = buildSettings({ 'reconcile-interval': '1h', ...tree.flags }, tree.env);
+    const pluginToken = fileTokenSource(path.join(tree.root, 'plugin-token'), path.join(tree.saDir, 'token'));
+    const installer = new Installer(settings, { decideCleanup: async () => ({ cleanup: true, why: 'test' }), pluginToken });
+    running.push({ installer, tree });
+    await installer.start();
+    await installer.settled();
+    return { installer, tree, orchconfig };
+  }
+  const preFix = (token: string) => `${JSON.stringify({ apiVersion: 'v1', kind: 'Config', users: [{ name: 'mesh-cni', user: { token } }] }, null, 2)}\n`;
+
+  it('one holding the agent\'s own token is removed while no plugin token can be had (the plugin then fails closed)', async () => {
+    const { installer, orchconfig } = await startWithoutPluginToken(() => preFix('token-1'));
+    assert.match(installer.notReadyReasons().join('\n'), /plugin's token file .* cannot be read: ENOENT/);
+    assert.equal(await fs.stat(orchconfig).catch(() => null), null, 'the agent\'s token is off the node\'s disk');
+  });
+
+  it('one holding another token (an earlier plugin token) is left until a new one comes', async () => {
+    const { installer, orchconfig } = await startWithoutPluginToken(() => preFix('plugin-token-0'));
+    assert.match(installer.notReadyReasons().join('\n'), /plugin's token file .* cannot be read: ENOENT/);
+    assert.equal(readFileSync(orchconfig, 'utf8'), preFix('plugin-token-0'));
   });
 });
