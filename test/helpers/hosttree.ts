@@ -68,8 +68,9 @@ export async function makeHostTree(opts: { token?: string; ca?: string } = {}): 
       'mounted-cni-bin-dir': binDir,
       'cni-binaries-dir': binariesDir,
       'service-account-dir': saDir,
-      // The suites on this tree were written for our entry spliced into the primary's file; the
-      // owned file (the default) has its own: install-owned*.test.ts, e2e-podman-owned.test.ts.
+      // The suites on this tree were written for our entry spliced into the primary's file (the
+      // default), pinned so they keep testing it whatever the default; the owned file has its
+      // own: install-owned*.test.ts, e2e-podman-owned.test.ts.
       'mesh-owned-cni-config': 'false',
       'log-uds-address': path.join(root, 'run/log.sock'),
       'pod-lookup-uds-address': path.join(root, 'run/pods.sock'),
