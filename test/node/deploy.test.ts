@@ -9,6 +9,7 @@ import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { after, before, describe, it } from 'node:test';
+import { parse } from 'yaml';
 import type { V1ConfigMap, V1Container, V1DaemonSet, V1PolicyRule, V1RoleBinding } from '@kubernetes/client-node';
 import { parseConfig } from '../../cni-plugin/cni/protocol.ts';
 import { FLAGS } from '../../src/config/flags.ts';
@@ -249,6 +250,13 @@ describe('deploy: kustomize build deploy/', () => {
       return c;
     });
     assert.deepEqual(strip(withDelete.objects), strip(base.objects));
+  });
+
+  it('the plain-file route (deploy/repair-delete-rbac.yaml) gives the agent the ClusterRole the component renders', () => {
+    const plain = parse(readFileSync(path.join(DEPLOY, 'repair-delete-rbac.yaml'), 'utf8')) as K8sObject & { rules: V1PolicyRule[] };
+    const rendered = withDelete.objects.find((o) => o.kind === 'ClusterRole' && o.metadata.name === 'mesh-cni') as K8sObject & { rules: V1PolicyRule[] };
+    assert.deepEqual([plain.kind, plain.metadata], [rendered.kind, rendered.metadata]);
+    assert.deepEqual(plain.rules, rendered.rules);
   });
 
   it('yamllint passes on deploy/ and on both renders', () => {

@@ -23,6 +23,13 @@ function rights(objects: K8sObject[], name: string): string[] {
     `${v} ${g || 'core'}/${res}${r.resourceNames ? `(${r.resourceNames.join(',')})` : ''}${r.namespace ? ` in ${r.namespace}` : ''}`)))).sort();
 }
 
+/** What `kubectl apply -f a -f b` leaves: an object of the same kind, namespace and name in a later file replaces the earlier one. */
+function applied(...files: K8sObject[][]): K8sObject[] {
+  const byKey = new Map<string, K8sObject>();
+  for (const o of files.flat()) byKey.set(`${o.kind}/${o.metadata.namespace ?? ''}/${o.metadata.name}`, o);
+  return [...byKey.values()];
+}
+
 const AGENT = [
   'create core/events',
   'create core/serviceaccounts/token(mesh-cni-plugin) in mesh-system',
@@ -61,10 +68,13 @@ describe('deploy RBAC', () => {
     }
   });
 
-  it('the delete overlay adds pods delete, nothing more, to the agent alone', () => {
-    assert.equal(overlay.length, 2);
-    assert.deepEqual(rights([...main, ...overlay], 'mesh-cni'), [...AGENT, 'delete core/pods'].sort());
-    assert.deepEqual(rights([...main, ...overlay], 'mesh-cni-plugin'), ['get core/pods']);
+  it('the delete file, applied after the main one, gives the agent what the repair-delete component does: pods delete instead of pods/status patch', () => {
+    const both = applied(main, overlay);
+    assert.deepEqual(rights(both, 'mesh-cni'), [...AGENT.filter((r) => r !== 'patch core/pods/status'), 'delete core/pods'].sort());
+    assert.deepEqual(rights(both, 'mesh-cni-plugin'), ['get core/pods']);
+    // It changes the agent's ClusterRole alone: every other object is the main file's.
+    assert.deepEqual(overlay.map((o) => `${o.kind}/${o.metadata.name}`), ['ClusterRole/mesh-cni']);
+    assert.deepEqual(overlay[0]!.metadata, main.find((o) => o.kind === 'ClusterRole' && o.metadata.name === 'mesh-cni')!.metadata);
   });
 
   it('runs the DaemonSet as the agent\'s account', () => {
