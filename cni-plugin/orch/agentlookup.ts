@@ -6,6 +6,7 @@
 // another pod (an older agent matched any uid) is a miss, whatever answers on the socket.
 
 import type { PodLike } from '../redirect/spec.ts';
+import { isPodWithUid } from './poduid.ts';
 
 export type AgentAnswer = { readonly pod: PodLike } | { readonly miss: string };
 
@@ -45,5 +46,5 @@ export function podFromAgent(address: string, ref: { namespace: string; name: st
 
 function samePod(pod: PodLike, ref: { namespace: string; name: string; uid: string }): boolean {
   const m = pod.metadata;
-  return m?.namespace === ref.namespace && m?.name === ref.name && m?.uid === ref.uid;
+  return m?.namespace === ref.namespace && m?.name === ref.name && isPodWithUid(pod, ref.uid);
 }

@@ -6,6 +6,7 @@
 import type https from 'node:https';
 import type { PodLike } from '../redirect/spec.ts';
 import type { OrchAccess } from './orchconfig.ts';
+import { isPodWithUid } from './poduid.ts';
 
 export type LookupFailure = 'unauthorized' | 'not-found' | 'unavailable' | 'rejected';
 
@@ -105,7 +106,7 @@ export async function getPod(initial: OrchAccess, namespace: string, name: strin
         const r = await getOnce(https, access, agent, path, Math.min(opts.attemptTimeoutMs, remaining));
         if (r.status === 200) {
           const pod = JSON.parse(r.body) as PodLike;
-          if (opts.expectUid && pod.metadata?.uid && pod.metadata.uid !== opts.expectUid) {
+          if (opts.expectUid && pod.metadata?.uid && !isPodWithUid(pod, opts.expectUid)) {
             last = `found UID ${pod.metadata.uid}, runtime asked for ${opts.expectUid}`;
             if (++notFound > MAX_NOT_FOUND) throw new PodLookupError('not-found', attempt, `pod ${namespace}/${name} with UID ${opts.expectUid} not found at ${where}: ${last}`);
           } else {

@@ -35,6 +35,7 @@ import { clientNodeApi, type OrchApi } from '../orch/api.ts';
 import { orchKubeConfig } from '../orch/client.ts';
 import { realClock } from '../orch/limits.ts';
 import { PodSource, WATCH_DEFAULTS } from '../orch/podsource.ts';
+import { isPodWithUid } from '../../cni-plugin/orch/poduid.ts';
 
 const log = scope('install');
 
@@ -149,7 +150,7 @@ export class NodePods {
 }
 
 function matches(pod: V1Pod, req: Request): boolean {
-  return pod.metadata?.namespace === req.namespace && pod.metadata?.name === req.name && pod.metadata?.uid === req.uid;
+  return pod.metadata?.namespace === req.namespace && pod.metadata?.name === req.name && isPodWithUid(pod, req.uid);
 }
 
 /**

@@ -243,6 +243,25 @@ describe('mesh-cni end to end (bridge + host-local + mesh-cni, test API server)'
     assert.doesNotMatch(nat, /-owner 1337/);
   });
 
+  it('redirects a static pod: the runtime names the kubelet\'s UID, which the API server holds as the mirror pod\'s kubernetes.io/config.mirror', async () => {
+    // The kubelet runs a static pod under the UID it hashed from the manifest; the API server's
+    // mirror pod has a UID of its own and that hash in kubernetes.io/config.mirror.
+    const staticUid = '6f1d4ad0c3b1e0a6c0b2b5e0f3d4c5b6';
+    const mirror = api.upsertPod(meshPod('shop', 'static-web', { 'kubernetes.io/config.mirror': staticUid, 'kubernetes.io/config.hash': staticUid }));
+    assert.notEqual(mirror.metadata!.uid, staticUid);
+    const { ns, chain, prev } = await podSandbox((id) => k8sArgs({ ...mirror, metadata: { ...mirror.metadata, uid: staticUid } }, id));
+    const add = await meshCni('ADD', chain, conf()(prev));
+    assert.equal(add.code, 0, add.stdout + add.stderr);
+    assert.match(natRules(ns), /-A MESH_OUTPUT /);
+
+    // A namesake that is no mirror of that static pod is still a stale namesake (fails closed).
+    const other = api.upsertPod(meshPod('shop', 'static-db', { 'kubernetes.io/config.mirror': 'another-hash' }));
+    const second = await podSandbox((id) => k8sArgs({ ...other, metadata: { ...other.metadata, uid: staticUid } }, id));
+    const refused = await meshCni('ADD', second.chain, conf()(second.prev));
+    assert.notEqual(refused.code, 0, refused.stdout);
+    assert.equal(JSON.parse(refused.stdout).code, 11);
+  });
+
   it('answers in the requested cniVersion (0.4.0 chain)', async () => {
     const pod = api.upsertPod(meshPod('shop', 'old-runtime'));
     const { chain, prev } = await podSandbox((id) => k8sArgs(pod, id));
