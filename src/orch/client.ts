@@ -15,6 +15,8 @@ export function orchKubeConfig(settings: Settings): KubeConfig {
     try {
       kc.loadFromFile(settings.orchconfig);
     } catch (e) {
+      // No cause: js-yaml's error quotes the lines around it (a token), and a logged error shows its cause.
+      // eslint-disable-next-line preserve-caught-error
       throw new Error(`cannot load --orchconfig ${settings.orchconfig}: ${describeLoadError(e)}`);
     }
     return kc;
