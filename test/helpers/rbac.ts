@@ -40,3 +40,32 @@ export function rulesFor(objects: readonly K8sObject[], namespace: string, name:
   }
   return out;
 }
+
+/** Every right the account has through the bindings, one `verb group/resource[(names)][ in ns]` each, sorted. */
+export function rights(objects: readonly K8sObject[], name: string): string[] {
+  return rulesFor(objects, 'mesh-system', name).flatMap((r) => r.verbs.flatMap((v) => r.apiGroups.flatMap((g) => r.resources.map((res) =>
+    `${v} ${g || 'core'}/${res}${r.resourceNames ? `(${r.resourceNames.join(',')})` : ''}${r.namespace ? ` in ${r.namespace}` : ''}`)))).sort();
+}
+
+/** The exact rights deploy/ gives each account: the base, and with the repair-delete component or file. */
+export const DEPLOYED_RIGHTS = {
+  agent: [
+    'create core/events',
+    'create core/serviceaccounts/token(mesh-cni-plugin) in mesh-system',
+    'get apps/daemonsets in mesh-system',
+    'get core/pods',
+    'list core/pods',
+    'patch core/pods/status',
+    'watch core/pods',
+  ],
+  agentWithDelete: [
+    'create core/events',
+    'create core/serviceaccounts/token(mesh-cni-plugin) in mesh-system',
+    'delete core/pods',
+    'get apps/daemonsets in mesh-system',
+    'get core/pods',
+    'list core/pods',
+    'watch core/pods',
+  ],
+  plugin: ['get core/pods'],
+} as const;

@@ -16,7 +16,7 @@ import { FLAGS } from '../../src/config/flags.ts';
 import { buildSettings, type RawFlags } from '../../src/config/settings.ts';
 import { renderEntry } from '../../src/install/template.ts';
 import { ROOT } from '../helpers/cli.ts';
-import { rulesFor } from '../helpers/rbac.ts';
+import { DEPLOYED_RIGHTS, rights } from '../helpers/rbac.ts';
 import { agentContainer, DEPLOY_DIR as DEPLOY, kustomize, one, runOffline as run, type K8sObject } from '../helpers/podman-daemonset.ts';
 
 const YAMLLINT_CONFIG = path.join(DEPLOY, '.yamllint.yaml');
@@ -39,21 +39,7 @@ function containerSettings(c: V1Container) {
   return buildSettings(flags as RawFlags, env);
 }
 
-/** Every right a service account has through the rendered bindings, one `verb group/resource[(names)][ in ns]` each. */
-function rights(objects: K8sObject[], name: string): string[] {
-  return rulesFor(objects, 'mesh-system', name).flatMap((r) => r.verbs.flatMap((v) => r.apiGroups.flatMap((g) => r.resources.map((res) =>
-    `${v} ${g || 'core'}/${res}${r.resourceNames ? `(${r.resourceNames.join(',')})` : ''}${r.namespace ? ` in ${r.namespace}` : ''}`)))).sort();
-}
 
-const AGENT_RIGHTS = [
-  'create core/events',
-  'create core/serviceaccounts/token(mesh-cni-plugin) in mesh-system',
-  'get apps/daemonsets in mesh-system',
-  'get core/pods',
-  'list core/pods',
-  'patch core/pods/status',
-  'watch core/pods',
-];
 
 const DOWNWARD = { NODE_NAME: 'spec.nodeName', HOST_IP: 'status.hostIP', POD_NAME: 'metadata.name', POD_NAMESPACE: 'metadata.namespace' };
 
@@ -83,8 +69,8 @@ describe('deploy: kustomize build deploy/', () => {
   });
 
   it('two service accounts with exactly these rights: the agent (no pods patch, no delete) and the plugin (pods get)', () => {
-    assert.deepEqual(rights(base.objects, 'mesh-cni'), AGENT_RIGHTS);
-    assert.deepEqual(rights(base.objects, 'mesh-cni-plugin'), ['get core/pods']);
+    assert.deepEqual(rights(base.objects, 'mesh-cni'), DEPLOYED_RIGHTS.agent);
+    assert.deepEqual(rights(base.objects, 'mesh-cni-plugin'), DEPLOYED_RIGHTS.plugin);
     const accounts = base.objects.filter((o) => o.kind === 'ServiceAccount').map((o) => o.metadata.name).sort();
     assert.deepEqual(accounts, ['mesh-cni', 'mesh-cni-plugin']);
     // No pod runs as the plugin's account, so none should carry its token.
@@ -235,8 +221,8 @@ describe('deploy: kustomize build deploy/', () => {
   });
 
   it('repair-delete component: pods delete instead of pods/status patch for the agent, delete mode on, nothing else changed', () => {
-    assert.deepEqual(rights(withDelete.objects, 'mesh-cni'), [...AGENT_RIGHTS.filter((r) => r !== 'patch core/pods/status'), 'delete core/pods'].sort());
-    assert.deepEqual(rights(withDelete.objects, 'mesh-cni-plugin'), ['get core/pods']);
+    assert.deepEqual(rights(withDelete.objects, 'mesh-cni'), DEPLOYED_RIGHTS.agentWithDelete);
+    assert.deepEqual(rights(withDelete.objects, 'mesh-cni-plugin'), DEPLOYED_RIGHTS.plugin);
     const s = containerSettings(agentContainer(withDelete.objects));
     assert.deepEqual([s.repair.enabled, s.repair.labelPods, s.repair.deletePods], [true, false, true]);
     // Apart from the pods verbs and the repair env, the render is the base's.

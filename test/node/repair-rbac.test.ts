@@ -9,7 +9,7 @@ import { describe, it } from 'node:test';
 import { parseAllDocuments } from 'yaml';
 import { ROOT } from '../helpers/cli.ts';
 import type { K8sObject } from '../helpers/podman-daemonset.ts';
-import { rulesFor } from '../helpers/rbac.ts';
+import { DEPLOYED_RIGHTS, rights } from '../helpers/rbac.ts';
 
 function load(file: string): K8sObject[] {
   const docs = parseAllDocuments(readFileSync(path.join(ROOT, 'deploy', file), 'utf8'));
@@ -17,11 +17,6 @@ function load(file: string): K8sObject[] {
   return docs.map((d) => d.toJSON() as K8sObject).filter((o) => o !== null);
 }
 
-/** One `verb group/resource[(names)][ in ns]` per right of the account. */
-function rights(objects: K8sObject[], name: string): string[] {
-  return rulesFor(objects, 'mesh-system', name).flatMap((r) => r.verbs.flatMap((v) => r.apiGroups.flatMap((g) => r.resources.map((res) =>
-    `${v} ${g || 'core'}/${res}${r.resourceNames ? `(${r.resourceNames.join(',')})` : ''}${r.namespace ? ` in ${r.namespace}` : ''}`)))).sort();
-}
 
 /** What `kubectl apply -f a -f b` leaves: an object of the same kind, namespace and name in a later file replaces the earlier one. */
 function applied(...files: K8sObject[][]): K8sObject[] {
@@ -30,15 +25,6 @@ function applied(...files: K8sObject[][]): K8sObject[] {
   return [...byKey.values()];
 }
 
-const AGENT = [
-  'create core/events',
-  'create core/serviceaccounts/token(mesh-cni-plugin) in mesh-system',
-  'get apps/daemonsets in mesh-system',
-  'get core/pods',
-  'list core/pods',
-  'patch core/pods/status',
-  'watch core/pods',
-];
 
 describe('deploy RBAC', () => {
   const main = load('daemonset.yaml');
@@ -51,11 +37,11 @@ describe('deploy RBAC', () => {
   });
 
   it('the agent: pods read, pods/status patch (labels), events create, its DaemonSet read and the plugin\'s token mint in mesh-system; no pods patch or delete', () => {
-    assert.deepEqual(rights(main, 'mesh-cni'), AGENT);
+    assert.deepEqual(rights(main, 'mesh-cni'), DEPLOYED_RIGHTS.agent);
   });
 
   it('the plugin: pods get, nothing else', () => {
-    assert.deepEqual(rights(main, 'mesh-cni-plugin'), ['get core/pods']);
+    assert.deepEqual(rights(main, 'mesh-cni-plugin'), DEPLOYED_RIGHTS.plugin);
   });
 
   it('no wildcard, secret or non-resource rule anywhere', () => {
@@ -70,8 +56,8 @@ describe('deploy RBAC', () => {
 
   it('the delete file, applied after the main one, gives the agent what the repair-delete component does: pods delete instead of pods/status patch', () => {
     const both = applied(main, overlay);
-    assert.deepEqual(rights(both, 'mesh-cni'), [...AGENT.filter((r) => r !== 'patch core/pods/status'), 'delete core/pods'].sort());
-    assert.deepEqual(rights(both, 'mesh-cni-plugin'), ['get core/pods']);
+    assert.deepEqual(rights(both, 'mesh-cni'), DEPLOYED_RIGHTS.agentWithDelete);
+    assert.deepEqual(rights(both, 'mesh-cni-plugin'), DEPLOYED_RIGHTS.plugin);
     // It changes the agent's ClusterRole alone: every other object is the main file's.
     assert.deepEqual(overlay.map((o) => `${o.kind}/${o.metadata.name}`), ['ClusterRole/mesh-cni']);
     assert.deepEqual(overlay[0]!.metadata, main.find((o) => o.kind === 'ClusterRole' && o.metadata.name === 'mesh-cni')!.metadata);
