@@ -9,7 +9,7 @@ import { randomBytes } from 'node:crypto';
 import { constants, lstatSync, type BigIntStats } from 'node:fs';
 import fs from 'node:fs/promises';
 import path from 'node:path';
-import { identity } from './safefile.ts';
+import { fileKind, identity } from './safefile.ts';
 
 export const TEMP_MARKER = '.mesh-tmp-';
 
@@ -126,15 +126,43 @@ export async function removeFile(file: string): Promise<boolean> {
   }
 }
 
-/** Removes temp files of ours left behind by a process killed mid-write. */
-export async function removeStaleTemps(dir: string): Promise<string[]> {
+export interface StaleTemps {
+  /** Names removed: files (or links, the link itself) left by a process killed mid-write. */
+  readonly removed: string[];
+  /** Names under a temp-style name that we never make (a directory, a FIFO...): left, with why. */
+  readonly skipped: { name: string; why: string }[];
+}
+
+/**
+ * Removes temp files of ours left behind by a process killed mid-write. We only ever make
+ * regular files under these names, so anything else planted under one (a directory, a link's
+ * target) is not ours: it is left as it is, never followed or recursed into, and a name that
+ * cannot be removed does not stop the others or the agent's start.
+ */
+export async function removeStaleTemps(dir: string): Promise<StaleTemps> {
+  const out: StaleTemps = { removed: [], skipped: [] };
   let names: string[];
   try {
     names = await fs.readdir(dir);
   } catch {
-    return [];
+    return out;
   }
   const stale = names.filter((n) => n.startsWith('.') && n.includes(TEMP_MARKER));
-  await Promise.all(stale.map((n) => fs.rm(path.join(dir, n), { force: true })));
-  return stale;
+  await Promise.all(stale.map(async (n) => {
+    const file = path.join(dir, n);
+    try {
+      const st = await fs.lstat(file);
+      if (!st.isFile() && !st.isSymbolicLink()) {
+        out.skipped.push({ name: n, why: `${fileKind(st)}, not a file of ours` });
+        return;
+      }
+      // unlink removes a link itself and fails on a directory swapped in meanwhile (EISDIR).
+      await fs.unlink(file);
+      out.removed.push(n);
+    } catch (e) {
+      if ((e as NodeJS.ErrnoException).code === 'ENOENT') return;
+      out.skipped.push({ name: n, why: `not removed: ${(e as Error).message}` });
+    }
+  }));
+  return out;
 }

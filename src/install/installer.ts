@@ -95,7 +95,9 @@ export class Installer implements Component {
     const s = this.settings.install;
     for (const dir of [s.mountedCniNetDir, s.mountedCniBinDir]) {
       const stale = await removeStaleTemps(dir);
-      if (stale.length > 0) log.info('removed temp files left by an earlier run', { dir, files: stale });
+      if (stale.removed.length > 0) log.info('removed temp files left by an earlier run', { dir, files: stale.removed });
+      // Said once, at start-up: nothing of ours, so left for the operator.
+      for (const s of stale.skipped) log.warn(`left ${path.join(dir, s.name)} in place: ${s.why}`, { dir, file: s.name });
     }
     log.info('installing mesh-cni', {
       mode: s.chained ? 'chained' : 'standalone', ownedConfig: s.chained && s.meshOwnedCniConfig ? s.meshOwnedCniConfigFilename : null, netDir: s.mountedCniNetDir, binDir: s.mountedCniBinDir, binariesFrom: s.cniBinariesDir,

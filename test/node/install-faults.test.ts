@@ -302,3 +302,47 @@ describe('binaries are read only when needed (issue 12.6)', () => {
     }
   });
 });
+
+describe('stale temp files at start-up', () => {
+  it('a directory or a link to one named like our temp is left as it is, logged once; start-up goes on', async () => {
+    const tree = await makeHostTree();
+    const lines: string[] = [];
+    configureLogging({ asJson: true, outputLevels: buildSettings({ log_output_level: 'install:info' }, {}).logging.outputLevels }, { write: (l) => void lines.push(l) });
+    const installer = new Installer(buildSettings({ 'reconcile-interval': '1h', ...tree.flags }, tree.env), { decideCleanup: async () => ({ cleanup: false, why: 'test' }) });
+    const outside = await fs.mkdtemp(path.join(tree.root, 'outside-'));
+    try {
+      await fs.writeFile(path.join(tree.netDir, '10-bridge.conflist'), BRIDGE_CONFLIST);
+      // Planted under names our temp files have: a directory with a file in it, a link to a
+      // directory elsewhere (never followed), and a real stale temp of ours (removed).
+      const plantedDir = path.join(tree.netDir, '.10-bridge.conflist.mesh-tmp-1-aaaaaaaa');
+      await fs.mkdir(plantedDir);
+      await fs.writeFile(path.join(plantedDir, 'keep'), 'x');
+      await fs.writeFile(path.join(outside, 'keep'), 'y');
+      const plantedLink = path.join(tree.binDir, '.mesh-cni.mesh-tmp-1-bbbbbbbb');
+      await fs.symlink(outside, plantedLink);
+      const plantedBinDir = path.join(tree.binDir, '.mesh-cni.mesh-tmp-1-cccccccc');
+      await fs.mkdir(plantedBinDir);
+      const staleTemp = path.join(tree.netDir, '.10-bridge.conflist.mesh-tmp-1-dddddddd');
+      await fs.writeFile(staleTemp, 'half written');
+
+      await within(installer.start(), 5000, 'start');
+      await installer.settled();
+      assert.deepEqual(installer.notReadyReasons(), []);
+      assert.match(readFileSync(path.join(tree.netDir, '10-bridge.conflist'), 'utf8'), /"mesh-cni"/);
+      // The directories and what they hold are untouched; the link alone is removed, not its target.
+      assert.equal(readFileSync(path.join(plantedDir, 'keep'), 'utf8'), 'x');
+      assert.ok(statSync(plantedBinDir).isDirectory());
+      await assert.rejects(fs.lstat(plantedLink), { code: 'ENOENT' });
+      assert.equal(readFileSync(path.join(outside, 'keep'), 'utf8'), 'y');
+      await assert.rejects(fs.lstat(staleTemp), { code: 'ENOENT' });
+      const said = lines.filter((l) => l.includes('not a file of ours'));
+      assert.equal(said.length, 2, lines.join(''));
+      assert.match(said.join(''), /mesh-tmp-1-aaaaaaaa/);
+      assert.match(said.join(''), /mesh-tmp-1-cccccccc/);
+    } finally {
+      await installer.stop('SIGTERM').catch(() => {});
+      configureLogging({ asJson: true, outputLevels: buildSettings({ log_output_level: 'all:none' }, {}).logging.outputLevels }, { write: () => {} });
+      await tree.remove();
+    }
+  });
+});
