@@ -5,6 +5,7 @@ import path from 'node:path';
 import { CLEANUP_MODES, CTRLZ_WRITE_MODES, FLAGS, LOG_LEVELS, LOG_SCOPES, SCOPES, scopesAt, type CleanupMode, type CtrlzWriteMode, type FlagSpec, type LogLevel, type LogScope } from './flags.ts';
 import { TEMP_MARKER } from '../install/atomicfile.ts';
 import { CONFIG_EXTENSIONS } from '../install/cniconfig.ts';
+import { DEFAULT_OWNED_NAME } from '../install/owned.ts';
 import { ConfigError, ConfigErrors, MAX_TIMER_MS, parseBool, parseDuration, parseEnum, parseFileMode, parseInt10, parseList } from './parse.ts';
 import { isLabelKey, isLabelValue, parseFieldSelector, parseLabelSelector } from '../orch/selectors.ts';
 
@@ -160,6 +161,24 @@ function parseOwnedFileName(flag: string, value: string): string {
   return name;
 }
 
+/**
+ * Our owned file's name when none is given: 02-mesh-cni.conflist, unless --cni-conf-name sorts
+ * before it (Calico's 00-calico.conflist): then <its stem>-mesh-cni.conflist, which sorts just
+ * before it ('-' < '.', byte order), so naming a primary never needs a second flag.
+ */
+function defaultOwnedFileName(cniConfName: string): string {
+  if (cniConfName === '' || cniConfName > DEFAULT_OWNED_NAME) return DEFAULT_OWNED_NAME;
+  const ext = path.extname(cniConfName);
+  const derived = `${cniConfName.slice(0, cniConfName.length - ext.length)}-mesh-cni.conflist`;
+  try {
+    parseOwnedFileName('', derived);
+  } catch {
+    return DEFAULT_OWNED_NAME;
+  }
+  // Not before it (no extension, say): the check in buildSettings refuses it, naming the flag.
+  return derived < cniConfName ? derived : DEFAULT_OWNED_NAME;
+}
+
 /** A path; a relative one is taken from the working directory, as a shell user means it. */
 function parsePath(flag: string, value: string, cwd: string): string {
   if (value.includes('\0')) throw new ConfigError(flag, value, 'expected a path (no NUL characters)');
@@ -243,11 +262,15 @@ export function buildSettings(flags: RawFlags, env: Env, cwd: string = process.c
   unimplemented('ambient-enabled', 'ambient mode');
   unimplemented('ebpf-enabled', 'eBPF redirection');
 
+  const cniConfName = get('cni-conf-name', (s, v) => parseFileName(s, v, true), '');
+  const ownedSpec = byName.get('mesh-owned-cni-config-filename')!;
+  const ownedNameGiven = flags[ownedSpec.name] !== undefined || (ownedSpec.env !== null && env[ownedSpec.env] !== undefined);
   const install: InstallSettings = {
     chained: bool('chained-cni-plugin'),
-    cniConfName: get('cni-conf-name', (s, v) => parseFileName(s, v, true), ''),
+    cniConfName,
     meshOwnedCniConfig: bool('mesh-owned-cni-config'),
-    meshOwnedCniConfigFilename: get('mesh-owned-cni-config-filename', parseOwnedFileName, '02-mesh-cni.conflist'),
+    // Given (flag or env): taken as given, refused below if it does not sort first.
+    meshOwnedCniConfigFilename: ownedNameGiven ? get('mesh-owned-cni-config-filename', parseOwnedFileName, DEFAULT_OWNED_NAME) : defaultOwnedFileName(cniConfName),
     cniNetDir: abs('cni-net-dir'),
     mountedCniNetDir: abs('mounted-cni-net-dir'),
     cniBinDir: abs('cni-bin-dir'),
@@ -280,7 +303,7 @@ export function buildSettings(flags: RawFlags, env: Env, cwd: string = process.c
     errors.push(new ConfigError('--orchcfg-file-name', install.orchcfgFileName, `sorts before --cni-conf-name ${install.cniConfName}, the config the runtime reads; name it so that it sorts after (byte order), as the default ZZZ-mesh-cni-orchconfig does`));
   }
   if (install.chained && install.meshOwnedCniConfig && install.cniConfName !== '' && install.cniConfName <= install.meshOwnedCniConfigFilename) {
-    errors.push(new ConfigError('--mesh-owned-cni-config-filename', install.meshOwnedCniConfigFilename, `does not sort before --cni-conf-name ${install.cniConfName}, so the runtime would read that file, not ours; name it so that it sorts first (byte order), or run with --mesh-owned-cni-config=false`));
+    errors.push(new ConfigError('--mesh-owned-cni-config-filename', install.meshOwnedCniConfigFilename, `does not sort before --cni-conf-name ${install.cniConfName}, so the runtime would read that file, not ours; name it so that it sorts first (byte order), such as ${path.basename(install.cniConfName, path.extname(install.cniConfName))}-mesh-cni.conflist (or leave it unset: that is then its default), or run with --mesh-owned-cni-config=false`));
   }
   if (install.skipTlsVerify && install.orchCaFile !== '') {
     errors.push(new ConfigError('--skip-tls-verify', 'true', 'cannot be combined with --orch-ca-file; choose one way to trust the API server'));

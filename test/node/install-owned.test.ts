@@ -99,7 +99,23 @@ describe('owned config: settings', () => {
     refused({ 'mesh-owned-cni-config-filename': '02-mesh.conf' }, /expected a .conflist name/);
     refused({ 'mesh-owned-cni-config-filename': 'a/02.conflist' }, /plain file name/);
     refused({ 'mesh-owned-cni-config-filename': '.02.conflist' }, /must not start with a dot/);
-    refused({ 'mesh-owned-cni-config': 'true', 'cni-conf-name': '01-calico.conflist' }, /does not sort before --cni-conf-name 01-calico.conflist/);
+    refused({ 'mesh-owned-cni-config': 'true', 'cni-conf-name': '01-calico.conflist', 'mesh-owned-cni-config-filename': '02-mesh-cni.conflist' }, /does not sort before --cni-conf-name 01-calico.conflist, .*; name it so that it sorts first \(byte order\), such as 01-calico-mesh-cni.conflist/);
+  });
+
+  it('with --cni-conf-name sorting before the default name, and no name given, ours is named after it so that it sorts first', () => {
+    // Primary names like Calico's 00-calico.conflist or 01-calico.conflist (Istio's own tests use
+    // such) were refused at start: the default 02-mesh-cni.conflist sorts after them.
+    for (const [primary, ours] of [['00-calico.conflist', '00-calico-mesh-cni.conflist'], ['01-net.conf', '01-net-mesh-cni.conflist'], ['01-net.json', '01-net-mesh-cni.conflist']] as const) {
+      const s = buildSettings({ 'mesh-owned-cni-config': 'true', 'cni-conf-name': primary }, {}).install;
+      assert.equal(s.meshOwnedCniConfigFilename, ours, primary);
+      assert.ok(ours < primary, `${ours} sorts before ${primary}`);
+      // The same name without the mode, so a switch between the modes finds (and removes) ours.
+      assert.equal(buildSettings({ 'cni-conf-name': primary }, {}).install.meshOwnedCniConfigFilename, ours);
+    }
+    // A primary name after the default keeps the default.
+    assert.equal(buildSettings({ 'mesh-owned-cni-config': 'true', 'cni-conf-name': '10-calico.conflist' }, {}).install.meshOwnedCniConfigFilename, OWNED);
+    // A name given (flag or env) is taken as given, and refused if it does not sort first.
+    assert.throws(() => buildSettings({ 'mesh-owned-cni-config': 'true', 'cni-conf-name': '00-calico.conflist' }, { MESH_OWNED_CNI_CONFIG_FILENAME: '02-mesh-cni.conflist' }), /does not sort before --cni-conf-name 00-calico.conflist/);
   });
 });
 
@@ -224,6 +240,22 @@ describe('owned config: the reconcile pass on a real net dir', () => {
     } finally {
       await inst.stop('SIGTERM');
     }
+  });
+
+  it('with --cni-conf-name 00-calico.conflist (before our default name): ours is 00-calico-mesh-cni.conflist, read by the runtime; uninstall removes it', async () => {
+    const { tree, net, make } = await setup({ 'cni-conf-name': '00-calico.conflist' }, { '00-calico.conflist': BRIDGE_CONFLIST });
+    const r = make();
+    assert.deepEqual((await r.reconcile()).notReady, []);
+    assert.deepEqual(runtimeView(tree.netDir), { file: '00-calico-mesh-cni.conflist', entries: 1, chain: ['bridge', 'mesh-cni'] });
+    assert.equal(readFileSync(net('00-calico.conflist'), 'utf8'), BRIDGE_CONFLIST);
+    // Switched to the splice with the same --cni-conf-name: ours found by the same name, removed.
+    assert.deepEqual((await make({ 'mesh-owned-cni-config': 'false' }).reconcile()).notReady, []);
+    assert.deepEqual(runtimeView(tree.netDir), { file: '00-calico.conflist', entries: 1, chain: ['bridge', 'mesh-cni'] });
+    assert.ok(!(await fs.readdir(tree.netDir)).includes('00-calico-mesh-cni.conflist'));
+    await make().reconcile();
+    await make().cleanup();
+    assert.equal(readFileSync(net('00-calico.conflist'), 'utf8'), BRIDGE_CONFLIST);
+    assert.ok(!(await fs.readdir(tree.netDir)).some((n) => n.includes('mesh-cni.conflist')));
   });
 
   it('uninstall removes ours; the primary was never touched', async () => {
