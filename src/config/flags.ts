@@ -90,7 +90,7 @@ export const FLAGS: readonly FlagSpec[] = [
   installFlag('cni-binaries-dir', 'string', '/opt/mesh-cni/bin', 'Directory holding the binaries to install (in the image).', { path: 'dir' }),
   installFlag('service-account-dir', 'string', '/var/run/secrets/kubernetes.io/serviceaccount', 'Directory of the pod service-account token, CA and namespace.', { path: 'dir' }),
   installFlag('plugin-service-account', 'string', 'mesh-cni-plugin', 'Service account (in the agent\'s namespace) whose token the agent mints with TokenRequest for the CNI plugin\'s orchconfig; the agent\'s own token never leaves its pod.'),
-  installFlag('plugin-token-expiration', 'duration', '1h', 'Lifetime asked for the plugin\'s token (at least 10m, the API server\'s minimum); it is refreshed at 50-80% of the lifetime it got.'),
+  installFlag('plugin-token-expiration', 'duration', '1h', 'Lifetime asked for the plugin\'s token, 10m (the API server\'s minimum) to 24h (it sits on the node\'s disk); it is refreshed at 50-80% of the lifetime it got.'),
   installFlag('plugin-token-audiences', 'list', undefined, 'Audiences of the plugin\'s token; empty means the API server\'s default, the only one it is sure to accept.'),
   installFlag('plugin-token-file', 'string', undefined, 'Put the token in this file into the orchconfig instead of minting one (a token of the plugin\'s account that you provide; the agent\'s own token is refused).', { path: 'file' }),
   installFlag('exclude-namespaces', 'list', 'mesh-system,kube-system', 'Namespaces whose pods the plugin never redirects (comma-separated; written into its config).'),

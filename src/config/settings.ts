@@ -179,6 +179,19 @@ function defaultOwnedFileName(cniConfName: string): string {
   return derived < cniConfName ? derived : DEFAULT_OWNED_NAME;
 }
 
+/**
+ * The plugin's token lifetime: 10m (the API server refuses TokenRequests under that) to 24h. The
+ * token sits in a file on every node's disk, readable by root there, so it is kept short-lived:
+ * a copy taken from one node stops working within a day at worst (1h by default).
+ */
+function parsePluginTokenExpiration(flag: string, value: string): number {
+  const ms = parseDuration(flag, value);
+  if (ms < 600_000 || ms > 86_400_000) {
+    throw new ConfigError(flag, value, 'expected a duration from 10m (the API server\'s minimum) to 24h (the token is written to the node\'s disk, so it must be short-lived)');
+  }
+  return ms;
+}
+
 /** A path; a relative one is taken from the working directory, as a shell user means it. */
 function parsePath(flag: string, value: string, cwd: string): string {
   if (value.includes('\0')) throw new ConfigError(flag, value, 'expected a path (no NUL characters)');
@@ -284,8 +297,7 @@ export function buildSettings(flags: RawFlags, env: Env, cwd: string = process.c
     skipTlsVerify: bool('skip-tls-verify'),
     serviceAccountDir: abs('service-account-dir'),
     pluginServiceAccount: get('plugin-service-account', parseObjectName, 'mesh-cni-plugin'),
-    // The API server refuses TokenRequests under 10 minutes.
-    pluginTokenExpirationMs: get('plugin-token-expiration', (s, v) => parseDuration(s, v, { min: 600_000, max: MAX_TIMER_MS }), 3_600_000),
+    pluginTokenExpirationMs: get('plugin-token-expiration', parsePluginTokenExpiration, 3_600_000),
     pluginTokenAudiences: get('plugin-token-audiences', (_s, v) => parseList(v), []),
     pluginTokenFile: absOrEmpty('plugin-token-file'),
     pluginLogLevel: get('log-level', (s, v) => parseEnum(s, v, LOG_LEVELS), 'warn'),

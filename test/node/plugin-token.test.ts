@@ -116,6 +116,10 @@ describe('the plugin\'s token', () => {
     api.upsertPod(testPod('aud-0'));
     assert.equal((await apiRequest({ ...api, token: t.token }, 'GET', '/api/v1/namespaces/default/pods/aud-0')).status, 401);
     assert.throws(() => buildSettings({ 'plugin-token-expiration': '5m' }, {}), /--plugin-token-expiration/);
+    // A token on the node's disk lives a day at most: 24h is taken, anything longer refused.
+    assert.equal(buildSettings({ 'plugin-token-expiration': '24h' }, {}).install.pluginTokenExpirationMs, 86_400_000);
+    assert.throws(() => buildSettings({ 'plugin-token-expiration': '24h1s' }, {}), /--plugin-token-expiration.*24h/);
+    assert.throws(() => buildSettings({ 'plugin-token-expiration': '500h' }, {}), /--plugin-token-expiration/);
     assert.throws(() => buildSettings({ 'plugin-service-account': 'Not_A_Name' }, {}), /--plugin-service-account/);
   });
 
