@@ -5,6 +5,13 @@
 // spliced into the primary's file runs first, its count printed (not asserted: how many starts
 // hit the window depends on the machine's timing).
 //
+// What tells the modes apart (asserted, not timing-bound): in owned mode the primary's file never
+// held mesh-cni (checked before each of its rewrites replaced it, and by a sampler reading it
+// every few ms), so a cached chain with mesh-cni came from our file; the file the runtime would
+// pick never lacked our entry in any sample; and the cached configs carry the primary's
+// x-generation from more than one rewrite, so ours followed the rewrites between the starts. With
+// the splice the primary does hold our entry (asserted), and the samples without it are printed.
+//
 // As in e2e-podman.test.ts: a netns this test makes is the node's host network, podman (CNI
 // backend) runs in it, install-cni runs from source with the sandbox dirs as its host mounts,
 // podman's network config dir is the node's net dir. podman names no namespace, so mesh-cni
@@ -22,6 +29,7 @@ import { ROOT } from '../helpers/cli.ts';
 import { makeHostTree, type HostTree } from '../helpers/hosttree.ts';
 import { eventually } from '../helpers/poll.ts';
 import { forwardLoopback, importBusybox, makePodman, type LoopbackForward, type Podman } from '../helpers/podman.ts';
+import { runtimeView } from '../helpers/runtime-view.ts';
 
 const TAG = `mcni-own-${process.pid}`;
 const NETWORK = TAG;
@@ -115,17 +123,40 @@ describe('e2e: a primary CNI rewriting its config while podman starts containers
     }
   });
 
-  /** The primary CNI rewrites its file as it does on upgrade: temp file + rename, no entry of ours. */
+  /** What the primary's file held just before each rewrite replaced it: ours in it or not. */
+  let replacedWithEntry = 0;
+  /**
+   * The primary CNI rewrites its file as it does on upgrade: temp file + rename, no entry of
+   * ours. What it replaces is looked at first: with the owned file it is what we wrote last.
+   */
   const rewrite = async () => {
     const file = path.join(tree.netDir, PRIMARY);
     const tmp = path.join(tree.netDir, `.${PRIMARY}.primary-tmp`);
+    const before = await fs.readFile(file, 'utf8').catch(() => '');
+    if (before.includes('mesh-cni')) replacedWithEntry++;
     await fs.writeFile(tmp, primaryConflist(bridge, ipamDir, ++generation));
     await fs.rename(tmp, file);
   };
 
+  /** Samples, every few ms until stopped: the primary's file and the file the runtime would pick. */
+  function sampler() {
+    const seen = { samples: 0, primaryWithEntry: 0, runtimeWithout: 0 };
+    let running = true;
+    const loop = (async () => {
+      while (running) {
+        seen.samples++;
+        if ((await fs.readFile(path.join(tree.netDir, PRIMARY), 'utf8').catch(() => '')).includes('mesh-cni')) seen.primaryWithEntry++;
+        if (runtimeView(tree.netDir).entries !== 1) seen.runtimeWithout++;
+        await new Promise((r) => setTimeout(r, 3));
+      }
+    })();
+    return { seen, stop: async () => { running = false; await loop; return seen; } };
+  }
+
   /** Starts `STARTS` containers with `REWRITES` rewrites around them; the chain each start ran. */
-  async function storm(owned: boolean): Promise<string[][]> {
+  async function storm(owned: boolean): Promise<{ chains: string[][]; generations: number[]; replacedWithEntry: number; seen: ReturnType<typeof sampler>['seen'] }> {
     await rewrite();
+    replacedWithEntry = 0;
     agent = spawnAgent(tree, {
       'cni-net-dir': tree.netDir,
       'cni-bin-dir': tree.binDir,
@@ -135,6 +166,7 @@ describe('e2e: a primary CNI rewriting its config while podman starts containers
     await eventually(async () => (await agent!.get('/readyz')).status === 200, 'install-cni to be ready', 30_000).catch(async (e: Error) => {
       throw new Error(`${e.message}: ${(await agent!.get('/readyz')).body}; stderr: ${agent!.stderr()}`);
     });
+    const sampling = sampler();
     const names: string[] = [];
     let done = 0;
     for (let i = 0; i < STARTS; i++) {
@@ -152,28 +184,43 @@ describe('e2e: a primary CNI rewriting its config while podman starts containers
       await start;
     }
     assert.equal(done, REWRITES);
+    const seen = await sampling.stop();
     const chains: string[][] = [];
+    const generations: number[] = [];
     for (const name of names) {
       const id = (await podman.ok(['inspect', '--format', '{{.Id}}', name])).trim();
       const cache = JSON.parse(readFileSync(path.join(CNI_CACHE, `${NETWORK}-${id}-eth0`), 'utf8')) as { config: string };
-      const list = JSON.parse(Buffer.from(cache.config, 'base64').toString('utf8')) as { plugins: { type: string }[] };
+      const list = JSON.parse(Buffer.from(cache.config, 'base64').toString('utf8')) as { 'x-generation': number; plugins: { type: string }[] };
       chains.push(list.plugins.map((p) => p.type));
+      generations.push(list['x-generation']);
     }
     for (const name of names) await podman.ok(['rm', '--force', '--time', '0', name]);
     assert.equal(await agent.stop('SIGTERM', 30_000), 0);
     agent = undefined;
     assert.ok(!existsSync(path.join(tree.netDir, '02-mesh-cni.conflist')), 'uninstall removed our owned file');
-    return chains;
+    return { chains, generations, replacedWithEntry, seen };
   }
 
   it(`${STARTS} container starts under ${REWRITES} primary rewrites: none without mesh-cni with --mesh-owned-cni-config`, async (t) => {
     for (const bin of ['dist/bin/mesh-cni']) assert.ok(existsSync(path.join(ROOT, bin)), `${bin} is missing: run npm run build first`);
     const without = (chains: string[][]) => chains.filter((c) => !c.includes('mesh-cni'));
+    const report = (mode: string, r: Awaited<ReturnType<typeof storm>>) =>
+      t.diagnostic(`${mode}: ${without(r.chains).length} of ${STARTS} starts without mesh-cni; ${r.seen.runtimeWithout} of ${r.seen.samples} samples of the runtime's file without our entry; primary held our entry in ${r.seen.primaryWithEntry} samples and before ${r.replacedWithEntry} of ${REWRITES} rewrites; ${new Set(r.generations).size} primary generations in the cached configs`);
     const spliced = await storm(false);
-    t.diagnostic(`spliced: ${without(spliced).length} of ${STARTS} starts without mesh-cni: ${JSON.stringify(without(spliced))}`);
+    report('spliced', spliced);
+    // The splice writes into the primary's file: our entry was there before some rewrite.
+    assert.ok(spliced.replacedWithEntry + spliced.seen.primaryWithEntry > 0, 'with the splice the primary held our entry at some point');
     const owned = await storm(true);
-    t.diagnostic(`owned:   ${without(owned).length} of ${STARTS} starts without mesh-cni`);
-    assert.deepEqual(without(owned), [], 'every start ran mesh-cni');
-    for (const c of owned) assert.deepEqual(c, ['bridge', 'portmap', 'mesh-cni']);
+    report('owned  ', owned);
+    // The primary never held our entry, so a chain with it came from our file...
+    assert.equal(owned.replacedWithEntry, 0, 'the primary held our entry before a rewrite: it was edited');
+    assert.equal(owned.seen.primaryWithEntry, 0, 'the primary held our entry in a sample');
+    // ...the file the runtime would pick always had it...
+    assert.ok(owned.seen.samples > 0);
+    assert.equal(owned.seen.runtimeWithout, 0, 'a sample of the runtime\'s file without our entry');
+    // ...and ours followed the rewrites between the starts (not all made from one generation).
+    assert.ok(new Set(owned.generations).size > 1, `cached generations ${JSON.stringify(owned.generations)}`);
+    assert.deepEqual(without(owned.chains), [], 'every start ran mesh-cni');
+    for (const c of owned.chains) assert.deepEqual(c, ['bridge', 'portmap', 'mesh-cni']);
   });
 });
