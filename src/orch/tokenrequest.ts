@@ -228,10 +228,61 @@ export function fileTokenSource(file: string, agentTokenFile: string): PluginTok
       if (own !== null && own === token) {
         return { missing: `the plugin's token file ${file} holds the agent's own token (${agentTokenFile}), which must never be written to the node; give a token of the plugin's account` };
       }
+      // Another token of the agent's own account (minted for it, say) is as powerful as its own.
+      const mine = own === null ? null : serviceAccountOfToken(own);
+      const given = serviceAccountOfToken(token);
+      if (mine && given && mine.namespace === given.namespace && mine.name === given.name) {
+        return { missing: `the plugin's token file ${file} holds a token of the agent's own service account (${mine.namespace}/${mine.name}), which must never be written to the node; give a token of the plugin's account` };
+      }
       return { token };
     },
     onChange() {},
   };
+}
+
+/**
+ * The service account a token says it is of, from its `sub` claim
+ * (`system:serviceaccount:<namespace>:<name>`), read without verifying the signature: enough to
+ * tell our own account from another, never to trust a token. Null when it is not such a JWT.
+ */
+export function serviceAccountOfToken(token: string): { namespace: string; name: string } | null {
+  const parts = token.split('.');
+  if (parts.length !== 3 || parts[1]!.length > 64 * 1024) return null;
+  try {
+    const claims = JSON.parse(Buffer.from(parts[1]!, 'base64url').toString('utf8')) as { sub?: unknown };
+    const m = typeof claims?.sub === 'string' ? /^system:serviceaccount:([^:]+):([^:]+)$/.exec(claims.sub) : null;
+    return m ? { namespace: m[1]!, name: m[2]! } : null;
+  } catch {
+    return null;
+  }
+}
+
+/** The token the agent itself calls the API server with: --orchconfig's user's, else its service account's. */
+async function agentOwnToken(settings: Settings): Promise<string | null> {
+  if (settings.orchconfig) {
+    try {
+      return orchKubeConfig(settings).getCurrentUser()?.token ?? null;
+    } catch {
+      return null;
+    }
+  }
+  return readRegularFile(path.join(settings.install.serviceAccountDir, 'token')).then((r) => r.text.trim(), () => null);
+}
+
+/**
+ * Refuses a --plugin-service-account that is the account the agent runs as: minting for it would
+ * write the agent's own rights (pods watch, labels) to the node's disk, stopped only by RBAC's
+ * resourceNames. A token that is not a service-account JWT cannot be told: RBAC still stands.
+ */
+async function refuseOwnAccount(settings: Settings): Promise<void> {
+  const token = await agentOwnToken(settings);
+  const own = token === null ? null : serviceAccountOfToken(token);
+  if (!own) return;
+  const namespace = await agentNamespace(settings).catch(() => own.namespace);
+  const name = settings.install.pluginServiceAccount;
+  if (own.namespace === namespace && own.name === name) {
+    throw new Error(`--plugin-service-account ${name} is the agent's own service account (${namespace}/${name}): its token would be written to the node's disk; name the plugin's own account (mesh-cni-plugin in deploy/)`);
+  }
 }
 
 /** The agent's own namespace: POD_NAMESPACE (downward API), else its service-account dir's. */
@@ -250,6 +301,7 @@ export async function startPluginToken(settings: Settings): Promise<PluginTokenS
     const source = fileTokenSource(s.pluginTokenFile, path.join(s.serviceAccountDir, 'token'));
     return { ...source, name: 'plugin-token', notReadyReasons: () => [], status: () => ({ file: s.pluginTokenFile }), stop: async () => {} };
   }
+  await refuseOwnAccount(settings);
   let mint: Mint | undefined;
   let namespace = settings.env.podNamespace;
   const minter = new PluginTokenMinter(async (signal) => {

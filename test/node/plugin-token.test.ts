@@ -14,7 +14,7 @@ import { buildSettings } from '../../src/config/settings.ts';
 import { configureLogging } from '../../src/monitoring/logging.ts';
 import { registry } from '../../src/monitoring/metrics.ts';
 import { orchKubeConfig } from '../../src/orch/client.ts';
-import { fileTokenSource, PluginTokenMinter, refreshDelayMs, tokenRequestMint } from '../../src/orch/tokenrequest.ts';
+import { fileTokenSource, PluginTokenMinter, refreshDelayMs, serviceAccountOfToken, tokenRequestMint } from '../../src/orch/tokenrequest.ts';
 import { spawnAgent, type AgentProcess } from '../helpers/agent.ts';
 import { apiRequest, startTestApiServer, type TestApiServer } from '../helpers/apiserver.ts';
 import { BRIDGE_CONFLIST, makeHostTree, type HostTree } from '../helpers/hosttree.ts';
@@ -187,6 +187,21 @@ describe('the plugin\'s token', () => {
     await fs.writeFile(given, 'agent-secret');
     assert.match(((await fileTokenSource(given, own).current()) as { missing: string }).missing, /holds the agent's own token/);
     assert.throws(() => buildSettings({ 'plugin-token-file': '/var/run/secrets/kubernetes.io/serviceaccount/token' }, {}), /--plugin-token-file.*agent's own service-account token/);
+    // Another token of the agent's own account (by its sub claim) is refused as well.
+    await fs.writeFile(own, jwt({ sub: 'system:serviceaccount:mesh-system:mesh-cni', n: 1 }));
+    await fs.writeFile(given, jwt({ sub: 'system:serviceaccount:mesh-system:mesh-cni', n: 2 }));
+    assert.match(((await fileTokenSource(given, own).current()) as { missing: string }).missing, /a token of the agent's own service account \(mesh-system\/mesh-cni\)/);
+    await fs.writeFile(given, jwt({ sub: 'system:serviceaccount:mesh-system:mesh-cni-plugin' }));
+    assert.ok('token' in (await fileTokenSource(given, own).current()), 'the plugin\'s account is taken');
+  });
+
+  it('the account a token is of is read from its sub claim, and nothing else passes for one', () => {
+    assert.deepEqual(serviceAccountOfToken(jwt({ sub: 'system:serviceaccount:mesh-system:mesh-cni' })), { namespace: 'mesh-system', name: 'mesh-cni' });
+    assert.equal(serviceAccountOfToken(jwt({ sub: 'system:node:node-1' })), null);
+    assert.equal(serviceAccountOfToken(jwt({ sub: 'system:serviceaccount:a:b:c' })), null);
+    assert.equal(serviceAccountOfToken(jwt({})), null);
+    assert.equal(serviceAccountOfToken('sa-mesh-system-mesh-cni-opaque'), null);
+    assert.equal(serviceAccountOfToken('a.!!!not-base64-json.c'), null);
   });
 
   it('the agent puts a replaced --plugin-token-file into the orchconfig at once (its dir is watched)', async () => {
@@ -232,6 +247,19 @@ describe('the plugin\'s token', () => {
       await waitFor('/readyz 200', async () => (last = await a.get('/readyz')).status === 200, { timeoutMs: 5000, context: () => last.body });
     });
 
+    it('refuses to start when --plugin-service-account is the agent\'s own account (its token\'s sub), and mints nothing', async () => {
+      const { api } = await cluster();
+      // A token shaped as the kubelet projects it (only its claims are read, never verified).
+      const agentJwt = jwt({ sub: 'system:serviceaccount:mesh-system:mesh-cni', aud: ['https://kubernetes.default.svc.cluster.local'] });
+      const { a, t } = await agentOn(api, agentJwt, { 'plugin-service-account': 'mesh-cni', 'reconcile-interval': '1h' });
+      const failed = await a.waitForLog((r) => r.msg === 'install-cni failed', 'the refusal');
+      assert.match(String(failed.error), /--plugin-service-account mesh-cni is the agent's own service account \(mesh-system\/mesh-cni\)/);
+      assert.equal(await a.stop('SIGTERM'), 1);
+      assert.deepEqual(api.issuedTokens(), [], 'no token minted');
+      assert.deepEqual(api.requests.filter((r) => r.path.endsWith('/token')), [], 'no TokenRequest sent');
+      assert.deepEqual(await filesHolding(t.netDir, agentJwt), []);
+    });
+
     it('refreshes the token in the orchconfig before it expires, and turns /readyz 503 with the reason while it cannot', async () => {
       const { api, agentToken } = await cluster();
       api.tokenMaxSeconds = 2;
@@ -257,6 +285,12 @@ describe('the plugin\'s token', () => {
     });
   });
 });
+
+/** An unsigned JWT with these claims: what the agent reads of its own token. */
+function jwt(claims: Record<string, unknown>): string {
+  const part = (o: unknown) => Buffer.from(JSON.stringify(o)).toString('base64url');
+  return `${part({ alg: 'RS256', kid: 'test' })}.${part(claims)}.${Buffer.from('not-a-signature').toString('base64url')}`;
+}
 
 async function tmp(): Promise<string> {
   const dir = await fs.mkdtemp(path.join(os.tmpdir(), 'mcni-token-'));
