@@ -2,6 +2,7 @@
 // periodically; serialises passes (one at a time, the triggers that arrive meanwhile merged into
 // one follow-up pass); reports readiness; on stop, cleans up or leaves everything in place.
 
+import fs from 'node:fs/promises';
 import path from 'node:path';
 import type { Component } from '../component.ts';
 import type { Settings } from '../config/settings.ts';
@@ -201,12 +202,28 @@ export class Installer implements Component {
     // A pass that was running when stop() came must not arm a retry or a watch again.
     if (this.stopped) return;
     this.retryOnProblems(outcome);
+    // A symlinked primary is edited in its target, which the primary CNI rewrites there: watch
+    // that directory too, for as long as that is the primary we follow.
+    const targetDir = await this.linkTargetDir(outcome.primary);
+    if (this.stopped) return;
+    this.watcher.follow(targetDir, 'net_dir');
     // A directory deleted and recreated needs a new watch. Every pass looks (a stat per dir):
-    // triggers merge while a pass runs, so no one kind of pass can be relied on to come.
+    // triggers merge while a pass runs, so no one kind of pass can be relied on to come. A new
+    // watch brings one more pass, for what changed before it was armed.
     if (this.watcher.refresh()) {
       this.reconciler.files.unsure();
       this.schedule('net_dir');
     }
+  }
+
+  /** The directory a symlinked primary's link resolves into (to its end); null: not a link. */
+  private async linkTargetDir(primary: string | null): Promise<string | null> {
+    if (primary === null) return null;
+    const file = path.join(this.settings.install.mountedCniNetDir, primary);
+    const st = await fs.lstat(file).catch(() => null);
+    if (!st?.isSymbolicLink()) return null;
+    const target = await fs.realpath(file).catch(() => null);
+    return target === null ? null : path.dirname(target);
   }
 
   private retryOnProblems(outcome: Outcome): void {

@@ -1,6 +1,7 @@
 // Watches the directories whose content the installer keeps in place (net dir, bin dir, the
 // service-account dir whose token rotates by a `..data` symlink swap, the CA and template
-// files' dirs) and calls back on any change. Watches are a speed-up, not the source of truth:
+// files' dirs, and the directory a symlinked primary config points into, where the primary CNI
+// rewrites it) and calls back on any change. Watches are a speed-up, not the source of truth:
 // the periodic reconcile catches anything they miss, and `refresh` re-arms a watch whose
 // directory was deleted and recreated.
 //
@@ -32,6 +33,8 @@ function identity(dir: string): string {
 
 export class DirWatcher {
   private readonly watched: Watched[];
+  /** A directory watched while the reconcile says so (a symlinked primary's target's); null: none. */
+  private extra: Watched | null = null;
   /** `file` is null when the event names none (inotify's queue overflowed, the dir itself changed). */
   private readonly onChange: (trigger: Trigger, file: string | null) => void;
   private readonly onError: (dir: string, e: Error) => void;
@@ -45,10 +48,23 @@ export class DirWatcher {
     this.onError = onError;
   }
 
+  /**
+   * Watches `dir` as well, for `trigger`, until another one (or null: none) is given; one such
+   * directory at a time. A directory watched anyway is not watched twice. Returns whether the
+   * set changed; a new one is armed by the next refresh().
+   */
+  follow(dir: string | null, trigger: Trigger): boolean {
+    const wanted = dir !== null && !this.watched.some((w) => w.dir === dir) ? dir : null;
+    if ((this.extra?.dir ?? null) === wanted) return false;
+    this.extra?.watcher?.close();
+    this.extra = wanted === null ? null : { dir: wanted, trigger, identity: 'none', watcher: null };
+    return true;
+  }
+
   /** (Re)arms the watch of every directory that appeared or was replaced since last time. */
   refresh(): boolean {
     let changed = false;
-    for (const w of this.watched) {
+    for (const w of this.extra ? [...this.watched, this.extra] : this.watched) {
       const id = identity(w.dir);
       if (id === w.identity) continue;
       changed = true;
@@ -61,6 +77,7 @@ export class DirWatcher {
         watcher.on('error', (e) => {
           // The directory went away: forget it so the next refresh re-arms the new one.
           watcher.close();
+          // Also when `w` is an extra directory dropped meanwhile: then nothing refers to it.
           if (w.watcher === watcher) {
             w.watcher = null;
             w.identity = 'none';
@@ -77,6 +94,8 @@ export class DirWatcher {
   }
 
   close(): void {
+    this.extra?.watcher?.close();
+    this.extra = null;
     for (const w of this.watched) {
       w.watcher?.close();
       w.watcher = null;
