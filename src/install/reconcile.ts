@@ -173,9 +173,13 @@ export class Reconciler {
 
   /** Names in the net dir that are ours and never a primary config. */
   ownFiles(): ReadonlySet<string> {
-    // Our owned file (--mesh-owned-cni-config) in every mode: a copy of the primary, never one.
-    return new Set([this.s.orchcfgFileName, this.s.chained ? STANDALONE_CONF_NAME : this.standaloneName, this.s.meshOwnedCniConfigFilename]);
+    // Our owned file (--mesh-owned-cni-config) in every mode: a copy of the primary, never one;
+    // so are ours under an earlier --mesh-owned-cni-config-filename (earlierOwned).
+    return new Set([this.s.orchcfgFileName, this.s.chained ? STANDALONE_CONF_NAME : this.standaloneName, this.s.meshOwnedCniConfigFilename, ...this.earlierOwned]);
   }
+
+  /** Owned files of ours under an earlier --mesh-owned-cni-config-filename, found at each pass's start. */
+  private earlierOwned: ReadonlySet<string> = new Set();
 
   /**
    * One pass. `verify` (the default; false only for a pass brought by watch events) checks every
@@ -195,6 +199,7 @@ export class Reconciler {
       notReady.push(message);
     };
 
+    this.earlierOwned = await this.findEarlierOwned(await fs.readdir(this.netDir).catch(() => [] as string[]));
     const misnamed = await this.orchconfigSortsFirst();
     if (misnamed) {
       fail('orchconfig_name_refused', misnamed);
@@ -505,7 +510,8 @@ export class Reconciler {
     // Switched from --mesh-owned-cni-config: our file goes only now that the entry is in the
     // primary, so the runtime never reads a config without it.
     if (primaryAfter !== null && !this.s.meshOwnedCniConfig) await this.removeOwned(writes);
-    if (primaryAfter !== null) await this.failOwnNamesShadowing(names, primaryAfter, fail);
+    if (primaryAfter !== null) await this.removeEarlierOwned(writes);
+    if (primaryAfter !== null) await this.failOwnNamesShadowing(names, primaryAfter, entry, writes, fail);
     return primaryAfter;
   }
 
@@ -514,15 +520,81 @@ export class Reconciler {
    * the runtime loads, with no entry of ours (owned.ts ownNameShadows): config_shadowed. Left
    * out as a primary, so nothing else would say that the runtime reads it instead of ours.
    */
-  private async failOwnNamesShadowing(names: readonly string[], target: string, fail: (r: ErrorReason, m: string) => void): Promise<void> {
+  private async failOwnNamesShadowing(names: readonly string[], target: string, entry: JsonObject, writes: Write[], fail: (r: ErrorReason, m: string) => void): Promise<void> {
     const own = this.ownFiles();
     for (const name of [...names].sort()) {
       if (name === target || !own.has(name) || !isConfigFile(name) || !sortsBefore(name, target)) continue;
       // Gone since the listing (our own removeOwned), or not a regular file: nothing the runtime loads.
-      const text = await readIfExists(path.join(this.netDir, name)).catch(() => null);
+      const file = path.join(this.netDir, name);
+      const text = await readIfExists(file).catch(() => null);
       if (text === null || !libcniVerdict(text, name).ok || textHoldsOurEntry(text, name)) continue;
+      // A byte-exact copy of a config still there (a rollback copy of ours): removing it loses
+      // nothing, and `target` holds our entry, so the runtime then reads that.
+      if (await this.copyOfConfig(name, text, target, entry)) {
+        if (await removeFile(file)) writes.push({ file, kind: 'cni_config', action: 'remove' });
+        await removeFile(this.recordFor(name));
+        continue;
+      }
       fail('config_shadowed', ownNameShadows(name, target, this.netDir));
     }
+  }
+
+  /**
+   * Whether `text`, at our name `name` with no entry of ours, is a byte-exact copy of a config
+   * still in the dir: the one its hidden record names (ours was made from it, then a version
+   * without the owned file took our entry out), else `fallback`; as that config is, without our
+   * entry, or as ours made from it without our entry. Removing or overwriting it loses nothing.
+   */
+  private async copyOfConfig(name: string, text: string, fallback: string | null, entry: JsonObject): Promise<boolean> {
+    const from = [await this.recordedFrom(name), fallback].filter((n): n is string => n !== null && n !== name);
+    for (const other of new Set(from)) {
+      const otherText = await readIfExists(path.join(this.netDir, other)).catch(() => null);
+      if (otherText === null) continue;
+      const forms: (() => string | null)[] = [
+        () => otherText,
+        () => withoutOurEntry(otherText, other),
+        () => withoutOurEntry(ownedText(withoutOurEntry(otherText, other) ?? otherText, other, entry), name),
+      ];
+      for (const form of forms) {
+        try {
+          if (form() === text) return true;
+        } catch {
+          // Not a config we can read that way: not a copy in that form.
+        }
+      }
+    }
+    return false;
+  }
+
+  /**
+   * Owned files of ours under another name (an earlier --mesh-owned-cni-config-filename): a
+   * .conflist with the hidden record we keep beside ours (recordFor), holding an entry of ours,
+   * a regular file in our file's mode (no group or other bits). Known for good, whatever the
+   * primary does since: never taken for the primary, removed once the entry is in place.
+   */
+  private async findEarlierOwned(names: readonly string[]): Promise<Set<string>> {
+    const out = new Set<string>();
+    const present = new Set(names);
+    for (const record of names) {
+      if (!record.startsWith('.') || !record.endsWith(OWNED_FROM_SUFFIX)) continue;
+      const name = record.slice(1, -OWNED_FROM_SUFFIX.length);
+      if (name === this.s.meshOwnedCniConfigFilename || path.extname(name) !== '.conflist' || !present.has(name)) continue;
+      const st = await fs.lstat(path.join(this.netDir, name)).catch(() => null);
+      if (!st?.isFile() || (st.mode & 0o077) !== 0) continue;
+      const text = await readIfExists(path.join(this.netDir, name)).catch(() => null);
+      if (text !== null && textHoldsOurEntry(text, name)) out.add(name);
+    }
+    return out;
+  }
+
+  /** Our owned files under earlier names gone, with their records: only once the entry is in the file the runtime reads. */
+  private async removeEarlierOwned(writes: Write[]): Promise<void> {
+    for (const name of this.earlierOwned) {
+      const file = path.join(this.netDir, name);
+      if (await removeFile(file)) writes.push({ file, kind: 'cni_config', action: 'remove' });
+      await removeFile(this.recordFor(name));
+    }
+    this.earlierOwned = new Set();
   }
 
   private async syncStandalone(entry: JsonObject, writes: Write[]): Promise<string> {
@@ -536,6 +608,7 @@ export class Reconciler {
     // ownFiles() holds our conflist in standalone mode.
     await this.takeOutAllBut(await fs.readdir(this.netDir), this.ownFiles(), writes);
     if (name !== this.s.meshOwnedCniConfigFilename) await this.removeOwned(writes);
+    await this.removeEarlierOwned(writes);
     return name;
   }
 
@@ -563,6 +636,9 @@ export class Reconciler {
       fail('file_refused', foreignOwned(ownedName, this.netDir, `is not a file we write (${e.message})`));
       return null;
     }
+    // A rollback copy at our name (ours with our entry taken out by a version without this
+    // mode): a byte-exact copy of a config still there, so overwriting it loses nothing.
+    if (current !== null && !textHoldsOurEntry(current, ownedName) && (await this.copyOfConfig(ownedName, current, found?.name ?? null, entry))) current = null;
     const kept = current !== null ? ownedName : null;
     // A restarted agent: which primary ours was made from, as the run before recorded it.
     if (this.ownedFrom === null && current !== null) this.ownedFrom = await this.recordedOwnedFrom();
@@ -635,10 +711,11 @@ export class Reconciler {
       writes.push({ file: owned, kind: 'cni_config', action: 'write' });
     }
     if (plan.from !== null) await this.rememberOwnedFrom(plan.from);
+    await this.removeEarlierOwned(writes);
     // Ours is in place with our entry: an entry anywhere else (the primary's, from a run
     // without this mode) goes, the primary given back byte for byte.
     await this.takeOutAllBut(await fs.readdir(this.netDir), this.ownFiles(), writes);
-    await this.failOwnNamesShadowing(names, ownedName, fail);
+    await this.failOwnNamesShadowing(names, ownedName, entry, writes, fail);
     return ownedName;
   }
 
@@ -735,7 +812,12 @@ export class Reconciler {
 
   /** Where the name of the primary our owned file was made from is kept, for a restarted agent. Hidden, no config extension. */
   private ownedFromRecord(): string {
-    return path.join(this.netDir, `.${this.s.meshOwnedCniConfigFilename}${OWNED_FROM_SUFFIX}`);
+    return this.recordFor(this.s.meshOwnedCniConfigFilename);
+  }
+
+  /** The hidden record beside an owned file of ours named `name`. */
+  private recordFor(name: string): string {
+    return path.join(this.netDir, `.${name}${OWNED_FROM_SUFFIX}`);
   }
 
   /**
@@ -744,9 +826,13 @@ export class Reconciler {
    * a planted one does is keep ours as it is, not ready, or for PRIMARY_GONE_GRACE_MS.
    */
   private async recordedOwnedFrom(): Promise<string | null> {
-    const text = await readRegularFileIfExists(this.ownedFromRecord(), { noFollow: true }).then((r) => r?.text ?? null, () => null);
+    return this.recordedFrom(this.s.meshOwnedCniConfigFilename);
+  }
+
+  private async recordedFrom(owned: string): Promise<string | null> {
+    const text = await readRegularFileIfExists(this.recordFor(owned), { noFollow: true }).then((r) => r?.text ?? null, () => null);
     const name = text?.trim() ?? '';
-    const ok = isConfigFile(name) && !name.includes('/') && !name.startsWith('.') && name !== this.s.meshOwnedCniConfigFilename;
+    const ok = isConfigFile(name) && !name.includes('/') && !name.startsWith('.') && name !== owned;
     return ok ? name : null;
   }
 
@@ -887,8 +973,11 @@ export class Reconciler {
   async cleanup(): Promise<Write[]> {
     const writes: Write[] = [];
     const names = await fs.readdir(this.netDir).catch(() => [] as string[]);
-    // Our owned file first: taking the entry out of it would leave a copy of the primary.
+    // Our owned file first: taking the entry out of it would leave a copy of the primary. So
+    // are ours under earlier names, known by their records.
     if (this.s.chained || this.standaloneName !== this.s.meshOwnedCniConfigFilename) await this.removeOwned(writes);
+    this.earlierOwned = await this.findEarlierOwned(names);
+    await this.removeEarlierOwned(writes);
     for (const name of names) {
       if (!isConfigFile(name)) continue;
       if (name === this.s.meshOwnedCniConfigFilename && (this.s.chained || this.standaloneName !== name)) continue;

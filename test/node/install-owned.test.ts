@@ -339,7 +339,10 @@ describe('owned config: files at our names that we did not write', () => {
 
   it('with the splice, a copy of the primary left at our owned name (no entry of ours) that sorts first: config_shadowed, never ready', async () => {
     // A rollback to a version without the owned file, or a run after a rename, leaves this.
-    const { tree, net, make } = await setup({ '10-bridge.conflist': BRIDGE_CONFLIST, [OWNED]: BRIDGE_CONFLIST });
+    // Not a copy of any config there now (the primary changed since): not known as ours.
+    const stale = BRIDGE_CONFLIST.replace('mcni-br0', 'mcni-br9');
+    assert.notEqual(stale, BRIDGE_CONFLIST);
+    const { tree, net, make } = await setup({ '10-bridge.conflist': BRIDGE_CONFLIST, [OWNED]: stale });
     const r = make({ 'mesh-owned-cni-config': 'false' });
     for (let i = 0; i < 2; i++) {
       const out = await r.reconcile();
@@ -347,11 +350,32 @@ describe('owned config: files at our names that we did not write', () => {
       assert.match(out.notReady.join('\n'), /02-mesh-cni.conflist in .* holds no entry of ours and sorts before 10-bridge.conflist, so the runtime reads it/);
     }
     // Not ours to remove: it stays, and so does the reason.
-    assert.equal(readFileSync(net(OWNED), 'utf8'), BRIDGE_CONFLIST);
+    assert.equal(readFileSync(net(OWNED), 'utf8'), stale);
     assert.deepEqual(runtimeView(tree.netDir), { file: OWNED, entries: 0, chain: ['bridge'] });
     // Once it is gone, ready.
     await fs.rm(net(OWNED));
     assert.deepEqual((await r.reconcile()).notReady, []);
+  });
+
+  it('a rollback copy (ours with our entry taken out by a version without the owned file) is known by its record and content: removed with the splice, made ours again when owned', async () => {
+    // The owned agent wrote ours and its record; a version without the owned file took our entry
+    // out of it (its splice or uninstall), leaving a byte-exact copy of the primary.
+    const { tree, net, make } = await setup({ '10-bridge.conflist': BRIDGE_CONFLIST });
+    assert.deepEqual((await make().reconcile()).notReady, []);
+    const rollback = async () => await fs.writeFile(net(OWNED), withoutOurEntry(readFileSync(net(OWNED), 'utf8'), OWNED)!);
+    await rollback();
+    assert.equal(readFileSync(net(OWNED), 'utf8'), BRIDGE_CONFLIST);
+    // With the splice: a copy of a config that is still there loses nothing when removed.
+    const spliced = await make({ 'mesh-owned-cni-config': 'false' }).reconcile();
+    assert.deepEqual(spliced.notReady, []);
+    assert.deepEqual(runtimeView(tree.netDir), { file: '10-bridge.conflist', entries: 1, chain: ['bridge', 'mesh-cni'] });
+    assert.deepEqual((await fs.readdir(tree.netDir)).filter((n) => n.includes(OWNED)), [], 'the copy and its record gone');
+    // Owned: the copy at our name is made ours again (not file_refused).
+    await make().reconcile();
+    await rollback();
+    const owned = await make().reconcile();
+    assert.deepEqual(owned.notReady, []);
+    assert.deepEqual(runtimeView(tree.netDir), { file: OWNED, entries: 1, chain: ['bridge', 'mesh-cni'] });
   });
 
   it('with the splice, our owned file that holds our entry is no shadow (it is removed once the primary has the entry)', async () => {
@@ -363,10 +387,14 @@ describe('owned config: files at our names that we did not write', () => {
 
   it('owned: another of our names sorting before the file we write, without an entry of ours: config_shadowed', async () => {
     // Standalone mode's YY-mesh-cni.conflist left behind, our owned name after it.
-    const { make } = await setup({ 'ZZ-bridge.conflist': BRIDGE_CONFLIST, 'YY-mesh-cni.conflist': BRIDGE_CONFLIST });
+    // Not a copy of a config there now (a byte-exact one is removed: it loses nothing).
+    const { net, make } = await setup({ 'ZZ-bridge.conflist': BRIDGE_CONFLIST, 'YY-mesh-cni.conflist': BRIDGE_CONFLIST.replace('mcni-br0', 'mcni-br9') });
     const out = await make({ 'mesh-owned-cni-config-filename': 'YZ-mesh.conflist' }).reconcile();
     assert.ok(reasons(out).includes('config_shadowed'), out.notReady.join('; '));
     assert.match(out.notReady.join('\n'), /YY-mesh-cni.conflist in .* holds no entry of ours and sorts before YZ-mesh.conflist/);
+    await fs.writeFile(net('YY-mesh-cni.conflist'), BRIDGE_CONFLIST);
+    assert.deepEqual((await make({ 'mesh-owned-cni-config-filename': 'YZ-mesh.conflist' }).reconcile()).notReady, []);
+    assert.ok(!(await fs.readdir(path.dirname(net('x')))).includes('YY-mesh-cni.conflist'));
   });
 
   it('owned: a file at the owned name that holds no entry of ours is refused (file_refused), never overwritten nor removed on uninstall', async () => {
@@ -481,8 +509,9 @@ describe('owned config: a copy of ours left under an earlier --mesh-owned-cni-co
   }
   const reasons = (out: { problems: readonly { reason: string }[] }) => out.problems.map((p) => p.reason);
 
-  it('owned mode: not taken for the primary silently (a change of the primary would never reach pods): config_shadowed', async () => {
+  it('owned mode, left by an agent before the hidden record: not taken for the primary silently (a change of the primary would never reach pods): config_shadowed', async () => {
     const { make, net } = await setup();
+    await fs.rm(net('.05-mesh-old.conflist.mesh-from'));
     const old = readFileSync(net('05-mesh-old.conflist'), 'utf8');
     const out = await make().reconcile();
     assert.ok(reasons(out).includes('config_shadowed'), out.notReady.join('; '));
@@ -490,8 +519,35 @@ describe('owned config: a copy of ours left under an earlier --mesh-owned-cni-co
     assert.equal(readFileSync(net('05-mesh-old.conflist'), 'utf8'), old, 'left as it is');
   });
 
-  it('with the splice: config_shadowed too', async () => {
-    const { make } = await setup();
+  it('known as ours by its hidden record, for good: removed once ours is in place, even after the primary changed (owned mode)', async () => {
+    const { tree, make, net } = await setup();
+    // The primary changes while the agent is stopped: the copy is no longer what we would make.
+    await fs.writeFile(net('10-bridge.conflist'), BRIDGE_CONFLIST.replace('mcni-br0', 'mcni-br7'));
+    const out = await make().reconcile();
+    assert.deepEqual(out.notReady, []);
+    assert.deepEqual(runtimeView(tree.netDir).file, OWNED);
+    assert.match(readFileSync(net(OWNED), 'utf8'), /mcni-br7/, 'ours made from the primary as it is now');
+    assert.deepEqual((await fs.readdir(tree.netDir)).filter((n) => n.includes('05-mesh-old')), [], 'the old file and its record gone');
+    assert.ok(out.writes.some((w) => w.file === net('05-mesh-old.conflist') && w.action === 'remove'));
+  });
+
+  it('known as ours by its hidden record: removed with the splice once the primary holds our entry, and on uninstall', async () => {
+    const { tree, make, net } = await setup();
+    await fs.writeFile(net('10-bridge.conflist'), BRIDGE_CONFLIST.replace('mcni-br0', 'mcni-br7'));
+    assert.deepEqual((await make({ 'mesh-owned-cni-config': 'false' }).reconcile()).notReady, []);
+    assert.deepEqual(runtimeView(tree.netDir), { file: '10-bridge.conflist', entries: 1, chain: ['bridge', 'mesh-cni'] });
+    assert.deepEqual((await fs.readdir(tree.netDir)).filter((n) => n.includes('05-mesh-old')), []);
+    // Uninstall, with the old file back (another rename while stopped): gone too.
+    const again = await setup();
+    await make().cleanup();
+    await again.make().cleanup();
+    assert.deepEqual((await fs.readdir(again.tree.netDir)).sort(), ['10-bridge.conflist']);
+    assert.equal(readFileSync(again.net('10-bridge.conflist'), 'utf8'), BRIDGE_CONFLIST);
+  });
+
+  it('with the splice, left by an agent before the hidden record: config_shadowed too', async () => {
+    const { make, net } = await setup();
+    await fs.rm(net('.05-mesh-old.conflist.mesh-from'));
     const out = await make({ 'mesh-owned-cni-config': 'false' }).reconcile();
     assert.ok(reasons(out).includes('config_shadowed'), out.notReady.join('; '));
   });
