@@ -50,8 +50,16 @@ export function primaryCandidates(fileNames: readonly string[], opts: { confName
     return found ? [found] : [];
   }
   const candidates = fileNames.filter((n) => isConfigFile(n) && !opts.ownFiles.has(n));
-  // Go's sort.Strings order (libcni): compare UTF-16 code units, not locale.
-  return candidates.sort((a, b) => (a < b ? -1 : a > b ? 1 : 0));
+  return candidates.sort(byteOrder);
+}
+
+/**
+ * Go's sort.Strings order, which libcni sorts the dir by: the names' UTF-8 bytes. Not JS's `<`
+ * (UTF-16 code units: U+10000 before U+E000, the other way round in bytes), not locale. Every
+ * place that orders file names uses this.
+ */
+export function byteOrder(a: string, b: string): number {
+  return Buffer.compare(Buffer.from(a), Buffer.from(b));
 }
 
 /** `X.conf` <-> `X.conflist`; null for any other name. */
@@ -78,18 +86,68 @@ export type Verdict =
   | { readonly ok: true; readonly kind: 'conf' | 'conflist'; readonly pluginDir?: string; readonly listed?: boolean }
   | { readonly ok: false; readonly reason: string };
 
+/** Go's encoding/json refuses input nested deeper than this ("exceeded max depth"). */
+export const GO_MAX_NESTING = 10000;
+
+/**
+ * Thrown when a file cannot be judged at all (the judging itself failed, not the file): the
+ * search for the primary must stop there, never pass the file over, as the runtime may load it.
+ */
+export class CannotJudgeError extends Error {
+  constructor(fileName: string, cause: unknown) {
+    super(`cannot tell whether the runtime loads ${fileName} (${(cause as Error)?.name ?? 'error'} while judging it); not installing until it changes`);
+    this.name = 'CannotJudgeError';
+  }
+}
+
 export function libcniVerdict(text: string, fileName: string): Verdict {
   let value: unknown;
-  let huge = false;
   try {
-    value = JSON.parse(text, (_k, v: unknown) => {
-      if (typeof v === 'number' && !Number.isFinite(v)) huge = true;
-      return v;
-    });
+    // No reviver: V8 runs a reviver recursively and overflows its stack long before Go's
+    // nesting limit, which would pass over a file libcni loads.
+    value = JSON.parse(text);
   } catch (e) {
+    if (!(e instanceof SyntaxError)) throw new CannotJudgeError(fileName, e);
     return { ok: false, reason: describeParseError(e, text, 'JSON') };
   }
+  try {
+    return judge(text, value, fileName);
+  } catch (e) {
+    throw new CannotJudgeError(fileName, e);
+  }
+}
+
+/**
+ * One pass over text JSON.parse took, without recursion: how deep it nests and whether a number
+ * literal (any, duplicate keys included: Go decodes each) is beyond a 64-bit float.
+ */
+function scanLiterals(text: string): { depth: number; huge: boolean } {
+  let depth = 0;
+  let max = 0;
+  let huge = false;
+  for (let i = 0; i < text.length; i++) {
+    const c = text[i]!;
+    if (c === '"') {
+      for (i++; i < text.length && text[i] !== '"'; i++) if (text[i] === '\\') i++;
+    } else if (c === '{' || c === '[') {
+      depth++;
+      if (depth > max) max = depth;
+    } else if (c === '}' || c === ']') {
+      depth--;
+    } else if (c === '-' || (c >= '0' && c <= '9')) {
+      let j = i + 1;
+      while (j < text.length && /[0-9eE.+-]/.test(text[j]!)) j++;
+      if (!Number.isFinite(Number(text.slice(i, j)))) huge = true;
+      i = j - 1;
+    }
+  }
+  return { depth: max, huge };
+}
+
+function judge(text: string, value: unknown, fileName: string): Verdict {
   const bad = (reason: string): Verdict => ({ ok: false, reason });
+  const { depth, huge } = scanLiterals(text);
+  if (depth > GO_MAX_NESTING) return bad(`nested deeper than ${GO_MAX_NESTING} levels, which Go's decoder refuses`);
   // libcni decodes every file into a map of Go values (float64 for numbers) at least once.
   if (huge) return bad("a number too large for a 64-bit float (1e400 and the like), which Go's decoder refuses");
   if (path.extname(fileName) === '.conflist') {
@@ -153,25 +211,32 @@ function jsonKind(v: unknown): string {
  * the decoder meets them, duplicate keys included (each one is decoded, the last value that is
  * not null stays, and a member of the wrong type fails the decode wherever it stands).
  */
+/** How deep pluginProblem looks into a plugin (plugin, dns, nameservers, an item: 4), with room. */
+const LOOK_DEPTH = 8;
+
 type GoJson =
   | { readonly kind: 'object'; readonly members: readonly (readonly [string, GoJson])[] }
   | { readonly kind: 'array'; readonly items: readonly GoJson[] }
   | { readonly kind: 'scalar'; readonly value: null | boolean | number | string };
 
 /** The text as written. Only for text JSON.parse already took. */
-function asWritten(text: string, start = skipWs(text, 0)): GoJson {
+function asWritten(text: string, start = skipWs(text, 0), depth = 0): GoJson {
   const c = text[start];
-  if (c === '{') return { kind: 'object', members: objectMembers(text, start).map((m) => [m.key, asWritten(text, m.value.start)] as const) };
-  if (c === '[') return { kind: 'array', items: arrayElements(text, start).map((s) => asWritten(text, s.start)) };
+  // pluginProblem looks no deeper than a few levels: below that only the kind matters, and
+  // stopping there keeps a deep (libcni-loadable) value from overflowing the stack.
+  if (depth >= LOOK_DEPTH && (c === '{' || c === '[')) return c === '{' ? { kind: 'object', members: [] } : { kind: 'array', items: [] };
+  if (c === '{') return { kind: 'object', members: objectMembers(text, start).map((m) => [m.key, asWritten(text, m.value.start, depth + 1)] as const) };
+  if (c === '[') return { kind: 'array', items: arrayElements(text, start).map((s) => asWritten(text, s.start, depth + 1)) };
   return { kind: 'scalar', value: JSON.parse(text.slice(start, valueEnd(text, start))) as null | boolean | number | string };
 }
 
 /** A value as Go's json.Marshal writes a map: keys once each, sorted by their UTF-8 bytes. */
-function remarshalled(v: Json): GoJson {
-  if (Array.isArray(v)) return { kind: 'array', items: v.map(remarshalled) };
+function remarshalled(v: Json, depth = 0): GoJson {
+  if (Array.isArray(v)) return { kind: 'array', items: depth >= LOOK_DEPTH ? [] : v.map((x) => remarshalled(x, depth + 1)) };
   if (typeof v === 'object' && v !== null) {
-    const keys = Object.keys(v).sort((a, b) => Buffer.compare(Buffer.from(a), Buffer.from(b)));
-    return { kind: 'object', members: keys.map((k) => [k, remarshalled(v[k]!)] as const) };
+    if (depth >= LOOK_DEPTH) return { kind: 'object', members: [] };
+    const keys = Object.keys(v).sort(byteOrder);
+    return { kind: 'object', members: keys.map((k) => [k, remarshalled(v[k]!, depth + 1)] as const) };
   }
   return { kind: 'scalar', value: v };
 }

@@ -7,7 +7,7 @@
 // Pure planning only: which text and mode our file should have, given the primary's text, mode
 // and name and what our file holds now. The reconcile pass (reconcile.ts) does the I/O.
 
-import { withOurEntry, type JsonObject } from './cniconfig.ts';
+import { byteOrder, withOurEntry, type JsonObject } from './cniconfig.ts';
 
 /** Our file's name unless --mesh-owned-cni-config-filename says otherwise. */
 export const DEFAULT_OWNED_NAME = '02-mesh-cni.conflist';
@@ -39,7 +39,7 @@ export const PRIMARY_GONE_GRACE_MS = 2000;
 
 /** Byte order, as libcni sorts the dir (Go's sort.Strings). */
 export function sortsBefore(a: string, b: string): boolean {
-  return a < b;
+  return byteOrder(a, b) < 0;
 }
 
 export interface OwnedState {

@@ -9,7 +9,7 @@ import path from 'node:path';
 import type { EnvironmentFacts, InstallSettings } from '../config/settings.ts';
 import { removeFile, TEMP_MARKER, writeFileAtomic } from './atomicfile.ts';
 import { BinaryInstaller } from './binaries.ts';
-import { choosePrimary, CniConfigError, isConfigFile, isOurs, libcniVerdict, otherForm, primaryCandidates, PLUGIN_TYPE, standaloneConfig, withOurEntry, withoutOurEntry, type JsonObject } from './cniconfig.ts';
+import { byteOrder, choosePrimary, CniConfigError, isConfigFile, isOurs, libcniVerdict, otherForm, primaryCandidates, PLUGIN_TYPE, standaloneConfig, withOurEntry, withoutOurEntry, type JsonObject } from './cniconfig.ts';
 import { renderOrchconfig } from './orchconfig.ts';
 import type { PluginTokenSource } from '../orch/tokenrequest.ts';
 import { FileCache, type CachedFile } from './filecache.ts';
@@ -229,6 +229,7 @@ export class Reconciler {
     let primary: string | null = null;
     const skipped: Skipped[] = [];
     const notes: string[] = [];
+    const unspellable = await unspellableConfigNames(this.netDir);
     // An entry the runtime cannot run would fail every pod of the node, excluded namespaces
     // too: put it in only once the plugin and its orchconfig are on the node (one already there
     // stays, failing pods closed, rather than letting them start unredirected).
@@ -239,6 +240,10 @@ export class Reconciler {
     if (!(await isFile(orchconfig))) missing.push(orchconfig);
     if (entry && missing.length > 0) {
       notReady.push(`not adding our entry to the CNI config until ${missing.join(' and ')} ${missing.length > 1 ? 'are' : 'is'} in place`);
+    } else if (entry && unspellable.length > 0) {
+      // fs.readdir gives such a name as U+FFFD, which may collapse it with another and orders
+      // it wrongly: the agent cannot judge which file the runtime reads first.
+      fail('primary_unsupported', `${this.netDir} holds ${unspellable.length > 1 ? 'config files whose names are' : 'a config file whose name is'} not valid UTF-8 (${unspellable.join(', ')}): the runtime may load it, and the agent cannot name or order it; not installing until it is renamed or removed`);
     } else if (entry) {
       try {
         primary = !this.s.chained ? await this.syncStandalone(entry, writes)
@@ -262,7 +267,7 @@ export class Reconciler {
     if (!names) return null;
     // The first candidate by name: the primary is it or a later one (findPrimary).
     const first = choosePrimary(names, { confName: this.s.cniConfName, ownFiles: this.ownFiles() });
-    if (first === null || this.s.orchcfgFileName > first) return null;
+    if (first === null || byteOrder(this.s.orchcfgFileName, first) > 0) return null;
     return `--orchcfg-file-name ${this.s.orchcfgFileName} sorts before the CNI config ${first} in ${this.netDir}, which the runtime may take as the primary; not installing. Give a name that sorts after it (byte order), as the default ZZZ-mesh-cni-orchconfig does`;
   }
 
@@ -522,7 +527,7 @@ export class Reconciler {
    */
   private async failOwnNamesShadowing(names: readonly string[], target: string, entry: JsonObject, writes: Write[], fail: (r: ErrorReason, m: string) => void): Promise<void> {
     const own = this.ownFiles();
-    for (const name of [...names].sort()) {
+    for (const name of [...names].sort(byteOrder)) {
       if (name === target || !own.has(name) || !isConfigFile(name) || !sortsBefore(name, target)) continue;
       // Gone since the listing (our own removeOwned), or not a regular file: nothing the runtime loads.
       const file = path.join(this.netDir, name);
@@ -783,7 +788,7 @@ export class Reconciler {
   /** Configs the runtime would load that sort before ours, but the named primary (--cni-conf-name). */
   private async validBefore(names: readonly string[], ownedName: string, primary: string): Promise<string[]> {
     const out: string[] = [];
-    for (const name of [...names].sort()) {
+    for (const name of [...names].sort(byteOrder)) {
       if (!sortsBefore(name, ownedName) || !isConfigFile(name) || name === primary || this.ownFiles().has(name)) continue;
       const text = await readIfExists(path.join(this.netDir, name)).catch(() => null);
       if (text !== null && libcniVerdict(text, name).ok) out.push(name);
@@ -993,4 +998,16 @@ export class Reconciler {
     if (await removeFile(orchconfig)) writes.push({ file: orchconfig, kind: 'orchconfig', action: 'remove' });
     return writes;
   }
+}
+
+/**
+ * Config-file names in `dir` that are not valid UTF-8 (listed as bytes, as libcni sees them),
+ * each escaped (`0\x80.conflist`); empty when the dir cannot be listed.
+ */
+export async function unspellableConfigNames(dir: string): Promise<string[]> {
+  const raw = await fs.readdir(dir, { encoding: 'buffer' }).catch(() => [] as Buffer[]);
+  return raw
+    .filter((b) => !Buffer.from(b.toString('utf8')).equals(b) && isConfigFile(b.toString('latin1')))
+    .sort(Buffer.compare)
+    .map((b) => [...b].map((c) => (c >= 0x20 && c < 0x7f && c !== 0x5c ? String.fromCharCode(c) : `\\x${c.toString(16).padStart(2, '0')}`)).join(''));
 }
