@@ -83,13 +83,18 @@ export function shadowedBy(before: readonly string[], ownedName: string, netDir:
  * We cannot tell we wrote it (a copy of the primary that a rollback to a version without the
  * owned file left behind, or another program's), so it is not ours to remove: an error.
  */
-export function ownNameShadows(name: string, target: string, netDir: string): string {
-  return `${name} in ${netDir} holds no entry of ours and sorts before ${target}, so the runtime reads it, not our entry, and pods may start without mesh-cni; it has one of our file names but is not known as ours (a copy of the primary left by a version of the agent without --mesh-owned-cni-config, or another program's), so it is left as it is: remove it`;
+export function ownNameShadows(name: string, target: string, netDir: string, recordedFrom: string | null = null): string {
+  const head = `${name} in ${netDir} holds no entry of ours and sorts before ${target}, so the runtime reads it, not our entry, and pods may start without mesh-cni`;
+  // Our record beside it: most likely ours with our entry taken out by a version without the
+  // owned file, of a primary that changed since (a byte-exact copy would have been removed).
+  if (recordedFrom !== null) return `${head}; our record .${name}.mesh-from says ours was made from ${recordedFrom}, but it is no copy of ${recordedFrom} as that is now (the primary changed since?): remove ${name} and .${name}.mesh-from if they are a leftover of ours`;
+  return `${head}; it has one of our file names but is not known as ours (a copy of the primary left by a version of the agent without --mesh-owned-cni-config, or another program's), so it is left as it is: remove it`;
 }
 
 /** Our owned file's name taken by a file that holds no entry of ours: never overwritten or removed. */
-export function foreignOwned(ownedName: string, netDir: string, why = 'holds no entry of ours'): string {
-  return `${ownedName} in ${netDir} ${why}, so we did not write it (another program's file, the primary CNI's own, or a copy left by another version of the agent): not overwriting it, and uninstall will not remove it. Remove it, or give --mesh-owned-cni-config-filename a name no other file has`;
+export function foreignOwned(ownedName: string, netDir: string, why = 'holds no entry of ours', recordedFrom: string | null = null): string {
+  const record = recordedFrom === null ? '' : `; our record .${ownedName}.mesh-from says ours was made from ${recordedFrom}, but it is no copy of ${recordedFrom} as that is now (the primary changed since?): if it is a leftover of ours, remove it`;
+  return `${ownedName} in ${netDir} ${why}, so we did not write it (another program's file, the primary CNI's own, or a copy left by another version of the agent): not overwriting it, and uninstall will not remove it. Remove it, or give --mesh-owned-cni-config-filename a name no other file has${record}`;
 }
 
 /**

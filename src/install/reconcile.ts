@@ -3,11 +3,11 @@
 // event and every periodic tick runs the same pass, so a missed event costs at most one period.
 
 import { createHash } from 'node:crypto';
-import type { Dirent } from 'node:fs';
+import { constants, type Dirent } from 'node:fs';
 import fs from 'node:fs/promises';
 import path from 'node:path';
 import type { EnvironmentFacts, InstallSettings } from '../config/settings.ts';
-import { removeFile, TEMP_MARKER, writeFileAtomic } from './atomicfile.ts';
+import { removeFile, TEMP_MARKER, writeFileAtomic, type WriteOptions } from './atomicfile.ts';
 import { BinaryInstaller } from './binaries.ts';
 import { byteOrder, choosePrimary, CniConfigError, isConfigFile, isOurs, libcniVerdict, otherForm, primaryCandidates, PLUGIN_TYPE, standaloneConfig, withOurEntry, withoutOurEntry, type JsonObject } from './cniconfig.ts';
 import { renderOrchconfig } from './orchconfig.ts';
@@ -90,23 +90,42 @@ const isOriginalRecord = (name: string) => name.startsWith('.') && name.endsWith
 const isFile = (file: string) => fs.stat(file).then((st) => st.isFile(), () => false);
 
 /**
- * Where a write to the config `file` goes: for a symbolic link (a primary CNI that keeps its
- * config elsewhere and links it here), the file it points to (followed to the end), so the link
- * stays and the primary CNI's later writes through it still count; the temp file is then made
- * beside that target, so the rename is atomic there. Else `file`. A link is followed only to a
- * regular file that holds `expected` now, the CNI config just read through it and parsed: the
- * net dir is writable by others, and a link to any other file (a CNI binary) would have the root
- * agent overwrite it. Never for a name taken from a record (takeOut writes those in the net dir).
+ * Writes the config `file` (whose text was just read as `expected`). For a symbolic link (a
+ * primary CNI that keeps its config elsewhere and links it here) the file it points to is
+ * written (followed to the end), so the link stays and the primary CNI's later writes through it
+ * still count; the temp file is made beside that target, so the rename is atomic there. Else
+ * `file` itself. Returns whether it was written (beforeRename) and the path written.
+ *
+ * The net dir is writable by others, and the root agent writing through a link they control
+ * could overwrite any file (a CNI binary). So a link is followed only into the net dir itself or
+ * into a directory outside it that only root may write (no net-dir writer can swap it), that
+ * directory is held open by fd from the check to the rename (a path walked again could lead
+ * elsewhere), and only to a regular file there that holds `expected` now. A directory made
+ * inside the net dir is refused: it can be swapped for a link (renameat2 RENAME_EXCHANGE) between
+ * any check and the write. Never for a name taken from a record (those are written in the net dir).
  */
-async function writeTarget(file: string, expected: string): Promise<string> {
+async function writeThrough(file: string, expected: string, netDir: string, data: string, opts: WriteOptions): Promise<{ written: boolean; target: string }> {
   const st = await fs.lstat(file).catch(() => null);
-  if (!st?.isSymbolicLink()) return file;
+  if (!st?.isSymbolicLink()) return { written: await writeFileAtomic(file, data, opts), target: file };
   const target = await fs.realpath(file);
-  const now = await readRegularFileIfExists(target, { noFollow: true }).catch(() => null);
-  if (now?.text !== expected) {
-    throw new Error(`${file} is a symbolic link to ${target}, which is not the regular file holding the CNI config just read through it; not writing through the link`);
+  const dir = path.dirname(target);
+  const net = await fs.realpath(netDir);
+  const refuse = (why: string) => new Error(`${file} is a symbolic link to ${target}, ${why}; not writing through the link. Link it to a file in ${netDir} itself or in a directory outside it that only root may write`);
+  const rel = path.relative(net, dir);
+  if (dir !== net && !rel.startsWith('..') && !path.isAbsolute(rel)) throw refuse('in a directory inside the net dir, which any writer there could swap for a link while we write');
+  const dh = await fs.open(dir, constants.O_RDONLY | constants.O_DIRECTORY | constants.O_NOFOLLOW);
+  try {
+    const pinned = `/proc/self/fd/${dh.fd}`;
+    if ((await fs.realpath(pinned)) !== dir) throw refuse('whose directory moved while it was opened');
+    const dst = await dh.stat();
+    if (dir !== net && (dst.uid !== 0 || (dst.mode & 0o022) !== 0)) throw refuse('in a directory not owned by root or writable by group or others, which someone else could swap');
+    const at = path.join(pinned, path.basename(target));
+    const now = await readRegularFileIfExists(at, { noFollow: true }).catch(() => null);
+    if (now?.text !== expected) throw refuse('which is not the regular file holding the CNI config just read through it');
+    return { written: await writeFileAtomic(at, data, opts), target };
+  } finally {
+    await dh.close();
   }
-  return target;
 }
 
 /** A record's mode, without the bits no CNI config needs (exec, setuid, group/other write). */
@@ -480,11 +499,13 @@ export class Reconciler {
             const st = await fs.stat(file);
             const link = (await fs.lstat(file)).isSymbolicLink() ? await fs.readlink(file) : undefined;
             // A .conf made a .conflist is a new file; else the primary is edited where it is.
-            const target = rewrite.replaces ? path.join(this.netDir, rewrite.fileName) : await writeTarget(file, text);
             // The primary CNI may rewrite its file while ours is being written: then what we
             // computed is stale, and putting it in place would undo their change.
             const unchanged = async () => (await readIfExists(file).catch(() => null)) === text;
-            if (!(await writeFileAtomic(target, rewrite.text, { mode: st.mode & 0o7777, uid: st.uid, gid: st.gid, beforeRename: unchanged }))) {
+            const opts = { mode: st.mode & 0o7777, uid: st.uid, gid: st.gid, beforeRename: unchanged };
+            const replaced = path.join(this.netDir, rewrite.fileName);
+            const { written, target } = rewrite.replaces ? { written: await writeFileAtomic(replaced, rewrite.text, opts), target: replaced } : await writeThrough(file, text, this.netDir, rewrite.text, opts);
+            if (!written) {
               notReady.push(`primary CNI config ${file} changed while our entry was being added; doing it again`);
               return primaryAfter;
             }
@@ -540,7 +561,7 @@ export class Reconciler {
         await removeFile(this.recordFor(name));
         continue;
       }
-      fail('config_shadowed', ownNameShadows(name, target, this.netDir));
+      fail('config_shadowed', ownNameShadows(name, target, this.netDir, await this.recordedFrom(name)));
     }
   }
 
@@ -662,7 +683,7 @@ export class Reconciler {
     // A file at our name that we did not write (no entry of ours: another program's, the
     // primary's own when the names are equal): never overwritten; uninstall leaves it too.
     if (current !== null && !textHoldsOurEntry(current, ownedName)) {
-      fail('file_refused', foreignOwned(ownedName, this.netDir));
+      fail('file_refused', foreignOwned(ownedName, this.netDir, undefined, await this.recordedFrom(ownedName)));
       return null;
     }
     if (this.holdOwned(found?.name ?? null, names, current !== null, skipped, notReady, fail)) return ownedName;
@@ -907,7 +928,7 @@ export class Reconciler {
       // The .conf we made this conflist from: written in the net dir itself (a link found there
       // now is replaced, not followed). Only the file itself, edited in place, may be a link.
       else if (original.name !== name) await writeFileAtomic(back, original.text, { mode: original.mode, uid: original.uid, gid: original.gid });
-      else await writeFileAtomic(await writeTarget(back, text), original.text, { mode: original.mode, uid: original.uid, gid: original.gid });
+      else await writeThrough(back, text, this.netDir, original.text, { mode: original.mode, uid: original.uid, gid: original.gid });
       writes.push({ file: back, kind: 'cni_config', action: 'write' });
       if (original.name !== name) {
         await removeFile(file);
@@ -921,7 +942,7 @@ export class Reconciler {
       await removeFile(file);
       writes.push({ file, kind: 'cni_config', action: 'remove' });
     } else {
-      await writeFileAtomic(await writeTarget(file, text), without, { mode: st.mode & 0o7777, uid: st.uid, gid: st.gid });
+      await writeThrough(file, text, this.netDir, without, { mode: st.mode & 0o7777, uid: st.uid, gid: st.gid });
       writes.push({ file, kind: 'cni_config', action: 'write' });
     }
   }

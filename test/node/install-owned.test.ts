@@ -378,6 +378,25 @@ describe('owned config: files at our names that we did not write', () => {
     assert.deepEqual(runtimeView(tree.netDir), { file: OWNED, entries: 1, chain: ['bridge', 'mesh-cni'] });
   });
 
+  it('a rollback copy of a primary that changed since: still config_shadowed, the reason naming our record and what to remove', async () => {
+    const { net, make } = await setup({ '10-bridge.conflist': BRIDGE_CONFLIST });
+    await make().reconcile();
+    await fs.writeFile(net(OWNED), withoutOurEntry(readFileSync(net(OWNED), 'utf8'), OWNED)!);
+    await fs.writeFile(net('10-bridge.conflist'), BRIDGE_CONFLIST.replace('mcni-br0', 'mcni-br5'));
+    const out = await make({ 'mesh-owned-cni-config': 'false' }).reconcile();
+    assert.ok(reasons(out).includes('config_shadowed'), out.notReady.join('; '));
+    assert.match(out.notReady.join('\n'), /our record .02-mesh-cni.conflist.mesh-from says ours was made from 10-bridge.conflist, but it is no copy of 10-bridge.conflist as that is now \(the primary changed since\?\): remove 02-mesh-cni.conflist and .02-mesh-cni.conflist.mesh-from/);
+  });
+  it('owned: a rollback copy of a primary that changed since at the owned name: file_refused, the reason naming our record', async () => {
+    const { net, make } = await setup({ '10-bridge.conflist': BRIDGE_CONFLIST });
+    await make().reconcile();
+    await fs.writeFile(net(OWNED), withoutOurEntry(readFileSync(net(OWNED), 'utf8'), OWNED)!);
+    await fs.writeFile(net('10-bridge.conflist'), BRIDGE_CONFLIST.replace('mcni-br0', 'mcni-br5'));
+    const out = await make().reconcile();
+    assert.ok(reasons(out).includes('file_refused'), out.notReady.join('; '));
+    assert.match(out.notReady.join('\n'), /our record .02-mesh-cni.conflist.mesh-from says ours was made from 10-bridge.conflist, but it is no copy of 10-bridge.conflist as that is now/);
+  });
+
   it('with the splice, our owned file that holds our entry is no shadow (it is removed once the primary has the entry)', async () => {
     const { make } = await setup({ '10-bridge.conflist': BRIDGE_CONFLIST });
     await make().reconcile();
