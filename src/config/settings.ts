@@ -4,7 +4,7 @@
 import path from 'node:path';
 import { CLEANUP_MODES, CTRLZ_WRITE_MODES, FLAGS, LOG_LEVELS, LOG_SCOPES, SCOPES, scopesAt, type CleanupMode, type CtrlzWriteMode, type FlagSpec, type LogLevel, type LogScope } from './flags.ts';
 import { TEMP_MARKER } from '../install/atomicfile.ts';
-import { CONFIG_EXTENSIONS } from '../install/cniconfig.ts';
+import { byteOrder, CONFIG_EXTENSIONS } from '../install/cniconfig.ts';
 import { DEFAULT_OWNED_NAME } from '../install/owned.ts';
 import { ConfigError, ConfigErrors, MAX_TIMER_MS, parseBool, parseDuration, parseEnum, parseFileMode, parseInt10, parseList } from './parse.ts';
 import { isLabelKey, isLabelValue, parseFieldSelector, parseLabelSelector } from '../orch/selectors.ts';
@@ -167,7 +167,7 @@ function parseOwnedFileName(flag: string, value: string): string {
  * before it ('-' < '.', byte order), so naming a primary never needs a second flag.
  */
 function defaultOwnedFileName(cniConfName: string): string {
-  if (cniConfName === '' || cniConfName > DEFAULT_OWNED_NAME) return DEFAULT_OWNED_NAME;
+  if (cniConfName === '' || byteOrder(cniConfName, DEFAULT_OWNED_NAME) > 0) return DEFAULT_OWNED_NAME;
   const ext = path.extname(cniConfName);
   const derived = `${cniConfName.slice(0, cniConfName.length - ext.length)}-mesh-cni.conflist`;
   try {
@@ -176,7 +176,7 @@ function defaultOwnedFileName(cniConfName: string): string {
     return DEFAULT_OWNED_NAME;
   }
   // Not before it (no extension, say): the check in buildSettings refuses it, naming the flag.
-  return derived < cniConfName ? derived : DEFAULT_OWNED_NAME;
+  return byteOrder(derived, cniConfName) < 0 ? derived : DEFAULT_OWNED_NAME;
 }
 
 /**
@@ -314,7 +314,7 @@ export function buildSettings(flags: RawFlags, env: Env, cwd: string = process.c
   if (install.cniConfName !== '' && install.orchcfgFileName <= install.cniConfName) {
     errors.push(new ConfigError('--orchcfg-file-name', install.orchcfgFileName, `sorts before --cni-conf-name ${install.cniConfName}, the config the runtime reads; name it so that it sorts after (byte order), as the default ZZZ-mesh-cni-orchconfig does`));
   }
-  if (install.chained && install.meshOwnedCniConfig && install.cniConfName !== '' && install.cniConfName <= install.meshOwnedCniConfigFilename) {
+  if (install.chained && install.meshOwnedCniConfig && install.cniConfName !== '' && byteOrder(install.cniConfName, install.meshOwnedCniConfigFilename) <= 0) {
     errors.push(new ConfigError('--mesh-owned-cni-config-filename', install.meshOwnedCniConfigFilename, `does not sort before --cni-conf-name ${install.cniConfName}, so the runtime would read that file, not ours; name it so that it sorts first (byte order), such as ${path.basename(install.cniConfName, path.extname(install.cniConfName))}-mesh-cni.conflist (or leave it unset: that is then its default), or run with --mesh-owned-cni-config=false`));
   }
   if (install.skipTlsVerify && install.orchCaFile !== '') {

@@ -114,6 +114,9 @@ describe('owned config: settings', () => {
     }
     // A primary name after the default keeps the default.
     assert.equal(buildSettings({ 'mesh-owned-cni-config': 'true', 'cni-conf-name': '10-calico.conflist' }, {}).install.meshOwnedCniConfigFilename, OWNED);
+    // Byte order (UTF-8), as libcni sorts, not UTF-16 code units: U+10000 sorts after U+FF61.
+    assert.equal(buildSettings({ 'mesh-owned-cni-config': 'true', 'cni-conf-name': '0\u{10000}.conflist', 'mesh-owned-cni-config-filename': '0\u{FF61}.conflist' }, {}).install.meshOwnedCniConfigFilename, '0\u{FF61}.conflist');
+    assert.throws(() => buildSettings({ 'mesh-owned-cni-config': 'true', 'cni-conf-name': '0\u{FF61}.conflist', 'mesh-owned-cni-config-filename': '0\u{10000}.conflist' }, {}), /does not sort before/);
     // A name given (flag or env) is taken as given, and refused if it does not sort first.
     assert.throws(() => buildSettings({ 'mesh-owned-cni-config': 'true', 'cni-conf-name': '00-calico.conflist' }, { MESH_OWNED_CNI_CONFIG_FILENAME: '02-mesh-cni.conflist' }), /does not sort before --cni-conf-name 00-calico.conflist/);
   });
