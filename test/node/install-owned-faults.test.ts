@@ -5,7 +5,7 @@
 // never be edited.
 
 import assert from 'node:assert/strict';
-import { readFileSync } from 'node:fs';
+import { readFileSync, statSync } from 'node:fs';
 import fs from 'node:fs/promises';
 import path from 'node:path';
 import { after, afterEach, describe, it } from 'node:test';
@@ -74,6 +74,21 @@ describe('owned config under faults', () => {
     await oursBack(t, 'our entry back in ours after it was edited out');
     await i.settled();
     assert.equal(readFileSync(file, 'utf8'), ours);
+    assert.deepEqual(i.notReadyReasons(), []);
+    assert.equal(readFileSync(path.join(t.netDir, PRIMARY), 'utf8'), BRIDGE_CONFLIST);
+  });
+
+  it('our owned file edited keeping our entry (a plugin added), or its mode opened: made again as it should be', async () => {
+    const t = await tree();
+    const i = await installer(t);
+    const file = path.join(t.netDir, OWNED);
+    const ours = readFileSync(file, 'utf8');
+    const edited = JSON.parse(ours) as { plugins: unknown[] };
+    edited.plugins.splice(1, 0, { type: 'tuning' });
+    await fs.writeFile(file, JSON.stringify(edited));
+    await eventually(() => readFileSync(file, 'utf8') === ours, 'ours made again after an edit');
+    await fs.chmod(file, 0o644);
+    await eventually(() => (statSync(file).mode & 0o777) === 0o600, 'mode back through the watch', 3000);
     assert.deepEqual(i.notReadyReasons(), []);
     assert.equal(readFileSync(path.join(t.netDir, PRIMARY), 'utf8'), BRIDGE_CONFLIST);
   });
