@@ -1,9 +1,13 @@
 // The orchconfig install-cni writes: a kubeconfig in strict JSON (so no YAML parser is bundled).
-// Only what a bearer-token client needs is read: server, CA or skip-verify, token.
+// Only what a bearer-token client needs is read: server, CA or skip-verify, token, all inline:
+// no file it names is read (see parseOrchconfig).
 
-import { readFileSync } from 'node:fs';
 import { isObject } from '../json.ts';
 import { describeJsonError } from '../parseerror.ts';
+import { readRegularFile, UnsafeFileError } from '../regularfile.ts';
+
+/** An orchconfig is a few KiB; a bound keeps a planted huge file from filling the plugin's memory. */
+const ORCHCONFIG_MAX_BYTES = 1024 * 1024;
 
 export interface OrchAccess {
   /** `https://host:port` (IPv6 hosts in brackets). */
@@ -48,13 +52,17 @@ export function parseOrchconfig(text: string, file: string): OrchAccess {
   let caPem: string | null = null;
   if (typeof cluster['certificate-authority-data'] === 'string') {
     caPem = Buffer.from(cluster['certificate-authority-data'], 'base64').toString('utf8');
-  } else if (typeof cluster['certificate-authority'] === 'string') {
-    caPem = readFileSync(cluster['certificate-authority'], 'utf8');
+  } else if (cluster['certificate-authority'] !== undefined) {
+    // A path to another file: the orchconfig is in a dir others may write, and the root plugin
+    // must read no host file it names. install-cni writes the CA inline.
+    throw new OrchconfigError(`${file}: the cluster names a certificate-authority file; the plugin reads no file an orchconfig names, only certificate-authority-data (as install-cni writes it). Let install-cni write this file`);
   }
   if (!insecure && caPem === null) throw new OrchconfigError(`${file}: the cluster has neither certificate-authority-data nor insecure-skip-tls-verify`);
   if (!isObject(user)) throw new OrchconfigError(`${file}: the user has no user`);
-  let token = typeof user.token === 'string' ? user.token : '';
-  if (token === '' && typeof user.tokenFile === 'string') token = readFileSync(user.tokenFile, 'utf8').trim();
+  // A tokenFile would have the root plugin send any host file it names as a Bearer token to the
+  // server this same file names. install-cni writes the token inline.
+  if (user.tokenFile !== undefined) throw new OrchconfigError(`${file}: the user names a tokenFile; the plugin reads no file an orchconfig names, only an inline token (as install-cni writes it). Let install-cni write this file`);
+  const token = typeof user.token === 'string' ? user.token : '';
   if (token === '') throw new OrchconfigError(`${file}: the user has no token`);
   return { server, caPem, insecure, token };
 }
@@ -62,8 +70,9 @@ export function parseOrchconfig(text: string, file: string): OrchAccess {
 export function readOrchconfig(file: string): OrchAccess {
   let text: string;
   try {
-    text = readFileSync(file, 'utf8');
+    text = readRegularFile(file, ORCHCONFIG_MAX_BYTES);
   } catch (e) {
+    if (e instanceof UnsafeFileError) throw new OrchconfigError(`orchconfig refused: ${e.message}; install-cni writes it as a regular file of at most 1 MiB: let it write this one`);
     throw new OrchconfigError(`cannot read orchconfig ${file}: ${(e as Error).message}; is install-cni running on this node?`);
   }
   return parseOrchconfig(text, file);
