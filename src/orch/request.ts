@@ -22,6 +22,21 @@ function statusMessage(body: string): string {
   }
 }
 
+/**
+ * Why an answer is not JSON, by kind and place only: V8's message quotes the text, which may be
+ * a token (a TokenRequest answer cut short), and this error reaches /readyz.
+ */
+function notJson(e: unknown, text: string): string {
+  const message = e instanceof Error ? e.message : '';
+  const kind = /^Unexpected end of JSON input/.test(message) ? 'it ends too early'
+    : /^Unterminated string/.test(message) ? 'a string never ends'
+    : /^Unexpected non-whitespace character after JSON/.test(message) ? 'more follows the value'
+    : 'unexpected character';
+  const pos = /at position (\d+)/.exec(message);
+  const where = pos ? ` at character ${pos[1]}` : '';
+  return `answer is not JSON (${kind}${where}; ${Buffer.byteLength(text)} bytes)`;
+}
+
 const keepAliveAgents = new WeakMap<KubeConfig, { readonly tls: string; readonly agent: https.Agent }>();
 
 /**
@@ -87,7 +102,7 @@ export async function apiRequest<T>(kc: KubeConfig, method: string, apiPath: str
         try {
           resolve((text === '' ? undefined : JSON.parse(text)) as T);
         } catch (e) {
-          reject(new ApiError(what, undefined, `answer is not JSON: ${(e as Error).message}`));
+          reject(new ApiError(what, undefined, notJson(e, text)));
         }
       });
     });
