@@ -447,21 +447,21 @@ export class Reconciler {
           const everyReader = ['ENOTDIR', 'ELOOP', 'ENAMETOOLONG'].includes(code);
           if (code === 'ENOENT') listing = [];
           else if (everyReader && !explicit) {
-            skipped.push({ file: name, reason: `${verdict.pluginDir}/, where libcni looks for more of its plugins, cannot be listed by any reader (${code}), so it fails to load` });
+            skipped.push({ file: name, reason: `the directory its "name" names, where libcni looks for more of its plugins, cannot be listed by any reader (${code}), so it fails to load` });
             continue;
           } else {
-            fail(everyReader ? 'primary_unsupported' : 'file_refused', `${name} in ${this.netDir}: cannot read ${dir}/, where libcni looks for more of its plugins (${code || (e as Error).message}); not installing until it can be read`);
+            fail(everyReader ? 'primary_unsupported' : 'file_refused', `${name} in ${this.netDir}: cannot read the directory its "name" names, where libcni looks for more of its plugins (${code || (e as Error).message}); not installing until it can be read`);
             return { name, text: null, said: true };
           }
         }
         const more = listing.filter((d) => !d.isDirectory() && path.extname(d.name) === '.conf');
         if (more.length > 0) {
-          fail('primary_unsupported', `${name} in ${this.netDir} takes ${more.length} more plugin config(s) from ${dir}/ after its own list, so an entry of ours there would not run last; not installing. Move them into its "plugins" list`);
+          fail('primary_unsupported', `${name} in ${this.netDir} takes ${more.length} more plugin config(s) from the directory its "name" names after its own list, so an entry of ours there would not run last; not installing. Move them into its "plugins" list`);
           return { name, text: null, said: true };
         }
         if (!verdict.listed) {
           if (explicit) return { name, text };
-          skipped.push({ file: name, reason: `no "plugins" list, and no plugin .conf files in ${verdict.pluginDir}/` });
+          skipped.push({ file: name, reason: 'no "plugins" list, and no plugin .conf files in the directory its "name" names' });
           continue;
         }
       }
@@ -998,25 +998,44 @@ export class Reconciler {
    */
   async cleanup(): Promise<Write[]> {
     const writes: Write[] = [];
+    // Each step on its own: one that fails (a directory planted at a record's name, a file we
+    // may not write) must not leave the rest of the uninstall undone. All failures are said.
+    const errors: string[] = [];
+    const step = async (what: string, fn: () => Promise<unknown>) => {
+      try {
+        await fn();
+      } catch (e) {
+        errors.push(`${what}: ${(e as Error).message}`);
+      }
+    };
     const names = await fs.readdir(this.netDir).catch(() => [] as string[]);
     // Our owned file first: taking the entry out of it would leave a copy of the primary. So
     // are ours under earlier names, known by their records.
-    if (this.s.chained || this.standaloneName !== this.s.meshOwnedCniConfigFilename) await this.removeOwned(writes);
-    this.earlierOwned = await this.findEarlierOwned(names);
-    await this.removeEarlierOwned(writes);
+    if (this.s.chained || this.standaloneName !== this.s.meshOwnedCniConfigFilename) await step(`removing our ${this.s.meshOwnedCniConfigFilename}`, () => this.removeOwned(writes));
+    await step('removing ours under earlier names', async () => {
+      this.earlierOwned = await this.findEarlierOwned(names);
+      await this.removeEarlierOwned(writes);
+    });
     for (const name of names) {
       if (!isConfigFile(name)) continue;
       if (name === this.s.meshOwnedCniConfigFilename && (this.s.chained || this.standaloneName !== name)) continue;
       if (!this.s.chained && name === this.standaloneName) {
-        if (await removeFile(path.join(this.netDir, name))) writes.push({ file: path.join(this.netDir, name), kind: 'cni_config', action: 'remove' });
+        await step(`removing ${name}`, async () => {
+          if (await removeFile(path.join(this.netDir, name))) writes.push({ file: path.join(this.netDir, name), kind: 'cni_config', action: 'remove' });
+        });
         continue;
       }
-      await this.takeOut(name, writes);
+      await step(`taking our entry out of ${name}`, () => this.takeOut(name, writes));
     }
     // Records of files no longer as we wrote them are no use to anyone now.
-    for (const name of names) if (isOriginalRecord(name)) await removeFile(path.join(this.netDir, name));
+    for (const name of names) if (isOriginalRecord(name)) await step(`removing ${name}`, () => removeFile(path.join(this.netDir, name)));
     const orchconfig = path.join(this.netDir, this.s.orchcfgFileName);
-    if (await removeFile(orchconfig)) writes.push({ file: orchconfig, kind: 'orchconfig', action: 'remove' });
+    await step(`removing ${this.s.orchcfgFileName}`, async () => {
+      if (await removeFile(orchconfig)) writes.push({ file: orchconfig, kind: 'orchconfig', action: 'remove' });
+    });
+    if (errors.length > 0) {
+      throw new Error(`the uninstall in ${this.netDir} left ${errors.length} step(s) undone (the others were done: ${writes.length} file(s) written or removed): ${errors.join('; ')}. Remove what is named by hand`);
+    }
     return writes;
   }
 }

@@ -112,3 +112,35 @@ describe('names are ordered by their UTF-8 bytes, as libcni sorts them', () => {
     }
   });
 });
+
+describe('uninstall does every step it can', () => {
+  it('a directory planted at our record does not stop the rest: orchconfig removed, entry out, all errors said', async () => {
+    const { tree, out } = await pass(true, () => {});
+    assert.ok(ready(out), reasons(out));
+    const net = tree.netDir;
+    const record = readdirSync(net).find((n) => n.endsWith('.mesh-from'));
+    assert.ok(record, 'no record of ours was written');
+    await fs.rm(path.join(net, record));
+    await fs.mkdir(path.join(net, record));
+    // A second planted obstacle, in another step: a directory at an original-record name.
+    await fs.mkdir(path.join(net, '.10-bridge.conflist.mesh-original'));
+    const s = buildSettings({ 'reconcile-interval': '1h', ...tree.flags, 'mesh-owned-cni-config': 'true' }, tree.env);
+    await assert.rejects(new Reconciler(s.install, s.env).cleanup(), (e: Error) => {
+      assert.match(e.message, new RegExp(record.replaceAll('.', '\\.')));
+      assert.match(e.message, /\.10-bridge\.conflist\.mesh-original/);
+      return true;
+    });
+    const left = readdirSync(net).filter((n) => !n.startsWith('.'));
+    assert.deepEqual(left, ['10-bridge.conflist']);
+    assert.doesNotMatch(readFileSync(path.join(net, '10-bridge.conflist'), 'utf8'), /mesh-cni/);
+  });
+});
+
+describe('readiness reasons carry no file content', () => {
+  it('a skipped .conflist\'s "name" is not in the reason', async () => {
+    const { out } = await pass(false, (net) => fs.writeFile(path.join(net, '00-a.conflist'), '{"cniVersion":"1.0.0","name":"planted-s3cret-words"}'));
+    const all = [...out.notReady, ...(out.skipped ?? []).map((k) => k.reason)].join('\n');
+    assert.match(JSON.stringify(out.skipped), /00-a\.conflist/);
+    assert.doesNotMatch(all, /planted-s3cret-words/);
+  });
+});
