@@ -28,6 +28,8 @@ needs=(
   openssl:openssl
   /usr/bin/python3:python3
   /usr/bin/qemu-x86_64:qemu-user
+  cc:gcc
+  /usr/include/stdio.h:libc6-dev
 )
 
 missing=()
