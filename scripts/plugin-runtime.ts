@@ -16,9 +16,9 @@
 
 import { execFileSync } from 'node:child_process';
 import { createHash } from 'node:crypto';
-import { chmodSync, existsSync, mkdirSync, readFileSync, renameSync, rmSync, statSync, writeFileSync } from 'node:fs';
+import { existsSync, readFileSync, statSync } from 'node:fs';
 import path from 'node:path';
-import { buildSea, type SeaMode } from './sea.ts';
+import { buildOnce, buildSea, type SeaMode } from './sea.ts';
 
 export const PLUGIN_RUNTIMES = ['node-sea', 'bun'] as const;
 export type PluginRuntime = (typeof PLUGIN_RUNTIMES)[number];
@@ -63,26 +63,13 @@ export function buildExecutable(o: ExecutableOptions): boolean {
 
 function buildBun(o: ExecutableOptions): boolean {
   const bun = bunBinary(o.root);
-  const work = path.join(o.root, 'dist', '.sea');
-  mkdirSync(work, { recursive: true });
-  mkdirSync(path.dirname(o.out), { recursive: true });
   const bunStat = statSync(bun);
   const stamp = createHash('sha256').update(readFileSync(o.main)).update('bun').update(`${bun}:${bunStat.size}:${bunStat.mtimeMs}`).digest('hex');
-  const stampFile = path.join(work, `${path.basename(o.out)}.stamp`);
-  if (existsSync(o.out) && existsSync(stampFile) && readFileSync(stampFile, 'utf8') === stamp) return false;
-  // Never write into the executable in place: a runtime may be running it (ETXTBSY). No
-  // --target: the executable embeds the very Bun that builds it (another target is a download).
-  const tmp = `${o.out}.tmp-${process.pid}`;
-  try {
+  // No --target: the executable embeds the very Bun that builds it (another target is a download).
+  return buildOnce(o.root, o.out, stamp, (tmp, work) => {
     // Bun's executables by default also read .env and bunfig.toml from the working directory: a
     // plugin run by root in whatever directory the runtime has must not (plugin-shipped test).
     execFileSync(bun, ['build', '--compile', '--bytecode', '--minify', '--no-compile-autoload-dotenv', '--no-compile-autoload-bunfig', o.main, '--outfile', tmp],
       { stdio: ['ignore', 'ignore', 'pipe'], env: { PATH: process.env.PATH ?? '', HOME: process.env.HOME ?? '/root', BUN_INSTALL_CACHE_DIR: path.join(work, 'bun-cache'), DO_NOT_TRACK: '1' } });
-    chmodSync(tmp, 0o755);
-    renameSync(tmp, o.out);
-  } finally {
-    rmSync(tmp, { force: true });
-  }
-  writeFileSync(stampFile, stamp);
-  return true;
+  });
 }

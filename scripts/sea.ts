@@ -35,33 +35,42 @@ export interface SeaOptions {
 /** Builds one executable; returns false when the stamp says it is already up to date. */
 export function buildSea(o: SeaOptions): boolean {
   const node = process.execPath;
-  const work = path.join(o.root, 'dist', '.sea');
-  mkdirSync(work, { recursive: true });
-  mkdirSync(path.dirname(o.out), { recursive: true });
   const nodeStat = statSync(node);
   const stamp = createHash('sha256').update(readFileSync(o.main)).update(o.mode).update(`${node}:${nodeStat.size}:${nodeStat.mtimeMs}`).digest('hex');
-  const stampFile = path.join(work, `${path.basename(o.out)}.stamp`);
-  if (existsSync(o.out) && existsSync(stampFile) && readFileSync(stampFile, 'utf8') === stamp) return false;
-
-  const name = path.basename(o.out);
-  const blob = path.join(work, `${name}.blob`);
-  const config = path.join(work, `${name}.sea.json`);
-  writeFileSync(config, JSON.stringify({
-    main: o.main,
-    output: blob,
-    disableExperimentalSEAWarning: true,
-    useCodeCache: o.mode === 'codecache',
-    useSnapshot: o.mode === 'snapshot',
-  }));
-  execFileSync(node, ['--experimental-sea-config', config], { stdio: ['ignore', 'ignore', 'pipe'] });
-  // Never write into the executable in place: a runtime may be running it (ETXTBSY).
-  const tmp = `${o.out}.tmp-${process.pid}`;
-  copyFileSync(node, tmp);
-  const postject = createRequire(import.meta.url).resolve('postject/dist/cli.js');
-  try {
+  return buildOnce(o.root, o.out, stamp, (tmp, work) => {
+    const name = path.basename(o.out);
+    const blob = path.join(work, `${name}.blob`);
+    const config = path.join(work, `${name}.sea.json`);
+    writeFileSync(config, JSON.stringify({
+      main: o.main,
+      output: blob,
+      disableExperimentalSEAWarning: true,
+      useCodeCache: o.mode === 'codecache',
+      useSnapshot: o.mode === 'snapshot',
+    }));
+    execFileSync(node, ['--experimental-sea-config', config], { stdio: ['ignore', 'ignore', 'pipe'] });
+    copyFileSync(node, tmp);
+    const postject = createRequire(import.meta.url).resolve('postject/dist/cli.js');
     execFileSync(node, [postject, tmp, 'NODE_SEA_BLOB', blob, '--sentinel-fuse', FUSE], { stdio: ['ignore', 'ignore', 'pipe'] });
+  });
+}
+
+/**
+ * Builds `out` with `make(tmp, work)` unless the stamp of its inputs is unchanged since the last
+ * build: false when nothing was built. Never writes into the executable in place, since a
+ * runtime may be running it (ETXTBSY): `make` writes a temp file that replaces it by rename.
+ */
+export function buildOnce(root: string, out: string, stamp: string, make: (tmp: string, work: string) => void): boolean {
+  const work = path.join(root, 'dist', '.sea');
+  mkdirSync(work, { recursive: true });
+  mkdirSync(path.dirname(out), { recursive: true });
+  const stampFile = path.join(work, `${path.basename(out)}.stamp`);
+  if (existsSync(out) && existsSync(stampFile) && readFileSync(stampFile, 'utf8') === stamp) return false;
+  const tmp = `${out}.tmp-${process.pid}`;
+  try {
+    make(tmp, work);
     chmodSync(tmp, 0o755);
-    renameSync(tmp, o.out);
+    renameSync(tmp, out);
   } finally {
     rmSync(tmp, { force: true });
   }
