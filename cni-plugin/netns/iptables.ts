@@ -6,7 +6,6 @@
 // KUBE-IPTABLES-HINT / KUBE-KUBELET-CANARY chains decide when present, else whichever of
 // `iptables-legacy-save` / `iptables-nft-save` (v4 + v6) shows more rules; a tie means nft.
 
-import { existsSync } from 'node:fs';
 import { OWN_CHAIN_PREFIX, OWNED_TABLES } from '../redirect/constants.ts';
 import type { Family } from '../redirect/net.ts';
 import { exec, execNow, type ExecOptions, type ExecResult } from './exec.ts';
@@ -219,9 +218,4 @@ export function reconcileRestore(want: RuleSet | null, have: RuleSet): string | 
     out.push('COMMIT');
   }
   return out.length === 0 ? null : out.join('\n') + '\n';
-}
-
-/** A netns reference that can still be entered (DEL may come after the runtime removed it). */
-export function netnsExists(netns: string): boolean {
-  return netns !== '' && existsSync(netns);
 }
