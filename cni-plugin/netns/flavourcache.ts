@@ -10,13 +10,17 @@
 // by us and writable by no one else, and it is used through the descriptor that was checked
 // (/proc/self/fd/N/...), so swapping the path for a link afterwards changes nothing. The answer
 // is written to a temp file of an unpredictable name opened O_CREAT|O_EXCL|O_NOFOLLOW, then
-// renamed; read with O_NOFOLLOW. Anything else: no cache, only slower.
+// renamed; read through the plugin's bounded regular-file reader (no link, no FIFO, 4 KiB).
+// Anything else: no cache, only slower.
 
 import { chmodSync, closeSync, constants, fstatSync, lstatSync, mkdirSync, openSync, readFileSync, renameSync, unlinkSync, writeSync } from 'node:fs';
 import path from 'node:path';
 import type { Detection, Flavour } from './iptables.ts';
+import { readRegularFile } from '../regularfile.ts';
 
 export const CACHE_FILE_NAME = 'iptables-flavour.json';
+/** The cache is one small JSON object; anything larger is not ours. */
+const MAX_CACHE_BYTES = 4096;
 export const CACHE_DIR_NAME = 'plugin-cache';
 const MAX_AGE_MS = 3_600_000;
 
@@ -78,14 +82,9 @@ function openCacheDir(file: string): { fd: number; at: (name: string) => string 
 
 function readCache(at: (name: string) => string, name: string): Partial<Cached> | null {
   try {
-    const fd = openSync(at(name), constants.O_RDONLY | constants.O_NOFOLLOW);
-    try {
-      return JSON.parse(readFileSync(fd, 'utf8')) as Partial<Cached>;
-    } finally {
-      closeSync(fd);
-    }
+    return JSON.parse(readRegularFile(at(name), MAX_CACHE_BYTES)) as Partial<Cached>;
   } catch {
-    return null; // No cache yet, a broken one, or a link: detect and rewrite it.
+    return null; // No cache yet, a broken one, a link or no regular file: detect and rewrite it.
   }
 }
 
