@@ -13,6 +13,7 @@ needs=(
   /usr/lib/cni/bridge:containernetworking-plugins
   podman:podman
   runc:runc
+  containerd:containerd
   buildah:buildah
   strip:binutils
   busybox:busybox-static
