@@ -44,6 +44,8 @@ export interface InstallSettings {
   readonly reconcileIntervalMs: number;
   /** A pass running longer is reported stuck; stop waits this long for it. */
   readonly reconcileTimeoutMs: number;
+  /** Where the node's CPU flags are read before a Bun-built plugin is installed (cpucheck.ts); no flag: tests give a fake. */
+  readonly cpuinfoPath: string;
 }
 
 export interface RepairSettings {
@@ -307,6 +309,7 @@ export function buildSettings(flags: RawFlags, env: Env, cwd: string = process.c
     cleanupOnExit: get('cleanup-on-exit', (s, v) => parseEnum(s, v, CLEANUP_MODES), 'auto'),
     reconcileIntervalMs: get('reconcile-interval', (s, v) => parseDuration(s, v, { min: 100, max: MAX_TIMER_MS }), 5000),
     reconcileTimeoutMs: get('reconcile-timeout', (s, v) => parseDuration(s, v, { min: 100, max: MAX_TIMER_MS }), 30_000),
+    cpuinfoPath: '/proc/cpuinfo',
   };
   if (install.pluginTokenFile !== '' && install.pluginTokenFile === path.join(install.serviceAccountDir, 'token')) {
     errors.push(new ConfigError('--plugin-token-file', install.pluginTokenFile, 'is the agent\'s own service-account token, which must never be written to the node\'s disk; give a token of the plugin\'s account, or leave it empty to mint one'));

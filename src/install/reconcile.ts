@@ -9,6 +9,7 @@ import path from 'node:path';
 import type { EnvironmentFacts, InstallSettings } from '../config/settings.ts';
 import { removeFile, TEMP_MARKER, writeFileAtomic, type WriteOptions } from './atomicfile.ts';
 import { BinaryInstaller } from './binaries.ts';
+import { refuseUnrunnablePlugin } from './cpucheck.ts';
 import { byteOrder, choosePrimary, CniConfigError, isConfigFile, isOurs, libcniVerdict, otherForm, primaryCandidates, PLUGIN_TYPE, standaloneConfig, withOurEntry, withoutOurEntry, type JsonObject } from './cniconfig.ts';
 import { renderOrchconfig } from './orchconfig.ts';
 import type { PluginTokenSource } from '../orch/tokenrequest.ts';
@@ -226,6 +227,7 @@ export class Reconciler {
     }
 
     try {
+      await refuseUnrunnablePlugin(path.join(this.s.cniBinariesDir, PLUGIN_TYPE), this.s.cpuinfoPath);
       for (const name of await this.binaries.sync()) writes.push({ file: path.join(this.s.mountedCniBinDir, name), kind: 'binary', action: 'write' });
     } catch (e) {
       fail('binaries_failed', (e as Error).message);
