@@ -4,20 +4,19 @@
 
 import { CniError, CNI_ERROR } from './errors.ts';
 import { isSupportedVersion, LATEST_VERSION, SUPPORTED_VERSIONS } from './result.ts';
-import { isObject } from '../json.ts';
+import { isObject } from '../shared/json.ts';
+import { LOG_LEVELS, type LogLevel } from '../shared/loglevels.ts';
+import { IPTABLES_FLAVOURS, PLUGIN_TYPE, type IptablesFlavour, type NetConfKey } from '../shared/netconf.ts';
 
 export const COMMANDS = ['ADD', 'DEL', 'CHECK', 'VERSION', 'STATUS', 'GC'] as const;
 export type Command = (typeof COMMANDS)[number];
 
-export const LOG_LEVELS = ['none', 'error', 'warn', 'info', 'debug'] as const;
-export type PluginLogLevel = (typeof LOG_LEVELS)[number];
-
-/** Our entry of the conflist, as install-cni writes it (plus what the runtime adds). */
+/** Our entry of the conflist (cni-plugin/shared/netconf.ts MeshNetConf, plus what the runtime adds), parsed. */
 export interface PluginConfig {
   readonly cniVersion: string;
   readonly name: string;
   readonly type: string;
-  readonly logLevel: PluginLogLevel;
+  readonly logLevel: LogLevel;
   readonly logUdsAddress: string;
   /** The agent's pod lookup socket; empty: always ask the API server. */
   readonly podLookupUdsAddress: string;
@@ -34,8 +33,7 @@ export interface PluginConfig {
   /** Pod lookup bounds; optional in the config (tests and slow clusters tune them). */
   readonly podLookupTimeoutMs: number;
   readonly podLookupAttemptTimeoutMs: number;
-  /** `auto` detects what the host uses; `legacy`/`nft` pin it. */
-  readonly iptablesFlavour: 'auto' | 'legacy' | 'nft';
+  readonly iptablesFlavour: IptablesFlavour;
   readonly prevResult: Record<string, unknown> | undefined;
 }
 
@@ -113,7 +111,7 @@ function parseCommand(env: Env): Command {
   return c as Command;
 }
 
-function str(o: Record<string, unknown>, key: string, where: string, fallback?: string): string {
+function str(o: Record<string, unknown>, key: NetConfKey, where: string, fallback?: string): string {
   const v = o[key];
   if (v === undefined && fallback !== undefined) return fallback;
   if (typeof v !== 'string') {
@@ -122,7 +120,7 @@ function str(o: Record<string, unknown>, key: string, where: string, fallback?: 
   return v;
 }
 
-function num(o: Record<string, unknown>, key: string, fallback: number): number {
+function num(o: Record<string, unknown>, key: NetConfKey, fallback: number): number {
   const v = o[key];
   if (v === undefined) return fallback;
   if (typeof v !== 'number' || !Number.isFinite(v) || v <= 0) {
@@ -161,7 +159,7 @@ export function parseConfig(stdin: string, command: Command): PluginConfig {
       'expected a namespace name (lower-case letters, digits and -, at most 63), or leave it out so calls without K8S_POD_NAMESPACE pass through');
   }
   const flavour = str(raw, 'iptables_flavour', '', 'auto');
-  if (flavour !== 'auto' && flavour !== 'legacy' && flavour !== 'nft') {
+  if (!(IPTABLES_FLAVOURS as readonly string[]).includes(flavour)) {
     throw new CniError(CNI_ERROR.INVALID_CONFIG, `invalid network config: iptables_flavour ${JSON.stringify(flavour)}`, 'expected auto, legacy or nft');
   }
   const needsOrch = command === 'ADD' || command === 'CHECK';
@@ -180,8 +178,8 @@ export function parseConfig(stdin: string, command: Command): PluginConfig {
   return Object.freeze({
     cniVersion,
     name: str(raw, 'name', '', ''),
-    type: str(raw, 'type', '', 'mesh-cni'),
-    logLevel: logLevel as PluginLogLevel,
+    type: str(raw, 'type', '', PLUGIN_TYPE),
+    logLevel: logLevel as LogLevel,
     logUdsAddress: str(raw, 'log_uds_address', '', ''),
     podLookupUdsAddress: str(raw, 'pod_lookup_uds_address', '', ''),
     orchconfig,
@@ -191,7 +189,7 @@ export function parseConfig(stdin: string, command: Command): PluginConfig {
     nodeName: str(orch, 'node_name', 'orch.', ''),
     podLookupTimeoutMs: num(raw, 'pod_lookup_timeout_ms', 10_000),
     podLookupAttemptTimeoutMs: num(raw, 'pod_lookup_attempt_timeout_ms', 2_000),
-    iptablesFlavour: flavour,
+    iptablesFlavour: flavour as IptablesFlavour,
     prevResult: prev as Record<string, unknown> | undefined,
   });
 }

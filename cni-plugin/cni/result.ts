@@ -4,7 +4,7 @@
 // mtu/advmss/priority/table/scope (libcni's types040 / types100 conversions do the same).
 
 import { CniError, CNI_ERROR } from './errors.ts';
-import { isObject } from '../json.ts';
+import { isObject } from '../shared/json.ts';
 
 export const SUPPORTED_VERSIONS = ['0.3.0', '0.3.1', '0.4.0', '1.0.0', '1.1.0'] as const;
 export const LATEST_VERSION = '1.1.0';

@@ -20,9 +20,7 @@
 // flush() waits at most a few ms and then lets the process exit, dropping what is unsent.
 
 import net from 'node:net';
-
-export type Level = 'error' | 'warn' | 'info' | 'debug';
-const RANK: Record<Level | 'none', number> = { none: 0, error: 1, warn: 2, info: 3, debug: 4 };
+import { LEVEL_RANK as RANK, type EmitLevel as Level, type LogLevel } from '../shared/loglevels.ts';
 const MAX_LINE = 16 * 1024;
 
 export interface LogContext {
@@ -42,7 +40,7 @@ export class UdsLog {
   /** Also mirror lines to stderr (the runtime keeps plugin stderr in its own log). */
   private readonly stderrLevel: number;
 
-  constructor(address: string, level: Level | 'none', context: LogContext, stderrLevel: Level | 'none' = 'error') {
+  constructor(address: string, level: LogLevel, context: LogContext, stderrLevel: LogLevel = 'error') {
     this.address = address;
     this.threshold = RANK[level];
     this.context = context;

@@ -2,7 +2,7 @@
 // Only what a bearer-token client needs is read: server, CA or skip-verify, token, all inline:
 // no file it names is read (see parseOrchconfig).
 
-import { isObject } from '../json.ts';
+import { isObject } from '../shared/json.ts';
 import { describeJsonError } from '../parseerror.ts';
 import { readRegularFile, UnsafeFileError } from '../regularfile.ts';
 

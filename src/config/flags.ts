@@ -5,6 +5,8 @@
 // (`--cni-net-dir` -> CNI_NET_DIR), as Istio's install-cni does; the common logging and ctrlz
 // flags have no env setting, as in the seed.
 
+import { LOG_LEVELS, type LogLevel } from '../../cni-plugin/shared/loglevels.ts';
+
 export type FlagKind = 'bool' | 'string' | 'int' | 'duration' | 'list';
 
 export interface FlagSpec {
@@ -40,8 +42,8 @@ function commonFlag(name: string, kind: FlagKind, def: string | undefined, help:
   return { name, kind, default: def, env: null, help, group, ...extra };
 }
 
-export const LOG_LEVELS = ['none', 'error', 'warn', 'info', 'debug'] as const;
-export type LogLevel = (typeof LOG_LEVELS)[number];
+// One list with the plugin's config parser (cni-plugin/shared/), re-exported for the flag table's users.
+export { LOG_LEVELS, type LogLevel };
 
 /** The install-cni log scopes of the seed; `all` addresses every scope at once. */
 export const LOG_SCOPES = [

@@ -1,3 +1,4 @@
-// What the plugin checks of parsed JSON (its stdin config, prevResult, the orchconfig).
+// What both bundles check of parsed JSON before reading it as an object.
 
+/** A JSON object: not null, not an array. */
 export const isObject = (v: unknown): v is Record<string, unknown> => typeof v === 'object' && v !== null && !Array.isArray(v);
