@@ -4,6 +4,7 @@
 
 import { accessSync, constants, writeFileSync } from 'node:fs';
 import { parseArgs } from 'node:util';
+import { durationMs } from './shared/duration.ts';
 import { PROBE_TIMEOUT_MS } from './redirect/constants.ts';
 import { probe } from './validation.ts';
 
@@ -13,9 +14,8 @@ Checks, inside the pod network namespace, that outbound TCP is redirected by mes
 Exit 0 if it is, ${EXIT_NOT_REDIRECTED} if not (the reason goes to the termination log and stderr).`;
 
 export function parseDuration(v: string): number {
-  const m = /^(\d+(?:\.\d+)?)(ms|s|m)$/.exec(v.trim());
-  if (!m) throw new Error(`--probe-timeout ${JSON.stringify(v)}: expected a duration like 5s, 500ms or 1m`);
-  const n = Number(m[1]) * (m[2] === 'ms' ? 1 : m[2] === 's' ? 1000 : 60_000);
+  const n = durationMs(v);
+  if (n === null) throw new Error(`--probe-timeout ${JSON.stringify(v)}: expected a duration like 5s, 500ms or 1m30s`);
   if (n <= 0) throw new Error(`--probe-timeout ${JSON.stringify(v)}: must be positive`);
   return n;
 }

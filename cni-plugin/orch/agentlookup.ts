@@ -6,7 +6,7 @@
 // another pod (an older agent matched any uid) is a miss, whatever answers on the socket.
 
 import type { PodLike } from '../redirect/spec.ts';
-import { isPodWithUid } from './poduid.ts';
+import { isPodWithUid } from '../shared/poduid.ts';
 
 export type AgentAnswer = { readonly pod: PodLike } | { readonly miss: string };
 

@@ -3,7 +3,7 @@
 // no file it names is read (see parseOrchconfig).
 
 import { isObject } from '../shared/json.ts';
-import { describeJsonError } from '../parseerror.ts';
+import { parseErrorDetail } from '../shared/parseerror.ts';
 import { readRegularFile, UnsafeFileError } from '../regularfile.ts';
 
 /** An orchconfig is a few KiB; a bound keeps a planted huge file from filling the plugin's memory. */
@@ -33,7 +33,7 @@ export function parseOrchconfig(text: string, file: string): OrchAccess {
   try {
     doc = JSON.parse(text);
   } catch (e) {
-    throw new OrchconfigError(`${file} is not JSON (install-cni writes it as JSON): ${describeJsonError(e, text)}`);
+    throw new OrchconfigError(`${file} is not JSON (install-cni writes it as JSON): ${parseErrorDetail(e, text)}`);
   }
   if (!isObject(doc)) throw new OrchconfigError(`${file}: expected a JSON object`);
   const ctx = byName(doc.contexts, doc['current-context'], 'context', file).context;

@@ -6,7 +6,8 @@
 import type https from 'node:https';
 import type { PodLike } from '../redirect/spec.ts';
 import type { OrchAccess } from './orchconfig.ts';
-import { isPodWithUid } from './poduid.ts';
+import { statusMessage } from '../shared/apistatus.ts';
+import { isPodWithUid } from '../shared/poduid.ts';
 
 export type LookupFailure = 'unauthorized' | 'not-found' | 'unavailable' | 'rejected';
 
@@ -72,16 +73,6 @@ function getOnce(https: Https, access: OrchAccess, agent: https.Agent, path: str
 type Https = typeof import('node:https');
 
 const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms));
-
-function statusMessage(body: string): string {
-  try {
-    const m = (JSON.parse(body) as { message?: unknown }).message;
-    if (typeof m === 'string') return m;
-  } catch {
-    // not a Status object
-  }
-  return body.slice(0, 200);
-}
 
 export async function getPod(initial: OrchAccess, namespace: string, name: string, opts: LookupOptions): Promise<PodLike> {
   let access = initial;

@@ -1,6 +1,8 @@
 // Value parsers shared by every flag: each returns the typed value or throws a ConfigError that
 // names the flag, the value given and what is allowed.
 
+import { durationMs } from '../../cni-plugin/shared/duration.ts';
+
 export class ConfigError extends Error {
   readonly flag: string;
   readonly value: string;
@@ -65,34 +67,19 @@ export function parseFileMode(flag: string, value: string): number {
   return n;
 }
 
-const DURATION_UNITS: Record<string, number> = { ns: 1e-6, us: 1e-3, 'µs': 1e-3, ms: 1, s: 1000, m: 60_000, h: 3_600_000 };
-
 /** Longest timer Node.js keeps (longer ones fire after 1 ms). */
 export const MAX_TIMER_MS = 2 ** 31 - 1;
 
 /** A Go-style duration ("100ms", "5s", "1m30s") in milliseconds, within [min, max]. */
 export function parseDuration(flag: string, value: string, opts: { min?: number; max?: number } = {}): number {
-  const v = value.trim();
-  const bad = () => new ConfigError(flag, value, 'expected a duration such as 500ms, 5s or 1m30s');
-  const total = v === '0' ? 0 : sumDuration(v, bad);
+  const total = durationMs(value);
+  if (total === null) throw new ConfigError(flag, value, 'expected a duration such as 500ms, 5s or 1m30s');
   if (opts.min !== undefined && total < opts.min) {
     throw new ConfigError(flag, value, `expected a duration of at least ${opts.min}ms`);
   }
   if (opts.max !== undefined && total > opts.max) {
     throw new ConfigError(flag, value, `expected a duration of at most ${opts.max}ms`);
   }
-  return total;
-}
-
-function sumDuration(v: string, bad: () => ConfigError): number {
-  const re = /(\d+(?:\.\d+)?)(ns|us|µs|ms|s|m|h)/gy;
-  let total = 0;
-  let matched = 0;
-  for (let m = re.exec(v); m; m = re.exec(v)) {
-    total += Number(m[1]) * (DURATION_UNITS[m[2]!] ?? NaN);
-    matched = re.lastIndex;
-  }
-  if (matched !== v.length || v.length === 0 || !Number.isFinite(total)) throw bad();
   return total;
 }
 

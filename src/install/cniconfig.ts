@@ -8,7 +8,7 @@
 import path from 'node:path';
 import { isDeepStrictEqual } from 'node:util';
 import { arrayElements, lineIndent, objectMembers, skipWs, valueEnd, type Span } from './jsonspans.ts';
-import { describeParseError } from './safefile.ts';
+import { describeParseError } from '../../cni-plugin/shared/parseerror.ts';
 
 /** The `type` of our plugin entry: how we recognise it in any config. */
 export const PLUGIN_TYPE = 'mesh-cni';

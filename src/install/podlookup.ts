@@ -35,7 +35,7 @@ import { clientNodeApi, type OrchApi } from '../orch/api.ts';
 import { orchKubeConfig } from '../orch/client.ts';
 import { realClock } from '../orch/limits.ts';
 import { PodSource, WATCH_DEFAULTS } from '../orch/podsource.ts';
-import { isPodWithUid } from '../../cni-plugin/orch/poduid.ts';
+import { isPodWithUid } from '../../cni-plugin/shared/poduid.ts';
 
 const log = scope('install');
 

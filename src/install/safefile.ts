@@ -120,29 +120,3 @@ function formatBytes(n: number): string {
   if (n >= 1024) return `${(n / 1024).toFixed(n % 1024 === 0 ? 0 : 1)} KiB`;
   return `${n} bytes`;
 }
-
-/**
- * A JSON or JSON5 parse error said without the text it came from: V8's messages quote up to a
- * few dozen characters of the input (`Unexpected token 'e', "eyJhbGciOi"... is not valid JSON`)
- * and json5's quote the character, and the file may be a token. Only the kind of error and
- * where it is are kept.
- */
-export function describeParseError(e: unknown, text: string, dialect: 'JSON' | 'JSON5'): string {
-  const message = e instanceof Error ? e.message : String(e);
-  let kind = message.replace(/^JSON5: /, '').split(/,? "| in JSON| at position| at \d|\n/)[0] ?? '';
-  kind = kind.replace(/^(Unexpected token|invalid character) .*$/s, (_m, k: string) => (k === 'Unexpected token' ? 'unexpected character' : k)).trim();
-  // Anything that still quotes more than one structural character is not said at all.
-  if (kind === '' || kind.length > 60 || /["`]|'[^']{2,}'/.test(kind)) kind = 'syntax error';
-  kind = kind.charAt(0).toLowerCase() + kind.slice(1);
-  let where = '';
-  const pos = /at position (\d+)/.exec(message);
-  const j5 = e as { lineNumber?: unknown; columnNumber?: unknown };
-  if (pos) {
-    const before = text.slice(0, Number(pos[1]));
-    const line = before.split('\n').length;
-    where = ` at line ${line} column ${before.length - before.lastIndexOf('\n')}`;
-  } else if (typeof j5.lineNumber === 'number' && typeof j5.columnNumber === 'number') {
-    where = ` at line ${j5.lineNumber} column ${j5.columnNumber}`;
-  }
-  return `not valid ${dialect} (${kind}${where})`;
-}

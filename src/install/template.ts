@@ -4,7 +4,7 @@
 
 import JSON5 from 'json5';
 import { CniConfigError, PLUGIN_TYPE, type JsonObject } from './cniconfig.ts';
-import { describeParseError } from './safefile.ts';
+import { describeParseError } from '../../cni-plugin/shared/parseerror.ts';
 
 export const DEFAULT_TEMPLATE = `{
   // Written by install-cni. Values in __X__ are filled in from its settings.

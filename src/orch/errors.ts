@@ -26,10 +26,8 @@ export function parseRetryAfter(value: unknown): number | undefined {
   return Number.isNaN(t) ? undefined : Math.max(0, t - Date.now());
 }
 
-/** "reason: message" of a Kubernetes Status object, or ''. */
-export function statusText(status: { reason?: unknown; message?: unknown }): string {
-  return [status.reason, status.message].filter((x) => typeof x === 'string' && x !== '').join(': ');
-}
+// The Status text is the plugin's too (one wording in both bundles); podsource.ts reads it from here.
+export { statusText } from '../../cni-plugin/shared/apistatus.ts';
 
 /**
  * An ApiError for what a call threw: our requests throw ApiErrors already; client-node's Watch

@@ -4,22 +4,22 @@
 import http from 'node:http';
 import https from 'node:https';
 import type { KubeConfig } from '@kubernetes/client-node/dist/config.js';
-import { ApiError, parseRetryAfter, statusText } from './errors.ts';
+import { statusMessage } from '../../cni-plugin/shared/apistatus.ts';
+import { ApiError, parseRetryAfter } from './errors.ts';
+import { orchContext } from './ratelimit.ts';
 
 export interface RequestOptions {
   readonly query?: Readonly<Record<string, string | number | boolean | undefined>>;
   readonly body?: unknown;
   readonly contentType?: string;
   readonly signal?: AbortSignal;
+  /** Not under --orch-qps: repair actions, which --repair-qps limits already. */
+  readonly unlimited?: boolean;
 }
 
-/** The "reason: message" of a Kubernetes Status body, or ''. */
-function statusMessage(body: string): string {
-  try {
-    return statusText(JSON.parse(body) as { reason?: unknown; message?: unknown });
-  } catch {
-    return '';
-  }
+/** Retry-After counts on 429 and 503 only (what the API server's priority and fairness sends). */
+function retryAfter(code: number, header: string | string[] | undefined): number | undefined {
+  return code === 429 || code === 503 ? parseRetryAfter(header) : undefined;
 }
 
 /**
@@ -76,6 +76,7 @@ export async function apiRequest<T>(kc: KubeConfig, method: string, apiPath: str
   const url = new URL(cluster.server.replace(/\/+$/, '') + apiPath);
   for (const [k, v] of Object.entries(o.query ?? {})) if (v !== undefined && v !== '') url.searchParams.set(k, String(v));
   const body = o.body === undefined ? undefined : JSON.stringify(o.body);
+  if (!o.unlimited) await waitTurn(kc, what, o.signal);
   const opts: https.RequestOptions = { method, headers: { Accept: 'application/json' } };
   try {
     await kc.applyToHTTPSOptions(opts);
@@ -96,7 +97,7 @@ export async function apiRequest<T>(kc: KubeConfig, method: string, apiPath: str
         const text = Buffer.concat(chunks).toString('utf8');
         const code = res.statusCode ?? 0;
         if (code < 200 || code > 299) {
-          reject(new ApiError(what, code, statusMessage(text), parseRetryAfter(res.headers['retry-after'])));
+          reject(new ApiError(what, code, statusMessage(text), retryAfter(code, res.headers['retry-after'])));
           return;
         }
         try {
@@ -108,5 +109,119 @@ export async function apiRequest<T>(kc: KubeConfig, method: string, apiPath: str
     });
     req.on('error', (e) => reject(new ApiError(what, undefined, e.name === 'AbortError' ? 'no answer in time (aborted)' : e.message)));
     req.end(body);
+  });
+}
+
+/** Waits for the agent's rate limit (--orch-qps/--orch-burst), if its KubeConfig has one. */
+async function waitTurn(kc: KubeConfig, what: string, signal: AbortSignal | undefined): Promise<void> {
+  try {
+    await orchContext(kc)?.limiter.take(signal);
+  } catch {
+    throw new ApiError(what, undefined, 'no answer in time (aborted while waiting for the client-side rate limit)');
+  }
+}
+
+export interface WatchStream {
+  /** Ends the stream; `done` is not called after this. */
+  abort(): void;
+}
+
+/** Longest watch event line taken (a pod is a few KiB; a runaway stream is cut, not buffered). */
+const MAX_EVENT_BYTES = 16 << 20;
+
+/**
+ * A watch: GET with watch=true, one JSON event a line, over the same keep-alive connections and
+ * auth as apiRequest, under the same rate limit. Resolves once the server answered 200 (events
+ * then go to `onEvent`, and `done` is called once when the stream ends: null for a clean end);
+ * rejects with an ApiError (the Status message, Retry-After) when it answered anything else or
+ * not at all. Unlike client-node's Watch, an error answer keeps its body: a server that refuses
+ * sendInitialEvents says why (README "Fleet scale").
+ */
+export async function apiWatch(
+  kc: KubeConfig,
+  apiPath: string,
+  what: string,
+  query: Readonly<Record<string, string | number | boolean | undefined>>,
+  onEvent: (event: { type?: unknown; object?: unknown }) => void,
+  done: (err: ApiError | null) => void,
+  signal?: AbortSignal,
+): Promise<WatchStream> {
+  const cluster = kc.getCurrentCluster();
+  if (!cluster) throw new ApiError(what, undefined, 'the orchconfig has no current cluster');
+  const url = new URL(cluster.server.replace(/\/+$/, '') + apiPath);
+  url.searchParams.set('watch', 'true');
+  for (const [k, v] of Object.entries(query)) if (v !== undefined && v !== '') url.searchParams.set(k, String(v));
+  await waitTurn(kc, what, signal);
+  const opts: https.RequestOptions = { method: 'GET', headers: { Accept: 'application/json' } };
+  try {
+    await kc.applyToHTTPSOptions(opts);
+  } catch (e) {
+    throw new ApiError(what, undefined, `cannot authenticate: ${(e as Error).message}`);
+  }
+  opts.agent = keptAlive(kc, opts.agent);
+  const send = url.protocol === 'http:' ? http.request : https.request;
+  return new Promise<WatchStream>((resolve, reject) => {
+    let ended = false;
+    const end = (err: ApiError | null) => {
+      if (ended) return;
+      ended = true;
+      done(err);
+    };
+    const req = send(url, opts, (res) => {
+      const code = res.statusCode ?? 0;
+      if (code !== 200) {
+        const chunks: Buffer[] = [];
+        let size = 0;
+        res.on('data', (c: Buffer) => {
+          if ((size += c.length) <= 64 << 10) chunks.push(c);
+        });
+        res.on('error', (e) => reject(new ApiError(what, undefined, e.message)));
+        res.on('end', () => reject(new ApiError(what, code, statusMessage(Buffer.concat(chunks).toString('utf8')), retryAfter(code, res.headers['retry-after']))));
+        return;
+      }
+      // A watch is long-lived: the kept-alive agent's idle timeout is for idle connections only.
+      res.socket.setTimeout(0);
+      let buf = '';
+      res.setEncoding('utf8');
+      res.on('data', (chunk: string) => {
+        buf += chunk;
+        let i: number;
+        while ((i = buf.indexOf('\n')) >= 0) {
+          const line = buf.slice(0, i);
+          buf = buf.slice(i + 1);
+          if (line.trim() === '') continue;
+          let event: unknown;
+          try {
+            event = JSON.parse(line);
+          } catch {
+            continue; // not an event; the silence watchdog catches a stream that sends only this
+          }
+          if (!ended && typeof event === 'object' && event !== null) onEvent(event as { type?: unknown; object?: unknown });
+        }
+        if (buf.length > MAX_EVENT_BYTES) {
+          req.destroy();
+          end(new ApiError(what, undefined, `a watch event longer than ${MAX_EVENT_BYTES} bytes`));
+        }
+      });
+      res.on('end', () => end(null));
+      res.on('error', (e) => end(new ApiError(what, undefined, e.message)));
+      res.on('close', () => end(res.complete ? null : new ApiError(what, undefined, 'the watch stream was cut')));
+      resolve({
+        abort: () => {
+          ended = true;
+          req.destroy();
+        },
+      });
+    });
+    req.on('error', (e) => {
+      const err = new ApiError(what, undefined, e.name === 'AbortError' ? 'no answer in time (aborted)' : e.message);
+      reject(err);
+      end(err);
+    });
+    if (signal) {
+      if (signal.aborted) req.destroy();
+      else signal.addEventListener('abort', () => req.destroy(), { once: true });
+    }
+    req.end();
   });
 }

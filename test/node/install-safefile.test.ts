@@ -8,7 +8,8 @@ import os from 'node:os';
 import path from 'node:path';
 import { after, describe, it } from 'node:test';
 import JSON5 from 'json5';
-import { describeParseError, MAX_FILE_BYTES, readRegularFile, readRegularFileIfExists, UnsafeFileError } from '../../src/install/safefile.ts';
+import { describeParseError } from '../../cni-plugin/shared/parseerror.ts';
+import { MAX_FILE_BYTES, readRegularFile, readRegularFileIfExists, UnsafeFileError } from '../../src/install/safefile.ts';
 
 const dir = mkdtempSync(path.join(os.tmpdir(), 'mcni-safefile-'));
 after(() => fs.rm(dir, { recursive: true, force: true }));

@@ -1,9 +1,9 @@
-// Which pod object the runtime means by K8S_POD_UID (cni-plugin/orch/poduid.ts), used by the
+// Which pod object the runtime means by K8S_POD_UID (cni-plugin/shared/poduid.ts), used by the
 // plugin's API read, its check of the agent's answer, and the agent's pod lookup alike.
 
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
-import { isPodWithUid, MIRROR_ANNOTATION } from '../../cni-plugin/orch/poduid.ts';
+import { isPodWithUid, MIRROR_ANNOTATION } from '../../cni-plugin/shared/poduid.ts';
 
 describe('the pod the runtime named by uid', () => {
   const cases: { name: string; metadata: Record<string, unknown>; uid: string; want: boolean }[] = [
