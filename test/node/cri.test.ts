@@ -1,0 +1,121 @@
+// The CRI client (test/helpers/cri.ts) against a real containerd of our own
+// (test/helpers/cri-containerd.ts), the one the plugin bench's CRI part drives: Version, one pod
+// sandbox started, seen ready with an address from its network, stopped and removed, with the
+// CNI calls containerd made logged by the timing shim; then nothing of it is left on the host.
+
+import assert from 'node:assert/strict';
+import { existsSync, mkdtempSync, readdirSync, readFileSync, rmSync } from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import { after, before, describe, it } from 'node:test';
+import { decode, getMessage, getMessages, getString, getUint, map, msg, str, uint, CriClient } from '../helpers/cri.ts';
+import { bridgePortmap, compileStatic, Containerd, DEBIAN_PLUGINS } from '../helpers/cri-containerd.ts';
+
+describe('CRI protobuf subset', () => {
+  it('encodes and decodes nested messages, maps, varints past 32 bits and skips unknown fields', () => {
+    const wire = Buffer.concat([
+      msg(1, str(1, 'web'), str(2, 'u-1'), str(3, 'shop'), uint(4, 3)),
+      map(6, { app: 'web', tier: 'front' }),
+      uint(9, 2 ** 40),
+      Buffer.from([0x15, 1, 2, 3, 4]), // field 2, fixed32: not ours, skipped
+      str(5, ''), // proto3: empty values are left out
+    ]);
+    const d = decode(wire);
+    const meta = getMessage(d, 1)!;
+    assert.deepEqual([getString(meta, 1), getString(meta, 2), getString(meta, 3), getUint(meta, 4)], ['web', 'u-1', 'shop', 3]);
+    assert.deepEqual(getMessages(d, 6).map((e) => [getString(e, 1), getString(e, 2)]), [['app', 'web'], ['tier', 'front']]);
+    assert.equal(getUint(d, 9), 2 ** 40);
+    assert.equal(d.has(5), false);
+    assert.throws(() => decode(Buffer.from([0x0a, 5, 1])), /runs past the message end/);
+  });
+
+  it('says which socket a call could not reach', async () => {
+    const dir = mkdtempSync(path.join(os.tmpdir(), 'mcni-cri-none-'));
+    const cri = new CriClient(path.join(dir, 'nothing.sock'));
+    try {
+      await assert.rejects(cri.version(), /nothing\.sock/);
+    } finally {
+      cri.close();
+      rmSync(dir, { recursive: true, force: true });
+    }
+  });
+});
+
+function procArgv(pid: string): string[] {
+  try {
+    return readFileSync(`/proc/${pid}/cmdline`, 'utf8').split('\0');
+  } catch {
+    return [];
+  }
+}
+
+describe('CRI against our own containerd', () => {
+  let ctrd: Containerd | undefined;
+  let shimDir: string;
+
+  before(async () => {
+    shimDir = mkdtempSync(path.join(os.tmpdir(), 'mcni-cri-shim-'));
+    ctrd = await Containerd.start({
+      tag: 't',
+      plugins: bridgePortmap('mcnicri0', '198.18.164.0/24'),
+      binaries: DEBIAN_PLUGINS,
+      timingShim: compileStatic('cnitime', path.join(shimDir, 'cnitime')),
+    });
+  });
+
+  after(async () => {
+    try {
+      await ctrd?.stop();
+    } finally {
+      rmSync(shimDir, { recursive: true, force: true });
+    }
+  });
+
+  it('answers Version over runtime.v1', async () => {
+    const v = await ctrd!.cri.version();
+    assert.equal(v.runtimeName, 'containerd');
+    assert.equal(v.runtimeApiVersion, 'v1');
+    assert.match(v.runtimeVersion, /\d+\.\d+/);
+  });
+
+  it('starts a pod sandbox with its network, then stops and removes it', async () => {
+    const c = ctrd!;
+    const uid = '5b0c1a2e-0000-4000-8000-000000000001';
+    const id = await c.cri.runPodSandbox({ name: 'web-0', namespace: 'shop', uid, labels: { 'mcni-test': 'cri' }, cgroupParent: `${c.cgroupParent}/pod${uid}` });
+    const st = await c.cri.podSandboxStatus(id);
+    assert.equal(st.ready, true);
+    assert.deepEqual([st.name, st.namespace, st.uid], ['web-0', 'shop', uid]);
+    assert.match(st.ip, /^198\.18\.164\.\d+$/);
+    assert.deepEqual((await c.cri.listPodSandbox({ 'mcni-test': 'cri' })).map((s) => s.id), [id]);
+
+    const adds = c.cniCalls().filter((k) => k.command === 'ADD' && k.containerId === id);
+    assert.deepEqual(adds.map((k) => [k.plugin, k.code]).sort(), [['bridge', 0], ['host-local', 0], ['loopback', 0], ['portmap', 0]]);
+
+    await c.cri.stopPodSandbox(id);
+    assert.equal((await c.cri.podSandboxStatus(id)).ready, false);
+    await c.cri.removePodSandbox(id);
+    assert.deepEqual(await c.cri.listPodSandbox(), []);
+    const dels = c.cniCalls().filter((k) => k.command === 'DEL' && k.containerId === id && k.plugin !== 'host-local');
+    assert.ok(dels.length >= 2, `containerd ran DEL for bridge and portmap: ${JSON.stringify(dels.map((k) => k.plugin))}`);
+    assert.ok(dels.every((k) => k.code === 0));
+  });
+
+  it('leaves nothing behind after stop()', async () => {
+    const c = ctrd!;
+    const sid = await c.cri.runPodSandbox({ name: 'left-0', namespace: 'shop', uid: 'u-left', cgroupParent: `${c.cgroupParent}/podu-left` });
+    assert.ok(sid);
+    const cgroups = () => readdirSync('/sys/fs/cgroup').filter((k) => existsSync(path.join('/sys/fs/cgroup', k, c.cgroupParent)));
+    assert.ok(cgroups().length > 0, 'the sandbox has its cgroups below our parent');
+    const shims = () => readdirSync('/proc').filter((p) => /^\d+$/.test(p) && procArgv(p).includes(c.socket));
+    assert.ok(shims().length > 0, 'a shim runs the sandbox');
+    await c.stop();
+    assert.deepEqual(shims(), []);
+    assert.deepEqual(cgroups(), []);
+    ctrd = undefined;
+    assert.equal(existsSync(c.dir), false);
+    assert.equal(existsSync(`/run/netns/${c.netnsName}`), false);
+    const results = existsSync('/var/lib/cni/results') ? readdirSync('/var/lib/cni/results') : [];
+    assert.deepEqual(results.filter((f) => f.startsWith(c.networkName)), []);
+    assert.equal(readFileSync('/proc/self/mountinfo', 'utf8').includes(c.dir), false);
+  });
+});
