@@ -1,18 +1,21 @@
-// Scoped structured logging on pino. Every module logs through a scope of the seed
+// Scoped structured logging. Every module logs through a scope of the seed
 // (`scope('install').info(...)`); levels per scope come from --log_output_level and can be
-// changed at run time (ControlZ). Output: one JSON object a line with --log_as_json, else a
-// console line: `<time>\t<level>\t<scope>\t<message>\t<key=value ...>` (see README, Observability).
+// changed at run time (ControlZ). Output: one JSON object a line with --log_as_json (made by
+// pino), else a console line written here directly:
+// `<time>\t<level>\t<scope>\t<message>\t<key=value ...>` (see README, Logs). Either line goes to
+// the outputs of logtargets.ts (--log_target, --log_rotate).
 
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { pino, stdSerializers, type Logger as PinoLogger } from 'pino';
-import type { LogLevel, LogScope } from '../config/flags.ts';
-import { scopesAt } from '../config/flags.ts';
+import { LEVEL_RANK, type EmitLevel, type LogLevel } from '../../cni-plugin/shared/loglevels.ts';
+import type { LogScope } from '../config/flags.ts';
+import { SCOPES, scopesAt } from '../config/flags.ts';
 import type { LoggingSettings } from '../config/settings.ts';
 import { openLogOutputs, stdoutOutput, type LogOutput } from './logtargets.ts';
 
+export type { EmitLevel };
 export type Fields = Record<string, unknown>;
-export type EmitLevel = Exclude<LogLevel, 'none'>;
 
 export interface Logger {
   error(msg: string, fields?: Fields): void;
@@ -22,82 +25,129 @@ export interface Logger {
   enabled(level: EmitLevel): boolean;
 }
 
-const RANK: Record<LogLevel, number> = { none: 0, error: 1, warn: 2, info: 3, debug: 4 };
-const ROOT_DIR = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../..');
-
+/** Where formatted lines go: the outputs, or a test's capture. */
 interface Sink {
   write(line: string): void;
 }
 
-interface State {
-  levels: Record<LogScope, LogLevel>;
-  stacktrace: Record<LogScope, LogLevel>;
-  caller: Set<LogScope>;
-  vklog: number;
-  asJson: boolean;
-  root: PinoLogger;
-  outputs: LogOutput[];
+const ROOT_DIR = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../..');
+
+// ---- the console line ---------------------------------------------------------------------------
+
+// Matching control characters is the point here: they must not reach a console line raw.
+// eslint-disable-next-line no-control-regex
+const CONTROL = /[\u0000-\u001f\u007f]/;
+// eslint-disable-next-line no-control-regex
+const CONTROL_ALL = /[\u0000-\u001f\u007f]/g;
+const escapeChar = (c: string) => (c === '\u007f' ? '\\u007f' : JSON.stringify(c).slice(1, -1));
+const escapeControl = (s: string) => (CONTROL.test(s) ? s.replace(CONTROL_ALL, escapeChar) : s);
+// Names and values printed bare: no blanks, quotes, `=`, backslashes or control characters.
+// eslint-disable-next-line no-control-regex
+const BARE = /^[^\s"=\\\u0000-\u001f\u007f]+$/;
+
+// Set by the record itself (columns), never printed as fields.
+const COLUMNS = new Set(['time', 'level', 'scope', 'msg']);
+
+// JSON.rawJSON (V8, Node 21+) is not in TypeScript's lib yet.
+const rawJson = (JSON as unknown as { rawJSON(text: string): unknown }).rawJSON;
+
+/** JSON.stringify that does not throw: a circular reference is "[Circular]", a bigint a number. */
+function safeJson(v: unknown): string | undefined {
+  const seen: object[] = [];
+  return JSON.stringify(v, function (this: unknown, _k, value: unknown) {
+    if (typeof value === 'bigint') return rawJson(String(value));
+    if (typeof value !== 'object' || value === null) return value;
+    // `this` is the holder: drop the ancestors we have left before checking for a cycle.
+    while (seen.length > 0 && seen[seen.length - 1] !== this) seen.pop();
+    if (seen.includes(value)) return '[Circular]';
+    seen.push(value);
+    return value;
+  });
 }
 
-// Plugin records keep the time the plugin wrote them; pino asks this when it stamps a record.
-let timeOverride: string | undefined;
+/**
+ * A field value as the console prints it: what pino would write into the JSON line (same
+ * serializers for `error`/`err`, non-finite numbers as null, undefined/functions/symbols left
+ * out), bare when that is a bare string, else as JSON. undefined: the field is left out.
+ */
+function consoleValue(key: string, v: unknown): string | undefined {
+  if (key === 'error' || key === 'err') v = stdSerializers.err(v as Error);
+  switch (typeof v) {
+    case 'string':
+      return BARE.test(v) ? v : JSON.stringify(v);
+    case 'number':
+      return Number.isFinite(v) ? String(v) : 'null';
+    case 'boolean':
+    case 'bigint':
+      return String(v);
+    case 'undefined':
+    case 'function':
+    case 'symbol':
+      return undefined;
+  }
+  let json: string | undefined;
+  try {
+    json = JSON.stringify(v);
+  } catch {
+    json = safeJson(v);
+  }
+  // An object that turns into a string (a Date): printed as that string would be.
+  if (json !== undefined && json.charCodeAt(0) === 34) return consoleValue('', JSON.parse(json) as string);
+  return json;
+}
 
-function makeRoot(asJson: boolean, sink: Sink): PinoLogger {
-  const dest = asJson ? sink : { write: (line: string) => sink.write(toConsoleLine(line)) };
+/**
+ * One console line: control characters in the message are escaped (`\n`, `\t`), so one record is
+ * always one line and the tab-separated columns hold even when a pod's plugin sends hostile text;
+ * field names and values with blanks, quotes, `=`, `\` or control characters are JSON-quoted.
+ */
+function consoleLine(time: string, level: EmitLevel, name: LogScope, msg: string, fields: Fields): string {
+  let kv = '';
+  for (const k in fields) {
+    if (!Object.hasOwn(fields, k) || COLUMNS.has(k)) continue;
+    const v = consoleValue(k, fields[k]);
+    if (v === undefined) continue;
+    kv += `${kv === '' ? '\t' : ' '}${BARE.test(k) ? k : JSON.stringify(k)}=${v}`;
+  }
+  return `${time}\t${level}\t${name}\t${escapeControl(msg)}${kv}\n`;
+}
+
+// ---- the configured logging of the process ------------------------------------------------------
+
+interface Config {
+  readonly levels: Record<LogScope, LogLevel>;
+  readonly stacktrace: Record<LogScope, LogLevel>;
+  readonly caller: ReadonlySet<LogScope>;
+  readonly vklog: number;
+  /** The JSON writer (pino, writing to `sink`); null: console lines. */
+  readonly json: PinoLogger | null;
+  readonly sink: Sink;
+  /** What configureLogging opened: closed when replaced. */
+  readonly outputs: readonly LogOutput[];
+}
+
+function jsonWriter(sink: Sink): PinoLogger {
+  // No timestamp of pino's: each record brings its `time` first (a plugin record keeps its own).
   return pino(
     {
       level: 'debug',
       base: null,
       messageKey: 'msg',
-      timestamp: () => `,"time":"${timeOverride ?? new Date().toISOString()}"`,
+      timestamp: false,
       formatters: { level: (label) => ({ level: label }) },
       serializers: { error: stdSerializers.err, err: stdSerializers.err },
     },
-    dest,
+    sink,
   );
 }
 
-// Matching control characters is the point here: they must not reach a console line raw.
-// eslint-disable-next-line no-control-regex
-const CONTROL = /[\u0000-\u001f\u007f]/g;
-const escapeControl = (s: string) => s.replace(CONTROL, (c) => (c === '\u007f' ? '\\u007f' : JSON.stringify(c).slice(1, -1)));
-// Values printed bare: no blanks, quotes, `=`, backslashes or control characters.
-// eslint-disable-next-line no-control-regex
-const BARE = /^[^\s"=\\\u0000-\u001f\u007f]+$/;
-
-function consoleValue(v: unknown): string {
-  if (typeof v === 'string' && BARE.test(v)) return v;
-  return JSON.stringify(v) ?? String(v);
+function defaults(): Config {
+  return { levels: scopesAt('info'), stacktrace: scopesAt('none'), caller: new Set(), vklog: 0, json: null, sink: stdoutOutput, outputs: [] };
 }
 
-/**
- * JSON record from pino -> the stable console line. Control characters in the message are
- * escaped (`\n`, `\t`), so one record is always one line and the tab-separated columns hold even
- * when a pod's plugin sends hostile text; field values with spaces, quotes or `=` are JSON-quoted.
- */
-export function toConsoleLine(json: string): string {
-  let rec: Record<string, unknown>;
-  try {
-    rec = JSON.parse(json) as Record<string, unknown>;
-  } catch {
-    return json;
-  }
-  const { time, level, scope, msg, ...rest } = rec;
-  const kv = Object.entries(rest).map(([k, v]) => `${escapeControl(k)}=${consoleValue(v)}`).join(' ');
-  return `${String(time)}\t${String(level)}\t${String(scope)}\t${escapeControl(String(msg))}${kv ? '\t' + kv : ''}\n`;
-}
-
-const stdoutSink: Sink = stdoutOutput;
-
-const state: State = {
-  levels: scopesAt('info'),
-  stacktrace: scopesAt('none'),
-  caller: new Set(),
-  vklog: 0,
-  asJson: false,
-  root: makeRoot(false, stdoutSink),
-  outputs: [],
-};
+// One configured logging per process: every scope's logger reads it, so a reconfiguration
+// (start-up, ControlZ, a test) takes effect at once everywhere.
+let current: Config = defaults();
 
 type ConfigurableSettings = Pick<LoggingSettings, 'asJson' | 'outputLevels'> & Partial<LoggingSettings>;
 
@@ -115,45 +165,55 @@ export function configureLogging(settings: ConfigurableSettings, sink?: Sink): v
     rotateMaxSizeMb: settings.rotateMaxSizeMb ?? 100,
   });
   const fanOut: Sink = sink ?? (outputs.length === 1 && outputs[0] ? outputs[0] : { write: (line) => { for (const o of outputs) o.write(line); } });
-  const previous = state.outputs;
-  state.levels = { ...settings.outputLevels };
-  state.stacktrace = { ...(settings.stacktraceLevels ?? scopesAt('none')) };
-  state.caller = new Set(settings.caller ?? []);
-  state.vklog = settings.vklog ?? 0;
-  state.asJson = settings.asJson;
-  state.outputs = outputs;
-  state.root = makeRoot(settings.asJson, fanOut);
+  const previous = current.outputs;
+  current = {
+    levels: { ...settings.outputLevels },
+    stacktrace: { ...(settings.stacktraceLevels ?? scopesAt('none')) },
+    caller: new Set(settings.caller ?? []),
+    vklog: settings.vklog ?? 0,
+    json: settings.asJson ? jsonWriter(fanOut) : null,
+    sink: fanOut,
+    outputs,
+  };
   for (const o of previous) void o.close();
 }
 
-/** Flushes and closes file outputs (the agent calls it last, after its final log line). */
+/** Flushes and closes file outputs (the agent calls it last, after its final log line); later lines go to stdout. */
 export async function closeLogging(): Promise<void> {
-  const outputs = state.outputs;
-  state.outputs = [];
-  state.root = makeRoot(state.asJson, stdoutSink);
+  const { outputs } = current;
+  current = { ...current, json: current.json && jsonWriter(stdoutOutput), sink: stdoutOutput, outputs: [] };
+  await Promise.all(outputs.map((o) => o.close()));
+}
+
+/** Back to the logging a process starts with (console, every scope at info, stdout), for tests. */
+export async function resetLogging(): Promise<void> {
+  const { outputs } = current;
+  current = defaults();
   await Promise.all(outputs.map((o) => o.close()));
 }
 
 export function scopeLevels(): Readonly<Record<LogScope, LogLevel>> {
-  return { ...state.levels };
+  return { ...current.levels };
 }
 
-export function setScopeLevel(scope: LogScope, level: LogLevel): void {
-  state.levels[scope] = level;
+export function setScopeLevel(name: LogScope, level: LogLevel): void {
+  current.levels[name] = level;
 }
 
 export function stacktraceLevels(): Readonly<Record<LogScope, LogLevel>> {
-  return { ...state.stacktrace };
+  return { ...current.stacktrace };
 }
 
-export function setStacktraceLevel(scope: LogScope, level: LogLevel): void {
-  state.stacktrace[scope] = level;
+export function setStacktraceLevel(name: LogScope, level: LogLevel): void {
+  current.stacktrace[name] = level;
 }
 
 /** Scopes that log their caller's file:line (--log_caller). */
 export function callerScopes(): readonly LogScope[] {
-  return [...state.caller];
+  return [...current.caller];
 }
+
+// ---- writing a record ---------------------------------------------------------------------------
 
 /** `src/install/x.ts:12` for the frame that called the logger (frames below `fn` are skipped). */
 function callerOf(fn: (...args: never[]) => unknown): string | undefined {
@@ -173,44 +233,56 @@ function stackOf(fn: (...args: never[]) => unknown): string {
   return (holder.stack ?? '').split('\n').slice(1).map((l) => l.trim()).join('\n');
 }
 
-function write(name: LogScope, level: EmitLevel, msg: string, fields: Fields | undefined, from: (...args: never[]) => unknown): void {
-  let rec: Fields = fields ? { ...fields, scope: name } : { scope: name };
-  if (state.caller.has(name)) rec = { caller: callerOf(from), ...rec };
-  const stackAt = state.stacktrace[name];
-  if (stackAt !== 'none' && RANK[level] <= RANK[stackAt]) rec.stack = stackOf(from);
-  state.root[level](rec, msg);
+function write(name: LogScope, level: EmitLevel, msg: string, fields: Fields | undefined, time: string, from: (...args: never[]) => unknown): void {
+  const c = current;
+  const withCaller = c.caller.has(name);
+  const stackAt = c.stacktrace[name];
+  const withStack = stackAt !== 'none' && LEVEL_RANK[level] <= LEVEL_RANK[stackAt];
+  if (c.json === null && !withCaller && !withStack) {
+    c.sink.write(consoleLine(time, level, name, msg, fields ?? {}));
+    return;
+  }
+  // Key order: (time,) caller, the fields, (scope,) stack. pino writes the keys after the level,
+  // so a JSON line starts `{"level":..,"time":..`; a field named like a column never replaces it.
+  const head: Fields = c.json === null ? {} : { time };
+  if (withCaller) head.caller = callerOf(from);
+  const rec: Fields = { ...head, ...fields };
+  if (c.json !== null) {
+    rec.time = time;
+    rec.scope = name;
+    if (Object.hasOwn(rec, 'level')) delete rec.level;
+    if (Object.hasOwn(rec, 'msg')) delete rec.msg;
+  }
+  if (withStack) rec.stack = stackOf(from);
+  if (c.json === null) c.sink.write(consoleLine(time, level, name, msg, rec));
+  else c.json[level](rec, msg);
 }
 
-const loggers = new Map<LogScope, Logger>();
+function makeLogger(name: LogScope): Logger {
+  const on = (level: EmitLevel) => LEVEL_RANK[current.levels[name]] >= LEVEL_RANK[level];
+  const emit = (level: EmitLevel) => {
+    const fn = (msg: string, fields?: Fields) => {
+      if (on(level)) write(name, level, msg, fields, new Date().toISOString(), fn);
+    };
+    return fn;
+  };
+  return { error: emit('error'), warn: emit('warn'), info: emit('info'), debug: emit('debug'), enabled: on };
+}
+
+// One logger a scope, made once: each reads the process's configured logging when it writes.
+const LOGGERS = new Map<LogScope, Logger>(SCOPES.map((s) => [s, makeLogger(s)]));
 
 export function scope(name: LogScope): Logger {
-  let logger = loggers.get(name);
-  if (!logger) {
-    const on = (level: EmitLevel) => RANK[state.levels[name]] >= RANK[level];
-    const emit = (level: EmitLevel) => {
-      const fn = (msg: string, fields?: Fields) => {
-        if (on(level)) write(name, level, msg, fields, fn);
-      };
-      return fn;
-    };
-    logger = { error: emit('error'), warn: emit('warn'), info: emit('info'), debug: emit('debug'), enabled: on };
-    loggers.set(name, logger);
-  }
-  return logger;
+  return LOGGERS.get(name) as Logger;
 }
 
 /**
  * Logs a record written elsewhere (the CNI plugin) with its own time, when its scope's level
- * lets it through. `time` must already be an ISO-8601 string.
+ * lets it through. `time` must already be an ISO-8601 string; without it, now.
  */
 export function logRecord(name: LogScope, level: EmitLevel, msg: string, fields: Fields, time?: string): void {
-  if (RANK[state.levels[name]] < RANK[level]) return;
-  timeOverride = time;
-  try {
-    write(name, level, msg, fields, logRecord);
-  } finally {
-    timeOverride = undefined;
-  }
+  if (LEVEL_RANK[current.levels[name]] < LEVEL_RANK[level]) return;
+  write(name, level, msg, fields, time ?? new Date().toISOString(), logRecord);
 }
 
 /**
@@ -219,7 +291,7 @@ export function logRecord(name: LogScope, level: EmitLevel, msg: string, fields:
  * levels themselves (one that sets every scope to `none` would otherwise silence its own record).
  */
 export function logAlways(name: LogScope, level: EmitLevel, msg: string, fields?: Fields): void {
-  write(name, level, msg, fields, logAlways);
+  write(name, level, msg, fields, new Date().toISOString(), logAlways);
 }
 
 /**
@@ -227,6 +299,7 @@ export function logAlways(name: LogScope, level: EmitLevel, msg: string, fields?
  * when `v <= --vklog`. Verbosity 0 messages always pass (the klog scope's level still applies).
  */
 export function klogV(v: number): Pick<Logger, 'info'> & { readonly enabled: boolean } {
-  const enabled = v <= state.vklog && scope('klog').enabled('info');
-  return { enabled, info: enabled ? scope('klog').info : () => {} };
+  const klog = scope('klog');
+  const enabled = v <= current.vklog && klog.enabled('info');
+  return { enabled, info: enabled ? klog.info : () => {} };
 }

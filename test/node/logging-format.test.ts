@@ -1,0 +1,123 @@
+// The exact bytes of both output formats for every kind of field value (issue 14 §5): the console
+// line is written directly now, no longer parsed back from pino's JSON, and must stay what it
+// was. The expected lines were taken from the round-trip implementation. Deliberate changes: a
+// console field NAME that is not bare (blank, quote, `=`, `\`, control character) is JSON-quoted
+// like a value, so a sender cannot forge a field (`x pod` printed bare read as ` pod=`); in JSON,
+// field names that are array indices ("1") come before "time" (marked below).
+
+import assert from 'node:assert/strict';
+import { describe, it } from 'node:test';
+import { buildSettings } from '../../src/config/settings.ts';
+import { configureLogging, klogV, logRecord, resetLogging, scope } from '../../src/monitoring/logging.ts';
+import { captureSink } from '../helpers/observability.ts';
+
+const T = '2026-01-02T03:04:05.678Z';
+
+function values(): [string, Record<string, unknown>][] {
+  const err = new Error('boom');
+  err.stack = 'Error: boom\n    at somewhere (x.ts:1:2)';
+  const circular: Record<string, unknown> = { a: 1 };
+  circular.self = circular;
+  return [
+    ['strings', { bare: 'a/b:c', space: 'two words', quote: 'say "hi"', eq: 'a=b', bs: 'a\\b', empty: '', uni: 'héllo', ctl: 'a\nb\u0007', tab: 'a\tb' }],
+    ['numbers', { n: 3, negzero: -0, f: 1.5, big: 1e21, nan: NaN, inf: Infinity, ninf: -Infinity }],
+    ['others', { t: true, f: false, nul: null, undef: undefined, fn: () => 1, sym: Symbol('s'), arr: [4, 'a b', null], obj: { a: { b: 1 }, u: undefined }, date: new Date(0) }],
+    ['errors', { error: err, err, cause: err, notErr: { message: 'x' } }],
+    ['error not error', { error: 'just text', err: 5 }],
+    ['bigint', { b: 10n }],
+    ['circular', { c: circular }],
+    ['key order', { b: 1, 2: 2, a: 3, 1: 4 }],
+    ['message \u0000\n\t\u001b[31m\u007f end', {}],
+  ];
+}
+
+const ERR = '{"type":"Error","message":"boom","stack":"Error: boom\\n    at somewhere (x.ts:1:2)"}';
+
+describe('console format, byte for byte', () => {
+  it('prints every kind of value as it always has', () => {
+    const sink = captureSink();
+    configureLogging(buildSettings({ log_output_level: 'cni:debug' }, {}).logging, sink);
+    for (const [msg, fields] of values()) logRecord('cni', 'warn', msg, fields, T);
+    assert.deepEqual(sink.lines, [
+      `${T}\twarn\tcni\tstrings\tbare=a/b:c space="two words" quote="say \\"hi\\"" eq="a=b" bs="a\\\\b" empty="" uni=héllo ctl="a\\nb\\u0007" tab="a\\tb"\n`,
+      `${T}\twarn\tcni\tnumbers\tn=3 negzero=0 f=1.5 big=1e+21 nan=null inf=null ninf=null\n`,
+      `${T}\twarn\tcni\tothers\tt=true f=false nul=null arr=[4,"a b",null] obj={"a":{"b":1}} date=1970-01-01T00:00:00.000Z\n`,
+      `${T}\twarn\tcni\terrors\terror=${ERR} err=${ERR} cause={} notErr={"message":"x"}\n`,
+      `${T}\twarn\tcni\terror not error\terror="just text" err=5\n`,
+      `${T}\twarn\tcni\tbigint\tb=10\n`,
+      `${T}\twarn\tcni\tcircular\tc={"a":1,"self":"[Circular]"}\n`,
+      `${T}\twarn\tcni\tkey order\t1=4 2=2 b=1 a=3\n`,
+      `${T}\twarn\tcni\tmessage \\u0000\\n\\t\\u001b[31m\\u007f end\n`,
+    ]);
+  });
+
+  it('quotes a field name that is not bare, so no name can forge another field', () => {
+    const sink = captureSink();
+    configureLogging(buildSettings({}, {}).logging, sink);
+    logRecord('cni', 'info', 'm', { pod: 'ns/real', 'x pod': 'kube-system/forged', 'a=b': 1, 'q"': 2, 'k\ney': 3, é: 4 }, T);
+    assert.equal(sink.text(), `${T}\tinfo\tcni\tm\tpod=ns/real "x pod"=kube-system/forged "a=b"=1 "q\\""=2 "k\\ney"=3 é=4\n`);
+    assert.equal(sink.text().match(/(?:^|[ \t])pod=/g)?.length, 1);
+  });
+
+  it('puts caller first and stack last, and the record\'s own scope, time and level win', () => {
+    const sink = captureSink();
+    configureLogging(buildSettings({ log_caller: 'install', log_stacktrace_level: 'install:warn' }, {}).logging, sink);
+    scope('install').warn('w', { a: 1, scope: 'forged', msg: 'forged' });
+    const line = sink.lines[0]!;
+    assert.match(line, /^\d{4}-\d\d-\d\dT[\d:.]+Z\twarn\tinstall\tw\tcaller=test\/node\/logging-format\.test\.ts:\d+ a=1 stack="[^\n]*logging-format\.test\.ts[^\n]*"\n$/);
+  });
+});
+
+describe('JSON format, byte for byte', () => {
+  it('orders the keys level, time, caller, fields, scope, stack, msg', () => {
+    const sink = captureSink();
+    configureLogging(buildSettings({ log_as_json: 'true', log_caller: 'install', log_stacktrace_level: 'install:warn' }, {}).logging, sink);
+    scope('install').warn('w', { a: 1 });
+    const rec = JSON.parse(sink.text()) as Record<string, string>;
+    assert.equal(Object.keys(rec).join(','), 'level,time,caller,a,scope,stack,msg');
+    assert.match(rec.caller!, /^test\/node\/logging-format\.test\.ts:\d+$/);
+  });
+
+  it('writes every kind of value as it always has', () => {
+    const sink = captureSink();
+    configureLogging(buildSettings({ log_as_json: 'true', log_output_level: 'cni:debug' }, {}).logging, sink);
+    for (const [msg, fields] of values()) logRecord('cni', 'warn', msg, fields, T);
+    const head = `{"level":"warn","time":"${T}"`;
+    assert.deepEqual(sink.lines, [
+      `${head},"bare":"a/b:c","space":"two words","quote":"say \\"hi\\"","eq":"a=b","bs":"a\\\\b","empty":"","uni":"héllo","ctl":"a\\nb\\u0007","tab":"a\\tb","scope":"cni","msg":"strings"}\n`,
+      `${head},"n":3,"negzero":0,"f":1.5,"big":1e+21,"nan":null,"inf":null,"ninf":null,"scope":"cni","msg":"numbers"}\n`,
+      `${head},"t":true,"f":false,"nul":null,"arr":[4,"a b",null],"obj":{"a":{"b":1}},"date":"1970-01-01T00:00:00.000Z","scope":"cni","msg":"others"}\n`,
+      `${head},"error":${ERR},"err":${ERR},"cause":{},"notErr":{"message":"x"},"scope":"cni","msg":"errors"}\n`,
+      `${head},"error":"just text","err":5,"scope":"cni","msg":"error not error"}\n`,
+      `${head},"b":10,"scope":"cni","msg":"bigint"}\n`,
+      `${head},"c":{"a":1,"self":"[Circular]"},"scope":"cni","msg":"circular"}\n`,
+      // The one difference in JSON: names that are array indices come before "time" (JS orders
+      // an object's index keys first; the time is now a key of the record, not pino's stamp).
+      `{"level":"warn","1":4,"2":2,"time":"${T}","b":1,"a":3,"scope":"cni","msg":"key order"}\n`,
+      `${head},"scope":"cni","msg":"message \\u0000\\n\\t\\u001b[31m\u007f end"}\n`,
+    ]);
+  });
+
+  it('stamps the agent\'s own records with the time they were logged', () => {
+    const sink = captureSink();
+    configureLogging(buildSettings({ log_as_json: 'true' }, {}).logging, sink);
+    const before = Date.now();
+    scope('default').info('now');
+    const rec = JSON.parse(sink.text()) as { time: string };
+    assert.ok(Date.parse(rec.time) >= before - 1 && Date.parse(rec.time) <= Date.now(), rec.time);
+    assert.equal(Object.keys(rec).join(','), 'level,time,scope,msg');
+  });
+});
+
+describe('resetLogging', () => {
+  it('puts back the defaults: console format, every scope at info, stdout', async () => {
+    const sink = captureSink();
+    configureLogging(buildSettings({ log_as_json: 'true', log_output_level: 'all:none', vklog: '5' }, {}).logging, sink);
+    await resetLogging();
+    assert.equal(scope('repair').enabled('info'), true);
+    assert.equal(scope('repair').enabled('debug'), false);
+    assert.equal(klogV(1).enabled, false);
+    scope('default').warn('to stdout, not the sink');
+    assert.equal(sink.lines.length, 0);
+  });
+});
