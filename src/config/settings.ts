@@ -7,7 +7,7 @@ import { TEMP_MARKER } from '../install/atomicfile.ts';
 import { byteOrder, CONFIG_EXTENSIONS } from '../install/cniconfig.ts';
 import { DEFAULT_OWNED_NAME } from '../install/owned.ts';
 import { ConfigError, ConfigErrors, MAX_TIMER_MS, parseBool, parseDuration, parseEnum, parseFileMode, parseInt10, parseList } from './parse.ts';
-import { isLabelKey, isLabelValue, parseFieldSelector, parseLabelSelector } from '../orch/selectors.ts';
+import { isLabelKey, isLabelValue, parseFieldSelector, parseLabelSelector } from './selectors.ts';
 
 export interface InstallSettings {
   readonly chained: boolean;

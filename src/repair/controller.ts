@@ -20,7 +20,7 @@ import { detectBroken, hasLabel } from './detect.ts';
 import { Backoff, TokenBucket, realClock, type Clock } from '../orch/limits.ts';
 import { podsRepaired, podsSeenBroken, repairFailures, watchedPods, watchRestarts } from './metrics.ts';
 import { PodSource, WATCH_DEFAULTS } from '../orch/podsource.ts';
-import { formatFieldSelector, formatLabelSelector, parseFieldSelector, parseLabelSelector } from '../orch/selectors.ts';
+import { escapeFieldValue } from '../config/selectors.ts';
 
 const log = scope('repair');
 
@@ -100,11 +100,13 @@ export function repairMode(s: Pick<RepairSettings, 'labelPods' | 'deletePods'>):
   return 'report';
 }
 
-/** The selectors sent to the API server: this node (when set) and the operator's extras, validated. */
+/**
+ * The selectors sent to the API server: this node (when set), then the operator's extras as typed
+ * (checked at start-up by src/config/selectors.ts): the API server judges them, not a copy of its parser.
+ */
 export function podQuery(s: Pick<RepairSettings, 'nodeName' | 'fieldSelectors' | 'labelSelectors'>) {
-  const fields = parseFieldSelector(s.fieldSelectors);
-  if (s.nodeName) fields.unshift({ field: 'spec.nodeName', op: '=', value: s.nodeName });
-  return { fieldSelector: formatFieldSelector(fields), labelSelector: formatLabelSelector(parseLabelSelector(s.labelSelectors)) };
+  const node = s.nodeName ? `spec.nodeName=${escapeFieldValue(s.nodeName)}` : '';
+  return { fieldSelector: [node, s.fieldSelectors].filter((f) => f !== '').join(','), labelSelector: s.labelSelectors };
 }
 
 export class RepairController implements Component {

@@ -21,7 +21,7 @@ import {
   parseLabelSelector,
   type FieldRequirement,
   type LabelRequirement,
-} from '../../src/orch/selectors.ts';
+} from './selectors.ts';
 import { makeTestCerts } from './certs.ts';
 
 export interface RequestRecord {

@@ -9,7 +9,6 @@ import { buildSettings } from '../../src/config/settings.ts';
 import { podQuery, repairMode } from '../../src/repair/controller.ts';
 import { detectBroken, type BrokenCriteria } from '../../src/repair/detect.ts';
 import { Backoff, TokenBucket, type Clock } from '../../src/orch/limits.ts';
-import { matchesFields, matchesLabels, parseFieldSelector, parseLabelSelector } from '../../src/orch/selectors.ts';
 import { runBin } from '../helpers/cli.ts';
 import { brokenPod, testPod } from '../helpers/pods.ts';
 
@@ -68,37 +67,7 @@ describe('detectBroken', () => {
 });
 
 describe('selectors', () => {
-  const pod = (labels: Record<string, string>, node = 'n1'): V1Pod => ({ metadata: { name: 'p', namespace: 'ns', labels }, spec: { nodeName: node, containers: [] } });
-  it('parses and matches label selectors like the API server', () => {
-    const m = (sel: string, labels: Record<string, string>) => matchesLabels(parseLabelSelector(sel), labels);
-    assert.equal(m('', {}), true);
-    assert.equal(m('a=b', { a: 'b' }), true);
-    assert.equal(m('a==b', { a: 'c' }), false);
-    assert.equal(m('a!=b', {}), true);
-    assert.equal(m('a in (b, c)', { a: 'c' }), true);
-    assert.equal(m('a notin (b,c)', { a: 'c' }), false);
-    assert.equal(m('a notin (b,c)', {}), true);
-    assert.equal(m('a,!b', { a: '' }), true);
-    assert.equal(m('!b', { b: 'x' }), false);
-    assert.equal(m('n>3', { n: '4' }), true);
-    assert.equal(m('n<3', { n: 'x' }), false);
-    assert.equal(m('example.com/x=y', { 'example.com/x': 'y' }), true);
-    for (const bad of ['a=', 'a in (b', 'a in b', '=b', 'a=b,', 'a b', 'a=b=c', 'a>x', `${'x'.repeat(64)}=1`, 'a=-b', 'Bad_/x=1']) {
-      if (bad === 'a=') continue; // an empty value is legal
-      assert.throws(() => parseLabelSelector(bad), /invalid label selector/, bad);
-    }
-    assert.deepEqual(parseLabelSelector('a='), [{ key: 'a', op: '=', values: [''] }]);
-  });
-
-  it('parses and matches pod field selectors, rejecting unsupported fields', () => {
-    assert.equal(matchesFields(parseFieldSelector('spec.nodeName=n1,metadata.namespace!=kube-system'), pod({})), true);
-    assert.equal(matchesFields(parseFieldSelector('spec.nodeName==n2'), pod({})), false);
-    assert.equal(matchesFields(parseFieldSelector('metadata.name=p\\,q'), { metadata: { name: 'p,q' } }), true);
-    assert.throws(() => parseFieldSelector('spec.bogus=1'), /field label not supported/);
-    assert.throws(() => parseFieldSelector('spec.nodeName'), /not field=value/);
-    assert.throws(() => parseFieldSelector('metadata.name=a=b'), /unescaped =/);
-  });
-
+  // The parser and matchers themselves: test/node/orch-selectors.test.ts, against Kubernetes' cases.
   it('builds the query: this node first, then the operator selectors', () => {
     assert.deepEqual(podQuery({ nodeName: 'node-a', fieldSelectors: 'metadata.namespace!=kube-system', labelSelectors: 'app in (a,b)' }), {
       fieldSelector: 'spec.nodeName=node-a,metadata.namespace!=kube-system',
