@@ -1,27 +1,14 @@
 // Plugin logs to the agent over its unix socket (`log_uds_address` in our conflist entry, the
-// agent's --log-uds-address), which prints them in scope `cni`.
-//
-// WIRE FORMAT (what src/monitoring/logserver.ts reads):
-//   - a SOCK_STREAM unix socket; the plugin connects once per invocation, writes its lines and
-//     closes (end of stream = end of that invocation's logs);
-//   - UTF-8, one JSON object per line, '\n'-terminated, never more than 16 KiB per line;
-//   - fields, always present:
-//       time       RFC 3339 UTC with milliseconds, "2026-01-02T03:04:05.678Z"
-//       level      "error" | "warn" | "info" | "debug"
-//       msg        the message
-//       scope      always "cni"
-//       command    CNI_COMMAND: "ADD" | "DEL" | "CHECK" | ...
-//       containerID CNI_CONTAINERID ("" when unknown)
-//       pod        {"namespace": "...", "name": "..."} or null when CNI_ARGS named no pod
-//   - plus message-specific fields (flat JSON values, e.g. "reason", "attempt", "elapsedMs");
-//   - lines below the entry's `log_level` are not sent.
+// agent's --log-uds-address), which prints them in scope `cni`. The wire format (one JSON
+// record a line, at most 16 KiB) is cni-plugin/shared/pluginlog.ts; lines below the entry's
+// `log_level` are not sent.
 //
 // Never blocks or fails the plugin: connect and write are fire-and-forget on an unref'd socket;
 // flush() waits at most a few ms and then lets the process exit, dropping what is unsent.
 
 import net from 'node:net';
 import { LEVEL_RANK as RANK, type EmitLevel as Level, type LogLevel } from '../shared/loglevels.ts';
-const MAX_LINE = 16 * 1024;
+import { PLUGIN_LOG_MAX_LINE as MAX_LINE, PLUGIN_LOG_SCOPE, type PluginLogRecord } from '../shared/pluginlog.ts';
 
 export interface LogContext {
   command: string;
@@ -50,8 +37,11 @@ export class UdsLog {
   log(level: Level, msg: string, fields: Record<string, unknown> = {}): void {
     if (RANK[level] > this.threshold && RANK[level] > this.stderrLevel) return;
     const { command, containerID, pod } = this.context;
-    let line = JSON.stringify({ time: new Date().toISOString(), level, msg, scope: 'cni', command, containerID, pod, ...fields });
-    if (line.length > MAX_LINE) line = JSON.stringify({ time: new Date().toISOString(), level, msg: msg.slice(0, 4096), scope: 'cni', command, containerID, pod, truncated: true });
+    const scope = PLUGIN_LOG_SCOPE;
+    let line = JSON.stringify({ time: new Date().toISOString(), level, msg, scope, command, containerID, pod, ...fields } satisfies PluginLogRecord);
+    if (line.length > MAX_LINE) {
+      line = JSON.stringify({ time: new Date().toISOString(), level, msg: msg.slice(0, 4096), scope, command, containerID, pod, truncated: true } satisfies PluginLogRecord);
+    }
     if (RANK[level] <= this.stderrLevel) process.stderr.write(`mesh-cni: ${level}: ${msg}${Object.keys(fields).length ? ' ' + JSON.stringify(fields) : ''}\n`);
     if (RANK[level] > this.threshold || this.address === '' || this.failed) return;
     this.lines.push(line + '\n');

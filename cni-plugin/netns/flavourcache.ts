@@ -13,15 +13,16 @@
 // renamed; read through the plugin's bounded regular-file reader (no link, no FIFO, 4 KiB).
 // Anything else: no cache, only slower.
 
-import { chmodSync, closeSync, constants, fstatSync, lstatSync, mkdirSync, openSync, readFileSync, renameSync, unlinkSync, writeSync } from 'node:fs';
+import { closeSync, constants, fstatSync, openSync, readFileSync, renameSync, unlinkSync, writeSync } from 'node:fs';
 import path from 'node:path';
 import type { Detection, Flavour } from './iptables.ts';
 import { readRegularFile } from '../regularfile.ts';
 
-export const CACHE_FILE_NAME = 'iptables-flavour.json';
+// Where the cache is, and the agent's making of its directory: one place for both bundles.
+export { CACHE_DIR_NAME, CACHE_FILE_NAME, cacheFileFor } from '../shared/cachedir.ts';
+
 /** The cache is one small JSON object; anything larger is not ours. */
 const MAX_CACHE_BYTES = 4096;
-export const CACHE_DIR_NAME = 'plugin-cache';
 const MAX_AGE_MS = 3_600_000;
 
 interface Cached {
@@ -37,31 +38,6 @@ function bootId(): string {
   } catch {
     return 'unknown';
   }
-}
-
-/** Where the cache lives: its own directory beside the log socket; null (no cache) when no socket is configured. */
-export function cacheFileFor(logUdsAddress: string): string | null {
-  return logUdsAddress === '' ? null : path.join(path.dirname(logUdsAddress), CACHE_DIR_NAME, CACHE_FILE_NAME);
-}
-
-/**
- * The agent's part, at start: the cache directory beside its log socket, 0700. Throws when
- * something else is at that path (the plugin then keeps no cache: slower, never unsafe).
- */
-export function prepareCacheDir(logUdsAddress: string): void {
-  const file = cacheFileFor(logUdsAddress);
-  if (file === null) return;
-  const dir = path.dirname(file);
-  try {
-    mkdirSync(dir, { mode: 0o700 });
-  } catch (e) {
-    if ((e as NodeJS.ErrnoException).code !== 'EEXIST') throw e;
-  }
-  const st = lstatSync(dir);
-  if (!st.isDirectory() || st.uid !== process.geteuid!()) {
-    throw new Error(`${dir} is not a directory of this agent's user; remove it so the plugin can cache the iptables flavour there`);
-  }
-  chmodSync(dir, 0o700); // mkdir's mode is filtered by the umask, and an older dir may be wider.
 }
 
 /** The directory of `file` opened as checked (see the top); null when it must not be used. */

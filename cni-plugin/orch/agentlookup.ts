@@ -1,16 +1,17 @@
-// Asks the agent for the pod over its unix socket (see src/install/podlookup.ts for the wire
-// format): about a millisecond where reading it from the API server costs a TLS set-up and
+// Asks the agent for the pod over its unix socket (wire format: cni-plugin/shared/podlookup.ts):
+// about a millisecond where reading it from the API server costs a TLS set-up and
 // handshake. Never throws: any failure is a miss, and the caller asks the API server instead.
 // Only the pod the runtime named by uid counts as an answer: without K8S_POD_UID the agent is not
 // asked (its watch cannot tell a pod from one re-created under the same name), and a reply with
 // another pod (an older agent matched any uid) is a miss, whatever answers on the socket.
 
 import type { PodLike } from '../redirect/spec.ts';
+import type { PodLookupRequest } from '../shared/podlookup.ts';
 import { isPodWithUid } from '../shared/poduid.ts';
 
 export type AgentAnswer = { readonly pod: PodLike } | { readonly miss: string };
 
-export function podFromAgent(address: string, ref: { namespace: string; name: string; uid: string }, timeoutMs: number): Promise<AgentAnswer> {
+export function podFromAgent(address: string, ref: PodLookupRequest, timeoutMs: number): Promise<AgentAnswer> {
   if (ref.uid === '') return Promise.resolve({ miss: 'the runtime passed no K8S_POD_UID, so only the API server can tell which pod of that name is meant' });
   const net = process.getBuiltinModule('node:net');
   return new Promise((resolve) => {
@@ -44,7 +45,7 @@ export function podFromAgent(address: string, ref: { namespace: string; name: st
   });
 }
 
-function samePod(pod: PodLike, ref: { namespace: string; name: string; uid: string }): boolean {
+function samePod(pod: PodLike, ref: PodLookupRequest): boolean {
   const m = pod.metadata;
   return m?.namespace === ref.namespace && m?.name === ref.name && isPodWithUid(pod, ref.uid);
 }

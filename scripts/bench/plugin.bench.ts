@@ -30,7 +30,7 @@ import { pct } from './lib/stats.ts';
 import { RusageDriver, type Job, type Measured } from './lib/rusage.ts';
 import { buildExecutable, DEFAULT_PLUGIN_RUNTIME, PLUGIN_RUNTIMES, type PluginRuntime } from '../plugin-runtime.ts';
 import type { V1Pod } from '@kubernetes/client-node';
-import { prepareCacheDir } from '../../cni-plugin/netns/flavourcache.ts';
+import { prepareCacheDir } from '../../cni-plugin/shared/cachedir.ts';
 import { buildFamilyRules } from '../../cni-plugin/redirect/rules.ts';
 import { specForPod } from '../../cni-plugin/redirect/spec.ts';
 import { buildSettings } from '../../src/config/settings.ts';

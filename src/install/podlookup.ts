@@ -4,9 +4,7 @@
 // of its node, so it answers in about a millisecond. The plugin falls back to the API server
 // whenever this answer is not there (no socket, a miss, a timeout): never less safe, only faster.
 //
-// Wire format (one connection per lookup; the agent closes after answering):
-//   plugin -> agent   {"namespace":"ns","name":"pod","uid":"<K8S_POD_UID>"}\n
-//   agent  -> plugin  {"pod":{...the V1Pod...}}\n   or   {"miss":"<why>"}\n
+// Wire format: cni-plugin/shared/podlookup.ts (one request line, one reply line, then closed).
 // A pod not (yet) in the watch, or cached under another uid, is waited for up to `waitMs`: the
 // runtime calls the plugin for a pod the kubelet just saw, and our watch sees it at about the
 // same moment.
@@ -36,6 +34,9 @@ import { orchKubeConfig } from '../orch/client.ts';
 import { realClock } from '../orch/limits.ts';
 import { PodSource, WATCH_DEFAULTS } from '../orch/podsource.ts';
 import { isPodWithUid } from '../../cni-plugin/shared/poduid.ts';
+import {
+  POD_LOOKUP_MAX_REQUEST_BYTES as MAX_REQUEST_BYTES, type PodLookupReply, type PodLookupRequest,
+} from '../../cni-plugin/shared/podlookup.ts';
 
 const log = scope('install');
 
@@ -57,15 +58,9 @@ export interface PodLookupOptions {
 }
 
 export const DEFAULT_POD_LOOKUP: PodLookupOptions = { waitMs: 250, maxConnections: 256, requestTimeoutMs: 1000 };
-const MAX_REQUEST_BYTES = 4096;
 
-type LookupAnswer = { readonly pod: V1Pod } | { readonly miss: string };
-
-interface Request {
-  readonly namespace: string;
-  readonly name: string;
-  readonly uid: string;
-}
+type LookupAnswer = PodLookupReply<V1Pod>;
+type Request = PodLookupRequest;
 
 function parseRequest(line: Buffer): Request | null {
   try {

@@ -23,7 +23,7 @@ import { logRecord, scope } from './logging.ts';
 import { registry } from './metrics.ts';
 import { listenUnix } from './unixsocket.ts';
 import { parsePluginLine } from './pluginrecord.ts';
-import { prepareCacheDir } from '../../cni-plugin/netns/flavourcache.ts';
+import { prepareCacheDir } from '../../cni-plugin/shared/cachedir.ts';
 
 const log = scope('monitoring');
 

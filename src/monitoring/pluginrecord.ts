@@ -1,5 +1,5 @@
 // One line the CNI plugin sent over the log socket -> what the agent logs in scope `cni`.
-// The wire format is the plugin's (cni-plugin/log/udslog.ts): one JSON object a line with
+// The wire format: cni-plugin/shared/pluginlog.ts. One JSON object a line with
 // `time`, `level`, `msg`, `command`, `containerID`, `pod: {namespace, name}` and flat extra
 // fields. Also read, for other senders: `message`, `pod_namespace`/`pod_name`, `container_id`.
 
