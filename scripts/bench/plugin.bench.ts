@@ -15,8 +15,11 @@
 //   restored alone    the same IPv4 rules by nsenter + iptables-{nft,legacy}-restore, fresh netns
 // Then the node-reboot case: 100 (BURST=n) ADDs started at once per runtime, pods from the
 // agent, flavour auto (remembered in the plugin cache): total CPU and the time to the last exit.
+// Then the pod start under a real CRI runtime (lib/cri-bench.ts): sandboxes started through
+// containerd's CRI as kubelet does, bridge + portmap with and without mesh-cni (per runtime), the
+// agent's lookup up; the start difference and ADD/DEL as containerd runs them.
 // The targets (issue 20) are printed at the end, each met or not.
-//   npm run bench -- plugin        (PODS=n, BURST=n, BURSTS=n)
+//   npm run bench -- plugin        (PODS=n, BURST=n, BURSTS=n, CRI_PODS=n; PARTS=calls,burst,cri picks parts)
 
 import { spawnSync } from 'node:child_process';
 import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
@@ -28,6 +31,7 @@ import { BridgeNetwork, cniEnv, Netns, type ChainEnv } from '../../test/helpers/
 import { k8sArgs, meshPod, pluginConfig } from '../../test/helpers/plugin.ts';
 import { pct } from './lib/stats.ts';
 import { RusageDriver, type Job, type Measured } from './lib/rusage.ts';
+import { benchCri } from './lib/cri-bench.ts';
 import { buildExecutable, DEFAULT_PLUGIN_RUNTIME, PLUGIN_RUNTIMES, type PluginRuntime } from '../plugin-runtime.ts';
 import type { V1Pod } from '@kubernetes/client-node';
 import { prepareCacheDir } from '../../cni-plugin/shared/cachedir.ts';
@@ -42,6 +46,10 @@ configureLogging({ asJson: false, outputLevels: buildSettings({ log_output_level
 const PODS = Number(process.env.PODS ?? 100);
 const BURST = Number(process.env.BURST ?? 100);
 const BURSTS = Number(process.env.BURSTS ?? 2);
+const CRI_PODS = Number(process.env.CRI_PODS ?? 30);
+/** Which parts to run (comma-separated): calls, burst, cri. */
+const PARTS = new Set((process.env.PARTS ?? 'calls,burst,cri').split(','));
+let criOverhead = new Map<string, number>();
 const PATH_ENV = '/usr/sbin:/usr/bin:/sbin:/bin';
 const tmp = mkdtempSync(path.join(os.tmpdir(), 'mcni-plg-bench-'));
 
@@ -185,16 +193,26 @@ try {
     const template = meshPod('bench', `pod-${i}`);
     pods.push(api.upsertPod({ ...template, spec: { ...template.spec!, nodeName: 'node-1' } }));
   }
-  // Warm-up: page cache, the flavour cache, the agent's watch.
-  for (const t of tasksFor(pods[0]!, 0)) await t();
-  samples.clear();
-  for (let i = 0; i < PODS; i++) {
-    const tasks = tasksFor(pods[i]!, i);
-    for (let k = 0; k < tasks.length; k++) await tasks[(i * 7 + k) % tasks.length]!();
+  if (PARTS.has('calls')) {
+    // Warm-up: page cache, the flavour cache, the agent's watch.
+    for (const t of tasksFor(pods[0]!, 0)) await t();
+    samples.clear();
+    for (let i = 0; i < PODS; i++) {
+      const tasks = tasksFor(pods[i]!, i);
+      for (let k = 0; k < tasks.length; k++) await tasks[(i * 7 + k) % tasks.length]!();
+    }
   }
-  for (let round = 0; round < BURSTS; round++) {
-    const order = round % 2 === 0 ? [...PLUGIN_RUNTIMES] : [...PLUGIN_RUNTIMES].reverse();
-    for (const runtime of order) await burst(runtime, pods.slice(0, BURST), round);
+  if (PARTS.has('burst')) {
+    for (let round = 0; round < BURSTS; round++) {
+      const order = round % 2 === 0 ? [...PLUGIN_RUNTIMES] : [...PLUGIN_RUNTIMES].reverse();
+      for (const runtime of order) await burst(runtime, pods.slice(0, BURST), round);
+    }
+  }
+  if (PARTS.has('cri')) {
+    criOverhead = await benchCri({
+      meshCni: new Map(PLUGIN_RUNTIMES.map((r) => [r, exe.get(r)!])), api, orchconfig, podLookupSocket, logUds,
+      pods: CRI_PODS, tmp, nodeName: 'node-1',
+    });
   }
 } finally {
   driver.close();
@@ -213,27 +231,35 @@ const rows = [...samples.entries()].map(([name, xs]) => {
 }).sort((a, b) => a.name.localeCompare(b.name));
 const w = Math.max(...rows.map((r) => r.name.length));
 const f = (v: number, n = 8) => v.toFixed(1).padStart(n);
-console.log(`\nplugin, spawn to exit, cold process, ${PODS} pods, every row once per pod in a rotating order (${os.cpus().length} CPUs, load ${os.loadavg()[0]!.toFixed(2)} at the end)`);
-console.log(`${'row'.padEnd(w)}  ${'n'.padStart(4)}  ${'p50 ms'.padStart(8)}  ${'p99 ms'.padStart(8)}  ${'CPU ms/call'.padStart(11)}`);
-for (const r of rows) console.log(`${r.name.padEnd(w)}  ${String(r.n).padStart(4)}  ${f(r.p50)}  ${f(r.p99)}  ${f(r.cpu, 11)}`);
-
-console.log(`\n${BURST} ADDs started at once (a node reboot), pods from the agent, flavour auto; ${BURSTS} round(s), runtimes alternating first`);
-console.log(`${'runtime'.padEnd(9)}  ${'to last exit ms'.padStart(15)}  ${'total CPU ms'.padStart(12)}  ${'CPU ms/ADD'.padStart(10)}  ${'p50 ms'.padStart(8)}  ${'p99 ms'.padStart(8)}  failed`);
-for (const b of bursts) console.log(`${b.runtime.padEnd(9)}  ${f(b.wallMs, 15)}  ${f(b.cpuMs, 12)}  ${f(b.cpuMs / BURST, 10)}  ${f(b.p50)}  ${f(b.p99)}  ${b.failed}`);
-
-const row = (name: string) => rows.find((r) => r.name === name)!;
-const bridgeVersion = row('bridge VERSION (Debian, Go)').p50;
-const verdict = (ok: boolean) => (ok ? 'met' : 'MISSED');
-console.log(`\ntargets (issue 20), default runtime today: ${DEFAULT_PLUGIN_RUNTIME}; bridge VERSION p50 ${bridgeVersion.toFixed(1)} ms`);
-for (const runtime of PLUGIN_RUNTIMES) {
-  for (const flavour of ['nft', 'legacy'] as const) {
-    const alone = row(`${flavour}: the same rules restored alone`).p50;
-    for (const by of ['agent', 'API server']) {
-      const add = row(`${runtime}: ADD, pod from the ${by}, ${flavour}`);
-      console.log(`  ${runtime}, ${flavour}, pod from the ${by}: ADD p50 ${add.p50.toFixed(1)} - restore alone ${alone.toFixed(1)} = ${(add.p50 - alone).toFixed(1)} ms (<= 15: ${verdict(add.p50 - alone <= 15)}); CPU ${add.cpu.toFixed(1)} ms/ADD (<= 15: ${verdict(add.cpu <= 15)})`);
-    }
-  }
-  const v = row(`${runtime}: VERSION`).p50;
-  const d = row(`${runtime}: DEL, netns gone`).p50;
-  console.log(`  ${runtime}: VERSION p50 ${v.toFixed(1)} ms = ${(v / bridgeVersion).toFixed(2)} x bridge (<= 2: ${verdict(v <= 2 * bridgeVersion)}); DEL, netns gone p50 ${d.toFixed(1)} ms = ${(d / bridgeVersion).toFixed(2)} x bridge (<= 2: ${verdict(d <= 2 * bridgeVersion)})`);
+if (PARTS.has('calls')) {
+  console.log(`\nplugin, spawn to exit, cold process, ${PODS} pods, every row once per pod in a rotating order (${os.cpus().length} CPUs, load ${os.loadavg()[0]!.toFixed(2)} at the end)`);
+  console.log(`${'row'.padEnd(w)}  ${'n'.padStart(4)}  ${'p50 ms'.padStart(8)}  ${'p99 ms'.padStart(8)}  ${'CPU ms/call'.padStart(11)}`);
+  for (const r of rows) console.log(`${r.name.padEnd(w)}  ${String(r.n).padStart(4)}  ${f(r.p50)}  ${f(r.p99)}  ${f(r.cpu, 11)}`);
 }
+
+if (PARTS.has('burst')) {
+  console.log(`\n${BURST} ADDs started at once (a node reboot), pods from the agent, flavour auto; ${BURSTS} round(s), runtimes alternating first`);
+  console.log(`${'runtime'.padEnd(9)}  ${'to last exit ms'.padStart(15)}  ${'total CPU ms'.padStart(12)}  ${'CPU ms/ADD'.padStart(10)}  ${'p50 ms'.padStart(8)}  ${'p99 ms'.padStart(8)}  failed`);
+  for (const b of bursts) console.log(`${b.runtime.padEnd(9)}  ${f(b.wallMs, 15)}  ${f(b.cpuMs, 12)}  ${f(b.cpuMs / BURST, 10)}  ${f(b.p50)}  ${f(b.p99)}  ${b.failed}`);
+}
+
+const verdict = (ok: boolean) => (ok ? 'met' : 'MISSED');
+if (PARTS.has('calls')) {
+  const row = (name: string) => rows.find((r) => r.name === name)!;
+  const bridgeVersion = row('bridge VERSION (Debian, Go)').p50;
+  console.log(`\ntargets (issue 20), default runtime today: ${DEFAULT_PLUGIN_RUNTIME}; bridge VERSION p50 ${bridgeVersion.toFixed(1)} ms`);
+  for (const runtime of PLUGIN_RUNTIMES) {
+    for (const flavour of ['nft', 'legacy'] as const) {
+      const alone = row(`${flavour}: the same rules restored alone`).p50;
+      for (const by of ['agent', 'API server']) {
+        const add = row(`${runtime}: ADD, pod from the ${by}, ${flavour}`);
+        console.log(`  ${runtime}, ${flavour}, pod from the ${by}: ADD p50 ${add.p50.toFixed(1)} - restore alone ${alone.toFixed(1)} = ${(add.p50 - alone).toFixed(1)} ms (<= 15: ${verdict(add.p50 - alone <= 15)}); CPU ${add.cpu.toFixed(1)} ms/ADD (<= 15: ${verdict(add.cpu <= 15)})`);
+      }
+    }
+    const v = row(`${runtime}: VERSION`).p50;
+    const d = row(`${runtime}: DEL, netns gone`).p50;
+    console.log(`  ${runtime}: VERSION p50 ${v.toFixed(1)} ms = ${(v / bridgeVersion).toFixed(2)} x bridge (<= 2: ${verdict(v <= 2 * bridgeVersion)}); DEL, netns gone p50 ${d.toFixed(1)} ms = ${(d / bridgeVersion).toFixed(2)} x bridge (<= 2: ${verdict(d <= 2 * bridgeVersion)})`);
+  }
+}
+if (criOverhead.size > 0) console.log('\ntargets (issue 20), under containerd\'s CRI');
+for (const [network, d] of criOverhead) console.log(`  ${network}: pod start overhead p50 ${d >= 0 ? '+' : ''}${d.toFixed(1)} ms (<= +40: ${verdict(d <= 40)})`);

@@ -242,6 +242,17 @@ export class CriClient {
     return { id: getString(st, 1), ready: getUint(st, 3) === 0, ip: network ? getString(network, 1) : '', ...metadataOf(getMessage(st, 2)) };
   }
 
+  /** The sandbox's network namespace path, from the runtime's verbose status (info["info"]). */
+  async podSandboxNetns(id: string): Promise<string> {
+    const r = decode(await this.grpc.call(`${RUNTIME}/PodSandboxStatus`, Buffer.concat([str(1, id), uint(2, true)])));
+    const entry = getMessages(r, 2).find((e) => getString(e, 1) === 'info');
+    if (!entry) throw new Error(`PodSandboxStatus ${id}: no verbose info (the runtime is not containerd?)`);
+    const info = JSON.parse(getString(entry, 2)) as { runtimeSpec?: { linux?: { namespaces?: { type: string; path?: string }[] } } };
+    const ns = info.runtimeSpec?.linux?.namespaces?.find((n) => n.type === 'network')?.path;
+    if (!ns) throw new Error(`PodSandboxStatus ${id}: no network namespace path in the runtime spec`);
+    return ns;
+  }
+
   async stopPodSandbox(id: string): Promise<void> {
     await this.grpc.call(`${RUNTIME}/StopPodSandbox`, str(1, id));
   }

@@ -86,6 +86,9 @@ describe('CRI against our own containerd', () => {
     assert.equal(st.ready, true);
     assert.deepEqual([st.name, st.namespace, st.uid], ['web-0', 'shop', uid]);
     assert.match(st.ip, /^198\.18\.164\.\d+$/);
+    const netns = await c.cri.podSandboxNetns(id);
+    assert.ok(netns.startsWith(`${c.dir}/`), `the pod netns is under our state dir: ${netns}`);
+    assert.ok(existsSync(netns));
     assert.deepEqual((await c.cri.listPodSandbox({ 'mcni-test': 'cri' })).map((s) => s.id), [id]);
 
     const adds = c.cniCalls().filter((k) => k.command === 'ADD' && k.containerId === id);
