@@ -7,6 +7,7 @@ import type { KubeConfig } from '@kubernetes/client-node/dist/config.js';
 import { statusMessage } from '../../cni-plugin/shared/apistatus.ts';
 import { ApiError, parseRetryAfter } from './errors.ts';
 import { orchContext } from './ratelimit.ts';
+import { logApiCall, logWatchEvent } from './requestlog.ts';
 
 export interface RequestOptions {
   readonly query?: Readonly<Record<string, string | number | boolean | undefined>>;
@@ -88,6 +89,7 @@ export async function apiRequest<T>(kc: KubeConfig, method: string, apiPath: str
   if (body !== undefined) opts.headers = { ...opts.headers, 'Content-Type': o.contentType ?? 'application/json', 'Content-Length': Buffer.byteLength(body) };
   if (o.signal) opts.signal = o.signal;
   const send = url.protocol === 'http:' ? http.request : https.request;
+  const startedAt = performance.now();
   return new Promise<T>((resolve, reject) => {
     const req = send(url, opts, (res) => {
       const chunks: Buffer[] = [];
@@ -96,6 +98,7 @@ export async function apiRequest<T>(kc: KubeConfig, method: string, apiPath: str
       res.on('end', () => {
         const text = Buffer.concat(chunks).toString('utf8');
         const code = res.statusCode ?? 0;
+        logApiCall({ method, url, status: code, startedAt, requestBody: body, responseBody: text });
         if (code < 200 || code > 299) {
           reject(new ApiError(what, code, statusMessage(text), retryAfter(code, res.headers['retry-after'])));
           return;
@@ -107,7 +110,11 @@ export async function apiRequest<T>(kc: KubeConfig, method: string, apiPath: str
         }
       });
     });
-    req.on('error', (e) => reject(new ApiError(what, undefined, e.name === 'AbortError' ? 'no answer in time (aborted)' : e.message)));
+    req.on('error', (e) => {
+      const err = new ApiError(what, undefined, e.name === 'AbortError' ? 'no answer in time (aborted)' : e.message);
+      logApiCall({ method, url, status: undefined, startedAt, requestBody: body, error: err.message });
+      reject(err);
+    });
     req.end(body);
   });
 }
@@ -160,6 +167,7 @@ export async function apiWatch(
   }
   opts.agent = keptAlive(kc, opts.agent);
   const send = url.protocol === 'http:' ? http.request : https.request;
+  const startedAt = performance.now();
   return new Promise<WatchStream>((resolve, reject) => {
     let ended = false;
     const end = (err: ApiError | null) => {
@@ -176,9 +184,14 @@ export async function apiWatch(
           if ((size += c.length) <= 64 << 10) chunks.push(c);
         });
         res.on('error', (e) => reject(new ApiError(what, undefined, e.message)));
-        res.on('end', () => reject(new ApiError(what, code, statusMessage(Buffer.concat(chunks).toString('utf8')), retryAfter(code, res.headers['retry-after']))));
+        res.on('end', () => {
+          const text = Buffer.concat(chunks).toString('utf8');
+          logApiCall({ method: 'GET', url, status: code, startedAt, responseBody: text });
+          reject(new ApiError(what, code, statusMessage(text), retryAfter(code, res.headers['retry-after'])));
+        });
         return;
       }
+      logApiCall({ method: 'GET', url, status: code, startedAt });
       // A watch is long-lived: the kept-alive agent's idle timeout is for idle connections only.
       res.socket.setTimeout(0);
       let buf = '';
@@ -196,6 +209,7 @@ export async function apiWatch(
           } catch {
             continue; // not an event; the silence watchdog catches a stream that sends only this
           }
+          logWatchEvent(url, line);
           if (!ended && typeof event === 'object' && event !== null) onEvent(event as { type?: unknown; object?: unknown });
         }
         if (buf.length > MAX_EVENT_BYTES) {
@@ -215,6 +229,7 @@ export async function apiWatch(
     });
     req.on('error', (e) => {
       const err = new ApiError(what, undefined, e.name === 'AbortError' ? 'no answer in time (aborted)' : e.message);
+      logApiCall({ method: 'GET', url, status: undefined, startedAt, error: err.message });
       reject(err);
       end(err);
     });

@@ -2,7 +2,8 @@
 // README is compared in shape (level, scope, message, and the field names in their order; the
 // time and the values may differ) with a line the real thing prints here: the agent's log
 // server printing the real plugin's record of a real ADD (bridge + mesh-cni in a netns of our
-// own, the pod read from the test API server), and the agent's own ControlZ change record.
+// own, the pod read from the test API server), the agent's own ControlZ change record, and its
+// --vklog line of an API request (a pod label patch, as repair sends).
 
 import assert from 'node:assert/strict';
 import { readFileSync } from 'node:fs';
@@ -10,9 +11,11 @@ import path from 'node:path';
 import { after, before, describe, it } from 'node:test';
 import type { Component } from '../../src/component.ts';
 import { buildSettings } from '../../src/config/settings.ts';
+import { KubeConfig } from '@kubernetes/client-node/dist/config.js';
 import { startControlz } from '../../src/monitoring/ctrlz.ts';
-import { configureLogging } from '../../src/monitoring/logging.ts';
+import { configureLogging, resetLogging } from '../../src/monitoring/logging.ts';
 import { startPluginLogServer } from '../../src/monitoring/logserver.ts';
+import { clientNodeApi } from '../../src/orch/api.ts';
 import { startTestApiServer, type TestApiServer } from '../helpers/apiserver.ts';
 import { ROOT } from '../helpers/cli.ts';
 import { BridgeNetwork, Netns, type ChainEnv } from '../helpers/netns.ts';
@@ -61,7 +64,7 @@ describe('README example log lines are what the agent prints', () => {
   const printed: { line: string; shape: Shape }[] = [];
 
   before(async () => {
-    configureLogging(buildSettings({ log_output_level: 'default:info,cni:info,monitoring:warn' }, {}).logging, sink);
+    configureLogging(buildSettings({ log_output_level: 'default:info,cni:info,monitoring:warn', vklog: '4' }, {}).logging, sink);
     const logUds = path.join(tmp.dir, 'run/log.sock');
     logServer = await startPluginLogServer(buildSettings({ 'log-uds-address': logUds }, {}));
     ctrlz = await startControlz(buildSettings({ ctrlz_address: 'localhost', ctrlz_port: '0' }, {}), { components: () => [] });
@@ -83,6 +86,11 @@ describe('README example log lines are what the agent prints', () => {
     const r = await request(`http://localhost:${port}/api/scopes/cni`, { method: 'PUT', headers: { 'content-type': 'application/json' }, body: '{"output_level":"debug"}' });
     assert.equal(r.status, 200, r.body);
 
+    // A real API request at --vklog 4.
+    const kc = new KubeConfig();
+    kc.loadFromFile(orchconfig);
+    await clientNodeApi(kc).labelPod(api.getPod('shop', 'cart-1')!, 'mesh.io/readme', 'yes', AbortSignal.timeout(10_000));
+
     for (const line of sink.lines) {
       const shape = shapeOf(line);
       if (shape) printed.push({ line: line.replace(/\n$/, ''), shape });
@@ -94,13 +102,15 @@ describe('README example log lines are what the agent prints', () => {
     await ctrlz?.stop('SIGTERM');
     await logServer?.stop('SIGTERM');
     await api?.close();
+    await resetLogging();
     tmp.remove();
   });
 
-  it('has the redirect rules record and the ControlZ change record among its examples', () => {
+  it('has the redirect rules record, the ControlZ change record and a --vklog line among its examples', () => {
     const msgs = readmeExamples().map((e) => e.shape.msg);
     assert.ok(msgs.includes('redirect rules applied'), `README examples: ${JSON.stringify(msgs)}`);
     assert.ok(msgs.includes('ControlZ: changing scope levels'), `README examples: ${JSON.stringify(msgs)}`);
+    assert.ok(msgs.includes('API request'), `README examples: ${JSON.stringify(msgs)}`);
   });
 
   it('prints every README example: same level, scope, message and field names in the same order', () => {
