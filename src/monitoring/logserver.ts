@@ -24,6 +24,7 @@ import { registry } from './metrics.ts';
 import { listenUnix } from './unixsocket.ts';
 import { parsePluginLine } from './pluginrecord.ts';
 import { prepareCacheDir } from '../../cni-plugin/shared/cachedir.ts';
+import { PLUGIN_LOG_SCOPE } from '../../cni-plugin/shared/pluginlog.ts';
 
 const log = scope('monitoring');
 
@@ -91,7 +92,7 @@ function handleLine(line: Buffer): void {
     drop(r.reason);
     return;
   }
-  logRecord('cni', r.entry.level, r.entry.msg, r.entry.fields, r.entry.time);
+  logRecord(PLUGIN_LOG_SCOPE, r.entry.level, r.entry.msg, r.entry.fields, r.entry.time);
 }
 
 function drop(reason: DropReason): void {

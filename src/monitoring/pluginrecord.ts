@@ -3,7 +3,8 @@
 // `time`, `level`, `msg`, `command`, `containerID`, `pod: {namespace, name}` and flat extra
 // fields. Also read, for other senders: `message`, `pod_namespace`/`pod_name`, `container_id`.
 
-import type { EmitLevel, Fields } from './logging.ts';
+import type { EmitLevel } from '../../cni-plugin/shared/loglevels.ts';
+import type { Fields } from './logging.ts';
 
 export interface PluginEntry {
   readonly level: EmitLevel;
@@ -23,7 +24,8 @@ const LEVELS: Record<string, EmitLevel> = {
   debug: 'debug', trace: 'debug',
 };
 
-// Keys the agent sets itself (or that pino's record already has): never copied from the plugin.
+// Keys the agent sets itself (the record's columns, the pod and container it reads from them):
+// never copied from the plugin.
 const CONSUMED = new Set(['time', 'level', 'msg', 'message', 'scope', 'pod', 'pod_namespace', 'pod_name', 'containerID', 'container_id', '__proto__']);
 
 // What the plugin sends: already canonical, so no Date round trip (a third of the parse cost).
