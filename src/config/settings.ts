@@ -8,6 +8,7 @@ import { byteOrder, CONFIG_EXTENSIONS } from '../install/cniconfig.ts';
 import { DEFAULT_OWNED_NAME } from '../install/owned.ts';
 import { ConfigError, ConfigErrors, MAX_TIMER_MS, parseBool, parseDuration, parseEnum, parseFileMode, parseInt10, parseList } from './parse.ts';
 import { isLabelKey, isLabelValue, parseFieldSelector, parseLabelSelector } from './selectors.ts';
+import { LIST_MODES, type ListMode } from '../orch/ratelimit.ts';
 
 export interface InstallSettings {
   readonly chained: boolean;
@@ -67,6 +68,19 @@ export interface RepairSettings {
   readonly concurrency: number;
 }
 
+/** How the agent itself talks to the API server (README "Fleet scale"). */
+export interface OrchSettings {
+  /** Client-side rate limit of the agent's list, watch, GET and TokenRequest calls (one bucket per agent). */
+  readonly qps: number;
+  readonly burst: number;
+  /** auto: watch-list, else a list from the watch cache; cache: rv=0 list; consistent: paginated consistent list. */
+  readonly listMode: ListMode;
+  /** A watch cut (not its own timeout) is resumed after a random 0..this ms (capped by the watch backoff's cap). */
+  readonly reconnectSpreadMs: number;
+  /** The first list or watch-list waits a random 0..this ms (capped by the watch backoff's cap). */
+  readonly startJitterMs: number;
+}
+
 export interface LoggingSettings {
   readonly asJson: boolean;
   readonly caller: readonly LogScope[];
@@ -95,6 +109,7 @@ export interface Settings {
   readonly install: InstallSettings;
   readonly repair: RepairSettings;
   readonly logging: LoggingSettings;
+  readonly orch: OrchSettings;
   readonly monitoring: { readonly port: number };
   readonly ctrlz: { readonly address: string; readonly port: number; readonly write: CtrlzWriteMode };
   readonly orchconfig: string;
@@ -366,9 +381,19 @@ export function buildSettings(flags: RawFlags, env: Env, cwd: string = process.c
     vklog: int('vklog', 0, 10),
   };
 
+  const orch: OrchSettings = {
+    qps: int('orch-qps', 1, 10_000),
+    burst: int('orch-burst', 1, 100_000),
+    listMode: get('orch-list-mode', (s, v) => parseEnum(s, v, LIST_MODES), 'auto'),
+    // Not flags: a cut of every watch at once comes back over 12 s; a mass restart over 1 s.
+    reconnectSpreadMs: 12_000,
+    startJitterMs: 1000,
+  };
+
   const settings: Settings = {
     install,
     repair,
+    orch,
     logging,
     monitoring: { port: int('monitoring-port', 0, 65535) },
     ctrlz: { address: str('ctrlz_address'), port: int('ctrlz_port', 0, 65535), write: get('ctrlz_write', (s, v) => parseEnum(s, v, CTRLZ_WRITE_MODES), 'auto') },

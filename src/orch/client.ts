@@ -7,9 +7,23 @@
 import { KubeConfig } from '@kubernetes/client-node/dist/config.js';
 import path from 'node:path';
 import type { Settings } from '../config/settings.ts';
-import { serverUrl } from '../install/orchconfig.ts';
+import { bindOrchContext } from './ratelimit.ts';
 
+/** `https://host:port`, with an IPv6 literal in brackets (also the orchconfig's server, install/orchconfig.ts). */
+export function serverUrl(host: string, port: string): string {
+  const h = host.includes(':') && !host.startsWith('[') ? `[${host}]` : host;
+  return `https://${h}${port ? `:${port}` : ''}`;
+}
+
+/** The agent's KubeConfig, tied to its request limiter and list settings (ratelimit.ts). */
 export function orchKubeConfig(settings: Settings): KubeConfig {
+  const kc = loadKubeConfig(settings);
+  // Settings made by hand (tests) may have no orch part: then no limit.
+  if (settings.orch) bindOrchContext(kc, settings.orch);
+  return kc;
+}
+
+function loadKubeConfig(settings: Settings): KubeConfig {
   const kc = new KubeConfig();
   if (settings.orchconfig) {
     try {

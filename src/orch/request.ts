@@ -175,7 +175,9 @@ export async function apiWatch(
       ended = true;
       done(err);
     };
+    const onAbort = () => req.destroy();
     const req = send(url, opts, (res) => {
+      signal?.removeEventListener('abort', onAbort);
       const code = res.statusCode ?? 0;
       if (code !== 200) {
         const chunks: Buffer[] = [];
@@ -233,10 +235,9 @@ export async function apiWatch(
       reject(err);
       end(err);
     });
-    if (signal) {
-      if (signal.aborted) req.destroy();
-      else signal.addEventListener('abort', () => req.destroy(), { once: true });
-    }
+    // `signal` cancels the wait and the opening, not the stream (abort() does).
+    if (signal?.aborted) req.destroy();
+    else signal?.addEventListener('abort', onAbort, { once: true });
     req.end();
   });
 }

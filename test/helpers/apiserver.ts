@@ -30,6 +30,14 @@ export interface RequestRecord {
   query: string;
   status: number;
   time: number;
+  /**
+   * Objects the real API server would read to answer (the fleet bench's cost model): a consistent
+   * list (no resourceVersion) goes to etcd, which has no index by node: every pod of the cluster
+   * (of the namespace); a list from the watch cache (resourceVersion=0, or a resourceVersion with no
+   * limit) and a watch-list's initial events: the pods its index gives (the node's, with a
+   * spec.nodeName selector); a GET: one; a watch from a resourceVersion: the events it replays.
+   */
+  objectsRead?: number;
 }
 
 export interface TestApiServer {
@@ -50,6 +58,12 @@ export interface TestApiServer {
     status?: { code: number; retryAfterSeconds?: number; paths?: RegExp; count?: number };
     delayMs?: number;
     silentWatches?: boolean;
+    /** A server without the WatchList feature: sendInitialEvents is refused (422), as before 1.32. */
+    rejectWatchList?: boolean;
+    /** A server (or proxy) that ignores sendInitialEvents: a plain watch, no initial-events-end bookmark. */
+    ignoreWatchList?: boolean;
+    /** A server that refuses a list with resourceVersion=0 (400); a consistent list still works. */
+    rejectRv0List?: boolean;
   };
   closeWatches(): void;
   expireResourceVersions(): void;
@@ -489,9 +503,27 @@ export async function startTestApiServer(opts: TestApiServerOptions = {}): Promi
     return n;
   }
 
-  function listPodsResponse(req: IncomingMessage, q: URLSearchParams, namespace: string | undefined) {
+  /** Pods the watch cache's index gives for this filter: the node's with a spec.nodeName=X selector. */
+  function indexedCost(filter: PodFilter): number {
+    const node = filter.fields.find((f) => f.field === 'spec.nodeName' && f.op === '=');
+    if (!node) return filter.namespace === undefined ? pods.size : [...pods.values()].filter((p) => p.metadata?.namespace === filter.namespace).length;
+    let n = 0;
+    for (const p of pods.values()) if (p.spec?.nodeName === node.value) n++;
+    return n;
+  }
+
+  /** What etcd reads for a consistent list: every pod of the range (cluster or namespace), after `after`. */
+  function etcdCost(filter: PodFilter, after: string): number {
+    let n = 0;
+    for (const [k, p] of pods) if (k > after && (filter.namespace === undefined || p.metadata?.namespace === filter.namespace)) n++;
+    return n;
+  }
+
+  function listPodsResponse(req: IncomingMessage, q: URLSearchParams, namespace: string | undefined, rec?: RequestRecord) {
     const filter = parseFilter(q, namespace);
-    checkRv(q.get('resourceVersion'), 'list');
+    const rawRv = q.get('resourceVersion');
+    if (rawRv === '0' && faults.rejectRv0List) throw new HttpError(400, 'BadRequest', 'injected fault: resourceVersion=0 lists are refused by this server');
+    checkRv(rawRv, 'list');
     let listRv = rv;
     let after = '';
     const cont = q.get('continue');
@@ -508,6 +540,9 @@ export async function startTestApiServer(opts: TestApiServerOptions = {}): Promi
       listRv = tok.rv ?? rv;
       after = tok.after ?? '';
     }
+    // The watch cache answers resourceVersion=0, and any resourceVersion without a limit; the rest is etcd.
+    const fromCache = rawRv !== null && rawRv !== '' && !cont && (rawRv === '0' || !(Number(q.get('limit') ?? '0') > 0));
+    if (rec) rec.objectsRead = fromCache ? indexedCost(filter) : etcdCost(filter, after);
     const all = [...pods.entries()]
       .filter(([k, p]) => k > after && podMatches(filter, p))
       .sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0));
@@ -533,6 +568,16 @@ export async function startTestApiServer(opts: TestApiServerOptions = {}): Promi
     const filter = parseFilter(q, namespace);
     const rawRv = q.get('resourceVersion');
     const table = tableMode(req, q);
+    // The streaming watch-list (KEP-3157): initial events, then a bookmark annotated
+    // k8s.io/initial-events-end, then the watch goes on. Checked before the stream opens, as the
+    // real server validates its ListOptions (an error answer, not an ERROR event).
+    const initialEvents = q.get('sendInitialEvents') === 'true' && !faults.ignoreWatchList;
+    if (q.get('sendInitialEvents') !== null && !faults.ignoreWatchList) {
+      const invalid = (why: string) => new HttpError(422, 'Invalid', `ListOptions.meta.k8s.io "" is invalid: ${why}`);
+      if (faults.rejectWatchList) throw invalid('sendInitialEvents: Forbidden: sendInitialEvents is forbidden for watch unless the WatchList feature gate is enabled');
+      if (q.get('resourceVersionMatch') !== 'NotOlderThan') throw invalid('resourceVersionMatch: Forbidden: sendInitialEvents requires setting resourceVersionMatch to NotOlderThan');
+      if (q.get('allowWatchBookmarks') !== 'true') throw invalid('allowWatchBookmarks: Forbidden: sendInitialEvents requires allowWatchBookmarks');
+    }
     res.writeHead(200, { 'content-type': table ? TABLE_CONTENT_TYPE : 'application/json', 'cache-control': 'no-cache, private' });
     res.flushHeaders();
     rec.status = 200;
@@ -549,14 +594,25 @@ export async function startTestApiServer(opts: TestApiServerOptions = {}): Promi
       endWatch(w);
       return;
     }
-    if (from === undefined) {
+    if (initialEvents) {
+      // The state now (the server waits until its cache is at least as new as asked), then the mark.
+      const now = [...pods.values()].filter((p) => podMatches(filter, p));
+      rec.objectsRead = indexedCost(filter);
+      for (const p of now) writeEvent(w, 'ADDED', p);
+      writeEvent(w, 'BOOKMARK', { kind: 'Pod', apiVersion: 'v1', metadata: { resourceVersion: String(rv), annotations: { 'k8s.io/initial-events-end': 'true' } } });
+    } else if (from === undefined) {
       // No resourceVersion: "start at most recent", with synthetic ADDED for what exists now.
+      rec.objectsRead = indexedCost(filter);
       for (const p of [...pods.values()].filter((p) => podMatches(filter, p))) writeEvent(w, 'ADDED', p);
     } else {
+      rec.objectsRead = 0;
       for (const h of history) {
         if (h.rv <= from) continue;
         const ev = eventFor(filter, h);
-        if (ev) writeEvent(w, ev.type, ev.object);
+        if (ev) {
+          rec.objectsRead = (rec.objectsRead ?? 0) + 1;
+          writeEvent(w, ev.type, ev.object);
+        }
       }
     }
     if (q.get('allowWatchBookmarks') === 'true') {
@@ -739,7 +795,7 @@ export async function startTestApiServer(opts: TestApiServerOptions = {}): Promi
           startWatch(req, res, q, ns, rec);
           return undefined;
         }
-        const r = listPodsResponse(req, q, ns);
+        const r = listPodsResponse(req, q, ns, rec);
         return { code: 200, body: r.body, contentType: r.contentType };
       }
       if (method === 'POST' && ns !== undefined) {
@@ -756,7 +812,10 @@ export async function startTestApiServer(opts: TestApiServerOptions = {}): Promi
       throw new HttpError(405, 'MethodNotAllowed', 'the server does not allow this method on the requested resource');
     }
     m = /^\/api\/v1\/namespaces\/([^/]+)\/pods\/([^/]+)(?:\/([^/]+))?$/.exec(p);
-    if (m) return podRoutes(req, decodeURIComponent(m[1]!), decodeURIComponent(m[2]!), m[3]);
+    if (m) {
+      if (method === 'GET') rec.objectsRead = 1;
+      return podRoutes(req, decodeURIComponent(m[1]!), decodeURIComponent(m[2]!), m[3]);
+    }
     m = /^\/api\/v1(?:\/namespaces\/([^/]+))?\/events$/.exec(p);
     if (m) {
       const ns = m[1] === undefined ? undefined : decodeURIComponent(m[1]);

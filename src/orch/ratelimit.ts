@@ -1,0 +1,95 @@
+// What bounds and spreads the agent's own requests to the API server: one token bucket per agent
+// (--orch-qps, --orch-burst) that every list, watch, GET and TokenRequest waits on, and the delay
+// rules of the list/watch loop (full-jitter backoff, Retry-After as a floor). The agent runs on
+// every node, so each of these is multiplied by the node count: README "Fleet scale".
+
+import type { KubeConfig } from '@kubernetes/client-node/dist/config.js';
+import type { OrchSettings } from '../config/settings.ts';
+import { realClock, TokenBucket, type Clock } from './limits.ts';
+
+/** How the pod source reads the state it then watches from (--orch-list-mode). */
+export const LIST_MODES = ['auto', 'cache', 'consistent'] as const;
+export type ListMode = (typeof LIST_MODES)[number];
+
+/** What one agent's connection to the API server carries besides the orchconfig. */
+export interface OrchContext {
+  readonly limiter: RequestLimiter;
+  readonly settings: OrchSettings;
+}
+
+/** A client-side rate limit: take() resolves when the request may be sent. */
+export interface RequestLimiter {
+  take(signal?: AbortSignal): Promise<void>;
+  /** Requests that had to wait for a token, and for how long in all (metrics, the bench). */
+  readonly stats: { readonly taken: number; readonly delayed: number; readonly waitedMs: number };
+}
+
+export function requestLimiter(qps: number, burst: number, clock: Clock = realClock): RequestLimiter {
+  const bucket = new TokenBucket(qps, burst, clock);
+  const stats = { taken: 0, delayed: 0, waitedMs: 0 };
+  return {
+    stats,
+    async take(signal) {
+      const t0 = clock.now();
+      const wait = bucket.wait();
+      await bucket.take(signal);
+      stats.taken++;
+      if (wait > 0) {
+        stats.delayed++;
+        stats.waitedMs += clock.now() - t0;
+      }
+    },
+  };
+}
+
+// One context per agent (its settings object), so the repair controller's, the pod lookup's and
+// the token minter's connections (each its own KubeConfig) share one bucket; a test or the fleet
+// bench with many agents in one process gets one per agent.
+const bySettings = new WeakMap<OrchSettings, OrchContext>();
+const byKubeConfig = new WeakMap<KubeConfig, OrchContext>();
+
+/** Ties a KubeConfig to its agent's limiter and list settings (orchKubeConfig does this). */
+export function bindOrchContext(kc: KubeConfig, settings: OrchSettings): OrchContext {
+  let ctx = bySettings.get(settings);
+  if (!ctx) bySettings.set(settings, (ctx = { limiter: requestLimiter(settings.qps, settings.burst), settings }));
+  byKubeConfig.set(kc, ctx);
+  return ctx;
+}
+
+/** The context bound to a KubeConfig, if any (a KubeConfig made elsewhere has none: no limit). */
+export function orchContext(kc: KubeConfig): OrchContext | undefined {
+  return byKubeConfig.get(kc);
+}
+
+/**
+ * Exponential backoff with full jitter (a delay drawn from 0 to base * 2^attempt, capped): many
+ * agents that failed together come back spread over the whole window, not in waves. A server's
+ * Retry-After (429, 503) is a floor, itself capped at `retryAfterCapMs`.
+ */
+export class FullJitterBackoff {
+  #attempt = 0;
+  readonly #base: number;
+  readonly #cap: number;
+  readonly #retryAfterCap: number;
+  readonly #random: () => number;
+  constructor(o: { readonly baseMs: number; readonly maxMs: number; readonly retryAfterCapMs?: number; readonly random?: () => number }) {
+    this.#base = o.baseMs;
+    this.#cap = o.maxMs;
+    this.#retryAfterCap = o.retryAfterCapMs ?? 5 * 60_000;
+    this.#random = o.random ?? Math.random;
+  }
+  get attempt(): number {
+    return this.#attempt;
+  }
+  get capMs(): number {
+    return this.#cap;
+  }
+  next(retryAfterMs = 0): number {
+    const window = Math.min(this.#cap, this.#base * 2 ** Math.min(this.#attempt, 30));
+    this.#attempt++;
+    return Math.max(Math.min(retryAfterMs, this.#retryAfterCap), this.#random() * window);
+  }
+  reset(): void {
+    this.#attempt = 0;
+  }
+}
