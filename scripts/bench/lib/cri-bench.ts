@@ -43,6 +43,8 @@ interface Network {
   readonly stopMs: number[];
   readonly removeMs: number[];
   readonly ids: string[];
+  /** RunPodSandbox sent, PodSandboxStatus ready: CLOCK_MONOTONIC ns, as the timing shim logs. */
+  readonly spans: { readonly t0: bigint; readonly t1: bigint }[];
 }
 
 const ms = (a: bigint, b: bigint) => Number(b - a) / 1e6;
@@ -77,6 +79,7 @@ async function startPod(net: Network, name: string, uid: string, record: boolean
   net.stopMs.push(ms(t1, t2));
   net.removeMs.push(ms(t2, t3));
   net.ids.push(id);
+  net.spans.push({ t0, t1 });
 }
 
 /** The warm-up pod proves the measured chain does its job: our chains in the pod's netns or none. */
@@ -108,7 +111,7 @@ export async function benchCri(o: CriBenchOptions): Promise<Map<string, number>>
         tag: `b${k}`, plugins, pauseBinary: pause, timingShim: shim,
         binaries: { ...DEBIAN_PLUGINS, ...(v.mesh ? { 'mesh-cni': v.mesh } : {}) },
       });
-      networks.push({ label: v.label, mesh: v.mesh !== undefined, ctrd, startMs: [], stopMs: [], removeMs: [], ids: [] });
+      networks.push({ label: v.label, mesh: v.mesh !== undefined, ctrd, startMs: [], stopMs: [], removeMs: [], ids: [], spans: [] });
     }
     // Every pod in the API server (so in the agent's watch) before any sandbox starts.
     const pods = networks.map((_, k) => Array.from({ length: o.pods + 1 }, (_, i) => {
@@ -139,8 +142,10 @@ function report(networks: readonly Network[], pods: number, runtime: string): Ma
   const w = Math.max(...networks.map((n) => n.label.length));
   console.log(`\npod start under a CRI runtime (${runtime}, runc, cgroupfs), ` +
     `RunPodSandbox until PodSandboxStatus is ready with an IP, as kubelet sees it; ${pods} pods per network, interleaved; ms`);
+  console.log('(then p50s of its parts: RunPodSandbox sent to the first CNI ADD, the CNI ADDs (first start to last end), ' +
+    'the last ADD to ready; and of StopPodSandbox and RemovePodSandbox)');
   console.log(`${'network'.padEnd(w)}  ${'p50'.padStart(8)}  ${'p90'.padStart(8)}  ${'+p50'.padStart(8)}  ${'+p90'.padStart(8)}  ` +
-    `${'stop p50'.padStart(8)}  ${'rm p50'.padStart(8)}`);
+    `${'to CNI'.padStart(8)}  ${'CNI ADDs'.padStart(8)}  ${'to ready'.padStart(8)}  ${'stop'.padStart(8)}  ${'remove'.padStart(8)}`);
   const overhead = new Map<string, number>();
   const p = (xs: number[], q: number) => pct(xs, q);
   for (const n of networks) {
@@ -148,8 +153,9 @@ function report(networks: readonly Network[], pods: number, runtime: string): Ma
     const d90 = p(n.startMs, 90) - p(base.startMs, 90);
     if (n.mesh) overhead.set(n.label, d50);
     const plus = (v: number) => (n === base ? '-'.padStart(8) : `${v >= 0 ? '+' : ''}${v.toFixed(1)}`.padStart(8));
+    const parts = phases(n);
     console.log(`${n.label.padEnd(w)}  ${f(p(n.startMs, 50))}  ${f(p(n.startMs, 90))}  ${plus(d50)}  ${plus(d90)}  ` +
-      `${f(p(n.stopMs, 50))}  ${f(p(n.removeMs, 50))}`);
+      `${f(p(parts.toCni, 50))}  ${f(p(parts.cni, 50))}  ${f(p(parts.toReady, 50))}  ${f(p(n.stopMs, 50))}  ${f(p(n.removeMs, 50))}`);
   }
 
   console.log('\nCNI calls as containerd ran them (timing shim around each plugin), wall ms; DEL 1st = on StopPodSandbox ' +
@@ -171,6 +177,23 @@ function report(networks: readonly Network[], pods: number, runtime: string): Ma
     }
   }
   return overhead;
+}
+
+/** Where each pod start went: before containerd ran the first CNI ADD, the ADDs, after them. */
+function phases(n: Network): { toCni: number[]; cni: number[]; toReady: number[] } {
+  const adds = new Map<string, CniCall[]>();
+  for (const c of n.ctrd.cniCalls()) if (c.command === 'ADD') (adds.get(c.containerId) ?? adds.set(c.containerId, []).get(c.containerId)!).push(c);
+  const out = { toCni: [] as number[], cni: [] as number[], toReady: [] as number[] };
+  n.ids.forEach((id, i) => {
+    const xs = adds.get(id) ?? [];
+    if (xs.length === 0) return;
+    const first = xs.reduce((a, c) => (c.startNs < a ? c.startNs : a), xs[0]!.startNs);
+    const last = xs.reduce((a, c) => (c.endNs > a ? c.endNs : a), xs[0]!.endNs);
+    out.toCni.push(ms(n.spans[i]!.t0, first));
+    out.cni.push(ms(first, last));
+    out.toReady.push(ms(last, n.spans[i]!.t1));
+  });
+  return out;
 }
 
 /** A sandbox's DEL calls in order: the first (on stop), the second (on remove), any more. */
