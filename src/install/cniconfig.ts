@@ -9,9 +9,10 @@ import path from 'node:path';
 import { isDeepStrictEqual } from 'node:util';
 import { arrayElements, lineIndent, objectMembers, skipWs, valueEnd, type Span } from './jsonspans.ts';
 import { describeParseError } from '../../cni-plugin/shared/parseerror.ts';
+import { PLUGIN_TYPE } from '../../cni-plugin/shared/netconf.ts';
 
-/** The `type` of our plugin entry: how we recognise it in any config. */
-export const PLUGIN_TYPE = 'mesh-cni';
+/** The `type` of our plugin entry (the plugin's own, cni-plugin/shared/): how we recognise it in any config. */
+export { PLUGIN_TYPE };
 /** What libcni reads from the net dir, as the runtime does. */
 export const CONFIG_EXTENSIONS: readonly string[] = ['.conf', '.conflist', '.json'];
 

@@ -1,25 +1,36 @@
 // Our plugin entry, from the operator's template (--cni-network-config or
-// --cni-network-config-file, JSON with comments allowed: parsed with json5) or the default one.
+// --cni-network-config-file, JSON with comments allowed: parsed with json5) or the default one,
+// which is made from the plugin's own config type (cni-plugin/shared/netconf.ts MeshNetConf).
 // Output is a plain object that the rest writes as strict JSON, since runtimes parse strictly.
 
 import JSON5 from 'json5';
-import { CniConfigError, PLUGIN_TYPE, type JsonObject } from './cniconfig.ts';
+import { PLUGIN_TYPE, type MeshNetConf } from '../../cni-plugin/shared/netconf.ts';
+import { CniConfigError, type JsonObject } from './cniconfig.ts';
 import { describeParseError } from '../../cni-plugin/shared/parseerror.ts';
 
-export const DEFAULT_TEMPLATE = `{
-  // Written by install-cni. Values in __X__ are filled in from its settings.
-  "type": "${PLUGIN_TYPE}",
-  "log_level": "__LOG_LEVEL__",
-  "log_uds_address": "__LOG_UDS_ADDRESS__",
-  "pod_lookup_uds_address": "__POD_LOOKUP_UDS_ADDRESS__",
-  "orch": {
-    "orchconfig": "__KUBECONFIG_FILEPATH__",
-    "cni_bin_dir": "__CNI_BIN_DIR__",
-    "exclude_namespaces": __EXCLUDE_NAMESPACES__,
-    "node_name": "__KUBERNETES_NODE_NAME__"
-  }
-}
-`;
+/** A config with a placeholder for each value; a key the plugin does not read does not compile. */
+type Placeholders<T> = {
+  readonly [K in keyof T]?: K extends 'type' ? T[K] : NonNullable<T[K]> extends object & { length?: never }
+    ? Placeholders<NonNullable<T[K]>> : `__${string}__`;
+};
+
+const DEFAULT_ENTRY: Placeholders<MeshNetConf> = {
+  type: PLUGIN_TYPE,
+  log_level: '__LOG_LEVEL__',
+  log_uds_address: '__LOG_UDS_ADDRESS__',
+  pod_lookup_uds_address: '__POD_LOOKUP_UDS_ADDRESS__',
+  orch: {
+    orchconfig: '__KUBECONFIG_FILEPATH__',
+    cni_bin_dir: '__CNI_BIN_DIR__',
+    exclude_namespaces: '__EXCLUDE_NAMESPACES__',
+    node_name: '__KUBERNETES_NODE_NAME__',
+  },
+};
+
+/** DEFAULT_ENTRY as template text: a list's placeholder stands bare (it is filled in as JSON). */
+export const DEFAULT_TEMPLATE = JSON.stringify(DEFAULT_ENTRY, null, 2)
+  .replace('{\n', '{\n  // Written by install-cni. Values in __X__ are filled in from its settings.\n')
+  .replace('"__EXCLUDE_NAMESPACES__"', '__EXCLUDE_NAMESPACES__') + '\n';
 
 export interface TemplateValues {
   readonly kubeconfigFilepath: string;
