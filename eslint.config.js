@@ -1,6 +1,53 @@
-// ESLint flat config: typescript-eslint's recommended rules on every .ts file.
+// ESLint flat config: typescript-eslint's recommended rules on every .ts file, and the import
+// directions between folders (see "Import zones" below and README, Layout).
 import js from '@eslint/js';
 import tseslint from 'typescript-eslint';
+
+// Import zones (issue 14). An import the zone refuses, as a regex over the specifier as written;
+// each names the direction and what to do instead.
+const NO_SRC = {
+  regex: '(^|/)src/',
+  message: 'cni-plugin/ imports nothing from src/: the plugin ships alone, Node built-ins only. Put what both bundles need in cni-plugin/shared/.',
+};
+const ONLY_SHARED = {
+  regex: '(^|/)cni-plugin/(?!shared/)',
+  message: 'src/ imports from cni-plugin/ only cni-plugin/shared/: move what the agent needs there (Node built-ins only).',
+};
+const SHARED_SELF = {
+  regex: '^(?!node:|\\./[^/]+$)',
+  message: 'cni-plugin/shared/ imports only node: built-ins and its own files: both bundles load it, the plugin with nothing else.',
+};
+const ORCH_NOT_INSTALL = {
+  regex: '(^\\.\\./|/src/)install/',
+  message: 'src/orch/ does not import src/install/: the API client knows nothing of what the installer does with it.',
+};
+const CONFIG_NOT_ORCH = {
+  regex: '(^\\.\\./|/src/)orch/',
+  message: 'src/config/ does not import src/orch/: settings are built before any API client, from flags and env alone.',
+};
+const MONITORING_NOT_CMD = {
+  regex: '(^\\.\\./|/src/)cmd/',
+  message: 'src/monitoring/ does not import src/cmd/: the CLI layer wires monitoring, not the other way.',
+};
+
+/**
+ * One zone: `files` may not import what `bans` match, statically (import, export ... from) or
+ * with import(), whose path must then be a literal. A later config object replaces an earlier
+ * one's options for the same rule, so each zone lists every ban that applies to its files.
+ */
+function zone(files, bans) {
+  const selector = (regex) => `ImportExpression > Literal.source[value=/${regex.replaceAll('/', '\\/')}/]`;
+  return {
+    files,
+    rules: {
+      'no-restricted-imports': ['error', { patterns: bans.map(({ regex, message }) => ({ regex, message })) }],
+      'no-restricted-syntax': ['error',
+        { selector: "ImportExpression[source.type!='Literal']", message: 'import() takes a literal path here, so the import zones can check it.' },
+        ...bans.map(({ regex, message }) => ({ selector: selector(regex), message })),
+      ],
+    },
+  };
+}
 
 export default tseslint.config(
   { ignores: ['node_modules/', 'dist/', '.sandbox/', 'coverage/', '.scratch-*/'] },
@@ -21,4 +68,10 @@ export default tseslint.config(
     files: ['src/config/**', 'cni-plugin/**', 'bin/**', 'scripts/**', 'test/**', 'src/cmd/**'],
     rules: { 'no-restricted-properties': 'off' },
   },
+  zone(['src/**/*.ts'], [ONLY_SHARED]),
+  zone(['src/orch/**/*.ts'], [ONLY_SHARED, ORCH_NOT_INSTALL]),
+  zone(['src/config/**/*.ts'], [ONLY_SHARED, CONFIG_NOT_ORCH]),
+  zone(['src/monitoring/**/*.ts'], [ONLY_SHARED, MONITORING_NOT_CMD]),
+  zone(['cni-plugin/**/*.ts'], [NO_SRC]),
+  zone(['cni-plugin/shared/**/*.ts'], [NO_SRC, SHARED_SELF]),
 );

@@ -9,7 +9,7 @@ import type { Settings } from './config/settings.ts';
 import { startInstaller } from './install/index.ts';
 import { DEFAULT_POD_LOOKUP, startPodLookup } from './install/podlookup.ts';
 import type { PodSource } from './orch/podsource.ts';
-import { startPluginToken } from './orch/tokenrequest.ts';
+import { startPluginToken } from './install/tokenrequest.ts';
 import { startControlz } from './monitoring/ctrlz.ts';
 import { closeLogging, configureLogging, scope } from './monitoring/logging.ts';
 import { startPluginLogServer } from './monitoring/logserver.ts';

@@ -5,7 +5,7 @@ import { Argument, Command, CommanderError, Option } from 'commander';
 import { stringify as toYaml } from 'yaml';
 import { FLAGS } from '../config/flags.ts';
 import type { RawFlags } from '../config/settings.ts';
-import { buildInfo } from './buildinfo.ts';
+import { buildInfo } from '../monitoring/buildinfo.ts';
 
 export interface ProgramHooks {
   /** Runs the agent with the raw flags of the root command. */

@@ -1,7 +1,7 @@
 // The installer's entry for the agent.
 import type { Component } from '../component.ts';
 import type { Settings } from '../config/settings.ts';
-import type { PluginTokenSource } from '../orch/tokenrequest.ts';
+import type { PluginTokenSource } from './tokenrequest.ts';
 import { Installer } from './installer.ts';
 
 /** The orchconfig gets `pluginToken`: the plugin's own token, never the agent's. */

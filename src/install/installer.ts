@@ -13,7 +13,7 @@ import { Reconciler, type Outcome } from './reconcile.ts';
 import { decideCleanup, type CleanupDecision } from './uninstall.ts';
 import { DirWatcher, type Trigger } from './watch.ts';
 import { watchdogReasons } from './watchdog.ts';
-import type { PluginTokenSource } from '../orch/tokenrequest.ts';
+import type { PluginTokenSource } from './tokenrequest.ts';
 
 const log = scope('install');
 

@@ -37,7 +37,7 @@ export const errors = new Counter({
   registers: [registry],
 });
 
-// The plugin's token (src/orch/tokenrequest.ts), which the installer writes into the orchconfig.
+// The plugin's token (tokenrequest.ts), which the installer writes into the orchconfig.
 
 export const pluginTokenRefreshes = new Counter({
   name: 'mesh_cni_plugin_token_refreshes_total',

@@ -2,6 +2,8 @@
 // service-account token and the CA to trust. Written as strict JSON, which is valid kubeconfig
 // for kubectl and client libraries and lets the plugin read it with JSON.parse alone.
 
+import { serverUrl } from '../orch/client.ts';
+
 export interface OrchconfigInput {
   readonly host: string;
   readonly port: string;
@@ -9,12 +11,6 @@ export interface OrchconfigInput {
   /** PEM of the CA; omitted with skipTlsVerify. */
   readonly caPem?: string;
   readonly skipTlsVerify: boolean;
-}
-
-/** `https://host:port`, with an IPv6 literal in brackets. */
-export function serverUrl(host: string, port: string): string {
-  const h = host.includes(':') && !host.startsWith('[') ? `[${host}]` : host;
-  return `https://${h}${port ? `:${port}` : ''}`;
 }
 
 export function renderOrchconfig(input: OrchconfigInput): string {

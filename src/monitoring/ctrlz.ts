@@ -12,7 +12,7 @@
 import type http from 'node:http';
 import type { AddressInfo } from 'node:net';
 import os from 'node:os';
-import { buildInfo } from '../cmd/buildinfo.ts';
+import { buildInfo } from './buildinfo.ts';
 import type { Component } from '../component.ts';
 import { maskedArgs, maskedEnvironment } from '../config/environ.ts';
 import { LOG_LEVELS, type CtrlzWriteMode, type LogLevel, type LogScope } from '../config/flags.ts';

@@ -2,7 +2,7 @@
 // registers them here; /metrics serves this registry.
 
 import { Gauge, Registry, collectDefaultMetrics } from 'prom-client';
-import { buildInfo } from '../cmd/buildinfo.ts';
+import { buildInfo } from './buildinfo.ts';
 
 export const registry = new Registry();
 collectDefaultMetrics({ register: registry });

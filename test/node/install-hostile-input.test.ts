@@ -11,7 +11,7 @@ import { afterEach, describe, it } from 'node:test';
 import { buildSettings } from '../../src/config/settings.ts';
 import { Installer } from '../../src/install/installer.ts';
 import { configureLogging } from '../../src/monitoring/logging.ts';
-import { fileTokenSource } from '../../src/orch/tokenrequest.ts';
+import { fileTokenSource } from '../../src/install/tokenrequest.ts';
 import { BRIDGE_CONFLIST, makeHostTree, type HostTree } from '../helpers/hosttree.ts';
 
 configureLogging({ asJson: true, outputLevels: buildSettings({ log_output_level: 'all:none' }, {}).logging.outputLevels }, { write: () => {} });

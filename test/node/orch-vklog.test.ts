@@ -15,7 +15,7 @@ import { resetLogging, configureLogging } from '../../src/monitoring/logging.ts'
 import { clientNodeApi, type WatchEventType } from '../../src/orch/api.ts';
 import { apiRequest } from '../../src/orch/request.ts';
 import { redactBody } from '../../src/orch/requestlog.ts';
-import { tokenRequestMint } from '../../src/orch/tokenrequest.ts';
+import { tokenRequestMint } from '../../src/install/tokenrequest.ts';
 import { PLUGIN_SERVICE_ACCOUNT, startTestApiServer, type TestApiServer } from '../helpers/apiserver.ts';
 import { captureSink } from '../helpers/observability.ts';
 import { meshPod, tempDir } from '../helpers/plugin.ts';
@@ -46,14 +46,17 @@ describe('--vklog: API request logging', () => {
     const q = { fieldSelector: 'metadata.namespace=shop', labelSelector: '' };
     const list = await orch.listPods({ ...q, limit: 50 }, signal);
     await orch.labelPod(pod, 'mesh.io/vklog', String(v), signal);
-    await orch.createEvent('shop', { metadata: { generateName: 'vklog-' }, involvedObject: { kind: 'Pod', namespace: 'shop', name: pod.metadata!.name! }, reason: 'Test', message: 'hello' }, signal);
+    const involvedObject = { kind: 'Pod', namespace: 'shop', name: pod.metadata!.name! };
+    await orch.createEvent('shop', { metadata: { generateName: 'vklog-' }, involvedObject, reason: 'Test', message: 'hello' }, signal);
     // A watch from the list's version: its events are the label change and anything after.
     const events: WatchEventType[] = [];
-    const controller = await orch.watchPods({ ...q, resourceVersion: list.resourceVersion, timeoutSeconds: 30 }, (type) => events.push(type), () => {});
+    const watchQuery = { ...q, resourceVersion: list.resourceVersion, timeoutSeconds: 30 };
+    const controller = await orch.watchPods(watchQuery, (type) => events.push(type), () => {});
     await waitFor('a watch event', () => events.find((t) => t === 'MODIFIED'));
     controller.abort();
     // A TokenRequest: its answer holds the plugin's token.
-    const mint = tokenRequestMint(kc, { namespace: PLUGIN_SERVICE_ACCOUNT.namespace, serviceAccount: PLUGIN_SERVICE_ACCOUNT.name, expirationSeconds: 3600, audiences: [] });
+    const { namespace, name: serviceAccount } = PLUGIN_SERVICE_ACCOUNT;
+    const mint = tokenRequestMint(kc, { namespace, serviceAccount, expirationSeconds: 3600, audiences: [] });
     const { token: minted } = await mint(signal);
     // A refusal (404 with a Status), and an answer that is not JSON with a JWT in it.
     await assert.rejects(orch.deletePod(meshPod('shop', 'gone'), signal), /404/);
@@ -73,7 +76,7 @@ describe('--vklog: API request logging', () => {
     await new Promise<void>((r) => plain.listen(0, '127.0.0.1', r));
     plainKc = new KubeConfig();
     plainKc.loadFromOptions({
-      clusters: [{ name: 'c', server: `http://127.0.0.1:${(plain.address() as AddressInfo).port}`, skipTLSVerify: true }],
+      clusters: [{ name: 'c', server: `http://127.0.0.1:${(plain.address() as AddressInfo).port}` }],
       users: [{ name: 'u', token: JWT }],
       contexts: [{ name: 'x', cluster: 'c', user: 'u' }],
       currentContext: 'x',
@@ -92,10 +95,13 @@ describe('--vklog: API request logging', () => {
   const records = (v: number) => klogLines(v).map((l) => {
     const cols = l.replace(/\n$/, '').split('\t');
     const fields: Record<string, string> = {};
-    for (const m of (cols[4] ?? '').matchAll(/([^\s=]+)=("(?:[^"\\]|\\.)*"|\S*)/g)) fields[m[1]!] = m[2]!.startsWith('"') ? (JSON.parse(m[2]!) as string) : m[2]!;
+    for (const [, k, v] of (cols[4] ?? '').matchAll(/([^\s=]+)=("(?:[^"\\]|\\.)*"|\S*)/g)) {
+      fields[k!] = v!.startsWith('"') ? (JSON.parse(v!) as string) : v!;
+    }
     return { level: cols[1], msg: cols[3], fields };
   });
-  const request = (v: number, method: string, p: RegExp) => records(v).find((r) => r.msg === 'API request' && r.fields.method === method && p.test(r.fields.path ?? ''));
+  const request = (v: number, method: string, p: RegExp) =>
+    records(v).find((r) => r.msg === 'API request' && r.fields.method === method && p.test(r.fields.path ?? ''));
 
   it('logs no request at --vklog 0 to 3', () => {
     for (const v of [0, 1, 2, 3]) assert.deepEqual(klogLines(v), [], `--vklog ${v}`);
@@ -106,7 +112,7 @@ describe('--vklog: API request logging', () => {
       ['GET', /^\/api\/v1\/pods\?fieldSelector=metadata\.namespace%3Dshop&limit=50$/, '200'],
       ['PATCH', /^\/api\/v1\/namespaces\/shop\/pods\/cart-4\/status$/, '200'],
       ['POST', /^\/api\/v1\/namespaces\/shop\/events$/, '201'],
-      ['GET', /^\/api\/v1\/pods\?watch=true&fieldSelector=metadata\.namespace%3Dshop&resourceVersion=\d+&allowWatchBookmarks=true&timeoutSeconds=30$/, '200'],
+      ['GET', /^\/api\/v1\/pods\?watch=true&fieldSelector=metadata\.namespace%3Dshop&resourceVersion=\d+&allowWatchBookmarks=true&/, '200'],
       ['POST', /^\/api\/v1\/namespaces\/mesh-system\/serviceaccounts\/mesh-cni-plugin\/token$/, '201'],
       ['DELETE', /^\/api\/v1\/namespaces\/shop\/pods\/gone$/, '404'],
       ['GET', /^\/not-json$/, '200'],
@@ -124,19 +130,23 @@ describe('--vklog: API request logging', () => {
 
   it('adds the bodies at --vklog 8, a watch\'s events too, with the TokenRequest\'s token redacted', () => {
     const patch = request(8, 'PATCH', /\/pods\/cart-8\/status$/)!;
-    assert.deepEqual(JSON.parse(patch.fields.requestBody!), { metadata: { uid: api.getPod('shop', 'cart-8')!.metadata!.uid, labels: { 'mesh.io/vklog': '8' } } });
+    const uid = api.getPod('shop', 'cart-8')!.metadata!.uid;
+    assert.deepEqual(JSON.parse(patch.fields.requestBody!), { metadata: { uid, labels: { 'mesh.io/vklog': '8' } } });
     assert.equal((JSON.parse(patch.fields.responseBody!) as { metadata: { name: string } }).metadata.name, 'cart-8');
-    const list = JSON.parse(request(8, 'GET', /limit=50$/)!.fields.responseBody!) as { items: { metadata: { name: string } }[] };
+    type List = { items: { metadata: { name: string } }[] };
+    const list = JSON.parse(request(8, 'GET', /limit=50$/)!.fields.responseBody!) as List;
     assert.ok(list.items.some((p) => p.metadata.name === 'cart-8'));
     const mint = request(8, 'POST', /\/token$/)!;
-    assert.deepEqual(JSON.parse(mint.fields.requestBody!), { apiVersion: 'authentication.k8s.io/v1', kind: 'TokenRequest', spec: { expirationSeconds: 3600 } });
+    const asked = { apiVersion: 'authentication.k8s.io/v1', kind: 'TokenRequest', spec: { expirationSeconds: 3600 } };
+    assert.deepEqual(JSON.parse(mint.fields.requestBody!), asked);
     const answer = JSON.parse(mint.fields.responseBody!) as { status: { token: string; expirationTimestamp: string } };
     assert.equal(answer.status.token, '[redacted]');
     assert.match(answer.status.expirationTimestamp, /^\d{4}-/);
     assert.match(request(8, 'DELETE', /\/gone$/)!.fields.responseBody!, /"code":404/);
     assert.match(request(8, 'GET', /^\/not-json$/)!.fields.responseBody!, /^<\d+ bytes, not JSON: not logged>$/);
     const events = records(8).filter((r) => r.msg === 'API watch event');
-    assert.ok(events.some((e) => /watch=true/.test(e.fields.path!) && (JSON.parse(e.fields.body!) as { type: string }).type === 'MODIFIED'), klogLines(8).join(''));
+    const modified = (e: (typeof events)[number]) => (JSON.parse(e.fields.body!) as { type: string }).type === 'MODIFIED';
+    assert.ok(events.some((e) => /watch=true/.test(e.fields.path!) && modified(e)), klogLines(8).join(''));
     assert.equal(request(7, 'PATCH', /\/pods\/cart-7\/status$/)!.fields.requestBody, undefined);
     assert.equal(records(7).filter((r) => r.msg === 'API watch event').length, 0);
   });
@@ -154,8 +164,18 @@ describe('--vklog: API request logging', () => {
 
 describe('redactBody', () => {
   it('replaces secrets by key and JWTs anywhere, keeps the rest, cuts long bodies', () => {
-    const body = JSON.stringify({ status: { token: 'abc', expirationTimestamp: 't' }, spec: { automountServiceAccountToken: true, note: `x ${JWT} y` }, password: 'p', items: ['a'] });
-    assert.equal(redactBody(body), '{"status":{"token":"[redacted]","expirationTimestamp":"t"},"spec":{"automountServiceAccountToken":true,"note":"x [redacted] y"},"password":"[redacted]","items":["a"]}');
+    const body = {
+      status: { token: 'abc', expirationTimestamp: 't' },
+      spec: { automountServiceAccountToken: true, note: `x ${JWT} y` },
+      password: 'p',
+      items: ['a'],
+    };
+    assert.deepEqual(JSON.parse(redactBody(JSON.stringify(body))), {
+      status: { token: '[redacted]', expirationTimestamp: 't' },
+      spec: { automountServiceAccountToken: true, note: 'x [redacted] y' },
+      password: '[redacted]',
+      items: ['a'],
+    });
     assert.equal(redactBody(`token ${JWT}`), `<${6 + JWT.length} bytes, not JSON: not logged>`);
     assert.equal(redactBody(''), '');
     const long = redactBody(JSON.stringify({ a: 'x'.repeat(20_000) }));

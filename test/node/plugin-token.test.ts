@@ -14,7 +14,7 @@ import { buildSettings } from '../../src/config/settings.ts';
 import { configureLogging } from '../../src/monitoring/logging.ts';
 import { registry } from '../../src/monitoring/metrics.ts';
 import { orchKubeConfig } from '../../src/orch/client.ts';
-import { fileTokenSource, PluginTokenMinter, refreshDelayMs, serviceAccountOfToken, tokenRequestMint } from '../../src/orch/tokenrequest.ts';
+import { fileTokenSource, PluginTokenMinter, refreshDelayMs, serviceAccountOfToken, tokenRequestMint } from '../../src/install/tokenrequest.ts';
 import { spawnAgent, type AgentProcess } from '../helpers/agent.ts';
 import { apiRequest, startTestApiServer, type TestApiServer } from '../helpers/apiserver.ts';
 import { BRIDGE_CONFLIST, makeHostTree, type HostTree } from '../helpers/hosttree.ts';

@@ -9,12 +9,12 @@ import path from 'node:path';
 import type { KubeConfig } from '@kubernetes/client-node/dist/config.js';
 import type { Component } from '../component.ts';
 import type { Settings } from '../config/settings.ts';
-import { orchKubeConfig } from './client.ts';
-import * as metrics from '../install/metrics.ts';
-import { readRegularFile, UnsafeFileError } from '../install/safefile.ts';
+import { orchKubeConfig } from '../orch/client.ts';
+import * as metrics from './metrics.ts';
+import { readRegularFile, UnsafeFileError } from './safefile.ts';
 import { scope } from '../monitoring/logging.ts';
-import { ApiError, toApiError } from './errors.ts';
-import { apiRequest } from './request.ts';
+import { ApiError, toApiError } from '../orch/errors.ts';
+import { apiRequest } from '../orch/request.ts';
 
 const log = scope('install');
 

@@ -1,0 +1,72 @@
+// The import directions (issue 14) are a lint rule, not a convention: eslint.config.js's zones
+// are run here on small snippets placed, by file name only, in each folder (nothing is written),
+// so a zone that stops biting (a glob or a pattern gone wrong) fails this test, not a review.
+// Then the tree itself is linted with only those rules.
+
+import assert from 'node:assert/strict';
+import path from 'node:path';
+import { describe, it } from 'node:test';
+import { ESLint } from 'eslint';
+import { ROOT } from '../helpers/cli.ts';
+
+const ZONE_RULES = new Set(['no-restricted-imports', 'no-restricted-syntax']);
+const eslint = new ESLint({ cwd: ROOT });
+
+/** The zone messages for `code` as if it were the file `file` (relative to the repo). */
+async function zoneMessages(file: string, code: string): Promise<string[]> {
+  const [result] = await eslint.lintText(code, { filePath: path.join(ROOT, file) });
+  assert.ok(result, file);
+  const fatal = result.messages.filter((m) => m.fatal);
+  assert.deepEqual(fatal, [], `${file} did not parse`);
+  return result.messages.filter((m) => m.ruleId !== null && ZONE_RULES.has(m.ruleId)).map((m) => m.message);
+}
+
+// [file placed in the zone, import it makes, what the refusal says (null: allowed)]
+const CASES: [string, string, RegExp | null][] = [
+  // The plugin ships alone: nothing from src/, statically or lazily.
+  ['cni-plugin/orch/zz-probe.ts', "import { x } from '../../src/config/settings.ts';", /cni-plugin\/ imports nothing from src\//],
+  ['cni-plugin/zz-probe.ts', "export { x } from '../src/orch/api.ts';", /cni-plugin\/ imports nothing from src\//],
+  ['cni-plugin/zz-probe.ts', "const m = () => import('../src/agent.ts');", /cni-plugin\/ imports nothing from src\//],
+  ['cni-plugin/zz-probe.ts', "const m = (p: string) => import(p);", /literal path/],
+  ['cni-plugin/orch/zz-probe.ts', "import { isObject } from '../shared/json.ts';", null],
+  ['cni-plugin/zz-probe.ts', "const m = () => import('./netns/iptables.ts');", null],
+  // cni-plugin/shared/: node: built-ins and itself only.
+  ['cni-plugin/shared/zz-probe.ts', "import { PodLike } from '../redirect/spec.ts';", /cni-plugin\/shared\/ imports only node: built-ins and its own files/],
+  ['cni-plugin/shared/zz-probe.ts', "import fs from 'fs';", /cni-plugin\/shared\/ imports only node: built-ins and its own files/],
+  ['cni-plugin/shared/zz-probe.ts', "import JSON5 from 'json5';", /cni-plugin\/shared\/ imports only node: built-ins and its own files/],
+  ['cni-plugin/shared/zz-probe.ts', "import { x } from '../../src/config/parse.ts';", /cni-plugin\/ imports nothing from src\//],
+  ['cni-plugin/shared/zz-probe.ts', "import fs from 'node:fs';\nimport { LOG_LEVELS } from './loglevels.ts';", null],
+  // The agent takes from the plugin's folder only what is shared.
+  ['src/install/zz-probe.ts', "import { getPod } from '../../cni-plugin/orch/podclient.ts';", /src\/ imports from cni-plugin\/ only cni-plugin\/shared\//],
+  ['src/zz-probe.ts', "import { parseConfig } from '../cni-plugin/cni/protocol.ts';", /src\/ imports from cni-plugin\/ only cni-plugin\/shared\//],
+  ['src/install/zz-probe.ts', "import { isObject } from '../../cni-plugin/shared/json.ts';", null],
+  // Inside the agent.
+  ['src/orch/zz-probe.ts', "import { Installer } from '../install/installer.ts';", /src\/orch\/ does not import src\/install\//],
+  ['src/orch/zz-probe.ts', "import { getPod } from '../../cni-plugin/orch/podclient.ts';", /only cni-plugin\/shared\//],
+  ['src/orch/zz-probe.ts', "import { ApiError } from './errors.ts';", null],
+  ['src/config/zz-probe.ts', "import { parseSelector } from '../orch/selectors.ts';", /src\/config\/ does not import src\/orch\//],
+  ['src/config/zz-probe.ts', "import { durationMs } from '../../cni-plugin/shared/duration.ts';", null],
+  ['src/monitoring/zz-probe.ts', "import { program } from '../cmd/program.ts';", /src\/monitoring\/ does not import src\/cmd\//],
+  ['src/monitoring/zz-probe.ts', "import { registry } from './metrics.ts';", null],
+  // Directions that are allowed the other way.
+  ['src/install/zz-probe.ts', "import { apiRequest } from '../orch/request.ts';", null],
+  ['src/cmd/zz-probe.ts', "import { scope } from '../monitoring/logging.ts';", null],
+];
+
+describe('import zones (eslint.config.js)', () => {
+  for (const [file, code, refused] of CASES) {
+    it(`${file}: ${code.split('\n').at(-1)} ${refused ? 'is refused' : 'is allowed'}`, async () => {
+      const messages = await zoneMessages(file, code);
+      if (refused === null) assert.deepEqual(messages, []);
+      else assert.ok(messages.some((m) => refused.test(m)), `expected ${refused} in ${JSON.stringify(messages)}`);
+    });
+  }
+
+  it('the tree keeps to them', async () => {
+    const results = await eslint.lintFiles(['src/**/*.ts', 'cni-plugin/**/*.ts']);
+    const broken = results.flatMap((r) => r.messages
+      .filter((m) => m.ruleId !== null && ZONE_RULES.has(m.ruleId))
+      .map((m) => `${path.relative(ROOT, r.filePath)}:${m.line}: ${m.message}`));
+    assert.deepEqual(broken, []);
+  });
+});
