@@ -2,6 +2,11 @@
 // with bounded retries. A pod created a moment ago may not be readable yet (404, or an older pod
 // of the same name with another UID), the API server may be restarting (5xx, 429, refused, slow):
 // those are retried with backoff until the overall deadline; 401/403 and other 4xx are not.
+//
+// Bounded for the fleet (README "Fleet scale"): while the agent is down (its own rollout) every
+// pod start on the node comes here, so one pod start sends at most MAX_POD_GET_ATTEMPTS GETs, the
+// waits between them drawn at random (full jitter) so nodes that failed together do not retry in
+// step, and a Retry-After (429, 503) is a floor under the wait, never a reason to ask sooner.
 
 import type https from 'node:https';
 import type { PodLike } from '../redirect/spec.ts';
@@ -24,6 +29,14 @@ export class PodLookupError extends Error {
 /** 404s (or UID mismatches) tolerated before giving up: a new pod shows up within moments. */
 const MAX_NOT_FOUND = 5;
 
+/** GETs one pod start sends at most, the retry after a rotated token included: the documented worst case. */
+export const MAX_POD_GET_ATTEMPTS = 6;
+/** The wait before retry n is drawn from 0..min(CAP, BASE * 2^(n-1)): at most 3.1 s in all. */
+const RETRY_BASE_MS = 100;
+const RETRY_CAP_MS = 1600;
+/** A Retry-After longer than this is not waited for (the pod start would time out first). */
+const RETRY_AFTER_CAP_MS = 2000;
+
 export interface LookupOptions {
   readonly timeoutMs: number;
   readonly attemptTimeoutMs: number;
@@ -32,6 +45,7 @@ export interface LookupOptions {
   /** Called on 401/403: a fresh read of the orchconfig (projected tokens rotate). */
   readonly reloadAccess?: () => OrchAccess;
   readonly onRetry?: (attempt: number, why: string, delayMs: number) => void;
+  readonly random?: () => number;
 }
 
 interface Reply {
@@ -88,11 +102,14 @@ export async function getPod(initial: OrchAccess, namespace: string, name: strin
   try {
     for (;;) {
       attempt++;
+      if (attempt > MAX_POD_GET_ATTEMPTS) {
+        throw new PodLookupError('unavailable', attempt - 1, `API server failed GET ${where} ${attempt - 1} times (the most one pod start sends); last: ${last}`);
+      }
       const remaining = deadline - Date.now();
       if (remaining <= 0) {
         throw new PodLookupError('unavailable', attempt - 1, `API server did not answer GET ${where} within ${opts.timeoutMs} ms (${attempt - 1} attempts; last: ${last})`);
       }
-      let delay = Math.min(1000, 50 * 2 ** Math.min(attempt - 1, 5));
+      let delay = (opts.random ?? Math.random)() * Math.min(RETRY_CAP_MS, RETRY_BASE_MS * 2 ** Math.min(attempt - 1, 10));
       try {
         const r = await getOnce(https, access, agent, path, Math.min(opts.attemptTimeoutMs, remaining));
         if (r.status === 200) {
@@ -121,7 +138,7 @@ export async function getPod(initial: OrchAccess, namespace: string, name: strin
           throw new PodLookupError('unauthorized', attempt, `API server refused GET ${where}: ${last}; check the orchconfig token and the agent's RBAC (get pods)`);
         } else if (r.status === 429 || r.status >= 500) {
           last = `${r.status} ${statusMessage(r.body)}`;
-          if (r.retryAfterMs !== null) delay = Math.min(r.retryAfterMs, 2000);
+          if (r.retryAfterMs !== null) delay = Math.max(delay, Math.min(r.retryAfterMs, RETRY_AFTER_CAP_MS));
         } else {
           throw new PodLookupError('rejected', attempt, `API server answered GET ${where} with ${r.status}: ${statusMessage(r.body)}`);
         }
