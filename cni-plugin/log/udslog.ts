@@ -4,9 +4,10 @@
 // `log_level` are not sent.
 //
 // Never blocks or fails the plugin: connect and write are fire-and-forget on an unref'd socket;
-// flush() waits at most a few ms and then lets the process exit, dropping what is unsent.
+// flush() waits at most a few ms and then lets the process exit, dropping what is unsent. The
+// socket is the runtime's own (unixsocket.ts): node:net under Bun costs ~3 ms of CPU to load.
 
-import net from 'node:net';
+import { connectUnix, type UnixSocket } from '../unixsocket.ts';
 import { LEVEL_RANK as RANK, type EmitLevel as Level, type LogLevel } from '../shared/loglevels.ts';
 import { PLUGIN_LOG_MAX_LINE as MAX_LINE, PLUGIN_LOG_SCOPE, type PluginLogRecord } from '../shared/pluginlog.ts';
 
@@ -18,9 +19,11 @@ export interface LogContext {
 
 export class UdsLog {
   private readonly lines: string[] = [];
-  private socket: net.Socket | null = null;
+  private socket: UnixSocket | null = null;
   private connected = false;
   private failed = false;
+  /** A flush waiting for the connection to open or fail. */
+  private waiting: (() => void) | null = null;
   private readonly address: string;
   private readonly threshold: number;
   readonly context: LogContext;
@@ -55,18 +58,25 @@ export class UdsLog {
 
   private pump(): void {
     if (this.socket === null) {
-      const s = net.createConnection({ path: this.address });
-      this.socket = s;
-      s.unref();
-      s.on('connect', () => {
-        this.connected = true;
-        this.pump();
-      });
-      s.on('error', () => {
-        this.failed = true;
-        this.lines.length = 0;
-        s.destroy();
-      });
+      const settled = () => {
+        const w = this.waiting;
+        this.waiting = null;
+        w?.();
+      };
+      this.socket = connectUnix(this.address, {
+        open: () => {
+          this.connected = true;
+          this.pump();
+          settled();
+        },
+        data: () => {},
+        error: () => {
+          this.failed = true;
+          this.lines.length = 0;
+          settled();
+        },
+        close: () => {},
+      }, { unref: true });
       return;
     }
     if (!this.connected) return;
@@ -84,9 +94,9 @@ export class UdsLog {
         resolve();
       };
       const timer = setTimeout(done, maxMs);
-      const finish = () => s.end(done);
+      const finish = () => (this.failed ? done() : s.end(done));
       if (this.connected) finish();
-      else s.once('connect', finish).once('error', done);
+      else this.waiting = finish;
     });
   }
 }

@@ -1,0 +1,154 @@
+// A unix stream socket for the plugin's two short talks with the agent (the log socket, the pod
+// lookup), on whichever runtime runs the plugin (scripts/plugin-runtime.ts). Under Bun its own
+// Bun.connect is used: loading Bun's node:net and making one round trip through it cost about
+// 5 ms of CPU on a cold process, Bun.connect about 1 ms (`npm run bench -- plugin`, issue 20).
+// Under Node (the sources, a node-sea build) it is node:net. Both give the same events:
+// test/node/plugin-runtime-io.test.ts runs each case on both runtimes and compares.
+
+export interface UnixSocketEvents {
+  /** Connected: writes go out now. */
+  open(): void;
+  /** Text as it arrives, UTF-8 decoded across chunk boundaries. */
+  data(text: string): void;
+  /** Connecting or the connection failed; nothing else is called after it. */
+  error(message: string): void;
+  /** The other end closed. */
+  close(): void;
+}
+
+export interface UnixSocket {
+  /** Sends `text` (queued until connected); never throws. */
+  write(text: string): void;
+  /** Closes once what was written is sent, then calls `done` (also when the socket failed). */
+  end(done: () => void): void;
+  destroy(): void;
+}
+
+interface BunSocket {
+  write(data: string | Uint8Array): number;
+  end(): void;
+  terminate(): void;
+  unref(): void;
+}
+interface BunConnect {
+  connect(o: { unix: string; socket: Record<string, (s: BunSocket, arg?: never) => void> }): Promise<BunSocket>;
+}
+
+/** Opens a connection to `path`; `unref`: it never keeps the process alive by itself. */
+export function connectUnix(path: string, on: UnixSocketEvents, { unref = false } = {}): UnixSocket {
+  const bun = (globalThis as { Bun?: BunConnect }).Bun;
+  return bun ? viaBun(bun, path, on, unref) : viaNode(path, on, unref);
+}
+
+function viaNode(path: string, on: UnixSocketEvents, unref: boolean): UnixSocket {
+  const net = process.getBuiltinModule('node:net');
+  const s = net.createConnection({ path });
+  if (unref) s.unref();
+  let failed = false;
+  s.setEncoding('utf8');
+  s.on('connect', () => on.open());
+  s.on('data', (d: string) => on.data(d));
+  s.on('error', (e) => {
+    failed = true;
+    s.destroy();
+    on.error(e.message);
+  });
+  s.on('close', () => {
+    if (!failed) on.close();
+  });
+  return {
+    write: (text) => {
+      if (!failed && !s.destroyed) s.write(text);
+    },
+    end: (done) => {
+      if (failed || s.destroyed) done();
+      else s.end(done);
+    },
+    destroy: () => s.destroy(),
+  };
+}
+
+function viaBun(bun: BunConnect, path: string, on: UnixSocketEvents, unref: boolean): UnixSocket {
+  const decoder = new TextDecoder();
+  // Bun writes what the kernel takes now and returns how much: the rest waits here for drain.
+  let pending: Uint8Array = new Uint8Array(0);
+  const encoder = new TextEncoder();
+  let sock: BunSocket | null = null;
+  let state: 'connecting' | 'open' | 'done' = 'connecting';
+  let ending: (() => void) | null = null;
+  const finish = () => {
+    if (state === 'done') return;
+    state = 'done';
+    const d = ending;
+    ending = null;
+    d?.();
+  };
+  // Done before Bun's end()/terminate(), which may call the close handler at once.
+  const fail = (message: string) => {
+    if (state === 'done') return;
+    finish();
+    sock?.terminate();
+    on.error(message);
+  };
+  const pump = () => {
+    if (sock === null || state !== 'open') return;
+    while (pending.length > 0) {
+      const n = sock.write(pending);
+      if (n < 0) return fail(`${path}: the connection closed while writing`);
+      if (n === 0) return; // drain calls pump again
+      pending = pending.subarray(n);
+    }
+    if (ending !== null) {
+      const s = sock;
+      finish();
+      s.end();
+    }
+  };
+  bun.connect({
+    unix: path,
+    socket: {
+      open: (s) => {
+        sock = s;
+        if (unref) s.unref();
+        if (state === 'done') return s.terminate();
+        state = 'open';
+        on.open();
+        pump();
+      },
+      data: (_s, chunk?: Uint8Array) => {
+        if (state === 'open' && chunk) on.data(decoder.decode(chunk, { stream: true }));
+      },
+      drain: () => pump(),
+      error: (_s, e?: Error) => fail(e?.message ?? 'socket error'),
+      close: () => {
+        if (state === 'done') return;
+        finish();
+        on.close();
+      },
+    },
+  }).then((s) => {
+    sock ??= s;
+  }, (e: NodeJS.ErrnoException) => fail(e.code ? `connect ${e.code} ${path}` : e.message));
+  return {
+    write: (text) => {
+      if (state === 'done') return;
+      const add = encoder.encode(text);
+      const next = new Uint8Array(pending.length + add.length);
+      next.set(pending);
+      next.set(add, pending.length);
+      pending = next;
+      pump();
+    },
+    end: (done) => {
+      if (state === 'done') return done();
+      ending = done;
+      pump();
+    },
+    destroy: () => {
+      if (state === 'done') return;
+      state = 'done';
+      ending = null;
+      sock?.terminate();
+    },
+  };
+}
