@@ -142,7 +142,15 @@ function jsonWriter(sink: Sink): PinoLogger {
 }
 
 function defaults(): Config {
-  return { levels: scopesAt('info'), stacktrace: scopesAt('none'), caller: new Set(), vklog: 0, json: null, sink: stdoutOutput, outputs: [] };
+  return {
+    levels: scopesAt('info'),
+    stacktrace: scopesAt('none'),
+    caller: new Set(),
+    vklog: 0,
+    json: null,
+    sink: stdoutOutput,
+    outputs: [],
+  };
 }
 
 // One configured logging per process: every scope's logger reads it, so a reconfiguration
@@ -164,7 +172,11 @@ export function configureLogging(settings: ConfigurableSettings, sink?: Sink): v
     rotateMaxBackups: settings.rotateMaxBackups ?? 0,
     rotateMaxSizeMb: settings.rotateMaxSizeMb ?? 100,
   });
-  const fanOut: Sink = sink ?? (outputs.length === 1 && outputs[0] ? outputs[0] : { write: (line) => { for (const o of outputs) o.write(line); } });
+  const fanOut: Sink = sink ?? (outputs.length === 1 && outputs[0] ? outputs[0] : {
+    write: (line) => {
+      for (const o of outputs) o.write(line);
+    },
+  });
   const previous = current.outputs;
   current = {
     levels: { ...settings.outputLevels },
@@ -178,7 +190,7 @@ export function configureLogging(settings: ConfigurableSettings, sink?: Sink): v
   for (const o of previous) void o.close();
 }
 
-/** Flushes and closes file outputs (the agent calls it last, after its final log line); later lines go to stdout. */
+/** Flushes and closes the outputs (the agent calls it last, after its final log line); later lines go to stdout. */
 export async function closeLogging(): Promise<void> {
   const { outputs } = current;
   current = { ...current, json: current.json && jsonWriter(stdoutOutput), sink: stdoutOutput, outputs: [] };
@@ -215,8 +227,10 @@ export function callerScopes(): readonly LogScope[] {
 
 // ---- writing a record ---------------------------------------------------------------------------
 
+type Caller = (...args: never[]) => unknown;
+
 /** `src/install/x.ts:12` for the frame that called the logger (frames below `fn` are skipped). */
-function callerOf(fn: (...args: never[]) => unknown): string | undefined {
+function callerOf(fn: Caller): string | undefined {
   const holder: { stack?: string } = {};
   Error.captureStackTrace(holder, fn);
   const frame = holder.stack?.split('\n')[1];
@@ -227,13 +241,14 @@ function callerOf(fn: (...args: never[]) => unknown): string | undefined {
   return `${rel.startsWith('..') ? file : rel}:${m[2]}`;
 }
 
-function stackOf(fn: (...args: never[]) => unknown): string {
+function stackOf(fn: Caller): string {
   const holder: { stack?: string } = {};
   Error.captureStackTrace(holder, fn);
   return (holder.stack ?? '').split('\n').slice(1).map((l) => l.trim()).join('\n');
 }
 
-function write(name: LogScope, level: EmitLevel, msg: string, fields: Fields | undefined, time: string, from: (...args: never[]) => unknown): void {
+/** Writes one record; `from` is the logging function called (the caller's frame is the one above it). */
+function write(name: LogScope, level: EmitLevel, msg: string, fields: Fields | undefined, time: string, from: Caller) {
   const c = current;
   const withCaller = c.caller.has(name);
   const stackAt = c.stacktrace[name];

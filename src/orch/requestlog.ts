@@ -85,5 +85,6 @@ export function logApiCall(call: ApiCall): void {
 /** Logs one event line of a watch at --vklog>=8 (the watch's response body, a line at a time). */
 export function logWatchEvent(url: URL, line: string): void {
   const v8 = klogV(VKLOG_BODIES);
-  if (v8.enabled) v8.info('API watch event', { method: 'GET', path: url.pathname + url.search, body: redactBody(line) });
+  if (!v8.enabled) return;
+  v8.info('API watch event', { method: 'GET', path: url.pathname + url.search, body: redactBody(line) });
 }

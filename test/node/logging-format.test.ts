@@ -19,9 +19,15 @@ function values(): [string, Record<string, unknown>][] {
   const circular: Record<string, unknown> = { a: 1 };
   circular.self = circular;
   return [
-    ['strings', { bare: 'a/b:c', space: 'two words', quote: 'say "hi"', eq: 'a=b', bs: 'a\\b', empty: '', uni: 'héllo', ctl: 'a\nb\u0007', tab: 'a\tb' }],
+    ['strings', {
+      bare: 'a/b:c', space: 'two words', quote: 'say "hi"', eq: 'a=b', bs: 'a\\b', empty: '', uni: 'héllo',
+      ctl: 'a\nb\u0007', tab: 'a\tb',
+    }],
     ['numbers', { n: 3, negzero: -0, f: 1.5, big: 1e21, nan: NaN, inf: Infinity, ninf: -Infinity }],
-    ['others', { t: true, f: false, nul: null, undef: undefined, fn: () => 1, sym: Symbol('s'), arr: [4, 'a b', null], obj: { a: { b: 1 }, u: undefined }, date: new Date(0) }],
+    ['others', {
+      t: true, f: false, nul: null, undef: undefined, fn: () => 1, sym: Symbol('s'), arr: [4, 'a b', null],
+      obj: { a: { b: 1 }, u: undefined }, date: new Date(0),
+    }],
     ['errors', { error: err, err, cause: err, notErr: { message: 'x' } }],
     ['error not error', { error: 'just text', err: 5 }],
     ['bigint', { b: 10n }],
@@ -39,9 +45,11 @@ describe('console format, byte for byte', () => {
     configureLogging(buildSettings({ log_output_level: 'cni:debug' }, {}).logging, sink);
     for (const [msg, fields] of values()) logRecord('cni', 'warn', msg, fields, T);
     assert.deepEqual(sink.lines, [
-      `${T}\twarn\tcni\tstrings\tbare=a/b:c space="two words" quote="say \\"hi\\"" eq="a=b" bs="a\\\\b" empty="" uni=héllo ctl="a\\nb\\u0007" tab="a\\tb"\n`,
+      `${T}\twarn\tcni\tstrings\tbare=a/b:c space="two words" quote="say \\"hi\\"" eq="a=b" bs="a\\\\b" empty="" ` +
+        'uni=héllo ctl="a\\nb\\u0007" tab="a\\tb"\n',
       `${T}\twarn\tcni\tnumbers\tn=3 negzero=0 f=1.5 big=1e+21 nan=null inf=null ninf=null\n`,
-      `${T}\twarn\tcni\tothers\tt=true f=false nul=null arr=[4,"a b",null] obj={"a":{"b":1}} date=1970-01-01T00:00:00.000Z\n`,
+      `${T}\twarn\tcni\tothers\tt=true f=false nul=null arr=[4,"a b",null] obj={"a":{"b":1}} ` +
+        'date=1970-01-01T00:00:00.000Z\n',
       `${T}\twarn\tcni\terrors\terror=${ERR} err=${ERR} cause={} notErr={"message":"x"}\n`,
       `${T}\twarn\tcni\terror not error\terror="just text" err=5\n`,
       `${T}\twarn\tcni\tbigint\tb=10\n`,
@@ -54,8 +62,10 @@ describe('console format, byte for byte', () => {
   it('quotes a field name that is not bare, so no name can forge another field', () => {
     const sink = captureSink();
     configureLogging(buildSettings({}, {}).logging, sink);
-    logRecord('cni', 'info', 'm', { pod: 'ns/real', 'x pod': 'kube-system/forged', 'a=b': 1, 'q"': 2, 'k\ney': 3, é: 4 }, T);
-    assert.equal(sink.text(), `${T}\tinfo\tcni\tm\tpod=ns/real "x pod"=kube-system/forged "a=b"=1 "q\\""=2 "k\\ney"=3 é=4\n`);
+    const fields = { pod: 'ns/real', 'x pod': 'kube-system/forged', 'a=b': 1, 'q"': 2, 'k\ney': 3, é: 4 };
+    logRecord('cni', 'info', 'm', fields, T);
+    const kv = 'pod=ns/real "x pod"=kube-system/forged "a=b"=1 "q\\""=2 "k\\ney"=3 é=4';
+    assert.equal(sink.text(), `${T}\tinfo\tcni\tm\t${kv}\n`);
     assert.equal(sink.text().match(/(?:^|[ \t])pod=/g)?.length, 1);
   });
 
@@ -64,14 +74,19 @@ describe('console format, byte for byte', () => {
     configureLogging(buildSettings({ log_caller: 'install', log_stacktrace_level: 'install:warn' }, {}).logging, sink);
     scope('install').warn('w', { a: 1, scope: 'forged', msg: 'forged' });
     const line = sink.lines[0]!;
-    assert.match(line, /^\d{4}-\d\d-\d\dT[\d:.]+Z\twarn\tinstall\tw\tcaller=test\/node\/logging-format\.test\.ts:\d+ a=1 stack="[^\n]*logging-format\.test\.ts[^\n]*"\n$/);
+    const [time, ...rest] = line.split('\t');
+    assert.match(time!, /^\d{4}-\d\d-\d\dT[\d:.]+Z$/);
+    assert.deepEqual(rest.slice(0, 3), ['warn', 'install', 'w']);
+    const here = 'test\\/node\\/logging-format\\.test\\.ts';
+    assert.match(rest[3]!, new RegExp(`^caller=${here}:\\d+ a=1 stack="[^\\n]*${here}[^\\n]*"\\n$`));
   });
 });
 
 describe('JSON format, byte for byte', () => {
   it('orders the keys level, time, caller, fields, scope, stack, msg', () => {
     const sink = captureSink();
-    configureLogging(buildSettings({ log_as_json: 'true', log_caller: 'install', log_stacktrace_level: 'install:warn' }, {}).logging, sink);
+    const flags = { log_as_json: 'true', log_caller: 'install', log_stacktrace_level: 'install:warn' };
+    configureLogging(buildSettings(flags, {}).logging, sink);
     scope('install').warn('w', { a: 1 });
     const rec = JSON.parse(sink.text()) as Record<string, string>;
     assert.equal(Object.keys(rec).join(','), 'level,time,caller,a,scope,stack,msg');
@@ -84,9 +99,12 @@ describe('JSON format, byte for byte', () => {
     for (const [msg, fields] of values()) logRecord('cni', 'warn', msg, fields, T);
     const head = `{"level":"warn","time":"${T}"`;
     assert.deepEqual(sink.lines, [
-      `${head},"bare":"a/b:c","space":"two words","quote":"say \\"hi\\"","eq":"a=b","bs":"a\\\\b","empty":"","uni":"héllo","ctl":"a\\nb\\u0007","tab":"a\\tb","scope":"cni","msg":"strings"}\n`,
-      `${head},"n":3,"negzero":0,"f":1.5,"big":1e+21,"nan":null,"inf":null,"ninf":null,"scope":"cni","msg":"numbers"}\n`,
-      `${head},"t":true,"f":false,"nul":null,"arr":[4,"a b",null],"obj":{"a":{"b":1}},"date":"1970-01-01T00:00:00.000Z","scope":"cni","msg":"others"}\n`,
+      `${head},"bare":"a/b:c","space":"two words","quote":"say \\"hi\\"","eq":"a=b","bs":"a\\\\b","empty":"",` +
+        '"uni":"héllo","ctl":"a\\nb\\u0007","tab":"a\\tb","scope":"cni","msg":"strings"}\n',
+      `${head},"n":3,"negzero":0,"f":1.5,"big":1e+21,"nan":null,"inf":null,"ninf":null,` +
+        '"scope":"cni","msg":"numbers"}\n',
+      `${head},"t":true,"f":false,"nul":null,"arr":[4,"a b",null],"obj":{"a":{"b":1}},` +
+        '"date":"1970-01-01T00:00:00.000Z","scope":"cni","msg":"others"}\n',
       `${head},"error":${ERR},"err":${ERR},"cause":{},"notErr":{"message":"x"},"scope":"cni","msg":"errors"}\n`,
       `${head},"error":"just text","err":5,"scope":"cni","msg":"error not error"}\n`,
       `${head},"b":10,"scope":"cni","msg":"bigint"}\n`,
@@ -112,7 +130,8 @@ describe('JSON format, byte for byte', () => {
 describe('resetLogging', () => {
   it('puts back the defaults: console format, every scope at info, stdout', async () => {
     const sink = captureSink();
-    configureLogging(buildSettings({ log_as_json: 'true', log_output_level: 'all:none', vklog: '5' }, {}).logging, sink);
+    const flags = { log_as_json: 'true', log_output_level: 'all:none', vklog: '5' };
+    configureLogging(buildSettings(flags, {}).logging, sink);
     await resetLogging();
     assert.equal(scope('repair').enabled('info'), true);
     assert.equal(scope('repair').enabled('debug'), false);
