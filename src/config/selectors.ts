@@ -79,7 +79,8 @@ function tokenize(sel: string): Token[] {
   return out;
 }
 
-const VALUE_RULE = 'at most 63 letters, digits, -, _ or ., alphanumeric at both ends';
+const KEY_RULE = 'at most 63 letters, digits, -, _ or .';
+const VALUE_RULE = `${KEY_RULE}, alphanumeric at both ends`;
 
 /** Parses a label selector (`a=b,c!=d,e in (f,g),!h,i,j>1`); empty selects everything. */
 export function parseLabelSelector(sel: string): LabelRequirement[] {
@@ -92,13 +93,15 @@ export function parseLabelSelector(sel: string): LabelRequirement[] {
   const peek = () => toks[p];
   const id = (what: string): string => {
     const t = toks[p++];
-    if (!t || t.kind !== 'id') return fail(`expected ${what}${t ? `, found ${JSON.stringify(t.text)}` : ' at the end'}`);
+    if (!t || t.kind !== 'id') {
+      return fail(`expected ${what}${t ? `, found ${JSON.stringify(t.text)}` : ' at the end'}`);
+    }
     return t.text;
   };
   const key = (): string => {
     const k = id('a label key');
     if (!isLabelKey(k)) {
-      fail(`${JSON.stringify(k)} is not a valid label key ([prefix/]name, name of at most 63 letters, digits, -, _ or .)`);
+      fail(`${JSON.stringify(k)} is not a valid label key ([prefix/]name, name of ${KEY_RULE})`);
     }
     return k;
   };
@@ -151,7 +154,9 @@ export function parseLabelSelector(sel: string): LabelRequirement[] {
     reqs.push(req);
     const sep = toks[p];
     if (sep === undefined) break;
-    if (sep.kind !== 'op' || sep.text !== ',') fail(`expected , between requirements, found ${JSON.stringify(sep.text)}`);
+    if (sep.kind !== 'op' || sep.text !== ',') {
+      fail(`expected , between requirements, found ${JSON.stringify(sep.text)}`);
+    }
     p++;
     if (p === toks.length) fail('trailing comma');
   }
@@ -221,7 +226,9 @@ function unescapeFieldValue(raw: string, fail: (why: string) => never): string {
     const c = raw[i]!;
     if (c === '\\') {
       const n = raw[i + 1];
-      if (n === undefined || !'\\,='.includes(n)) fail(`invalid escape sequence \\${n ?? ''} in ${JSON.stringify(raw)}`);
+      if (n === undefined || !'\\,='.includes(n)) {
+        fail(`invalid escape sequence \\${n ?? ''} in ${JSON.stringify(raw)}`);
+      }
       out += n;
       i++;
     } else if (c === '=') {

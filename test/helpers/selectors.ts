@@ -7,7 +7,12 @@
 import type { V1Pod } from '@kubernetes/client-node';
 import type { FieldRequirement, LabelRequirement } from '../../src/config/selectors.ts';
 
-export { parseFieldSelector, parseLabelSelector, type FieldRequirement, type LabelRequirement } from '../../src/config/selectors.ts';
+export {
+  parseFieldSelector,
+  parseLabelSelector,
+  type FieldRequirement,
+  type LabelRequirement,
+} from '../../src/config/selectors.ts';
 
 /** A label value read as Go's strconv.ParseInt(v, 10, 64) would, else undefined. */
 function int64(v: string): bigint | undefined {
@@ -16,7 +21,10 @@ function int64(v: string): bigint | undefined {
   return n >= -(2n ** 63n) && n < 2n ** 63n ? n : undefined;
 }
 
-export function matchesLabels(reqs: readonly LabelRequirement[], labels: Readonly<Record<string, string>> | undefined): boolean {
+export function matchesLabels(
+  reqs: readonly LabelRequirement[],
+  labels: Readonly<Record<string, string>> | undefined,
+): boolean {
   const l = labels ?? {};
   return reqs.every((r) => {
     const has = Object.hasOwn(l, r.key);

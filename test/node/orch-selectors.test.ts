@@ -1,12 +1,14 @@
 // Selectors: the start-up check of --repair-field-selectors/--repair-label-selectors
 // (src/config/selectors.ts), the query the agent sends (the operator's selectors as typed, joined
 // with ours) and the test API server's matchers (test/helpers/selectors.ts), all against our
-// fixtures of Kubernetes' own selector cases (fixtures/selectors/README.md says which).
+// fixtures of Kubernetes' own selector cases (fixtures/selectors/README.md says which). A
+// test:unit suite (no root, no Debian package); the query through the test API server (HTTPS,
+// certificates by openssl) is in orch-selectors-apiserver.test.ts.
 
 import type { V1Pod } from '@kubernetes/client-node';
 import assert from 'node:assert/strict';
 import { readFileSync } from 'node:fs';
-import { after, before, describe, it } from 'node:test';
+import { describe, it } from 'node:test';
 import { ConfigErrors } from '../../src/config/parse.ts';
 import {
   escapeFieldValue,
@@ -17,7 +19,6 @@ import {
 } from '../../src/config/selectors.ts';
 import { buildSettings } from '../../src/config/settings.ts';
 import { podQuery } from '../../src/repair/controller.ts';
-import { apiRequest, startTestApiServer, type TestApiServer } from '../helpers/apiserver.ts';
 import { matchesFields, matchesLabels, POD_FIELD_VALUES } from '../helpers/selectors.ts';
 
 interface Row {
@@ -114,31 +115,6 @@ describe('the pod query: the operator selectors as typed, joined with ours', () 
 
   it('escapes the node name as a field value', () => {
     assert.equal(podQuery({ nodeName: 'n=1,2\\', fieldSelectors: 'status.phase=Running', labelSelectors: '' }).fieldSelector, 'spec.nodeName=n\\=1\\,2\\\\,status.phase=Running');
-  });
-
-  describe('as the API server reads it', () => {
-    let s: TestApiServer;
-    before(async () => {
-      s = await startTestApiServer();
-      const pod = (name: string, node: string, phase: string, lbls: Record<string, string>): V1Pod => ({
-        metadata: { name, namespace: 'prod', labels: lbls },
-        spec: { nodeName: node, containers: [{ name: 'app', image: 'busybox' }] },
-        status: { phase },
-      });
-      s.upsertPod(pod('web-1', 'node-a', 'Running', { app: 'web' }));
-      s.upsertPod(pod('web-2', 'node-a', 'Failed', { app: 'web' }));
-      s.upsertPod(pod('api-1', 'node-a', 'Running', { app: 'api', canary: 'yes' }));
-      s.upsertPod(pod('db-1', 'node-a', 'Running', { app: 'db' }));
-      s.upsertPod(pod('web-3', 'node-b', 'Running', { app: 'web' }));
-    });
-    after(() => s.close());
-
-    it('lists the pods the typed selectors select on this node', async () => {
-      const q = podQuery({ nodeName: 'node-a', fieldSelectors: 'status.phase!=Failed,metadata.namespace==prod,', labelSelectors: 'app  in (web,api), !canary' });
-      const r = await apiRequest(s, 'GET', `/api/v1/pods?${new URLSearchParams({ fieldSelector: q.fieldSelector, labelSelector: q.labelSelector })}`);
-      assert.equal(r.status, 200, JSON.stringify(r.body));
-      assert.deepEqual((r.body as { items: V1Pod[] }).items.map((p) => p.metadata!.name).sort(), ['web-1']);
-    });
   });
 });
 
