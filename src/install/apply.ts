@@ -127,7 +127,7 @@ async function applyOne(step: Step, netDir: string, memory: MutableMemory, out: 
   }
 }
 
-/** A file's text, null when it does not exist; anything but a regular file of at most 1 MiB is refused (safefile.ts). */
+/** A file's text, null when it does not exist; anything but a regular file of at most 1 MiB is refused. */
 async function readIfExists(file: string): Promise<string | null> {
   return (await readRegularFileIfExists(file))?.text ?? null;
 }
@@ -153,18 +153,22 @@ async function writeThrough(file: string, expected: string, netDir: string, data
   const target = await fs.realpath(file);
   const dir = path.dirname(target);
   const net = await fs.realpath(netDir);
-  const refuse = (why: string) => new Error(`${file} is a symbolic link to ${target}, ${why}; not writing through the link. Link it to a file in ${netDir} itself or in a directory outside it that only root may write`);
+  const refuse = (why: string) => new Error(`${file} is a symbolic link to ${target}, ${why}; not writing through ` +
+    `the link. Link it to a file in ${netDir} itself or in a directory outside it that only root may write`);
   const rel = path.relative(net, dir);
-  if (dir !== net && !rel.startsWith('..') && !path.isAbsolute(rel)) throw refuse('in a directory inside the net dir, which any writer there could swap for a link while we write');
+  if (dir !== net && !rel.startsWith('..') && !path.isAbsolute(rel)) throw refuse('in a directory inside the net ' +
+    'dir, which any writer there could swap for a link while we write');
   const dh = await fs.open(dir, constants.O_RDONLY | constants.O_DIRECTORY | constants.O_NOFOLLOW);
   try {
     const pinned = `/proc/self/fd/${dh.fd}`;
     if ((await fs.realpath(pinned)) !== dir) throw refuse('whose directory moved while it was opened');
     const dst = await dh.stat();
-    if (dir !== net && (dst.uid !== 0 || (dst.mode & 0o022) !== 0)) throw refuse('in a directory not owned by root or writable by group or others, which someone else could swap');
+    if (dir !== net && (dst.uid !== 0 || (dst.mode & 0o022) !== 0)) throw refuse('in a directory not owned by root ' +
+      'or writable by group or others, which someone else could swap');
     const at = path.join(pinned, path.basename(target));
     const now = await readRegularFileIfExists(at, { noFollow: true }).catch(() => null);
-    if (now?.text !== expected) throw refuse('which is not the regular file holding the CNI config just read through it');
+    if (now?.text !== expected) throw refuse('which is not the regular file holding the CNI config just read through ' +
+      'it');
     return { written: await writeFileAtomic(at, data, opts), target };
   } finally {
     await dh.close();

@@ -1,5 +1,6 @@
 // Pure functions over CNI config files: which file the runtime reads, and that file with our
-// plugin entry put in or taken out. I/O lives in netdir.ts; these take and return text.
+// plugin entry put in or taken out. These take and return text; the planner (plan.ts) reads the
+// net dir through its view (netdirview.ts), and the applier (apply.ts) writes.
 //
 // A conflist is edited as text (see jsonspans.ts): our entry is spliced in after the last plugin
 // and spliced out again, so the primary CNI's bytes, formatting and unknown fields stay as they

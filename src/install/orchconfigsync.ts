@@ -13,7 +13,7 @@ import { readRegularFile, readRegularFileIfExists, UnsafeFileError } from './saf
 
 type Fail = (reason: ErrorReason, message: string) => void;
 
-/** A file's text, null when it does not exist; anything but a regular file of at most 1 MiB is refused (safefile.ts). */
+/** A file's text, null when it does not exist; anything but a regular file of at most 1 MiB is refused. */
 async function readIfExists(file: string): Promise<string | null> {
   return (await readRegularFileIfExists(file))?.text ?? null;
 }
@@ -95,11 +95,13 @@ async function serviceAccountToken(s: InstallSettings, fail: Fail): Promise<stri
   try {
     token = await readIfExists(tokenFile);
   } catch (e) {
-    fail(e instanceof UnsafeFileError ? 'file_refused' : 'token_missing', `cannot read the service-account token: ${(e as Error).message}`);
+    fail(e instanceof UnsafeFileError ? 'file_refused' : 'token_missing', `cannot read the service-account token: ` +
+      `${(e as Error).message}`);
     return null;
   }
   if (token === null || token.trim() === '') {
-    fail('token_missing', `service-account token ${tokenFile} is ${token === null ? 'missing' : 'empty'}; the orchconfig cannot be written until it appears`);
+    fail('token_missing', `service-account token ${tokenFile} is ${token === null ? 'missing' : 'empty'}; the ` +
+      `orchconfig cannot be written until it appears`);
     return null;
   }
   return token;

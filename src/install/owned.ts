@@ -5,9 +5,11 @@
 // our entry: there is no window in which a pod starts without mesh-cni.
 //
 // Pure planning only: which text and mode our file should have, given the primary's text, mode
-// and name and what our file holds now. The reconcile pass (reconcile.ts) does the I/O.
+// and name and what our file holds now. The planner's owned mode (planmodes.ts) asks it, with the
+// record of the primary ours was made from (records.ts); apply.ts does the I/O.
 
 import { byteOrder, withOurEntry, type JsonObject } from './cniconfig.ts';
+import { ownedFromRecord } from './records.ts';
 
 /** Our file's name unless --mesh-owned-cni-config-filename says otherwise. */
 export const DEFAULT_OWNED_NAME = '02-mesh-cni.conflist';
@@ -87,13 +89,13 @@ export function ownNameShadows(name: string, target: string, netDir: string, rec
   const head = `${name} in ${netDir} holds no entry of ours and sorts before ${target}, so the runtime reads it, not our entry, and pods may start without mesh-cni`;
   // Our record beside it: most likely ours with our entry taken out by a version without the
   // owned file, of a primary that changed since (a byte-exact copy would have been removed).
-  if (recordedFrom !== null) return `${head}; our record .${name}.mesh-from says ours was made from ${recordedFrom}, but it is no copy of ${recordedFrom} as that is now (the primary changed since?): remove ${name} and .${name}.mesh-from if they are a leftover of ours`;
+  if (recordedFrom !== null) return `${head}; our record ${ownedFromRecord(name)} says ours was made from ${recordedFrom}, but it is no copy of ${recordedFrom} as that is now (the primary changed since?): remove ${name} and ${ownedFromRecord(name)} if they are a leftover of ours`;
   return `${head}; it has one of our file names but is not known as ours (a copy of the primary left by a version of the agent without --mesh-owned-cni-config, or another program's), so it is left as it is: remove it`;
 }
 
 /** Our owned file's name taken by a file that holds no entry of ours: never overwritten or removed. */
 export function foreignOwned(ownedName: string, netDir: string, why = 'holds no entry of ours', recordedFrom: string | null = null): string {
-  const record = recordedFrom === null ? '' : `; our record .${ownedName}.mesh-from says ours was made from ${recordedFrom}, but it is no copy of ${recordedFrom} as that is now (the primary changed since?): if it is a leftover of ours, remove it`;
+  const record = recordedFrom === null ? '' : `; our record ${ownedFromRecord(ownedName)} says ours was made from ${recordedFrom}, but it is no copy of ${recordedFrom} as that is now (the primary changed since?): if it is a leftover of ours, remove it`;
   return `${ownedName} in ${netDir} ${why}, so we did not write it (another program's file, the primary CNI's own, or a copy left by another version of the agent): not overwriting it, and uninstall will not remove it. Remove it, or give --mesh-owned-cni-config-filename a name no other file has${record}`;
 }
 

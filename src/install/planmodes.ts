@@ -24,10 +24,12 @@ export async function planChained(ctx: PlanContext, entry: JsonObject): Promise<
   const confName = ctx.s.confName;
   if (found === null && ctx.skipped.length > 0) {
     // Maybe a file caught half-written: an error, retried on the backoff, said if it stays.
-    ctx.fail('primary_malformed', `waiting for a primary CNI config the runtime can load in ${ctx.netDir}${passedOver(ctx)}`);
+    ctx.fail('primary_malformed', `waiting for a primary CNI config the runtime can load in ` +
+      `${ctx.netDir}${passedOver(ctx)}`);
   } else if (found === null) {
     ctx.notReady(confName
-      ? `waiting for the primary CNI config ${confName}${otherForm(confName) ? ` (or ${otherForm(confName)})` : ''} in ${ctx.netDir}`
+      ? `waiting for the primary CNI config ${confName}${otherForm(confName) ? ` (or ${otherForm(confName)})` : ''} ` +
+        `in ${ctx.netDir}`
       : `waiting for a primary CNI config (.conf, .conflist or .json) in ${ctx.netDir}${passedOver(ctx)}`);
   } else if (found.said) {
     // Said through fail(); the other files are still looked at below.
@@ -66,7 +68,8 @@ async function spliceInto(ctx: PlanContext, name: string, text: string, entry: J
     name: rewrite.fileName, text: rewrite.text, mode: st.mode & 0o7777, uid: st.uid, gid: st.gid,
     ...(rewrite.replaces ? {} : { through: text }),
     guard: { name, text },
-    ifChanged: { notReady: `primary CNI config ${ctx.path(name)} changed while our entry was being added; doing it again`, primary: after },
+    ifChanged: { notReady: `primary CNI config ${ctx.path(name)} changed while our entry was being added; doing it ` +
+      `again`, primary: after },
     report: 'cni_config', reportTarget: true,
   });
   const prior = ctx.originals.get(name) ?? parseOriginal(await ctx.readRecord(originalRecord(name)), name, st);
@@ -160,20 +163,24 @@ export async function planOwnedMode(ctx: PlanContext, entry: JsonObject): Promis
     }, entry, netDir);
   } catch (e) {
     if (!(e instanceof CniConfigError)) throw e;
-    ctx.fail('primary_malformed', `${e.message} (in ${netDir}); leaving it untouched until it changes${kept ? `, and our ${ownedName} as it is` : ''}`);
+    ctx.fail('primary_malformed', `${e.message} (in ${netDir}); leaving it untouched until it ` +
+      `changes${kept ? `, and our ${ownedName} as it is` : ''}`);
     return kept;
   }
   for (const m of plan.notReady) ctx.notReady(m);
   // No primary: maybe one caught half-written (an error, retried on the backoff).
-  if (found === null && ctx.skipped.length > 0) ctx.fail('primary_malformed', `waiting for a primary CNI config the runtime can load in ${netDir}${passedOver(ctx)}${kept ? `; keeping our ${ownedName} as it is` : ''}`);
+  if (found === null && ctx.skipped.length > 0) ctx.fail('primary_malformed', `waiting for a primary CNI config the ` +
+    `runtime can load in ${netDir}${passedOver(ctx)}${kept ? `; keeping our ${ownedName} as it is` : ''}`);
   if (plan.action === 'wait' || plan.action === 'shadowed') {
-    if (ctx.skipped.length === 0) ctx.notReady(`waiting for a primary CNI config (.conf, .conflist or .json) in ${netDir} to make our ${ownedName} from`);
+    if (ctx.skipped.length === 0) ctx.notReady(`waiting for a primary CNI config (.conf, .conflist or .json) in ` +
+      `${netDir} to make our ${ownedName} from`);
     return null;
   }
   if (plan.action === 'write') {
     // The primary rewritten while ours was being made: ours would be stale; the runtime keeps
     // reading our previous version (with our entry) and the change's event runs again.
-    const again = `primary CNI config ${primaryFile} changed while our ${ownedName} was being made from it; doing it again`;
+    const again = `primary CNI config ${primaryFile} changed while our ${ownedName} was being made from it; doing it ` +
+      `again`;
     // Ours already holds our entry (a file at our name without one is refused above), so the
     // runtime still reads a network with mesh-cni: no reason to be not ready. The change's own
     // watch event brings the pass that makes ours again (a storm of rewrites made /readyz flap
@@ -210,12 +217,16 @@ function holdOwned(ctx: PlanContext, found: string | null, names: readonly strin
   const bad = ctx.skipped.find((k) => k.file === from);
   if (bad) {
     // As a half-written primary without --mesh-owned-cni-config: an error said if it stays, retried.
-    ctx.fail('primary_malformed', `the primary CNI config ${from} our ${ownedName} was made from cannot be loaded now (${bad.reason}); keeping ours as it is, not following ${found}, which sorts after it, until ${from} loads again or is gone`);
+    ctx.fail('primary_malformed', `the primary CNI config ${from} our ${ownedName} was made from cannot be loaded ` +
+      `now (${bad.reason}); keeping ours as it is, not following ${found}, which sorts after it, until ${from} loads ` +
+      `again or is gone`);
     return true;
   }
   if (names.includes(from)) return false;
   const left = PRIMARY_GONE_GRACE_MS - (ctx.now - (ctx.ownedFromGoneSince ?? ctx.now));
   if (left <= 0) return false;
-  ctx.notReady(`the primary CNI config ${from} our ${ownedName} was made from is gone from ${ctx.netDir}; keeping ours as it is, and following ${found}, which sorts after it, only if ${from} is not back within ${PRIMARY_GONE_GRACE_MS} ms`);
+  ctx.notReady(`the primary CNI config ${from} our ${ownedName} was made from is gone from ${ctx.netDir}; keeping ` +
+    `ours as it is, and following ${found}, which sorts after it, only if ${from} is not back within ` +
+    `${PRIMARY_GONE_GRACE_MS} ms`);
   return true;
 }

@@ -50,7 +50,7 @@ export class Reconciler {
   /** Other config files as last read (filecache.ts): told of changes by the installer's watch. */
   readonly files = new FileCache();
   private readonly plan: PlanSettings;
-  /** The plugin's token for the orchconfig; without one, the service-account token (the installer run alone, in tests). */
+  /** The plugin's token for the orchconfig; without one, the service-account token (run alone, in tests). */
   private readonly pluginToken: PluginTokenSource | undefined;
 
   constructor(settings: InstallSettings, env: EnvironmentFacts, pluginToken?: PluginTokenSource) {
@@ -127,13 +127,17 @@ export class Reconciler {
     if (!(await isFile(plugin))) missing.push(plugin);
     if (!(await isFile(orchconfig))) missing.push(orchconfig);
     if (entry && missing.length > 0) {
-      notReady.push(`not adding our entry to the CNI config until ${missing.join(' and ')} ${missing.length > 1 ? 'are' : 'is'} in place`);
+      notReady.push(`not adding our entry to the CNI config until ${missing.join(' and ')} ` +
+        `${missing.length > 1 ? 'are' : 'is'} in place`);
       return { notReady, problems, primary: null, writes, skipped: [], notes: [] };
     }
     if (entry && unspellable.length > 0) {
       // fs.readdir gives such a name as U+FFFD, which may collapse it with another and orders
       // it wrongly: the agent cannot judge which file the runtime reads first.
-      fail('primary_unsupported', `${this.netDir} holds ${unspellable.length > 1 ? 'config files whose names are' : 'a config file whose name is'} not valid UTF-8 (${unspellable.join(', ')}): the runtime may load it, and the agent cannot name or order it; not installing until it is renamed or removed`);
+      fail('primary_unsupported', `${this.netDir} holds ` +
+        `${unspellable.length > 1 ? 'config files whose names are' : 'a config file whose name is'} not valid UTF-8 ` +
+        `(${unspellable.join(', ')}): the runtime may load it, and the agent cannot name or order it; not installing ` +
+        `until it is renamed or removed`);
       return { notReady, problems, primary: null, writes, skipped: [], notes: [] };
     }
     if (!entry) return { notReady, problems, primary: null, writes, skipped: [], notes: [] };
@@ -199,7 +203,8 @@ export class Reconciler {
     await applySteps(plan.steps, this.netDir, this.memory, out);
     const errors = out.groupErrors;
     if (errors.length > 0) {
-      throw new Error(`the uninstall in ${this.netDir} left ${errors.length} step(s) undone (the others were done: ${out.writes.length} file(s) written or removed): ${errors.join('; ')}. Remove what is named by hand`);
+      throw new Error(`the uninstall in ${this.netDir} left ${errors.length} step(s) undone (the others were done: ` +
+        `${out.writes.length} file(s) written or removed): ${errors.join('; ')}. Remove what is named by hand`);
     }
     return out.writes;
   }
