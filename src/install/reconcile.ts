@@ -14,6 +14,7 @@ import type { EnvironmentFacts, InstallSettings } from '../config/settings.ts';
 import type { PluginTokenSource } from './tokenrequest.ts';
 import { applySteps, type Applied, type MutableMemory, type Problem, type Write } from './apply.ts';
 import { BinaryInstaller } from './binaries.ts';
+import { refuseUnrunnablePlugin } from './cpucheck.ts';
 import { CniConfigError, PLUGIN_TYPE, type JsonObject } from './cniconfig.ts';
 import { FileCache } from './filecache.ts';
 import { netDirView, unspellableConfigNames } from './netdirview.ts';
@@ -98,6 +99,7 @@ export class Reconciler {
     }
 
     try {
+      await refuseUnrunnablePlugin(path.join(this.s.cniBinariesDir, PLUGIN_TYPE), this.s.cpuinfoPath);
       for (const name of await this.binaries.sync()) writes.push({ file: path.join(this.s.mountedCniBinDir, name), kind: 'binary', action: 'write' });
     } catch (e) {
       fail('binaries_failed', (e as Error).message);
