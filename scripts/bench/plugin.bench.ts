@@ -262,4 +262,6 @@ if (PARTS.has('calls')) {
   }
 }
 if (criOverhead.size > 0) console.log('\ntargets (issue 20), under containerd\'s CRI');
-for (const [network, d] of criOverhead) console.log(`  ${network}: pod start overhead p50 ${d >= 0 ? '+' : ''}${d.toFixed(1)} ms (<= +40: ${verdict(d <= 40)})`);
+for (const [network, d] of criOverhead) {
+  console.log(`  ${network}: pod start overhead p50 ${d >= 0 ? '+' : ''}${d.toFixed(1)} ms (<= +40: ${verdict(d <= 40)})`);
+}

@@ -16,7 +16,10 @@
 
 import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
 import { createHash } from 'node:crypto';
-import { copyFileSync, existsSync, mkdirSync, mkdtempSync, openSync, closeSync, readdirSync, readFileSync, rmSync, rmdirSync, symlinkSync, writeFileSync } from 'node:fs';
+import {
+  closeSync, copyFileSync, existsSync, mkdirSync, mkdtempSync, openSync, readdirSync, readFileSync, rmdirSync, rmSync,
+  symlinkSync, writeFileSync,
+} from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -28,7 +31,9 @@ const CNI_RESULTS = '/var/lib/cni/results';
 
 function sh(argv: readonly string[], input?: string | Buffer): string {
   const r = spawnSync(argv[0]!, argv.slice(1), { encoding: 'utf8', input, timeout: 60_000 });
-  if (r.status !== 0) throw new Error(`${argv.join(' ')} failed (${r.status ?? r.signal}): ${r.stderr || r.error?.message}`);
+  if (r.status !== 0) {
+    throw new Error(`${argv.join(' ')} failed (${r.status ?? r.signal}): ${r.stderr || r.error?.message}`);
+  }
   return r.stdout;
 }
 
@@ -83,7 +88,9 @@ export function pauseImageArchive(pauseBinary: string, name = PAUSE_IMAGE): Buff
     rootfs: { type: 'layers', diff_ids: [`sha256:${layerId}`] },
   }));
   const configName = `${sha256(config)}.json`;
-  const manifest = Buffer.from(JSON.stringify([{ Config: configName, RepoTags: [name], Layers: [`${layerId}/layer.tar`] }]));
+  const manifest = Buffer.from(JSON.stringify([
+    { Config: configName, RepoTags: [name], Layers: [`${layerId}/layer.tar`] },
+  ]));
   return tar([
     { name: `${layerId}/`, mode: 0o755, dir: true },
     { name: `${layerId}/layer.tar`, data: layer, mode: 0o644 },
@@ -163,7 +170,9 @@ export class Containerd {
 
   private async setUp(o: ContainerdOptions): Promise<void> {
     const d = (...p: string[]) => path.join(this.dir, ...p);
-    for (const sub of ['root', 'state', 'opt', 'runc', 'cni/bin/real', 'cni/net.d', 'cni/ipam', 'logs']) mkdirSync(d(sub), { recursive: true });
+    for (const sub of ['root', 'state', 'opt', 'runc', 'cni/bin/real', 'cni/net.d', 'cni/ipam', 'logs']) {
+      mkdirSync(d(sub), { recursive: true });
+    }
     sh(['ip', 'netns', 'add', this.netnsName]);
     sh(['ip', '-n', this.netnsName, 'link', 'set', 'lo', 'up']);
 
@@ -173,7 +182,8 @@ export class Containerd {
         copyFileSync(o.timingShim, d('cni/bin', type));
       } else symlinkSync(real, d('cni/bin', type));
     }
-    const conflist = { cniVersion: '1.0.0', name: this.networkName, plugins: o.plugins.map((p) => fillIpamDataDir(p, d('cni/ipam'))) };
+    const plugins = o.plugins.map((p) => fillIpamDataDir(p, d('cni/ipam')));
+    const conflist = { cniVersion: '1.0.0', name: this.networkName, plugins };
     writeFileSync(d('cni/net.d/10-mcni-cri.conflist'), JSON.stringify(conflist, null, 2));
 
     const q = JSON.stringify;
@@ -184,8 +194,8 @@ export class Containerd {
       `state = ${q(d('state'))}`,
       // Only what a pod sandbox needs: no other snapshotters, no tracing, no NRI.
       'disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs", ' +
-        '"io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.zfs", "io.containerd.tracing.processor.v1.otlp", ' +
-        '"io.containerd.internal.v1.tracing"]',
+        '"io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.zfs", ' +
+        '"io.containerd.tracing.processor.v1.otlp", "io.containerd.internal.v1.tracing"]',
       '[grpc]', `  address = ${q(this.socket)}`,
       '[ttrpc]', `  address = ${q(`${this.socket}.ttrpc`)}`,
       '[debug]', '  level = "info"',
@@ -215,7 +225,8 @@ export class Containerd {
 
     const log = openSync(d('logs/containerd.log'), 'a');
     try {
-      this.proc = spawn('/usr/bin/nsenter', [`--net=/run/netns/${this.netnsName}`, '--', '/usr/bin/containerd', '--config', d('config.toml')], {
+      const argv = [`--net=/run/netns/${this.netnsName}`, '--', '/usr/bin/containerd', '--config', d('config.toml')];
+      this.proc = spawn('/usr/bin/nsenter', argv, {
         stdio: ['ignore', log, log],
         env: { PATH: '/usr/sbin:/usr/bin:/sbin:/bin' },
       });
@@ -226,7 +237,10 @@ export class Containerd {
     this.exited = new Promise((resolve) => proc.once('exit', () => resolve()));
     let lastError: unknown;
     for (let i = 0; i < 300; i++) {
-      if (proc.exitCode !== null || proc.signalCode !== null) throw new Error(`containerd exited during start (${proc.exitCode ?? proc.signalCode}); see its log:\n${this.logTail()}`);
+      if (proc.exitCode !== null || proc.signalCode !== null) {
+        const how = proc.exitCode ?? proc.signalCode;
+        throw new Error(`containerd exited during start (${how}); its log:\n${this.logTail()}`);
+      }
       if (existsSync(this.socket)) {
         try {
           await this.cri.version();
@@ -238,11 +252,14 @@ export class Containerd {
       }
       await new Promise((r) => setTimeout(r, 50));
     }
-    if (lastError !== undefined || !existsSync(this.socket)) throw new Error(`containerd's CRI did not answer within 15 s: ${String(lastError)}\n${this.logTail()}`);
+    if (lastError !== undefined || !existsSync(this.socket)) {
+      throw new Error(`containerd's CRI did not answer within 15 s: ${String(lastError)}\n${this.logTail()}`);
+    }
 
     const pause = o.pauseBinary ?? compileStatic('pause', d('pause'));
     writeFileSync(d('pause-image.tar'), pauseImageArchive(pause));
-    sh(['/usr/bin/ctr', '--address', this.socket, '-n', 'k8s.io', 'images', 'import', '--snapshotter', 'overlayfs', d('pause-image.tar')]);
+    const ctr = ['/usr/bin/ctr', '--address', this.socket, '-n', 'k8s.io'];
+    sh([...ctr, 'images', 'import', '--snapshotter', 'overlayfs', d('pause-image.tar')]);
     // CRI learns of the import from containerd's event stream: wait until it has it, or the first
     // sandbox would try to pull it.
     for (let i = 0; !(await this.cri.hasImage(PAUSE_IMAGE)); i++) {
@@ -256,7 +273,10 @@ export class Containerd {
     if (!existsSync(this.cniCallsLog)) return [];
     return readFileSync(this.cniCallsLog, 'utf8').split('\n').filter(Boolean).map((l) => {
       const [plugin, command, containerId, start, end, code] = l.split(' ');
-      return { plugin: plugin!, command: command!, containerId: containerId!, startNs: BigInt(start!), endNs: BigInt(end!), code: Number(code) };
+      return {
+        plugin: plugin!, command: command!, containerId: containerId!,
+        startNs: BigInt(start!), endNs: BigInt(end!), code: Number(code),
+      };
     });
   }
 
@@ -309,7 +329,9 @@ export class Containerd {
     this.unmountUnder(this.dir);
     this.removeCgroups();
     try {
-      for (const f of readdirSync(CNI_RESULTS)) if (f.startsWith(`${this.networkName}-`)) rmSync(path.join(CNI_RESULTS, f), { force: true });
+      for (const f of readdirSync(CNI_RESULTS)) {
+        if (f.startsWith(`${this.networkName}-`)) rmSync(path.join(CNI_RESULTS, f), { force: true });
+      }
     } catch {
       // no result cache dir
     }
@@ -368,9 +390,15 @@ function fillIpamDataDir(plugin: Record<string, unknown>, dataDir: string): Reco
 /** Debian's bridge + portmap, the network without mesh-cni: a conflist's plugins for `subnet`. */
 export function bridgePortmap(bridge: string, subnet: string): Record<string, unknown>[] {
   return [
-    { type: 'bridge', bridge, isGateway: true, ipMasq: false, ipam: { type: 'host-local', ranges: [[{ subnet }]], routes: [{ dst: '0.0.0.0/0' }] } },
+    {
+      type: 'bridge', bridge, isGateway: true, ipMasq: false,
+      ipam: { type: 'host-local', ranges: [[{ subnet }]], routes: [{ dst: '0.0.0.0/0' }] },
+    },
     { type: 'portmap', capabilities: { portMappings: true } },
   ];
 }
 
-export const DEBIAN_PLUGINS = { loopback: '/usr/lib/cni/loopback', bridge: '/usr/lib/cni/bridge', 'host-local': '/usr/lib/cni/host-local', portmap: '/usr/lib/cni/portmap' } as const;
+export const DEBIAN_PLUGINS = {
+  loopback: '/usr/lib/cni/loopback', bridge: '/usr/lib/cni/bridge', 'host-local': '/usr/lib/cni/host-local',
+  portmap: '/usr/lib/cni/portmap',
+} as const;

@@ -48,7 +48,9 @@ export function msg(field: number, ...parts: Part[]): Part {
 
 /** map<string, string>: one entry message (key = 1, value = 2) per pair. */
 export function map(field: number, record: Record<string, string> | undefined): Part {
-  return Buffer.concat(Object.entries(record ?? {}).map(([k, v]) => bytesField(field, Buffer.concat([str(1, k), str(2, v)]))));
+  const entry = ([k, v]: [string, string]) => bytesField(field, Buffer.concat([str(1, k), str(2, v)]));
+  const entries = Object.entries(record ?? {}).map(entry);
+  return Buffer.concat(entries);
 }
 
 /** A decoded message: field number -> its values in order (varints as bigint, the rest as bytes). */
@@ -153,7 +155,9 @@ export class GrpcUnixClient {
       req.on('data', (c: Buffer) => chunks.push(c));
       req.on('error', (e) => reject(new Error(`${path} over ${this.socketPath}: ${e.message}`)));
       req.on('close', () => {
-        if (status === undefined) return reject(new Error(`${path} over ${this.socketPath}: the stream closed without a gRPC status`));
+        if (status === undefined) {
+          return reject(new Error(`${path} over ${this.socketPath}: the stream closed without a gRPC status`));
+        }
         if (status !== '0') return reject(new GrpcError(path, Number(status), message));
         const body = Buffer.concat(chunks);
         if (body.length < 5) return resolve(Buffer.alloc(0));
@@ -202,7 +206,11 @@ export interface SandboxListItem {
   readonly name: string;
 }
 
-const metadataOf = (m: Decoded | undefined) => ({ name: m ? getString(m, 1) : '', uid: m ? getString(m, 2) : '', namespace: m ? getString(m, 3) : '' });
+const metadataOf = (m: Decoded | undefined) => ({
+  name: m ? getString(m, 1) : '',
+  uid: m ? getString(m, 2) : '',
+  namespace: m ? getString(m, 3) : '',
+});
 
 export class CriClient {
   private readonly grpc: GrpcUnixClient;
@@ -239,7 +247,10 @@ export class CriClient {
     const st = getMessage(r, 1);
     if (!st) throw new Error(`PodSandboxStatus ${id}: no status in the reply`);
     const network = getMessage(st, 5);
-    return { id: getString(st, 1), ready: getUint(st, 3) === 0, ip: network ? getString(network, 1) : '', ...metadataOf(getMessage(st, 2)) };
+    return {
+      id: getString(st, 1), ready: getUint(st, 3) === 0, ip: network ? getString(network, 1) : '',
+      ...metadataOf(getMessage(st, 2)),
+    };
   }
 
   /** The sandbox's network namespace path, from the runtime's verbose status (info["info"]). */
@@ -247,7 +258,8 @@ export class CriClient {
     const r = decode(await this.grpc.call(`${RUNTIME}/PodSandboxStatus`, Buffer.concat([str(1, id), uint(2, true)])));
     const entry = getMessages(r, 2).find((e) => getString(e, 1) === 'info');
     if (!entry) throw new Error(`PodSandboxStatus ${id}: no verbose info (the runtime is not containerd?)`);
-    const info = JSON.parse(getString(entry, 2)) as { runtimeSpec?: { linux?: { namespaces?: { type: string; path?: string }[] } } };
+    type Info = { runtimeSpec?: { linux?: { namespaces?: { type: string; path?: string }[] } } };
+    const info = JSON.parse(getString(entry, 2)) as Info;
     const ns = info.runtimeSpec?.linux?.namespaces?.find((n) => n.type === 'network')?.path;
     if (!ns) throw new Error(`PodSandboxStatus ${id}: no network namespace path in the runtime spec`);
     return ns;
@@ -264,7 +276,9 @@ export class CriClient {
   async listPodSandbox(labelSelector: Record<string, string> = {}): Promise<SandboxListItem[]> {
     const filter = Object.keys(labelSelector).length === 0 ? Buffer.alloc(0) : msg(1, map(3, labelSelector));
     const r = decode(await this.grpc.call(`${RUNTIME}/ListPodSandbox`, filter));
-    return getMessages(r, 1).map((p) => ({ id: getString(p, 1), ready: getUint(p, 3) === 0, name: metadataOf(getMessage(p, 2)).name }));
+    return getMessages(r, 1).map((p) => ({
+      id: getString(p, 1), ready: getUint(p, 3) === 0, name: metadataOf(getMessage(p, 2)).name,
+    }));
   }
 
   /** Whether the runtime's CRI image store has `image` (a reference or id). */

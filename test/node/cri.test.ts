@@ -22,8 +22,10 @@ describe('CRI protobuf subset', () => {
     ]);
     const d = decode(wire);
     const meta = getMessage(d, 1)!;
-    assert.deepEqual([getString(meta, 1), getString(meta, 2), getString(meta, 3), getUint(meta, 4)], ['web', 'u-1', 'shop', 3]);
-    assert.deepEqual(getMessages(d, 6).map((e) => [getString(e, 1), getString(e, 2)]), [['app', 'web'], ['tier', 'front']]);
+    const metaFields = [getString(meta, 1), getString(meta, 2), getString(meta, 3), getUint(meta, 4)];
+    assert.deepEqual(metaFields, ['web', 'u-1', 'shop', 3]);
+    const labels = getMessages(d, 6).map((e) => [getString(e, 1), getString(e, 2)]);
+    assert.deepEqual(labels, [['app', 'web'], ['tier', 'front']]);
     assert.equal(getUint(d, 9), 2 ** 40);
     assert.equal(d.has(5), false);
     assert.throws(() => decode(Buffer.from([0x0a, 5, 1])), /runs past the message end/);
@@ -81,7 +83,10 @@ describe('CRI against our own containerd', () => {
   it('starts a pod sandbox with its network, then stops and removes it', async () => {
     const c = ctrd!;
     const uid = '5b0c1a2e-0000-4000-8000-000000000001';
-    const id = await c.cri.runPodSandbox({ name: 'web-0', namespace: 'shop', uid, labels: { 'mcni-test': 'cri' }, cgroupParent: `${c.cgroupParent}/pod${uid}` });
+    const id = await c.cri.runPodSandbox({
+      name: 'web-0', namespace: 'shop', uid, labels: { 'mcni-test': 'cri' },
+      cgroupParent: `${c.cgroupParent}/pod${uid}`,
+    });
     const st = await c.cri.podSandboxStatus(id);
     assert.equal(st.ready, true);
     assert.deepEqual([st.name, st.namespace, st.uid], ['web-0', 'shop', uid]);
@@ -92,22 +97,26 @@ describe('CRI against our own containerd', () => {
     assert.deepEqual((await c.cri.listPodSandbox({ 'mcni-test': 'cri' })).map((s) => s.id), [id]);
 
     const adds = c.cniCalls().filter((k) => k.command === 'ADD' && k.containerId === id);
-    assert.deepEqual(adds.map((k) => [k.plugin, k.code]).sort(), [['bridge', 0], ['host-local', 0], ['loopback', 0], ['portmap', 0]]);
+    const expected = [['bridge', 0], ['host-local', 0], ['loopback', 0], ['portmap', 0]];
+    assert.deepEqual(adds.map((k) => [k.plugin, k.code]).sort(), expected);
 
     await c.cri.stopPodSandbox(id);
     assert.equal((await c.cri.podSandboxStatus(id)).ready, false);
     await c.cri.removePodSandbox(id);
     assert.deepEqual(await c.cri.listPodSandbox(), []);
     const dels = c.cniCalls().filter((k) => k.command === 'DEL' && k.containerId === id && k.plugin !== 'host-local');
-    assert.ok(dels.length >= 2, `containerd ran DEL for bridge and portmap: ${JSON.stringify(dels.map((k) => k.plugin))}`);
+    assert.ok(dels.length >= 2, `containerd ran DEL for bridge and portmap: ${dels.map((k) => k.plugin).join(', ')}`);
     assert.ok(dels.every((k) => k.code === 0));
   });
 
   it('leaves nothing behind after stop()', async () => {
     const c = ctrd!;
-    const sid = await c.cri.runPodSandbox({ name: 'left-0', namespace: 'shop', uid: 'u-left', cgroupParent: `${c.cgroupParent}/podu-left` });
+    const sid = await c.cri.runPodSandbox({
+      name: 'left-0', namespace: 'shop', uid: 'u-left', cgroupParent: `${c.cgroupParent}/podu-left`,
+    });
     assert.ok(sid);
-    const cgroups = () => readdirSync('/sys/fs/cgroup').filter((k) => existsSync(path.join('/sys/fs/cgroup', k, c.cgroupParent)));
+    const cgroups = () =>
+      readdirSync('/sys/fs/cgroup').filter((k) => existsSync(path.join('/sys/fs/cgroup', k, c.cgroupParent)));
     assert.ok(cgroups().length > 0, 'the sandbox has its cgroups below our parent');
     const shims = () => readdirSync('/proc').filter((p) => /^\d+$/.test(p) && procArgv(p).includes(c.socket));
     assert.ok(shims().length > 0, 'a shim runs the sandbox');

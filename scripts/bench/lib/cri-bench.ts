@@ -16,7 +16,9 @@
 
 import { spawnSync } from 'node:child_process';
 import type { TestApiServer } from '../../../test/helpers/apiserver.ts';
-import { bridgePortmap, compileStatic, Containerd, DEBIAN_PLUGINS, type CniCall } from '../../../test/helpers/cri-containerd.ts';
+import {
+  bridgePortmap, compileStatic, Containerd, DEBIAN_PLUGINS, type CniCall,
+} from '../../../test/helpers/cri-containerd.ts';
 import { meshPod } from '../../../test/helpers/plugin.ts';
 import { pct } from './stats.ts';
 
@@ -53,7 +55,10 @@ const ms = (a: bigint, b: bigint) => Number(b - a) / 1e6;
 function meshEntry(o: CriBenchOptions): Record<string, unknown> {
   return {
     type: 'mesh-cni', log_level: 'warn', log_uds_address: o.logUds, pod_lookup_uds_address: o.podLookupSocket,
-    orch: { orchconfig: o.orchconfig, cni_bin_dir: '/opt/cni/bin', exclude_namespaces: ['mesh-system', 'kube-system'], node_name: o.nodeName },
+    orch: {
+      orchconfig: o.orchconfig, cni_bin_dir: '/opt/cni/bin', exclude_namespaces: ['mesh-system', 'kube-system'],
+      node_name: o.nodeName,
+    },
   };
 }
 
@@ -61,12 +66,13 @@ async function startPod(net: Network, name: string, uid: string, record: boolean
   const { cri } = net.ctrd;
   const t0 = process.hrtime.bigint();
   const id = await cri.runPodSandbox({
-    name, namespace: 'bench-cri', uid, labels: { 'mesh-bench': 'cri' }, cgroupParent: `${net.ctrd.cgroupParent}/pod${uid}`,
+    name, namespace: 'bench-cri', uid, labels: { 'mesh-bench': 'cri' },
+    cgroupParent: `${net.ctrd.cgroupParent}/pod${uid}`,
   });
-  for (;;) {
+  for (let i = 0; ; i++) {
     const st = await cri.podSandboxStatus(id);
     if (st.ready && st.ip) break;
-    if (!st.ready) throw new Error(`${net.label}: sandbox ${name} not ready after RunPodSandbox returned`);
+    if (!st.ready || i > 100) throw new Error(`${net.label}: sandbox ${name} not ready with an IP after RunPodSandbox`);
   }
   const t1 = process.hrtime.bigint();
   if (!record) checkRedirection(net, await cri.podSandboxNetns(id));
@@ -85,16 +91,19 @@ async function startPod(net: Network, name: string, uid: string, record: boolean
 /** The warm-up pod proves the measured chain does its job: our chains in the pod's netns or none. */
 function checkRedirection(net: Network, netns: string): void {
   const chains = ['nft', 'legacy'].map((flavour) => {
-    const r = spawnSync('/usr/bin/nsenter', [`--net=${netns}`, '--', `/usr/sbin/iptables-${flavour}-save`], { encoding: 'utf8' });
+    const argv = [`--net=${netns}`, '--', `/usr/sbin/iptables-${flavour}-save`];
+    const r = spawnSync('/usr/bin/nsenter', argv, { encoding: 'utf8' });
     if (r.status !== 0) throw new Error(`${net.label}: iptables-${flavour}-save in ${netns}: ${r.stderr}`);
     return r.stdout.includes(':MESH_');
   });
   if (chains.includes(true) !== net.mesh) {
-    throw new Error(`${net.label}: the sandbox's netns ${netns} has ${net.mesh ? 'no' : ''} MESH_ chains after RunPodSandbox`);
+    const what = net.mesh ? 'no MESH_ chains' : 'MESH_ chains';
+    throw new Error(`${net.label}: the sandbox's netns ${netns} has ${what} after RunPodSandbox`);
   }
 }
 
 const f = (v: number, n = 8) => v.toFixed(1).padStart(n);
+const cols = (...cells: string[]) => cells.join('  ');
 
 /** Runs the part and prints its tables; returns the pod start overhead p50 per mesh network. */
 export async function benchCri(o: CriBenchOptions): Promise<Map<string, number>> {
@@ -111,7 +120,8 @@ export async function benchCri(o: CriBenchOptions): Promise<Map<string, number>>
         tag: `b${k}`, plugins, pauseBinary: pause, timingShim: shim,
         binaries: { ...DEBIAN_PLUGINS, ...(v.mesh ? { 'mesh-cni': v.mesh } : {}) },
       });
-      networks.push({ label: v.label, mesh: v.mesh !== undefined, ctrd, startMs: [], stopMs: [], removeMs: [], ids: [], spans: [] });
+      const mesh = v.mesh !== undefined;
+      networks.push({ label: v.label, mesh, ctrd, startMs: [], stopMs: [], removeMs: [], ids: [], spans: [] });
     }
     // Every pod in the API server (so in the agent's watch) before any sandbox starts.
     const pods = networks.map((_, k) => Array.from({ length: o.pods + 1 }, (_, i) => {
@@ -119,7 +129,9 @@ export async function benchCri(o: CriBenchOptions): Promise<Map<string, number>>
       return o.api.upsertPod({ ...t, spec: { ...t.spec!, nodeName: o.nodeName } });
     }));
     // Warm-up (not recorded): page cache, each containerd's first sandbox, the flavour cache.
-    for (const [k, net] of networks.entries()) await startPod(net, pods[k]![0]!.metadata!.name!, pods[k]![0]!.metadata!.uid!, false);
+    for (const [k, net] of networks.entries()) {
+      await startPod(net, pods[k]![0]!.metadata!.name!, pods[k]![0]!.metadata!.uid!, false);
+    }
     for (let i = 1; i <= o.pods; i++) {
       for (let j = 0; j < networks.length; j++) {
         const k = (i + j) % networks.length;
@@ -133,7 +145,9 @@ export async function benchCri(o: CriBenchOptions): Promise<Map<string, number>>
     for (const net of networks) console.error(`--- ${net.label}: containerd log tail\n${net.ctrd.logTail(15)}`);
     throw e;
   } finally {
-    for (const net of networks) await net.ctrd.stop().catch((e: unknown) => console.error(`${net.label}: ${String(e)}`));
+    for (const net of networks) {
+      await net.ctrd.stop().catch((e: unknown) => console.error(`${net.label}: ${String(e)}`));
+    }
   }
 }
 
@@ -141,11 +155,13 @@ function report(networks: readonly Network[], pods: number, runtime: string): Ma
   const base = networks[0]!;
   const w = Math.max(...networks.map((n) => n.label.length));
   console.log(`\npod start under a CRI runtime (${runtime}, runc, cgroupfs), ` +
-    `RunPodSandbox until PodSandboxStatus is ready with an IP, as kubelet sees it; ${pods} pods per network, interleaved; ms`);
-  console.log('(then p50s of its parts: RunPodSandbox sent to the first CNI ADD, the CNI ADDs (first start to last end), ' +
+    'RunPodSandbox until PodSandboxStatus is ready with an IP, as kubelet sees it; ' +
+    `${pods} pods per network, interleaved; ms`);
+  console.log('(+paired: p50 of the difference to the baseline pod of the same round; ' +
+    'then p50s of its parts: RunPodSandbox sent to the first CNI ADD, the CNI ADDs (first start to last end), ' +
     'the last ADD to ready; and of StopPodSandbox and RemovePodSandbox)');
-  console.log(`${'network'.padEnd(w)}  ${'p50'.padStart(8)}  ${'p90'.padStart(8)}  ${'+p50'.padStart(8)}  ${'+p90'.padStart(8)}  ` +
-    `${'to CNI'.padStart(8)}  ${'CNI ADDs'.padStart(8)}  ${'to ready'.padStart(8)}  ${'stop'.padStart(8)}  ${'remove'.padStart(8)}`);
+  const heads = ['p50', 'p90', '+p50', '+p90', '+paired', 'to CNI', 'CNI ADDs', 'to ready', 'stop', 'remove'];
+  console.log(cols('network'.padEnd(w), ...heads.map((h) => h.padStart(8))));
   const overhead = new Map<string, number>();
   const p = (xs: number[], q: number) => pct(xs, q);
   for (const n of networks) {
@@ -154,13 +170,15 @@ function report(networks: readonly Network[], pods: number, runtime: string): Ma
     if (n.mesh) overhead.set(n.label, d50);
     const plus = (v: number) => (n === base ? '-'.padStart(8) : `${v >= 0 ? '+' : ''}${v.toFixed(1)}`.padStart(8));
     const parts = phases(n);
-    console.log(`${n.label.padEnd(w)}  ${f(p(n.startMs, 50))}  ${f(p(n.startMs, 90))}  ${plus(d50)}  ${plus(d90)}  ` +
-      `${f(p(parts.toCni, 50))}  ${f(p(parts.cni, 50))}  ${f(p(parts.toReady, 50))}  ${f(p(n.stopMs, 50))}  ${f(p(n.removeMs, 50))}`);
+    const paired = p(n.startMs.map((x, i) => x - base.startMs[i]!), 50);
+    console.log(cols(n.label.padEnd(w), f(p(n.startMs, 50)), f(p(n.startMs, 90)), plus(d50), plus(d90), plus(paired),
+      f(p(parts.toCni, 50)), f(p(parts.cni, 50)), f(p(parts.toReady, 50)), f(p(n.stopMs, 50)), f(p(n.removeMs, 50))));
   }
 
-  console.log('\nCNI calls as containerd ran them (timing shim around each plugin), wall ms; DEL 1st = on StopPodSandbox ' +
-    '(netns there), DEL 2nd = on RemovePodSandbox (netns gone)');
-  console.log(`${'network'.padEnd(w)}  ${'plugin'.padEnd(9)}  ${'call'.padEnd(7)}  ${'n'.padStart(4)}  ${'p50'.padStart(8)}  ${'p90'.padStart(8)}  failed`);
+  console.log('\nCNI calls as containerd ran them (timing shim around each plugin), wall ms; ' +
+    'DEL 1st = on StopPodSandbox (netns there), DEL 2nd = on RemovePodSandbox (netns gone)');
+  console.log(cols('network'.padEnd(w), 'plugin'.padEnd(9), 'call'.padEnd(7), 'n'.padStart(4), 'p50'.padStart(8),
+    'p90'.padStart(8), 'failed'));
   for (const n of networks) {
     const ours = new Set(n.ids);
     const calls = n.ctrd.cniCalls().filter((c) => ours.has(c.containerId));
@@ -171,8 +189,9 @@ function report(networks: readonly Network[], pods: number, runtime: string): Ma
       for (const [call, xs] of rows) {
         if (xs.length === 0) continue;
         const walls = xs.map((c) => ms(c.startNs, c.endNs));
-        console.log(`${n.label.padEnd(w)}  ${plugin.padEnd(9)}  ${call.padEnd(7)}  ${String(xs.length).padStart(4)}  ${f(pct(walls, 50))}  ` +
-          `${f(pct(walls, 90))}  ${xs.filter((c) => c.code !== 0).length}`);
+        const failed = xs.filter((c) => c.code !== 0).length;
+        console.log(cols(n.label.padEnd(w), plugin.padEnd(9), call.padEnd(7), String(xs.length).padStart(4),
+          f(pct(walls, 50)), f(pct(walls, 90)), String(failed)));
       }
     }
   }
@@ -182,7 +201,9 @@ function report(networks: readonly Network[], pods: number, runtime: string): Ma
 /** Where each pod start went: before containerd ran the first CNI ADD, the ADDs, after them. */
 function phases(n: Network): { toCni: number[]; cni: number[]; toReady: number[] } {
   const adds = new Map<string, CniCall[]>();
-  for (const c of n.ctrd.cniCalls()) if (c.command === 'ADD') (adds.get(c.containerId) ?? adds.set(c.containerId, []).get(c.containerId)!).push(c);
+  for (const c of n.ctrd.cniCalls()) {
+    if (c.command === 'ADD') (adds.get(c.containerId) ?? adds.set(c.containerId, []).get(c.containerId)!).push(c);
+  }
   const out = { toCni: [] as number[], cni: [] as number[], toReady: [] as number[] };
   n.ids.forEach((id, i) => {
     const xs = adds.get(id) ?? [];
