@@ -1,21 +1,28 @@
-// The install-cni process: logging, the monitoring server, the plugin log server, the repair
-// controller, the plugin's pod lookup, the plugin's token, the installer and ControlZ, started in that order and
-// stopped in reverse on SIGTERM/SIGINT. The pod lookup is up before the installer puts the
-// plugin in place (else the first pods' lookups go to the API server), and reads the repair
-// controller's watch when that is a watch of exactly this node's pods: one watch per node.
+// The install-cni process: logging, the monitoring server, the plugin log server, the pod
+// watch(es), the repair controller, the plugin's pod lookup, the plugin's token, the installer and
+// ControlZ, started in that order and stopped in reverse on SIGTERM/SIGINT. The pod lookup is up
+// before the installer puts the plugin in place (else the first pods' lookups go to the API
+// server).
+//
+// The node's pod watch (spec.nodeName=NODE_NAME) is built here, once, before the components that
+// read it (pod lookup and repair; in-place repair and ambient next) and stopped after them: one
+// watch per node, whichever are on. A reader that needs other pods gets a watch of its own, here
+// too: repair with --repair-field-selectors/--repair-label-selectors or another --repair-node-name.
 
 import type { Component } from './component.ts';
 import type { Settings } from './config/settings.ts';
 import { startInstaller } from './install/index.ts';
 import { DEFAULT_POD_LOOKUP, startPodLookup } from './install/podlookup.ts';
-import type { PodSource } from './orch/podsource.ts';
+import { clientNodeApi } from './orch/api.ts';
+import { orchKubeConfig } from './orch/client.ts';
+import { nodePodSource, type PodSource } from './orch/podsource.ts';
 import { startPluginToken } from './install/tokenrequest.ts';
 import { startControlz } from './monitoring/ctrlz.ts';
 import { closeLogging, configureLogging, scope } from './monitoring/logging.ts';
 import { startPluginLogServer } from './monitoring/logserver.ts';
 import { startMonitoringServer, type Readiness } from './monitoring/server.ts';
-import { RepairController } from './repair/controller.ts';
-import { startRepair } from './repair/index.ts';
+import { repairPodSource, repairWatchesNode, startRepair } from './repair/index.ts';
+import { disabledComponent } from './component.ts';
 
 const log = scope('default');
 
@@ -35,9 +42,10 @@ export async function runAgent(settings: Settings): Promise<number> {
   const monitoring = await startMonitoringServer({ port: settings.monitoring.port, readiness });
   try {
     components.push(await startPluginLogServer(settings));
-    const repair = await startRepair(settings);
-    components.push(repair);
-    components.push(await startPodLookup(settings, DEFAULT_POD_LOOKUP, nodePodWatch(settings, repair)));
+    const watches = podWatches(settings);
+    components.push(...watches.components);
+    components.push(watches.repair ? startRepair(settings, watches.repair) : disabledComponent('repair'));
+    components.push(await startPodLookup(settings, DEFAULT_POD_LOOKUP, watches.node));
     // The orchconfig on the node's disk gets the plugin's own short-lived token, minted here;
     // the agent keeps using its own token, which never leaves this pod.
     const pluginToken = await startPluginToken(settings);
@@ -71,9 +79,34 @@ async function stopAll(components: readonly Component[], signal: NodeJS.Signals)
   }
 }
 
-/** The repair controller's watch, when it watches exactly the pods of this node. */
-function nodePodWatch(settings: Settings, repair: Component): PodSource | undefined {
-  if (!(repair instanceof RepairController) || settings.env.nodeName === '') return undefined;
-  const q = repair.query;
-  return q.fieldSelector === `spec.nodeName=${settings.env.nodeName}` && q.labelSelector === '' ? repair.podSource : undefined;
+interface PodWatches {
+  /** The node's pod watch, when a component reads it. */
+  readonly node: PodSource | undefined;
+  /** The watch repair reads (the node's, or its own), when repair is on. */
+  readonly repair: PodSource | undefined;
+  /** The watches as components, started. */
+  readonly components: readonly Component[];
+}
+
+/** The watches the parts that are on need: the node's once, another only for a reader of other pods. */
+function podWatches(settings: Settings): PodWatches {
+  const node = settings.env.nodeName;
+  const lookupReadsNode = settings.install.podLookupUdsAddress !== '' && node !== '';
+  const repairReadsNode = settings.repair.enabled && repairWatchesNode(settings);
+  // Its messages keep the scope they had before the watch was shared: repair's when repair reads it.
+  const nodeWatch =
+    lookupReadsNode || repairReadsNode
+      ? nodePodSource(clientNodeApi(orchKubeConfig(settings)), node, repairReadsNode ? 'repair' : 'install')
+      : undefined;
+  const repairWatch = !settings.repair.enabled ? undefined : repairReadsNode ? nodeWatch : repairPodSource(settings);
+  const components: Component[] = [];
+  if (nodeWatch) components.push(watchComponent('node-pod-watch', nodeWatch));
+  if (repairWatch && repairWatch !== nodeWatch) components.push(watchComponent('repair-pod-watch', repairWatch));
+  return { node: nodeWatch, repair: repairWatch, components };
+}
+
+/** A watch as a part of the agent: started now, stopped after its readers (components stop in reverse). */
+function watchComponent(name: string, source: PodSource): Component {
+  source.start();
+  return { name, notReadyReasons: () => [], status: () => source.status(), stop: () => source.stop() };
 }

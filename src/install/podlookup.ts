@@ -1,7 +1,8 @@
-// Pod lookups for the plugin, answered from this node's pod watch over a unix socket
-// (--pod-lookup-uds-address). Reading the pod from the API server costs the plugin a TLS set-up
-// and handshake (~30 ms) on every pod start; the agent already holds a warm watch of the pods
-// of its node, so it answers in about a millisecond. The plugin falls back to the API server
+// Pod lookups for the plugin, answered from this node's pod watch (built once by the agent's
+// wiring, src/agent.ts, and shared with repair) over a unix socket (--pod-lookup-uds-address).
+// Reading the pod from the API server costs the plugin a TLS set-up and handshake (~30 ms) on
+// every pod start; the agent already holds a warm watch of the pods of its node, so it answers
+// in about a millisecond. The plugin falls back to the API server
 // whenever this answer is not there (no socket, a miss, a timeout): never less safe, only faster.
 //
 // Wire format: cni-plugin/shared/podlookup.ts (one request line, one reply line, then closed).
@@ -29,10 +30,9 @@ import { LineSplitter } from '../monitoring/lines.ts';
 import { scope } from '../monitoring/logging.ts';
 import { registry } from '../monitoring/metrics.ts';
 import { listenUnix } from '../monitoring/unixsocket.ts';
-import { clientNodeApi, type OrchApi } from '../orch/api.ts';
+import { clientNodeApi } from '../orch/api.ts';
 import { orchKubeConfig } from '../orch/client.ts';
-import { realClock } from '../orch/limits.ts';
-import { PodSource, WATCH_DEFAULTS } from '../orch/podsource.ts';
+import { nodePodSource, type PodSource } from '../orch/podsource.ts';
 import { isPodWithUid } from '../../cni-plugin/shared/poduid.ts';
 import {
   POD_LOOKUP_MAX_REQUEST_BYTES as MAX_REQUEST_BYTES, type PodLookupReply, type PodLookupRequest,
@@ -72,16 +72,14 @@ function parseRequest(line: Buffer): Request | null {
   }
 }
 
-/** The watch of this node's pods, with lookups that can wait a moment for a pod to arrive. */
+/** Lookups in the watch of this node's pods that can wait a moment for a pod to arrive. */
 export class NodePods {
   readonly #source: PodSource;
-  readonly #ownsSource: boolean;
   readonly #waiters = new Set<{ req: Request; done: (pod: V1Pod) => void }>();
 
-  /** Reads `source`; stops it on stop() only if `owns` (else whoever runs it does). */
-  constructor(source: PodSource, owns: boolean) {
+  /** Reads `source`, which whoever built it starts and stops. */
+  constructor(source: PodSource) {
     this.#source = source;
-    this.#ownsSource = owns;
     // Lookups read the source's cache; the handler only wakes lookups waiting for a pod.
     source.addHandler({
       upsert: (pod) => {
@@ -91,31 +89,12 @@ export class NodePods {
     });
   }
 
-  /** A watch of its own on the pods of `nodeName`. */
-  static watching(api: OrchApi, nodeName: string): NodePods {
-    const source = new PodSource(api, null, {
-      ...WATCH_DEFAULTS,
-      query: { fieldSelector: `spec.nodeName=${nodeName}`, labelSelector: '' },
-      clock: realClock,
-      logScope: 'install',
-    });
-    return new NodePods(source, true);
-  }
-
-  start(): void {
-    if (this.#ownsSource) this.#source.start();
-  }
-
   get synced(): Promise<void> {
     return this.#source.synced;
   }
 
   status(): Record<string, unknown> {
-    return { ...this.#source.status(), sharedWatch: !this.#ownsSource, waiting: this.#waiters.size };
-  }
-
-  async stop(): Promise<void> {
-    if (this.#ownsSource) await this.#source.stop();
+    return { ...this.#source.status(), waiting: this.#waiters.size };
   }
 
   /**
@@ -149,10 +128,14 @@ function matches(pod: V1Pod, req: Request): boolean {
 }
 
 /**
- * Serves pod lookups. `shared`: a watch of exactly this node's pods already running in the agent
- * (the repair controller's, when it has no extra selectors), read instead of a second one.
+ * Serves pod lookups from `nodePods`, the node's pod watch the agent runs. Without one (a lookup
+ * on its own, as tests and benchmarks run it) it starts a node watch for itself and stops it after.
  */
-export async function startPodLookup(settings: Settings, options: Partial<PodLookupOptions> = {}, shared?: PodSource): Promise<Component> {
+export async function startPodLookup(
+  settings: Settings,
+  options: Partial<PodLookupOptions> = {},
+  nodePods?: PodSource,
+): Promise<Component> {
   const opts: PodLookupOptions = { ...DEFAULT_POD_LOOKUP, ...options };
   const address = settings.install.podLookupUdsAddress;
   const nodeName = settings.env.nodeName;
@@ -162,8 +145,9 @@ export async function startPodLookup(settings: Settings, options: Partial<PodLoo
     log.warn('NODE_NAME is not set: the plugin will read pods from the API server itself', { address });
     return disabledComponent('pod-lookup');
   }
-  const pods = shared ? new NodePods(shared, false) : NodePods.watching(clientNodeApi(orchKubeConfig(settings)), nodeName);
-  pods.start();
+  const own = nodePods ? undefined : nodePodSource(clientNodeApi(orchKubeConfig(settings)), nodeName, 'install');
+  own?.start();
+  const pods = new NodePods(nodePods ?? own!);
   const server = net.createServer((socket) => {
     socket.on('error', () => socket.destroy());
     // The plugin writes its request at once: a sender still not done at the deadline is cut,
@@ -215,7 +199,7 @@ export async function startPodLookup(settings: Settings, options: Partial<PodLoo
   } catch (e) {
     // A speed-up, not a duty: without it the plugin reads pods from the API server itself.
     log.error('cannot serve pod lookups; the plugin will read pods from the API server', { error: (e as Error).message });
-    await pods.stop();
+    await own?.stop();
     return { ...disabledComponent('pod-lookup'), status: () => ({ enabled: false, error: (e as Error).message }) };
   }
   log.info('serving pod lookups to the plugin', { path: address, node: nodeName });
@@ -225,7 +209,7 @@ export async function startPodLookup(settings: Settings, options: Partial<PodLoo
     status: () => ({ address, ...pods.status() }),
     stop: async () => {
       await close();
-      await pods.stop();
+      await own?.stop();
     },
   };
 }

@@ -1,5 +1,6 @@
-// Client-side limits on what the repair controller sends: jittered exponential backoff and a token
-// bucket (QPS + burst). Clock and randomness are injectable for tests.
+// Client-side limits on what the agent sends: jittered exponential backoff (the pod watch's
+// restarts, the work queue's retries) and a token bucket (QPS + burst; the work queue's rate).
+// Clock and randomness are injectable for tests.
 
 export interface Clock {
   now(): number;

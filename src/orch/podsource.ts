@@ -3,18 +3,24 @@
 // re-watch after a jittered exponential backoff; any HTTP or network error -> backoff and retry,
 // never a silent stop; a watch that sends nothing (no event, no bookmark) for too long is aborted
 // and restarted. The cache it keeps is what the repair controller's periodic resync re-checks
-// and what the pod lookup answers from.
+// and what the pod lookup answers from. The agent's wiring (src/agent.ts) builds the node's watch
+// once (nodePodSource) and hands it to every reader; it never belongs to one of them.
 
 import type { V1Pod } from '@kubernetes/client-node';
 import type { LogScope } from '../config/flags.ts';
 import { scope, type Logger } from '../monitoring/logging.ts';
 import type { PodQuery, OrchApi, WatchEventType } from './api.ts';
 import { ApiError, statusText, toApiError } from './errors.ts';
-import { Backoff, type BackoffOptions, type Clock } from './limits.ts';
+import { Backoff, realClock, type BackoffOptions, type Clock } from './limits.ts';
 
+/** One reader of a watch; each brings its own metrics through the optional hooks. */
 export interface PodHandler {
   upsert(pod: V1Pod): void;
   remove(pod: V1Pod): void;
+  /** The watch ended and is started again (after a backoff), for this reason. */
+  restarted?(reason: RestartReason): void;
+  /** The number of pods cached, after each change (and when the reader is added). */
+  cacheSize?(pods: number): void;
 }
 
 export interface PodSourceOptions {
@@ -29,10 +35,8 @@ export interface PodSourceOptions {
   readonly healthyAfterMs: number;
   readonly backoff: BackoffOptions;
   readonly clock: Clock;
-  /** Who watches (the repair controller, the plugin's pod lookup): its log scope and metrics. */
+  /** The log scope of the watch's own messages (its readers' metrics come by PodHandler). */
   readonly logScope: LogScope;
-  readonly onRestart?: (reason: RestartReason) => void;
-  readonly onCacheSize?: (pods: number) => void;
 }
 
 /**
@@ -93,6 +97,7 @@ export class PodSource {
   addHandler(handler: PodHandler): void {
     this.#handlers.push(handler);
     for (const p of this.#cache.values()) handler.upsert(p);
+    if (this.#lists > 0) handler.cacheSize?.(this.#cache.size);
   }
 
   async stop(): Promise<void> {
@@ -150,7 +155,7 @@ export class PodSource {
         rv = end.reason === 'expired' ? '' : this.#resourceVersion;
         if (end.healthy) backoff.reset();
         this.#restarts[end.reason]++;
-        this.#o.onRestart?.(end.reason);
+        for (const h of this.#handlers) h.restarted?.(end.reason);
         delay = backoff.next(end.error?.retryAfterMs);
         if (end.error) this.#lastError = end.error.message;
         const level = end.reason === 'closed' && end.healthy ? 'debug' : 'warn';
@@ -161,7 +166,7 @@ export class PodSource {
         // A list from a continue token that expired meanwhile starts over.
         if (err.code === 410) rv = '';
         this.#restarts.error++;
-        this.#o.onRestart?.('error');
+        for (const h of this.#handlers) h.restarted?.('error');
         this.#lastError = err.message;
         delay = backoff.next(err.retryAfterMs);
         this.#log.warn('cannot list pods; retrying', { error: err.message, retryInMs: Math.round(delay), attempt: backoff.attempt });
@@ -195,7 +200,7 @@ export class PodSource {
       this.#cache.set(k, p);
       for (const h of this.#handlers) h.upsert(p);
     }
-    this.#o.onCacheSize?.(this.#cache.size);
+    for (const h of this.#handlers) h.cacheSize?.(this.#cache.size);
     this.#resourceVersion = rv;
     this.#synced();
     this.#log.debug('listed pods', { count: seen.size, resourceVersion: rv });
@@ -249,7 +254,7 @@ export class PodSource {
           this.#cache.set(k, pod);
           for (const h of this.#handlers) h.upsert(pod);
         }
-        this.#o.onCacheSize?.(this.#cache.size);
+        for (const h of this.#handlers) h.cacheSize?.(this.#cache.size);
       };
       const done = (err: unknown) => {
         if (finished) return;
@@ -272,4 +277,14 @@ export class PodSource {
         .catch(done);
     });
   }
+}
+
+/** The pods of this node: what the kubelet of `nodeName` runs. */
+export function nodePodQuery(nodeName: string): PodQuery {
+  return { fieldSelector: `spec.nodeName=${nodeName}`, labelSelector: '' };
+}
+
+/** The node's pod watch (not started), with the default timing. */
+export function nodePodSource(api: OrchApi, nodeName: string, logScope: LogScope): PodSource {
+  return new PodSource(api, null, { ...WATCH_DEFAULTS, query: nodePodQuery(nodeName), clock: realClock, logScope });
 }

@@ -42,9 +42,22 @@ export interface WorkQueueOptions<K> {
   readonly maxAttempts: number;
   readonly clock?: Clock;
   /** A retry was scheduled: after `delayMs`, as attempt `attempt + 1`. */
-  readonly onRetry?: (key: K, info: { readonly attempt: number; readonly delayMs: number; readonly error?: unknown }) => void;
+  readonly onRetry?: (key: K, info: RetryInfo) => void;
   /** The reconcile asked for a retry that will not happen: attempts used up, or the queue is stopping. */
-  readonly onGiveUp?: (key: K, info: { readonly attempts: number; readonly why: 'max_attempts' | 'stopping'; readonly error?: unknown }) => void;
+  readonly onGiveUp?: (key: K, info: GiveUpInfo) => void;
+}
+
+export interface RetryInfo {
+  readonly attempt: number;
+  readonly delayMs: number;
+  /** What the reconcile threw, if it threw. */
+  readonly error?: unknown;
+}
+
+export interface GiveUpInfo {
+  readonly attempts: number;
+  readonly why: 'max_attempts' | 'stopping';
+  readonly error?: unknown;
 }
 
 export type DropReason = 'dropped' | 'max_attempts' | 'stopped';
@@ -65,7 +78,9 @@ const retries = new Counter({
 
 const drops = new Counter({
   name: 'mesh_cni_workqueue_drops_total',
-  help: 'Keys dropped unfinished, by queue and reason (dropped: the reconcile said no retry helps; max_attempts; stopped: the queue stopped first).',
+  help:
+    'Keys dropped unfinished, by queue and reason ' +
+    '(dropped: the reconcile said no retry helps; max_attempts; stopped: the queue stopped first).',
   labelNames: ['queue', 'reason'] as const,
   registers: [registry],
 });
@@ -101,7 +116,9 @@ export class WorkQueue<K> {
     this.#bucket = o.rate ? new TokenBucket(o.rate.qps, o.rate.burst, this.#clock) : undefined;
     depth.set({ queue: o.name }, 0);
     retries.inc({ queue: o.name }, 0);
-    for (const reason of ['dropped', 'max_attempts', 'stopped'] satisfies DropReason[]) drops.inc({ queue: o.name, reason }, 0);
+    for (const reason of ['dropped', 'max_attempts', 'stopped'] satisfies DropReason[]) {
+      drops.inc({ queue: o.name, reason }, 0);
+    }
   }
 
   /** Queues `key` unless it is queued or waiting for its retry already; true if it will run (again). */
@@ -209,7 +226,8 @@ export class WorkQueue<K> {
     let outcome: Outcome;
     let error: unknown;
     try {
-      outcome = await this.#o.reconcile(key, { attempt: e.attempt, signal: this.#abort.signal, beside: (w) => this.#track(w) });
+      const ctx: ReconcileContext = { attempt: e.attempt, signal: this.#abort.signal, beside: (w) => this.#track(w) };
+      outcome = await this.#o.reconcile(key, ctx);
     } catch (err) {
       outcome = 'retry';
       error = err;

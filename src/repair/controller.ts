@@ -1,14 +1,17 @@
-// The repair controller: pods from the PodSource are checked with detectBroken; each broken state
-// is acted on once (label, delete, both, or only reported), by at most `concurrency` workers
-// drawing from a token bucket, with bounded, backed-off retries.
+// The repair controller: the domain part of repair. Pods from the watch it is handed are checked
+// with detectBroken; each broken state is acted on once (label, delete, both, or only reported).
+// When, how often and how many at once is the work queue's job (src/orch/workqueue.ts, queue
+// `repair`): at most --repair-concurrency repairs at once, one token of the --repair-qps bucket
+// per attempt at one pod (its patch, delete and Event together, so --repair-qps is "pods per
+// second" and the request rate is at most three times that), bounded, backed-off retries.
 //
 // Both --repair-label-pods and --repair-delete-pods: label first, then delete; the Event saying
-// why is sent beside them (started before the delete). The label lands in the API server's audit log and on the final DELETED watch event, so
-// whoever looks later sees which pods mesh-cni removed and why; deleting first would lose that.
+// why is sent beside them (started before the delete). The label lands in the API server's audit
+// log and on the final DELETED watch event, so whoever looks later sees which pods mesh-cni
+// removed and why; deleting first would lose that.
 //
-// The rate limit counts pod repairs (one token per attempt at one pod: its patch, delete and
-// Event together), so --repair-qps is "pods per second" and the request rate is at most three
-// times that.
+// The watch is not the controller's: the agent's wiring hands it the node's pod watch, or one of
+// its own when --repair-field-selectors/--repair-label-selectors ask for other pods (src/agent.ts).
 
 import type { CoreV1Event, V1Pod } from '@kubernetes/client-node';
 import type { Component } from '../component.ts';
@@ -17,15 +20,16 @@ import { scope } from '../monitoring/logging.ts';
 import type { OrchApi, PodQuery } from '../orch/api.ts';
 import { toApiError, type ApiError } from '../orch/errors.ts';
 import { detectBroken, hasLabel } from './detect.ts';
-import { Backoff, TokenBucket, realClock, type Clock } from '../orch/limits.ts';
+import { realClock, type Clock } from '../orch/limits.ts';
 import { podsRepaired, podsSeenBroken, repairFailures, watchedPods, watchRestarts } from './metrics.ts';
-import { PodSource, WATCH_DEFAULTS } from '../orch/podsource.ts';
+import { WATCH_DEFAULTS, type PodSource } from '../orch/podsource.ts';
+import { WorkQueue, type Outcome, type ReconcileContext } from '../orch/workqueue.ts';
 import { escapeFieldValue } from '../config/selectors.ts';
 
 const log = scope('repair');
 
 export interface RepairTiming {
-  /** Backoff of the list/watch loop. */
+  /** Backoff of the list/watch loop (of a watch of repair's own). */
   readonly watchBackoffBaseMs: number;
   readonly watchBackoffMaxMs: number;
   /** Backoff between attempts at one pod. */
@@ -43,7 +47,7 @@ export interface RepairTiming {
   readonly stopGraceMs: number;
 }
 
-// The watch's own values are the pod source's defaults (WATCH_DEFAULTS, shared with the pod lookup).
+// The watch's own values are the pod source's defaults (WATCH_DEFAULTS, as the node's pod watch).
 export const DEFAULT_TIMING: RepairTiming = {
   watchBackoffBaseMs: WATCH_DEFAULTS.backoff.baseMs,
   watchBackoffMaxMs: WATCH_DEFAULTS.backoff.maxMs,
@@ -64,23 +68,28 @@ export type RepairMode = 'label' | 'delete' | 'label+delete' | 'report';
 export interface RepairControllerOptions {
   readonly settings: RepairSettings;
   readonly api: OrchApi;
+  /** The watch of the pods to look at; started and stopped by whoever built it. */
+  readonly pods: PodSource;
   /** Names this agent in Events (source.host, reportingInstance). */
   readonly reporter: { readonly host: string; readonly instance: string };
   readonly timing?: Partial<RepairTiming>;
   readonly clock?: Clock;
 }
 
-type Phase = 'queued' | 'running' | 'done' | 'failed';
-
-interface PodRecord {
+/** What repair knows of one broken pod (by uid); whether it is queued or running is the queue's. */
+interface BrokenPod {
   stateKey: string;
   why: string;
-  phase: Phase;
   /** The newest copy of the pod seen. */
   pod: V1Pod;
   labelled: boolean;
   evented: boolean;
-  removed: boolean;
+  /** Nothing more to do for this broken state (repaired, gone, or report only). */
+  done: boolean;
+  /** Gone from the watch while its repair was under way: forgotten once that ends. */
+  gone: boolean;
+  /** The last failed step, for the give-up message. */
+  lastError: StepError | undefined;
 }
 
 class StepError extends Error {
@@ -115,21 +124,13 @@ export class RepairController implements Component {
   readonly query: PodQuery;
   readonly #s: RepairSettings;
   readonly #api: OrchApi;
+  readonly #pods: PodSource;
   readonly #reporter: RepairControllerOptions['reporter'];
   readonly #t: RepairTiming;
-  readonly #clock: Clock;
   readonly #mode: RepairMode;
-  readonly #source: PodSource;
-  readonly #bucket: TokenBucket;
-  readonly #records = new Map<string, PodRecord>();
-  readonly #queue: string[] = [];
-  readonly #running = new Set<Promise<void>>();
-  /** Events being recorded; they run beside the repair, not inside its concurrency slot. */
-  readonly #events = new Set<Promise<void>>();
-  /** Soft stop: no new repairs, no more retries. */
-  readonly #stopping = new AbortController();
-  /** Hard stop: in-flight requests are cancelled (after the grace period). */
-  readonly #abort = new AbortController();
+  readonly #queue: WorkQueue<string>;
+  readonly #records = new Map<string, BrokenPod>();
+  #stopping = false;
   #resyncTimer: NodeJS.Timeout | undefined;
   #eventSeq = 0;
   readonly #counts = { seenBroken: 0, labelled: 0, deleted: 0, reported: 0, alreadyDone: 0, replaced: 0, failedAttempts: 0, gaveUp: 0, resyncs: 0 };
@@ -138,47 +139,47 @@ export class RepairController implements Component {
     this.#s = o.settings;
     this.query = podQuery(o.settings);
     this.#api = o.api;
+    this.#pods = o.pods;
     this.#reporter = o.reporter;
     this.#t = { ...DEFAULT_TIMING, ...o.timing };
-    this.#clock = o.clock ?? realClock;
     this.#mode = repairMode(o.settings);
-    this.#bucket = new TokenBucket(o.settings.qps, o.settings.burst, this.#clock);
-    this.#source = new PodSource(
-      o.api,
-      { upsert: (p) => this.#consider(p, false), remove: (p) => this.#forget(p) },
-      {
-        query: this.query,
-        pageSize: this.#t.pageSize,
-        requestTimeoutMs: this.#t.requestTimeoutMs,
-        watchTimeoutSeconds: this.#t.watchTimeoutSeconds,
-        silenceTimeoutMs: this.#t.silenceTimeoutMs,
-        healthyAfterMs: this.#t.healthyWatchMs,
-        backoff: { baseMs: this.#t.watchBackoffBaseMs, maxMs: this.#t.watchBackoffMaxMs },
-        clock: this.#clock,
-        logScope: 'repair',
-        onRestart: (reason) => watchRestarts.inc({ reason }),
-        onCacheSize: (n) => watchedPods.set(n),
+    this.#queue = new WorkQueue<string>({
+      name: 'repair',
+      reconcile: (uid, ctx) => this.#reconcile(uid, ctx),
+      concurrency: o.settings.concurrency,
+      rate: { qps: o.settings.qps, burst: o.settings.burst },
+      backoff: { baseMs: this.#t.actionBackoffBaseMs, maxMs: this.#t.actionBackoffMaxMs },
+      maxAttempts: this.#t.maxAttempts,
+      clock: o.clock ?? realClock,
+      onRetry: (uid, { attempt, delayMs }) => {
+        const rec = this.#records.get(uid);
+        if (!rec) return;
+        const error = rec.lastError?.cause.message;
+        const retryInMs = Math.round(delayMs);
+        log.warn('repair attempt failed; retrying', { ...fields(rec.pod), step: rec.lastError?.step, attempt, retryInMs, error });
       },
-    );
+      onGiveUp: (uid, { attempts }) => this.#giveUp(uid, attempts),
+    });
   }
 
   get mode(): RepairMode {
     return this.#mode;
   }
 
-  /** The watch of the pods repair looks at, for others who need the same pods. */
-  get podSource(): PodSource {
-    return this.#source;
-  }
-
-  /** Resolves after the first full list (tests and the benchmark wait on it). */
+  /** Resolves after the watch's first full list (tests and the benchmark wait on it). */
   get synced(): Promise<void> {
-    return this.#source.synced;
+    return this.#pods.synced;
   }
 
   start(): void {
     log.info('repair controller starting', { mode: this.#mode, fieldSelector: this.query.fieldSelector, labelSelector: this.query.labelSelector, qps: this.#s.qps, burst: this.#s.burst, concurrency: this.#s.concurrency });
-    this.#source.start();
+    // The pods already listed come at once; the watch's metrics are repair's as before it was shared.
+    this.#pods.addHandler({
+      upsert: (p) => this.#consider(p, false),
+      remove: (p) => this.#forget(p),
+      restarted: (reason) => watchRestarts.inc({ reason }),
+      cacheSize: (n) => watchedPods.set(n),
+    });
     const resync = () => {
       this.#resync();
       this.#resyncTimer = setTimeout(resync, this.#t.resyncIntervalMs);
@@ -193,69 +194,78 @@ export class RepairController implements Component {
   }
 
   status(): Record<string, unknown> {
+    const q = this.#queue.status();
     return {
       enabled: true,
       mode: this.#mode,
       query: this.query,
-      watch: this.#source.status(),
+      watch: this.#pods.status(),
       counts: { ...this.#counts },
-      queued: this.#queue.length,
-      inFlight: this.#running.size,
+      queued: q.queued,
+      inFlight: q.inFlight + q.waiting,
     };
   }
 
   async stop(_signal: NodeJS.Signals = 'SIGTERM'): Promise<void> {
-    if (this.#stopping.signal.aborted) return;
-    this.#stopping.abort(new Error('repair controller stopping'));
+    if (this.#stopping) return;
+    this.#stopping = true;
     clearTimeout(this.#resyncTimer);
-    await this.#source.stop();
-    // Let repairs already under way finish their current attempt (label, event, delete), so no
-    // pod is left half-done; cancel them only if the API server does not answer in time.
-    const grace = setTimeout(() => this.#abort.abort(new Error('repair controller stopped')), this.#t.stopGraceMs);
-    await Promise.allSettled([...this.#running]);
-    await Promise.allSettled([...this.#events]);
-    clearTimeout(grace);
-    log.info('repair controller stopped', { ...this.#counts, notStarted: this.#queue.length });
+    // Repairs already under way finish their current attempt (label, event, delete), so no pod
+    // is left half-done; they are cancelled only if the API server does not answer in time.
+    const { notStarted } = await this.#queue.stop(this.#t.stopGraceMs);
+    log.info('repair controller stopped', { ...this.#counts, notStarted });
   }
 
   #resync(): void {
     this.#counts.resyncs++;
-    for (const p of this.#source.pods()) this.#consider(p, true);
+    for (const p of this.#pods.pods()) this.#consider(p, true);
   }
 
   #consider(pod: V1Pod, resync: boolean): void {
+    // The watch outlives the controller (others read it): nothing new once stopping.
+    if (this.#stopping) return;
     const uid = pod.metadata?.uid;
     if (!uid) return;
     const broken = detectBroken(pod, this.#s);
     const rec = this.#records.get(uid);
     if (rec) rec.pod = pod;
     if (!broken) return;
-    if (rec && (rec.phase === 'queued' || rec.phase === 'running')) return;
-    if (rec && rec.stateKey === broken.stateKey && (rec.phase === 'done' || !resync)) return;
-    const fields = { pod: `${pod.metadata?.namespace}/${pod.metadata?.name}`, uid, why: broken.why };
+    if (this.#queue.has(uid)) return;
+    // The same broken state again: done, or given up until a resync retries it.
+    if (rec && rec.stateKey === broken.stateKey && (rec.done || !resync)) return;
+    const f = { ...fields(pod), why: broken.why };
     if (!rec || rec.stateKey !== broken.stateKey) {
       this.#counts.seenBroken++;
       podsSeenBroken.inc();
     }
     // A retry of the same state (resync after giving up) keeps what was already done.
     const same = rec?.stateKey === broken.stateKey;
-    const next: PodRecord = { stateKey: broken.stateKey, why: broken.why, phase: 'queued', pod, labelled: same && rec.labelled, evented: same && rec.evented, removed: false };
+    const next: BrokenPod = {
+      stateKey: broken.stateKey,
+      why: broken.why,
+      pod,
+      labelled: same && rec.labelled,
+      evented: same && rec.evented,
+      done: false,
+      gone: false,
+      lastError: undefined,
+    };
     this.#records.set(uid, next);
     if (this.#mode === 'report') {
-      next.phase = 'done';
+      next.done = true;
       this.#counts.reported++;
-      log.warn('pod broken by the start-up race (report only: --repair-label-pods and --repair-delete-pods are off)', fields);
+      log.warn('pod broken by the start-up race (report only: --repair-label-pods and --repair-delete-pods are off)', f);
       return;
     }
     if (this.#mode === 'label' && hasLabel(pod, this.#s.labelKey, this.#s.labelValue)) {
-      next.phase = 'done';
+      next.done = true;
       this.#counts.alreadyDone++;
-      log.debug('broken pod already labelled', fields);
+      log.debug('broken pod already labelled', f);
       return;
     }
-    log.info(resync && rec?.phase === 'failed' ? 'retrying repair of broken pod (resync)' : 'pod broken by the start-up race; repairing', { ...fields, mode: this.#mode });
-    this.#queue.push(uid);
-    this.#pump();
+    const retrying = resync && rec !== undefined && !rec.done;
+    log.info(retrying ? 'retrying repair of broken pod (resync)' : 'pod broken by the start-up race; repairing', { ...f, mode: this.#mode });
+    this.#queue.add(uid);
   }
 
   #forget(pod: V1Pod): void {
@@ -263,70 +273,51 @@ export class RepairController implements Component {
     if (!uid) return;
     const rec = this.#records.get(uid);
     if (!rec) return;
-    // A queued repair of a pod that is gone needs no request; a running one finishes on its own.
-    if (rec.phase === 'running') rec.removed = true;
+    // A repair not started yet of a pod that is gone needs no request; one under way finishes on
+    // its own (its next request finds the pod gone or replaced).
+    if (this.#queue.has(uid) && !this.#queue.remove(uid)) rec.gone = true;
     else this.#records.delete(uid);
   }
 
-  #pump(): void {
-    while (!this.#stopping.signal.aborted && this.#running.size < this.#s.concurrency && this.#queue.length > 0) {
-      const uid = this.#queue.shift()!;
-      const rec = this.#records.get(uid);
-      if (!rec || rec.phase !== 'queued') continue;
-      rec.phase = 'running';
-      const job: Promise<void> = this.#work(rec).finally(() => {
-        this.#running.delete(job);
-        if (rec.removed) this.#records.delete(uid);
-        this.#pump();
-      });
-      this.#running.add(job);
+  /** One attempt at one pod, for the queue. */
+  async #reconcile(uid: string, ctx: ReconcileContext): Promise<Outcome> {
+    const rec = this.#records.get(uid);
+    if (!rec || rec.done) return 'done';
+    try {
+      await this.#repairOnce(rec, ctx);
+      rec.done = true;
+      if (rec.gone) this.#records.delete(uid);
+      return 'done';
+    } catch (e) {
+      const err = e instanceof StepError ? e : new StepError('label', toApiError('repairing', e));
+      rec.lastError = err;
+      this.#counts.failedAttempts++;
+      repairFailures.inc({ type: err.step, reason: err.cause.reason });
+      // A client error other than 429 (403: RBAC, 422: invalid) will not change by retrying now.
+      if (err.cause.reason === 'client_error') {
+        this.#giveUp(uid, ctx.attempt);
+        return 'drop';
+      }
+      return err.cause.retryAfterMs === undefined ? 'retry' : { retryAfterMs: err.cause.retryAfterMs };
     }
   }
 
-  async #work(rec: PodRecord): Promise<void> {
-    const backoff = new Backoff({ baseMs: this.#t.actionBackoffBaseMs, maxMs: this.#t.actionBackoffMaxMs });
-    const fields = () => ({ pod: `${rec.pod.metadata?.namespace}/${rec.pod.metadata?.name}`, uid: rec.pod.metadata?.uid });
-    for (let attempt = 1; ; attempt++) {
-      try {
-        await this.#bucket.take(this.#stopping.signal);
-      } catch {
-        rec.phase = 'failed';
-        return;
-      }
-      try {
-        await this.#repairOnce(rec);
-        rec.phase = 'done';
-        return;
-      } catch (e) {
-        const err = e instanceof StepError ? e : new StepError('label', toApiError('repairing', e));
-        this.#counts.failedAttempts++;
-        repairFailures.inc({ type: err.step, reason: err.cause.reason });
-        // A client error other than 429 (403: RBAC, 422: invalid) will not change by retrying now.
-        const retryable = err.cause.reason !== 'client_error';
-        if (!retryable || attempt >= this.#t.maxAttempts || this.#stopping.signal.aborted) {
-          rec.phase = 'failed';
-          this.#counts.gaveUp++;
-          repairFailures.inc({ type: err.step, reason: 'gave_up' });
-          log.error('cannot repair broken pod; giving up until the next resync', { ...fields(), step: err.step, attempts: attempt, error: err.cause.message });
-          return;
-        }
-        const delay = backoff.next(err.cause.retryAfterMs);
-        log.warn('repair attempt failed; retrying', { ...fields(), step: err.step, attempt, retryInMs: Math.round(delay), error: err.cause.message });
-        try {
-          await this.#clock.sleep(delay, this.#stopping.signal);
-        } catch {
-          rec.phase = 'failed';
-          return;
-        }
-      }
-    }
+  #giveUp(uid: string, attempts: number): void {
+    const rec = this.#records.get(uid);
+    if (!rec) return;
+    const step = rec.lastError?.step ?? 'label';
+    this.#counts.gaveUp++;
+    repairFailures.inc({ type: step, reason: 'gave_up' });
+    const error = rec.lastError?.cause.message;
+    log.error('cannot repair broken pod; giving up until the next resync', { ...fields(rec.pod), step, attempts, error });
+    if (rec.gone) this.#records.delete(uid);
   }
 
   /** One attempt: the steps not done yet, in order label -> event -> delete. */
-  async #repairOnce(rec: PodRecord): Promise<void> {
+  async #repairOnce(rec: BrokenPod, ctx: ReconcileContext): Promise<void> {
     const pod = rec.pod;
-    const signal = () => AbortSignal.any([this.#abort.signal, AbortSignal.timeout(this.#t.requestTimeoutMs)]);
-    const fields = { pod: `${pod.metadata?.namespace}/${pod.metadata?.name}`, uid: pod.metadata?.uid };
+    const signal = () => AbortSignal.any([ctx.signal, AbortSignal.timeout(this.#t.requestTimeoutMs)]);
+    const f = fields(pod);
     const labelling = this.#mode === 'label' || this.#mode === 'label+delete';
     const deleting = this.#mode === 'delete' || this.#mode === 'label+delete';
     if (labelling && !rec.labelled) {
@@ -337,41 +328,39 @@ export class RepairController implements Component {
           await this.#api.labelPod(pod, this.#s.labelKey, this.#s.labelValue, signal());
         } catch (e) {
           const err = toApiError('labelling', e);
-          if (this.#gone(err, fields)) return;
+          if (this.#gone(err, f)) return;
           throw new StepError('label', err);
         }
         rec.labelled = true;
         this.#counts.labelled++;
         podsRepaired.inc({ type: 'label' });
-        log.info('labelled broken pod', { ...fields, label: `${this.#s.labelKey}=${this.#s.labelValue}` });
+        log.info('labelled broken pod', { ...f, label: `${this.#s.labelKey}=${this.#s.labelValue}` });
       }
     }
     if (!rec.evented) {
       // Best effort, one try, sent beside the repair: a slow or lost Event must not hold back
       // the repair itself nor take a concurrency slot from the next broken pod.
       rec.evented = true;
-      const sent = this.#api.createEvent(pod.metadata!.namespace!, this.#event(pod, rec.why, deleting), signal()).then(
+      ctx.beside(this.#api.createEvent(pod.metadata!.namespace!, this.#event(pod, rec.why, deleting), signal()).then(
         () => {},
         (e: unknown) => {
           const err = toApiError('recording event', e);
           repairFailures.inc({ type: 'event', reason: err.reason });
-          log.warn('cannot record the repair Event on the pod', { ...fields, error: err.message });
+          log.warn('cannot record the repair Event on the pod', { ...f, error: err.message });
         },
-      );
-      this.#events.add(sent);
-      void sent.finally(() => this.#events.delete(sent));
+      ));
     }
     if (deleting) {
       try {
         await this.#api.deletePod(pod, signal());
       } catch (e) {
         const err = toApiError('deleting', e);
-        if (this.#gone(err, fields)) return;
+        if (this.#gone(err, f)) return;
         throw new StepError('delete', err);
       }
       this.#counts.deleted++;
       podsRepaired.inc({ type: 'delete' });
-      log.info('deleted broken pod so that it is recreated with traffic redirection', fields);
+      log.info('deleted broken pod so that it is recreated with traffic redirection', f);
     }
   }
 
@@ -416,4 +405,8 @@ export class RepairController implements Component {
       count: 1,
     };
   }
+}
+
+function fields(pod: V1Pod): { pod: string; uid: string | undefined } {
+  return { pod: `${pod.metadata?.namespace}/${pod.metadata?.name}`, uid: pod.metadata?.uid };
 }

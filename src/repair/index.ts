@@ -1,18 +1,45 @@
 // The repair controller (issue 5): finds pods that started before mesh-cni was in place on their
 // node (their validation init container exited 126) and labels or deletes them, as the
 // --repair-* flags say. See controller.ts for the order of actions and the rate limit.
+//
+// The pods come from a watch the agent's wiring hands in (src/agent.ts): the node's pod watch,
+// shared with the pod lookup, or repairPodSource's when repair asks for other pods than the node's.
 
 import type { Settings } from '../config/settings.ts';
-import { disabledComponent, type Component } from '../component.ts';
 import { orchKubeConfig } from '../orch/client.ts';
 import { clientNodeApi } from '../orch/api.ts';
-import { RepairController, type RepairTiming } from './controller.ts';
+import { realClock } from '../orch/limits.ts';
+import { PodSource } from '../orch/podsource.ts';
+import { DEFAULT_TIMING, podQuery, RepairController, type RepairTiming } from './controller.ts';
 import { scope } from '../monitoring/logging.ts';
 
 const log = scope('repair');
 
-export async function startRepair(settings: Settings, timing?: Partial<RepairTiming>): Promise<Component> {
-  if (!settings.repair.enabled) return disabledComponent('repair');
+/** Repair watches exactly the pods of this node (so it can read the node's pod watch). */
+export function repairWatchesNode(settings: Settings): boolean {
+  const r = settings.repair;
+  const node = settings.env.nodeName;
+  return node !== '' && r.nodeName === node && r.fieldSelectors === '' && r.labelSelectors === '';
+}
+
+/** A watch of repair's own (not started): --repair-node-name and the operator's selectors. */
+export function repairPodSource(settings: Settings, timing?: Partial<RepairTiming>): PodSource {
+  const t = { ...DEFAULT_TIMING, ...timing };
+  return new PodSource(clientNodeApi(orchKubeConfig(settings)), null, {
+    query: podQuery(settings.repair),
+    pageSize: t.pageSize,
+    requestTimeoutMs: t.requestTimeoutMs,
+    watchTimeoutSeconds: t.watchTimeoutSeconds,
+    silenceTimeoutMs: t.silenceTimeoutMs,
+    healthyAfterMs: t.healthyWatchMs,
+    backoff: { baseMs: t.watchBackoffBaseMs, maxMs: t.watchBackoffMaxMs },
+    clock: realClock,
+    logScope: 'repair',
+  });
+}
+
+/** Starts repair on `pods` (repair.enabled must be set); whoever built the watch runs it. */
+export function startRepair(settings: Settings, pods: PodSource, timing?: Partial<RepairTiming>): RepairController {
   if (settings.repair.nodeName === '') {
     // The seed's default, but on a DaemonSet it means every agent repairs every pod.
     log.warn('repairing pods of ALL nodes: neither --repair-node-name nor NODE_NAME is set; every agent that runs like this watches and acts on every pod of the cluster');
@@ -20,9 +47,11 @@ export async function startRepair(settings: Settings, timing?: Partial<RepairTim
   const controller = new RepairController({
     settings: settings.repair,
     api: clientNodeApi(orchKubeConfig(settings)),
+    pods,
     reporter: { host: settings.env.nodeName || settings.repair.nodeName, instance: settings.env.podName || 'mesh-cni' },
     ...(timing ? { timing } : {}),
   });
   controller.start();
   return controller;
 }
+

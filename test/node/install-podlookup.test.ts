@@ -200,28 +200,56 @@ describe('mesh-cni ADD with the agent answering the pod lookup', () => {
   });
 });
 
+// The agent builds the node's pod watch once and hands it to every reader (src/agent.ts): a node
+// runs one list/watch of its pods whichever of pod lookup and repair are on, and a second only
+// when repair asks for other pods (its own selectors).
 describe('one watch of the node pods per agent', () => {
   const cleanups: (() => Promise<unknown>)[] = [];
   after(async () => {
     for (const c of cleanups.reverse()) await c().catch(() => {});
   });
 
-  async function agentWith(repairFlags: Record<string, string>): Promise<{ api: TestApiServer; socket: string; agent: ReturnType<typeof spawnAgent> }> {
+  async function agentWith(flags: Record<string, string>) {
     const api = await startTestApiServer();
     cleanups.push(() => api.close());
     api.upsertPod(onNode('shop', 'cart-1', 'node-1'));
     const tree = await makeHostTree({ token: api.token, ca: api.caPem });
     cleanups.push(() => tree.remove());
-    const agent = spawnAgent(tree, { 'repair-enabled': 'true', 'repair-label-pods': 'true', ...repairFlags }, { KUBERNETES_SERVICE_HOST: api.host, KUBERNETES_SERVICE_PORT: String(api.port), NODE_NAME: 'node-1' });
+    const agent = spawnAgent(tree, flags, { KUBERNETES_SERVICE_HOST: api.host, KUBERNETES_SERVICE_PORT: String(api.port), NODE_NAME: 'node-1' });
     cleanups.push(() => agent.stop('SIGKILL'));
-    await agent.waitForLog((r) => r.msg === 'serving pod lookups to the plugin', 'the pod lookup');
-    return { api, socket: tree.flags['pod-lookup-uds-address']!, agent };
+    const started = await agent.waitForLog((r) => r.msg === 'install-cni started', 'the agent started', 20_000);
+    return { api, socket: tree.flags['pod-lookup-uds-address']!, agent, components: started.components as string[] };
   }
 
-  /**
-   * shop/cart-1 from the agent, asked until it is a hit: the lookup is served before the shared
-   * watch has listed, and answers a miss ("listing") until then (a slow list under load).
-   */
+  /** The list and watch requests for pods, by the selectors they asked for. */
+  function podRequests(api: TestApiServer): Map<string, { lists: number; watches: number }> {
+    const by = new Map<string, { lists: number; watches: number }>();
+    for (const q of api.requests.filter((r) => r.method === 'GET' && r.path === '/api/v1/pods')) {
+      const p = new URLSearchParams(q.query);
+      const key = `fields=${p.get('fieldSelector') ?? ''} labels=${p.get('labelSelector') ?? ''}`;
+      const n = by.get(key) ?? { lists: 0, watches: 0 };
+      if (p.get('watch') === 'true') n.watches++;
+      else n.lists++;
+      by.set(key, n);
+    }
+    return by;
+  }
+
+  /** Waits for `n` open watches, then checks that each watch of pods made one list and one watch request at most. */
+  async function expectWatches(api: TestApiServer, n: number): Promise<string[]> {
+    await eventually(() => api.openWatches() >= n, `${n} pod watch(es)`, 15_000);
+    // Long enough for a second reader's watch to show up, if there were one.
+    await new Promise((r) => setTimeout(r, 500));
+    assert.equal(api.openWatches(), n, 'open watches');
+    const by = podRequests(api);
+    assert.equal(by.size, n, `pod list/watch requests by selectors: ${JSON.stringify([...by])}`);
+    for (const [sel, c] of by) {
+      assert.ok(c.watches === 1 && c.lists <= 1, `${sel}: one list (or a watch-list) and one watch, not one per reader: ${JSON.stringify(c)}`);
+    }
+    return [...by.keys()];
+  }
+
+  /** shop/cart-1 from the agent, asked until it is a hit (the lookup may be served before the watch has listed). */
   async function cartFromAgent(api: TestApiServer, socket: string) {
     let last: Awaited<ReturnType<typeof podFromAgent>> | undefined;
     const ref = { namespace: 'shop', name: 'cart-1', uid: api.getPod('shop', 'cart-1')!.metadata!.uid! };
@@ -229,20 +257,28 @@ describe('one watch of the node pods per agent', () => {
     return last!;
   }
 
-  it('reads the repair controller\'s watch when it watches exactly this node', async () => {
-    const { api, socket } = await agentWith({});
-    const r = await cartFromAgent(api, socket);
-    assert.ok('pod' in r, JSON.stringify(r));
-    await eventually(() => api.openWatches() >= 1, 'a watch');
-    assert.equal(api.openWatches(), 1);
-    assert.equal(api.requests.filter((q) => q.method === 'GET' && q.path === '/api/v1/pods' && !q.query.includes('watch=true')).length, 1, 'one list');
-  });
-
-  it('keeps a watch of its own when repair watches a narrower set', async () => {
-    const { api, socket } = await agentWith({ 'repair-label-selectors': 'app=web' });
-    assert.ok('pod' in (await cartFromAgent(api, socket)));
-    await eventually(() => api.openWatches() === 2, 'two watches');
-  });
+  const node = 'fields=spec.nodeName=node-1 labels=';
+  const table: { name: string; flags: Record<string, string>; lookup: boolean; watches: string[]; components: string[] }[] = [
+    { name: 'pod lookup and repair read the one node watch', flags: { 'repair-enabled': 'true', 'repair-label-pods': 'true' }, lookup: true, watches: [node], components: ['node-pod-watch', 'repair', 'pod-lookup'] },
+    { name: 'pod lookup alone', flags: {}, lookup: true, watches: [node], components: ['node-pod-watch', 'repair', 'pod-lookup'] },
+    { name: 'repair alone', flags: { 'repair-enabled': 'true', 'repair-label-pods': 'true', 'pod-lookup-uds-address': '' }, lookup: false, watches: [node], components: ['node-pod-watch', 'repair', 'pod-lookup'] },
+    {
+      name: 'repair with selectors of its own gets a second watch, the lookup keeps the node\'s',
+      flags: { 'repair-enabled': 'true', 'repair-label-pods': 'true', 'repair-label-selectors': 'app=web' },
+      lookup: true,
+      watches: [node, 'fields=spec.nodeName=node-1 labels=app=web'],
+      components: ['node-pod-watch', 'repair-pod-watch', 'repair', 'pod-lookup'],
+    },
+  ];
+  for (const c of table) {
+    it(c.name, async () => {
+      const { api, socket, components } = await agentWith(c.flags);
+      if (c.lookup) assert.ok('pod' in (await cartFromAgent(api, socket)));
+      assert.deepEqual((await expectWatches(api, c.watches.length)).sort(), [...c.watches].sort());
+      // The watches start before their readers (and so stop after them: components stop in reverse).
+      assert.deepEqual(components.filter((n) => c.components.includes(n)), c.components, JSON.stringify(components));
+    });
+  }
 });
 
 // SPEC §7: a cached answer may never lead to fewer rules than the API server's current pod. A

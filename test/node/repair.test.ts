@@ -13,7 +13,8 @@ import { buildSettings, type RawFlags } from '../../src/config/settings.ts';
 import { configureLogging } from '../../src/monitoring/logging.ts';
 import { registry } from '../../src/monitoring/metrics.ts';
 import type { RepairController, RepairTiming } from '../../src/repair/controller.ts';
-import { startRepair } from '../../src/repair/index.ts';
+import { repairPodSource, startRepair } from '../../src/repair/index.ts';
+import type { Settings } from '../../src/config/settings.ts';
 import { ROOT } from '../helpers/cli.ts';
 import { apiRequest, startTestApiServer, type TestApiServer } from '../helpers/apiserver.ts';
 import { waitFor as pollFor } from '../helpers/poll.ts';
@@ -56,7 +57,18 @@ async function metric(name: string, labels: Record<string, string> = {}): Promis
 describe('repair controller end to end', () => {
   let dir: string;
   let s: TestApiServer;
-  const running: RepairController[] = [];
+  /** Controllers and the watches they read, stopped in reverse: each controller before its watch. */
+  const running: { stop(signal: NodeJS.Signals): Promise<void> }[] = [];
+
+  /** Repair on a watch of its own, as the agent runs it (the watch started first, stopped last). */
+  function launch(settings: Settings, timing: Partial<RepairTiming>): RepairController {
+    const pods = repairPodSource(settings, timing);
+    pods.start();
+    running.push({ stop: () => pods.stop() });
+    const c = startRepair(settings, pods, timing);
+    running.push(c);
+    return c;
+  }
 
   before(async () => {
     dir = await mkdtemp(path.join(os.tmpdir(), 'mcni-repair-'));
@@ -66,15 +78,14 @@ describe('repair controller end to end', () => {
     await rm(dir, { recursive: true, force: true });
   });
   afterEach(async () => {
-    for (const c of running.splice(0)) await c.stop('SIGTERM');
+    for (const c of running.splice(0).reverse()) await c.stop('SIGTERM');
     await s?.close();
   });
 
   async function start(flags: RawFlags, timing: Partial<RepairTiming> = FAST, token?: string): Promise<RepairController> {
     const kc = s.writeOrchconfig(path.join(dir, `kc-${Date.now()}-${Math.random()}.json`), { token });
     const settings = buildSettings({ 'repair-enabled': true, 'repair-node-name': 'node-a', orchconfig: kc, ...flags }, { NODE_NAME: 'node-a', POD_NAME: 'mesh-cni-test' });
-    const c = (await startRepair(settings, timing)) as RepairController;
-    running.push(c);
+    const c = launch(settings, timing);
     let timer: NodeJS.Timeout | undefined;
     const timeout = new Promise<never>((_, reject) => (timer = setTimeout(() => reject(new Error('controller never listed pods')), 10_000)));
     await Promise.race([c.synced, timeout]).finally(() => clearTimeout(timer));
@@ -102,8 +113,9 @@ describe('repair controller end to end', () => {
     await waitFor('late pod labelled', () => labelled('late-0'));
     // More updates of the same broken state, a closed watch and a resync change nothing.
     s.upsertPod({ ...s.getPod('default', 'web-0')!, metadata: { ...s.getPod('default', 'web-0')!.metadata, annotations: { 'sidecar.mesh.io/status': 'x', touched: '1' } } });
+    const watchesBefore = count(s, 'GET', /\/api\/v1\/pods$/);
     s.closeWatches();
-    await waitFor('a new watch', () => count(s, 'GET', /\/api\/v1\/pods$/) >= 3);
+    await waitFor('a new watch', () => count(s, 'GET', /\/api\/v1\/pods$/) > watchesBefore);
     await sleep(300);
     assert.equal(count(s, 'PATCH', /\/pods\/[^/]+\/status$/), 5 + 1, 'one label patch per broken pod, on the status subresource (+ the kubelet\'s above)');
     for (const n of ['elsewhere-0', 'healthy-0', 'plain-0']) {
@@ -265,8 +277,7 @@ describe('repair controller end to end', () => {
     const t0 = Date.now();
     const kc = s.writeOrchconfig(path.join(dir, 'storm.json'));
     const settings = buildSettings({ 'repair-enabled': true, 'repair-label-pods': true, 'repair-node-name': 'node-a', orchconfig: kc }, {});
-    const c = (await startRepair(settings, { ...FAST, watchBackoffBaseMs: 100, watchBackoffMaxMs: 1000 })) as RepairController;
-    running.push(c);
+    launch(settings, { ...FAST, watchBackoffBaseMs: 100, watchBackoffMaxMs: 1000 });
     await sleep(3000);
     const lists = count(s, 'GET', /^\/api\/v1\/pods$/, t0);
     // 100, 200, 400, 800, 1000 ms (+-50%): about 6 tries in 3 s; a hot loop would make hundreds.
