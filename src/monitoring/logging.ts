@@ -253,24 +253,24 @@ function write(name: LogScope, level: EmitLevel, msg: string, fields: Fields | u
   const withCaller = c.caller.has(name);
   const stackAt = c.stacktrace[name];
   const withStack = stackAt !== 'none' && LEVEL_RANK[level] <= LEVEL_RANK[stackAt];
-  if (c.json === null && !withCaller && !withStack) {
-    c.sink.write(consoleLine(time, level, name, msg, fields ?? {}));
-    return;
-  }
   // Key order: (time,) caller, the fields, (scope,) stack. pino writes the keys after the level,
   // so a JSON line starts `{"level":..,"time":..`; a field named like a column never replaces it.
-  const head: Fields = c.json === null ? {} : { time };
-  if (withCaller) head.caller = callerOf(from);
-  const rec: Fields = { ...head, ...fields };
-  if (c.json !== null) {
-    rec.time = time;
-    rec.scope = name;
-    if (Object.hasOwn(rec, 'level')) delete rec.level;
-    if (Object.hasOwn(rec, 'msg')) delete rec.msg;
+  if (c.json === null) {
+    let rec = fields ?? {};
+    if (withCaller || withStack) {
+      rec = withCaller ? { caller: callerOf(from), ...fields } : { ...fields };
+      if (withStack) rec.stack = stackOf(from);
+    }
+    c.sink.write(consoleLine(time, level, name, msg, rec));
+    return;
   }
+  const rec: Fields = withCaller ? { time, caller: callerOf(from), ...fields } : { time, ...fields };
+  rec.time = time;
+  rec.scope = name;
+  if (Object.hasOwn(rec, 'level')) delete rec.level;
+  if (Object.hasOwn(rec, 'msg')) delete rec.msg;
   if (withStack) rec.stack = stackOf(from);
-  if (c.json === null) c.sink.write(consoleLine(time, level, name, msg, rec));
-  else c.json[level](rec, msg);
+  c.json[level](rec, msg);
 }
 
 function makeLogger(name: LogScope): Logger {
