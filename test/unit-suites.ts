@@ -14,9 +14,11 @@ export const UNIT_SUITES: readonly string[] = [
   'install-owned',
   'install-owned-faults',
   'install-owned-storm',
+  'install-plan',
   'install-rereview',
   'install-safefile',
   'install-watchdog',
+  'lint-zones',
   'logging',
   'logging-format',
   'monitoring-bounds',
@@ -28,5 +30,6 @@ export const UNIT_SUITES: readonly string[] = [
   'plugin-orchconfig-file',
   'plugin-poduid',
   'repair-detect',
+  'shared',
   'unit-suites',
 ];
