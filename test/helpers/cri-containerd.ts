@@ -152,6 +152,12 @@ export class Containerd {
     this.cniCallsLog = path.join(this.dir, 'cni', 'cni-calls.log');
   }
 
+  /** For tests of the cleanup: containerd dies (SIGKILL) as in a crash, leaving its shims running. */
+  async crash(): Promise<void> {
+    this.proc?.kill('SIGKILL');
+    await this.exited;
+  }
+
   get cri(): CriClient {
     return (this.clientCache ??= new CriClient(this.socket));
   }

@@ -1,7 +1,9 @@
 // The CRI client (test/helpers/cri.ts) against a real containerd of our own
 // (test/helpers/cri-containerd.ts), the one the plugin bench's CRI part drives: Version, one pod
 // sandbox started, seen ready with an address from its network, stopped and removed, with the
-// CNI calls containerd made logged by the timing shim; then nothing of it is left on the host.
+// CNI calls containerd made logged by the timing shim; then nothing of it is left on the host,
+// also when containerd died (SIGKILL) with a sandbox running (seen failing with the harness's shim,
+// cgroup and CNI cache cleanup left out).
 
 import assert from 'node:assert/strict';
 import { existsSync, mkdtempSync, readdirSync, readFileSync, rmSync } from 'node:fs';
@@ -111,23 +113,48 @@ describe('CRI against our own containerd', () => {
 
   it('leaves nothing behind after stop()', async () => {
     const c = ctrd!;
-    const sid = await c.cri.runPodSandbox({
-      name: 'left-0', namespace: 'shop', uid: 'u-left', cgroupParent: `${c.cgroupParent}/podu-left`,
+    await leftBehindCheck(c, async () => {
+      await c.stop();
+      ctrd = undefined;
     });
-    assert.ok(sid);
-    const cgroups = () =>
-      readdirSync('/sys/fs/cgroup').filter((k) => existsSync(path.join('/sys/fs/cgroup', k, c.cgroupParent)));
-    assert.ok(cgroups().length > 0, 'the sandbox has its cgroups below our parent');
-    const shims = () => readdirSync('/proc').filter((p) => /^\d+$/.test(p) && procArgv(p).includes(c.socket));
-    assert.ok(shims().length > 0, 'a shim runs the sandbox');
-    await c.stop();
-    assert.deepEqual(shims(), []);
-    assert.deepEqual(cgroups(), []);
-    ctrd = undefined;
-    assert.equal(existsSync(c.dir), false);
-    assert.equal(existsSync(`/run/netns/${c.netnsName}`), false);
-    const results = existsSync('/var/lib/cni/results') ? readdirSync('/var/lib/cni/results') : [];
-    assert.deepEqual(results.filter((f) => f.startsWith(c.networkName)), []);
-    assert.equal(readFileSync('/proc/self/mountinfo', 'utf8').includes(c.dir), false);
   });
 });
+
+describe('CRI harness cleanup after containerd dies', () => {
+  it('removes the shim, the sandbox, its mounts, cgroups, netns and CNI cache files', async () => {
+    const plugins = bridgePortmap('mcnicri9', '198.18.165.0/24');
+    const c = await Containerd.start({ tag: 'k', plugins, binaries: DEBIAN_PLUGINS });
+    try {
+      await leftBehindCheck(c, async () => {
+        await c.crash();
+        await c.stop();
+      });
+    } finally {
+      await c.stop();
+    }
+  });
+});
+
+/** Starts a sandbox on `c`, runs `stop`, then checks nothing of containerd's is left on the host. */
+async function leftBehindCheck(c: Containerd, stop: () => Promise<void>): Promise<void> {
+  const uid = `u-left-${c.netnsName}`;
+  const sid = await c.cri.runPodSandbox({
+    name: 'left-0', namespace: 'shop', uid, cgroupParent: `${c.cgroupParent}/pod${uid}`,
+  });
+  const cgroups = () =>
+    readdirSync('/sys/fs/cgroup').filter((k) => existsSync(path.join('/sys/fs/cgroup', k, c.cgroupParent)));
+  assert.ok(cgroups().length > 0, 'the sandbox has its cgroups below our parent');
+  const shims = () => readdirSync('/proc').filter((p) => /^\d+$/.test(p) && procArgv(p).includes(c.socket));
+  assert.ok(shims().length > 0, 'a shim runs the sandbox');
+  const cniCache = () => (existsSync('/var/lib/cni/results') ? readdirSync('/var/lib/cni/results') : [])
+    .filter((f) => f.startsWith(`${c.networkName}-`));
+  assert.ok(cniCache().some((f) => f.includes(sid)), 'libcni cached the sandbox result');
+  assert.ok(readFileSync('/proc/self/mountinfo', 'utf8').includes(c.dir), 'the sandbox has mounts in our dir');
+  await stop();
+  assert.deepEqual(shims(), []);
+  assert.deepEqual(cgroups(), []);
+  assert.deepEqual(cniCache(), []);
+  assert.equal(existsSync(c.dir), false);
+  assert.equal(existsSync(`/run/netns/${c.netnsName}`), false);
+  assert.equal(readFileSync('/proc/self/mountinfo', 'utf8').includes(c.dir), false);
+}
