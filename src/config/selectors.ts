@@ -213,7 +213,10 @@ export function parseFieldSelector(sel: string): FieldRequirement[] {
     if (op === undefined) return fail(`${JSON.stringify(term)} is not field=value, field==value or field!=value`);
     const field = term.slice(0, at);
     if (!POD_SELECTOR_FIELDS.includes(field)) {
-      fail(`field label not supported: ${JSON.stringify(field)}; pods support ${POD_SELECTOR_FIELDS.join(', ')}`);
+      const why = POD_SELECTOR_FIELDS.includes(field.trim())
+        ? ' (the API server takes the field name as typed: no spaces around it)'
+        : `; pods support ${POD_SELECTOR_FIELDS.join(', ')}`;
+      fail(`field label not supported: ${JSON.stringify(field)}${why}`);
     }
     reqs.push({ field, op: op === '!=' ? '!=' : '=', value: unescapeFieldValue(term.slice(at + op.length), fail) });
   }
