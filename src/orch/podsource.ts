@@ -1,17 +1,24 @@
 // List-then-watch of the pods a part of the agent cares about (the repair controller, the
-// plugin's pod lookup), with our own failure handling: 410 Gone -> relist; watch closed ->
-// re-watch after a jittered exponential backoff; any HTTP or network error -> backoff and retry,
-// never a silent stop; a watch that sends nothing (no event, no bookmark) for too long is aborted
-// and restarted. The cache it keeps is what the repair controller's periodic resync re-checks
+// plugin's pod lookup), with our own failure handling: 410 Gone -> read the state again; watch
+// closed -> re-watch from its last resourceVersion (no list); any HTTP or network error -> backoff
+// and retry, never a silent stop; a watch that sends nothing (no event, no bookmark) for too long
+// is aborted and restarted.
+//
+// The state is read as the fleet can afford (README "Fleet scale"): by the streaming watch-list
+// (sendInitialEvents, KEP-3157), else a list from the API server's watch cache (resourceVersion=0,
+// no limit), and only if the server refuses that, a consistent list (every pod of the cluster read
+// from etcd); each fallback is logged and kept for the life of the process. A watch cut while
+// healthy is resumed after a random part of a 12 s spread; failures back off with full jitter. The cache it keeps is what the repair controller's periodic resync re-checks
 // and what the pod lookup answers from. The agent's wiring (src/agent.ts) builds the node's watch
 // once (nodePodSource) and hands it to every reader; it never belongs to one of them.
 
 import type { V1Pod } from '@kubernetes/client-node';
 import type { LogScope } from '../config/flags.ts';
 import { scope, type Logger } from '../monitoring/logging.ts';
-import type { PodQuery, OrchApi, WatchEventType } from './api.ts';
+import type { PodQuery, OrchApi, WatchEventType, WatchTuning } from './api.ts';
 import { ApiError, statusText, toApiError } from './errors.ts';
-import { Backoff, realClock, type BackoffOptions, type Clock } from './limits.ts';
+import { realClock, type BackoffOptions, type Clock } from './limits.ts';
+import { FullJitterBackoff, type ListMode } from './ratelimit.ts';
 
 /** One reader of a watch; each brings its own metrics through the optional hooks. */
 export interface PodHandler {
@@ -37,6 +44,25 @@ export interface PodSourceOptions {
   readonly clock: Clock;
   /** The log scope of the watch's own messages (its readers' metrics come by PodHandler). */
   readonly logScope: LogScope;
+  /** How the state is read, the re-watch spread and the start jitter: else the API's tuning, else FLEET_DEFAULTS. */
+  readonly tuning?: Partial<WatchTuning>;
+  readonly random?: () => number;
+}
+
+/**
+ * How an agent reads and re-watches when its settings do not say (README "Fleet scale"): the
+ * streaming watch-list where served (else a list from the watch cache); a watch cut while healthy
+ * is resumed within 12 s, at random, so a fleet whose watches were all cut at once (an API server
+ * restart, a compaction) comes back spread over 12 s; the first read waits up to 1 s.
+ */
+export const FLEET_DEFAULTS: WatchTuning = { listMode: 'auto', reconnectSpreadMs: 12_000, startJitterMs: 1000 };
+
+/** The bookmark that ends a watch-list's initial events carries this annotation ("true"). */
+export const INITIAL_EVENTS_END = 'k8s.io/initial-events-end';
+
+/** An answer that says the server does not take these parameters (not a passing failure). */
+function refusesParameters(e: ApiError): boolean {
+  return e.code !== undefined && [400, 404, 405, 406, 415, 422, 501].includes(e.code);
 }
 
 /**
@@ -57,8 +83,13 @@ export type RestartReason = 'closed' | 'expired' | 'silent' | 'error';
 export type SourceState = 'starting' | 'listing' | 'watching' | 'backoff' | 'stopped';
 
 interface WatchEnd {
-  readonly reason: RestartReason | 'stopped';
+  /** unsupported: a watch-list the server does not serve (the agent lists instead). */
+  readonly reason: RestartReason | 'stopped' | 'unsupported';
   readonly healthy: boolean;
+  /** The cache is current (a watch-list past its initial events, or any plain watch). */
+  readonly synced: boolean;
+  /** Closed by the server at the timeoutSeconds we asked for. */
+  readonly timedOut: boolean;
   readonly error?: ApiError;
 }
 
@@ -76,6 +107,9 @@ export class PodSource {
   #resourceVersion = '';
   #lists = 0;
   #lastError = '';
+  #listMode: ListMode;
+  readonly #tuning: WatchTuning;
+  readonly #random: () => number;
   #loop: Promise<void> | undefined;
   #synced!: () => void;
   /** Resolves after the first complete list. */
@@ -87,6 +121,9 @@ export class PodSource {
     this.#handlers = handler ? [handler] : [];
     this.#o = o;
     this.#log = scope(o.logScope);
+    this.#tuning = { ...FLEET_DEFAULTS, ...api.tuning, ...o.tuning };
+    this.#listMode = this.#tuning.listMode;
+    this.#random = o.random ?? Math.random;
   }
 
   start(): void {
@@ -125,6 +162,7 @@ export class PodSource {
       resourceVersion: this.#resourceVersion,
       cachedPods: this.#cache.size,
       lists: this.#lists,
+      listMode: this.#listMode,
       watchRestarts: { ...this.#restarts },
       lastError: this.#lastError,
     };
@@ -139,30 +177,63 @@ export class PodSource {
   }
 
   async #run(): Promise<void> {
-    const backoff = new Backoff(this.#o.backoff);
+    const cap = this.#o.backoff.maxMs;
+    const backoff = new FullJitterBackoff({ baseMs: this.#o.backoff.baseMs, maxMs: cap, random: this.#random });
     let rv = '';
+    // A mass restart (a rollout, every node rebooted) does not send every agent's first read at once.
+    let delay = this.#random() * Math.min(this.#tuning.startJitterMs, cap);
     while (!this.#stopped) {
-      let delay: number;
+      if (delay > 0) {
+        if (this.#state !== 'starting') this.#state = 'backoff';
+        await this.#sleep(delay);
+        if (this.#stopped) break;
+      }
       try {
-        if (rv === '') {
+        let end: WatchEnd;
+        if (rv === '' && this.#listMode === 'auto') {
           this.#state = 'listing';
-          rv = await this.#list();
+          end = await this.#watch('', true);
+          if (end.reason === 'unsupported') {
+            this.#listMode = 'cache';
+            this.#log.warn('the API server does not serve the streaming watch-list; listing from its watch cache instead (resourceVersion=0), for as long as this agent runs', { error: end.error?.message ?? '' });
+            delay = 0;
+            continue;
+          }
+        } else {
+          if (rv === '') {
+            this.#state = 'listing';
+            rv = await this.#list();
+          }
+          this.#state = 'watching';
+          end = await this.#watch(rv, false);
         }
-        this.#state = 'watching';
-        const end = await this.#watch(rv);
-        if (end.reason === 'stopped') break;
-        // Events and bookmarks moved #resourceVersion on; an expired one means listing again.
-        rv = end.reason === 'expired' ? '' : this.#resourceVersion;
+        if (end.reason === 'stopped' || end.reason === 'unsupported') break;
+        // Events and bookmarks moved #resourceVersion on; an expired watch, or a watch-list that
+        // ended before its initial events did, means reading the state again.
+        rv = end.reason === 'expired' || !end.synced ? '' : this.#resourceVersion;
         if (end.healthy) backoff.reset();
         this.#restarts[end.reason]++;
         for (const h of this.#handlers) h.restarted?.(end.reason);
-        delay = backoff.next(end.error?.retryAfterMs);
+        const retryAfter = end.error?.retryAfterMs;
+        const spread = Math.min(this.#tuning.reconnectSpreadMs, cap);
+        // Its own timeout (already 5-10 min at random): at once. Cut while healthy (an API server
+        // restart, a compaction cuts every watch of the fleet together): anywhere in the spread.
+        // Failing: exponential backoff with full jitter.
+        delay = end.timedOut ? backoff.next(retryAfter) : end.healthy && spread > 0 ? Math.max(retryAfter ?? 0, this.#random() * spread) : backoff.next(retryAfter);
         if (end.error) this.#lastError = end.error.message;
         const level = end.reason === 'closed' && end.healthy ? 'debug' : 'warn';
         this.#log[level]('pod watch ended; watching again', { reason: end.reason, relist: rv === '', retryInMs: Math.round(delay), attempt: backoff.attempt, ...(end.error ? { error: end.error.message } : {}) });
       } catch (e) {
         if (this.#stopped) break;
         const err = toApiError('listing pods', e);
+        if (this.#listMode === 'cache' && refusesParameters(err)) {
+          // Every Kubernetes API server takes resourceVersion=0; whatever stands in front of this
+          // one does not: consistent reads (each one goes to etcd) keep the agent working.
+          this.#listMode = 'consistent';
+          this.#log.warn('the API server refuses lists from its watch cache (resourceVersion=0); listing with consistent reads instead, which read every pod of the cluster from etcd', { error: err.message });
+          delay = 0;
+          continue;
+        }
         // A list from a continue token that expired meanwhile starts over.
         if (err.code === 410) rv = '';
         this.#restarts.error++;
@@ -171,24 +242,33 @@ export class PodSource {
         delay = backoff.next(err.retryAfterMs);
         this.#log.warn('cannot list pods; retrying', { error: err.message, retryInMs: Math.round(delay), attempt: backoff.attempt });
       }
-      this.#state = 'backoff';
-      await this.#sleep(delay);
     }
     this.#state = 'stopped';
   }
 
-  /** One full list (all pages); replaces the cache and tells the handler what changed. */
+  /**
+   * One full list (all pages); replaces the cache. From the watch cache (resourceVersion=0, no
+   * limit: the cache ignores it) unless --orch-list-mode=consistent or the server refused that.
+   */
   async #list(): Promise<string> {
     const seen = new Map<string, V1Pod>();
+    const params = this.#listMode === 'consistent' ? { limit: this.#o.pageSize } : { resourceVersion: '0' };
     let continueToken: string | undefined;
     let rv: string;
     do {
       const signal = AbortSignal.any([this.#stop.signal, AbortSignal.timeout(this.#o.requestTimeoutMs)]);
-      const page = await this.#api.listPods({ ...this.#o.query, limit: this.#o.pageSize, continueToken }, signal);
+      const page = await this.#api.listPods({ ...this.#o.query, ...params, ...(continueToken ? { continueToken } : {}) }, signal);
       for (const p of page.items) seen.set(podKey(p), p);
       continueToken = page.continueToken;
       rv = page.resourceVersion;
     } while (continueToken);
+    this.#replace(seen, rv);
+    this.#log.debug('listed pods', { count: seen.size, resourceVersion: rv, mode: this.#listMode });
+    return rv;
+  }
+
+  /** The state read (a list, or a watch-list's initial events) replaces the cache; readers hear what changed. */
+  #replace(seen: Map<string, V1Pod>, rv: string): void {
     this.#lists++;
     for (const [k, old] of this.#cache) {
       if (!seen.has(k)) {
@@ -203,14 +283,20 @@ export class PodSource {
     for (const h of this.#handlers) h.cacheSize?.(this.#cache.size);
     this.#resourceVersion = rv;
     this.#synced();
-    this.#log.debug('listed pods', { count: seen.size, resourceVersion: rv });
-    return rv;
   }
 
-  /** One watch from `rv` until it ends for whatever reason. */
-  #watch(rv: string): Promise<WatchEnd> {
+  /**
+   * One watch from `rv` until it ends for whatever reason. `initial`: the streaming watch-list
+   * (sendInitialEvents): the state comes first, into a map of its own, and replaces the cache at
+   * the bookmark annotated k8s.io/initial-events-end; only then is the watch current.
+   */
+  #watch(rv: string, initial: boolean): Promise<WatchEnd> {
+    const what = initial ? 'watching pods (watch-list)' : 'watching pods';
     return new Promise<WatchEnd>((resolve) => {
       const started = this.#o.clock.now();
+      // Jitter the server-side timeout so agents restarted together do not re-watch together.
+      const timeoutSeconds = Math.round(this.#o.watchTimeoutSeconds * (1 + this.#random()));
+      let pending: Map<string, V1Pod> | null = initial ? new Map() : null;
       let delivered = false;
       let finished = false;
       let controller: AbortController | undefined;
@@ -221,13 +307,15 @@ export class PodSource {
         clearTimeout(watchdog);
         this.#stop.signal.removeEventListener('abort', onStop);
         controller?.abort();
-        const healthy = delivered || this.#o.clock.now() - started >= this.#o.healthyAfterMs;
-        resolve({ reason, healthy, ...(error ? { error } : {}) });
+        const lived = this.#o.clock.now() - started;
+        const healthy = delivered || lived >= this.#o.healthyAfterMs;
+        const timedOut = reason === 'closed' && lived >= timeoutSeconds * 1000 - 1000;
+        resolve({ reason, healthy, synced: pending === null, timedOut, ...(error ? { error } : {}) });
       };
       const arm = () => {
         // Restarted on every event: the same timer, pushed back.
         if (watchdog) watchdog.refresh();
-        else watchdog = setTimeout(() => finish('silent', new ApiError('watching pods', undefined, `no event or bookmark for ${this.#o.silenceTimeoutMs} ms`)), this.#o.silenceTimeoutMs);
+        else watchdog = setTimeout(() => finish('silent', new ApiError(what, undefined, `no event or bookmark for ${this.#o.silenceTimeoutMs} ms`)), this.#o.silenceTimeoutMs);
       };
       const onStop = () => finish('stopped');
       this.#stop.signal.addEventListener('abort', onStop, { once: true });
@@ -237,12 +325,32 @@ export class PodSource {
         arm();
         if (type === 'ERROR') {
           const status = obj as { code?: number; message?: string; reason?: string };
-          const err = new ApiError('watching pods', status.code ?? 500, statusText(status));
+          const err = new ApiError(what, status.code ?? 500, statusText(status));
           finish(status.code === 410 ? 'expired' : 'error', err);
           return;
         }
         const pod = obj as V1Pod;
         const objRv = pod.metadata?.resourceVersion;
+        if (pending) {
+          // The initial events: the state as of the closing bookmark, not yet the cache.
+          if (type === 'BOOKMARK') {
+            if (pod.metadata?.annotations?.[INITIAL_EVENTS_END] !== 'true') {
+              finish('unsupported', new ApiError(what, undefined, `a bookmark came before the initial events ended (no ${INITIAL_EVENTS_END}): the server ignores sendInitialEvents`));
+              return;
+            }
+            const state = pending;
+            pending = null;
+            delivered = true;
+            this.#replace(state, objRv ?? '');
+            this.#state = 'watching';
+            this.#log.debug('pod watch-list synced', { count: state.size, resourceVersion: objRv ?? '' });
+          } else if (type === 'DELETED') {
+            pending.delete(podKey(pod));
+          } else {
+            pending.set(podKey(pod), pod);
+          }
+          return;
+        }
         if (objRv) this.#resourceVersion = objRv;
         if (type === 'BOOKMARK') return;
         delivered = true;
@@ -259,16 +367,17 @@ export class PodSource {
       const done = (err: unknown) => {
         if (finished) return;
         if (err) {
-          const e = toApiError('watching pods', err);
-          finish(e.code === 410 ? 'expired' : 'error', e);
+          const e = toApiError(what, err);
+          finish(e.code === 410 ? 'expired' : pending && refusesParameters(e) ? 'unsupported' : 'error', e);
+        } else if (pending) {
+          // A server that streams the watch-list ends its initial events with the bookmark first.
+          finish('unsupported', new ApiError(what, undefined, `the stream ended before the initial events did (no ${INITIAL_EVENTS_END} bookmark)`));
         } else {
           finish('closed');
         }
       };
-      // Jitter the server-side timeout so agents restarted together do not re-watch together.
-      const timeoutSeconds = Math.round(this.#o.watchTimeoutSeconds * (1 + Math.random()));
       this.#api
-        .watchPods({ ...this.#o.query, resourceVersion: rv, timeoutSeconds }, onEvent, done)
+        .watchPods({ ...this.#o.query, resourceVersion: rv, timeoutSeconds, ...(initial ? { sendInitialEvents: true } : {}) }, onEvent, done)
         .then((c) => {
           controller = c;
           // Opened after we gave up on it (watchdog or stop): close it at once.
