@@ -10,6 +10,7 @@ import path from 'node:path';
 import { isDeepStrictEqual } from 'node:util';
 import { arrayElements, lineIndent, objectMembers, skipWs, valueEnd, type Span } from './jsonspans.ts';
 import { describeParseError } from '../../cni-plugin/shared/parseerror.ts';
+import { isObject as isJsonObject } from '../../cni-plugin/shared/json.ts';
 import { PLUGIN_TYPE } from '../../cni-plugin/shared/netconf.ts';
 
 /** The `type` of our plugin entry (the plugin's own, cni-plugin/shared/): how we recognise it in any config. */
@@ -36,7 +37,7 @@ export function isConfigFile(name: string): boolean {
 }
 
 export function isOurs(plugin: Json | undefined): boolean {
-  return typeof plugin === 'object' && plugin !== null && !Array.isArray(plugin) && plugin.type === PLUGIN_TYPE;
+  return isJsonObject(plugin) && plugin.type === PLUGIN_TYPE;
 }
 
 /**
@@ -328,7 +329,7 @@ export function parseCniConfig(text: string, fileName: string): ParsedConfig {
   // What the runtime would not load is no config to edit, whatever else holds.
   const verdict = libcniVerdict(text, fileName);
   if (!verdict.ok) throw new CniConfigError(`${fileName}: ${verdict.reason}`);
-  if (typeof value !== 'object' || value === null || Array.isArray(value)) {
+  if (!isJsonObject(value)) {
     throw new CniConfigError(`${fileName} is not a JSON object`);
   }
   const obj = value as JsonObject;
@@ -338,7 +339,7 @@ export function parseCniConfig(text: string, fileName: string): ParsedConfig {
       throw new CniConfigError(`${fileName} has no "plugins" list; a .conflist needs at least one plugin`);
     }
     plugins.forEach((p, i) => {
-      if (typeof p !== 'object' || p === null || Array.isArray(p) || typeof p.type !== 'string' || p.type === '') {
+      if (!isJsonObject(p) || typeof p.type !== 'string' || p.type === '') {
         throw new CniConfigError(`${fileName}: plugins[${i}] has no "type"; every plugin needs one`);
       }
     });

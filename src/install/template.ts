@@ -4,6 +4,7 @@
 // Output is a plain object that the rest writes as strict JSON, since runtimes parse strictly.
 
 import JSON5 from 'json5';
+import { isObject } from '../../cni-plugin/shared/json.ts';
 import { PLUGIN_TYPE, type MeshNetConf } from '../../cni-plugin/shared/netconf.ts';
 import { CniConfigError, type JsonObject } from './cniconfig.ts';
 import { describeParseError } from '../../cni-plugin/shared/parseerror.ts';
@@ -76,7 +77,7 @@ export function renderEntry(template: string, values: TemplateValues, source: st
     // Never json5's message as it is: it quotes the text, and a mistaken path may name a token.
     throw new CniConfigError(`cannot parse the CNI network config template from ${source}: ${describeParseError(e, text, 'JSON5')}`);
   }
-  if (typeof parsed !== 'object' || parsed === null || Array.isArray(parsed)) {
+  if (!isObject(parsed)) {
     throw new CniConfigError(`the CNI network config template from ${source} must be a JSON object (one plugin entry)`);
   }
   const entry = parsed as JsonObject;

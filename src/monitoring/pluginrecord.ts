@@ -3,6 +3,7 @@
 // `time`, `level`, `msg`, `command`, `containerID`, `pod: {namespace, name}` and flat extra
 // fields. Also read, for other senders: `message`, `pod_namespace`/`pod_name`, `container_id`.
 
+import { isObject } from '../../cni-plugin/shared/json.ts';
 import type { EmitLevel } from '../../cni-plugin/shared/loglevels.ts';
 import type { Fields } from './logging.ts';
 
@@ -40,8 +41,8 @@ function isoTime(v: unknown): string | undefined {
 
 function podOf(rec: Record<string, unknown>): string | undefined {
   const p = rec.pod;
-  if (p && typeof p === 'object' && !Array.isArray(p)) {
-    const { namespace, name } = p as Record<string, unknown>;
+  if (isObject(p)) {
+    const { namespace, name } = p;
     if (typeof name === 'string' && name !== '') return typeof namespace === 'string' && namespace !== '' ? `${namespace}/${name}` : name;
   }
   if (typeof p === 'string' && p !== '') return p;
@@ -58,7 +59,7 @@ export function parsePluginLine(line: string): ParseResult {
   } catch {
     return { ok: false, reason: 'invalid_json' };
   }
-  if (!rec || typeof rec !== 'object' || Array.isArray(rec)) return { ok: false, reason: 'invalid_record' };
+  if (!isObject(rec)) return { ok: false, reason: 'invalid_record' };
   const r = rec as Record<string, unknown>;
   const msg = typeof r.msg === 'string' ? r.msg : r.message;
   if (typeof msg !== 'string') return { ok: false, reason: 'invalid_record' };
