@@ -20,6 +20,8 @@
 // agent's lookup up; the start difference and ADD/DEL as containerd runs them.
 // The targets (issue 20) are printed at the end, each met or not.
 //   npm run bench -- plugin        (PODS=n, BURST=n, BURSTS=n, CRI_PODS=n; PARTS=calls,burst,cri picks parts)
+// RUNTIMES=bun (or node-sea) measures only those; BASELINE=<a mesh-cni.cjs> adds every row of a Bun
+// executable of that bundle too, as `bun-baseline` (a change's before and after, in one run).
 
 import { spawnSync } from 'node:child_process';
 import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
@@ -32,7 +34,7 @@ import { k8sArgs, meshPod, pluginConfig } from '../../test/helpers/plugin.ts';
 import { pct } from './lib/stats.ts';
 import { RusageDriver, type Job, type Measured } from './lib/rusage.ts';
 import { benchCri } from './lib/cri-bench.ts';
-import { buildExecutable, DEFAULT_PLUGIN_RUNTIME, PLUGIN_RUNTIMES, type PluginRuntime } from '../plugin-runtime.ts';
+import { buildExecutable, DEFAULT_PLUGIN_RUNTIME, PLUGIN_RUNTIMES, pluginRuntimeFrom, type PluginRuntime } from '../plugin-runtime.ts';
 import type { V1Pod } from '@kubernetes/client-node';
 import { prepareCacheDir } from '../../cni-plugin/shared/cachedir.ts';
 import { buildFamilyRules } from '../../cni-plugin/redirect/rules.ts';
@@ -49,6 +51,12 @@ const BURSTS = Number(process.env.BURSTS ?? 2);
 const CRI_PODS = Number(process.env.CRI_PODS ?? 30);
 /** Which parts to run (comma-separated): calls, burst, cri. */
 const PARTS = new Set((process.env.PARTS ?? 'calls,burst,cri').split(','));
+const RUNTIMES: PluginRuntime[] = process.env.RUNTIMES
+  ? process.env.RUNTIMES.split(',').map((r) => pluginRuntimeFrom(r, 'RUNTIMES'))
+  : [...PLUGIN_RUNTIMES];
+const BASELINE = process.env.BASELINE ?? '';
+/** The executables measured: one per runtime, and the baseline's. */
+const LABELS: string[] = [...RUNTIMES, ...(BASELINE ? ['bun-baseline'] : [])];
 let criOverhead = new Map<string, number>();
 const PATH_ENV = '/usr/sbin:/usr/bin:/sbin:/bin';
 const tmp = mkdtempSync(path.join(os.tmpdir(), 'mcni-plg-bench-'));
@@ -58,9 +66,13 @@ if (build.status !== 0) process.exit(1);
 const bundle = path.join(ROOT, 'dist/mesh-cni.cjs');
 const emptyScript = path.join(tmp, 'empty.cjs');
 writeFileSync(emptyScript, 'process.exit(0);\n');
-const exe = new Map<PluginRuntime, string>();
-const emptyExe = new Map<PluginRuntime, string>();
-for (const runtime of PLUGIN_RUNTIMES) {
+const exe = new Map<string, string>();
+const emptyExe = new Map<string, string>();
+if (BASELINE) {
+  exe.set('bun-baseline', path.join(tmp, 'mesh-cni-baseline'));
+  buildExecutable({ root: ROOT, main: path.resolve(BASELINE), out: exe.get('bun-baseline')!, runtime: 'bun', seaMode: 'codecache' });
+}
+for (const runtime of RUNTIMES) {
   // The same bundle, each runtime's executable built as scripts/build.ts builds it.
   exe.set(runtime, path.join(tmp, `mesh-cni-${runtime}`));
   buildExecutable({ root: ROOT, main: bundle, out: exe.get(runtime)!, runtime, seaMode: 'codecache' });
@@ -127,9 +139,10 @@ function tasksFor(pod: V1Pod, i: number): Task[] {
       }
     });
   }
-  for (const runtime of PLUGIN_RUNTIMES) {
+  for (const runtime of LABELS) {
     const argv = [exe.get(runtime)!];
-    tasks.push(async () => { await measured(`${runtime}: floor (empty script)`, { argv: [emptyExe.get(runtime)!], env: {} }); });
+    const empty = emptyExe.get(runtime);
+    if (empty) tasks.push(async () => { await measured(`${runtime}: floor (empty script)`, { argv: [empty], env: {} }); });
     tasks.push(async () => { await measured(`${runtime}: VERSION`, { argv, env: { CNI_COMMAND: 'VERSION' }, input: '{"cniVersion":"1.0.0"}' }); });
     tasks.push(async () => {
       const chain = { containerId: `gone${i}`, netns: `/run/netns/mcni-plg-${process.pid}-gone`, ifname: 'eth0', args: k8sArgs(pod, `gone${i}`) };
@@ -160,10 +173,10 @@ function tasksFor(pod: V1Pod, i: number): Task[] {
   return tasks;
 }
 
-interface BurstRow { runtime: PluginRuntime; wallMs: number; cpuMs: number; p50: number; p99: number; failed: number }
+interface BurstRow { runtime: string; wallMs: number; cpuMs: number; p50: number; p99: number; failed: number }
 const bursts: BurstRow[] = [];
 
-async function burst(runtime: PluginRuntime, pods: V1Pod[], round: number): Promise<void> {
+async function burst(runtime: string, pods: V1Pod[], round: number): Promise<void> {
   const made: { ns: Netns; chain: ChainEnv; prev: unknown }[] = [];
   try {
     for (let j = 0; j < pods.length; j++) made.push(await podNetns(burstNetwork, pods[j]!, `burst${process.pid}r${round}${runtime}${j}`));
@@ -204,13 +217,13 @@ try {
   }
   if (PARTS.has('burst')) {
     for (let round = 0; round < BURSTS; round++) {
-      const order = round % 2 === 0 ? [...PLUGIN_RUNTIMES] : [...PLUGIN_RUNTIMES].reverse();
+      const order = round % 2 === 0 ? [...LABELS] : [...LABELS].reverse();
       for (const runtime of order) await burst(runtime, pods.slice(0, BURST), round);
     }
   }
   if (PARTS.has('cri')) {
     criOverhead = await benchCri({
-      meshCni: new Map(PLUGIN_RUNTIMES.map((r) => [r, exe.get(r)!])), api, orchconfig, podLookupSocket, logUds,
+      meshCni: new Map(RUNTIMES.map((r) => [r, exe.get(r)!])), api, orchconfig, podLookupSocket, logUds,
       pods: CRI_PODS, tmp, nodeName: 'node-1',
     });
   }
@@ -239,8 +252,8 @@ if (PARTS.has('calls')) {
 
 if (PARTS.has('burst')) {
   console.log(`\n${BURST} ADDs started at once (a node reboot), pods from the agent, flavour auto; ${BURSTS} round(s), runtimes alternating first`);
-  console.log(`${'runtime'.padEnd(9)}  ${'to last exit ms'.padStart(15)}  ${'total CPU ms'.padStart(12)}  ${'CPU ms/ADD'.padStart(10)}  ${'p50 ms'.padStart(8)}  ${'p99 ms'.padStart(8)}  failed`);
-  for (const b of bursts) console.log(`${b.runtime.padEnd(9)}  ${f(b.wallMs, 15)}  ${f(b.cpuMs, 12)}  ${f(b.cpuMs / BURST, 10)}  ${f(b.p50)}  ${f(b.p99)}  ${b.failed}`);
+  console.log(`${'runtime'.padEnd(12)}  ${'to last exit ms'.padStart(15)}  ${'total CPU ms'.padStart(12)}  ${'CPU ms/ADD'.padStart(10)}  ${'p50 ms'.padStart(8)}  ${'p99 ms'.padStart(8)}  failed`);
+  for (const b of bursts) console.log(`${b.runtime.padEnd(12)}  ${f(b.wallMs, 15)}  ${f(b.cpuMs, 12)}  ${f(b.cpuMs / BURST, 10)}  ${f(b.p50)}  ${f(b.p99)}  ${b.failed}`);
 }
 
 const verdict = (ok: boolean) => (ok ? 'met' : 'MISSED');
@@ -248,7 +261,7 @@ if (PARTS.has('calls')) {
   const row = (name: string) => rows.find((r) => r.name === name)!;
   const bridgeVersion = row('bridge VERSION (Debian, Go)').p50;
   console.log(`\ntargets (issue 20), default runtime today: ${DEFAULT_PLUGIN_RUNTIME}; bridge VERSION p50 ${bridgeVersion.toFixed(1)} ms`);
-  for (const runtime of PLUGIN_RUNTIMES) {
+  for (const runtime of LABELS) {
     for (const flavour of ['nft', 'legacy'] as const) {
       const alone = row(`${flavour}: the same rules restored alone`).p50;
       for (const by of ['agent', 'API server']) {
