@@ -7,15 +7,18 @@ import tseslint from 'typescript-eslint';
 // each names the direction and what to do instead.
 const NO_SRC = {
   regex: '(^|/)src/',
-  message: 'cni-plugin/ imports nothing from src/: the plugin ships alone, Node built-ins only. Put what both bundles need in cni-plugin/shared/.',
+  message: 'cni-plugin/ imports nothing from src/: the plugin ships alone, Node built-ins only. '
+    + 'Put what both bundles need in cni-plugin/shared/.',
 };
 const ONLY_SHARED = {
   regex: '(^|/)cni-plugin/(?!shared/)',
-  message: 'src/ imports from cni-plugin/ only cni-plugin/shared/: move what the agent needs there (Node built-ins only).',
+  message: 'src/ imports from cni-plugin/ only cni-plugin/shared/: '
+    + 'move what the agent needs there (Node built-ins only).',
 };
 const SHARED_SELF = {
   regex: '^(?!node:|\\./[^/]+$)',
-  message: 'cni-plugin/shared/ imports only node: built-ins and its own files: both bundles load it, the plugin with nothing else.',
+  message: 'cni-plugin/shared/ imports only node: built-ins and its own files: '
+    + 'both bundles load it, the plugin with nothing else.',
 };
 const ORCH_NOT_INSTALL = {
   regex: '(^\\.\\./|/src/)install/',
@@ -42,7 +45,10 @@ function zone(files, bans) {
     rules: {
       'no-restricted-imports': ['error', { patterns: bans.map(({ regex, message }) => ({ regex, message })) }],
       'no-restricted-syntax': ['error',
-        { selector: "ImportExpression[source.type!='Literal']", message: 'import() takes a literal path here, so the import zones can check it.' },
+        {
+          selector: "ImportExpression[source.type!='Literal']",
+          message: 'import() takes a literal path here, so the import zones can check it.',
+        },
         ...bans.map(({ regex, message }) => ({ selector: selector(regex), message })),
       ],
     },

@@ -29,7 +29,9 @@ export function prepareCacheDir(logUdsAddress: string): void {
   }
   const st = lstatSync(dir);
   if (!st.isDirectory() || st.uid !== process.geteuid!()) {
-    throw new Error(`${dir} is not a directory of this agent's user; remove it so the plugin can cache the iptables flavour there`);
+    throw new Error(
+      `${dir} is not a directory of this agent's user; remove it so the plugin can cache the iptables flavour there`,
+    );
   }
   chmodSync(dir, 0o700); // mkdir's mode is filtered by the umask, and an older dir may be wider.
 }

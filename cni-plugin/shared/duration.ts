@@ -2,7 +2,9 @@
 // durations, and env settings written for it must still parse) and mesh-validation's
 // --probe-timeout read the same grammar.
 
-const UNIT_MS: Readonly<Record<string, number>> = { ns: 1e-6, us: 1e-3, 'µs': 1e-3, ms: 1, s: 1000, m: 60_000, h: 3_600_000 };
+const UNIT_MS: Readonly<Record<string, number>> = {
+  ns: 1e-6, us: 1e-3, 'µs': 1e-3, ms: 1, s: 1000, m: 60_000, h: 3_600_000,
+};
 
 /**
  * Milliseconds of a Go-style duration, surrounding blanks ignored; `0` alone needs no unit.

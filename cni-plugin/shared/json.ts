@@ -1,4 +1,5 @@
 // What both bundles check of parsed JSON before reading it as an object.
 
 /** A JSON object: not null, not an array. */
-export const isObject = (v: unknown): v is Record<string, unknown> => typeof v === 'object' && v !== null && !Array.isArray(v);
+export const isObject = (v: unknown): v is Record<string, unknown> =>
+  typeof v === 'object' && v !== null && !Array.isArray(v);

@@ -7,7 +7,8 @@
 export function parseErrorDetail(e: unknown, text: string): string {
   const message = e instanceof Error ? e.message : String(e);
   let kind = message.replace(/^JSON5: /, '').split(/,? "| in JSON| at position| at \d|\n/)[0] ?? '';
-  kind = kind.replace(/^(Unexpected token|invalid character) .*$/s, (_m, k: string) => (k === 'Unexpected token' ? 'unexpected character' : k)).trim();
+  const without = (_m: string, k: string) => (k === 'Unexpected token' ? 'unexpected character' : k);
+  kind = kind.replace(/^(Unexpected token|invalid character) .*$/s, without).trim();
   // Anything that still quotes more than one character ('}' is fine) is not said at all.
   if (kind === '' || kind.length > 60 || /["`]|'/.test(kind.replace(/'[^']'/g, ''))) kind = 'syntax error';
   kind = kind.charAt(0).toLowerCase() + kind.slice(1);
