@@ -123,9 +123,10 @@ export interface CniCall {
   readonly code: number;
 }
 
+/** Where runc (cgroupfs) puts a cgroup: each v1 hierarchy here, or the v2 root itself. */
 const cgroupRoots = (): string[] => {
   try {
-    return readdirSync('/sys/fs/cgroup').map((c) => path.join('/sys/fs/cgroup', c));
+    return ['/sys/fs/cgroup', ...readdirSync('/sys/fs/cgroup').map((c) => path.join('/sys/fs/cgroup', c))];
   } catch {
     return [];
   }
