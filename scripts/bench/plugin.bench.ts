@@ -21,7 +21,8 @@
 // The targets (issue 20) are printed at the end, each met or not.
 //   npm run bench -- plugin        (PODS=n, BURST=n, BURSTS=n, CRI_PODS=n; PARTS=calls,burst,cri picks parts)
 // RUNTIMES=bun (or node-sea) measures only those; BASELINE=<a mesh-cni.cjs> adds every row of a Bun
-// executable of that bundle too, as `bun-baseline` (a change's before and after, in one run).
+// executable of that bundle too, as `bun-baseline` (a change's before and after, in one run);
+// BASELINE=<an executable> measures that one (a change of the build itself).
 
 import { spawnSync } from 'node:child_process';
 import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
@@ -69,8 +70,12 @@ writeFileSync(emptyScript, 'process.exit(0);\n');
 const exe = new Map<string, string>();
 const emptyExe = new Map<string, string>();
 if (BASELINE) {
-  exe.set('bun-baseline', path.join(tmp, 'mesh-cni-baseline'));
-  buildExecutable({ root: ROOT, main: path.resolve(BASELINE), out: exe.get('bun-baseline')!, runtime: 'bun', seaMode: 'codecache' });
+  if (BASELINE.endsWith('.cjs')) {
+    exe.set('bun-baseline', path.join(tmp, 'mesh-cni-baseline'));
+    buildExecutable({ root: ROOT, main: path.resolve(BASELINE), out: exe.get('bun-baseline')!, runtime: 'bun', seaMode: 'codecache' });
+  } else {
+    exe.set('bun-baseline', path.resolve(BASELINE));
+  }
 }
 for (const runtime of RUNTIMES) {
   // The same bundle, each runtime's executable built as scripts/build.ts builds it.
