@@ -5,7 +5,7 @@
 import { CniError, CNI_ERROR } from './errors.ts';
 import { isSupportedVersion, LATEST_VERSION, SUPPORTED_VERSIONS } from './result.ts';
 import { isObject } from '../shared/json.ts';
-import { LOG_LEVELS, type LogLevel } from '../shared/loglevels.ts';
+import { isLogLevel, LOG_LEVELS, type LogLevel } from '../shared/loglevels.ts';
 import { IPTABLES_FLAVOURS, PLUGIN_TYPE, type IptablesFlavour, type NetConfKey } from '../shared/netconf.ts';
 
 export const COMMANDS = ['ADD', 'DEL', 'CHECK', 'VERSION', 'STATUS', 'GC'] as const;
@@ -146,7 +146,7 @@ export function parseConfig(stdin: string, command: Command): PluginConfig {
   const orch = raw.orch === undefined ? {} : raw.orch;
   if (!isObject(orch)) throw new CniError(CNI_ERROR.INVALID_CONFIG, 'invalid network config: orch must be an object', `got ${JSON.stringify(orch)}`);
   const logLevel = str(raw, 'log_level', '', 'warn');
-  if (!(LOG_LEVELS as readonly string[]).includes(logLevel)) {
+  if (!isLogLevel(logLevel)) {
     throw new CniError(CNI_ERROR.INVALID_CONFIG, `invalid network config: log_level ${JSON.stringify(logLevel)}`, `expected one of ${LOG_LEVELS.join(', ')}`);
   }
   const excl = orch.exclude_namespaces ?? [];
@@ -179,7 +179,7 @@ export function parseConfig(stdin: string, command: Command): PluginConfig {
     cniVersion,
     name: str(raw, 'name', '', ''),
     type: str(raw, 'type', '', PLUGIN_TYPE),
-    logLevel: logLevel as LogLevel,
+    logLevel,
     logUdsAddress: str(raw, 'log_uds_address', '', ''),
     podLookupUdsAddress: str(raw, 'pod_lookup_uds_address', '', ''),
     orchconfig,
