@@ -4,20 +4,25 @@
 // entry points, pull in nothing from src/ (the agent) or node_modules.
 
 import assert from 'node:assert/strict';
+import net from 'node:net';
 import path from 'node:path';
-import { describe, it } from 'node:test';
+import { after, describe, it } from 'node:test';
 import * as esbuild from 'esbuild';
+import { UdsLog } from '../../cni-plugin/log/udslog.ts';
 import { parseConfig } from '../../cni-plugin/cni/protocol.ts';
 import { statusMessage } from '../../cni-plugin/shared/apistatus.ts';
 import { durationMs } from '../../cni-plugin/shared/duration.ts';
 import { LEVEL_RANK, LOG_LEVELS } from '../../cni-plugin/shared/loglevels.ts';
 import { PLUGIN_TYPE } from '../../cni-plugin/shared/netconf.ts';
 import { describeParseError, parseErrorDetail } from '../../cni-plugin/shared/parseerror.ts';
+import { PLUGIN_LOG_MAX_LINE, PLUGIN_LOG_SCOPE } from '../../cni-plugin/shared/pluginlog.ts';
 import { ConfigError, parseDuration } from '../../src/config/parse.ts';
 import { buildSettings } from '../../src/config/settings.ts';
 import { DEFAULT_TEMPLATE, renderEntry } from '../../src/install/template.ts';
+import { parsePluginLine } from '../../src/monitoring/pluginrecord.ts';
 import { FIXTURE_VALUES } from '../helpers/install-fixtures.ts';
 import { ROOT } from '../helpers/cli.ts';
+import { tempDir } from '../helpers/plugin.ts';
 
 const PREV = { cniVersion: '1.0.0', interfaces: [{ name: 'eth0' }], ips: [{ address: '198.18.0.5/24', interface: 0 }] };
 
@@ -44,6 +49,46 @@ describe('our entry: what install-cni writes is what the plugin reads', () => {
     assert.throws(() => buildSettings({ 'log-level': 'trace' }, {}), /log-level/);
     assert.throws(() => parseConfig(JSON.stringify({ cniVersion: '1.0.0', type: PLUGIN_TYPE, log_level: 'trace' }), 'DEL'), /log_level "trace"/);
     assert.deepEqual(LOG_LEVELS.map((l) => LEVEL_RANK[l]), [0, 1, 2, 3, 4]);
+  });
+});
+
+describe('the plugin log socket: the plugin writes PluginLogRecord lines the agent reads', () => {
+  const tmp = tempDir();
+  after(() => tmp.remove());
+
+  it('every field, each line within PLUGIN_LOG_MAX_LINE, a longer record cut and marked', async () => {
+    const address = path.join(tmp.dir, 'log.sock');
+    let text = '';
+    let received!: Promise<void>;
+    await new Promise<void>((listening) => {
+      received = new Promise<void>((resolve) => {
+        const server = net.createServer((s) => {
+          s.setEncoding('utf8');
+          s.on('data', (d: string) => (text += d));
+          s.on('end', () => server.close(() => resolve()));
+        });
+        server.listen(address, listening);
+      });
+    });
+    const log = new UdsLog(address, 'debug', { command: 'ADD', containerID: 'c0ffee', pod: { namespace: 'shop', name: 'cart-1' } }, 'none');
+    log.info('rules in place', { attempt: 1 });
+    log.warn('a long one', { detail: 'x'.repeat(PLUGIN_LOG_MAX_LINE) });
+    await log.flush(2000);
+    await received;
+    const lines = text.split('\n').filter((l) => l !== '');
+    assert.equal(lines.length, 2);
+    for (const line of lines) assert.ok(Buffer.byteLength(line) <= PLUGIN_LOG_MAX_LINE, `${line.length}`);
+    const [first, second] = lines.map((l) => JSON.parse(l) as Record<string, unknown>);
+    assert.deepEqual(Object.keys(first!).sort(), ['attempt', 'command', 'containerID', 'level', 'msg', 'pod', 'scope', 'time']);
+    assert.equal(first!.scope, PLUGIN_LOG_SCOPE);
+    assert.match(String(first!.time), /^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$/);
+    assert.equal(second!.truncated, true);
+    assert.equal(second!.detail, undefined);
+    for (const line of lines) {
+      const r = parsePluginLine(line);
+      assert.ok(r.ok, line.slice(0, 80));
+      assert.equal(r.entry.fields.pod, 'shop/cart-1');
+    }
   });
 });
 
