@@ -272,11 +272,18 @@ describe('one watch of the node pods per agent', () => {
   ];
   for (const c of table) {
     it(c.name, async () => {
-      const { api, socket, components } = await agentWith(c.flags);
+      const { api, socket, components, agent } = await agentWith(c.flags);
       if (c.lookup) assert.ok('pod' in (await cartFromAgent(api, socket)));
       assert.deepEqual((await expectWatches(api, c.watches.length)).sort(), [...c.watches].sort());
       // The watches start before their readers (and so stop after them: components stop in reverse).
       assert.deepEqual(components.filter((n) => c.components.includes(n)), c.components, JSON.stringify(components));
+      // Repair's watch metrics count on the watch it reads, shared or its own (shop/cart-1 is on node-1 and
+      // has no app=web label); its queue's metrics are there when repair is on.
+      const repairOn = c.flags['repair-enabled'] === 'true';
+      const watched = repairOn ? (c.flags['repair-label-selectors'] ? 0 : 1) : 0;
+      await eventually(async () => new RegExp(`^mesh_cni_repair_watched_pods ${watched}$`, 'm').test((await agent.get('/metrics')).body), `mesh_cni_repair_watched_pods ${watched}`);
+      const metrics = (await agent.get('/metrics')).body;
+      assert.equal(/^mesh_cni_workqueue_depth\{queue="repair"\} 0$/m.test(metrics), repairOn, 'the repair queue\'s depth');
     });
   }
 });
