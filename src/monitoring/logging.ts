@@ -48,6 +48,8 @@ const BARE = /^[^\s"=\\\u0000-\u001f\u007f]+$/;
 // Set by the record itself (columns), never printed as fields.
 const COLUMNS = new Set(['time', 'level', 'scope', 'msg']);
 
+const UNSERIALIZABLE = '"[unable to serialize, circular reference is too complex to analyze]"';
+
 // JSON.rawJSON (V8, Node 21+) is not in TypeScript's lib yet.
 const rawJson = (JSON as unknown as { rawJSON(text: string): unknown }).rawJSON;
 
@@ -89,7 +91,12 @@ function consoleValue(key: string, v: unknown): string | undefined {
   try {
     json = JSON.stringify(v);
   } catch {
-    json = safeJson(v);
+    try {
+      json = safeJson(v);
+    } catch {
+      // A toJSON that throws: said as pino says it; a log call never throws.
+      json = UNSERIALIZABLE;
+    }
   }
   // An object that turns into a string (a Date): printed as that string would be.
   if (json !== undefined && json.charCodeAt(0) === 34) return consoleValue('', JSON.parse(json) as string);

@@ -32,11 +32,15 @@ function values(): [string, Record<string, unknown>][] {
     ['error not error', { error: 'just text', err: 5 }],
     ['bigint', { b: 10n }],
     ['circular', { c: circular }],
+    // A value that cannot be serialized at all: said so, the record still written (never a throw).
+    ['unserializable', { bad: { toJSON: () => { throw new Error('no'); } }, ok: 1 }],
     ['key order', { b: 1, 2: 2, a: 3, 1: 4 }],
     ['message \u0000\n\t\u001b[31m\u007f end', {}],
   ];
 }
 
+// pino's words for it, kept.
+const UNSERIALIZABLE = '[unable to serialize, circular reference is too complex to analyze]';
 const ERR = '{"type":"Error","message":"boom","stack":"Error: boom\\n    at somewhere (x.ts:1:2)"}';
 
 describe('console format, byte for byte', () => {
@@ -54,6 +58,7 @@ describe('console format, byte for byte', () => {
       `${T}\twarn\tcni\terror not error\terror="just text" err=5\n`,
       `${T}\twarn\tcni\tbigint\tb=10\n`,
       `${T}\twarn\tcni\tcircular\tc={"a":1,"self":"[Circular]"}\n`,
+      `${T}\twarn\tcni\tunserializable\tbad="${UNSERIALIZABLE}" ok=1\n`,
       `${T}\twarn\tcni\tkey order\t1=4 2=2 b=1 a=3\n`,
       `${T}\twarn\tcni\tmessage \\u0000\\n\\t\\u001b[31m\\u007f end\n`,
     ]);
@@ -109,6 +114,7 @@ describe('JSON format, byte for byte', () => {
       `${head},"error":"just text","err":5,"scope":"cni","msg":"error not error"}\n`,
       `${head},"b":10,"scope":"cni","msg":"bigint"}\n`,
       `${head},"c":{"a":1,"self":"[Circular]"},"scope":"cni","msg":"circular"}\n`,
+      `${head},"bad":"${UNSERIALIZABLE}","ok":1,"scope":"cni","msg":"unserializable"}\n`,
       // The one difference in JSON: names that are array indices come before "time" (JS orders
       // an object's index keys first; the time is now a key of the record, not pino's stamp).
       `{"level":"warn","1":4,"2":2,"time":"${T}","b":1,"a":3,"scope":"cni","msg":"key order"}\n`,
