@@ -7,8 +7,6 @@
 
 import { LOG_LEVELS, type LogLevel } from '../../cni-plugin/shared/loglevels.ts';
 
-import { LIST_MODES } from '../orch/ratelimit.ts';
-
 export type FlagKind = 'bool' | 'string' | 'int' | 'duration' | 'list';
 
 export interface FlagSpec {
@@ -62,6 +60,9 @@ export function scopesAt(level: LogLevel): Record<LogScope, LogLevel> {
 }
 
 export const CLEANUP_MODES = ['auto', 'always', 'never'] as const;
+/** --orch-list-mode: how the pod source reads the state it then watches from (src/orch/ratelimit.ts). */
+export const LIST_MODES = ['auto', 'cache', 'consistent'] as const;
+export type ListMode = (typeof LIST_MODES)[number];
 /** --ctrlz_write: auto lets ControlZ change levels only when it listens on loopback alone. */
 export const CTRLZ_WRITE_MODES = ['auto', 'true', 'false'] as const;
 export type CtrlzWriteMode = (typeof CTRLZ_WRITE_MODES)[number];

@@ -2,13 +2,12 @@
 // agent reads process.env: the entry point passes it here once.
 
 import path from 'node:path';
-import { CLEANUP_MODES, CTRLZ_WRITE_MODES, FLAGS, LOG_LEVELS, LOG_SCOPES, SCOPES, scopesAt, type CleanupMode, type CtrlzWriteMode, type FlagSpec, type LogLevel, type LogScope } from './flags.ts';
+import { CLEANUP_MODES, CTRLZ_WRITE_MODES, FLAGS, LIST_MODES, LOG_LEVELS, LOG_SCOPES, SCOPES, scopesAt, type CleanupMode, type CtrlzWriteMode, type FlagSpec, type ListMode, type LogLevel, type LogScope } from './flags.ts';
 import { TEMP_MARKER } from '../install/atomicfile.ts';
 import { byteOrder, CONFIG_EXTENSIONS } from '../install/cniconfig.ts';
 import { DEFAULT_OWNED_NAME } from '../install/owned.ts';
 import { ConfigError, ConfigErrors, MAX_TIMER_MS, parseBool, parseDuration, parseEnum, parseFileMode, parseInt10, parseList } from './parse.ts';
 import { isLabelKey, isLabelValue, parseFieldSelector, parseLabelSelector } from './selectors.ts';
-import { LIST_MODES, type ListMode } from '../orch/ratelimit.ts';
 
 export interface InstallSettings {
   readonly chained: boolean;

@@ -7,9 +7,8 @@ import type { KubeConfig } from '@kubernetes/client-node/dist/config.js';
 import type { OrchSettings } from '../config/settings.ts';
 import { realClock, TokenBucket, type Clock } from './limits.ts';
 
-/** How the pod source reads the state it then watches from (--orch-list-mode). */
-export const LIST_MODES = ['auto', 'cache', 'consistent'] as const;
-export type ListMode = (typeof LIST_MODES)[number];
+/** How the pod source reads the state it then watches from (--orch-list-mode; the list is the flag table's). */
+export { LIST_MODES, type ListMode } from '../config/flags.ts';
 
 /** What one agent's connection to the API server carries besides the orchconfig. */
 export interface OrchContext {
