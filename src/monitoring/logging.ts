@@ -48,23 +48,22 @@ const BARE = /^[^\s"=\\\u0000-\u001f\u007f]+$/;
 // Set by the record itself (columns), never printed as fields.
 const COLUMNS = new Set(['time', 'level', 'scope', 'msg']);
 
-const UNSERIALIZABLE = '"[unable to serialize, circular reference is too complex to analyze]"';
+// What JSON.stringify cannot write (a bigint, a cycle, a toJSON that throws) is written by pino's
+// own safe serializer, exactly as in a JSON line (keys sorted there, depth and breadth limited):
+// one record of a pino logger whose line is taken synchronously, as `{"level":"info","v":<json>}`.
+let spelled = '';
+const safeSerializer = pino(
+  { level: 'info', base: null, timestamp: false, formatters: { level: (label) => ({ level: label }) } },
+  { write: (line: string) => void (spelled = line) },
+);
+const SPELLED_HEAD = '{"level":"info","v":';
 
-// JSON.rawJSON (V8, Node 21+) is not in TypeScript's lib yet.
-const rawJson = (JSON as unknown as { rawJSON(text: string): unknown }).rawJSON;
-
-/** JSON.stringify that does not throw: a circular reference is "[Circular]", a bigint a number. */
-function safeJson(v: unknown): string | undefined {
-  const seen: object[] = [];
-  return JSON.stringify(v, function (this: unknown, _k, value: unknown) {
-    if (typeof value === 'bigint') return rawJson(String(value));
-    if (typeof value !== 'object' || value === null) return value;
-    // `this` is the holder: drop the ancestors we have left before checking for a cycle.
-    while (seen.length > 0 && seen[seen.length - 1] !== this) seen.pop();
-    if (seen.includes(value)) return '[Circular]';
-    seen.push(value);
-    return value;
-  });
+function pinoJson(v: unknown): string | undefined {
+  spelled = '';
+  safeSerializer.info({ v });
+  if (!spelled.startsWith(SPELLED_HEAD)) return undefined;
+  // Read back and written again as the console always had it: index keys ("2") come first.
+  return JSON.stringify(JSON.parse(spelled.slice(SPELLED_HEAD.length, -2)));
 }
 
 /**
@@ -91,17 +90,15 @@ function consoleValue(key: string, v: unknown): string | undefined {
   try {
     json = JSON.stringify(v);
   } catch {
-    try {
-      json = safeJson(v);
-    } catch {
-      // A toJSON that throws: said as pino says it; a log call never throws.
-      json = UNSERIALIZABLE;
-    }
+    json = pinoJson(v);
   }
   // An object that turns into a string (a Date): printed as that string would be.
   if (json !== undefined && json.charCodeAt(0) === 34) return consoleValue('', JSON.parse(json) as string);
   return json;
 }
+
+/** A field name: bare, else JSON-quoted with DEL escaped too (as names always had it). */
+const nameOf = (k: string) => (BARE.test(k) ? k : JSON.stringify(k).replace(/\u007f/g, '\\u007f'));
 
 /**
  * One console line: control characters in the message are escaped (`\n`, `\t`), so one record is
@@ -114,7 +111,7 @@ function consoleLine(time: string, level: EmitLevel, name: LogScope, msg: string
     if (!Object.hasOwn(fields, k) || COLUMNS.has(k)) continue;
     const v = consoleValue(k, fields[k]);
     if (v === undefined) continue;
-    kv += `${kv === '' ? '\t' : ' '}${BARE.test(k) ? k : JSON.stringify(k)}=${v}`;
+    kv += `${kv === '' ? '\t' : ' '}${nameOf(k)}=${v}`;
   }
   return `${time}\t${level}\t${name}\t${escapeControl(msg)}${kv}\n`;
 }
