@@ -70,7 +70,8 @@ describe('console format, byte for byte', () => {
   it('quotes a field name that is not bare, so no name can forge another field', () => {
     const sink = captureSink();
     configureLogging(buildSettings({}, {}).logging, sink);
-    const fields = { pod: 'ns/real', 'x pod': 'kube-system/forged', 'a=b': 1, 'q"': 2, 'k\ney': 3, é: 4, 'd\u007f': 5 };
+    const fields = { pod: 'ns/real', 'x pod': 'kube-system/forged', 'a=b': 1, 'q"': 2, 'k\ney': 3, é: 4 };
+    Object.assign(fields, { 'd\u007f': 5 });
     logRecord('cni', 'info', 'm', fields, T);
     // DEL escaped in a name as it always was (JSON leaves it raw).
     const kv = 'pod=ns/real "x pod"=kube-system/forged "a=b"=1 "q\\""=2 "k\\ney"=3 é=4 "d\\u007f"=5';

@@ -89,7 +89,8 @@ describe('README example log lines are what the agent prints', () => {
     // A real API request at --vklog 4.
     const kc = new KubeConfig();
     kc.loadFromFile(orchconfig);
-    await clientNodeApi(kc).labelPod(api.getPod('shop', 'cart-1')!, 'mesh.io/readme', 'yes', AbortSignal.timeout(10_000));
+    const cart = api.getPod('shop', 'cart-1')!;
+    await clientNodeApi(kc).labelPod(cart, 'mesh.io/readme', 'yes', AbortSignal.timeout(10_000));
 
     for (const line of sink.lines) {
       const shape = shapeOf(line);
