@@ -59,7 +59,8 @@ export async function applySteps(steps: readonly Step[], netDir: string, memory:
       continue;
     }
     if (step.kind === 'groupFailed') {
-      out.groupErrors.push(`${step.what}: ${step.message}`);
+      // Planning stopped after the group's steps: unless one of them failed first, as it then would have.
+      if (!groupDown) out.groupErrors.push(`${step.what}: ${step.message}`);
       continue;
     }
     if (groupDown || (changed && !(step.kind === 'note' && step.evenIfChanged))) continue;

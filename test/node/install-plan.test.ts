@@ -1,10 +1,12 @@
 // The planner (src/install/plan.ts) alone, table-tested: a net dir as a listing and file texts
 // in, the planned writes, removals and reports out, and the dir the steps leave (applied here to
-// the listing in memory). No file system: the real pass, with its I/O, is tested by the
-// install-* suites on temp dirs.
+// the listing in memory). Rows of our own (splice, standalone, owned mode, switching modes,
+// shadowing files, rollback copies, malformed primaries, uninstall), then every conformance
+// fixture (test/node/fixtures/install-conformance/: in/ -> out/ -> clean/) through the planner
+// alone. No file system: the real pass, with its I/O, is tested by the install-* suites.
 
 import assert from 'node:assert/strict';
-import { readFileSync } from 'node:fs';
+import { existsSync, readdirSync, readFileSync } from 'node:fs';
 import path from 'node:path';
 import { describe, it } from 'node:test';
 import { isOurs, withOurEntry, withoutOurEntry } from '../../src/install/cniconfig.ts';
@@ -12,8 +14,11 @@ import { ownedText } from '../../src/install/owned.ts';
 import { planCleanup, planConfig, planPrelude, type Plan } from '../../src/install/plan.ts';
 import { emptyMemory, plainFile, PlanContext, STANDALONE_CONF_NAME, type Memory, type NetDirView, type PlanSettings, type Step } from '../../src/install/plancontext.ts';
 import { formatOriginal, sha256 } from '../../src/install/records.ts';
+import { UnsafeFileError } from '../../src/install/safefile.ts';
+import { renderEntry, DEFAULT_TEMPLATE } from '../../src/install/template.ts';
+import { buildSettings } from '../../src/config/settings.ts';
 import { ROOT } from '../helpers/cli.ts';
-import { FIXTURE_ENTRY } from '../helpers/install-fixtures.ts';
+import { dirFiles, FIXTURE_ENTRY, FIXTURE_VALUES, type ConformanceCase } from '../helpers/install-fixtures.ts';
 import { BRIDGE_CONFLIST } from '../helpers/hosttree.ts';
 
 const NET = '/host/etc/cni/net.d';
@@ -35,11 +40,16 @@ const enoent = (name: string) => Object.assign(new Error(`${name}: no such file`
 /** The net dir as the planner sees it, from a listing and texts; `dir/file` names are files in a subdir. */
 function memoryView(files: Files): NetDirView {
   const get = (name: string) => files[name];
+  const isDir = (name: string) => get(name) === undefined && Object.keys(files).some((n) => n.startsWith(`${name}/`));
+  const text = (name: string) => {
+    if (isDir(name)) throw new UnsafeFileError(name, 'not_regular', `${name} is a directory, not a regular file`);
+    return get(name) === undefined ? null : textOf(get(name)!);
+  };
   return {
-    list: async () => Object.keys(files).filter((n) => !n.includes('/')),
-    read: async (name) => (get(name) === undefined ? null : textOf(get(name)!)),
+    list: async () => [...new Set(Object.keys(files).map((n) => n.split('/')[0]!))],
+    read: async (name) => text(name),
     readRecord: async (name) => (get(name) === undefined ? null : textOf(get(name)!)),
-    readCached: async (name) => (get(name) === undefined ? null : plainFile(textOf(get(name)!))),
+    readCached: async (name) => (text(name) === null ? null : plainFile(text(name)!)),
     peekCached: () => undefined,
     warmCached: async () => undefined,
     keepCached: () => undefined,
@@ -50,12 +60,14 @@ function memoryView(files: Files): NetDirView {
     },
     lstat: async (name) => {
       const f = get(name);
+      if (isDir(name)) return { isFile: false, isDirectory: true, isSymbolicLink: false, mode: 0o40755 };
       return f === undefined ? null : { isFile: true, isDirectory: false, isSymbolicLink: false, mode: 0o100000 | modeOf(f) };
     },
     readlink: async (name) => {
       throw Object.assign(new Error(`${name} is no link`), { code: 'EINVAL' });
     },
     listDir: async (name) => {
+      if (get(name) !== undefined) throw Object.assign(new Error(`${name}: not a directory`), { code: 'ENOTDIR' });
       const inside = Object.keys(files).filter((n) => n.startsWith(`${name}/`));
       if (inside.length === 0) throw enoent(name);
       return inside.map((n) => ({ name: n.slice(name.length + 1), isDirectory: false }));
@@ -299,4 +311,53 @@ describe('planner: before anything is touched', () => {
     assert.equal(p.primary, OWNED);
     assert.deepEqual(summary(p.steps), [`write ${OWNED} (if 10-bridge.conflist unchanged)`, `write .${OWNED}.mesh-from`, `remove ${earlier}`, `remove .${earlier}.mesh-from`]);
   });
+});
+
+describe('planner: the conformance fixtures (in/ -> out/ -> clean/, test/node/fixtures/install-conformance/)', () => {
+  const FIXTURES = path.join(ROOT, 'test/node/fixtures/install-conformance');
+  const ORCHCONFIG = 'zzz-mesh-cni-orchconfig';
+  const entry = renderEntry(DEFAULT_TEMPLATE, { ...FIXTURE_VALUES, kubeconfigFilepath: `/etc/cni/net.d/${ORCHCONFIG}` }, 'the default template');
+  /** The config files of a listing as dirFiles gives them: no dotfiles, no orchconfig. */
+  const visible = (files: Files) => Object.fromEntries(Object.entries(texts(files)).filter(([n]) => !n.startsWith('.') && n !== ORCHCONFIG).sort());
+  /** What the remember steps leave in memory. */
+  const remembered = (steps: readonly Step[], memory: Memory): Memory => {
+    const originals = new Map(memory.originals);
+    for (const s of steps) {
+      if (s.kind !== 'remember') continue;
+      if (s.original === null) originals.delete(s.name);
+      else originals.set(s.name, s.original);
+    }
+    return { ...memory, originals };
+  };
+
+  for (const name of readdirSync(FIXTURES).filter((n) => existsSync(path.join(FIXTURES, n, 'case.json'))).sort()) {
+    const dir = path.join(FIXTURES, name);
+    const c = JSON.parse(readFileSync(path.join(dir, 'case.json'), 'utf8')) as ConformanceCase;
+    it(name, async () => {
+      const install = buildSettings({ 'orchcfg-file-name': ORCHCONFIG, ...c.flags }, { NODE_NAME: 'node-1' }).install;
+      const s: PlanSettings = {
+        netDir: NET, chained: install.chained, owned: install.meshOwnedCniConfig, ownedName: install.meshOwnedCniConfigFilename,
+        confName: install.cniConfName, orchcfgName: install.orchcfgFileName, standaloneName: install.cniConfName || STANDALONE_CONF_NAME,
+      };
+      let files: Files = dirFiles(path.join(dir, 'in'));
+      let memory = emptyMemory();
+      let said: string[] = [];
+      for (const more of [{}, existsSync(path.join(dir, 'later')) ? dirFiles(path.join(dir, 'later')) : null]) {
+        if (more === null) continue;
+        files = { ...files, ...more };
+        const ctx = new PlanContext(s, memoryView(files), memory, 0);
+        assert.equal(await planPrelude(ctx), null);
+        const p = await planConfig(ctx, entry);
+        assert.equal(p.error, undefined, p.error?.message);
+        files = applied(files, p.steps);
+        memory = remembered(p.steps, memory);
+        said = p.steps.flatMap((x) => (x.kind === 'fail' || x.kind === 'notReady' ? [x.message] : []));
+      }
+      assert.deepEqual(visible(files), dirFiles(path.join(dir, 'out'), [ORCHCONFIG]));
+      if (c.ready) assert.deepEqual(said, [], 'ready: nothing said');
+      else assert.ok(said.some((m) => new RegExp(c.reason ?? '.').test(m)), `not ready: ${said.join('; ')}`);
+      const clean = await planCleanup(new PlanContext(s, memoryView(files), memory, 0));
+      assert.deepEqual(visible(applied(files, clean.steps)), dirFiles(path.join(dir, 'clean'), [ORCHCONFIG]));
+    });
+  }
 });
