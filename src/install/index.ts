@@ -1,4 +1,14 @@
-// The installer's entry for the agent.
+// The installer's entry for the agent. The folder, by job:
+//   installer.ts      the component: passes at start, on watch events (watch.ts) and periodically,
+//                     one at a time; readiness (watchdog.ts); uninstall or not on stop (uninstall.ts)
+//   reconcile.ts      one pass: binaries (binaries.ts, once cpucheck.ts finds they can run here),
+//                     the orchconfig (orchconfigsync.ts, orchconfig.ts; the plugin's token:
+//                     tokenrequest.ts), and our entry in the CNI config:
+//     plan.ts         the pure planner (plancontext.ts, planprimary.ts, plantakeout.ts,
+//                     planmodes.ts, owned.ts, cniconfig.ts, jsonspans.ts, records.ts): the net dir
+//                     read through a view (netdirview.ts, filecache.ts, safefile.ts) -> steps
+//     apply.ts        the applier: the steps, in order (atomicfile.ts, fd-pinned link targets)
+//   template.ts       our plugin entry;  podlookup.ts  the plugin's pod lookups;  metrics.ts
 import type { Component } from '../component.ts';
 import type { Settings } from '../config/settings.ts';
 import type { PluginTokenSource } from './tokenrequest.ts';
