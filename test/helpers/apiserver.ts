@@ -447,12 +447,34 @@ export async function startTestApiServer(opts: TestApiServerOptions = {}): Promi
     }
   }
 
+  // The watch cache's index of pods by spec.nodeName (what makes a node's list cheap), kept so that
+  // the fleet bench's 150,000 pods do not make every node's list a scan of all of them.
+  const byNode = new Map<string, Set<string>>();
+  function index(k: string, p: V1Pod): void {
+    const node = p.spec?.nodeName ?? '';
+    let set = byNode.get(node);
+    if (!set) byNode.set(node, (set = new Set()));
+    set.add(k);
+  }
+  function unindex(k: string, old: V1Pod | undefined): void {
+    if (old) byNode.get(old.spec?.nodeName ?? '')?.delete(k);
+  }
+  /** The pods a filter can match, by the index when it names a node. */
+  function candidates(filter: PodFilter): [string, V1Pod][] {
+    const node = filter.fields.find((f) => f.field === 'spec.nodeName' && f.op === '=');
+    if (!node) return [...pods.entries()];
+    return [...(byNode.get(node.value) ?? [])].map((k) => [k, pods.get(k)!]);
+  }
+
   function storePod(pod: V1Pod, old: V1Pod | undefined): V1Pod {
     const p = clone(pod);
     p.apiVersion ??= 'v1';
     p.kind ??= 'Pod';
     p.metadata!.resourceVersion = String(nextRv());
-    pods.set(key(p.metadata!.namespace!, p.metadata!.name!), p);
+    const k = key(p.metadata!.namespace!, p.metadata!.name!);
+    pods.set(k, p);
+    unindex(k, old);
+    index(k, p);
     record(old ? 'MODIFIED' : 'ADDED', p, old);
     return clone(p);
   }
@@ -461,6 +483,7 @@ export async function startTestApiServer(opts: TestApiServerOptions = {}): Promi
     const old = pods.get(key(ns, name));
     if (!old) return undefined;
     pods.delete(key(ns, name));
+    unindex(key(ns, name), old);
     const gone = clone(old);
     gone.metadata!.resourceVersion = String(nextRv());
     record('DELETED', gone, old);
@@ -507,13 +530,12 @@ export async function startTestApiServer(opts: TestApiServerOptions = {}): Promi
   function indexedCost(filter: PodFilter): number {
     const node = filter.fields.find((f) => f.field === 'spec.nodeName' && f.op === '=');
     if (!node) return filter.namespace === undefined ? pods.size : [...pods.values()].filter((p) => p.metadata?.namespace === filter.namespace).length;
-    let n = 0;
-    for (const p of pods.values()) if (p.spec?.nodeName === node.value) n++;
-    return n;
+    return byNode.get(node.value)?.size ?? 0;
   }
 
   /** What etcd reads for a consistent list: every pod of the range (cluster or namespace), after `after`. */
   function etcdCost(filter: PodFilter, after: string): number {
+    if (filter.namespace === undefined && after === '') return pods.size;
     let n = 0;
     for (const [k, p] of pods) if (k > after && (filter.namespace === undefined || p.metadata?.namespace === filter.namespace)) n++;
     return n;
@@ -543,7 +565,7 @@ export async function startTestApiServer(opts: TestApiServerOptions = {}): Promi
     // The watch cache answers resourceVersion=0, and any resourceVersion without a limit; the rest is etcd.
     const fromCache = rawRv !== null && rawRv !== '' && !cont && (rawRv === '0' || !(Number(q.get('limit') ?? '0') > 0));
     if (rec) rec.objectsRead = fromCache ? indexedCost(filter) : etcdCost(filter, after);
-    const all = [...pods.entries()]
+    const all = candidates(filter)
       .filter(([k, p]) => k > after && podMatches(filter, p))
       .sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0));
     const limit = Number(q.get('limit') ?? '0');
@@ -596,18 +618,25 @@ export async function startTestApiServer(opts: TestApiServerOptions = {}): Promi
     }
     if (initialEvents) {
       // The state now (the server waits until its cache is at least as new as asked), then the mark.
-      const now = [...pods.values()].filter((p) => podMatches(filter, p));
+      const now = candidates(filter).map(([, p]) => p).filter((p) => podMatches(filter, p));
       rec.objectsRead = indexedCost(filter);
       for (const p of now) writeEvent(w, 'ADDED', p);
       writeEvent(w, 'BOOKMARK', { kind: 'Pod', apiVersion: 'v1', metadata: { resourceVersion: String(rv), annotations: { 'k8s.io/initial-events-end': 'true' } } });
     } else if (from === undefined) {
       // No resourceVersion: "start at most recent", with synthetic ADDED for what exists now.
       rec.objectsRead = indexedCost(filter);
-      for (const p of [...pods.values()].filter((p) => podMatches(filter, p))) writeEvent(w, 'ADDED', p);
+      for (const [, p] of candidates(filter).filter(([, p]) => podMatches(filter, p))) writeEvent(w, 'ADDED', p);
     } else {
       rec.objectsRead = 0;
-      for (const h of history) {
-        if (h.rv <= from) continue;
+      // history is in resourceVersion order: start at the first entry after `from`.
+      let lo = 0;
+      for (let hi = history.length; lo < hi;) {
+        const mid = (lo + hi) >>> 1;
+        if (history[mid]!.rv <= from) lo = mid + 1;
+        else hi = mid;
+      }
+      for (let i = lo; i < history.length; i++) {
+        const h = history[i]!;
         const ev = eventFor(filter, h);
         if (ev) {
           rec.objectsRead = (rec.objectsRead ?? 0) + 1;
