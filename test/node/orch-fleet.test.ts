@@ -18,6 +18,8 @@ import { realClock } from '../../src/orch/limits.ts';
 import { PodSource, WATCH_DEFAULTS, type PodSourceOptions } from '../../src/orch/podsource.ts';
 import { orchContext } from '../../src/orch/ratelimit.ts';
 import { getPod, MAX_POD_GET_ATTEMPTS } from '../../cni-plugin/orch/podclient.ts';
+import { NodePods } from '../../src/install/podlookup.ts';
+import { ConfigErrors } from '../../src/config/parse.ts';
 import { startTestApiServer, type RequestRecord, type TestApiServer } from '../helpers/apiserver.ts';
 import { waitFor } from '../helpers/poll.ts';
 
@@ -63,6 +65,17 @@ function source(api: OrchApi, o: Partial<PodSourceOptions> = {}): PodSource {
   src.start();
   return src;
 }
+
+describe('fleet scale: settings', () => {
+  it('--orch-qps, --orch-burst and --orch-list-mode: defaults, and bad values refused by name', () => {
+    const o = buildSettings({}, {}).orch;
+    assert.deepEqual({ qps: o.qps, burst: o.burst, listMode: o.listMode }, { qps: 1, burst: 10, listMode: 'auto' });
+    assert.equal(buildSettings({ 'orch-list-mode': 'cache' }, {}).orch.listMode, 'cache');
+    for (const [flag, value] of [['orch-qps', '0'], ['orch-burst', '-1'], ['orch-list-mode', 'etcd']] as const) {
+      assert.throws(() => buildSettings({ [flag]: value }, {}), (e: unknown) => e instanceof ConfigErrors && e.message.includes(`--${flag}`), flag);
+    }
+  });
+});
 
 describe('fleet scale: the pod watch', () => {
   before(async () => {
@@ -230,9 +243,11 @@ describe('fleet scale: the pod watch', () => {
     const src = source(apiFor());
     await src.synced;
     await waitFor('watching', () => src.state === 'watching');
+    const lookups = new NodePods(src);
     s.faults.status = { code: 429, retryAfterSeconds: 1 };
-    s.upsertPod(pod('a-storm', 'node-a'));
-    await waitFor('the open watch still delivers', () => src.get('default', 'a-storm'));
+    const fresh = s.upsertPod(pod('a-storm', 'node-a'));
+    const answer = await lookups.lookup({ namespace: 'default', name: 'a-storm', uid: fresh.metadata!.uid! }, 1000);
+    assert.ok('pod' in answer, `the pod lookup answers from the open watch: ${JSON.stringify(answer)}`);
     assert.equal(src.state, 'watching');
     delete s.faults.status;
   });
