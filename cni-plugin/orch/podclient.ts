@@ -103,13 +103,15 @@ export async function getPod(initial: OrchAccess, namespace: string, name: strin
     for (;;) {
       attempt++;
       if (attempt > MAX_POD_GET_ATTEMPTS) {
-        throw new PodLookupError('unavailable', attempt - 1, `API server failed GET ${where} ${attempt - 1} times (the most one pod start sends); last: ${last}`);
+        const why = `API server failed GET ${where} ${attempt - 1} times (the most one pod start sends); last: ${last}`;
+        throw new PodLookupError('unavailable', attempt - 1, why);
       }
       const remaining = deadline - Date.now();
       if (remaining <= 0) {
         throw new PodLookupError('unavailable', attempt - 1, `API server did not answer GET ${where} within ${opts.timeoutMs} ms (${attempt - 1} attempts; last: ${last})`);
       }
-      let delay = (opts.random ?? Math.random)() * Math.min(RETRY_CAP_MS, RETRY_BASE_MS * 2 ** Math.min(attempt - 1, 10));
+      const window = Math.min(RETRY_CAP_MS, RETRY_BASE_MS * 2 ** Math.min(attempt - 1, 10));
+      let delay = (opts.random ?? Math.random)() * window;
       try {
         const r = await getOnce(https, access, agent, path, Math.min(opts.attemptTimeoutMs, remaining));
         if (r.status === 200) {

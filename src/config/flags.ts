@@ -102,9 +102,14 @@ export const FLAGS: readonly FlagSpec[] = [
   installFlag('cleanup-on-exit', 'string', 'auto', 'On SIGTERM: always remove our entry and files, never, or auto: keep them only while the API server confirms our DaemonSet still exists (a restart or upgrade).', { choices: CLEANUP_MODES }),
   installFlag('reconcile-interval', 'duration', '5s', 'How often a full reconcile runs besides the file watches (catches what watches miss).'),
   installFlag('reconcile-timeout', 'duration', '30s', 'A reconcile pass running longer than this makes /readyz fail with the reason (it is stuck); stopping waits at most this long for a running pass, and as long again for the uninstall.'),
-  installFlag('orch-qps', 'int', '1', 'Client-side rate limit of the agent\'s own API requests (lists, watches, reads, TokenRequests), per second; repair actions have --repair-qps.'),
+  installFlag('orch-qps', 'int', '1',
+    'Client-side rate limit of the agent\'s own API requests (lists, watches, reads, TokenRequests), '
+    + 'per second; repair actions have --repair-qps.'),
   installFlag('orch-burst', 'int', '10', 'Requests the agent may send at once above --orch-qps (start-up needs about four).'),
-  installFlag('orch-list-mode', 'string', 'auto', 'How the agent reads its node\'s pods before watching: auto (the streaming watch-list where the API server has it, else a list from its watch cache), cache (a resourceVersion=0 list) or consistent (a paginated consistent list, read from etcd: only for a server without a watch cache).', { choices: LIST_MODES }),
+  installFlag('orch-list-mode', 'string', 'auto',
+    'How the agent reads its node\'s pods before watching: auto (the streaming watch-list where the API server '
+    + 'has it, else a list from its watch cache), cache (a resourceVersion=0 list) or consistent (a paginated '
+    + 'consistent list, read from etcd: only for a server without a watch cache).', { choices: LIST_MODES }),
   installFlag('orchconfig', 'string', undefined, 'Orchconfig (kubeconfig) file the agent itself uses to reach the API server; empty means in-cluster (service account).', { path: 'file' }),
   // --- repair controller (seed), and its client-side limits
   repairFlag('repair-enabled', 'bool', 'false', 'Whether the repair controller runs.'),

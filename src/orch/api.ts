@@ -65,10 +65,18 @@ export function clientNodeApi(kc: KubeConfig): OrchApi {
   const name = (p: V1Pod) => `pod ${p.metadata?.namespace}/${p.metadata?.name}`;
   const ctx = orchContext(kc)?.settings;
   return {
-    ...(ctx ? { tuning: { listMode: ctx.listMode, reconnectSpreadMs: ctx.reconnectSpreadMs, startJitterMs: ctx.startJitterMs } } : {}),
+    ...(ctx
+      ? { tuning: { listMode: ctx.listMode, reconnectSpreadMs: ctx.reconnectSpreadMs, startJitterMs: ctx.startJitterMs } }
+      : {}),
     async listPods(q, signal) {
       const list = await apiRequest<{ items?: V1Pod[]; metadata?: { resourceVersion?: string; continue?: string } }>(kc, 'GET', '/api/v1/pods', 'listing pods', {
-        query: { fieldSelector: q.fieldSelector, labelSelector: q.labelSelector, resourceVersion: q.resourceVersion, limit: q.limit, continue: q.continueToken },
+        query: {
+          fieldSelector: q.fieldSelector,
+          labelSelector: q.labelSelector,
+          resourceVersion: q.resourceVersion,
+          limit: q.limit,
+          continue: q.continueToken,
+        },
         signal,
       });
       return { items: list.items ?? [], resourceVersion: list.metadata?.resourceVersion ?? '', continueToken: list.metadata?.continue || undefined };
@@ -85,7 +93,8 @@ export function clientNodeApi(kc: KubeConfig): OrchApi {
       };
       const controller = new AbortController();
       try {
-        const stream = await apiWatch(kc, '/api/v1/pods', what, query, (e) => onEvent(e.type as WatchEventType, e.object), done, controller.signal);
+        const forward = (e: { type?: unknown; object?: unknown }) => onEvent(e.type as WatchEventType, e.object);
+        const stream = await apiWatch(kc, '/api/v1/pods', what, query, forward, done, controller.signal);
         controller.signal.addEventListener('abort', () => stream.abort(), { once: true });
       } catch (e) {
         done(e);

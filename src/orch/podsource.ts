@@ -8,7 +8,9 @@
 // (sendInitialEvents, KEP-3157), else a list from the API server's watch cache (resourceVersion=0,
 // no limit), and only if the server refuses that, a consistent list (every pod of the cluster read
 // from etcd); each fallback is logged and kept for the life of the process. A watch cut while
-// healthy is resumed after a random part of a 12 s spread; failures back off with full jitter. The cache it keeps is what the repair controller's periodic resync re-checks
+// healthy is resumed after a random part of a 12 s spread; failures back off with full jitter.
+//
+// The cache it keeps is what the repair controller's periodic resync re-checks
 // and what the pod lookup answers from. The agent's wiring (src/agent.ts) builds the node's watch
 // once (nodePodSource) and hands it to every reader; it never belongs to one of them.
 
@@ -195,7 +197,11 @@ export class PodSource {
           end = await this.#watch('', true);
           if (end.reason === 'unsupported') {
             this.#listMode = 'cache';
-            this.#log.warn('the API server does not serve the streaming watch-list; listing from its watch cache instead (resourceVersion=0), for as long as this agent runs', { error: end.error?.message ?? '' });
+            this.#log.warn(
+              'the API server does not serve the streaming watch-list; listing from its watch cache instead '
+                + '(resourceVersion=0), for as long as this agent runs',
+              { error: end.error?.message ?? '' },
+            );
             delay = 0;
             continue;
           }
@@ -219,7 +225,8 @@ export class PodSource {
         // Its own timeout (already 5-10 min at random): at once. Cut while healthy (an API server
         // restart, a compaction cuts every watch of the fleet together): anywhere in the spread.
         // Failing: exponential backoff with full jitter.
-        delay = end.timedOut ? backoff.next(retryAfter) : end.healthy && spread > 0 ? Math.max(retryAfter ?? 0, this.#random() * spread) : backoff.next(retryAfter);
+        const cut = !end.timedOut && end.healthy && spread > 0;
+        delay = cut ? Math.max(retryAfter ?? 0, this.#random() * spread) : backoff.next(retryAfter);
         if (end.error) this.#lastError = end.error.message;
         const level = end.reason === 'closed' && end.healthy ? 'debug' : 'warn';
         this.#log[level]('pod watch ended; watching again', { reason: end.reason, relist: rv === '', retryInMs: Math.round(delay), attempt: backoff.attempt, ...(end.error ? { error: end.error.message } : {}) });
@@ -230,7 +237,11 @@ export class PodSource {
           // Every Kubernetes API server takes resourceVersion=0; whatever stands in front of this
           // one does not: consistent reads (each one goes to etcd) keep the agent working.
           this.#listMode = 'consistent';
-          this.#log.warn('the API server refuses lists from its watch cache (resourceVersion=0); listing with consistent reads instead, which read every pod of the cluster from etcd', { error: err.message });
+          this.#log.warn(
+            'the API server refuses lists from its watch cache (resourceVersion=0); listing with consistent '
+              + 'reads instead, which read every pod of the cluster from etcd',
+            { error: err.message },
+          );
           delay = 0;
           continue;
         }
@@ -257,7 +268,8 @@ export class PodSource {
     let rv: string;
     do {
       const signal = AbortSignal.any([this.#stop.signal, AbortSignal.timeout(this.#o.requestTimeoutMs)]);
-      const page = await this.#api.listPods({ ...this.#o.query, ...params, ...(continueToken ? { continueToken } : {}) }, signal);
+      const query = { ...this.#o.query, ...params, ...(continueToken ? { continueToken } : {}) };
+      const page = await this.#api.listPods(query, signal);
       for (const p of page.items) seen.set(podKey(p), p);
       continueToken = page.continueToken;
       rv = page.resourceVersion;
@@ -315,7 +327,11 @@ export class PodSource {
       const arm = () => {
         // Restarted on every event: the same timer, pushed back.
         if (watchdog) watchdog.refresh();
-        else watchdog = setTimeout(() => finish('silent', new ApiError(what, undefined, `no event or bookmark for ${this.#o.silenceTimeoutMs} ms`)), this.#o.silenceTimeoutMs);
+        else {
+          const why = `no event or bookmark for ${this.#o.silenceTimeoutMs} ms`;
+          const silent = () => finish('silent', new ApiError(what, undefined, why));
+          watchdog = setTimeout(silent, this.#o.silenceTimeoutMs);
+        }
       };
       const onStop = () => finish('stopped');
       this.#stop.signal.addEventListener('abort', onStop, { once: true });
@@ -335,7 +351,9 @@ export class PodSource {
           // The initial events: the state as of the closing bookmark, not yet the cache.
           if (type === 'BOOKMARK') {
             if (pod.metadata?.annotations?.[INITIAL_EVENTS_END] !== 'true') {
-              finish('unsupported', new ApiError(what, undefined, `a bookmark came before the initial events ended (no ${INITIAL_EVENTS_END}): the server ignores sendInitialEvents`));
+              const why = `a bookmark came before the initial events ended (no ${INITIAL_EVENTS_END}): `
+                + 'the server ignores sendInitialEvents';
+              finish('unsupported', new ApiError(what, undefined, why));
               return;
             }
             const state = pending;
@@ -371,13 +389,18 @@ export class PodSource {
           finish(e.code === 410 ? 'expired' : pending && refusesParameters(e) ? 'unsupported' : 'error', e);
         } else if (pending) {
           // A server that streams the watch-list ends its initial events with the bookmark first.
-          finish('unsupported', new ApiError(what, undefined, `the stream ended before the initial events did (no ${INITIAL_EVENTS_END} bookmark)`));
+          const why = `the stream ended before the initial events did (no ${INITIAL_EVENTS_END} bookmark)`;
+          finish('unsupported', new ApiError(what, undefined, why));
         } else {
           finish('closed');
         }
       };
       this.#api
-        .watchPods({ ...this.#o.query, resourceVersion: rv, timeoutSeconds, ...(initial ? { sendInitialEvents: true } : {}) }, onEvent, done)
+        .watchPods(
+          { ...this.#o.query, resourceVersion: rv, timeoutSeconds, ...(initial ? { sendInitialEvents: true } : {}) },
+          onEvent,
+          done,
+        )
         .then((c) => {
           controller = c;
           // Opened after we gave up on it (watchdog or stop): close it at once.

@@ -71,7 +71,12 @@ export class FullJitterBackoff {
   readonly #cap: number;
   readonly #retryAfterCap: number;
   readonly #random: () => number;
-  constructor(o: { readonly baseMs: number; readonly maxMs: number; readonly retryAfterCapMs?: number; readonly random?: () => number }) {
+  constructor(o: {
+    readonly baseMs: number;
+    readonly maxMs: number;
+    readonly retryAfterCapMs?: number;
+    readonly random?: () => number;
+  }) {
     this.#base = o.baseMs;
     this.#cap = o.maxMs;
     this.#retryAfterCap = o.retryAfterCapMs ?? 5 * 60_000;

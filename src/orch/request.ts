@@ -212,7 +212,8 @@ export async function apiWatch(
             continue; // not an event; the silence watchdog catches a stream that sends only this
           }
           logWatchEvent(url, line);
-          if (!ended && typeof event === 'object' && event !== null) onEvent(event as { type?: unknown; object?: unknown });
+          if (ended || typeof event !== 'object' || event === null) continue;
+          onEvent(event as { type?: unknown; object?: unknown });
         }
         if (buf.length > MAX_EVENT_BYTES) {
           req.destroy();

@@ -544,7 +544,9 @@ export async function startTestApiServer(opts: TestApiServerOptions = {}): Promi
   function listPodsResponse(req: IncomingMessage, q: URLSearchParams, namespace: string | undefined, rec?: RequestRecord) {
     const filter = parseFilter(q, namespace);
     const rawRv = q.get('resourceVersion');
-    if (rawRv === '0' && faults.rejectRv0List) throw new HttpError(400, 'BadRequest', 'injected fault: resourceVersion=0 lists are refused by this server');
+    if (rawRv === '0' && faults.rejectRv0List) {
+      throw new HttpError(400, 'BadRequest', 'injected fault: resourceVersion=0 lists are refused by this server');
+    }
     checkRv(rawRv, 'list');
     let listRv = rv;
     let after = '';
@@ -596,9 +598,15 @@ export async function startTestApiServer(opts: TestApiServerOptions = {}): Promi
     const initialEvents = q.get('sendInitialEvents') === 'true' && !faults.ignoreWatchList;
     if (q.get('sendInitialEvents') !== null && !faults.ignoreWatchList) {
       const invalid = (why: string) => new HttpError(422, 'Invalid', `ListOptions.meta.k8s.io "" is invalid: ${why}`);
-      if (faults.rejectWatchList) throw invalid('sendInitialEvents: Forbidden: sendInitialEvents is forbidden for watch unless the WatchList feature gate is enabled');
-      if (q.get('resourceVersionMatch') !== 'NotOlderThan') throw invalid('resourceVersionMatch: Forbidden: sendInitialEvents requires setting resourceVersionMatch to NotOlderThan');
-      if (q.get('allowWatchBookmarks') !== 'true') throw invalid('allowWatchBookmarks: Forbidden: sendInitialEvents requires allowWatchBookmarks');
+      if (faults.rejectWatchList) {
+        throw invalid('sendInitialEvents: Forbidden: sendInitialEvents is forbidden for watch unless the WatchList feature gate is enabled');
+      }
+      if (q.get('resourceVersionMatch') !== 'NotOlderThan') {
+        throw invalid('resourceVersionMatch: Forbidden: sendInitialEvents requires setting resourceVersionMatch to NotOlderThan');
+      }
+      if (q.get('allowWatchBookmarks') !== 'true') {
+        throw invalid('allowWatchBookmarks: Forbidden: sendInitialEvents requires allowWatchBookmarks');
+      }
     }
     res.writeHead(200, { 'content-type': table ? TABLE_CONTENT_TYPE : 'application/json', 'cache-control': 'no-cache, private' });
     res.flushHeaders();
