@@ -29,7 +29,8 @@ let s: TestApiServer;
 const sources: PodSource[] = [];
 
 function pod(name: string, node: string): V1Pod {
-  return { metadata: { name, namespace: 'default' }, spec: { nodeName: node, containers: [{ name: 'app', image: 'app' }] } };
+  const spec = { nodeName: node, containers: [{ name: 'app', image: 'app' }] };
+  return { metadata: { name, namespace: 'default' }, spec };
 }
 
 /** The pod list and watch requests the server saw, split. */
@@ -72,7 +73,8 @@ describe('fleet scale: settings', () => {
     assert.deepEqual({ qps: o.qps, burst: o.burst, listMode: o.listMode }, { qps: 1, burst: 10, listMode: 'auto' });
     assert.equal(buildSettings({ 'orch-list-mode': 'cache' }, {}).orch.listMode, 'cache');
     for (const [flag, value] of [['orch-qps', '0'], ['orch-burst', '-1'], ['orch-list-mode', 'etcd']] as const) {
-      assert.throws(() => buildSettings({ [flag]: value }, {}), (e: unknown) => e instanceof ConfigErrors && e.message.includes(`--${flag}`), flag);
+      const named = (e: unknown) => e instanceof ConfigErrors && e.message.includes(`--${flag}`);
+      assert.throws(() => buildSettings({ [flag]: value }, {}), named, flag);
     }
   });
 });
@@ -80,7 +82,8 @@ describe('fleet scale: settings', () => {
 describe('fleet scale: the pod watch', () => {
   before(async () => {
     dir = await mkdtemp(path.join(os.tmpdir(), 'mcni-fleet-'));
-    configureLogging({ asJson: false, outputLevels: buildSettings({ log_output_level: 'all:warn' }, {}).logging.outputLevels }, { write: (l) => void logs.push(l) });
+    const outputLevels = buildSettings({ log_output_level: 'all:warn' }, {}).logging.outputLevels;
+    configureLogging({ asJson: false, outputLevels }, { write: (l) => void logs.push(l) });
   });
   after(async () => {
     await rm(dir, { recursive: true, force: true });
@@ -117,7 +120,7 @@ describe('fleet scale: the pod watch', () => {
     assert.equal(podRequests().watches.length, 1);
   });
 
-  it('a server that refuses watch-list: one logged fallback to a resourceVersion=0 list without limit, watched from there', async () => {
+  it('no watch-list: one logged fallback to a resourceVersion=0 list without limit, watched from there', async () => {
     await cluster();
     s.faults.rejectWatchList = true;
     const src = source(apiFor());
@@ -132,7 +135,8 @@ describe('fleet scale: the pod watch', () => {
     const w = podRequests().watches[1]!;
     assert.equal(w.get('sendInitialEvents'), null);
     assert.ok(Number(w.get('resourceVersion')) > 0);
-    assert.ok(logs.some((l) => /does not serve the streaming watch-list.*sendInitialEvents is forbidden/.test(l)), logs.join(''));
+    const said = /does not serve the streaming watch-list.*sendInitialEvents is forbidden/;
+    assert.ok(logs.some((l) => said.test(l)), logs.join(''));
     assert.equal(src.status().listMode, 'cache');
     // A 410 lists from the cache again: watch-list is not asked for again.
     const since = Date.now();
@@ -144,7 +148,7 @@ describe('fleet scale: the pod watch', () => {
     assert.ok(again.watches.every((q) => q.get('sendInitialEvents') === null));
   });
 
-  it('a server that ignores sendInitialEvents (a bookmark before the initial events end) is listed instead', async () => {
+  it('a server that ignores sendInitialEvents (a bookmark before the end mark) is listed instead', async () => {
     await cluster();
     s.faults.ignoreWatchList = true;
     const src = source(apiFor());
@@ -155,7 +159,7 @@ describe('fleet scale: the pod watch', () => {
     assert.ok(logs.some((l) => /does not serve the streaming watch-list.*initial-events-end/.test(l)), logs.join(''));
   });
 
-  it('a server that refuses resourceVersion=0 too: a logged fallback to consistent lists, and the agent works', async () => {
+  it('resourceVersion=0 refused too: a logged fallback to consistent lists, and the agent works', async () => {
     await cluster();
     s.faults.rejectWatchList = true;
     s.faults.rejectRv0List = true;
@@ -210,7 +214,8 @@ describe('fleet scale: the pod watch', () => {
     assert.equal(q.get('sendInitialEvents'), null, 'no state read again');
     assert.ok(Number(q.get('resourceVersion')) >= rv);
     assert.equal(podRequests().lists.length, 0);
-    assert.ok(resumed.time - cut >= 300, `resumed ${resumed.time - cut} ms after the cut; 0.9 of the 400 ms spread asked`);
+    const after = resumed.time - cut;
+    assert.ok(after >= 300, `resumed ${after} ms after the cut; 0.9 of the 400 ms spread asked`);
     assert.equal(src.status().lists, 1);
   });
 
@@ -220,7 +225,8 @@ describe('fleet scale: the pod watch', () => {
     const k = orchKubeConfig(buildSettings({ orchconfig: kc, 'orch-qps': '2', 'orch-burst': '2' }, {}));
     const api = clientNodeApi(k);
     const t0 = Date.now();
-    for (let i = 0; i < 5; i++) await api.listPods({ fieldSelector: 'spec.nodeName=node-a', labelSelector: '', resourceVersion: '0' }, AbortSignal.timeout(10_000));
+    const list = { fieldSelector: 'spec.nodeName=node-a', labelSelector: '', resourceVersion: '0' };
+    for (let i = 0; i < 5; i++) await api.listPods(list, AbortSignal.timeout(10_000));
     const times = s.requests.filter((r) => r.path === '/api/v1/pods').map((r) => r.time - t0);
     assert.equal(times.length, 5);
     // Two at once (the burst), then one each half second.
@@ -252,12 +258,14 @@ describe('fleet scale: the pod watch', () => {
     delete s.faults.status;
   });
 
-  it('the plugin\'s fallback GET is bounded: at most MAX_ATTEMPTS requests per pod start, spread by jitter', async () => {
+  it('the plugin\'s fallback GET is bounded: at most MAX_POD_GET_ATTEMPTS per pod start, jittered', async () => {
     await cluster();
     s.faults.status = { code: 503, retryAfterSeconds: 0, paths: /\/pods\/a-0$/ };
     const access = { server: new URL(s.url), token: s.token, caPem: s.caPem, insecure: false };
     const delays: number[] = [];
-    const err = await getPod(access, 'default', 'a-0', { timeoutMs: 30_000, attemptTimeoutMs: 2000, onRetry: (_a, _w, d) => delays.push(d) }).then(() => null, (e: Error) => e);
+    const onRetry = (_a: number, _w: string, d: number) => void delays.push(d);
+    const opts = { timeoutMs: 30_000, attemptTimeoutMs: 2000, onRetry };
+    const err = await getPod(access, 'default', 'a-0', opts).then(() => null, (e: Error) => e);
     assert.ok(err, 'fails closed');
     assert.match(err.message, /503/);
     const gets = s.requests.filter((r) => r.path === '/api/v1/namespaces/default/pods/a-0').length;
@@ -270,7 +278,8 @@ describe('fleet scale: the pod watch', () => {
 
   it('the plugin\'s single-pod GET stays a consistent read', async () => {
     await cluster();
-    const p = await getPod({ server: new URL(s.url), token: s.token, caPem: s.caPem, insecure: false }, 'default', 'a-0', { timeoutMs: 5000, attemptTimeoutMs: 2000 });
+    const access = { server: new URL(s.url), token: s.token, caPem: s.caPem, insecure: false };
+    const p = await getPod(access, 'default', 'a-0', { timeoutMs: 5000, attemptTimeoutMs: 2000 });
     assert.equal(p.metadata?.name, 'a-0');
     const get = s.requests.find((r) => r.path === '/api/v1/namespaces/default/pods/a-0')!;
     assert.equal(get.query, '', 'no resourceVersion: a quorum read');
