@@ -2,7 +2,7 @@
 // around it that would make the runtime read something else than the file with our entry.
 
 import path from 'node:path';
-import { byteOrder, isConfigFile, isOurs, libcniVerdict, primaryCandidates, withoutOurEntry, type JsonObject } from './cniconfig.ts';
+import { byteOrder, isConfigFile, isOurs, libcniVerdict, otherForm, primaryCandidates, withoutOurEntry, type JsonObject } from './cniconfig.ts';
 import { ownedText, sortsBefore } from './owned.ts';
 import type { PlanContext } from './plancontext.ts';
 import { UnsafeFileError } from './safefile.ts';
@@ -35,12 +35,16 @@ export function textHoldsOurEntry(text: string, name: string): boolean {
  */
 export async function findPrimary(ctx: PlanContext, names: readonly string[]): Promise<Found | null> {
   const explicit = ctx.s.confName !== '';
-  // libcni's ConfFiles leaves directories out whatever their name (lstat: a link to one is
-  // still a candidate, refused below as not a regular file): no runtime reads them.
-  const dirs = new Set<string>();
-  for (const n of names) if ((isConfigFile(n) || n === ctx.s.confName) && (await ctx.lstat(n))?.isDirectory === true) dirs.add(n);
-  const candidates = primaryCandidates(names.filter((n) => !dirs.has(n)), { confName: ctx.s.confName, ownFiles: ctx.ownFiles() });
+  // The named file, else its other form (primaryCandidates); else every config file in order.
+  const present = new Set(names);
+  const candidates = explicit
+    ? [ctx.s.confName, otherForm(ctx.s.confName)].filter((n): n is string => n !== null && present.has(n))
+    : primaryCandidates(names, { confName: '', ownFiles: ctx.ownFiles() });
   for (const name of candidates) {
+    // libcni's ConfFiles leaves directories out whatever their name (lstat: a link to one is
+    // still a candidate, refused below as not a regular file): no runtime reads them. Asked
+    // only of the candidates tried, in order: one lstat a pass, not one per file in the dir.
+    if ((await ctx.lstat(name))?.isDirectory === true) continue;
     let text: string | null;
     try {
       text = await ctx.read(name);
