@@ -5,7 +5,7 @@
 //                     the orchconfig (orchconfigsync.ts, orchconfig.ts; the plugin's token:
 //                     tokenrequest.ts), and our entry in the CNI config:
 //     plan.ts         the pure planner (plancontext.ts, planprimary.ts, plantakeout.ts,
-//                     planmodes.ts, owned.ts, cniconfig.ts, jsonspans.ts, records.ts): the net dir
+//                     planmodes.ts, owned.ts, cniconfig.ts, libcni.ts, jsonspans.ts, records.ts): the net dir
 //                     read through a view (netdirview.ts, filecache.ts, safefile.ts) -> steps
 //     apply.ts        the applier: the steps, in order (atomicfile.ts, fd-pinned link targets)
 //   template.ts       our plugin entry;  podlookup.ts  the plugin's pod lookups;  metrics.ts
