@@ -8,7 +8,7 @@
 // behind a lazy initializer, so a call that does not reach it never evaluates it.
 // test/node/plugin-lazy.test.ts pins which modules each short call loads.
 
-import { fstatSync, readSync, writeSync } from 'node:fs';
+import { fstatSync, readFileSync, readSync, writeSync } from 'node:fs';
 import { CniError, CNI_ERROR } from './cni/errors.ts';
 import { parseCommand, parseConfig, parseRequest, versionOf, type Env } from './cni/protocol.ts';
 import { SUPPORTED_VERSIONS } from './cni/result.ts';
@@ -101,7 +101,32 @@ export async function run(env: Env, stdinText: () => string | Promise<string>): 
   }
 }
 
+/**
+ * Under Bun, a signal the parent ignored stays ignored (Node resets every inherited disposition
+ * at start), so a Bun plugin ran on through the SIGTERM that ends a Node one. For each of these
+ * the parent left ignored (SigIgn in /proc/self/status), a listener ends us by that signal.
+ */
+function endOnSignalsParentIgnored(): void {
+  if (!('Bun' in globalThis)) return;
+  let ignored: bigint;
+  try {
+    ignored = BigInt('0x' + (/^SigIgn:\s*([0-9a-f]+)$/m.exec(readFileSync('/proc/self/status', 'latin1'))?.[1] ?? '0'));
+  } catch {
+    return;
+  }
+  for (const [sig, n] of [['SIGHUP', 1], ['SIGINT', 2], ['SIGTERM', 15]] as const) {
+    if (((ignored >> BigInt(n - 1)) & 1n) === 0n) continue;
+    const end = () => {
+      process.removeListener(sig, end); // back to the default action, which the kill then takes
+      process.kill(process.pid, sig);
+      process.exit(128 + n);
+    };
+    process.on(sig, end);
+  }
+}
+
 export async function main(): Promise<void> {
+  endOnSignalsParentIgnored();
   const out = await run(process.env, readStdin);
   writeResult(out.stdout, out.code);
 }

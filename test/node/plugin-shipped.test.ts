@@ -106,16 +106,19 @@ describe(`the shipped mesh-cni (${runtime}): what its runtime could change`, () 
     });
   }
 
-  it('dies of SIGTERM mid-ADD without answering success, and leaves no rules', async () => {
+  // A parent that ignores SIGTERM (a shell's background job, nohup) passes that on: Node resets
+  // every inherited disposition at start, Bun keeps an ignored one, and a Bun plugin then ran on.
+  for (const parent of ['as is', 'ignored by its parent'] as const) it(`dies of SIGTERM mid-ADD (${parent}) without answering success, and leaves no rules`, async () => {
     const pod = api.upsertPod(meshPod('shop', 'slow'));
     const ns = new Netns('ship');
     try {
-      const id = 'ship2';
+      const id = parent === 'as is' ? 'ship2' : 'ship3';
       const chain = { containerId: id, netns: ns.path, ifname: 'eth0', args: k8sArgs(pod, id) };
       const prev = { cniVersion: '1.0.0', interfaces: [{ name: 'eth0', sandbox: ns.path }], ips: [{ address: '198.18.6.3/24', interface: 0 }] };
       const orchconfig = api.writeOrchconfig(path.join(tmp.dir, 'orchconfig'));
       api.faults.delayMs = 5000;
-      const child = spawn(EXE, [], { env: cniEnv('ADD', chain), stdio: ['pipe', 'pipe', 'pipe'] });
+      const argv = parent === 'as is' ? [EXE] : ['sh', '-c', 'trap "" TERM; exec "$0"', EXE];
+      const child = spawn(argv[0]!, argv.slice(1), { env: cniEnv('ADD', chain), stdio: ['pipe', 'pipe', 'pipe'] });
       let stdout = '';
       child.stdout.on('data', (d: Buffer) => (stdout += d.toString()));
       child.stdin.end(JSON.stringify(pluginConfig({ cniVersion: '1.0.0', orchconfig, extra: { pod_lookup_timeout_ms: 8000, pod_lookup_attempt_timeout_ms: 8000 } }, prev)));
