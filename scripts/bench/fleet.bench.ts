@@ -74,10 +74,11 @@ async function runFleet(a: FleetArgs): Promise<void> {
   const { startRepair } = await import('../../src/repair/index.ts');
   const { DEFAULT_POD_LOOKUP, startPodLookup } = await import('../../src/install/podlookup.ts');
   configureLogging(buildSettings({ log_output_level: 'all:none' }, {}).logging);
+  const caData = Buffer.from(a.caPem).toString('base64');
   const kubeconfig = (file: string) => {
     writeFileSync(file, JSON.stringify({
       apiVersion: 'v1', kind: 'Config', 'current-context': 'c',
-      clusters: [{ name: 'c', cluster: { server: a.url, 'certificate-authority-data': Buffer.from(a.caPem).toString('base64') } }],
+      clusters: [{ name: 'c', cluster: { server: a.url, 'certificate-authority-data': caData } }],
       users: [{ name: 'u', user: { token: a.token } }],
       contexts: [{ name: 'c', context: { cluster: 'c', user: 'u' } }],
     }), { mode: 0o600 });
@@ -89,12 +90,15 @@ async function runFleet(a: FleetArgs): Promise<void> {
       'repair-enabled': true,
       'repair-label-pods': true,
       'pod-lookup-uds-address': path.join(a.dir, `l${i}.sock`),
-      ...(a.mode === 'old' ? { 'orch-list-mode': 'consistent', 'orch-qps': '10000', 'orch-burst': '100000' } : { 'orch-qps': String(QPS), 'orch-burst': String(BURST) }),
+      ...(a.mode === 'old'
+        ? { 'orch-list-mode': 'consistent', 'orch-qps': '10000', 'orch-burst': '100000' }
+        : { 'orch-qps': String(QPS), 'orch-burst': String(BURST) }),
     };
     const built = buildSettings(flags, { NODE_NAME: node });
     // Today's re-watch timing for the old fleet (no spread, no start jitter); the settings object
     // is frozen, so a copy with that one part replaced.
-    const settings = a.mode === 'old' ? { ...built, orch: { ...built.orch, reconnectSpreadMs: 0, startJitterMs: 0 } } : built;
+    const today = { ...built.orch, reconnectSpreadMs: 0, startJitterMs: 0 };
+    const settings = a.mode === 'old' ? { ...built, orch: today } : built;
     return { node, settings };
   });
   const running: { stop(): Promise<void> }[] = [];
@@ -107,7 +111,8 @@ async function runFleet(a: FleetArgs): Promise<void> {
     watch.start();
     const repair = startRepair(settings, watch);
     const lookup = await startPodLookup(settings, DEFAULT_POD_LOOKUP, watch);
-    running.push({ stop: () => lookup.stop('SIGTERM') }, { stop: () => repair.stop('SIGTERM') }, { stop: () => watch.stop() });
+    running.push({ stop: () => lookup.stop('SIGTERM') });
+    running.push({ stop: () => repair.stop('SIGTERM') }, { stop: () => watch.stop() });
     void watch.synced.then(() => synced.push(Date.now() - t0));
     return { watch, limiter: orchContext(kc)?.limiter };
   }));
@@ -138,7 +143,9 @@ class Fleet {
   }
   static async start(server: TestApiServer, nodes: readonly string[], mode: Mode, dir: string): Promise<Fleet> {
     const args: FleetArgs = { url: server.url, caPem: server.caPem, token: server.token, nodes, mode, dir };
-    const child = fork(fileURLToPath(import.meta.url), ['--fleet'], { env: { ...process.env, FLEET_ARGS: JSON.stringify(args) }, stdio: ['ignore', 'inherit', 'inherit', 'ipc'] });
+    const env = { ...process.env, FLEET_ARGS: JSON.stringify(args) };
+    const stdio = ['ignore', 'inherit', 'inherit', 'ipc'] as const;
+    const child = fork(fileURLToPath(import.meta.url), ['--fleet'], { env, stdio: [...stdio] });
     await new Promise<void>((resolve, reject) => {
       child.once('message', () => resolve());
       child.once('exit', (code) => reject(new Error(`fleet exited with ${code}`)));
@@ -194,7 +201,9 @@ function window(server: TestApiServer, from: number, to: number): Window {
     let over = false;
     for (let i = 0; i < times.length && !over; i++) {
       // +1: the request that takes the last token is allowed, and the server's clock is ms.
-      for (let j = i; j < times.length; j++) if (j - i + 1 > BURST + QPS * ((times[j]! - times[i]!) / 1000) + 1) over = true;
+      for (let j = i; j < times.length; j++) {
+        if (j - i + 1 > BURST + QPS * ((times[j]! - times[i]!) / 1000) + 1) over = true;
+      }
     }
     if (over) overLimit++;
   }
@@ -208,7 +217,8 @@ function window(server: TestApiServer, from: number, to: number): Window {
   };
 }
 
-const pctl = (xs: readonly number[], p: number) => (xs.length === 0 ? NaN : xs[Math.min(xs.length - 1, Math.floor(p * xs.length))]!);
+const pctl = (xs: readonly number[], p: number) =>
+  xs.length === 0 ? NaN : xs[Math.min(xs.length - 1, Math.floor(p * xs.length))]!;
 
 interface Result {
   readonly start: Window & { readySeconds: { p50: number; max: number } };
@@ -226,10 +236,12 @@ async function scenario(server: TestApiServer, nodes: readonly string[], mode: M
   // start
   const t0 = Date.now();
   const fleet = await Fleet.start(server, nodes, mode, dir);
-  const st = await waitSynced(fleet, (s) => s.synced.length === nodes.length && s.agents.every((a) => a.state === 'watching'), 'every agent synced');
+  const watching = (s: FleetStatus) => s.agents.every((a) => a.state === 'watching');
+  const st = await waitSynced(fleet, (s) => s.synced.length === nodes.length && watching(s), 'every agent synced');
   await sleep(2000);
   const ready = [...st.synced].sort((x, y) => x - y);
-  const start = { ...window(server, t0, Date.now()), readySeconds: { p50: pctl(ready, 0.5) / 1000, max: ready.at(-1)! / 1000 } };
+  const readySeconds = { p50: pctl(ready, 0.5) / 1000, max: ready.at(-1)! / 1000 };
+  const start = { ...window(server, t0, Date.now()), readySeconds };
   // steady: nothing changes for IDLE_S seconds
   const i0 = Date.now();
   await sleep(IDLE_S * 1000);
@@ -239,20 +251,26 @@ async function scenario(server: TestApiServer, nodes: readonly string[], mode: M
   await server.stop();
   await server.start();
   await sleep(35_000);
-  await waitSynced(fleet, (s) => s.agents.every((a) => a.state === 'watching'), 'every agent watching again');
+  await waitSynced(fleet, watching, 'every agent watching again');
   const restart = window(server, r0, r0 + 30_000);
   // compaction: every watch gets 410
   const c0 = Date.now();
   const listsBefore = (await fleet.status()).agents.reduce((n, a) => n + a.lists, 0);
   server.expireResourceVersions();
-  await waitSynced(fleet, (s) => s.agents.reduce((n, a) => n + a.lists, 0) >= listsBefore + nodes.length && s.agents.every((a) => a.state === 'watching'), 'every agent read the state again');
+  const lists = (s: FleetStatus) => s.agents.reduce((n, a) => n + a.lists, 0);
+  const reread = (s: FleetStatus) => lists(s) >= listsBefore + nodes.length && watching(s);
+  await waitSynced(fleet, reread, 'every agent read the state again');
   await sleep(Math.max(0, 30_000 - (Date.now() - c0)));
   const compaction = window(server, c0, c0 + 30_000);
   await fleet.stop();
-  const asked = server.requests.filter((r) => r.time >= t0 && isPods(r) && isWatch(r)).map((r) => Number(q(r).get('timeoutSeconds') ?? 0)).filter((n) => n > 0);
+  const asked = server.requests
+    .filter((r) => r.time >= t0 && isPods(r) && isWatch(r))
+    .map((r) => Number(q(r).get('timeoutSeconds') ?? 0))
+    .filter((n) => n > 0);
   const meanTimeoutS = asked.reduce((x, y) => x + y, 0) / asked.length;
   const perRenewal = restart.requests / nodes.length;
-  const perNodeHour = (idle.requests / nodes.length) * (3600 / IDLE_S) + (3600 / meanTimeoutS) * 1 + 3600 / (0.65 * 3600);
+  // At rest: what the idle window sent, a renewal per mean timeout, the token refresh at 0.65 h.
+  const perNodeHour = (idle.requests / nodes.length) * (3600 / IDLE_S) + (3600 / meanTimeoutS) * perRenewal + 1 / 0.65;
   return { start, steady: { idleRequests: idle.requests, meanTimeoutS, perRenewal, perNodeHour }, restart, compaction };
 }
 
@@ -273,7 +291,9 @@ async function agentBundle(rev: string, out: string): Promise<string> {
     symlinkSync(path.join(root, 'node_modules'), path.join(src, 'node_modules'));
   }
   const outfile = path.join(out, `agent-${rev ? rev.slice(0, 8) : 'now'}.mjs`);
-  await esbuild.build({ ...bundleOptions('esm', { version: 'bench', gitCommit: 'bench', buildTime: new Date().toISOString() }), entryPoints: [path.join(src, 'src/cmd/install-cni-main.ts')], outfile, absWorkingDir: src, logLevel: 'error' });
+  const options = bundleOptions('esm', { version: 'bench', gitCommit: 'bench', buildTime: new Date().toISOString() });
+  const entryPoints = [path.join(src, 'src/cmd/install-cni-main.ts')];
+  await esbuild.build({ ...options, entryPoints, outfile, absWorkingDir: src, logLevel: 'error' });
   return outfile;
 }
 
@@ -285,12 +305,17 @@ async function agentRss(bundle: string, pods: number): Promise<number> {
   const kc = server.writeOrchconfig(path.join(dir, 'kc.json'));
   const child = spawn(process.execPath, ['--no-deprecation', bundle,
     '--repair-enabled', '--repair-label-pods', '--orchconfig', kc,
-    '--mounted-cni-net-dir', path.join(dir, 'net.d'), '--mounted-cni-bin-dir', path.join(dir, 'bin'), '--cni-binaries-dir', path.join(dir, 'src'),
-    '--monitoring-port', '0', '--ctrlz_port', '0', '--log-uds-address', path.join(dir, 'log.sock'), '--pod-lookup-uds-address', path.join(dir, 'pods.sock'),
+    '--mounted-cni-net-dir', path.join(dir, 'net.d'), '--mounted-cni-bin-dir', path.join(dir, 'bin'),
+    '--cni-binaries-dir', path.join(dir, 'src'), '--monitoring-port', '0', '--ctrlz_port', '0',
+    '--log-uds-address', path.join(dir, 'log.sock'), '--pod-lookup-uds-address', path.join(dir, 'pods.sock'),
     '--cleanup-on-exit', 'never', '--log_output_level', 'all:none'],
-  { stdio: ['ignore', 'ignore', 'inherit'], env: { PATH: process.env.PATH ?? '/usr/bin:/bin', NODE_NAME: 'node-a', POD_NAMESPACE: 'mesh-system' } });
+  {
+    stdio: ['ignore', 'ignore', 'inherit'],
+    env: { PATH: process.env.PATH ?? '/usr/bin:/bin', NODE_NAME: 'node-a', POD_NAMESPACE: 'mesh-system' },
+  });
   try {
-    await waitFor('the agent watching', () => server.requests.some((r) => isPods(r) && isWatch(r) && r.status === 200), { timeoutMs: 30_000, everyMs: 20 });
+    const watchingNow = () => server.requests.some((r) => isPods(r) && isWatch(r) && r.status === 200);
+    await waitFor('the agent watching', watchingNow, { timeoutMs: 30_000, everyMs: 20 });
     await sleep(4000);
     return procKb(child.pid!, 'VmRSS') / 1024;
   } finally {
@@ -303,7 +328,12 @@ async function agentRss(bundle: string, pods: number): Promise<number> {
 
 function benchPod(name: string, node: string): V1Pod {
   return {
-    metadata: { name, namespace: `ns-${name.length % 7}`, labels: { app: name.replace(/-\d+$/, '') }, annotations: { 'sidecar.mesh.io/status': '{}' } },
+    metadata: {
+      name,
+      namespace: `ns-${name.length % 7}`,
+      labels: { app: name.replace(/-\d+$/, '') },
+      annotations: { 'sidecar.mesh.io/status': '{}' },
+    },
     spec: { nodeName: node, containers: [{ name: 'app', image: 'registry.example/app:1' }] },
     status: { phase: 'Running' },
   };
@@ -313,15 +343,20 @@ function benchPod(name: string, node: string): V1Pod {
 function baseRev(): string {
   const env = process.env.BASE;
   if (env) return env;
-  const first = execFileSync('git', ['-C', root, 'log', '--format=%H', '-S', 'export async function apiWatch', '--reverse', '--', 'src/orch/request.ts'], { encoding: 'utf8' }).split('\n')[0];
+  const log = ['-C', root, 'log', '--format=%H', '--reverse', '-S', 'export async function apiWatch'];
+  log.push('--', 'src/orch/request.ts');
+  const first = execFileSync('git', log, { encoding: 'utf8' }).split('\n')[0];
   return execFileSync('git', ['-C', root, 'rev-parse', first ? `${first}^` : 'HEAD'], { encoding: 'utf8' }).trim();
 }
 
 async function main(): Promise<void> {
-  console.log(`fleet: ${NODES} nodes x ${PODS_PER_NODE} pods = ${NODES * PODS_PER_NODE} pods; ${AGENTS} real agents on ${AGENTS} of the nodes; fleet rates x ${NODES / AGENTS}`);
+  console.log(`fleet: ${NODES} nodes x ${PODS_PER_NODE} pods = ${NODES * PODS_PER_NODE} pods; `
+    + `${AGENTS} real agents on ${AGENTS} of the nodes; fleet rates x ${NODES / AGENTS}`);
   const server = await startTestApiServer({ bookmarkIntervalMs: 60_000 });
   const t = Date.now();
-  for (let n = 0; n < NODES; n++) for (let p = 0; p < PODS_PER_NODE; p++) server.upsertPod(benchPod(`p${n}-${p}`, `node-${n}`));
+  for (let n = 0; n < NODES; n++) {
+    for (let p = 0; p < PODS_PER_NODE; p++) server.upsertPod(benchPod(`p${n}-${p}`, `node-${n}`));
+  }
   console.log(`  ${NODES * PODS_PER_NODE} pods stored in ${((Date.now() - t) / 1000).toFixed(1)} s`);
   const picked = [...Array(NODES).keys()].sort(() => Math.random() - 0.5).slice(0, AGENTS).map((n) => `node-${n}`);
   const dir = await mkdtemp(path.join(os.tmpdir(), 'mcni-fleet-'));
@@ -341,43 +376,57 @@ async function main(): Promise<void> {
     // The median of 3 runs each, interleaved: one process's RSS varies by a few MiB from run to run.
     for (const pods of [30, 250]) {
       const runs: Record<Mode, number[]> = { old: [], new: [] };
-      for (let i = 0; i < 3; i++) for (const mode of ['old', 'new'] as const) runs[mode].push(await agentRss(bundles[mode], pods));
+      for (let i = 0; i < 3; i++) {
+        for (const mode of ['old', 'new'] as const) runs[mode].push(await agentRss(bundles[mode], pods));
+      }
       for (const mode of ['old', 'new'] as const) rss[mode].push(runs[mode].sort((x, y) => x - y)[1]!);
     }
   } finally {
     await rm(rssDir, { recursive: true, force: true });
     await rm(dir, { recursive: true, force: true });
   }
-  const o = results.old!;
-  const n = results.new!;
+  const scale = NODES / AGENTS;
   const per = (w: Window) => (w.requests / AGENTS).toFixed(2);
   const obj = (w: Window) => Math.round(w.objects / AGENTS).toLocaleString('en');
   const peak = (w: Window) => Math.round(Math.max(...w.perSecond)).toLocaleString('en');
-  const avg30 = (w: Window) => Math.round(w.requests * (NODES / AGENTS) / 30).toLocaleString('en');
-  const spread = (w: Window) => `${pctl(w.firstBy, 0.05).toFixed(1)}-${pctl(w.firstBy, 0.95).toFixed(1)} s (max ${w.firstBy.at(-1)?.toFixed(1)})`;
-  const rows: [string, string, string, string][] = [
-    ['start: requests / objects read per agent', `${per(o.start)} / ${obj(o.start)}`, `${per(n.start)} / ${obj(n.start)}`, `objects <= ${2 * PODS_PER_NODE}`],
-    ['start: consistent lists (fleet of the sample)', `${o.start.consistent}`, `${n.start.consistent}`, '0'],
-    ['start: synced after, p50 / max', `${o.start.readySeconds.p50.toFixed(1)} / ${o.start.readySeconds.max.toFixed(1)} s`, `${n.start.readySeconds.p50.toFixed(1)} / ${n.start.readySeconds.max.toFixed(1)} s`, ''],
-    ['steady: requests per node per hour', o.steady.perNodeHour.toFixed(1), n.steady.perNodeHour.toFixed(1), '<= 12'],
-    ['  of which sent in the idle window', `${o.steady.idleRequests}`, `${n.steady.idleRequests}`, ''],
-    ['  watch renewal: requests, mean timeout', `${o.steady.perRenewal.toFixed(2)}, ${Math.round(o.steady.meanTimeoutS)} s`, `${n.steady.perRenewal.toFixed(2)}, ${Math.round(n.steady.meanTimeoutS)} s`, ''],
-    ['restart: fleet req/s, first 30 s avg / peak', `${avg30(o.restart)} / ${peak(o.restart)}`, `${avg30(n.restart)} / ${peak(n.restart)}`, ''],
-    ['restart: reconnects at (p5-p95 after the cut)', spread(o.restart), spread(n.restart), 'over >= 10 s'],
-    ['restart: objects read per agent, consistent lists', `${obj(o.restart)}, ${o.restart.consistent}`, `${obj(n.restart)}, ${n.restart.consistent}`, '0 consistent'],
-    ['restart: agents over their rate limit', 'no limit', `${n.restart.overLimit}`, '0'],
-    ['compaction: fleet req/s, first 30 s avg / peak', `${avg30(o.compaction)} / ${peak(o.compaction)}`, `${avg30(n.compaction)} / ${peak(n.compaction)}`, ''],
-    ['compaction: re-reads at (p5-p95 after the 410)', spread(o.compaction), spread(n.compaction), ''],
-    ['compaction: objects read per agent, consistent lists', `${obj(o.compaction)}, ${o.compaction.consistent}`, `${obj(n.compaction)}, ${n.compaction.consistent}`, '0 consistent'],
-    ['compaction: fleet objects read (x NODES/AGENTS)', Math.round(o.compaction.objects * NODES / AGENTS).toLocaleString('en'), Math.round(n.compaction.objects * NODES / AGENTS).toLocaleString('en'), ''],
-    ['agent RSS, 30 / 250 pods on its node', `${rss.old[0]!.toFixed(1)} / ${rss.old[1]!.toFixed(1)} MiB`, `${rss.new[0]!.toFixed(1)} / ${rss.new[1]!.toFixed(1)} MiB`, 'unchanged'],
+  const avg30 = (w: Window) => Math.round((w.requests * scale) / 30).toLocaleString('en');
+  const at = (w: Window) => {
+    const [p5, p95, max] = [pctl(w.firstBy, 0.05), pctl(w.firstBy, 0.95), w.firstBy.at(-1) ?? NaN];
+    return `${p5.toFixed(1)}-${p95.toFixed(1)} s (max ${max.toFixed(1)})`;
+  };
+  const secs = (x: number) => x.toFixed(1);
+  const fleetObjects = (w: Window) => Math.round(w.objects * scale).toLocaleString('en');
+  const rssOf = (m: Mode) => `${rss[m][0]!.toFixed(1)} / ${rss[m][1]!.toFixed(1)} MiB`;
+  type Figure = (r: Result, m: Mode) => string;
+  const figures: [string, Figure, string][] = [
+    ['start: requests / objects read per agent', (r) => `${per(r.start)} / ${obj(r.start)}`, `<= ${2 * PODS_PER_NODE}`],
+    ['start: consistent lists (fleet of the sample)', (r) => `${r.start.consistent}`, '0'],
+    ['start: synced after, p50 / max', (r) => `${secs(r.start.readySeconds.p50)} / ${secs(r.start.readySeconds.max)} s`,
+      ''],
+    ['steady: requests per node per hour', (r) => r.steady.perNodeHour.toFixed(1), '<= 12'],
+    ['  of which sent in the idle window', (r) => `${r.steady.idleRequests}`, ''],
+    ['  watch renewal: requests, mean timeout',
+      (r) => `${r.steady.perRenewal.toFixed(2)}, ${Math.round(r.steady.meanTimeoutS)} s`, ''],
+    ['restart: fleet req/s, first 30 s avg / peak', (r) => `${avg30(r.restart)} / ${peak(r.restart)}`, ''],
+    ['restart: reconnects at (p5-p95 after the cut)', (r) => at(r.restart), 'over >= 10 s'],
+    ['restart: objects read per agent, consistent lists', (r) => `${obj(r.restart)}, ${r.restart.consistent}`, '0'],
+    ['restart: agents over their rate limit', (r, m) => (m === 'old' ? 'no limit' : `${r.restart.overLimit}`), '0'],
+    ['compaction: fleet req/s, first 30 s avg / peak', (r) => `${avg30(r.compaction)} / ${peak(r.compaction)}`, ''],
+    ['compaction: re-reads at (p5-p95 after the 410)', (r) => at(r.compaction), ''],
+    ['compaction: objects read per agent, consistent lists',
+      (r) => `${obj(r.compaction)}, ${r.compaction.consistent}`, '0 consistent lists'],
+    ['compaction: fleet objects read (x NODES/AGENTS)', (r) => fleetObjects(r.compaction), ''],
+    ['agent RSS, 30 / 250 pods on its node', (_r, m) => rssOf(m), 'unchanged'],
   ];
-  const w = [Math.max(...rows.map((r) => r[0].length)), Math.max(3, ...rows.map((r) => r[1].length)), Math.max(3, ...rows.map((r) => r[2].length))];
-  console.log(`\n| ${'figure'.padEnd(w[0]!)} | ${'old'.padEnd(w[1]!)} | ${'new'.padEnd(w[2]!)} | target |`);
-  console.log(`|${'-'.repeat(w[0]! + 2)}|${'-'.repeat(w[1]! + 2)}|${'-'.repeat(w[2]! + 2)}|--------|`);
-  for (const r of rows) console.log(`| ${r[0].padEnd(w[0]!)} | ${r[1].padEnd(w[1]!)} | ${r[2].padEnd(w[2]!)} | ${r[3]} |`);
-  console.log(`\nrestart, new, fleet req/s by second: ${n.restart.perSecond.slice(0, 30).map((x) => Math.round(x)).join(' ')}`);
-  console.log(`restart, old, fleet req/s by second: ${o.restart.perSecond.slice(0, 30).map((x) => Math.round(x)).join(' ')}`);
+  const rows = figures.map(([label, f, target]) => [label, f(results.old!, 'old'), f(results.new!, 'new'), target]);
+  const w = [0, 1, 2].map((c) => Math.max(3, ...rows.map((r) => r[c]!.length)));
+  const line = (r: readonly string[]) => `| ${r.slice(0, 3).map((x, c) => x.padEnd(w[c]!)).join(' | ')} | ${r[3]} |`;
+  console.log(`\n${line(['figure', 'old', 'new', 'target'])}`);
+  console.log(`|${w.map((x) => '-'.repeat(x + 2)).join('|')}|--------|`);
+  for (const r of rows) console.log(line(r));
+  const bySecond = (m: Mode) => results[m]!.restart.perSecond.slice(0, 30).map((x) => Math.round(x)).join(' ');
+  console.log(`\nrestart, new, fleet req/s by second: ${bySecond('new')}`);
+  console.log(`restart, old, fleet req/s by second: ${bySecond('old')}`);
   console.log(`RSS baseline: ${baseRev().slice(0, 12)} (the tree before issue 19)`);
 }
 
