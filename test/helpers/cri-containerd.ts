@@ -8,8 +8,9 @@
 // `ctr images import`, so no registry is needed.
 //
 // stop() removes everything, also after a failure half-way: the sandboxes (over CRI), containerd
-// and the shims it left, runc state, mounts under the temp dir, the cgroup dirs below our own
-// cgroup parent, the CNI result cache files of our network name, the fake host netns, the dir.
+// and the shims it left (and their sockets in /run/containerd/s), runc state, mounts under the
+// temp dir, the cgroup dirs below our own cgroup parent, the CNI result cache files of our network
+// name and of CRI's loopback network for our sandboxes, the fake host netns, the dir.
 //
 // containerd 1.6 (Debian 12), config version 2. On these machines it needs
 // restrict_oom_score_adj = true (the process may not lower its OOM score) and runc with cgroupfs.
@@ -318,6 +319,10 @@ export class Containerd {
       clearTimeout(timer);
     }
     this.proc = undefined;
+    // What containerd keeps outside our dir by design, read before its records go: each task's
+    // shim socket (/run/containerd/s/<hash>, the host's own containerd's dir, whatever our config
+    // says), which a killed shim leaves, and CRI's loopback network's libcni result per sandbox.
+    const outside = this.outsideOurDir();
     // Shims outlive containerd by design; ours are the ones started with our socket address.
     for (const pid of this.shimPids()) {
       try {
@@ -335,9 +340,11 @@ export class Containerd {
     }
     this.unmountUnder(this.dir);
     this.removeCgroups();
+    for (const socket of outside.shimSockets) rmSync(socket, { force: true });
     try {
+      const ours = [`${this.networkName}-`, ...outside.sandboxes.map((id) => `cni-loopback-${id}-`)];
       for (const f of readdirSync(CNI_RESULTS)) {
-        if (f.startsWith(`${this.networkName}-`)) rmSync(path.join(CNI_RESULTS, f), { force: true });
+        if (ours.some((prefix) => f.startsWith(prefix))) rmSync(path.join(CNI_RESULTS, f), { force: true });
       }
     } catch {
       // no result cache dir
@@ -345,6 +352,26 @@ export class Containerd {
     spawnSync('ip', ['netns', 'del', this.netnsName], { stdio: 'ignore' });
     rmSync(this.dir, { recursive: true, force: true });
     if (problems.length > 0) throw new Error(`containerd cleanup: ${problems.join('; ')}`);
+  }
+
+  /** Our sandboxes' ids and our tasks' shim sockets, from containerd's records in our dir. */
+  private outsideOurDir(): { sandboxes: string[]; shimSockets: string[] } {
+    const ls = (dir: string) => (existsSync(dir) ? readdirSync(dir) : []);
+    const sandboxes = ls(path.join(this.dir, 'root/io.containerd.grpc.v1.cri/sandboxes'));
+    const shimSockets: string[] = [];
+    const tasks = path.join(this.dir, 'state/io.containerd.runtime.v2.task');
+    for (const ns of ls(tasks)) {
+      for (const id of ls(path.join(tasks, ns))) {
+        sandboxes.push(id);
+        try {
+          const socket = readFileSync(path.join(tasks, ns, id, 'address'), 'utf8').trim().replace(/^unix:\/\//, '');
+          if (socket.startsWith('/run/containerd/s/')) shimSockets.push(socket);
+        } catch {
+          // no shim started for it
+        }
+      }
+    }
+    return { sandboxes: [...new Set(sandboxes)].filter((id) => /^[0-9a-f]{64}$/.test(id)), shimSockets };
   }
 
   private shimPids(): number[] {

@@ -3,7 +3,7 @@
 // sandbox started, seen ready with an address from its network, stopped and removed, with the
 // CNI calls containerd made logged by the timing shim; then nothing of it is left on the host,
 // also when containerd died (SIGKILL) with a sandbox running (seen failing with the harness's shim,
-// cgroup and CNI cache cleanup left out).
+// cgroup and CNI cache cleanup left out; and with the loopback cache and shim socket left).
 
 import assert from 'node:assert/strict';
 import { existsSync, mkdtempSync, readdirSync, readFileSync, rmSync } from 'node:fs';
@@ -150,7 +150,18 @@ async function leftBehindCheck(c: Containerd, stop: () => Promise<void>): Promis
     .filter((f) => f.startsWith(`${c.networkName}-`));
   assert.ok(cniCache().some((f) => f.includes(sid)), 'libcni cached the sandbox result');
   assert.ok(readFileSync('/proc/self/mountinfo', 'utf8').includes(c.dir), 'the sandbox has mounts in our dir');
+  // Outside our dir by containerd's design: CRI's own loopback network caches its result as
+  // cni-loopback-<sandbox>-lo, and the shim's socket is in /run/containerd/s, the host's own
+  // containerd's dir, whatever our config says.
+  const loopbackCache = () => (existsSync('/var/lib/cni/results') ? readdirSync('/var/lib/cni/results') : [])
+    .filter((f) => f.startsWith(`cni-loopback-${sid}-`));
+  assert.ok(loopbackCache().length > 0, 'libcni cached the loopback result');
+  const shimAddress = readFileSync(path.join(c.dir, 'state/io.containerd.runtime.v2.task/k8s.io', sid, 'address'), 'utf8');
+  const shimSocket = shimAddress.trim().replace(/^unix:\/\//, '');
+  assert.ok(shimSocket.startsWith('/run/containerd/s/') && existsSync(shimSocket), shimAddress);
   await stop();
+  assert.deepEqual(loopbackCache(), []);
+  assert.equal(existsSync(shimSocket), false, `the shim's socket ${shimSocket} is gone`);
   assert.deepEqual(shims(), []);
   assert.deepEqual(cgroups(), []);
   assert.deepEqual(cniCache(), []);
