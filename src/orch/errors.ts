@@ -8,10 +8,13 @@ export class ApiError extends Error {
   readonly code: number | undefined;
   readonly retryAfterMs: number | undefined;
   readonly reason: FailureReason;
+  /** What the server said (its Status text), or why no answer came; without `what`. */
+  readonly detail: string;
   constructor(what: string, code: number | undefined, detail: string, retryAfterMs?: number) {
     super(`${what}: ${code === undefined ? detail : `HTTP ${code}${detail ? ` ${detail}` : ''}`}`);
     this.name = 'ApiError';
     this.code = code;
+    this.detail = detail;
     this.retryAfterMs = retryAfterMs;
     this.reason = code === undefined ? 'unreachable' : code === 429 ? 'throttled' : code >= 500 ? 'server_error' : 'client_error';
   }

@@ -67,6 +67,9 @@ function refusesParameters(e: ApiError): boolean {
   return e.code !== undefined && [400, 404, 405, 406, 415, 422, 501].includes(e.code);
 }
 
+/** A refusal as the server said it (code and Status text, not which request), to tell two apart. */
+const refusalOf = (e: ApiError): string => (refusesParameters(e) ? `${e.code} ${e.detail}` : '');
+
 /**
  * The watch timing both readers use by default. A real API server sends a bookmark about once a
  * minute, so two minutes of silence means the stream is dead; it closes a watch itself after
@@ -110,6 +113,15 @@ export class PodSource {
   #lists = 0;
   #lastError = '';
   #listMode: ListMode;
+  /**
+   * The refusal that made this watch leave a way of reading, the way it left, and the log line
+   * that says so, written once the new way reads. When the new way is refused alike, the server
+   * refuses the query (a selector the start-up check passed, say a pod field an older API server
+   * does not know), not the way of reading: back to that way, as no fallback helps.
+   */
+  #fellBackOn: { readonly from: ListMode; readonly refusal: string; readonly say: () => void } | undefined;
+  /** The server refuses the query itself, so: only backoff, never a fallback, for this refusal. */
+  #queryRefusal = '';
   readonly #tuning: WatchTuning;
   readonly #random: () => number;
   #loop: Promise<void> | undefined;
@@ -197,11 +209,13 @@ export class PodSource {
           end = await this.#watch('', true);
           if (end.reason === 'unsupported') {
             this.#listMode = 'cache';
-            this.#log.warn(
+            const error = end.error?.message ?? '';
+            const say = () => this.#log.warn(
               'the API server does not serve the streaming watch-list; listing from its watch cache instead '
                 + '(resourceVersion=0), for as long as this agent runs',
-              { error: end.error?.message ?? '' },
+              { error },
             );
+            this.#fellBackOn = { from: 'auto', refusal: end.error ? refusalOf(end.error) : '', say };
             delay = 0;
             continue;
           }
@@ -228,20 +242,29 @@ export class PodSource {
         const cut = !end.timedOut && end.healthy && spread > 0;
         delay = cut ? Math.max(retryAfter ?? 0, this.#random() * spread) : backoff.next(retryAfter);
         if (end.error) this.#lastError = end.error.message;
+        if (end.error && this.#saidRefused(end.error, delay)) continue;
         const level = end.reason === 'closed' && end.healthy ? 'debug' : 'warn';
         this.#log[level]('pod watch ended; watching again', { reason: end.reason, relist: rv === '', retryInMs: Math.round(delay), attempt: backoff.attempt, ...(end.error ? { error: end.error.message } : {}) });
       } catch (e) {
         if (this.#stopped) break;
         const err = toApiError('listing pods', e);
-        if (this.#listMode === 'cache' && refusesParameters(err)) {
+        const refusal = refusalOf(err);
+        if (refusal !== '' && refusal === this.#fellBackOn?.refusal) {
+          // Refused just as the way of reading it left: the query is refused; back to that way.
+          this.#listMode = this.#fellBackOn.from;
+          this.#queryRefusal = refusal;
+          this.#fellBackOn = undefined;
+        } else if (this.#listMode === 'cache' && refusal !== '' && refusal !== this.#queryRefusal) {
           // Every Kubernetes API server takes resourceVersion=0; whatever stands in front of this
           // one does not: consistent reads (each one goes to etcd) keep the agent working.
           this.#listMode = 'consistent';
-          this.#log.warn(
+          this.#fellBackOn?.say(); // refused otherwise here: that fallback stands
+          const say = () => this.#log.warn(
             'the API server refuses lists from its watch cache (resourceVersion=0); listing with consistent '
               + 'reads instead, which read every pod of the cluster from etcd',
             { error: err.message },
           );
+          this.#fellBackOn = { from: 'cache', refusal, say };
           delay = 0;
           continue;
         }
@@ -251,10 +274,22 @@ export class PodSource {
         for (const h of this.#handlers) h.restarted?.('error');
         this.#lastError = err.message;
         delay = backoff.next(err.retryAfterMs);
+        if (this.#saidRefused(err, delay)) continue;
         this.#log.warn('cannot list pods; retrying', { error: err.message, retryInMs: Math.round(delay), attempt: backoff.attempt });
       }
     }
     this.#state = 'stopped';
+  }
+
+  /** When `e` is the refusal of the query itself: says so, with the query, and true. */
+  #saidRefused(e: ApiError, delay: number): boolean {
+    if (this.#queryRefusal === '' || refusalOf(e) !== this.#queryRefusal) return false;
+    this.#log.error('the API server refuses this pod query, however it is read: check its selectors (for repair: '
+      + '--repair-field-selectors, --repair-label-selectors); retrying', {
+      fieldSelector: this.#o.query.fieldSelector, labelSelector: this.#o.query.labelSelector,
+      error: e.message, retryInMs: Math.round(delay),
+    });
+    return true;
   }
 
   /**
@@ -294,6 +329,10 @@ export class PodSource {
     }
     for (const h of this.#handlers) h.cacheSize?.(this.#cache.size);
     this.#resourceVersion = rv;
+    // Read: the way of reading stands, and the query is taken.
+    this.#fellBackOn?.say();
+    this.#fellBackOn = undefined;
+    this.#queryRefusal = '';
     this.#synced();
   }
 
@@ -386,7 +425,8 @@ export class PodSource {
         if (finished) return;
         if (err) {
           const e = toApiError(what, err);
-          finish(e.code === 410 ? 'expired' : pending && refusesParameters(e) ? 'unsupported' : 'error', e);
+          const unsupported = pending && refusesParameters(e) && refusalOf(e) !== this.#queryRefusal;
+          finish(e.code === 410 ? 'expired' : unsupported ? 'unsupported' : 'error', e);
         } else if (pending) {
           // A server that streams the watch-list ends its initial events with the bookmark first.
           const why = `the stream ended before the initial events did (no ${INITIAL_EVENTS_END} bookmark)`;
