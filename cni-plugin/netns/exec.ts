@@ -73,18 +73,29 @@ async function execBun(b: BunRuntime, file: string, args: readonly string[], inp
     const errno = (e as NodeJS.ErrnoException).errno;
     return cannotRun(file, e, typeof errno === 'number' ? errno : null);
   }
-  let error: string | null = null;
-  const timer = setTimeout(() => {
-    error = timedOut(file, timeoutMs);
-    p.kill('SIGKILL');
-  }, timeoutMs);
-  const [stdout, stderr, status] = await Promise.all([
+  let timer: ReturnType<typeof setTimeout> | undefined;
+  const limit = new Promise<ExecResult>((resolve) => {
+    timer = setTimeout(() => {
+      p.kill('SIGKILL');
+      resolve(timeUp(file, timeoutMs));
+    }, timeoutMs);
+  });
+  const done = Promise.all([
     p.stdout ? b.readableStreamToText(p.stdout) : '', b.readableStreamToText(p.stderr), p.exited,
-  ]);
+  ]).then(([stdout, stderr, status]): ExecResult => {
+    // As Node reports it: no exit code for a child a signal ended.
+    return { code: p.signalCode ? null : status, stdout, stderr, error: null };
+  }, (e: unknown): ExecResult => ({ code: null, stdout: '', stderr: '', error: `cannot read the output of ${file}: ${(e as Error).message}` }));
+  const r = await Promise.race([done, limit]);
   clearTimeout(timer);
-  // As Node reports it: no exit code for a child a signal ended.
-  return { code: p.signalCode ? null : status, stdout, stderr, error };
+  return r;
 }
+
+/**
+ * The time limit is up: the answer now, not when the child's pipes close, which a process the
+ * child started may hold open long after the child is killed (or forever).
+ */
+const timeUp = (file: string, timeoutMs: number): ExecResult => ({ code: null, stdout: '', stderr: '', error: timedOut(file, timeoutMs) });
 
 export function exec(file: string, args: readonly string[], { input = null, timeoutMs = 10_000, stdout: wantStdout = true }: ExecOptions = {}): Promise<ExecResult> {
   if (bun) return execBun(bun, file, args, input, timeoutMs, wantStdout);
@@ -96,8 +107,9 @@ export function exec(file: string, args: readonly string[], { input = null, time
     let stderr = '';
     let error: string | null = null;
     const timer = setTimeout(() => {
-      error = timedOut(file, timeoutMs);
       child.kill('SIGKILL');
+      for (const s of [child.stdin, child.stdout, child.stderr]) s?.destroy();
+      resolve(timeUp(file, timeoutMs));
     }, timeoutMs);
     child.stdout?.setEncoding('utf8').on('data', (d: string) => (stdout += d));
     child.stderr!.setEncoding('utf8').on('data', (d: string) => (stderr += d));

@@ -2,7 +2,7 @@
 // sockets through the runtime's own API: node:child_process / node:net under Node, Bun.spawn /
 // Bun.connect under Bun (issue 20: Bun's node: modules cost milliseconds on every call). The same
 // cases run here on both runtimes, from the sources, and must give the same results: exit codes,
-// output, the time limit, a missing binary, a child a signal ended, a socket that answers, closes
+// output, the time limit (also with the child's own child holding the pipes), a missing binary, a child a signal ended, a socket that answers, closes
 // without an answer, is not there, or splits a UTF-8 character across two writes.
 
 import assert from 'node:assert/strict';
@@ -25,6 +25,9 @@ const runs = {
   output: sh('cat; echo err >&2; exit 3', { input: 'in\\u00e9\\n' }),
   noStdout: sh('echo out; echo err >&2', { stdout: false }),
   timeLimit: sh('exec sleep 5', { timeoutMs: 300 }),
+  // The child killed at the limit leaves a process of its own holding our pipes: the limit still
+  // ends the call (not when the pipes close, here with "late" read from them, or never).
+  timeLimitHeldPipes: sh('(sleep 2; echo late; echo late >&2) & exec sleep 5', { timeoutMs: 300 }),
   signalled: sh('kill -9 $$', {}),
   missing: ['mesh-no-such-binary', [], {}],
 };
@@ -110,6 +113,9 @@ describe('the plugin\'s spawns and unix sockets give the same results under Node
     assert.deepEqual(onNode['exec:output'], { code: 3, stdout: 'iné\n', stderr: 'err\n', error: null });
     assert.deepEqual(onNode['execNow:noStdout'], { code: 0, stdout: '', stderr: 'err\n', error: null });
     assert.deepEqual(onNode['exec:timeLimit'], { code: null, stdout: '', stderr: '', error: 'sh did not finish within 300 ms' });
+    for (const how of ['exec', 'execNow']) {
+      assert.deepEqual(onNode[`${how}:timeLimitHeldPipes`], { code: null, stdout: '', stderr: '', error: 'sh did not finish within 300 ms' }, how);
+    }
     assert.deepEqual(onNode['execNow:signalled'], { code: null, stdout: '', stderr: '', error: null });
     assert.deepEqual((onNode['exec:missing'] as { error: string }).error, 'cannot run mesh-no-such-binary: ...');
     assert.deepEqual(onNode.answers, { events: ['open', 'close'], text: '{"pod":"é"}\n' });
