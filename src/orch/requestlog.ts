@@ -60,7 +60,14 @@ export function redactBody(text: string): string {
   } catch {
     return `<${Buffer.byteLength(text)} bytes, not JSON: not logged>`;
   }
-  const out = JSON.stringify(redactValue('', parsed));
+  let out: string;
+  try {
+    out = JSON.stringify(redactValue('', parsed));
+  } catch {
+    // JSON.parse reads any depth, writing back recurses: a body nested thousands deep overflows the
+    // stack, which must not fail (or crash, from a response's event handler) the request it logs.
+    return `<${Buffer.byteLength(text)} bytes, JSON nested too deep: not logged>`;
+  }
   return out.length > MAX_BODY ? `${out.slice(0, MAX_BODY)} [truncated ${out.length - MAX_BODY} chars]` : out;
 }
 

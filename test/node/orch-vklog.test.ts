@@ -13,7 +13,7 @@ import { KubeConfig } from '@kubernetes/client-node/dist/config.js';
 import { buildSettings } from '../../src/config/settings.ts';
 import { resetLogging, configureLogging } from '../../src/monitoring/logging.ts';
 import { clientNodeApi, type WatchEventType } from '../../src/orch/api.ts';
-import { apiRequest } from '../../src/orch/request.ts';
+import { apiRequest, apiWatch } from '../../src/orch/request.ts';
 import { redactBody } from '../../src/orch/requestlog.ts';
 import { tokenRequestMint } from '../../src/install/tokenrequest.ts';
 import { PLUGIN_SERVICE_ACCOUNT, startTestApiServer, type TestApiServer } from '../helpers/apiserver.ts';
@@ -184,5 +184,48 @@ describe('redactBody', () => {
     assert.equal(redactBody(''), '');
     const long = redactBody(JSON.stringify({ a: 'x'.repeat(20_000) }));
     assert.match(long, /^\{"a":"x{10234} \[truncated 9768 chars\]$/);
+  });
+});
+
+// Review R3: JSON.parse reads any depth, but writing a body back (redaction, JSON.stringify)
+// recurses: an answer or a watch event nested a few thousand deep threw out of the response's
+// 'end'/'data' handler at --vklog 8, an uncaught exception that took the agent down.
+describe('--vklog 8: a body nested too deep to write back', () => {
+  const deep = `{"kind":"Pod","spec":${'['.repeat(20_000)}${']'.repeat(20_000)}}`;
+
+  it('redactBody says it by its length, never throws', () => {
+    assert.equal(redactBody(deep), `<${deep.length} bytes, JSON nested too deep: not logged>`);
+  });
+
+  it('the request and the watch still get their answer', async () => {
+    const server = http.createServer((req, res) => {
+      res.writeHead(200, { 'Content-Type': 'application/json' });
+      res.end(req.url?.includes('watch=true') ? `{"type":"ADDED","object":${deep}}\n` : deep);
+    });
+    await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
+    const kc = new KubeConfig();
+    kc.loadFromOptions({
+      clusters: [{ name: 'c', server: `http://127.0.0.1:${(server.address() as AddressInfo).port}`, skipTLSVerify: true }],
+      users: [{ name: 'u', token: JWT }],
+      contexts: [{ name: 'x', cluster: 'c', user: 'u' }],
+      currentContext: 'x',
+    });
+    const sink = captureSink();
+    configureLogging(buildSettings({ vklog: '8', log_output_level: 'all:debug' }, {}).logging, sink);
+    try {
+      const got = await apiRequest<{ kind: string }>(kc, 'GET', '/deep', 'reading a deep answer');
+      assert.equal(got.kind, 'Pod');
+      const events: unknown[] = [];
+      await new Promise<unknown>((resolve, reject) => {
+        apiWatch(kc, '/api/v1/pods', 'watching deep pods', {}, (e) => events.push(e.type), resolve).catch(reject);
+      });
+      assert.deepEqual(events, ['ADDED']);
+    } finally {
+      await resetLogging();
+      await new Promise<void>((r) => server.close(() => r()));
+    }
+    const bodies = sink.lines.filter((l) => /\t(?:API request|API watch event)\t.* (?:responseBody|body)=/.test(l));
+    assert.equal(bodies.length, 2, sink.text());
+    for (const l of bodies) assert.match(l, /bytes, JSON nested too deep: not logged>/);
   });
 });
