@@ -28,6 +28,12 @@ const CONFIG_NOT_ORCH = {
   regex: '(^\\.\\./|/src/)orch/',
   message: 'src/config/ does not import src/orch/: settings are built before any API client, from flags and env alone.',
 };
+// The bans match the path as written, so a detour they cannot see through (./../install/,
+// ../orch/../install/, ..//install/, /./) is refused in every zone: write the path normalized.
+const NORMALIZED = {
+  regex: '//|.+/\\.(/|$)|(^|/)(?!\\.\\.(/|$))[^/]+/\\.\\.(/|$)',
+  message: 'write the import path normalized (no ./.., x/.., /./ or //), so the import zones can check it.',
+};
 const MONITORING_NOT_CMD = {
   regex: '(^\\.\\./|/src/)cmd/',
   message: 'src/monitoring/ does not import src/cmd/: the CLI layer wires monitoring, not the other way.',
@@ -38,7 +44,8 @@ const MONITORING_NOT_CMD = {
  * with import(), whose path must then be a literal. A later config object replaces an earlier
  * one's options for the same rule, so each zone lists every ban that applies to its files.
  */
-function zone(files, bans) {
+function zone(files, zoneBans) {
+  const bans = [...zoneBans, NORMALIZED];
   const selector = (regex) => `ImportExpression > Literal.source[value=/${regex.replaceAll('/', '\\/')}/]`;
   return {
     files,

@@ -48,6 +48,15 @@ const CASES: [string, string, RegExp | null][] = [
   ['src/config/zz-probe.ts', "import { durationMs } from '../../cni-plugin/shared/duration.ts';", null],
   ['src/monitoring/zz-probe.ts', "import { program } from '../cmd/program.ts';", /src\/monitoring\/ does not import src\/cmd\//],
   ['src/monitoring/zz-probe.ts', "import { registry } from './metrics.ts';", null],
+  // A path the zones' patterns cannot see through (a detour by .., ./.., //) is refused as such.
+  ['src/orch/zz-probe.ts', "import { Installer } from './../install/installer.ts';", /normalized/],
+  ['src/orch/zz-probe.ts', "export { Installer } from '../orch/../install/installer.ts';", /normalized/],
+  ['src/config/zz-probe.ts', "const m = () => import('..//orch/api.ts');", /normalized/],
+  ['src/monitoring/zz-probe.ts', "import { program } from './../cmd/program.ts';", /normalized/],
+  ['src/zz-probe.ts', "import { getPod } from '../cni-plugin/shared/../orch/podclient.ts';", /normalized/],
+  ['cni-plugin/zz-probe.ts', "import { x } from './../src/config/settings.ts';", /imports nothing from src\//],
+  ['cni-plugin/zz-probe.ts', "import { x } from './shared/./json.ts';", /normalized/],
+  ['src/install/zz-probe.ts', "import { y } from '../.hidden.ts';", null],
   // Directions that are allowed the other way.
   ['src/install/zz-probe.ts', "import { apiRequest } from '../orch/request.ts';", null],
   ['src/cmd/zz-probe.ts', "import { scope } from '../monitoring/logging.ts';", null],
