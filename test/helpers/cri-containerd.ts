@@ -133,6 +133,24 @@ const cgroupRoots = (): string[] => {
   }
 };
 
+/**
+ * Containerds started and not yet stopped. A Ctrl-C (SIGINT to the whole job: ours stops too, its
+ * shims, started in their own process group, do not) or a SIGTERM would end the process before
+ * any finally block runs, leaving all of it: the first such signal stops them, then ends the
+ * process by that signal as it would have (a second one ends it at once).
+ */
+const live = new Set<Containerd>();
+function stopAllOn(sig: NodeJS.Signals): void {
+  const onSignal = () => {
+    void Promise.all([...live].map((c) => c.stop().catch((e: unknown) => console.error(`${c.dir}: ${String(e)}`))))
+      .then(() => {
+        if (process.listenerCount(sig) === 0) process.kill(process.pid, sig);
+      });
+  };
+  process.once(sig, onSignal);
+}
+let stopsOnSignals = false;
+
 export class Containerd {
   readonly dir: string;
   readonly socket: string;
@@ -152,6 +170,12 @@ export class Containerd {
     this.networkName = `mcni-cri-${process.pid}-${tag}`;
     this.cgroupParent = `/mcni-cri-${process.pid}-${tag}`;
     this.cniCallsLog = path.join(this.dir, 'cni', 'cni-calls.log');
+    live.add(this);
+    if (!stopsOnSignals) {
+      stopsOnSignals = true;
+      stopAllOn('SIGINT');
+      stopAllOn('SIGTERM');
+    }
   }
 
   /** For tests of the cleanup: containerd dies (SIGKILL) as in a crash, leaving its shims running. */
@@ -298,6 +322,7 @@ export class Containerd {
 
   /** Removes every sandbox, containerd, and everything it made. Safe to call twice. */
   async stop(): Promise<void> {
+    live.delete(this);
     const problems: string[] = [];
     const proc = this.proc;
     if (proc && proc.exitCode === null && proc.signalCode === null) {

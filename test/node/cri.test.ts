@@ -6,10 +6,13 @@
 // cgroup and CNI cache cleanup left out; and with the loopback cache and shim socket left).
 
 import assert from 'node:assert/strict';
+import { spawn, spawnSync } from 'node:child_process';
+import { once } from 'node:events';
 import { existsSync, mkdtempSync, readdirSync, readFileSync, rmSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { after, before, describe, it } from 'node:test';
+import { ROOT } from '../helpers/cli.ts';
 import { decode, getMessage, getMessages, getString, getUint, map, msg, str, uint, CriClient } from '../helpers/cri.ts';
 import { bridgePortmap, compileStatic, Containerd, DEBIAN_PLUGINS } from '../helpers/cri-containerd.ts';
 
@@ -135,6 +138,54 @@ describe('CRI harness cleanup after containerd dies', () => {
   });
 });
 
+describe('CRI harness cleanup on Ctrl-C', () => {
+  it('a SIGINT to the process group (a bench interrupted) stops its containerd and removes what it made', async () => {
+    const helper = JSON.stringify(path.join(ROOT, 'test/helpers/cri-containerd.ts'));
+    const script = `
+      const { bridgePortmap, Containerd, DEBIAN_PLUGINS } = await import(${helper});
+      const plugins = bridgePortmap('mcnicri8', '198.18.166.0/24');
+      const c = await Containerd.start({ tag: 'i', plugins, binaries: DEBIAN_PLUGINS });
+      const uid = 'u-int-' + process.pid;
+      await c.cri.runPodSandbox({ name: 'int-0', namespace: 'shop', uid, cgroupParent: c.cgroupParent + '/pod' + uid });
+      console.log(JSON.stringify({ dir: c.dir, netns: c.netnsName, socket: c.socket, cgroupParent: c.cgroupParent }));
+      setInterval(() => {}, 1000);
+    `;
+    // Its own process group, as a shell gives a job: Ctrl-C goes to every process in it.
+    const child = spawn(process.execPath, ['--input-type=module', '-e', script], {
+      detached: true, stdio: ['ignore', 'pipe', 'inherit'],
+    });
+    let made: { dir: string; netns: string; socket: string; cgroupParent: string } | undefined;
+    try {
+      const [line] = (await once(child.stdout, 'data')) as [Buffer];
+      made = JSON.parse(line.toString()) as typeof made;
+      assert.ok(existsSync(made!.dir));
+      process.kill(-child.pid!, 'SIGINT');
+      const [, signal] = (await once(child, 'exit')) as [number | null, NodeJS.Signals | null];
+      assert.equal(signal, 'SIGINT', 'it still ends by the signal');
+      assert.equal(existsSync(made!.dir), false, `${made!.dir} removed`);
+      assert.equal(existsSync(`/run/netns/${made!.netns}`), false);
+      assert.deepEqual(readdirSync('/proc').filter((p) => /^\d+$/.test(p) && procArgv(p).includes(made!.socket)), []);
+      const cgroups = readdirSync('/sys/fs/cgroup')
+        .filter((k) => existsSync(path.join('/sys/fs/cgroup', k, made!.cgroupParent)));
+      assert.deepEqual(cgroups, []);
+    } finally {
+      if (child.exitCode === null && child.signalCode === null) child.kill('SIGKILL');
+      if (made && existsSync(made.dir)) {
+        // What the harness left: the cleanup of the test above, by hand.
+        for (const p of readdirSync('/proc')) {
+          if (/^\d+$/.test(p) && procArgv(p).includes(made.socket)) process.kill(Number(p), 'SIGKILL');
+        }
+        const mounts = readFileSync('/proc/self/mountinfo', 'utf8').split('\n').map((m) => m.split(' ')[4] ?? '');
+        for (const m of mounts.reverse()) if (m.startsWith(made.dir)) spawnSync('umount', ['-l', m]);
+        spawnSync('ip', ['netns', 'del', made.netns]);
+        const rmdirs = ['-exec', 'find', '{}', '-depth', '-type', 'd', '-delete', ';'];
+        spawnSync('find', ['/sys/fs/cgroup', '-maxdepth', '2', '-path', `*${made.cgroupParent}`, ...rmdirs]);
+        rmSync(made.dir, { recursive: true, force: true });
+      }
+    }
+  });
+});
+
 /** Starts a sandbox on `c`, runs `stop`, then checks nothing of containerd's is left on the host. */
 async function leftBehindCheck(c: Containerd, stop: () => Promise<void>): Promise<void> {
   const uid = `u-left-${c.netnsName}`;
@@ -156,7 +207,8 @@ async function leftBehindCheck(c: Containerd, stop: () => Promise<void>): Promis
   const loopbackCache = () => (existsSync('/var/lib/cni/results') ? readdirSync('/var/lib/cni/results') : [])
     .filter((f) => f.startsWith(`cni-loopback-${sid}-`));
   assert.ok(loopbackCache().length > 0, 'libcni cached the loopback result');
-  const shimAddress = readFileSync(path.join(c.dir, 'state/io.containerd.runtime.v2.task/k8s.io', sid, 'address'), 'utf8');
+  const shimAddress = readFileSync(path.join(c.dir, 'state/io.containerd.runtime.v2.task/k8s.io', sid, 'address'),
+    'utf8');
   const shimSocket = shimAddress.trim().replace(/^unix:\/\//, '');
   assert.ok(shimSocket.startsWith('/run/containerd/s/') && existsSync(shimSocket), shimAddress);
   await stop();
