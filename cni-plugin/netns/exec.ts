@@ -85,7 +85,10 @@ async function execBun(b: BunRuntime, file: string, args: readonly string[], inp
   ]).then(([stdout, stderr, status]): ExecResult => {
     // As Node reports it: no exit code for a child a signal ended.
     return { code: p.signalCode ? null : status, stdout, stderr, error: null };
-  }, (e: unknown): ExecResult => ({ code: null, stdout: '', stderr: '', error: `cannot read the output of ${file}: ${(e as Error).message}` }));
+  }, (e: unknown): ExecResult => {
+    const error = `cannot read the output of ${file}: ${(e as Error).message}`;
+    return { code: null, stdout: '', stderr: '', error };
+  });
   const r = await Promise.race([done, limit]);
   clearTimeout(timer);
   return r;
@@ -95,7 +98,8 @@ async function execBun(b: BunRuntime, file: string, args: readonly string[], inp
  * The time limit is up: the answer now, not when the child's pipes close, which a process the
  * child started may hold open long after the child is killed (or forever).
  */
-const timeUp = (file: string, timeoutMs: number): ExecResult => ({ code: null, stdout: '', stderr: '', error: timedOut(file, timeoutMs) });
+const timeUp = (file: string, timeoutMs: number): ExecResult =>
+  ({ code: null, stdout: '', stderr: '', error: timedOut(file, timeoutMs) });
 
 export function exec(file: string, args: readonly string[], { input = null, timeoutMs = 10_000, stdout: wantStdout = true }: ExecOptions = {}): Promise<ExecResult> {
   if (bun) return execBun(bun, file, args, input, timeoutMs, wantStdout);

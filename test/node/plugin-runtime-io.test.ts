@@ -114,7 +114,8 @@ describe('the plugin\'s spawns and unix sockets give the same results under Node
     assert.deepEqual(onNode['execNow:noStdout'], { code: 0, stdout: '', stderr: 'err\n', error: null });
     assert.deepEqual(onNode['exec:timeLimit'], { code: null, stdout: '', stderr: '', error: 'sh did not finish within 300 ms' });
     for (const how of ['exec', 'execNow']) {
-      assert.deepEqual(onNode[`${how}:timeLimitHeldPipes`], { code: null, stdout: '', stderr: '', error: 'sh did not finish within 300 ms' }, how);
+      const want = { code: null, stdout: '', stderr: '', error: 'sh did not finish within 300 ms' };
+      assert.deepEqual(onNode[`${how}:timeLimitHeldPipes`], want, how);
     }
     assert.deepEqual(onNode['execNow:signalled'], { code: null, stdout: '', stderr: '', error: null });
     assert.deepEqual((onNode['exec:missing'] as { error: string }).error, 'cannot run mesh-no-such-binary: ...');
