@@ -108,7 +108,8 @@ describe(`the shipped mesh-cni (${runtime}): what its runtime could change`, () 
 
   // A parent that ignores SIGTERM (a shell's background job, nohup) passes that on: Node resets
   // every inherited disposition at start, Bun keeps an ignored one, and a Bun plugin then ran on.
-  for (const parent of ['as is', 'ignored by its parent'] as const) it(`dies of SIGTERM mid-ADD (${parent}) without answering success, and leaves no rules`, async () => {
+  const sigtermCase = (parent: string) => `dies of SIGTERM mid-ADD (${parent}) without answering success, and leaves no rules`;
+  for (const parent of ['as is', 'ignored by its parent'] as const) it(sigtermCase(parent), async () => {
     const pod = api.upsertPod(meshPod('shop', 'slow'));
     const ns = new Netns('ship');
     try {
