@@ -359,6 +359,18 @@ export function buildSettings(flags: RawFlags, env: Env, cwd: string = process.c
     burst: int('repair-burst', 1, 100_000),
     concurrency: int('repair-concurrency', 1, 1000),
   };
+  if (repair.nodeName !== '') {
+    // The watch selects spec.nodeName=<node> and the operator's terms are ANDed to it: one on
+    // spec.nodeName that contradicts it makes a watch of no pod, a repair that never repairs.
+    const bad = parseFieldSelector(repair.fieldSelectors)
+      .find((r) => r.field === 'spec.nodeName' && (r.op === '=') !== (r.value === repair.nodeName));
+    if (bad) {
+      const why = `spec.nodeName${bad.op}${bad.value} selects no pod of this agent's node ${repair.nodeName} `
+        + '(--repair-node-name, else NODE_NAME), which the watch selects already; '
+        + 'to repair the pods of another node, set --repair-node-name';
+      errors.push(new ConfigError(raw(byName.get('repair-field-selectors')!).source, repair.fieldSelectors, why));
+    }
+  }
   if (repair.enabled && repair.initContainerName === '') {
     errors.push(new ConfigError('--repair-init-container-name', '', 'must name the validation init container when --repair-enabled is on'));
   }

@@ -134,4 +134,21 @@ describe('start-up check of the selector flags', () => {
     refused({}, { REPAIR_LABEL_SELECTORS: 'rack>-4' }, /env REPAIR_LABEL_SELECTORS.*"-4" is not a valid label value/);
     refused({ 'repair-label-selectors': 'tier\u000b=web' }, {}, /--repair-label-selectors.*not a valid label key/);
   });
+
+  // The watch selects spec.nodeName=<node> and the operator's terms are ANDed to it: a term on
+  // spec.nodeName that contradicts it would make a watch of no pod, a repair that never repairs.
+  it('refuses a spec.nodeName term that contradicts the node the watch selects already', () => {
+    const other = /--repair-field-selectors.*spec\.nodeName=node-b selects no pod of this agent's node node-a/;
+    refused({ 'repair-field-selectors': 'status.phase=Running,spec.nodeName=node-b' }, { NODE_NAME: 'node-a' }, other);
+    const self = /env REPAIR_FIELD_SELECTORS.*spec\.nodeName!=node-a selects no pod of this agent's node node-a/;
+    refused({}, { NODE_NAME: 'node-a', REPAIR_FIELD_SELECTORS: 'spec.nodeName!=node-a' }, self);
+    const flags = { 'repair-node-name': 'node-a', 'repair-field-selectors': 'spec.nodeName==node-b' };
+    refused(flags, {}, /node-b selects no pod/);
+    // What agrees with the node, or any spec.nodeName term with no node (all nodes), is kept.
+    const kept = (sel: string, env: Record<string, string>) =>
+      buildSettings({ 'repair-field-selectors': sel }, env).repair.fieldSelectors;
+    assert.equal(kept('spec.nodeName=node-a', { NODE_NAME: 'node-a' }), 'spec.nodeName=node-a');
+    assert.equal(kept('spec.nodeName!=node-b', { NODE_NAME: 'node-a' }), 'spec.nodeName!=node-b');
+    assert.equal(kept('spec.nodeName=node-b', {}), 'spec.nodeName=node-b');
+  });
 });
