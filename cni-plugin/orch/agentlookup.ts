@@ -6,11 +6,12 @@
 // another pod (an older agent matched any uid) is a miss, whatever answers on the socket.
 
 import type { PodLike } from '../redirect/spec.ts';
-import type { PodLookupRequest } from '../shared/podlookup.ts';
+import type { PodLookupReply, PodLookupRequest } from '../shared/podlookup.ts';
 import { isPodWithUid } from '../shared/poduid.ts';
 import { connectUnix, type UnixSocket } from '../unixsocket.ts';
 
-export type AgentAnswer = { readonly pod: PodLike } | { readonly miss: string };
+/** The agent's reply (the wire type), or a miss said here: any failure is one. */
+export type AgentAnswer = PodLookupReply<PodLike>;
 
 export function podFromAgent(address: string, ref: PodLookupRequest, timeoutMs: number): Promise<AgentAnswer> {
   if (ref.uid === '') return Promise.resolve({ miss: 'the runtime passed no K8S_POD_UID, so only the API server can tell which pod of that name is meant' });

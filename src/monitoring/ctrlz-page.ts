@@ -3,6 +3,7 @@
 // (textContent), never as markup, so an env value or a component's error cannot inject HTML.
 
 import { createHash } from 'node:crypto';
+import { LOG_LEVELS } from '../../cni-plugin/shared/loglevels.ts';
 
 const STYLE = `
   :root { color-scheme: light dark; --line: #8884; --accent: #2a6fdb; }
@@ -26,7 +27,7 @@ const STYLE = `
 `;
 
 const SCRIPT = `
-const LEVELS = ['none', 'error', 'warn', 'info', 'debug'];
+const LEVELS = ${JSON.stringify(LOG_LEVELS)};
 const $ = (id) => document.getElementById(id);
 const el = (tag, text, cls) => { const e = document.createElement(tag); if (text !== undefined) e.textContent = String(text); if (cls) e.className = cls; return e; };
 const row = (...cells) => { const tr = el('tr'); for (const c of cells) tr.append(c instanceof Node ? c : el('td', c)); return tr; };

@@ -12,6 +12,7 @@
 import type http from 'node:http';
 import type { AddressInfo } from 'node:net';
 import os from 'node:os';
+import { isObject } from '../../cni-plugin/shared/json.ts';
 import { buildInfo } from './buildinfo.ts';
 import type { Component } from '../component.ts';
 import { maskedArgs, maskedEnvironment } from '../config/environ.ts';
@@ -91,8 +92,8 @@ function updateScope(name: string, body: string, client: () => Fields): Reply {
   } catch {
     throw new HttpError(400, 'expected a JSON object like {"output_level":"debug"}');
   }
-  if (!req || typeof req !== 'object' || Array.isArray(req)) throw new HttpError(400, 'expected a JSON object like {"output_level":"debug"}');
-  const r = req as Record<string, unknown>;
+  if (!isObject(req)) throw new HttpError(400, 'expected a JSON object like {"output_level":"debug"}');
+  const r = req;
   const output = parseLevel('output_level', r.output_level);
   const stack = parseLevel('stack_trace_level', r.stack_trace_level);
   if (output === undefined && stack === undefined) throw new HttpError(400, 'give output_level and/or stack_trace_level');
