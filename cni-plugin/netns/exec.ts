@@ -32,6 +32,11 @@ function childSetup(input: string | null, wantStdout: boolean): { stdio: StdioOp
 
 const timedOut = (file: string, timeoutMs: number) => `${file} did not finish within ${timeoutMs} ms`;
 
+/** What execNow keeps of each of stdout and stderr (Node's spawnSync default); a child writing more is killed. */
+const MAX_OUTPUT = 1024 * 1024;
+const tooMuch = (file: string): ExecResult =>
+  ({ code: null, stdout: '', stderr: '', error: `${file} wrote more than ${MAX_OUTPUT} bytes of output; killed` });
+
 /** The part of Bun's API used here (the plugin is type-checked against Node's types). */
 interface BunSpawnOptions {
   cmd: string[];
@@ -41,12 +46,16 @@ interface BunSpawnOptions {
   stderr: 'pipe';
   timeout: number | undefined;
   killSignal: 'SIGKILL';
+  maxBuffer?: number;
 }
 interface BunRuntime {
   spawn(o: BunSpawnOptions): {
     stdout: ReadableStream | null; stderr: ReadableStream; exited: Promise<number>; signalCode: string | null; kill(signal: 'SIGKILL'): void;
   };
-  spawnSync(o: BunSpawnOptions): { exitCode: number | null; stdout: Uint8Array | null; stderr: Uint8Array; exitedDueToTimeout?: boolean };
+  spawnSync(o: BunSpawnOptions): {
+    exitCode: number | null; stdout: Uint8Array | null; stderr: Uint8Array;
+    exitedDueToTimeout?: boolean; exitedDueToMaxBuffer?: boolean;
+  };
   readableStreamToText(s: ReadableStream): Promise<string>;
 }
 const bun = (globalThis as { Bun?: BunRuntime }).Bun;
@@ -140,10 +149,11 @@ export function execNow(file: string, args: readonly string[], { input = null, t
   if (bun) {
     let r;
     try {
-      r = bun.spawnSync(bunOptions(file, args, input, wantStdout, timeoutMs));
+      r = bun.spawnSync({ ...bunOptions(file, args, input, wantStdout, timeoutMs), maxBuffer: MAX_OUTPUT });
     } catch (e) {
       return cannotRun(file, e, null);
     }
+    if (r.exitedDueToMaxBuffer) return tooMuch(file);
     const text = (b: Uint8Array | null) => (b ? Buffer.from(b.buffer, b.byteOffset, b.byteLength).toString('utf8') : '');
     return { code: r.exitCode, stdout: text(r.stdout), stderr: text(r.stderr), error: r.exitedDueToTimeout ? timedOut(file, timeoutMs) : null };
   }
@@ -154,7 +164,9 @@ export function execNow(file: string, args: readonly string[], { input = null, t
     timeout: timeoutMs,
     killSignal: 'SIGKILL',
     encoding: 'utf8',
+    maxBuffer: MAX_OUTPUT,
   });
+  if ((r.error as NodeJS.ErrnoException | undefined)?.code === 'ENOBUFS') return tooMuch(file);
   let error: string | null = null;
   if (r.error) {
     error = (r.error as NodeJS.ErrnoException).code === 'ETIMEDOUT' ? timedOut(file, timeoutMs) : `cannot run ${file}: ${r.error.message}`;

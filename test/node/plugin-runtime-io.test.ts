@@ -29,13 +29,18 @@ const runs = {
   // ends the call (not when the pipes close, here with "late" read from them, or never).
   timeLimitHeldPipes: sh('(sleep 2; echo late; echo late >&2) & exec sleep 5', { timeoutMs: 300 }),
   signalled: sh('kill -9 $$', {}),
+  // More than execNow keeps (1 MiB, Node's spawnSync default): ended and failed on both runtimes.
+  tooMuchOutput: sh('yes | head -c 1100000 >&2; exit 0', { stdout: false }),
   missing: ['mesh-no-such-binary', [], {}],
 };
 for (const [name, [file, args, o]] of Object.entries(runs)) {
   for (const [how, f] of [['exec', exec], ['execNow', execNow]]) {
     const r = await f(file, args, o);
     // A missing binary: each runtime words the cause its own way after our prefix.
-    out[how + ':' + name] = { ...r, error: r.error === null ? null : r.error.replace(/^(cannot run \\S+):.*/, '$1: ...') };
+    // A long output by its length (the whole of it would not be flushed before process.exit).
+    const text = (t) => (t.length > 4096 ? 'length ' + t.length : t);
+    const error = r.error === null ? null : r.error.replace(/^(cannot run \\S+):.*/, '$1: ...');
+    out[how + ':' + name] = { ...r, stdout: text(r.stdout), stderr: text(r.stderr), error };
   }
 }
 const talk = (name, send, { end = false } = {}) => new Promise((resolve) => {
@@ -117,6 +122,8 @@ describe('the plugin\'s spawns and unix sockets give the same results under Node
       const want = { code: null, stdout: '', stderr: '', error: 'sh did not finish within 300 ms' };
       assert.deepEqual(onNode[`${how}:timeLimitHeldPipes`], want, how);
     }
+    const tooMuch = { code: null, stdout: '', stderr: '', error: 'sh wrote more than 1048576 bytes of output; killed' };
+    assert.deepEqual(onNode['execNow:tooMuchOutput'], tooMuch);
     assert.deepEqual(onNode['execNow:signalled'], { code: null, stdout: '', stderr: '', error: null });
     assert.deepEqual((onNode['exec:missing'] as { error: string }).error, 'cannot run mesh-no-such-binary: ...');
     assert.deepEqual(onNode.answers, { events: ['open', 'close'], text: '{"pod":"é"}\n' });
