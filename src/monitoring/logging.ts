@@ -34,16 +34,24 @@ const ROOT_DIR = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../
 
 // ---- the console line ---------------------------------------------------------------------------
 
-// Matching control characters is the point here: they must not reach a console line raw.
+// Matching control characters is the point here: they must not reach a line raw. C1 controls
+// too (U+0080-U+009F): a terminal that reads them runs U+009B as CSI, and NEL (U+0085) and the
+// Unicode line separators start a new line where a sender (a pod's annotation, quoted in a plugin
+// record) could forge a record.
 // eslint-disable-next-line no-control-regex
-const CONTROL = /[\u0000-\u001f\u007f]/;
+const CONTROL = /[\u0000-\u001f\u007f-\u009f\u2028\u2029]/;
 // eslint-disable-next-line no-control-regex
-const CONTROL_ALL = /[\u0000-\u001f\u007f]/g;
-const escapeChar = (c: string) => (c === '\u007f' ? '\\u007f' : JSON.stringify(c).slice(1, -1));
+const CONTROL_ALL = /[\u0000-\u001f\u007f-\u009f\u2028\u2029]/g;
+const escapeChar = (c: string) =>
+  c < '\u007f' ? JSON.stringify(c).slice(1, -1) : `\\u${c.charCodeAt(0).toString(16).padStart(4, '0')}`;
 const escapeControl = (s: string) => (CONTROL.test(s) ? s.replace(CONTROL_ALL, escapeChar) : s);
+// What JSON.stringify leaves raw of those (DEL, C1, line separators), escaped: still the same JSON.
+const RAW_IN_JSON = /[\u007f-\u009f\u2028\u2029]/;
+const RAW_IN_JSON_ALL = /[\u007f-\u009f\u2028\u2029]/g;
+const escapeJson = (s: string) => (RAW_IN_JSON.test(s) ? s.replace(RAW_IN_JSON_ALL, escapeChar) : s);
 // Names and values printed bare: no blanks, quotes, `=`, backslashes or control characters.
 // eslint-disable-next-line no-control-regex
-const BARE = /^[^\s"=\\\u0000-\u001f\u007f]+$/;
+const BARE = /^[^\s"=\\\u0000-\u001f\u007f-\u009f]+$/;
 
 // Set by the record itself (columns), never printed as fields.
 const COLUMNS = new Set(['time', 'level', 'scope', 'msg']);
@@ -75,7 +83,7 @@ function consoleValue(key: string, v: unknown): string | undefined {
   if (key === 'error' || key === 'err') v = stdSerializers.err(v as Error);
   switch (typeof v) {
     case 'string':
-      return BARE.test(v) ? v : JSON.stringify(v);
+      return BARE.test(v) ? v : escapeJson(JSON.stringify(v));
     case 'number':
       return Number.isFinite(v) ? String(v) : 'null';
     case 'boolean':
@@ -94,11 +102,11 @@ function consoleValue(key: string, v: unknown): string | undefined {
   }
   // An object that turns into a string (a Date): printed as that string would be.
   if (json !== undefined && json.charCodeAt(0) === 34) return consoleValue('', JSON.parse(json) as string);
-  return json;
+  return json === undefined ? undefined : escapeJson(json);
 }
 
-/** A field name: bare, else JSON-quoted with DEL escaped too (as names always had it). */
-const nameOf = (k: string) => (BARE.test(k) ? k : JSON.stringify(k).replace(/\u007f/g, '\\u007f'));
+/** A field name: bare, else JSON-quoted with DEL (as names always had it), C1 and line separators escaped. */
+const nameOf = (k: string) => (BARE.test(k) ? k : escapeJson(JSON.stringify(k)));
 
 /**
  * One console line: control characters in the message are escaped (`\n`, `\t`), so one record is
@@ -132,6 +140,7 @@ interface Config {
 
 function jsonWriter(sink: Sink): PinoLogger {
   // No timestamp of pino's: each record brings its `time` first (a plugin record keeps its own).
+  // pino leaves DEL, C1 controls and line separators raw in strings: escaped, the same JSON.
   return pino(
     {
       level: 'debug',
@@ -141,7 +150,7 @@ function jsonWriter(sink: Sink): PinoLogger {
       formatters: { level: (label) => ({ level: label }) },
       serializers: { error: stdSerializers.err, err: stdSerializers.err },
     },
-    sink,
+    { write: (line: string) => sink.write(escapeJson(line)) },
   );
 }
 

@@ -124,7 +124,8 @@ describe('JSON format, byte for byte', () => {
       // The one difference in JSON: names that are array indices come before "time" (JS orders
       // an object's index keys first; the time is now a key of the record, not pino's stamp).
       `{"level":"warn","1":4,"2":2,"time":"${T}","b":1,"a":3,"scope":"cni","msg":"key order"}\n`,
-      `${head},"scope":"cni","msg":"message \\u0000\\n\\t\\u001b[31m\u007f end"}\n`,
+      // DEL escaped (review R3: raw before, as pino leaves it), the same JSON.
+      `${head},"scope":"cni","msg":"message \\u0000\\n\\t\\u001b[31m\\u007f end"}\n`,
     ]);
   });
 
@@ -136,6 +137,36 @@ describe('JSON format, byte for byte', () => {
     const rec = JSON.parse(sink.text()) as { time: string };
     assert.ok(Date.parse(rec.time) >= before - 1 && Date.parse(rec.time) <= Date.now(), rec.time);
     assert.equal(Object.keys(rec).join(','), 'level,time,scope,msg');
+  });
+});
+
+// Review R3: C1 controls (U+0080-U+009F: 8-bit CSI U+009B, OSC U+009D, NEL U+0085) and the
+// Unicode line separators are control characters too. A pod's annotation value reaches a plugin
+// record (AnnotationError quotes it with JSON.stringify, which leaves them raw); printed raw, a
+// terminal reading C1 controls (xterm) runs the escape sequence, and NEL starts a forged record.
+describe('C1 controls and line separators from a sender', () => {
+  const hostile = 'a\u009b2J\u0085\u009d52;c;eA==\u0007\u2028\u2029\u007fz';
+  const escaped = 'a\\u009b2J\\u0085\\u009d52;c;eA==\\u0007\\u2028\\u2029\\u007fz';
+  const RAW = /[\u007f-\u009f\u2028\u2029]/;
+
+  it('are escaped in the console line: message, names and values, bare, quoted or in an object', () => {
+    const sink = captureSink();
+    configureLogging(buildSettings({}, {}).logging, sink);
+    logRecord('cni', 'info', `m ${hostile}`, { bare: 'x\u0085y', quoted: hostile, [`k\u009b`]: 1, obj: { v: hostile } }, T);
+    const line = sink.text();
+    assert.doesNotMatch(line, RAW, JSON.stringify(line));
+    assert.equal(line, `${T}\tinfo\tcni\tm ${escaped}\tbare="x\\u0085y" quoted="${escaped}" "k\\u009b"=1 ` +
+      `obj={"v":"${escaped}"}\n`);
+  });
+
+  it('are escaped in a JSON line, which reads back the same', () => {
+    const sink = captureSink();
+    configureLogging(buildSettings({ log_as_json: 'true' }, {}).logging, sink);
+    logRecord('cni', 'info', hostile, { v: hostile, [`k\u0085`]: hostile }, T);
+    const line = sink.text();
+    assert.doesNotMatch(line, RAW, JSON.stringify(line));
+    const rec = JSON.parse(line) as Record<string, string>;
+    assert.deepEqual([rec.msg, rec.v, rec['k\u0085']], [hostile, hostile, hostile]);
   });
 });
 
