@@ -6,7 +6,10 @@ import { CniError, CNI_ERROR } from './errors.ts';
 import { isSupportedVersion, LATEST_VERSION, SUPPORTED_VERSIONS } from './result.ts';
 import { isObject } from '../shared/json.ts';
 import { isLogLevel, LOG_LEVELS, type LogLevel } from '../shared/loglevels.ts';
-import { IPTABLES_FLAVOURS, PLUGIN_TYPE, type IptablesFlavour, type NetConfKey } from '../shared/netconf.ts';
+import {
+  IPTABLES_FLAVOURS, PLUGIN_TYPE, type IptablesFlavour, type MeshNetConf, type MeshOrchConf, type NetConfKey,
+  type RuntimeNetConf,
+} from '../shared/netconf.ts';
 
 export const COMMANDS = ['ADD', 'DEL', 'CHECK', 'VERSION', 'STATUS', 'GC'] as const;
 export type Command = (typeof COMMANDS)[number];
@@ -111,6 +114,10 @@ function parseCommand(env: Env): Command {
   return c as Command;
 }
 
+/** A key of our entry at its own level: one read at the wrong level (top or "orch") does not compile. */
+type TopKey = keyof MeshNetConf | keyof RuntimeNetConf;
+function str(o: Record<string, unknown>, key: TopKey, where: '', fallback?: string): string;
+function str(o: Record<string, unknown>, key: keyof MeshOrchConf, where: 'orch.', fallback?: string): string;
 function str(o: Record<string, unknown>, key: NetConfKey, where: string, fallback?: string): string {
   const v = o[key];
   if (v === undefined && fallback !== undefined) return fallback;
@@ -120,7 +127,7 @@ function str(o: Record<string, unknown>, key: NetConfKey, where: string, fallbac
   return v;
 }
 
-function num(o: Record<string, unknown>, key: NetConfKey, fallback: number): number {
+function num(o: Record<string, unknown>, key: TopKey, fallback: number): number {
   const v = o[key];
   if (v === undefined) return fallback;
   if (typeof v !== 'number' || !Number.isFinite(v) || v <= 0) {
@@ -149,7 +156,7 @@ export function parseConfig(stdin: string, command: Command): PluginConfig {
   if (!isLogLevel(logLevel)) {
     throw new CniError(CNI_ERROR.INVALID_CONFIG, `invalid network config: log_level ${JSON.stringify(logLevel)}`, `expected one of ${LOG_LEVELS.join(', ')}`);
   }
-  const excl = orch.exclude_namespaces ?? [];
+  const excl = orch['exclude_namespaces' satisfies keyof MeshOrchConf] ?? [];
   if (!Array.isArray(excl) || !excl.every((n) => typeof n === 'string')) {
     throw new CniError(CNI_ERROR.INVALID_CONFIG, 'invalid network config: orch.exclude_namespaces must be a list of strings', `got ${JSON.stringify(excl)}`);
   }
