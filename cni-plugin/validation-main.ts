@@ -9,6 +9,7 @@ import { PROBE_TIMEOUT_MS } from './redirect/constants.ts';
 import { probe } from './validation.ts';
 
 export const EXIT_NOT_REDIRECTED = 126;
+const MAX_TIMER_MS = 2 ** 31 - 1;
 const USAGE = `Usage: mesh-validation [--probe-timeout 5s] [--termination-log /dev/termination-log]
 Checks, inside the pod network namespace, that outbound TCP is redirected by mesh-cni's rules.
 Exit 0 if it is, ${EXIT_NOT_REDIRECTED} if not (the reason goes to the termination log and stderr).`;
@@ -17,6 +18,8 @@ export function parseDuration(v: string): number {
   const n = durationMs(v);
   if (n === null) throw new Error(`--probe-timeout ${JSON.stringify(v)}: expected a duration like 5s, 500ms or 1m30s`);
   if (n <= 0) throw new Error(`--probe-timeout ${JSON.stringify(v)}: must be positive`);
+  // A longer timer fires at once (Node.js keeps 32 bits): the probe would fail a redirected pod.
+  if (n > MAX_TIMER_MS) throw new Error(`--probe-timeout ${JSON.stringify(v)}: must be at most ${MAX_TIMER_MS}ms`);
   return n;
 }
 

@@ -85,5 +85,10 @@ describe('mesh-validation', () => {
     const bad = await validate(ns, ['--probe-timeout', 'soon']);
     assert.equal(bad.code, 2);
     assert.match(bad.stderr, /expected a duration/);
+    // Longer than a Node timer holds (about 24.8 days): it would fire at once and say "not
+    // redirected" (126) of a pod that is. Hours are a unit now, so 600h is easy to write.
+    const long = await validate(ns, ['--probe-timeout', '600h']);
+    assert.equal(long.code, 2, long.stdout + long.stderr);
+    assert.match(long.stderr, /--probe-timeout "600h": must be at most/);
   });
 });
