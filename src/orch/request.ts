@@ -133,6 +133,23 @@ export interface WatchStream {
   abort(): void;
 }
 
+const WATCH_EVENT_TYPES: ReadonlySet<unknown> = new Set(['ADDED', 'MODIFIED', 'DELETED', 'BOOKMARK', 'ERROR']);
+
+/** One line of a watch stream as its event, or why it is not one (by kind only: it may hold a secret). */
+function watchEvent(line: string): { type: string; object: object } | string {
+  let event: unknown;
+  try {
+    event = JSON.parse(line);
+  } catch {
+    return 'not JSON';
+  }
+  const e = event as { type?: unknown; object?: unknown } | null;
+  if (typeof e !== 'object' || e === null || Array.isArray(e)) return 'not a JSON object';
+  if (!WATCH_EVENT_TYPES.has(e.type)) return 'no known event type';
+  if (typeof e.object !== 'object' || e.object === null || Array.isArray(e.object)) return 'no object';
+  return e as { type: string; object: object };
+}
+
 /** Longest watch event line taken (a pod is a few KiB; a runaway stream is cut, not buffered). */
 const MAX_EVENT_BYTES = 16 << 20;
 
@@ -205,15 +222,18 @@ export async function apiWatch(
           const line = buf.slice(0, i);
           buf = buf.slice(i + 1);
           if (line.trim() === '') continue;
-          let event: unknown;
-          try {
-            event = JSON.parse(line);
-          } catch {
-            continue; // not an event; the silence watchdog catches a stream that sends only this
+          if (ended) break;
+          const event = watchEvent(line);
+          if (typeof event === 'string') {
+            // Skipping it would lose the event it stood for (the next bookmark moves the watch
+            // past it): the watch ends, and is resumed from the last event taken (client-go too).
+            req.destroy();
+            end(new ApiError(what, undefined, `a line of the stream is not a watch event (${event}; `
+              + `${Buffer.byteLength(line)} bytes)`));
+            break;
           }
           logWatchEvent(url, line);
-          if (ended || typeof event !== 'object' || event === null) continue;
-          onEvent(event as { type?: unknown; object?: unknown });
+          onEvent(event);
         }
         if (buf.length > MAX_EVENT_BYTES) {
           req.destroy();

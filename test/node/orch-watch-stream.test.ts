@@ -1,0 +1,117 @@
+// Issue 19 review (R6): the agent's own watch stream (src/orch/request.ts apiWatch) as the pod
+// source reads it, against a loopback HTTP server that writes the lines we choose. A line that
+// is not a watch event (not JSON, or JSON without an object) ends the watch with an error, as
+// client-go's stream watcher does: skipping it lost the event it stood for (a DELETED never
+// replayed, since the next bookmark moved the resourceVersion past it), and an event whose
+// object was null threw in the stream's 'data' handler, which crashed the agent.
+
+import assert from 'node:assert/strict';
+import http from 'node:http';
+import type { AddressInfo } from 'node:net';
+import { after, afterEach, before, describe, it } from 'node:test';
+import { KubeConfig } from '@kubernetes/client-node/dist/config.js';
+import { clientNodeApi } from '../../src/orch/api.ts';
+import { realClock } from '../../src/orch/limits.ts';
+import { PodSource, WATCH_DEFAULTS } from '../../src/orch/podsource.ts';
+import { waitFor } from '../helpers/poll.ts';
+
+/** What the fake server writes to the watch from a resourceVersion (the stream stays open after). */
+let script: Record<string, string[]> = {};
+const watchesFrom: string[] = [];
+let server: http.Server;
+let url = '';
+const sources: PodSource[] = [];
+
+const podObj = (name: string, rv: number) => ({
+  kind: 'Pod',
+  apiVersion: 'v1',
+  metadata: { name, namespace: 'default', uid: `uid-${name}`, resourceVersion: String(rv) },
+});
+const line = (type: string, object: unknown) => JSON.stringify({ type, object }) + '\n';
+
+before(async () => {
+  server = http.createServer((req, res) => {
+    const q = new URL(req.url ?? '/', 'http://x').searchParams;
+    if (q.get('watch') !== 'true') {
+      res.writeHead(200, { 'content-type': 'application/json' });
+      res.end(JSON.stringify({ kind: 'PodList', apiVersion: 'v1', metadata: { resourceVersion: '1' }, items: [] }));
+      return;
+    }
+    const from = q.get('resourceVersion') ?? '';
+    watchesFrom.push(from);
+    res.writeHead(200, { 'content-type': 'application/json' });
+    for (const l of script[from] ?? []) res.write(l);
+  });
+  await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
+  url = `http://127.0.0.1:${(server.address() as AddressInfo).port}`;
+});
+
+after(async () => {
+  server.closeAllConnections();
+  await new Promise((r) => server.close(r));
+});
+
+afterEach(async () => {
+  await Promise.all(sources.splice(0).map((s) => s.stop()));
+  server.closeAllConnections();
+  watchesFrom.length = 0;
+  script = {};
+});
+
+function source(): PodSource {
+  const kc = new KubeConfig();
+  kc.loadFromClusterAndUser({ name: 'c', server: url, skipTLSVerify: true }, { name: 'u' });
+  const src = new PodSource(clientNodeApi(kc), null, {
+    ...WATCH_DEFAULTS,
+    query: { fieldSelector: 'spec.nodeName=node-a', labelSelector: '' },
+    backoff: { baseMs: 20, maxMs: 100 },
+    healthyAfterMs: 60_000,
+    clock: realClock,
+    logScope: 'install',
+    tuning: { listMode: 'cache', startJitterMs: 0, reconnectSpreadMs: 0 },
+  });
+  sources.push(src);
+  src.start();
+  return src;
+}
+
+describe('the watch stream: a line that is not a watch event', () => {
+  it('not JSON: the watch ends and resumes from the last event, so the event it stood for is not lost', async () => {
+    script = {
+      // a comes, then its DELETED garbled, then a bookmark past it.
+      '1': [
+        line('ADDED', podObj('a', 2)),
+        '{"type":"DELETED","object":{"metadata":{"name":"a"\n',
+        line('BOOKMARK', { metadata: { resourceVersion: '4' } }),
+      ],
+      // What the server replays from a's resourceVersion: its deletion.
+      '2': [line('DELETED', podObj('a', 3))],
+    };
+    const src = source();
+    const gone = () => src.get('default', 'a') === undefined && watchesFrom.includes('2');
+    await waitFor('pod a gone from the cache (the DELETED replayed)', gone, {
+      timeoutMs: 3000,
+      context: () => `watches from: ${watchesFrom.join(', ')}; cached: ${src.pods().map((p) => p.metadata?.name)}`,
+    });
+    assert.deepEqual(watchesFrom.slice(0, 2), ['1', '2']);
+    assert.match(src.status().lastError, /not a watch event/);
+  });
+
+  for (const [what, bad] of [
+    ['an event whose object is null', line('ADDED', null)],
+    ['an ERROR event whose object is null', line('ERROR', null)],
+    ['an event without an object', '{"type":"MODIFIED"}\n'],
+    ['a JSON array', '[]\n'],
+  ] as const) {
+    it(`${what}: the watch ends with an error (no crash) and resumes`, async () => {
+      script = { '1': [bad] };
+      const src = source();
+      await waitFor('a second watch from resourceVersion 1', () => watchesFrom.filter((f) => f === '1').length >= 2, {
+        timeoutMs: 3000,
+        context: () => `watches from: ${watchesFrom.join(', ')}`,
+      });
+      assert.equal(src.get('default', 'a'), undefined);
+      assert.match(src.status().lastError, /not a watch event/);
+    });
+  }
+});
