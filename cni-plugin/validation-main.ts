@@ -4,12 +4,11 @@
 
 import { accessSync, constants, writeFileSync } from 'node:fs';
 import { parseArgs } from 'node:util';
-import { durationMs } from './shared/duration.ts';
+import { durationMs, MAX_TIMER_MS } from './shared/duration.ts';
 import { PROBE_TIMEOUT_MS } from './redirect/constants.ts';
 import { probe } from './validation.ts';
 
 export const EXIT_NOT_REDIRECTED = 126;
-const MAX_TIMER_MS = 2 ** 31 - 1;
 const USAGE = `Usage: mesh-validation [--probe-timeout 5s] [--termination-log /dev/termination-log]
 Checks, inside the pod network namespace, that outbound TCP is redirected by mesh-cni's rules.
 Exit 0 if it is, ${EXIT_NOT_REDIRECTED} if not (the reason goes to the termination log and stderr).`;

@@ -2,6 +2,9 @@
 // durations, and env settings written for it must still parse) and mesh-validation's
 // --probe-timeout read the same grammar.
 
+/** Longest timer Node.js keeps (longer ones fire after 1 ms): the most a duration here may wait. */
+export const MAX_TIMER_MS = 2 ** 31 - 1;
+
 const UNIT_MS: Readonly<Record<string, number>> = {
   ns: 1e-6, us: 1e-3, 'µs': 1e-3, ms: 1, s: 1000, m: 60_000, h: 3_600_000,
 };

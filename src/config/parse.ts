@@ -67,8 +67,7 @@ export function parseFileMode(flag: string, value: string): number {
   return n;
 }
 
-/** Longest timer Node.js keeps (longer ones fire after 1 ms). */
-export const MAX_TIMER_MS = 2 ** 31 - 1;
+export { MAX_TIMER_MS } from '../../cni-plugin/shared/duration.ts';
 
 /** A Go-style duration ("100ms", "5s", "1m30s") in milliseconds, within [min, max]. */
 export function parseDuration(flag: string, value: string, opts: { min?: number; max?: number } = {}): number {
