@@ -9,7 +9,9 @@ import { describe, it } from 'node:test';
 import { ESLint } from 'eslint';
 import { ROOT } from '../helpers/cli.ts';
 
-const ZONE_RULES = new Set(['no-restricted-imports', 'no-restricted-syntax']);
+// require() is refused everywhere (typescript-eslint's recommended no-require-imports), so no zone
+// needs its own ban for it; it counts here so that a config losing that rule fails this test.
+const ZONE_RULES = new Set(['no-restricted-imports', 'no-restricted-syntax', '@typescript-eslint/no-require-imports']);
 const eslint = new ESLint({ cwd: ROOT });
 
 /** The zone messages for `code` as if it were the file `file` (relative to the repo). */
@@ -48,6 +50,9 @@ const CASES: [string, string, RegExp | null][] = [
   ['src/config/zz-probe.ts', "import { durationMs } from '../../cni-plugin/shared/duration.ts';", null],
   ['src/monitoring/zz-probe.ts', "import { program } from '../cmd/program.ts';", /src\/monitoring\/ does not import src\/cmd\//],
   ['src/monitoring/zz-probe.ts', "import { registry } from './metrics.ts';", null],
+  // require(), in any zone.
+  ['cni-plugin/zz-probe.ts', "const m = require('../src/agent.ts');", /require\(\)/],
+  ['src/orch/zz-probe.ts', "const m = require('../install/installer.ts');", /require\(\)/],
   // A path the zones' patterns cannot see through (a detour by .., ./.., //) is refused as such.
   ['src/orch/zz-probe.ts', "import { Installer } from './../install/installer.ts';", /normalized/],
   ['src/orch/zz-probe.ts', "export { Installer } from '../orch/../install/installer.ts';", /normalized/],
