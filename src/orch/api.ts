@@ -28,6 +28,8 @@ export type WatchEventType = 'ADDED' | 'MODIFIED' | 'DELETED' | 'BOOKMARK' | 'ER
 export interface ListParams {
   /** '0': from the watch cache, any age; undefined: a consistent read (etcd). */
   readonly resourceVersion?: string;
+  /** NotOlderThan, with a resourceVersion seen: from the watch cache, never older than that. */
+  readonly resourceVersionMatch?: 'NotOlderThan';
   /** Pages (consistent reads only: the watch cache ignores it). */
   readonly limit?: number;
   readonly continueToken?: string;
@@ -74,6 +76,7 @@ export function clientNodeApi(kc: KubeConfig): OrchApi {
           fieldSelector: q.fieldSelector,
           labelSelector: q.labelSelector,
           resourceVersion: q.resourceVersion,
+          resourceVersionMatch: q.resourceVersionMatch,
           limit: q.limit,
           continue: q.continueToken,
         },

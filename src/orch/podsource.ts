@@ -268,8 +268,12 @@ export class PodSource {
           delay = 0;
           continue;
         }
-        // A list from a continue token that expired meanwhile starts over.
-        if (err.code === 410) rv = '';
+        // A list from a continue token that expired meanwhile starts over; one not older than a
+        // resourceVersion the server no longer takes starts from any (the reflector: from etcd).
+        if (err.code === 410) {
+          rv = '';
+          this.#resourceVersion = '';
+        }
         this.#restarts.error++;
         for (const h of this.#handlers) h.restarted?.('error');
         this.#lastError = err.message;
@@ -293,12 +297,17 @@ export class PodSource {
   }
 
   /**
-   * One full list (all pages); replaces the cache. From the watch cache (resourceVersion=0, no
-   * limit: the cache ignores it) unless --orch-list-mode=consistent or the server refused that.
+   * One full list (all pages); replaces the cache. From the watch cache (no limit: the cache
+   * ignores it) unless --orch-list-mode=consistent or the server refused that: resourceVersion=0
+   * (any age) the first time; after that not older than the last resourceVersion seen, as the
+   * reflector relists: a cache behind (another API server's) would take the agent back in time.
    */
   async #list(): Promise<string> {
     const seen = new Map<string, V1Pod>();
-    const params = this.#listMode === 'consistent' ? { limit: this.#o.pageSize } : { resourceVersion: '0' };
+    const last = this.#resourceVersion;
+    const params = this.#listMode === 'consistent' ? { limit: this.#o.pageSize }
+      : last === '' ? { resourceVersion: '0' }
+      : { resourceVersion: last, resourceVersionMatch: 'NotOlderThan' as const };
     let continueToken: string | undefined;
     let rv: string;
     do {

@@ -64,6 +64,12 @@ export interface TestApiServer {
     ignoreWatchList?: boolean;
     /** A server that refuses a list with resourceVersion=0 (400); a consistent list still works. */
     rejectRv0List?: boolean;
+    /**
+     * An API server (of several) whose watch cache is behind: a resourceVersion=0 list ("any age")
+     * answers this older state; a list not older than a resourceVersion it has not reached is
+     * answered by a fresh one (the real one waits for its cache, or the client reached another).
+     */
+    laggingCache?: { readonly resourceVersion: string; readonly pods: readonly V1Pod[] };
   };
   closeWatches(): void;
   expireResourceVersions(): void;
@@ -518,11 +524,13 @@ export async function startTestApiServer(opts: TestApiServerOptions = {}): Promi
     }
   }
 
-  function checkRv(raw: string | null, what: string): number | undefined {
+  function checkRv(raw: string | null, what: string, notOlderThan = false): number | undefined {
     if (raw === null || raw === '' || raw === '0') return undefined;
     const n = Number(raw);
     if (!Number.isInteger(n) || n < 0) throw new HttpError(400, 'BadRequest', `invalid resourceVersion ${JSON.stringify(raw)} in ${what}`);
-    if (n < oldestValidRv) throw new HttpError(410, 'Expired', `too old resource version: ${n} (${oldestValidRv})`);
+    if (n < oldestValidRv && !notOlderThan) {
+      throw new HttpError(410, 'Expired', `too old resource version: ${n} (${oldestValidRv})`);
+    }
     return n;
   }
 
@@ -547,7 +555,17 @@ export async function startTestApiServer(opts: TestApiServerOptions = {}): Promi
     if (rawRv === '0' && faults.rejectRv0List) {
       throw new HttpError(400, 'BadRequest', 'injected fault: resourceVersion=0 lists are refused by this server');
     }
-    checkRv(rawRv, 'list');
+    // A list not older than a resourceVersion is served from the watch cache as it is now, however
+    // old the resourceVersion (only an exact or paginated read needs it still in etcd).
+    if (q.get('resourceVersionMatch') === 'NotOlderThan') checkRv(rawRv, 'list', true);
+    else checkRv(rawRv, 'list');
+    const lagging = rawRv === '0' && !q.get('continue') ? faults.laggingCache : undefined;
+    if (lagging) {
+      if (rec) rec.objectsRead = lagging.pods.length;
+      const items = lagging.pods.filter((p) => podMatches(filter, p)).map(clone);
+      const metadata = { resourceVersion: lagging.resourceVersion };
+      return { contentType: 'application/json', body: { kind: 'PodList', apiVersion: 'v1', metadata, items } };
+    }
     let listRv = rv;
     let after = '';
     const cont = q.get('continue');
