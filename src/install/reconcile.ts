@@ -143,7 +143,12 @@ export class Reconciler {
       return { notReady, problems, primary: null, writes, skipped: [], notes: [] };
     }
     if (!entry) return { notReady, problems, primary: null, writes, skipped: [], notes: [] };
-    const plan = await planConfig(ctx, entry);
+    // Planned at the time the dir is read: the owned-mode grace (planmodes.ts holdOwned) counts
+    // from when a primary is seen gone, not from the pass's start, which the binaries' copy and
+    // the orchconfig may precede by seconds.
+    const planCtx = this.context();
+    planCtx.earlierOwned = ctx.earlierOwned;
+    const plan = await planConfig(planCtx, entry);
     let primary = plan.primary;
     let error: Error | undefined;
     try {
