@@ -240,7 +240,7 @@ export class PodSource {
         // restart, a compaction cuts every watch of the fleet together): anywhere in the spread.
         // Failing: exponential backoff with full jitter.
         const cut = !end.timedOut && end.healthy && spread > 0;
-        delay = cut ? Math.max(retryAfter ?? 0, this.#random() * spread) : backoff.next(retryAfter);
+        delay = cut ? Math.max(backoff.retryAfter(retryAfter), this.#random() * spread) : backoff.next(retryAfter);
         if (end.error) this.#lastError = end.error.message;
         if (end.error && this.#saidRefused(end.error, delay)) continue;
         const level = end.reason === 'closed' && end.healthy ? 'debug' : 'warn';

@@ -91,7 +91,11 @@ export class FullJitterBackoff {
   next(retryAfterMs = 0): number {
     const window = Math.min(this.#cap, this.#base * 2 ** Math.min(this.#attempt, 30));
     this.#attempt++;
-    return Math.max(Math.min(retryAfterMs, this.#retryAfterCap), this.#random() * window);
+    return Math.max(this.retryAfter(retryAfterMs), this.#random() * window);
+  }
+  /** A server's Retry-After as waited for: at most `retryAfterCapMs`. */
+  retryAfter(retryAfterMs = 0): number {
+    return Math.min(retryAfterMs, this.#retryAfterCap);
   }
   reset(): void {
     this.#attempt = 0;

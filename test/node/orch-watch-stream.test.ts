@@ -10,8 +10,9 @@ import http from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { after, afterEach, before, describe, it } from 'node:test';
 import { KubeConfig } from '@kubernetes/client-node/dist/config.js';
-import { clientNodeApi } from '../../src/orch/api.ts';
-import { realClock } from '../../src/orch/limits.ts';
+import { clientNodeApi, type OrchApi } from '../../src/orch/api.ts';
+import { ApiError } from '../../src/orch/errors.ts';
+import { realClock, type Clock } from '../../src/orch/limits.ts';
 import { PodSource, WATCH_DEFAULTS } from '../../src/orch/podsource.ts';
 import { waitFor } from '../helpers/poll.ts';
 
@@ -114,4 +115,38 @@ describe('the watch stream: a line that is not a watch event', () => {
       assert.match(src.status().lastError, /not a watch event/);
     });
   }
+});
+
+describe('Retry-After on a watch refused after it counted as healthy', () => {
+  it('is capped at 5 minutes, as on every other path (README "Fleet scale")', async () => {
+    let watches = 0;
+    const refuse = () => { throw new Error('not used'); };
+    const api: OrchApi = {
+      listPods: async () => ({ items: [], resourceVersion: '1', continueToken: undefined }),
+      async watchPods(_q, _onEvent, done) {
+        watches++;
+        // Refused once it lived past healthyAfterMs (a slow 429: the server's queue, our rate limit).
+        setTimeout(() => done(new ApiError('watching pods', 429, 'TooManyRequests: slow down', 10 * 3600_000)), 30);
+        return new AbortController();
+      },
+      labelPod: refuse,
+      deletePod: refuse,
+      createEvent: refuse,
+    };
+    const sleeps: number[] = [];
+    const clock: Clock = { now: realClock.now, sleep: (ms, signal) => (sleeps.push(ms), realClock.sleep(1, signal)) };
+    const src = new PodSource(api, null, {
+      ...WATCH_DEFAULTS,
+      query: { fieldSelector: 'spec.nodeName=node-a', labelSelector: '' },
+      backoff: { baseMs: 20, maxMs: 100 },
+      healthyAfterMs: 10,
+      clock,
+      logScope: 'install',
+      tuning: { listMode: 'cache', startJitterMs: 0, reconnectSpreadMs: 50 },
+    });
+    sources.push(src);
+    src.start();
+    await waitFor('three watches', () => watches >= 3, 3000);
+    assert.ok(sleeps.length > 0 && sleeps.every((ms) => ms <= 5 * 60_000), `waits asked: ${sleeps.join(', ')} ms`);
+  });
 });
