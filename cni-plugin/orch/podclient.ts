@@ -148,6 +148,8 @@ export async function getPod(initial: OrchAccess, namespace: string, name: strin
         if (e instanceof PodLookupError) throw e;
         last = (e as Error).message;
       }
+      // The last GET failed: the pod start fails now, not after a wait for a GET it will not send.
+      if (attempt >= MAX_POD_GET_ATTEMPTS) continue;
       delay = Math.min(delay, Math.max(0, deadline - Date.now()));
       opts.onRetry?.(attempt, last, delay);
       await sleep(delay);

@@ -272,6 +272,8 @@ describe('fleet scale: the pod watch', () => {
     assert.match(err.message, /503/);
     const gets = s.requests.filter((r) => r.path === '/api/v1/namespaces/default/pods/a-0').length;
     assert.equal(gets, MAX_POD_GET_ATTEMPTS, `${gets} GETs for one pod start`);
+    // No wait after the last GET: the pod start fails at once (it waited up to 2 s for nothing).
+    assert.equal(delays.length, MAX_POD_GET_ATTEMPTS - 1, JSON.stringify(delays));
     // Full jitter: the waits are not the same fixed ladder on every node.
     assert.ok(delays.every((d) => d <= 1600), JSON.stringify(delays));
     assert.ok(new Set(delays.map((d) => Math.round(d))).size > 1, JSON.stringify(delays));
