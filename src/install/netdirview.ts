@@ -29,6 +29,7 @@ export function netDirView(netDir: string, files: FileCache): NetDirView {
     },
     readlink: (name) => fs.readlink(at(name)),
     listDir: async (name) => (await fs.readdir(at(name), { withFileTypes: true })).map((d) => ({ name: d.name, isDirectory: d.isDirectory() })),
+    realpath: (name) => fs.realpath(at(name)).catch(() => null),
   };
 }
 

@@ -65,6 +65,8 @@ export interface NetDirView {
   readlink(name: string): Promise<string>;
   /** A directory's entries (the plugin dir a conflist's name names); throws as readdir does. */
   listDir(name: string): Promise<{ readonly name: string; readonly isDirectory: boolean }[]>;
+  /** The file a name reads, links followed to the end; null when none. Absent: no links (the table tests). */
+  realpath?(name: string): Promise<string | null>;
 }
 
 export type ErrorReason =
@@ -276,6 +278,11 @@ export class PlanContext {
 
   listDir(name: string): Promise<{ readonly name: string; readonly isDirectory: boolean }[]> {
     return this.view.listDir(name);
+  }
+
+  async realpath(name: string): Promise<string | null> {
+    if (this.removed.has(name) || this.view.realpath === undefined) return null;
+    return this.view.realpath(name);
   }
 }
 

@@ -29,10 +29,17 @@ export async function takeOutAllBut(ctx: PlanContext, names: readonly string[], 
   ctx.keepCached(names);
   const others = names.filter((n) => !keep.has(n) && isConfigFile(n));
   await ctx.warmCached(others);
+  let kept: Promise<Set<string>> | undefined;
   for (const name of others) {
     // Known to hold no entry of ours: no await, no I/O (thousands of files, pass after pass).
     const known = ctx.peekCached(name);
     if (known && !holdsOurEntry(known, name)) continue;
+    // The very file a kept one reads (a primary linked to another config here, two links to one
+    // file): our entry out of it would be out of the file the runtime reads.
+    kept ??= Promise.all([...keep].map((n) => (n === null ? null : ctx.realpath(n))))
+      .then((all) => new Set(all.filter((p): p is string => p !== null)));
+    const real = await ctx.realpath(name);
+    if (real !== null && (await kept).has(real)) continue;
     await takeOut(ctx, name);
   }
 }

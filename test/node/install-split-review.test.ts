@@ -58,3 +58,41 @@ describe('owned mode: the grace for a primary just gone', () => {
     assert.equal(await fs.readFile(path.join(t.netDir, OWNED), 'utf8'), ours, 'ours kept as it was');
   });
 });
+
+describe('a primary that is a link to another config file in the net dir', () => {
+  it('keeps our entry in the file the link reads, pass after pass (not taken out of it under its own name)', async () => {
+    const t = await tree();
+    // The runtime reads 01-alias.conflist (first by name), which is 10-bridge.conflist's bytes.
+    await fs.writeFile(path.join(t.netDir, '10-bridge.conflist'), BRIDGE_CONFLIST);
+    await fs.symlink('10-bridge.conflist', path.join(t.netDir, '01-alias.conflist'));
+    const s = buildSettings(t.flags, t.env);
+    const r = new Reconciler(s.install, s.env);
+    for (let pass = 1; pass <= 3; pass++) {
+      const out = await r.reconcile();
+      assert.deepEqual(out.notReady, [], `pass ${pass}: ready`);
+      assert.equal(out.primary, '01-alias.conflist');
+      assert.deepEqual(runtimeView(t.netDir), { file: '01-alias.conflist', entries: 1, chain: ['bridge', 'mesh-cni'] },
+        `pass ${pass}: the runtime reads our entry`);
+      assert.ok((await fs.lstat(path.join(t.netDir, '01-alias.conflist'))).isSymbolicLink(), 'the link stays');
+    }
+  });
+});
+
+describe('two config names linked to one file outside the net dir', () => {
+  it('the one the runtime reads keeps our entry; the other is not taken out of it', async () => {
+    const t = await tree();
+    const real = path.join(t.root, 'primary-cni');
+    await fs.mkdir(real, { mode: 0o755 });
+    await fs.writeFile(path.join(real, 'net.conflist'), BRIDGE_CONFLIST);
+    await fs.symlink(path.join(real, 'net.conflist'), path.join(t.netDir, '05-net.conflist'));
+    await fs.symlink(path.join(real, 'net.conflist'), path.join(t.netDir, '10-net.conflist'));
+    const s = buildSettings(t.flags, t.env);
+    const r = new Reconciler(s.install, s.env);
+    for (let pass = 1; pass <= 3; pass++) {
+      const out = await r.reconcile();
+      assert.deepEqual(out.notReady, [], `pass ${pass}: ready`);
+      assert.deepEqual(runtimeView(t.netDir), { file: '05-net.conflist', entries: 1, chain: ['bridge', 'mesh-cni'] },
+        `pass ${pass}: the runtime reads our entry`);
+    }
+  });
+});
