@@ -80,11 +80,21 @@ export async function planCleanup(ctx: PlanContext): Promise<Plan> {
     ctx.earlierOwned = await findEarlierOwned(ctx, names);
     removeEarlierOwned(ctx);
   });
+  // A file read under two names (links to it) is taken out of once: the plan cannot read back
+  // through the second name what the first one's step will have written.
+  const taken = new Set<string>();
   for (const name of names) {
     if (!isConfigFile(name)) continue;
     if (name === s.ownedName && (s.chained || s.standaloneName !== name)) continue;
     if (!s.chained && name === s.standaloneName) await group(`removing ${name}`, () => ctx.remove(name, 'cni_config'));
-    else await group(`taking our entry out of ${name}`, () => takeOut(ctx, name));
+    else {
+      await group(`taking our entry out of ${name}`, async () => {
+        const real = await ctx.realpath(name);
+        if (real !== null && taken.has(real)) return;
+        if (real !== null) taken.add(real);
+        await takeOut(ctx, name);
+      });
+    }
   }
   // Records of files no longer as we wrote them are no use to anyone now.
   for (const name of names) if (isOriginalRecord(name)) await group(`removing ${name}`, () => ctx.remove(name));

@@ -30,16 +30,19 @@ export async function takeOutAllBut(ctx: PlanContext, names: readonly string[], 
   const others = names.filter((n) => !keep.has(n) && isConfigFile(n));
   await ctx.warmCached(others);
   let kept: Promise<Set<string>> | undefined;
+  const taken = new Set<string>();
   for (const name of others) {
     // Known to hold no entry of ours: no await, no I/O (thousands of files, pass after pass).
     const known = ctx.peekCached(name);
     if (known && !holdsOurEntry(known, name)) continue;
     // The very file a kept one reads (a primary linked to another config here, two links to one
-    // file): our entry out of it would be out of the file the runtime reads.
+    // file): our entry out of it would be out of the file the runtime reads. A file read under
+    // two names is taken out of once: the plan cannot read back through the second name.
     kept ??= Promise.all([...keep].map((n) => (n === null ? null : ctx.realpath(n))))
       .then((all) => new Set(all.filter((p): p is string => p !== null)));
     const real = await ctx.realpath(name);
-    if (real !== null && (await kept).has(real)) continue;
+    if (real !== null && ((await kept).has(real) || taken.has(real))) continue;
+    if (real !== null) taken.add(real);
     await takeOut(ctx, name);
   }
 }

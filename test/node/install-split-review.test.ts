@@ -96,3 +96,40 @@ describe('two config names linked to one file outside the net dir', () => {
     }
   });
 });
+
+describe('two config names linked to one file that holds a stale entry of ours', () => {
+  it('our entry comes out of it once, in one pass, with no error (the second name reads it already without)', async () => {
+    const t = await tree();
+    await fs.writeFile(path.join(t.netDir, '10-bridge.conflist'), BRIDGE_CONFLIST);
+    const real = path.join(t.root, 'old-cni');
+    await fs.mkdir(real, { mode: 0o755 });
+    const stale = JSON.parse(BRIDGE_CONFLIST) as { plugins: object[] };
+    stale.plugins.push({ type: 'mesh-cni' });
+    await fs.writeFile(path.join(real, 'old.conflist'), JSON.stringify(stale, null, 2));
+    await fs.symlink(path.join(real, 'old.conflist'), path.join(t.netDir, '20-old.conflist'));
+    await fs.symlink(path.join(real, 'old.conflist'), path.join(t.netDir, '30-old.conflist'));
+    const s = buildSettings(t.flags, t.env);
+    const r = new Reconciler(s.install, s.env);
+    const out = await r.reconcile();
+    assert.deepEqual(out.problems, []);
+    assert.deepEqual(out.notReady, []);
+    assert.deepEqual(runtimeView(t.netDir), { file: '10-bridge.conflist', entries: 1, chain: ['bridge', 'mesh-cni'] });
+    assert.doesNotMatch(await fs.readFile(path.join(real, 'old.conflist'), 'utf8'), /mesh-cni/);
+  });
+
+  it('uninstall: our entry out of it once, no step said undone', async () => {
+    const t = await tree();
+    await fs.writeFile(path.join(t.netDir, '10-bridge.conflist'), BRIDGE_CONFLIST);
+    const real = path.join(t.root, 'old-cni');
+    await fs.mkdir(real, { mode: 0o755 });
+    const stale = JSON.parse(BRIDGE_CONFLIST) as { plugins: object[] };
+    stale.plugins.push({ type: 'mesh-cni' });
+    await fs.writeFile(path.join(real, 'old.conflist'), JSON.stringify(stale, null, 2));
+    await fs.symlink(path.join(real, 'old.conflist'), path.join(t.netDir, '20-old.conflist'));
+    await fs.symlink(path.join(real, 'old.conflist'), path.join(t.netDir, '30-old.conflist'));
+    const s = buildSettings(t.flags, t.env);
+    await new Reconciler(s.install, s.env).cleanup();
+    assert.doesNotMatch(await fs.readFile(path.join(real, 'old.conflist'), 'utf8'), /mesh-cni/);
+    assert.ok((await fs.lstat(path.join(t.netDir, '30-old.conflist'))).isSymbolicLink(), 'the links stay');
+  });
+});
