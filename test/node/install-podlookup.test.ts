@@ -269,6 +269,14 @@ describe('one watch of the node pods per agent', () => {
       watches: [node, 'fields=spec.nodeName=node-1 labels=app=web'],
       components: ['node-pod-watch', 'repair-pod-watch', 'repair', 'pod-lookup'],
     },
+    {
+      // Review R1: not this node's watch for repair (it would act on node-1's pods, never node-2's).
+      name: 'repair told another --repair-node-name gets a watch of that node, the lookup keeps this node\'s',
+      flags: { 'repair-enabled': 'true', 'repair-label-pods': 'true', 'repair-node-name': 'node-2' },
+      lookup: true,
+      watches: [node, 'fields=spec.nodeName=node-2 labels='],
+      components: ['node-pod-watch', 'repair-pod-watch', 'repair', 'pod-lookup'],
+    },
   ];
   for (const c of table) {
     it(c.name, async () => {
@@ -280,7 +288,7 @@ describe('one watch of the node pods per agent', () => {
       // Repair's watch metrics count on the watch it reads, shared or its own (shop/cart-1 is on node-1 and
       // has no app=web label); its queue's metrics are there when repair is on.
       const repairOn = c.flags['repair-enabled'] === 'true';
-      const watched = repairOn ? (c.flags['repair-label-selectors'] ? 0 : 1) : 0;
+      const watched = repairOn && !c.flags['repair-label-selectors'] && !c.flags['repair-node-name'] ? 1 : 0;
       await eventually(async () => new RegExp(`^mesh_cni_repair_watched_pods ${watched}$`, 'm').test((await agent.get('/metrics')).body), `mesh_cni_repair_watched_pods ${watched}`);
       const metrics = (await agent.get('/metrics')).body;
       assert.equal(/^mesh_cni_workqueue_depth\{queue="repair"\} 0$/m.test(metrics), repairOn, 'the repair queue\'s depth');

@@ -209,6 +209,28 @@ describe('work queue: deduplication', () => {
     await h.clock.advance(1);
     assert.deepEqual(h.attempts.map((a) => a.key), ['first']);
   });
+
+  // Review R1: the depth gauge and the key map after remove() and stop() (repair removes the queued
+  // repair of a deleted pod; the agent stops with keys queued).
+  it('remove() and stop() bring the depth back to 0 and forget the keys', async () => {
+    const running = gate();
+    const h = harness<string>(async () => {
+      await running.p;
+      return 'done';
+    }, { concurrency: 1 });
+    for (const k of ['busy', 'gone', 'later']) h.q.add(k);
+    await settle();
+    assert.equal(await metric('mesh_cni_workqueue_depth', { queue: h.name }), 2);
+    assert.equal(h.q.remove('gone'), true);
+    assert.equal(await metric('mesh_cni_workqueue_depth', { queue: h.name }), 1, 'after remove()');
+    const stopped = h.q.stop(1000);
+    assert.equal(h.q.has('later'), false, 'a key queued at stop is forgotten');
+    assert.equal(await metric('mesh_cni_workqueue_depth', { queue: h.name }), 0, 'after stop()');
+    running.open();
+    assert.deepEqual(await stopped, { notStarted: 1 });
+    assert.deepEqual(h.attempts.map((a) => a.key), ['busy']);
+    assert.equal(h.q.has('busy'), false);
+  });
 });
 
 describe('work queue: concurrency and rate', () => {
