@@ -47,12 +47,14 @@ export interface OrchApi {
   /**
    * Starts a watch; resolves once the stream is open (or failed: then `done` was called too).
    * `sendInitialEvents`: the streaming watch-list (state first, ending in a bookmark annotated
-   * k8s.io/initial-events-end), with resourceVersionMatch=NotOlderThan.
+   * k8s.io/initial-events-end), with resourceVersionMatch=NotOlderThan. `signal` cancels the
+   * wait for the rate limit and the opening (a watch given up on before the server answered).
    */
   watchPods(
     q: PodQuery & { resourceVersion: string; timeoutSeconds: number; sendInitialEvents?: boolean },
     onEvent: (type: WatchEventType, object: unknown) => void,
     done: (err: unknown) => void,
+    signal?: AbortSignal,
   ): Promise<AbortController>;
   labelPod(pod: V1Pod, key: string, value: string, signal: AbortSignal): Promise<void>;
   deletePod(pod: V1Pod, signal: AbortSignal): Promise<void>;
@@ -84,7 +86,7 @@ export function clientNodeApi(kc: KubeConfig): OrchApi {
       });
       return { items: list.items ?? [], resourceVersion: list.metadata?.resourceVersion ?? '', continueToken: list.metadata?.continue || undefined };
     },
-    async watchPods(q, onEvent, done) {
+    async watchPods(q, onEvent, done, signal) {
       const what = q.sendInitialEvents ? 'watching pods (watch-list)' : 'watching pods';
       const query = {
         fieldSelector: q.fieldSelector || undefined,
@@ -97,7 +99,8 @@ export function clientNodeApi(kc: KubeConfig): OrchApi {
       const controller = new AbortController();
       try {
         const forward = (e: { type?: unknown; object?: unknown }) => onEvent(e.type as WatchEventType, e.object);
-        const stream = await apiWatch(kc, '/api/v1/pods', what, query, forward, done, controller.signal);
+        const opening = signal ? AbortSignal.any([controller.signal, signal]) : controller.signal;
+        const stream = await apiWatch(kc, '/api/v1/pods', what, query, forward, done, opening);
         controller.signal.addEventListener('abort', () => stream.abort(), { once: true });
       } catch (e) {
         done(e);

@@ -360,12 +360,16 @@ export class PodSource {
       let delivered = false;
       let finished = false;
       let controller: AbortController | undefined;
+      // Given up on before it opened (the watchdog, stop): the wait and the request are cancelled,
+      // not left hanging on a server that stalls (one more each silence timeout).
+      const opening = new AbortController();
       let watchdog: NodeJS.Timeout | undefined;
       const finish = (reason: WatchEnd['reason'], error?: ApiError) => {
         if (finished) return;
         finished = true;
         clearTimeout(watchdog);
         this.#stop.signal.removeEventListener('abort', onStop);
+        opening.abort();
         controller?.abort();
         const lived = this.#o.clock.now() - started;
         const healthy = delivered || lived >= this.#o.healthyAfterMs;
@@ -449,6 +453,7 @@ export class PodSource {
           { ...this.#o.query, resourceVersion: rv, timeoutSeconds, ...(initial ? { sendInitialEvents: true } : {}) },
           onEvent,
           done,
+          opening.signal,
         )
         .then((c) => {
           controller = c;

@@ -19,6 +19,9 @@ import { waitFor } from '../helpers/poll.ts';
 /** What the fake server writes to the watch from a resourceVersion (the stream stays open after). */
 let script: Record<string, string[]> = {};
 const watchesFrom: string[] = [];
+/** Watches whose answer is held back (no headers): the server stalls. */
+let stallWatches = false;
+let openWatchRequests = 0;
 let server: http.Server;
 let url = '';
 const sources: PodSource[] = [];
@@ -40,6 +43,9 @@ before(async () => {
     }
     const from = q.get('resourceVersion') ?? '';
     watchesFrom.push(from);
+    openWatchRequests++;
+    res.on('close', () => openWatchRequests--);
+    if (stallWatches) return;
     res.writeHead(200, { 'content-type': 'application/json' });
     for (const l of script[from] ?? []) res.write(l);
   });
@@ -57,9 +63,10 @@ afterEach(async () => {
   server.closeAllConnections();
   watchesFrom.length = 0;
   script = {};
+  stallWatches = false;
 });
 
-function source(): PodSource {
+function source(silenceTimeoutMs: number = WATCH_DEFAULTS.silenceTimeoutMs): PodSource {
   const kc = new KubeConfig();
   kc.loadFromClusterAndUser({ name: 'c', server: url, skipTLSVerify: true }, { name: 'u' });
   const src = new PodSource(clientNodeApi(kc), null, {
@@ -67,6 +74,7 @@ function source(): PodSource {
     query: { fieldSelector: 'spec.nodeName=node-a', labelSelector: '' },
     backoff: { baseMs: 20, maxMs: 100 },
     healthyAfterMs: 60_000,
+    silenceTimeoutMs,
     clock: realClock,
     logScope: 'install',
     tuning: { listMode: 'cache', startJitterMs: 0, reconnectSpreadMs: 0 },
@@ -115,6 +123,20 @@ describe('the watch stream: a line that is not a watch event', () => {
       assert.match(src.status().lastError, /not a watch event/);
     });
   }
+});
+
+describe('a watch given up on before the server answered', () => {
+  it('is cancelled: a stalled server does not collect one hung request per silence timeout', async () => {
+    stallWatches = true;
+    const src = source(150);
+    await waitFor('four watches tried', () => watchesFrom.length >= 4, 5000);
+    await waitFor('the abandoned ones closed', () => openWatchRequests <= 1, {
+      timeoutMs: 1000,
+      context: () => `${openWatchRequests} watch requests open at the server, ${watchesFrom.length} sent`,
+    });
+    await src.stop();
+    await waitFor('none open after stop', () => openWatchRequests === 0, 1000);
+  });
 });
 
 describe('Retry-After on a watch refused after it counted as healthy', () => {
