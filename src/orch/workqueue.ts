@@ -203,7 +203,9 @@ export class WorkQueue<K> {
       if (!e || e.state !== 'queued') continue;
       e.state = 'running';
       this.#setQueued(-1);
-      const job: Promise<void> = this.#work(key, e).finally(() => {
+      // Started once the job holds its slot: a reconcile that adds a key before its first await
+      // (no rate limit: nothing is awaited before it) must not start that key beside it.
+      const job: Promise<void> = Promise.resolve().then(() => this.#work(key, e)).finally(() => {
         this.#running.delete(job);
         this.#pump();
       });

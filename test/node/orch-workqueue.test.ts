@@ -261,6 +261,29 @@ describe('work queue: concurrency and rate', () => {
     assert.equal(await metric('mesh_cni_workqueue_depth', { queue: h.name }), 0);
   });
 
+  // Review R1: without a rate limit the reconcile used to start inside add(), before its job
+  // counted in the slots, so a reconcile that added a key at once ran beside it over the bound.
+  it('a key added by a reconcile before its first await still waits for a slot (no rate limit)', async () => {
+    let inFlight = 0;
+    let peak = 0;
+    const running = gate();
+    const h = harness<string>(async (k) => {
+      inFlight++;
+      peak = Math.max(peak, inFlight);
+      if (k === 'parent') h.q.add('child');
+      await running.p;
+      inFlight--;
+      return 'done';
+    }, { concurrency: 1 });
+    h.q.add('parent');
+    await settle();
+    assert.deepEqual(h.q.status(), { queued: 1, inFlight: 1, waiting: 0 });
+    running.open();
+    await h.clock.advance(1);
+    assert.equal(peak, 1);
+    assert.deepEqual(h.attempts.map((a) => a.key), ['parent', 'child']);
+  });
+
   it('a retry waits outside the slots: other keys run meanwhile', async () => {
     const h = harness<string>(async (k, ctx) => (k === 'slow' && ctx.attempt === 1 ? { retryAfterMs: 500 } : 'done'), { concurrency: 1 });
     h.q.add('slow');
