@@ -203,6 +203,23 @@ describe('repair controller end to end', () => {
     assert.deepEqual(order, ['PATCH status', 'POST events', 'DELETE both-0']);
   });
 
+  // Review R1: a repair not started yet of a pod deleted meanwhile is taken out of the queue.
+  it('a queued repair of a pod deleted before its turn sends nothing for it', async () => {
+    s = await startTestApiServer({ bookmarkIntervalMs: 200 });
+    const c = await start({ 'repair-label-pods': true, 'repair-concurrency': '1' });
+    s.faults.delayMs = 1000;
+    s.upsertPod(brokenPod('slow-0'));
+    await waitFor('slow-0 being labelled', () => count(s, 'PATCH', /\/pods\/slow-0\/status$/) === 1);
+    s.upsertPod(brokenPod('gone-0'));
+    await waitFor('gone-0 queued behind it', () => c.status().queued === 1);
+    s.deletePodFromStore('default', 'gone-0');
+    await waitFor('gone-0 out of the queue', () => c.status().queued === 0);
+    delete s.faults.delayMs;
+    await waitFor('slow-0 labelled', () => labelled('slow-0'));
+    await sleep(300);
+    assert.equal(count(s, 'PATCH', /\/pods\/gone-0\/status$/), 0, 'no request for the deleted pod');
+  });
+
   it('report only: counts and logs, sends nothing', async () => {
     s = await startTestApiServer({ bookmarkIntervalMs: 200 });
     s.upsertPod(brokenPod('rep-0'));
