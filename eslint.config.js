@@ -7,18 +7,21 @@ import tseslint from 'typescript-eslint';
 // each names the direction and what to do instead.
 const NO_SRC = {
   regex: '(^|/)src/',
-  message: 'cni-plugin/ imports nothing from src/: the plugin ships alone, Node built-ins only. '
-    + 'Put what both bundles need in cni-plugin/shared/.',
+  message:
+    'cni-plugin/ imports nothing from src/: the plugin ships alone, Node built-ins only. ' +
+    'Put what both bundles need in cni-plugin/shared/.',
 };
 const ONLY_SHARED = {
   regex: '(^|/)cni-plugin/(?!shared/)',
-  message: 'src/ imports from cni-plugin/ only cni-plugin/shared/: '
-    + 'move what the agent needs there (Node built-ins only).',
+  message:
+    'src/ imports from cni-plugin/ only cni-plugin/shared/: ' +
+    'move what the agent needs there (Node built-ins only).',
 };
 const SHARED_SELF = {
   regex: '^(?!node:|\\./[^/]+$)',
-  message: 'cni-plugin/shared/ imports only node: built-ins and its own files: '
-    + 'both bundles load it, the plugin with nothing else.',
+  message:
+    'cni-plugin/shared/ imports only node: built-ins and its own files: ' +
+    'both bundles load it, the plugin with nothing else.',
 };
 const ORCH_NOT_INSTALL = {
   regex: '(^\\.\\./|/src/)install/',
@@ -39,6 +42,20 @@ const MONITORING_NOT_CMD = {
   message: 'src/monitoring/ does not import src/cmd/: the CLI layer wires monitoring, not the other way.',
 };
 
+// One convention for private members (issue 14): ECMAScript #private, which the runtime enforces,
+// not TypeScript's `private`, which only the compiler sees. A `private constructor` (a class made
+// only by its static factory) has no #-form and stays.
+const PRIVATE_MEMBERS = [
+  {
+    selector: "PropertyDefinition[accessibility='private'], TSParameterProperty[accessibility='private']",
+    message: 'private members are #private here (one convention): write #name, not private name.',
+  },
+  {
+    selector: "MethodDefinition[accessibility='private'][kind!='constructor']",
+    message: 'private members are #private here (one convention): write #name(), not private name().',
+  },
+];
+
 /**
  * One zone: `files` may not import what `bans` match, statically (import, export ... from) or
  * with import(), whose path must then be a literal. A later config object replaces an earlier
@@ -51,12 +68,14 @@ function zone(files, zoneBans) {
     files,
     rules: {
       'no-restricted-imports': ['error', { patterns: bans.map(({ regex, message }) => ({ regex, message })) }],
-      'no-restricted-syntax': ['error',
+      'no-restricted-syntax': [
+        'error',
         {
           selector: "ImportExpression[source.type!='Literal']",
           message: 'import() takes a literal path here, so the import zones can check it.',
         },
         ...bans.map(({ regex, message }) => ({ selector: selector(regex), message })),
+        ...PRIVATE_MEMBERS,
       ],
     },
   };
@@ -69,10 +88,15 @@ export default tseslint.config(
   {
     rules: {
       '@typescript-eslint/no-unused-vars': ['error', { argsIgnorePattern: '^_', varsIgnorePattern: '^_' }],
-      'no-restricted-properties': ['error', {
-        object: 'process', property: 'env',
-        message: 'Settings come from src/config/: pass the settings object down instead of reading process.env.',
-      }],
+      'no-restricted-syntax': ['error', ...PRIVATE_MEMBERS],
+      'no-restricted-properties': [
+        'error',
+        {
+          object: 'process',
+          property: 'env',
+          message: 'Settings come from src/config/: pass the settings object down instead of reading process.env.',
+        },
+      ],
     },
   },
   {

@@ -18,37 +18,37 @@ export interface LogContext {
 }
 
 export class UdsLog {
-  private readonly lines: string[] = [];
-  private socket: UnixSocket | null = null;
-  private connected = false;
-  private failed = false;
+  readonly #lines: string[] = [];
+  #socket: UnixSocket | null = null;
+  #connected = false;
+  #failed = false;
   /** A flush waiting for the connection to open or fail. */
-  private waiting: (() => void) | null = null;
-  private readonly address: string;
-  private readonly threshold: number;
+  #waiting: (() => void) | null = null;
+  readonly #address: string;
+  readonly #threshold: number;
   readonly context: LogContext;
   /** Also mirror lines to stderr (the runtime keeps plugin stderr in its own log). */
-  private readonly stderrLevel: number;
+  readonly #stderrLevel: number;
 
   constructor(address: string, level: LogLevel, context: LogContext, stderrLevel: LogLevel = 'error') {
-    this.address = address;
-    this.threshold = RANK[level];
+    this.#address = address;
+    this.#threshold = RANK[level];
     this.context = context;
-    this.stderrLevel = RANK[stderrLevel];
+    this.#stderrLevel = RANK[stderrLevel];
   }
 
   log(level: Level, msg: string, fields: Record<string, unknown> = {}): void {
-    if (RANK[level] > this.threshold && RANK[level] > this.stderrLevel) return;
+    if (RANK[level] > this.#threshold && RANK[level] > this.#stderrLevel) return;
     const { command, containerID, pod } = this.context;
     const scope = PLUGIN_LOG_SCOPE;
     let line = JSON.stringify({ time: new Date().toISOString(), level, msg, scope, command, containerID, pod, ...fields } satisfies PluginLogRecord);
     if (line.length > MAX_LINE) {
       line = JSON.stringify({ time: new Date().toISOString(), level, msg: msg.slice(0, 4096), scope, command, containerID, pod, truncated: true } satisfies PluginLogRecord);
     }
-    if (RANK[level] <= this.stderrLevel) process.stderr.write(`mesh-cni: ${level}: ${msg}${Object.keys(fields).length ? ' ' + JSON.stringify(fields) : ''}\n`);
-    if (RANK[level] > this.threshold || this.address === '' || this.failed) return;
-    this.lines.push(line + '\n');
-    this.pump();
+    if (RANK[level] <= this.#stderrLevel) process.stderr.write(`mesh-cni: ${level}: ${msg}${Object.keys(fields).length ? ' ' + JSON.stringify(fields) : ''}\n`);
+    if (RANK[level] > this.#threshold || this.#address === '' || this.#failed) return;
+    this.#lines.push(line + '\n');
+    this.#pump();
   }
 
   error(msg: string, fields?: Record<string, unknown>): void { this.log('error', msg, fields); }
@@ -56,37 +56,37 @@ export class UdsLog {
   info(msg: string, fields?: Record<string, unknown>): void { this.log('info', msg, fields); }
   debug(msg: string, fields?: Record<string, unknown>): void { this.log('debug', msg, fields); }
 
-  private pump(): void {
-    if (this.socket === null) {
+  #pump(): void {
+    if (this.#socket === null) {
       const settled = () => {
-        const w = this.waiting;
-        this.waiting = null;
+        const w = this.#waiting;
+        this.#waiting = null;
         w?.();
       };
-      this.socket = connectUnix(this.address, {
+      this.#socket = connectUnix(this.#address, {
         open: () => {
-          this.connected = true;
-          this.pump();
+          this.#connected = true;
+          this.#pump();
           settled();
         },
         data: () => {},
         error: () => {
-          this.failed = true;
-          this.lines.length = 0;
+          this.#failed = true;
+          this.#lines.length = 0;
           settled();
         },
         close: () => {},
       }, { unref: true });
       return;
     }
-    if (!this.connected) return;
-    while (this.lines.length > 0) this.socket.write(this.lines.shift()!);
+    if (!this.#connected) return;
+    while (this.#lines.length > 0) this.#socket.write(this.#lines.shift()!);
   }
 
   /** Gives queued lines up to `maxMs` to reach the socket, then closes it. */
   flush(maxMs = 5): Promise<void> {
-    const s = this.socket;
-    if (s === null || this.failed) return Promise.resolve();
+    const s = this.#socket;
+    if (s === null || this.#failed) return Promise.resolve();
     return new Promise((resolve) => {
       const done = () => {
         clearTimeout(timer);
@@ -94,9 +94,9 @@ export class UdsLog {
         resolve();
       };
       const timer = setTimeout(done, maxMs);
-      const finish = () => (this.failed ? done() : s.end(done));
-      if (this.connected) finish();
-      else this.waiting = finish;
+      const finish = () => (this.#failed ? done() : s.end(done));
+      if (this.#connected) finish();
+      else this.#waiting = finish;
     });
   }
 }

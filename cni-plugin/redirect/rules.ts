@@ -41,14 +41,14 @@ export const entryChain = (builtin: string): string => `MESH_${builtin}`;
 
 class Doc {
   /** table -> chain -> rule bodies (without `-A <chain>`); builtin names stand for their entry chains. */
-  private readonly chains = new Map<Table, Map<string, string[]>>();
+  readonly #chains = new Map<Table, Map<string, string[]>>();
 
   constructor() {
-    for (const t of OWNED_TABLES) this.chains.set(t, new Map());
+    for (const t of OWNED_TABLES) this.#chains.set(t, new Map());
   }
 
   add(table: Table, chain: string, rule: string): void {
-    const chains = this.chains.get(table)!;
+    const chains = this.#chains.get(table)!;
     let rules = chains.get(chain);
     if (!rules) chains.set(chain, (rules = []));
     rules.push(rule);
@@ -61,12 +61,12 @@ class Doc {
       const ours = new Map<string, string[]>();
       const jumps: string[] = [];
       for (const b of BUILTIN[t]) {
-        const rules = [...(this.chains.get(t)!.get(b) ?? []), ...(this.chains.get(t)!.get(entryChain(b)) ?? [])];
+        const rules = [...(this.#chains.get(t)!.get(b) ?? []), ...(this.#chains.get(t)!.get(entryChain(b)) ?? [])];
         if (rules.length === 0) continue;
         ours.set(entryChain(b), rules);
         jumps.push(`-I ${b} 1 -j ${entryChain(b)}`);
       }
-      for (const [c, rules] of this.chains.get(t)!) if (!BUILTIN[t].includes(c) && !ours.has(c)) ours.set(c, rules);
+      for (const [c, rules] of this.#chains.get(t)!) if (!BUILTIN[t].includes(c) && !ours.has(c)) ours.set(c, rules);
       if (ours.size === 0) continue;
       const names = [...ours.keys()].sort();
       out.push(`*${t}`);

@@ -42,23 +42,23 @@ async function sameBytes(a: fs.FileHandle, b: fs.FileHandle, size: bigint): Prom
 }
 
 export class BinaryInstaller {
-  private readonly srcDir: string;
-  private readonly destDir: string;
+  readonly #srcDir: string;
+  readonly #destDir: string;
   /** By installed path: at identity `id` it holds the bytes of the source at identity `srcId`. */
-  private readonly installed = new Map<string, { readonly id: string; readonly srcId: string }>();
+  readonly #installed = new Map<string, { readonly id: string; readonly srcId: string }>();
   /** How many installed files were read to compare them: for tests and the benchmark. */
   reads = 0;
 
   constructor(srcDir: string, destDir: string) {
-    this.srcDir = srcDir;
-    this.destDir = destDir;
+    this.#srcDir = srcDir;
+    this.#destDir = destDir;
   }
 
   /** Copies what differs; returns the names written. */
   async sync(): Promise<string[]> {
     const written: string[] = [];
     for (const name of SHIPPED_BINARIES) {
-      const src = path.join(this.srcDir, name);
+      const src = path.join(this.#srcDir, name);
       let opened;
       try {
         opened = await openRegular(src, { noFollow: true });
@@ -69,13 +69,13 @@ export class BinaryInstaller {
       }
       const { fh, stat } = opened;
       try {
-        const dest = path.join(this.destDir, name);
-        if (await this.holds(dest, fh, stat)) continue;
+        const dest = path.join(this.#destDir, name);
+        if (await this.#holds(dest, fh, stat)) continue;
         try {
           const destStat = await copyFromHandleAtomic(fh, dest, BINARY_MODE);
-          this.installed.set(dest, { id: identity(destStat), srcId: identity(stat) });
+          this.#installed.set(dest, { id: identity(destStat), srcId: identity(stat) });
         } catch (e) {
-          throw new Error(`cannot install ${name} into ${this.destDir}: ${(e as Error).message}`, { cause: e });
+          throw new Error(`cannot install ${name} into ${this.#destDir}: ${(e as Error).message}`, { cause: e });
         }
         written.push(name);
       } finally {
@@ -86,12 +86,12 @@ export class BinaryInstaller {
   }
 
   /** Whether `dest` is a regular file, mode 0755, with exactly the bytes of the open source. */
-  private async holds(dest: string, src: fs.FileHandle, srcStat: BigIntStats): Promise<boolean> {
+  async #holds(dest: string, src: fs.FileHandle, srcStat: BigIntStats): Promise<boolean> {
     const st = await fs.lstat(dest, { bigint: true }).catch(() => null);
     // Anything else there (missing, a link, a FIFO, another size or mode) is replaced unread.
     if (!st?.isFile() || st.size !== srcStat.size || (Number(st.mode) & 0o7777) !== BINARY_MODE) return false;
     const srcId = identity(srcStat);
-    const known = this.installed.get(dest);
+    const known = this.#installed.get(dest);
     if (known?.id === identity(st) && known.srcId === srcId) return true;
     let opened;
     try {
@@ -103,7 +103,7 @@ export class BinaryInstaller {
       // Known at the identity fstat saw on the fd, so a swap after the lstat is not misread.
       this.reads++;
       if (opened.stat.size !== srcStat.size || !(await sameBytes(opened.fh, src, srcStat.size))) return false;
-      this.installed.set(dest, { id: identity(opened.stat), srcId });
+      this.#installed.set(dest, { id: identity(opened.stat), srcId });
       return true;
     } finally {
       await opened.fh.close();

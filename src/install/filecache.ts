@@ -42,31 +42,31 @@ function entry(text: string, id: string, settled: boolean, checked: number): Ent
 }
 
 export class FileCache {
-  private readonly entries = new Map<string, Entry>();
-  private readonly generations = new Map<string, number>();
-  private verifying = true;
-  private pass = 0;
-  private unsureSince = false;
+  readonly #entries = new Map<string, Entry>();
+  readonly #generations = new Map<string, number>();
+  #verifying = true;
+  #pass = 0;
+  #unsureSince = false;
   /** Reads that went to the file system: for tests and the benchmark. */
   reads = 0;
 
   /** A watch event for `file`: what was cached for it is no longer known. */
   changed(file: string): void {
-    this.entries.delete(file);
-    this.generations.set(file, (this.generations.get(file) ?? 0) + 1);
+    this.#entries.delete(file);
+    this.#generations.set(file, (this.#generations.get(file) ?? 0) + 1);
   }
 
   /** A watch was (re)armed or failed: nothing cached can be trusted without a check. */
   unsure(): void {
-    this.unsureSince = true;
-    this.verifying = true;
+    this.#unsureSince = true;
+    this.#verifying = true;
   }
 
   /** Starts a pass: a verifying one checks every entry's stat identity before use. */
   startPass(verify: boolean): void {
-    this.pass++;
-    this.verifying = verify || this.unsureSince;
-    this.unsureSince = false;
+    this.#pass++;
+    this.#verifying = verify || this.#unsureSince;
+    this.#unsureSince = false;
   }
 
   /**
@@ -74,31 +74,31 @@ export class FileCache {
    * exist. Throws what readRegularFile throws (a FIFO, a device, a file over the cap, EACCES).
    */
   async read(file: string): Promise<CachedFile | null> {
-    const hit = this.entries.get(file);
-    if (hit && (!this.verifying || hit.checked === this.pass)) return hit;
+    const hit = this.#entries.get(file);
+    if (hit && (!this.#verifying || hit.checked === this.#pass)) return hit;
     if (hit?.settled) {
       const st = await fs.stat(file, { bigint: true }).catch(() => null);
       if (st && identity(st) === hit.id) {
-        hit.checked = this.pass;
+        hit.checked = this.#pass;
         return hit;
       }
     }
-    const generation = this.generations.get(file) ?? 0;
+    const generation = this.#generations.get(file) ?? 0;
     this.reads++;
-    this.entries.delete(file);
+    this.#entries.delete(file);
     const got = await readRegularFileIfExists(file);
     if (got === null) return null;
     const settled = BigInt(Date.now()) * 1_000_000n - got.stat.ctimeNs > RACY_NS;
-    const e = entry(got.text, identity(got.stat), settled, this.pass);
+    const e = entry(got.text, identity(got.stat), settled, this.#pass);
     // An event during the read: what was read may be from before it. Use it, do not keep it.
-    if ((this.generations.get(file) ?? 0) === generation) this.entries.set(file, e);
+    if ((this.#generations.get(file) ?? 0) === generation) this.#entries.set(file, e);
     return e;
   }
 
   /** What is cached for `file` when it can be used without touching the file system. */
   peek(file: string): CachedFile | undefined {
-    const hit = this.entries.get(file);
-    return hit && (!this.verifying || hit.checked === this.pass) ? hit : undefined;
+    const hit = this.#entries.get(file);
+    return hit && (!this.#verifying || hit.checked === this.#pass) ? hit : undefined;
   }
 
   /**
@@ -106,7 +106,7 @@ export class FileCache {
    * time: with thousands of files the stats then overlap instead of queueing one after another.
    */
   async warm(files: readonly string[], concurrency = 32): Promise<void> {
-    if (!this.verifying && files.every((f) => this.entries.has(f))) return;
+    if (!this.#verifying && files.every((f) => this.#entries.has(f))) return;
     let next = 0;
     const worker = async () => {
       while (next < files.length) await this.read(files[next++]!).catch(() => null);
@@ -116,7 +116,7 @@ export class FileCache {
 
   /** Forgets files no longer in the dir (keeps the cache the size of the dir). */
   keepOnly(files: ReadonlySet<string>): void {
-    for (const f of this.entries.keys()) if (!files.has(f)) this.entries.delete(f);
-    for (const f of this.generations.keys()) if (!files.has(f)) this.generations.delete(f);
+    for (const f of this.#entries.keys()) if (!files.has(f)) this.#entries.delete(f);
+    for (const f of this.#generations.keys()) if (!files.has(f)) this.#generations.delete(f);
   }
 }

@@ -36,35 +36,35 @@ export interface InstallerOptions {
 
 export class Installer implements Component {
   readonly name = 'install';
-  private readonly settings: Settings;
-  private readonly reconciler: Reconciler;
-  private readonly watcher: DirWatcher;
-  private readonly decide: (settings: Settings) => Promise<CleanupDecision>;
-  private running: Promise<void> | null = null;
-  private pending: Trigger | null = null;
-  private timer: NodeJS.Timeout | null = null;
-  private stopped = false;
-  private last: Outcome | null = null;
-  private lastAt: Date | null = null;
-  private lastReported = '';
-  private passes = 0;
-  private retryTimer: NodeJS.Timeout | null = null;
-  private retryDelayMs = RETRY_MIN_MS;
-  private lastMalformed = false;
+  readonly #settings: Settings;
+  readonly #reconciler: Reconciler;
+  readonly #watcher: DirWatcher;
+  readonly #decide: (settings: Settings) => Promise<CleanupDecision>;
+  #running: Promise<void> | null = null;
+  #pending: Trigger | null = null;
+  #timer: NodeJS.Timeout | null = null;
+  #stopped = false;
+  #last: Outcome | null = null;
+  #lastAt: Date | null = null;
+  #lastReported = '';
+  #passes = 0;
+  #retryTimer: NodeJS.Timeout | null = null;
+  #retryDelayMs = RETRY_MIN_MS;
+  #lastMalformed = false;
   /** When the pass running now started (null: none runs), for the watchdog. */
-  private runningSince: number | null = null;
-  private readonly startedAt = Date.now();
-  private verifyPending = true;
-  private paceTokens = PACE_BURST;
-  private lastPassWrote = false;
-  private paceAt = 0;
+  #runningSince: number | null = null;
+  readonly #startedAt = Date.now();
+  #verifyPending = true;
+  #paceTokens = PACE_BURST;
+  #lastPassWrote = false;
+  #paceAt = 0;
 
   constructor(settings: Settings, opts: InstallerOptions = {}) {
-    this.settings = settings;
-    this.reconciler = new Reconciler(settings.install, settings.env, opts.pluginToken);
+    this.#settings = settings;
+    this.#reconciler = new Reconciler(settings.install, settings.env, opts.pluginToken);
     // A new token goes into the orchconfig at once.
     opts.pluginToken?.onChange(() => this.schedule('token'));
-    this.decide = opts.decideCleanup ?? decideCleanup;
+    this.#decide = opts.decideCleanup ?? decideCleanup;
     const s = settings.install;
     const dirs: { dir: string; trigger: Trigger }[] = [
       { dir: s.mountedCniNetDir, trigger: 'net_dir' },
@@ -74,26 +74,26 @@ export class Installer implements Component {
     if (s.orchCaFile) dirs.push({ dir: path.dirname(s.orchCaFile), trigger: 'ca' });
     if (s.pluginTokenFile) dirs.push({ dir: path.dirname(s.pluginTokenFile), trigger: 'token' });
     if (s.cniNetworkConfigFile) dirs.push({ dir: path.dirname(s.cniNetworkConfigFile), trigger: 'template' });
-    this.watcher = new DirWatcher(
+    this.#watcher = new DirWatcher(
       dirs,
       (trigger, file) => {
         // Our own temp files come and go with every write we make: not a change to react to.
         if (file !== null && path.basename(file).includes(TEMP_MARKER)) return;
-        if (file === null) this.reconciler.files.unsure();
-        else this.reconciler.files.changed(file);
+        if (file === null) this.#reconciler.files.unsure();
+        else this.#reconciler.files.changed(file);
         // The event of our own write (the file is still as we left it): no pass to run for it.
         if (file !== null && isOwnWrite(file)) return;
         this.schedule(trigger);
       },
       (dir, e) => {
-        this.reconciler.files.unsure();
+        this.#reconciler.files.unsure();
         log.warn('watch failed; the periodic reconcile still covers it', { dir, error: e.message });
       },
     );
   }
 
   async start(): Promise<void> {
-    const s = this.settings.install;
+    const s = this.#settings.install;
     for (const dir of [s.mountedCniNetDir, s.mountedCniBinDir]) {
       const stale = await removeStaleTemps(dir);
       if (stale.removed.length > 0) log.info('removed temp files left by an earlier run', { dir, files: stale.removed });
@@ -103,52 +103,52 @@ export class Installer implements Component {
     log.info('installing mesh-cni', {
       mode: s.chained ? 'chained' : 'standalone', ownedConfig: s.chained && s.meshOwnedCniConfig ? s.meshOwnedCniConfigFilename : null, netDir: s.mountedCniNetDir, binDir: s.mountedCniBinDir, binariesFrom: s.cniBinariesDir,
     });
-    this.watcher.refresh();
+    this.#watcher.refresh();
     this.schedule('startup');
     // A first pass stuck in a file system call must not hold the agent's start (and with it
     // SIGTERM handling): readiness says it is stuck.
-    if (!(await within(this.running, s.reconcileTimeoutMs))) {
+    if (!(await within(this.#running, s.reconcileTimeoutMs))) {
       log.error('the first reconcile pass is still running; starting anyway, /readyz says it is stuck', { afterMs: s.reconcileTimeoutMs });
     }
-    this.timer = setInterval(() => this.schedule('periodic'), s.reconcileIntervalMs);
+    this.#timer = setInterval(() => this.schedule('periodic'), s.reconcileIntervalMs);
   }
 
   /** Runs a pass now, or right after the one running (triggers meanwhile merge into one). */
   schedule(trigger: Trigger): void {
-    if (this.stopped) return;
+    if (this.#stopped) return;
     // Passes a watch event brings trust the file cache for what no event touched; any other
     // (periodic, start-up, retry) checks it, so a missed event costs at most one period.
-    if (!WATCH_TRIGGERS.has(trigger)) this.verifyPending = true;
-    if (this.running) {
-      this.pending = trigger;
+    if (!WATCH_TRIGGERS.has(trigger)) this.#verifyPending = true;
+    if (this.#running) {
+      this.#pending = trigger;
       return;
     }
-    this.running = this.loop(trigger)
+    this.#running = this.#loop(trigger)
       .catch((e: unknown) => log.error('reconcile loop failed; the next trigger runs it again', { error: (e as Error).message }))
       .finally(() => {
-        this.running = null;
+        this.#running = null;
       });
   }
 
   /** Resolves once no pass is running or pending: for tests and benchmarks. */
   async settled(): Promise<void> {
-    while (this.running) await this.running;
+    while (this.#running) await this.#running;
   }
 
-  private async loop(first: Trigger): Promise<void> {
+  async #loop(first: Trigger): Promise<void> {
     let trigger: Trigger | null = first;
-    while (trigger && !this.stopped) {
-      await this.pace();
-      if (this.stopped) break;
+    while (trigger && !this.#stopped) {
+      await this.#pace();
+      if (this.#stopped) break;
       // Every trigger up to here is covered by the pass below; later ones bring one more.
-      this.pending = null;
-      this.runningSince = Date.now();
+      this.#pending = null;
+      this.#runningSince = Date.now();
       try {
-        await this.pass(trigger);
+        await this.#pass(trigger);
       } finally {
-        this.runningSince = null;
+        this.#runningSince = null;
       }
-      trigger = this.pending;
+      trigger = this.#pending;
     }
   }
 
@@ -159,36 +159,36 @@ export class Installer implements Component {
    * that changed nothing wait: a pass that had to repair something (a primary CNI rewriting its
    * file without our entry) is followed at once.
    */
-  private async pace(): Promise<void> {
-    if (this.lastPassWrote) return;
+  async #pace(): Promise<void> {
+    if (this.#lastPassWrote) return;
     const now = performance.now();
-    this.paceTokens = Math.min(PACE_BURST, this.paceTokens + (now - this.paceAt) / PACE_EVERY_MS);
-    this.paceAt = now;
-    if (this.paceTokens < 1) {
-      const wait = (1 - this.paceTokens) * PACE_EVERY_MS;
+    this.#paceTokens = Math.min(PACE_BURST, this.#paceTokens + (now - this.#paceAt) / PACE_EVERY_MS);
+    this.#paceAt = now;
+    if (this.#paceTokens < 1) {
+      const wait = (1 - this.#paceTokens) * PACE_EVERY_MS;
       await new Promise((r) => setTimeout(r, wait));
-      this.paceTokens = 1;
-      this.paceAt = performance.now();
+      this.#paceTokens = 1;
+      this.#paceAt = performance.now();
     }
-    this.paceTokens -= 1;
+    this.#paceTokens -= 1;
   }
 
-  private async pass(trigger: Trigger): Promise<void> {
+  async #pass(trigger: Trigger): Promise<void> {
     metrics.reconciles.inc({ trigger });
     const end = metrics.reconcileDuration.startTimer();
     let outcome: Outcome;
     try {
-      const verify = this.verifyPending;
-      this.verifyPending = false;
-      outcome = await this.reconciler.reconcile({ verify });
+      const verify = this.#verifyPending;
+      this.#verifyPending = false;
+      outcome = await this.#reconciler.reconcile({ verify });
     } catch (e) {
-      outcome = { notReady: [`reconcile failed: ${(e as Error).message}`], problems: [{ reason: 'write_failed', message: (e as Error).message }], primary: this.last?.primary ?? null, writes: [] };
+      outcome = { notReady: [`reconcile failed: ${(e as Error).message}`], problems: [{ reason: 'write_failed', message: (e as Error).message }], primary: this.#last?.primary ?? null, writes: [] };
     }
     end();
-    this.passes++;
-    this.lastPassWrote = outcome.writes.length > 0;
-    this.last = outcome;
-    this.lastAt = new Date();
+    this.#passes++;
+    this.#lastPassWrote = outcome.writes.length > 0;
+    this.#last = outcome;
+    this.#lastAt = new Date();
     for (const w of outcome.writes) {
       metrics.writes.inc({ kind: w.kind, action: w.action });
       log.info(w.action === 'write' ? 'wrote' : 'removed', { file: w.file, kind: w.kind, trigger });
@@ -197,52 +197,52 @@ export class Installer implements Component {
     metrics.installReady.set(outcome.notReady.length === 0 ? 1 : 0);
     // A malformed primary seen once may be a write in progress: say so only if it stays.
     const malformed = outcome.problems.some((p) => p.reason === 'primary_malformed');
-    if (!malformed || this.lastMalformed) this.report(outcome);
-    this.lastMalformed = malformed;
+    if (!malformed || this.#lastMalformed) this.#report(outcome);
+    this.#lastMalformed = malformed;
     // A pass that was running when stop() came must not arm a retry or a watch again.
-    if (this.stopped) return;
-    this.retryOnProblems(outcome);
+    if (this.#stopped) return;
+    this.#retryOnProblems(outcome);
     // A symlinked primary is edited in its target, which the primary CNI rewrites there: watch
     // that directory too, for as long as that is the primary we follow.
-    const targetDir = await this.linkTargetDir(outcome.primary);
-    if (this.stopped) return;
-    this.watcher.follow(targetDir, 'net_dir');
+    const targetDir = await this.#linkTargetDir(outcome.primary);
+    if (this.#stopped) return;
+    this.#watcher.follow(targetDir, 'net_dir');
     // A directory deleted and recreated needs a new watch. Every pass looks (a stat per dir):
     // triggers merge while a pass runs, so no one kind of pass can be relied on to come. A new
     // watch brings one more pass, for what changed before it was armed.
-    if (this.watcher.refresh()) {
-      this.reconciler.files.unsure();
+    if (this.#watcher.refresh()) {
+      this.#reconciler.files.unsure();
       this.schedule('net_dir');
     }
   }
 
   /** The directory a symlinked primary's link resolves into (to its end); null: not a link. */
-  private async linkTargetDir(primary: string | null): Promise<string | null> {
+  async #linkTargetDir(primary: string | null): Promise<string | null> {
     if (primary === null) return null;
-    const file = path.join(this.settings.install.mountedCniNetDir, primary);
+    const file = path.join(this.#settings.install.mountedCniNetDir, primary);
     const st = await fs.lstat(file).catch(() => null);
     if (!st?.isSymbolicLink()) return null;
     const target = await fs.realpath(file).catch(() => null);
     return target === null ? null : path.dirname(target);
   }
 
-  private retryOnProblems(outcome: Outcome): void {
-    if (this.retryTimer) clearTimeout(this.retryTimer);
-    this.retryTimer = null;
+  #retryOnProblems(outcome: Outcome): void {
+    if (this.#retryTimer) clearTimeout(this.#retryTimer);
+    this.#retryTimer = null;
     if (outcome.problems.length === 0) {
-      this.retryDelayMs = RETRY_MIN_MS;
+      this.#retryDelayMs = RETRY_MIN_MS;
       return;
     }
-    this.retryTimer = setTimeout(() => this.schedule('retry'), this.retryDelayMs);
-    this.retryDelayMs = Math.min(this.retryDelayMs * 2, RETRY_MAX_MS);
+    this.#retryTimer = setTimeout(() => this.schedule('retry'), this.#retryDelayMs);
+    this.#retryDelayMs = Math.min(this.#retryDelayMs * 2, RETRY_MAX_MS);
   }
 
   /** Logs what changed since the last pass only: a problem that persists is said once. */
-  private report(outcome: Outcome): void {
+  #report(outcome: Outcome): void {
     // Errors about a write name our temp file, whose name is new every pass: not a change.
     const key = JSON.stringify([outcome.notReady.map((m) => m.replace(TEMP_NAME, '<temp>')), outcome.primary]);
-    if (key === this.lastReported) return;
-    this.lastReported = key;
+    if (key === this.#lastReported) return;
+    this.#lastReported = key;
     if (outcome.notReady.length === 0) {
       log.info('mesh-cni is installed and ready', { primary: outcome.primary });
       return;
@@ -255,11 +255,11 @@ export class Installer implements Component {
   }
 
   notReadyReasons(): readonly string[] {
-    const last = this.last ? this.last.notReady : ['the installer has not run yet'];
+    const last = this.#last ? this.#last.notReady : ['the installer has not run yet'];
     // The last pass's answer only counts while passes still run and finish (watchdog.ts).
-    const s = this.settings.install;
+    const s = this.#settings.install;
     const stuck = watchdogReasons({
-      now: Date.now(), runningSince: this.runningSince, lastFinished: this.lastAt?.getTime() ?? null, started: this.startedAt,
+      now: Date.now(), runningSince: this.#runningSince, lastFinished: this.#lastAt?.getTime() ?? null, started: this.#startedAt,
       intervalMs: s.reconcileIntervalMs, timeoutMs: s.reconcileTimeoutMs,
     });
     return stuck.length > 0 ? [...stuck, ...last] : last;
@@ -268,49 +268,49 @@ export class Installer implements Component {
   /** The config files passed over for the primary, each with why: worth knowing while ready. */
   notes(): readonly string[] {
     return [
-      ...(this.last?.skipped ?? []).map((k) => `passed over ${path.join(this.settings.install.mountedCniNetDir, k.file)}, as the runtime would: ${k.reason}`),
-      ...(this.last?.notes ?? []),
+      ...(this.#last?.skipped ?? []).map((k) => `passed over ${path.join(this.#settings.install.mountedCniNetDir, k.file)}, as the runtime would: ${k.reason}`),
+      ...(this.#last?.notes ?? []),
     ];
   }
 
   status(): Record<string, unknown> {
-    const s = this.settings.install;
+    const s = this.#settings.install;
     return {
-      ready: this.last?.notReady.length === 0,
+      ready: this.#last?.notReady.length === 0,
       mode: s.chained ? 'chained' : 'standalone',
       // Our own config file (--mesh-owned-cni-config), which the runtime reads; null: the splice.
       ownedConfig: s.chained && s.meshOwnedCniConfig ? s.meshOwnedCniConfigFilename : null,
-      primaryConfig: this.last?.primary ?? null,
+      primaryConfig: this.#last?.primary ?? null,
       // Config files before the primary that the runtime would not load either, with why.
-      skipped: this.last?.skipped ?? [],
+      skipped: this.#last?.skipped ?? [],
       netDir: s.mountedCniNetDir,
       binDir: s.mountedCniBinDir,
-      lastReconcile: this.lastAt?.toISOString() ?? null,
-      reconciles: this.passes,
-      notReady: this.last?.notReady ?? [],
-      errors: this.last?.problems.map((p) => p.message) ?? [],
+      lastReconcile: this.#lastAt?.toISOString() ?? null,
+      reconciles: this.#passes,
+      notReady: this.#last?.notReady ?? [],
+      errors: this.#last?.problems.map((p) => p.message) ?? [],
     };
   }
 
   async stop(signal: NodeJS.Signals): Promise<void> {
-    this.stopped = true;
-    if (this.timer) clearInterval(this.timer);
-    if (this.retryTimer) clearTimeout(this.retryTimer);
-    this.watcher.close();
-    const timeoutMs = this.settings.install.reconcileTimeoutMs;
+    this.#stopped = true;
+    if (this.#timer) clearInterval(this.#timer);
+    if (this.#retryTimer) clearTimeout(this.#retryTimer);
+    this.#watcher.close();
+    const timeoutMs = this.#settings.install.reconcileTimeoutMs;
     if (!(await within(this.settled(), timeoutMs))) {
       // Uninstalling beside a pass that may still write would race it; the plugin keeps working
       // with everything left in place, which is the state of a restart.
-      log.error('a reconcile pass is still running; not waiting for it, and leaving mesh-cni installed as it is', { signal, runningForMs: Date.now() - (this.runningSince ?? Date.now()) });
+      log.error('a reconcile pass is still running; not waiting for it, and leaving mesh-cni installed as it is', { signal, runningForMs: Date.now() - (this.#runningSince ?? Date.now()) });
       return;
     }
-    const decision = await this.decide(this.settings);
+    const decision = await this.#decide(this.#settings);
     if (!decision.cleanup) {
       log.info('leaving mesh-cni installed', { signal, why: decision.why });
       return;
     }
     log.info('uninstalling mesh-cni from this node', { signal, why: decision.why });
-    const cleanup = this.reconciler.cleanup();
+    const cleanup = this.#reconciler.cleanup();
     if (!(await within(cleanup, timeoutMs))) {
       log.error('the uninstall did not finish in time; stopping without it', { signal, afterMs: timeoutMs });
       return;

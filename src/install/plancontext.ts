@@ -144,13 +144,13 @@ export class PlanContext {
   earlierOwned: ReadonlySet<string> = new Set();
   /** The time the plan is made at. */
   readonly now: number;
-  private readonly view: NetDirView;
-  private readonly written = new Map<string, string>();
-  private readonly removed = new Set<string>();
+  readonly #view: NetDirView;
+  readonly #written = new Map<string, string>();
+  readonly #removed = new Set<string>();
 
   constructor(s: PlanSettings, view: NetDirView, memory: Memory, now: number) {
     this.s = s;
-    this.view = view;
+    this.#view = view;
     this.originals = new Map(memory.originals);
     this.ownedFrom = memory.ownedFrom;
     this.ownedFromGoneSince = memory.ownedFromGoneSince;
@@ -184,20 +184,20 @@ export class PlanContext {
 
   write(step: Omit<Step & { kind: 'write' }, 'kind'>): void {
     this.steps.push({ kind: 'write', ...step });
-    this.written.set(step.name, step.text);
-    this.removed.delete(step.name);
+    this.#written.set(step.name, step.text);
+    this.#removed.delete(step.name);
   }
 
   symlink(name: string, to: string, report?: WriteKind): void {
     this.steps.push({ kind: 'symlink', name, to, ...(report ? { report } : {}) });
     // Read back as what it points to: not known here; as gone from our overlay's view.
-    this.written.delete(name);
+    this.#written.delete(name);
   }
 
   remove(name: string, report?: WriteKind, reportEvenIfGone = false): void {
     this.steps.push({ kind: 'remove', name, ...(report ? { report } : {}), ...(reportEvenIfGone ? { reportEvenIfGone } : {}) });
-    this.written.delete(name);
-    this.removed.add(name);
+    this.#written.delete(name);
+    this.#removed.add(name);
   }
 
   remember(name: string, original: Original | null): void {
@@ -220,14 +220,14 @@ export class PlanContext {
   // Reads, with what the steps so far wrote laid over the view.
 
   async list(): Promise<string[]> {
-    const names = (await this.view.list()).filter((n) => !this.removed.has(n));
-    for (const n of this.written.keys()) if (!names.includes(n)) names.push(n);
+    const names = (await this.#view.list()).filter((n) => !this.#removed.has(n));
+    for (const n of this.#written.keys()) if (!names.includes(n)) names.push(n);
     return names;
   }
 
   async read(name: string): Promise<string | null> {
-    if (this.removed.has(name)) return null;
-    return this.written.get(name) ?? this.view.read(name);
+    if (this.#removed.has(name)) return null;
+    return this.#written.get(name) ?? this.#view.read(name);
   }
 
   /** read(), null for any error. */
@@ -236,32 +236,32 @@ export class PlanContext {
   }
 
   async readRecord(name: string): Promise<string | null> {
-    if (this.removed.has(name)) return null;
-    return this.written.get(name) ?? this.view.readRecord(name);
+    if (this.#removed.has(name)) return null;
+    return this.#written.get(name) ?? this.#view.readRecord(name);
   }
 
   async readCached(name: string): Promise<CachedFile | null> {
-    if (this.removed.has(name)) return null;
-    const text = this.written.get(name);
-    return text !== undefined ? plainFile(text) : this.view.readCached(name);
+    if (this.#removed.has(name)) return null;
+    const text = this.#written.get(name);
+    return text !== undefined ? plainFile(text) : this.#view.readCached(name);
   }
 
   peekCached(name: string): CachedFile | undefined {
-    if (this.removed.has(name) || this.written.has(name)) return undefined;
-    return this.view.peekCached(name);
+    if (this.#removed.has(name) || this.#written.has(name)) return undefined;
+    return this.#view.peekCached(name);
   }
 
   warmCached(names: readonly string[]): Promise<void> {
-    return this.view.warmCached(names.filter((n) => !this.removed.has(n) && !this.written.has(n)));
+    return this.#view.warmCached(names.filter((n) => !this.#removed.has(n) && !this.#written.has(n)));
   }
 
   keepCached(names: readonly string[]): void {
-    this.view.keepCached(names);
+    this.#view.keepCached(names);
   }
 
   async stat(name: string): Promise<FileFacts> {
-    if (this.removed.has(name)) throw Object.assign(new Error(`${this.path(name)} is gone`), { code: 'ENOENT' });
-    return this.view.stat(name);
+    if (this.#removed.has(name)) throw Object.assign(new Error(`${this.path(name)} is gone`), { code: 'ENOENT' });
+    return this.#view.stat(name);
   }
 
   statOrNull(name: string): Promise<FileFacts | null> {
@@ -269,20 +269,20 @@ export class PlanContext {
   }
 
   async lstat(name: string): Promise<EntryFacts | null> {
-    return this.removed.has(name) ? null : this.view.lstat(name).catch(() => null);
+    return this.#removed.has(name) ? null : this.#view.lstat(name).catch(() => null);
   }
 
   readlink(name: string): Promise<string> {
-    return this.view.readlink(name);
+    return this.#view.readlink(name);
   }
 
   listDir(name: string): Promise<{ readonly name: string; readonly isDirectory: boolean }[]> {
-    return this.view.listDir(name);
+    return this.#view.listDir(name);
   }
 
   async realpath(name: string): Promise<string | null> {
-    if (this.removed.has(name) || this.view.realpath === undefined) return null;
-    return this.view.realpath(name);
+    if (this.#removed.has(name) || this.#view.realpath === undefined) return null;
+    return this.#view.realpath(name);
   }
 }
 

@@ -43,22 +43,22 @@ export interface Outcome {
 const isFile = (file: string) => fs.stat(file).then((st) => st.isFile(), () => false);
 
 export class Reconciler {
-  private readonly s: InstallSettings;
-  private readonly env: EnvironmentFacts;
-  private readonly binaries: BinaryInstaller;
+  readonly #s: InstallSettings;
+  readonly #env: EnvironmentFacts;
+  readonly #binaries: BinaryInstaller;
   /** What passes remember between them (plancontext.ts Memory), changed only by applied steps. */
-  private readonly memory: MutableMemory = { ...emptyMemory(), originals: new Map() };
+  readonly #memory: MutableMemory = { ...emptyMemory(), originals: new Map() };
   /** Other config files as last read (filecache.ts): told of changes by the installer's watch. */
   readonly files = new FileCache();
-  private readonly plan: PlanSettings;
+  readonly #plan: PlanSettings;
   /** The plugin's token for the orchconfig; without one, the service-account token (run alone, in tests). */
-  private readonly pluginToken: PluginTokenSource | undefined;
+  readonly #pluginToken: PluginTokenSource | undefined;
 
   constructor(settings: InstallSettings, env: EnvironmentFacts, pluginToken?: PluginTokenSource) {
-    this.s = settings;
-    this.env = env;
-    this.pluginToken = pluginToken;
-    this.plan = {
+    this.#s = settings;
+    this.#env = env;
+    this.#pluginToken = pluginToken;
+    this.#plan = {
       netDir: settings.mountedCniNetDir,
       chained: settings.chained,
       owned: settings.meshOwnedCniConfig,
@@ -67,15 +67,15 @@ export class Reconciler {
       orchcfgName: settings.orchcfgFileName,
       standaloneName: settings.cniConfName || STANDALONE_CONF_NAME,
     };
-    this.binaries = new BinaryInstaller(settings.cniBinariesDir, settings.mountedCniBinDir);
+    this.#binaries = new BinaryInstaller(settings.cniBinariesDir, settings.mountedCniBinDir);
   }
 
   get netDir(): string {
-    return this.s.mountedCniNetDir;
+    return this.#s.mountedCniNetDir;
   }
 
-  private context(): PlanContext {
-    return new PlanContext(this.plan, netDirView(this.netDir, this.files), this.memory, Date.now());
+  #context(): PlanContext {
+    return new PlanContext(this.#plan, netDirView(this.netDir, this.files), this.#memory, Date.now());
   }
 
   /**
@@ -91,7 +91,7 @@ export class Reconciler {
       notReady.push(message);
     };
 
-    const ctx = this.context();
+    const ctx = this.#context();
     const misnamed = await planPrelude(ctx);
     if (misnamed) {
       fail('orchconfig_name_refused', misnamed);
@@ -99,8 +99,8 @@ export class Reconciler {
     }
 
     try {
-      await refuseUnrunnablePlugin(path.join(this.s.cniBinariesDir, PLUGIN_TYPE), this.s.cpuinfoPath);
-      for (const name of await this.binaries.sync()) writes.push({ file: path.join(this.s.mountedCniBinDir, name), kind: 'binary', action: 'write' });
+      await refuseUnrunnablePlugin(path.join(this.#s.cniBinariesDir, PLUGIN_TYPE), this.#s.cpuinfoPath);
+      for (const name of await this.#binaries.sync()) writes.push({ file: path.join(this.#s.mountedCniBinDir, name), kind: 'binary', action: 'write' });
     } catch (e) {
       fail('binaries_failed', (e as Error).message);
     }
@@ -111,11 +111,11 @@ export class Reconciler {
       return { notReady, problems, primary: null, writes };
     }
 
-    await syncOrchconfig(this.s, this.env, this.pluginToken, writes, fail);
+    await syncOrchconfig(this.#s, this.#env, this.#pluginToken, writes, fail);
 
     let entry: JsonObject | null = null;
     try {
-      entry = await this.entry();
+      entry = await this.#entry();
     } catch (e) {
       fail('template_invalid', (e as Error).message);
     }
@@ -123,8 +123,8 @@ export class Reconciler {
     // An entry the runtime cannot run would fail every pod of the node, excluded namespaces
     // too: put it in only once the plugin and its orchconfig are on the node (one already there
     // stays, failing pods closed, rather than letting them start unredirected).
-    const plugin = path.join(this.s.mountedCniBinDir, PLUGIN_TYPE);
-    const orchconfig = path.join(this.netDir, this.s.orchcfgFileName);
+    const plugin = path.join(this.#s.mountedCniBinDir, PLUGIN_TYPE);
+    const orchconfig = path.join(this.netDir, this.#s.orchcfgFileName);
     const missing: string[] = [];
     if (!(await isFile(plugin))) missing.push(plugin);
     if (!(await isFile(orchconfig))) missing.push(orchconfig);
@@ -146,13 +146,13 @@ export class Reconciler {
     // Planned at the time the dir is read: the owned-mode grace (planmodes.ts holdOwned) counts
     // from when a primary is seen gone, not from the pass's start, which the binaries' copy and
     // the orchconfig may precede by seconds.
-    const planCtx = this.context();
+    const planCtx = this.#context();
     planCtx.earlierOwned = ctx.earlierOwned;
     const plan = await planConfig(planCtx, entry);
     let primary = plan.primary;
     let error: Error | undefined;
     try {
-      await applySteps(plan.steps, this.netDir, this.memory, out);
+      await applySteps(plan.steps, this.netDir, this.#memory, out);
     } catch (e) {
       error = e as Error;
     }
@@ -167,32 +167,32 @@ export class Reconciler {
   }
 
   /** Our plugin entry from the template; read every pass, so a changed ConfigMap takes effect. */
-  private async entry(): Promise<JsonObject> {
+  async #entry(): Promise<JsonObject> {
     let template = DEFAULT_TEMPLATE;
     let source = 'the default template';
-    if (this.s.cniNetworkConfig) {
-      template = this.s.cniNetworkConfig;
+    if (this.#s.cniNetworkConfig) {
+      template = this.#s.cniNetworkConfig;
       source = '--cni-network-config';
-    } else if (this.s.cniNetworkConfigFile) {
-      source = this.s.cniNetworkConfigFile;
+    } else if (this.#s.cniNetworkConfigFile) {
+      source = this.#s.cniNetworkConfigFile;
       try {
-        template = (await readRegularFile(this.s.cniNetworkConfigFile)).text;
+        template = (await readRegularFile(this.#s.cniNetworkConfigFile)).text;
       } catch (e) {
         throw new CniConfigError(`cannot read the CNI network config template ${source}: ${(e as Error).message}`);
       }
     }
     return renderEntry(template, {
-      kubeconfigFilepath: path.join(this.s.cniNetDir, this.s.orchcfgFileName),
-      logLevel: this.s.pluginLogLevel,
-      logUdsAddress: this.s.logUdsAddress,
-      podLookupUdsAddress: this.s.podLookupUdsAddress,
-      orchServiceHost: this.env.orchServiceHost,
-      orchServicePort: this.env.orchServicePort,
-      nodeName: this.env.nodeName,
-      hostIp: this.env.hostIp,
-      cniNetDir: this.s.cniNetDir,
-      cniBinDir: this.s.cniBinDir,
-      excludeNamespaces: this.s.excludeNamespaces,
+      kubeconfigFilepath: path.join(this.#s.cniNetDir, this.#s.orchcfgFileName),
+      logLevel: this.#s.pluginLogLevel,
+      logUdsAddress: this.#s.logUdsAddress,
+      podLookupUdsAddress: this.#s.podLookupUdsAddress,
+      orchServiceHost: this.#env.orchServiceHost,
+      orchServicePort: this.#env.orchServicePort,
+      nodeName: this.#env.nodeName,
+      hostIp: this.#env.hostIp,
+      cniNetDir: this.#s.cniNetDir,
+      cniBinDir: this.#s.cniBinDir,
+      excludeNamespaces: this.#s.excludeNamespaces,
     }, source);
   }
 
@@ -205,9 +205,9 @@ export class Reconciler {
    */
   async cleanup(): Promise<Write[]> {
     const out: Applied = { writes: [], problems: [], notReady: [], notes: [], groupErrors: [] };
-    const plan = await planCleanup(this.context());
+    const plan = await planCleanup(this.#context());
     // Each group on its own (plan.ts): all failures are said.
-    await applySteps(plan.steps, this.netDir, this.memory, out);
+    await applySteps(plan.steps, this.netDir, this.#memory, out);
     const errors = out.groupErrors;
     if (errors.length > 0) {
       throw new Error(`the uninstall in ${this.netDir} left ${errors.length} step(s) undone (the others were done: ` +

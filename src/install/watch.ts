@@ -32,20 +32,20 @@ function identity(dir: string): string {
 }
 
 export class DirWatcher {
-  private readonly watched: Watched[];
+  readonly #watched: Watched[];
   /** A directory watched while the reconcile says so (a symlinked primary's target's); null: none. */
-  private extra: Watched | null = null;
+  #extra: Watched | null = null;
   /** `file` is null when the event names none (inotify's queue overflowed, the dir itself changed). */
-  private readonly onChange: (trigger: Trigger, file: string | null) => void;
-  private readonly onError: (dir: string, e: Error) => void;
+  readonly #onChange: (trigger: Trigger, file: string | null) => void;
+  readonly #onError: (dir: string, e: Error) => void;
 
   constructor(dirs: readonly { dir: string; trigger: Trigger }[], onChange: (trigger: Trigger, file: string | null) => void, onError: (dir: string, e: Error) => void) {
     // One watch per directory even when several triggers share it (net dir holds the template).
     const seen = new Map<string, Watched>();
     for (const d of dirs) if (!seen.has(d.dir)) seen.set(d.dir, { dir: d.dir, trigger: d.trigger, identity: 'none', watcher: null });
-    this.watched = [...seen.values()];
-    this.onChange = onChange;
-    this.onError = onError;
+    this.#watched = [...seen.values()];
+    this.#onChange = onChange;
+    this.#onError = onError;
   }
 
   /**
@@ -54,17 +54,17 @@ export class DirWatcher {
    * set changed; a new one is armed by the next refresh().
    */
   follow(dir: string | null, trigger: Trigger): boolean {
-    const wanted = dir !== null && !this.watched.some((w) => w.dir === dir) ? dir : null;
-    if ((this.extra?.dir ?? null) === wanted) return false;
-    this.extra?.watcher?.close();
-    this.extra = wanted === null ? null : { dir: wanted, trigger, identity: 'none', watcher: null };
+    const wanted = dir !== null && !this.#watched.some((w) => w.dir === dir) ? dir : null;
+    if ((this.#extra?.dir ?? null) === wanted) return false;
+    this.#extra?.watcher?.close();
+    this.#extra = wanted === null ? null : { dir: wanted, trigger, identity: 'none', watcher: null };
     return true;
   }
 
   /** (Re)arms the watch of every directory that appeared or was replaced since last time. */
   refresh(): boolean {
     let changed = false;
-    for (const w of this.extra ? [...this.watched, this.extra] : this.watched) {
+    for (const w of this.#extra ? [...this.#watched, this.#extra] : this.#watched) {
       const id = identity(w.dir);
       if (id === w.identity) continue;
       changed = true;
@@ -73,7 +73,7 @@ export class DirWatcher {
       w.watcher = null;
       if (id === 'missing') continue;
       try {
-        const watcher = watch(w.dir, { persistent: true }, (_event, name) => this.onChange(w.trigger, name ? path.join(w.dir, name) : null));
+        const watcher = watch(w.dir, { persistent: true }, (_event, name) => this.#onChange(w.trigger, name ? path.join(w.dir, name) : null));
         watcher.on('error', (e) => {
           // The directory went away: forget it so the next refresh re-arms the new one.
           watcher.close();
@@ -82,21 +82,21 @@ export class DirWatcher {
             w.watcher = null;
             w.identity = 'none';
           }
-          this.onError(w.dir, e);
+          this.#onError(w.dir, e);
         });
         w.watcher = watcher;
       } catch (e) {
         w.identity = 'none';
-        this.onError(w.dir, e as Error);
+        this.#onError(w.dir, e as Error);
       }
     }
     return changed;
   }
 
   close(): void {
-    this.extra?.watcher?.close();
-    this.extra = null;
-    for (const w of this.watched) {
+    this.#extra?.watcher?.close();
+    this.#extra = null;
+    for (const w of this.#watched) {
       w.watcher?.close();
       w.watcher = null;
       w.identity = 'none';

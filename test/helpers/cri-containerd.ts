@@ -159,9 +159,9 @@ export class Containerd {
   /** cgroupfs parent for the sandboxes (SandboxSpec.cgroupParent, with /pod<uid> below it). */
   readonly cgroupParent: string;
   readonly cniCallsLog: string;
-  private proc: ChildProcess | undefined;
-  private exited: Promise<void> = Promise.resolve();
-  private clientCache: CriClient | undefined;
+  #proc: ChildProcess | undefined;
+  #exited: Promise<void> = Promise.resolve();
+  #clientCache: CriClient | undefined;
 
   private constructor(tag: string) {
     this.dir = mkdtempSync(path.join(os.tmpdir(), 'mcni-cri-'));
@@ -180,19 +180,19 @@ export class Containerd {
 
   /** For tests of the cleanup: containerd dies (SIGKILL) as in a crash, leaving its shims running. */
   async crash(): Promise<void> {
-    this.proc?.kill('SIGKILL');
-    await this.exited;
+    this.#proc?.kill('SIGKILL');
+    await this.#exited;
   }
 
   get cri(): CriClient {
-    return (this.clientCache ??= new CriClient(this.socket));
+    return (this.#clientCache ??= new CriClient(this.socket));
   }
 
   /** Starts it with its network and the pause image in place; on failure removes what it made. */
   static async start(o: ContainerdOptions): Promise<Containerd> {
     const c = new Containerd(o.tag);
     try {
-      await c.setUp(o);
+      await c.#setUp(o);
       return c;
     } catch (e) {
       await c.stop();
@@ -200,7 +200,7 @@ export class Containerd {
     }
   }
 
-  private async setUp(o: ContainerdOptions): Promise<void> {
+  async #setUp(o: ContainerdOptions): Promise<void> {
     const d = (...p: string[]) => path.join(this.dir, ...p);
     for (const sub of ['root', 'state', 'opt', 'runc', 'cni/bin/real', 'cni/net.d', 'cni/ipam', 'logs']) {
       mkdirSync(d(sub), { recursive: true });
@@ -258,15 +258,15 @@ export class Containerd {
     const log = openSync(d('logs/containerd.log'), 'a');
     try {
       const argv = [`--net=/run/netns/${this.netnsName}`, '--', '/usr/bin/containerd', '--config', d('config.toml')];
-      this.proc = spawn('/usr/bin/nsenter', argv, {
+      this.#proc = spawn('/usr/bin/nsenter', argv, {
         stdio: ['ignore', log, log],
         env: { PATH: '/usr/sbin:/usr/bin:/sbin:/bin' },
       });
     } finally {
       closeSync(log);
     }
-    const proc = this.proc;
-    this.exited = new Promise((resolve) => proc.once('exit', () => resolve()));
+    const proc = this.#proc;
+    this.#exited = new Promise((resolve) => proc.once('exit', () => resolve()));
     let lastError: unknown;
     for (let i = 0; i < 300; i++) {
       if (proc.exitCode !== null || proc.signalCode !== null) {
@@ -324,7 +324,7 @@ export class Containerd {
   async stop(): Promise<void> {
     live.delete(this);
     const problems: string[] = [];
-    const proc = this.proc;
+    const proc = this.#proc;
     if (proc && proc.exitCode === null && proc.signalCode === null) {
       try {
         for (const s of await this.cri.listPodSandbox()) {
@@ -335,21 +335,21 @@ export class Containerd {
         problems.push(`listing sandboxes: ${String(e)}`);
       }
     }
-    this.clientCache?.close();
-    this.clientCache = undefined;
+    this.#clientCache?.close();
+    this.#clientCache = undefined;
     if (proc && proc.exitCode === null && proc.signalCode === null) {
       proc.kill('SIGTERM');
       const timer = setTimeout(() => proc.kill('SIGKILL'), 10_000);
-      await this.exited;
+      await this.#exited;
       clearTimeout(timer);
     }
-    this.proc = undefined;
+    this.#proc = undefined;
     // What containerd keeps outside our dir by design, read before its records go: each task's
     // shim socket (/run/containerd/s/<hash>, the host's own containerd's dir, whatever our config
     // says), which a killed shim leaves, and CRI's loopback network's libcni result per sandbox.
-    const outside = this.outsideOurDir();
+    const outside = this.#outsideOurDir();
     // Shims outlive containerd by design; ours are the ones started with our socket address.
-    for (const pid of this.shimPids()) {
+    for (const pid of this.#shimPids()) {
       try {
         process.kill(pid, 'SIGKILL');
       } catch {
@@ -363,8 +363,8 @@ export class Containerd {
         spawnSync('/usr/sbin/runc', ['--root', path.join(runcRoot, ns), 'delete', '--force', id], { stdio: 'ignore' });
       }
     }
-    this.unmountUnder(this.dir);
-    this.removeCgroups();
+    this.#unmountUnder(this.dir);
+    this.#removeCgroups();
     for (const socket of outside.shimSockets) rmSync(socket, { force: true });
     try {
       const ours = [`${this.networkName}-`, ...outside.sandboxes.map((id) => `cni-loopback-${id}-`)];
@@ -380,7 +380,7 @@ export class Containerd {
   }
 
   /** Our sandboxes' ids and our tasks' shim sockets, from containerd's records in our dir. */
-  private outsideOurDir(): { sandboxes: string[]; shimSockets: string[] } {
+  #outsideOurDir(): { sandboxes: string[]; shimSockets: string[] } {
     const ls = (dir: string) => (existsSync(dir) ? readdirSync(dir) : []);
     const sandboxes = ls(path.join(this.dir, 'root/io.containerd.grpc.v1.cri/sandboxes'));
     const shimSockets: string[] = [];
@@ -399,7 +399,7 @@ export class Containerd {
     return { sandboxes: [...new Set(sandboxes)].filter((id) => /^[0-9a-f]{64}$/.test(id)), shimSockets };
   }
 
-  private shimPids(): number[] {
+  #shimPids(): number[] {
     const pids: number[] = [];
     for (const p of readdirSync('/proc')) {
       if (!/^\d+$/.test(p)) continue;
@@ -413,14 +413,14 @@ export class Containerd {
     return pids;
   }
 
-  private unmountUnder(dir: string): void {
+  #unmountUnder(dir: string): void {
     const mounts = readFileSync('/proc/self/mountinfo', 'utf8').split('\n')
       .map((l) => l.split(' ')[4]?.replace(/\\040/g, ' '))
       .filter((m): m is string => m !== undefined && (m === dir || m.startsWith(`${dir}/`)));
     for (const m of mounts.reverse()) spawnSync('umount', ['-l', m], { stdio: 'ignore' });
   }
 
-  private removeCgroups(): void {
+  #removeCgroups(): void {
     const rmTree = (p: string) => {
       let kids: string[];
       try {

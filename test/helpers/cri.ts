@@ -119,14 +119,14 @@ export class GrpcError extends Error {
 }
 
 export class GrpcUnixClient {
-  private readonly session: http2.ClientHttp2Session;
-  private readonly socketPath: string;
+  readonly #session: http2.ClientHttp2Session;
+  readonly #socketPath: string;
 
   constructor(socketPath: string) {
-    this.socketPath = socketPath;
-    this.session = http2.connect('http://localhost', { createConnection: () => net.connect(socketPath) });
+    this.#socketPath = socketPath;
+    this.#session = http2.connect('http://localhost', { createConnection: () => net.connect(socketPath) });
     // A refused or broken connection fails the calls in flight; nothing else to do with it here.
-    this.session.on('error', () => {});
+    this.#session.on('error', () => {});
   }
 
   /** One unary call: `path` is /package.Service/Method. */
@@ -136,7 +136,7 @@ export class GrpcUnixClient {
       frame.writeUInt8(0, 0); // not compressed
       frame.writeUInt32BE(request.length, 1);
       request.copy(frame, 5);
-      const req = this.session.request({
+      const req = this.#session.request({
         ':method': 'POST', ':path': path, 'content-type': 'application/grpc', te: 'trailers',
         'grpc-timeout': `${Math.max(1, Math.ceil(timeoutMs))}m`,
       });
@@ -153,10 +153,10 @@ export class GrpcUnixClient {
       req.on('response', takeStatus);
       req.on('trailers', takeStatus);
       req.on('data', (c: Buffer) => chunks.push(c));
-      req.on('error', (e) => reject(new Error(`${path} over ${this.socketPath}: ${e.message}`)));
+      req.on('error', (e) => reject(new Error(`${path} over ${this.#socketPath}: ${e.message}`)));
       req.on('close', () => {
         if (status === undefined) {
-          return reject(new Error(`${path} over ${this.socketPath}: the stream closed without a gRPC status`));
+          return reject(new Error(`${path} over ${this.#socketPath}: the stream closed without a gRPC status`));
         }
         if (status !== '0') return reject(new GrpcError(path, Number(status), message));
         const body = Buffer.concat(chunks);
@@ -169,7 +169,7 @@ export class GrpcUnixClient {
   }
 
   close(): void {
-    this.session.close();
+    this.#session.close();
   }
 }
 
@@ -213,14 +213,14 @@ const metadataOf = (m: Decoded | undefined) => ({
 });
 
 export class CriClient {
-  private readonly grpc: GrpcUnixClient;
+  readonly #grpc: GrpcUnixClient;
 
   constructor(socketPath: string) {
-    this.grpc = new GrpcUnixClient(socketPath);
+    this.#grpc = new GrpcUnixClient(socketPath);
   }
 
   async version(): Promise<{ runtimeName: string; runtimeVersion: string; runtimeApiVersion: string }> {
-    const r = decode(await this.grpc.call(`${RUNTIME}/Version`, str(1, 'v1'), 5_000));
+    const r = decode(await this.#grpc.call(`${RUNTIME}/Version`, str(1, 'v1'), 5_000));
     return { runtimeName: getString(r, 2), runtimeVersion: getString(r, 3), runtimeApiVersion: getString(r, 4) };
   }
 
@@ -236,14 +236,14 @@ export class CriClient {
       // without hostNetwork), sent as an explicit empty message as kubelet does.
       msg(8, str(1, s.cgroupParent), msg(2, msg(1))),
     );
-    const r = decode(await this.grpc.call(`${RUNTIME}/RunPodSandbox`, Buffer.concat([config, str(2, runtimeHandler)])));
+    const r = decode(await this.#grpc.call(`${RUNTIME}/RunPodSandbox`, Buffer.concat([config, str(2, runtimeHandler)])));
     const id = getString(r, 1);
     if (!id) throw new Error(`RunPodSandbox ${s.namespace}/${s.name}: the runtime returned no sandbox id`);
     return id;
   }
 
   async podSandboxStatus(id: string): Promise<SandboxStatus> {
-    const r = decode(await this.grpc.call(`${RUNTIME}/PodSandboxStatus`, str(1, id)));
+    const r = decode(await this.#grpc.call(`${RUNTIME}/PodSandboxStatus`, str(1, id)));
     const st = getMessage(r, 1);
     if (!st) throw new Error(`PodSandboxStatus ${id}: no status in the reply`);
     const network = getMessage(st, 5);
@@ -255,7 +255,7 @@ export class CriClient {
 
   /** The sandbox's network namespace path, from the runtime's verbose status (info["info"]). */
   async podSandboxNetns(id: string): Promise<string> {
-    const r = decode(await this.grpc.call(`${RUNTIME}/PodSandboxStatus`, Buffer.concat([str(1, id), uint(2, true)])));
+    const r = decode(await this.#grpc.call(`${RUNTIME}/PodSandboxStatus`, Buffer.concat([str(1, id), uint(2, true)])));
     const entry = getMessages(r, 2).find((e) => getString(e, 1) === 'info');
     if (!entry) throw new Error(`PodSandboxStatus ${id}: no verbose info (the runtime is not containerd?)`);
     type Info = { runtimeSpec?: { linux?: { namespaces?: { type: string; path?: string }[] } } };
@@ -266,16 +266,16 @@ export class CriClient {
   }
 
   async stopPodSandbox(id: string): Promise<void> {
-    await this.grpc.call(`${RUNTIME}/StopPodSandbox`, str(1, id));
+    await this.#grpc.call(`${RUNTIME}/StopPodSandbox`, str(1, id));
   }
 
   async removePodSandbox(id: string): Promise<void> {
-    await this.grpc.call(`${RUNTIME}/RemovePodSandbox`, str(1, id));
+    await this.#grpc.call(`${RUNTIME}/RemovePodSandbox`, str(1, id));
   }
 
   async listPodSandbox(labelSelector: Record<string, string> = {}): Promise<SandboxListItem[]> {
     const filter = Object.keys(labelSelector).length === 0 ? Buffer.alloc(0) : msg(1, map(3, labelSelector));
-    const r = decode(await this.grpc.call(`${RUNTIME}/ListPodSandbox`, filter));
+    const r = decode(await this.#grpc.call(`${RUNTIME}/ListPodSandbox`, filter));
     return getMessages(r, 1).map((p) => ({
       id: getString(p, 1), ready: getUint(p, 3) === 0, name: metadataOf(getMessage(p, 2)).name,
     }));
@@ -283,11 +283,11 @@ export class CriClient {
 
   /** Whether the runtime's CRI image store has `image` (a reference or id). */
   async hasImage(image: string): Promise<boolean> {
-    const r = decode(await this.grpc.call(`${IMAGES}/ImageStatus`, msg(1, str(1, image)), 5_000));
+    const r = decode(await this.#grpc.call(`${IMAGES}/ImageStatus`, msg(1, str(1, image)), 5_000));
     return getMessage(r, 1) !== undefined;
   }
 
   close(): void {
-    this.grpc.close();
+    this.#grpc.close();
   }
 }

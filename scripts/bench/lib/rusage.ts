@@ -23,22 +23,22 @@ export interface Measured {
 }
 
 export class RusageDriver {
-  private readonly child: ChildProcessByStdio<Writable, Readable, null>;
-  private readonly lines: Interface;
-  private readonly waiting: ((line: string) => void)[] = [];
+  readonly #child: ChildProcessByStdio<Writable, Readable, null>;
+  readonly #lines: Interface;
+  readonly #waiting: ((line: string) => void)[] = [];
 
   constructor() {
     const script = path.join(path.dirname(fileURLToPath(import.meta.url)), 'rusage-driver.py');
-    this.child = spawn('/usr/bin/python3', [script], { stdio: ['pipe', 'pipe', 'inherit'] });
-    this.lines = createInterface({ input: this.child.stdout });
-    this.lines.on('line', (l) => this.waiting.shift()?.(l));
+    this.#child = spawn('/usr/bin/python3', [script], { stdio: ['pipe', 'pipe', 'inherit'] });
+    this.#lines = createInterface({ input: this.#child.stdout });
+    this.#lines.on('line', (l) => this.#waiting.shift()?.(l));
   }
 
   /** Starts every job at once; resolves when the last has exited. */
   async runAll(jobs: readonly Job[]): Promise<{ wallMs: number; results: Measured[] }> {
     const line = await new Promise<string>((resolve) => {
-      this.waiting.push(resolve);
-      this.child.stdin.write(JSON.stringify({ jobs: jobs.map((j) => ({ argv: j.argv, env: j.env, input: j.input ?? '' })) }) + '\n');
+      this.#waiting.push(resolve);
+      this.#child.stdin.write(JSON.stringify({ jobs: jobs.map((j) => ({ argv: j.argv, env: j.env, input: j.input ?? '' })) }) + '\n');
     });
     const reply = JSON.parse(line) as { error?: string; wallMs: number; results: Measured[] };
     if (reply.error) throw new Error(`rusage driver: ${reply.error} (argv ${jobs[0]?.argv.join(' ')})`);
@@ -50,7 +50,7 @@ export class RusageDriver {
   }
 
   close(): void {
-    this.child.stdin.end();
-    this.lines.close();
+    this.#child.stdin.end();
+    this.#lines.close();
   }
 }
