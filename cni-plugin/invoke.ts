@@ -69,7 +69,10 @@ export async function run(env: Env, stdinText: () => string | Promise<string>): 
     stdin = await stdinText();
     const command = parseCommand(env);
     if (command === 'VERSION') {
-      return { code: 0, stdout: JSON.stringify({ cniVersion: versionOf(stdin), supportedVersions: SUPPORTED_VERSIONS }) + '\n' };
+      return {
+        code: 0,
+        stdout: JSON.stringify({ cniVersion: versionOf(stdin), supportedVersions: SUPPORTED_VERSIONS }) + '\n',
+      };
     }
     if (command === 'STATUS' || command === 'GC') {
       const config = parseConfig(stdin, command);
@@ -81,9 +84,15 @@ export async function run(env: Env, stdinText: () => string | Promise<string>): 
     // DEL of a netns that is gone (a runtime's second DEL, a node after reboot): nothing of ours
     // can be left, so answer at once. cmdDel checks the same for its other callers.
     if (command === 'DEL' && !netnsExists(req.netns)) return { code: 0, stdout: '' };
-    const [{ UdsLog }, { cmdAdd, cmdCheck, cmdDel }] = await Promise.all([import('./log/udslog.ts'), import('./plugin.ts')]);
-    log = new UdsLog(req.config.logUdsAddress, req.config.logLevel,
-      { command, containerID: req.containerId, pod: req.pod ? { namespace: req.pod.namespace, name: req.pod.name } : null });
+    const [{ UdsLog }, { cmdAdd, cmdCheck, cmdDel }] = await Promise.all([
+      import('./log/udslog.ts'),
+      import('./plugin.ts'),
+    ]);
+    log = new UdsLog(req.config.logUdsAddress, req.config.logLevel, {
+      command,
+      containerID: req.containerId,
+      pod: req.pod ? { namespace: req.pod.namespace, name: req.pod.name } : null,
+    });
     const started = Date.now();
     let stdout = '';
     if (command === 'ADD') stdout = JSON.stringify(await cmdAdd(req, log)) + '\n';
@@ -92,7 +101,10 @@ export async function run(env: Env, stdinText: () => string | Promise<string>): 
     log.debug(`${command} done`, { elapsedMs: Date.now() - started });
     return { code: 0, stdout };
   } catch (e) {
-    const err = e instanceof CniError ? e : new CniError(CNI_ERROR.RULES_FAILED, 'internal error in mesh-cni', (e as Error)?.stack ?? String(e));
+    const err =
+      e instanceof CniError
+        ? e
+        : new CniError(CNI_ERROR.RULES_FAILED, 'internal error in mesh-cni', (e as Error)?.stack ?? String(e));
     if (log) log.error(err.message, { code: err.code, details: err.details });
     else process.stderr.write(`mesh-cni: ${err.message}${err.details ? ': ' + err.details : ''}\n`);
     return { code: 1, stdout: JSON.stringify(err.toJSON(versionOf(stdin))) + '\n' };
@@ -114,7 +126,11 @@ function endOnSignalsParentIgnored(): void {
   } catch {
     return;
   }
-  for (const [sig, n] of [['SIGHUP', 1], ['SIGINT', 2], ['SIGTERM', 15]] as const) {
+  for (const [sig, n] of [
+    ['SIGHUP', 1],
+    ['SIGINT', 2],
+    ['SIGTERM', 15],
+  ] as const) {
     if (((ignored >> BigInt(n - 1)) & 1n) === 0n) continue;
     const end = () => {
       process.removeListener(sig, end); // back to the default action, which the kill then takes

@@ -6,7 +6,9 @@ import { main } from './invoke.ts';
 
 // Built as a startup snapshot (SEA useSnapshot), main runs when the snapshot is deserialized.
 // node:v8 (it loads Node's streams) only while building one: never on a call (issue 20).
-const maybeBuildingSnapshot = process.execArgv.some((a) => a === '--build-snapshot' || a.startsWith('--experimental-sea-config'));
+const maybeBuildingSnapshot = process.execArgv.some(
+  (a) => a === '--build-snapshot' || a.startsWith('--experimental-sea-config'),
+);
 const v8 = maybeBuildingSnapshot ? process.getBuiltinModule('node:v8') : null;
 if (v8?.startupSnapshot?.isBuildingSnapshot()) v8.startupSnapshot.setDeserializeMainFunction(() => void main());
 else void main();

@@ -22,15 +22,18 @@ import { AnnotationError, goBool, proxyInfo, specForPod, type PodLike, type Redi
 export function skipReason(pod: PodLike): string | null {
   const a = pod.metadata?.annotations ?? {};
   const all = [...(pod.spec?.initContainers ?? []), ...(pod.spec?.containers ?? [])];
-  if (all.some((c) => c.name === OWN_INIT_CONTAINER_NAME)) return `it has its own ${OWN_INIT_CONTAINER_NAME} init container`;
+  if (all.some((c) => c.name === OWN_INIT_CONTAINER_NAME))
+    return `it has its own ${OWN_INIT_CONTAINER_NAME} init container`;
   const proxy = proxyInfo(pod);
-  if (goBool(proxy.env.get('DISABLE_ENVOY')) === true) return `DISABLE_ENVOY is true on ${PROXY_CONTAINER_NAME} (no proxy runs)`;
+  if (goBool(proxy.env.get('DISABLE_ENVOY')) === true)
+    return `DISABLE_ENVOY is true on ${PROXY_CONTAINER_NAME} (no proxy runs)`;
   if (!proxy.present) return `no ${PROXY_CONTAINER_NAME} container`;
   if (proxy.type !== '' && proxy.type !== 'sidecar') return `proxy type ${proxy.type} (not a sidecar)`;
   // The label is the newer API: when present it decides, even when the annotation says otherwise.
   const label = pod.metadata?.labels?.[ANNOTATION.INJECT];
   const inject = label ?? a[ANNOTATION.INJECT];
-  if (goBool(inject) === false) return `${label !== undefined ? 'label' : 'annotation'} ${ANNOTATION.INJECT} is ${JSON.stringify(inject)}: inject is disabled`;
+  if (goBool(inject) === false)
+    return `${label !== undefined ? 'label' : 'annotation'} ${ANNOTATION.INJECT} is ${JSON.stringify(inject)}: inject is disabled`;
   if (a[ANNOTATION.STATUS] === undefined) return `no ${ANNOTATION.STATUS} annotation (no sidecar injected)`;
   if (a[ANNOTATION.INTERCEPTION_MODE]?.trim() === 'NONE') return `${ANNOTATION.INTERCEPTION_MODE} is NONE`;
   return null;
@@ -61,7 +64,11 @@ async function decide(req: CniRequest, pod: NonNullable<CniRequest['pod']>, log:
     return { spec: specForPod(found) };
   } catch (e) {
     if (e instanceof AnnotationError) {
-      throw new CniError(CNI_ERROR.BAD_POD_ANNOTATION, `pod ${pod.namespace}/${pod.name} has a bad ${e.what}; no rules applied`, `${e.message}; fix the ${e.what} and recreate the pod`);
+      throw new CniError(
+        CNI_ERROR.BAD_POD_ANNOTATION,
+        `pod ${pod.namespace}/${pod.name} has a bad ${e.what}; no rules applied`,
+        `${e.message}; fix the ${e.what} and recreate the pod`,
+      );
     }
     throw e;
   }
@@ -77,7 +84,11 @@ async function lookupPod(req: CniRequest, pod: NonNullable<CniRequest['pod']>, l
   if (req.config.podLookupUdsAddress !== '') {
     const { podFromAgent } = await import('./orch/agentlookup.ts');
     const started = Date.now();
-    const answer = await podFromAgent(req.config.podLookupUdsAddress, { namespace: pod.namespace, name: pod.name, uid: pod.uid }, AGENT_LOOKUP_TIMEOUT_MS);
+    const answer = await podFromAgent(
+      req.config.podLookupUdsAddress,
+      { namespace: pod.namespace, name: pod.name, uid: pod.uid },
+      AGENT_LOOKUP_TIMEOUT_MS,
+    );
     if ('pod' in answer) {
       log.debug('pod read from the agent', { elapsedMs: Date.now() - started });
       return answer.pod;
@@ -88,7 +99,8 @@ async function lookupPod(req: CniRequest, pod: NonNullable<CniRequest['pod']>, l
   try {
     access = readOrchconfig(req.config.orchconfig);
   } catch (e) {
-    if (e instanceof OrchconfigError) throw new CniError(CNI_ERROR.TRY_AGAIN_LATER, 'cannot reach the API server: orchconfig unusable', e.message);
+    if (e instanceof OrchconfigError)
+      throw new CniError(CNI_ERROR.TRY_AGAIN_LATER, 'cannot reach the API server: orchconfig unusable', e.message);
     throw e;
   }
   let found: PodLike;
@@ -104,9 +116,17 @@ async function lookupPod(req: CniRequest, pod: NonNullable<CniRequest['pod']>, l
     });
   } catch (e) {
     if (e instanceof PodLookupError) {
-      throw new CniError(CNI_ERROR.TRY_AGAIN_LATER, `cannot read pod ${pod.namespace}/${pod.name} from the API server (${e.reason}); not starting it unredirected`, e.message);
+      throw new CniError(
+        CNI_ERROR.TRY_AGAIN_LATER,
+        `cannot read pod ${pod.namespace}/${pod.name} from the API server (${e.reason}); not starting it unredirected`,
+        e.message,
+      );
     }
-    throw new CniError(CNI_ERROR.TRY_AGAIN_LATER, `cannot read pod ${pod.namespace}/${pod.name} from the API server`, (e as Error).message);
+    throw new CniError(
+      CNI_ERROR.TRY_AGAIN_LATER,
+      `cannot read pod ${pod.namespace}/${pod.name} from the API server`,
+      (e as Error).message,
+    );
   }
   log.debug('pod read from the API server', { elapsedMs: Date.now() - started });
   return found;
@@ -120,7 +140,10 @@ function families(result: Record<string, unknown>): Family[] {
 async function flavourFor(req: CniRequest, log: UdsLog): Promise<Flavour> {
   if (req.config.iptablesFlavour !== 'auto') return req.config.iptablesFlavour;
   try {
-    const [{ cacheFileFor, cachedFlavour }, { detectFlavour }] = await Promise.all([import('./netns/flavourcache.ts'), iptables()]);
+    const [{ cacheFileFor, cachedFlavour }, { detectFlavour }] = await Promise.all([
+      import('./netns/flavourcache.ts'),
+      iptables(),
+    ]);
     const d = await cachedFlavour(cacheFileFor(req.config.logUdsAddress), detectFlavour);
     log.debug('iptables flavour', { flavour: d.flavour, why: d.why, cached: d.cached });
     return d.flavour;
@@ -130,7 +153,12 @@ async function flavourFor(req: CniRequest, log: UdsLog): Promise<Flavour> {
 }
 
 function requireNetns(req: CniRequest): void {
-  if (!netnsExists(req.netns)) throw new CniError(CNI_ERROR.INVALID_ENV, `CNI_NETNS ${req.netns} does not exist`, 'the pod network namespace is gone or the runtime passed a wrong path');
+  if (!netnsExists(req.netns))
+    throw new CniError(
+      CNI_ERROR.INVALID_ENV,
+      `CNI_NETNS ${req.netns} does not exist`,
+      'the pod network namespace is gone or the runtime passed a wrong path',
+    );
   refuseHostNetns(req);
 }
 
@@ -138,8 +166,11 @@ function requireNetns(req: CniRequest): void {
 function refuseHostNetns(req: CniRequest): void {
   const what = notAPodNetns(req.netns);
   if (what !== null) {
-    throw new CniError(CNI_ERROR.INVALID_ENV, `CNI_NETNS ${req.netns} is not a pod's network namespace; refusing to touch it`,
-      `it is ${what}; a runtime passes the pod sandbox's own netns, so check what called mesh-cni ${req.command}`);
+    throw new CniError(
+      CNI_ERROR.INVALID_ENV,
+      `CNI_NETNS ${req.netns} is not a pod's network namespace; refusing to touch it`,
+      `it is ${what}; a runtime passes the pod sandbox's own netns, so check what called mesh-cni ${req.command}`,
+    );
   }
 }
 
@@ -154,7 +185,9 @@ export async function cmdAdd(req: CniRequest, log: UdsLog): Promise<Record<strin
   // Flavour detection (host iptables-save runs, unless remembered) overlaps the pod lookup;
   // both are on the pod's critical path.
   const flavourP = flavourFor(req, log);
-  flavourP.catch(() => { /* awaited below when needed */ });
+  flavourP.catch(() => {
+    /* awaited below when needed */
+  });
   const d = await decide(req, req.pod!, log);
   if ('skip' in d) {
     // A detection under way finishes and is remembered, rather than orphaned at our exit.
@@ -168,14 +201,20 @@ export async function cmdAdd(req: CniRequest, log: UdsLog): Promise<Record<strin
   try {
     // A single family (most pods) restores with a blocking spawn, a little sooner; two run side
     // by side, each nf_tables commit waiting out its own grace period.
-    await Promise.all(fams.map(async (fam) => {
-      const r = buildFamilyRules(d.spec, fam);
-      const how = await applyRules(req.netns, flavour, fam, r.restore, fams.length === 1);
-      if (how === 'reconciled') log.debug('rules of ours were there already: replaced', { family: fam });
-      await ipBatch(req.netns, fam, r.ipBatch);
-    }));
+    await Promise.all(
+      fams.map(async (fam) => {
+        const r = buildFamilyRules(d.spec, fam);
+        const how = await applyRules(req.netns, flavour, fam, r.restore, fams.length === 1);
+        if (how === 'reconciled') log.debug('rules of ours were there already: replaced', { family: fam });
+        await ipBatch(req.netns, fam, r.ipBatch);
+      }),
+    );
   } catch (e) {
-    throw new CniError(CNI_ERROR.RULES_FAILED, 'cannot apply the redirect rules in the pod netns', (e as Error).message);
+    throw new CniError(
+      CNI_ERROR.RULES_FAILED,
+      'cannot apply the redirect rules in the pod netns',
+      (e as Error).message,
+    );
   }
   log.info('redirect rules applied', { families: fams, flavour, interceptionMode: d.spec.interceptionMode });
   return result;
@@ -192,11 +231,20 @@ export async function cmdCheck(req: CniRequest, log: UdsLog): Promise<void> {
   const problems: string[] = [];
   for (const fam of families(result)) {
     const want = parseRules(buildFamilyRules(d.spec, fam).restore);
-    const have = parseRules(await save(req.netns, flavour, fam).catch((e: Error) => { problems.push(e.message); return ''; }));
+    const have = parseRules(
+      await save(req.netns, flavour, fam).catch((e: Error) => {
+        problems.push(e.message);
+        return '';
+      }),
+    );
     problems.push(...diffRules(want, have).map((p) => `IPv${fam} ${p}`));
   }
   if (problems.length > 0) {
-    throw new CniError(CNI_ERROR.RULES_MISMATCH, 'redirect rules in the pod netns are missing or changed', problems.slice(0, 5).join('; '));
+    throw new CniError(
+      CNI_ERROR.RULES_MISMATCH,
+      'redirect rules in the pod netns are missing or changed',
+      problems.slice(0, 5).join('; '),
+    );
   }
 }
 
@@ -210,9 +258,11 @@ export async function cmdDel(req: CniRequest, log: UdsLog): Promise<void> {
   try {
     const flavour = await flavourFor(req, log);
     const { removeRules } = await iptables();
-    await Promise.all(([4, 6] as const).map(async (fam) => {
-      if (await removeRules(req.netns, flavour, fam)) log.debug('redirect rules removed', { family: fam });
-    }));
+    await Promise.all(
+      ([4, 6] as const).map(async (fam) => {
+        if (await removeRules(req.netns, flavour, fam)) log.debug('redirect rules removed', { family: fam });
+      }),
+    );
   } catch (e) {
     log.warn('could not remove redirect rules (ignored: DEL is best effort)', { error: (e as Error).message });
   }
@@ -220,7 +270,8 @@ export async function cmdDel(req: CniRequest, log: UdsLog): Promise<void> {
 
 /** STATUS (1.1): ready when the orchconfig install-cni writes is usable. */
 export function cmdStatus(orchconfig: string): void {
-  if (orchconfig === '') throw new CniError(CNI_ERROR.NOT_AVAILABLE, 'mesh-cni is not configured', 'orch.orchconfig is empty');
+  if (orchconfig === '')
+    throw new CniError(CNI_ERROR.NOT_AVAILABLE, 'mesh-cni is not configured', 'orch.orchconfig is empty');
   try {
     readOrchconfig(orchconfig);
   } catch (e) {

@@ -12,7 +12,8 @@ export function readRegularFile(file: string, maxBytes: number): string {
   try {
     fd = openSync(file, constants.O_RDONLY | constants.O_NONBLOCK | constants.O_NOFOLLOW);
   } catch (e) {
-    if ((e as NodeJS.ErrnoException).code === 'ELOOP') throw new UnsafeFileError(`${file} is a symbolic link; not following it`);
+    if ((e as NodeJS.ErrnoException).code === 'ELOOP')
+      throw new UnsafeFileError(`${file} is a symbolic link; not following it`);
     throw e;
   }
   try {

@@ -104,31 +104,36 @@ function viaBun(bun: BunConnect, path: string, on: UnixSocketEvents, unref: bool
       s.end();
     }
   };
-  bun.connect({
-    unix: path,
-    socket: {
-      open: (s) => {
-        sock = s;
-        if (unref) s.unref();
-        if (state === 'done') return s.terminate();
-        state = 'open';
-        on.open();
-        pump();
+  bun
+    .connect({
+      unix: path,
+      socket: {
+        open: (s) => {
+          sock = s;
+          if (unref) s.unref();
+          if (state === 'done') return s.terminate();
+          state = 'open';
+          on.open();
+          pump();
+        },
+        data: (_s, chunk?: Uint8Array) => {
+          if (state === 'open' && chunk) on.data(decoder.decode(chunk, { stream: true }));
+        },
+        drain: () => pump(),
+        error: (_s, e?: Error) => fail(e?.message ?? 'socket error'),
+        close: () => {
+          if (state === 'done') return;
+          finish();
+          on.close();
+        },
       },
-      data: (_s, chunk?: Uint8Array) => {
-        if (state === 'open' && chunk) on.data(decoder.decode(chunk, { stream: true }));
+    })
+    .then(
+      (s) => {
+        sock ??= s;
       },
-      drain: () => pump(),
-      error: (_s, e?: Error) => fail(e?.message ?? 'socket error'),
-      close: () => {
-        if (state === 'done') return;
-        finish();
-        on.close();
-      },
-    },
-  }).then((s) => {
-    sock ??= s;
-  }, (e: NodeJS.ErrnoException) => fail(e.code ? `connect ${e.code} ${path}` : e.message));
+      (e: NodeJS.ErrnoException) => fail(e.code ? `connect ${e.code} ${path}` : e.message),
+    );
   return {
     write: (text) => {
       if (state === 'done') return;

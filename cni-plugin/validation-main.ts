@@ -37,7 +37,11 @@ async function main(): Promise<number> {
   let timeoutMs: number;
   try {
     ({ values } = parseArgs({
-      options: { 'probe-timeout': { type: 'string' }, 'termination-log': { type: 'string' }, help: { type: 'boolean', short: 'h' } },
+      options: {
+        'probe-timeout': { type: 'string' },
+        'termination-log': { type: 'string' },
+        help: { type: 'boolean', short: 'h' },
+      },
       strict: true,
     }));
     timeoutMs = values['probe-timeout'] === undefined ? PROBE_TIMEOUT_MS : parseDuration(values['probe-timeout']);

@@ -11,7 +11,8 @@ export interface ProbeOptions {
   readonly timeoutMs: number;
 }
 
-export type ProbeResult = { readonly ok: true; readonly detail: string } | { readonly ok: false; readonly detail: string };
+export type ProbeResult =
+  { readonly ok: true; readonly detail: string } | { readonly ok: false; readonly detail: string };
 
 function listen(host: string, port: number): Promise<net.Server | null> {
   return new Promise((resolve, reject) => {
@@ -19,7 +20,10 @@ function listen(host: string, port: number): Promise<net.Server | null> {
     s.once('error', (e: NodeJS.ErrnoException) => {
       // No IPv6 loopback in this netns: IPv4 alone decides.
       if (host === '::1' && (e.code === 'EADDRNOTAVAIL' || e.code === 'EAFNOSUPPORT')) resolve(null);
-      else reject(new Error(`cannot listen on ${host.includes(':') ? `[${host}]` : host}:${port}: ${e.code ?? e.message}`));
+      else
+        reject(
+          new Error(`cannot listen on ${host.includes(':') ? `[${host}]` : host}:${port}: ${e.code ?? e.message}`),
+        );
     });
     s.listen({ host, port, exclusive: true }, () => resolve(s));
   });
@@ -60,10 +64,19 @@ export async function probe(opts: ProbeOptions): Promise<ProbeResult> {
         sockets.add(c);
         let localPort = 0;
         let connected = false;
-        const timer = setTimeout(() => resolve(connected
-          ? `connected to ${target} but the connection never reached the local listener on port ${port}: traffic is not redirected`
-          : `no connection to ${target} within ${opts.timeoutMs} ms: traffic is not redirected`), remaining);
-        const arrived = () => { clearTimeout(timer); resolve(null); };
+        const timer = setTimeout(
+          () =>
+            resolve(
+              connected
+                ? `connected to ${target} but the connection never reached the local listener on port ${port}: traffic is not redirected`
+                : `no connection to ${target} within ${opts.timeoutMs} ms: traffic is not redirected`,
+            ),
+          remaining,
+        );
+        const arrived = () => {
+          clearTimeout(timer);
+          resolve(null);
+        };
         c.on('connect', () => {
           connected = true;
           localPort = c.localPort ?? 0;
@@ -75,7 +88,8 @@ export async function probe(opts: ProbeOptions): Promise<ProbeResult> {
           resolve(`connecting to ${target} failed: ${e.code ?? e.message}`);
         });
       });
-      if (outcome === null) return { ok: true, detail: `a connection to ${target} arrived at the local listener on port ${port}` };
+      if (outcome === null)
+        return { ok: true, detail: `a connection to ${target} arrived at the local listener on port ${port}` };
       failures.push(outcome);
       // Only an unreachable family (no address, no route) moves on to the next address.
       if (!/ENETUNREACH|EADDRNOTAVAIL|EAFNOSUPPORT|EHOSTUNREACH/.test(outcome)) break;

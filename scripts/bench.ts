@@ -7,11 +7,15 @@ import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 
 const dir = path.join(path.dirname(fileURLToPath(import.meta.url)), 'bench');
-const all = readdirSync(dir).filter((f) => f.endsWith('.bench.ts')).sort();
+const all = readdirSync(dir)
+  .filter((f) => f.endsWith('.bench.ts'))
+  .sort();
 const wanted = process.argv.slice(2);
 const chosen = wanted.length === 0 ? all : all.filter((f) => wanted.includes(f.replace(/\.bench\.ts$/, '')));
 if (chosen.length === 0) {
-  console.error(`bench: nothing matches ${wanted.join(', ')}; have ${all.map((f) => f.replace(/\.bench\.ts$/, '')).join(', ')}`);
+  console.error(
+    `bench: nothing matches ${wanted.join(', ')}; have ${all.map((f) => f.replace(/\.bench\.ts$/, '')).join(', ')}`,
+  );
   process.exit(2);
 }
 let failed = 0;

@@ -17,7 +17,11 @@ const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
 const pkg = JSON.parse(readFileSync(path.join(root, 'package.json'), 'utf8')) as { version: string };
 let gitCommit = 'unknown';
 try {
-  gitCommit = execFileSync('git', ['rev-parse', 'HEAD'], { cwd: root, encoding: 'utf8', stdio: ['ignore', 'pipe', 'ignore'] }).trim();
+  gitCommit = execFileSync('git', ['rev-parse', 'HEAD'], {
+    cwd: root,
+    encoding: 'utf8',
+    stdio: ['ignore', 'pipe', 'ignore'],
+  }).trim();
 } catch {
   // building from a tarball
 }
@@ -44,7 +48,8 @@ for (const e of entries) {
   });
   // Warnings (an import that will always be undefined, a require that cannot be bundled) are
   // failures on the node at run time: fail the build instead.
-  if (result.warnings.length > 0) throw new Error(`build: ${e.out}: ${result.warnings.length} esbuild warning(s), printed above`);
+  if (result.warnings.length > 0)
+    throw new Error(`build: ${e.out}: ${result.warnings.length} esbuild warning(s), printed above`);
 }
 console.log(`build: ${entries.map((e) => e.out).join(', ')}`);
 
@@ -56,10 +61,16 @@ if (process.env.MESH_SEA !== '0') {
   const seaMode = seaModeFrom(process.env.MESH_SEA_MODE);
   const executables = [
     ['dist/mesh-cni.cjs', 'dist/bin/mesh-cni', pluginRuntimeFrom(process.env.MESH_PLUGIN_RUNTIME)],
-    ['dist/mesh-validation.cjs', 'dist/mesh-validation', pluginRuntimeFrom(process.env.MESH_VALIDATION_RUNTIME, 'MESH_VALIDATION_RUNTIME', DEFAULT_VALIDATION_RUNTIME)],
+    [
+      'dist/mesh-validation.cjs',
+      'dist/mesh-validation',
+      pluginRuntimeFrom(process.env.MESH_VALIDATION_RUNTIME, 'MESH_VALIDATION_RUNTIME', DEFAULT_VALIDATION_RUNTIME),
+    ],
   ] as const;
   for (const [bundle, exe, runtime] of executables) {
     const built = buildExecutable({ root, main: path.join(root, bundle), out: path.join(root, exe), runtime, seaMode });
-    console.log(`build: ${exe} (${runtime === 'node-sea' ? `node-sea, ${seaMode}` : runtime}${built ? '' : ', up to date'})`);
+    console.log(
+      `build: ${exe} (${runtime === 'node-sea' ? `node-sea, ${seaMode}` : runtime}${built ? '' : ', up to date'})`,
+    );
   }
 }

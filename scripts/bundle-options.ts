@@ -20,9 +20,12 @@ export function bundleOptions(format: 'esm' | 'cjs', buildInfo: BuildInfo): Buil
     minify: false,
     sourcemap: false,
     legalComments: 'none',
-    banner: format === 'esm'
-      ? { js: "#!/usr/bin/env node\nimport { createRequire as __cr } from 'node:module'; const require = __cr(import.meta.url);" }
-      : { js: '#!/usr/bin/env node' },
+    banner:
+      format === 'esm'
+        ? {
+            js: "#!/usr/bin/env node\nimport { createRequire as __cr } from 'node:module'; const require = __cr(import.meta.url);",
+          }
+        : { js: '#!/usr/bin/env node' },
     define: { __MESH_BUILD_INFO__: JSON.stringify(buildInfo) },
     // whatwg-url (under client-node's node-fetch) requires Node's deprecated built-in punycode,
     // which prints a DEP0040 warning at every agent start; the userland package is the same code.

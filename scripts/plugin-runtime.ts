@@ -32,9 +32,14 @@ export const DEFAULT_PLUGIN_RUNTIME: PluginRuntime = 'bun';
  */
 export const DEFAULT_VALIDATION_RUNTIME: PluginRuntime = 'node-sea';
 
-export function pluginRuntimeFrom(value: string | undefined, variable = 'MESH_PLUGIN_RUNTIME', fallback: PluginRuntime = DEFAULT_PLUGIN_RUNTIME): PluginRuntime {
+export function pluginRuntimeFrom(
+  value: string | undefined,
+  variable = 'MESH_PLUGIN_RUNTIME',
+  fallback: PluginRuntime = DEFAULT_PLUGIN_RUNTIME,
+): PluginRuntime {
   if (value === undefined || value === '') return fallback;
-  if (!(PLUGIN_RUNTIMES as readonly string[]).includes(value)) throw new Error(`${variable}=${value}: expected one of ${PLUGIN_RUNTIMES.join(', ')}`);
+  if (!(PLUGIN_RUNTIMES as readonly string[]).includes(value))
+    throw new Error(`${variable}=${value}: expected one of ${PLUGIN_RUNTIMES.join(', ')}`);
   return value as PluginRuntime;
 }
 
@@ -70,17 +75,32 @@ export function buildExecutable(o: ExecutableOptions): boolean {
  * ~0.4-0.8 ms of CPU per VERSION and ~1 ms per ADD (README, "The plugin executable").
  */
 export const BUN_BUILD_FLAGS: readonly string[] = [
-  '--bytecode', '--minify', '--no-compile-autoload-dotenv', '--no-compile-autoload-bunfig', '--compile-jit-policy=1000000',
+  '--bytecode',
+  '--minify',
+  '--no-compile-autoload-dotenv',
+  '--no-compile-autoload-bunfig',
+  '--compile-jit-policy=1000000',
 ];
 
 function buildBun(o: ExecutableOptions): boolean {
   const bun = bunBinary(o.root);
   const bunStat = statSync(bun);
-  const stamp = createHash('sha256').update(readFileSync(o.main)).update('bun').update(BUN_BUILD_FLAGS.join(' '))
-    .update(`${bun}:${bunStat.size}:${bunStat.mtimeMs}`).digest('hex');
+  const stamp = createHash('sha256')
+    .update(readFileSync(o.main))
+    .update('bun')
+    .update(BUN_BUILD_FLAGS.join(' '))
+    .update(`${bun}:${bunStat.size}:${bunStat.mtimeMs}`)
+    .digest('hex');
   // No --target: the executable embeds the very Bun that builds it (another target is a download).
   return buildOnce(o.root, o.out, stamp, (tmp, work) => {
-    execFileSync(bun, ['build', '--compile', ...BUN_BUILD_FLAGS, o.main, '--outfile', tmp],
-      { stdio: ['ignore', 'ignore', 'pipe'], env: { PATH: process.env.PATH ?? '', HOME: process.env.HOME ?? '/root', BUN_INSTALL_CACHE_DIR: path.join(work, 'bun-cache'), DO_NOT_TRACK: '1' } });
+    execFileSync(bun, ['build', '--compile', ...BUN_BUILD_FLAGS, o.main, '--outfile', tmp], {
+      stdio: ['ignore', 'ignore', 'pipe'],
+      env: {
+        PATH: process.env.PATH ?? '',
+        HOME: process.env.HOME ?? '/root',
+        BUN_INSTALL_CACHE_DIR: path.join(work, 'bun-cache'),
+        DO_NOT_TRACK: '1',
+      },
+    });
   });
 }

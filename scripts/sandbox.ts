@@ -19,16 +19,30 @@ const binariesDir = path.join(root, 'dist/bin');
 // fs-extra: the directory tree and sample files, each created only if missing.
 for (const d of [netDir, binDir, saDir, path.join(sandbox, 'run/mesh-cni')]) fse.ensureDirSync(d);
 if (!fse.readdirSync(netDir).some((n) => /\.(conf|conflist|json)$/.test(n))) {
-  fse.outputJsonSync(path.join(netDir, '10-bridge.conflist'), {
-    cniVersion: '1.0.0',
-    name: 'sandbox-bridge',
-    plugins: [
-      { type: 'bridge', bridge: 'mcni-sandbox0', isGateway: true, ipMasq: true, ipam: { type: 'host-local', ranges: [[{ subnet: '198.18.100.0/24' }]] } },
-      { type: 'portmap', capabilities: { portMappings: true } },
-    ],
-  }, { spaces: 2 });
+  fse.outputJsonSync(
+    path.join(netDir, '10-bridge.conflist'),
+    {
+      cniVersion: '1.0.0',
+      name: 'sandbox-bridge',
+      plugins: [
+        {
+          type: 'bridge',
+          bridge: 'mcni-sandbox0',
+          isGateway: true,
+          ipMasq: true,
+          ipam: { type: 'host-local', ranges: [[{ subnet: '198.18.100.0/24' }]] },
+        },
+        { type: 'portmap', capabilities: { portMappings: true } },
+      ],
+    },
+    { spaces: 2 },
+  );
 }
-const files: Record<string, string> = { token: 'sandbox-token', namespace: 'mesh-system', 'ca.crt': '-----BEGIN CERTIFICATE-----\nsandbox\n-----END CERTIFICATE-----\n' };
+const files: Record<string, string> = {
+  token: 'sandbox-token',
+  namespace: 'mesh-system',
+  'ca.crt': '-----BEGIN CERTIFICATE-----\nsandbox\n-----END CERTIFICATE-----\n',
+};
 for (const [name, content] of Object.entries(files)) {
   if (!fse.pathExistsSync(path.join(saDir, name))) fse.outputFileSync(path.join(saDir, name), content);
 }
@@ -36,19 +50,33 @@ for (const [name, content] of Object.entries(files)) {
 const pluginToken = path.join(sandbox, 'plugin-token');
 if (!fse.pathExistsSync(pluginToken)) fse.outputFileSync(pluginToken, 'sandbox-plugin-token', { mode: 0o600 });
 if (!fse.pathExistsSync(path.join(binariesDir, 'mesh-cni'))) {
-  console.error(`npm start: ${path.join(binariesDir, 'mesh-cni')} is missing; run npm run build first (npm start does)`);
+  console.error(
+    `npm start: ${path.join(binariesDir, 'mesh-cni')} is missing; run npm run build first (npm start does)`,
+  );
   process.exit(1);
 }
 
-console.error(`sandbox: ${sandbox}\n  primary CNI config: ${netDir}\n  metrics: http://localhost:15014/metrics  readiness: http://localhost:15014/readyz  ControlZ: http://localhost:9876/`);
-process.exit(await main([
-  `--mounted-cni-net-dir=${netDir}`,
-  `--mounted-cni-bin-dir=${binDir}`,
-  `--cni-binaries-dir=${binariesDir}`,
-  `--service-account-dir=${saDir}`,
-  `--plugin-token-file=${pluginToken}`,
-  `--log-uds-address=${path.join(sandbox, 'run/mesh-cni/log.sock')}`,
-  // No API server here to watch pods from: the plugin would read them from one itself.
-  '--pod-lookup-uds-address=',
-  ...process.argv.slice(2),
-], { KUBERNETES_SERVICE_HOST: '127.0.0.1', KUBERNETES_SERVICE_PORT: '6443', NODE_NAME: 'sandbox-node', ...process.env }));
+console.error(
+  `sandbox: ${sandbox}\n  primary CNI config: ${netDir}\n  metrics: http://localhost:15014/metrics  readiness: http://localhost:15014/readyz  ControlZ: http://localhost:9876/`,
+);
+process.exit(
+  await main(
+    [
+      `--mounted-cni-net-dir=${netDir}`,
+      `--mounted-cni-bin-dir=${binDir}`,
+      `--cni-binaries-dir=${binariesDir}`,
+      `--service-account-dir=${saDir}`,
+      `--plugin-token-file=${pluginToken}`,
+      `--log-uds-address=${path.join(sandbox, 'run/mesh-cni/log.sock')}`,
+      // No API server here to watch pods from: the plugin would read them from one itself.
+      '--pod-lookup-uds-address=',
+      ...process.argv.slice(2),
+    ],
+    {
+      KUBERNETES_SERVICE_HOST: '127.0.0.1',
+      KUBERNETES_SERVICE_PORT: '6443',
+      NODE_NAME: 'sandbox-node',
+      ...process.env,
+    },
+  ),
+);

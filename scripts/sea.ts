@@ -14,7 +14,17 @@
 
 import { execFileSync } from 'node:child_process';
 import { createHash } from 'node:crypto';
-import { chmodSync, copyFileSync, existsSync, mkdirSync, readFileSync, renameSync, rmSync, statSync, writeFileSync } from 'node:fs';
+import {
+  chmodSync,
+  copyFileSync,
+  existsSync,
+  mkdirSync,
+  readFileSync,
+  renameSync,
+  rmSync,
+  statSync,
+  writeFileSync,
+} from 'node:fs';
 import { createRequire } from 'node:module';
 import path from 'node:path';
 
@@ -36,22 +46,31 @@ export interface SeaOptions {
 export function buildSea(o: SeaOptions): boolean {
   const node = process.execPath;
   const nodeStat = statSync(node);
-  const stamp = createHash('sha256').update(readFileSync(o.main)).update(o.mode).update(`${node}:${nodeStat.size}:${nodeStat.mtimeMs}`).digest('hex');
+  const stamp = createHash('sha256')
+    .update(readFileSync(o.main))
+    .update(o.mode)
+    .update(`${node}:${nodeStat.size}:${nodeStat.mtimeMs}`)
+    .digest('hex');
   return buildOnce(o.root, o.out, stamp, (tmp, work) => {
     const name = path.basename(o.out);
     const blob = path.join(work, `${name}.blob`);
     const config = path.join(work, `${name}.sea.json`);
-    writeFileSync(config, JSON.stringify({
-      main: o.main,
-      output: blob,
-      disableExperimentalSEAWarning: true,
-      useCodeCache: o.mode === 'codecache',
-      useSnapshot: o.mode === 'snapshot',
-    }));
+    writeFileSync(
+      config,
+      JSON.stringify({
+        main: o.main,
+        output: blob,
+        disableExperimentalSEAWarning: true,
+        useCodeCache: o.mode === 'codecache',
+        useSnapshot: o.mode === 'snapshot',
+      }),
+    );
     execFileSync(node, ['--experimental-sea-config', config], { stdio: ['ignore', 'ignore', 'pipe'] });
     copyFileSync(node, tmp);
     const postject = createRequire(import.meta.url).resolve('postject/dist/cli.js');
-    execFileSync(node, [postject, tmp, 'NODE_SEA_BLOB', blob, '--sentinel-fuse', FUSE], { stdio: ['ignore', 'ignore', 'pipe'] });
+    execFileSync(node, [postject, tmp, 'NODE_SEA_BLOB', blob, '--sentinel-fuse', FUSE], {
+      stdio: ['ignore', 'ignore', 'pipe'],
+    });
   });
 }
 
@@ -60,7 +79,12 @@ export function buildSea(o: SeaOptions): boolean {
  * build: false when nothing was built. Never writes into the executable in place, since a
  * runtime may be running it (ETXTBSY): `make` writes a temp file that replaces it by rename.
  */
-export function buildOnce(root: string, out: string, stamp: string, make: (tmp: string, work: string) => void): boolean {
+export function buildOnce(
+  root: string,
+  out: string,
+  stamp: string,
+  make: (tmp: string, work: string) => void,
+): boolean {
   const work = path.join(root, 'dist', '.sea');
   mkdirSync(work, { recursive: true });
   mkdirSync(path.dirname(out), { recursive: true });
@@ -80,6 +104,7 @@ export function buildOnce(root: string, out: string, stamp: string, make: (tmp: 
 
 export function seaModeFrom(value: string | undefined): SeaMode {
   if (value === undefined || value === '') return DEFAULT_SEA_MODE;
-  if (!(SEA_MODES as readonly string[]).includes(value)) throw new Error(`MESH_SEA_MODE=${value}: expected ${SEA_MODES.join(', ')}`);
+  if (!(SEA_MODES as readonly string[]).includes(value))
+    throw new Error(`MESH_SEA_MODE=${value}: expected ${SEA_MODES.join(', ')}`);
   return value as SeaMode;
 }

@@ -42,7 +42,9 @@ export { ServerConfiguration } from './servers.js';
 `;
 
 export function slimClientNode(): Plugin {
-  const names = Object.keys(LEFT_OUT).map((n) => n.replace(/[-/]/g, '\\$&')).join('|');
+  const names = Object.keys(LEFT_OUT)
+    .map((n) => n.replace(/[-/]/g, '\\$&'))
+    .join('|');
   return {
     name: 'slim-client-node',
     setup(build) {
@@ -52,7 +54,11 @@ export function slimClientNode(): Plugin {
         if (!a.importer.endsWith(path.join('@kubernetes', 'client-node', 'dist', 'config.js'))) return undefined;
         return { path: path.join(path.dirname(a.importer), 'gen', 'slim-index.js'), namespace: 'gen-shim' };
       });
-      build.onLoad({ filter: /.*/, namespace: 'gen-shim' }, (a) => ({ loader: 'js', contents: GEN_SHIM, resolveDir: path.dirname(a.path) }));
+      build.onLoad({ filter: /.*/, namespace: 'gen-shim' }, (a) => ({
+        loader: 'js',
+        contents: GEN_SHIM,
+        resolveDir: path.dirname(a.path),
+      }));
     },
   };
 }

@@ -7,7 +7,12 @@ import { isSupportedVersion, LATEST_VERSION, SUPPORTED_VERSIONS } from './result
 import { isObject } from '../shared/json.ts';
 import { isLogLevel, LOG_LEVELS, type LogLevel } from '../shared/loglevels.ts';
 import {
-  IPTABLES_FLAVOURS, PLUGIN_TYPE, type IptablesFlavour, type MeshNetConf, type MeshOrchConf, type NetConfKey,
+  IPTABLES_FLAVOURS,
+  PLUGIN_TYPE,
+  type IptablesFlavour,
+  type MeshNetConf,
+  type MeshOrchConf,
+  type NetConfKey,
   type RuntimeNetConf,
 } from '../shared/netconf.ts';
 
@@ -59,7 +64,6 @@ export interface CniRequest {
 
 export type Env = Readonly<Record<string, string | undefined>>;
 
-
 /** `K=V;K2=V2`. Every pair must have a key and `=`; values may be empty (podman sends them so). */
 export function parseCniArgs(raw: string): Map<string, string> {
   const out = new Map<string, string>();
@@ -68,8 +72,11 @@ export function parseCniArgs(raw: string): Map<string, string> {
     if (pair === '') continue;
     const eq = pair.indexOf('=');
     if (eq <= 0) {
-      throw new CniError(CNI_ERROR.INVALID_ENV, 'invalid CNI_ARGS',
-        `CNI_ARGS pair ${JSON.stringify(pair)} is not KEY=VALUE (whole value ${JSON.stringify(raw)})`);
+      throw new CniError(
+        CNI_ERROR.INVALID_ENV,
+        'invalid CNI_ARGS',
+        `CNI_ARGS pair ${JSON.stringify(pair)} is not KEY=VALUE (whole value ${JSON.stringify(raw)})`,
+      );
     }
     out.set(pair.slice(0, eq).trim(), pair.slice(eq + 1));
   }
@@ -107,9 +114,18 @@ export function versionOf(stdin: string): string {
 
 function parseCommand(env: Env): Command {
   const c = env.CNI_COMMAND;
-  if (c === undefined || c === '') throw new CniError(CNI_ERROR.INVALID_ENV, 'CNI_COMMAND is not set', 'mesh-cni is a CNI plugin: it is run by the container runtime with CNI_COMMAND=ADD|DEL|CHECK|VERSION|STATUS|GC');
+  if (c === undefined || c === '')
+    throw new CniError(
+      CNI_ERROR.INVALID_ENV,
+      'CNI_COMMAND is not set',
+      'mesh-cni is a CNI plugin: it is run by the container runtime with CNI_COMMAND=ADD|DEL|CHECK|VERSION|STATUS|GC',
+    );
   if (!(COMMANDS as readonly string[]).includes(c)) {
-    throw new CniError(CNI_ERROR.INVALID_ENV, `unknown CNI_COMMAND ${JSON.stringify(c)}`, `CNI_COMMAND must be one of ${COMMANDS.join(', ')}`);
+    throw new CniError(
+      CNI_ERROR.INVALID_ENV,
+      `unknown CNI_COMMAND ${JSON.stringify(c)}`,
+      `CNI_COMMAND must be one of ${COMMANDS.join(', ')}`,
+    );
   }
   return c as Command;
 }
@@ -122,7 +138,11 @@ function str(o: Record<string, unknown>, key: NetConfKey, where: string, fallbac
   const v = o[key];
   if (v === undefined && fallback !== undefined) return fallback;
   if (typeof v !== 'string') {
-    throw new CniError(CNI_ERROR.INVALID_CONFIG, `invalid network config: ${where}${key} must be a string`, `got ${JSON.stringify(v)}`);
+    throw new CniError(
+      CNI_ERROR.INVALID_CONFIG,
+      `invalid network config: ${where}${key} must be a string`,
+      `got ${JSON.stringify(v)}`,
+    );
   }
   return v;
 }
@@ -131,7 +151,11 @@ function num(o: Record<string, unknown>, key: TopKey, fallback: number): number 
   const v = o[key];
   if (v === undefined) return fallback;
   if (typeof v !== 'number' || !Number.isFinite(v) || v <= 0) {
-    throw new CniError(CNI_ERROR.INVALID_CONFIG, `invalid network config: ${key} must be a positive number of milliseconds`, `got ${JSON.stringify(v)}`);
+    throw new CniError(
+      CNI_ERROR.INVALID_CONFIG,
+      `invalid network config: ${key} must be a positive number of milliseconds`,
+      `got ${JSON.stringify(v)}`,
+    );
   }
   return v;
 }
@@ -142,45 +166,84 @@ export function parseConfig(stdin: string, command: Command): PluginConfig {
   try {
     raw = JSON.parse(stdin);
   } catch (e) {
-    throw new CniError(CNI_ERROR.DECODE_FAILURE, 'cannot decode the network config on stdin', `${(e as Error).message}; stdin starts with ${JSON.stringify(stdin.slice(0, 60))}`);
+    throw new CniError(
+      CNI_ERROR.DECODE_FAILURE,
+      'cannot decode the network config on stdin',
+      `${(e as Error).message}; stdin starts with ${JSON.stringify(stdin.slice(0, 60))}`,
+    );
   }
-  if (!isObject(raw)) throw new CniError(CNI_ERROR.DECODE_FAILURE, 'cannot decode the network config on stdin', 'expected a JSON object');
+  if (!isObject(raw))
+    throw new CniError(CNI_ERROR.DECODE_FAILURE, 'cannot decode the network config on stdin', 'expected a JSON object');
   const cniVersion = raw.cniVersion;
   if (!isSupportedVersion(cniVersion)) {
-    throw new CniError(CNI_ERROR.INCOMPATIBLE_VERSION, `incompatible CNI version ${JSON.stringify(cniVersion ?? null)}`,
-      `mesh-cni supports ${SUPPORTED_VERSIONS.join(', ')} (it chains after an interface plugin, so versions before 0.3.0 cannot work)`);
+    throw new CniError(
+      CNI_ERROR.INCOMPATIBLE_VERSION,
+      `incompatible CNI version ${JSON.stringify(cniVersion ?? null)}`,
+      `mesh-cni supports ${SUPPORTED_VERSIONS.join(', ')} (it chains after an interface plugin, so versions before 0.3.0 cannot work)`,
+    );
   }
   const orch = raw.orch === undefined ? {} : raw.orch;
-  if (!isObject(orch)) throw new CniError(CNI_ERROR.INVALID_CONFIG, 'invalid network config: orch must be an object', `got ${JSON.stringify(orch)}`);
+  if (!isObject(orch))
+    throw new CniError(
+      CNI_ERROR.INVALID_CONFIG,
+      'invalid network config: orch must be an object',
+      `got ${JSON.stringify(orch)}`,
+    );
   const logLevel = str(raw, 'log_level', '', 'warn');
   if (!isLogLevel(logLevel)) {
-    throw new CniError(CNI_ERROR.INVALID_CONFIG, `invalid network config: log_level ${JSON.stringify(logLevel)}`, `expected one of ${LOG_LEVELS.join(', ')}`);
+    throw new CniError(
+      CNI_ERROR.INVALID_CONFIG,
+      `invalid network config: log_level ${JSON.stringify(logLevel)}`,
+      `expected one of ${LOG_LEVELS.join(', ')}`,
+    );
   }
   const excl = orch['exclude_namespaces' satisfies keyof MeshOrchConf] ?? [];
   if (!Array.isArray(excl) || !excl.every((n) => typeof n === 'string')) {
-    throw new CniError(CNI_ERROR.INVALID_CONFIG, 'invalid network config: orch.exclude_namespaces must be a list of strings', `got ${JSON.stringify(excl)}`);
+    throw new CniError(
+      CNI_ERROR.INVALID_CONFIG,
+      'invalid network config: orch.exclude_namespaces must be a list of strings',
+      `got ${JSON.stringify(excl)}`,
+    );
   }
   const assumeNamespace = str(orch, 'assume_namespace_when_missing', 'orch.', '');
   if (assumeNamespace !== '' && !NAMESPACE.test(assumeNamespace)) {
-    throw new CniError(CNI_ERROR.INVALID_CONFIG, `invalid network config: orch.assume_namespace_when_missing ${JSON.stringify(assumeNamespace)}`,
-      'expected a namespace name (lower-case letters, digits and -, at most 63), or leave it out so calls without K8S_POD_NAMESPACE pass through');
+    throw new CniError(
+      CNI_ERROR.INVALID_CONFIG,
+      `invalid network config: orch.assume_namespace_when_missing ${JSON.stringify(assumeNamespace)}`,
+      'expected a namespace name (lower-case letters, digits and -, at most 63), or leave it out so calls without K8S_POD_NAMESPACE pass through',
+    );
   }
   const flavour = str(raw, 'iptables_flavour', '', 'auto');
   if (!(IPTABLES_FLAVOURS as readonly string[]).includes(flavour)) {
-    throw new CniError(CNI_ERROR.INVALID_CONFIG, `invalid network config: iptables_flavour ${JSON.stringify(flavour)}`, 'expected auto, legacy or nft');
+    throw new CniError(
+      CNI_ERROR.INVALID_CONFIG,
+      `invalid network config: iptables_flavour ${JSON.stringify(flavour)}`,
+      'expected auto, legacy or nft',
+    );
   }
   const needsOrch = command === 'ADD' || command === 'CHECK';
   const orchconfig = str(orch, 'orchconfig', 'orch.', needsOrch ? undefined : '');
   if (needsOrch && orchconfig === '') {
-    throw new CniError(CNI_ERROR.INVALID_CONFIG, 'invalid network config: orch.orchconfig is empty', 'install-cni writes the path of its orchconfig there');
+    throw new CniError(
+      CNI_ERROR.INVALID_CONFIG,
+      'invalid network config: orch.orchconfig is empty',
+      'install-cni writes the path of its orchconfig there',
+    );
   }
   const prev = raw.prevResult;
   if (prev !== undefined && !isObject(prev)) {
-    throw new CniError(CNI_ERROR.INVALID_CONFIG, 'invalid network config: prevResult must be an object', `got ${JSON.stringify(prev)}`);
+    throw new CniError(
+      CNI_ERROR.INVALID_CONFIG,
+      'invalid network config: prevResult must be an object',
+      `got ${JSON.stringify(prev)}`,
+    );
   }
   if (prev === undefined && (command === 'ADD' || command === 'CHECK')) {
-    throw new CniError(CNI_ERROR.INVALID_CONFIG, 'missing prevResult',
-      'mesh-cni is a chained plugin: it must come after an interface plugin (bridge, ptp, calico, ...) in a .conflist so the runtime passes that plugin\'s result');
+    throw new CniError(
+      CNI_ERROR.INVALID_CONFIG,
+      'missing prevResult',
+      "mesh-cni is a chained plugin: it must come after an interface plugin (bridge, ptp, calico, ...) in a .conflist so the runtime passes that plugin's result",
+    );
   }
   return Object.freeze({
     cniVersion,
@@ -219,19 +282,39 @@ export function parseRequest(env: Env, stdin: string): CniRequest {
   };
   const missing = required[command].filter((k) => !env[k]);
   if (missing.length > 0) {
-    throw new CniError(CNI_ERROR.INVALID_ENV, `missing ${missing.join(', ')}`, `CNI_COMMAND=${command} needs ${required[command].join(', ')} set by the runtime`);
+    throw new CniError(
+      CNI_ERROR.INVALID_ENV,
+      `missing ${missing.join(', ')}`,
+      `CNI_COMMAND=${command} needs ${required[command].join(', ')} set by the runtime`,
+    );
   }
   const containerId = env.CNI_CONTAINERID ?? '';
   if (containerId !== '' && !CONTAINER_ID.test(containerId)) {
-    throw new CniError(CNI_ERROR.INVALID_ENV, 'invalid CNI_CONTAINERID', `${JSON.stringify(containerId)} must start with a letter or digit and hold only letters, digits, _ . -`);
+    throw new CniError(
+      CNI_ERROR.INVALID_ENV,
+      'invalid CNI_CONTAINERID',
+      `${JSON.stringify(containerId)} must start with a letter or digit and hold only letters, digits, _ . -`,
+    );
   }
   const ifname = env.CNI_IFNAME ?? '';
   if (ifname !== '' && (!IFNAME.test(ifname) || ifname === '.' || ifname === '..')) {
-    throw new CniError(CNI_ERROR.INVALID_ENV, 'invalid CNI_IFNAME', `${JSON.stringify(ifname)} is not a Linux interface name`);
+    throw new CniError(
+      CNI_ERROR.INVALID_ENV,
+      'invalid CNI_IFNAME',
+      `${JSON.stringify(ifname)} is not a Linux interface name`,
+    );
   }
   const args = parseCniArgs(env.CNI_ARGS ?? '');
   const config = parseConfig(stdin, command);
-  return { command, containerId, netns: env.CNI_NETNS ?? '', ifname, args, pod: podRefFromArgs(args, config.assumeNamespaceWhenMissing), config };
+  return {
+    command,
+    containerId,
+    netns: env.CNI_NETNS ?? '',
+    ifname,
+    args,
+    pod: podRefFromArgs(args, config.assumeNamespaceWhenMissing),
+    config,
+  };
 }
 
 export { parseCommand };

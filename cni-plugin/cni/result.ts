@@ -37,8 +37,7 @@ export function convertResult(prev: unknown, toVersion: string): Record<string, 
   const to11 = toVersion === '1.1.0';
   const out: Record<string, unknown> = { ...prev, cniVersion: toVersion };
   if (Array.isArray(prev.interfaces)) {
-    out.interfaces = prev.interfaces.map((i) => !isObject(i) ? i
-      : to11 ? i : pick(i, ['name', 'mac', 'sandbox']));
+    out.interfaces = prev.interfaces.map((i) => (!isObject(i) ? i : to11 ? i : pick(i, ['name', 'mac', 'sandbox'])));
   }
   if (Array.isArray(prev.ips)) {
     out.ips = prev.ips.map((ip) => {
@@ -47,11 +46,14 @@ export function convertResult(prev: unknown, toVersion: string): Record<string, 
         const { version: _v, ...rest } = ip;
         return rest;
       }
-      return { version: typeof ip.version === 'string' ? ip.version : ipVersion(ip.address), ...pick(ip, ['interface', 'address', 'gateway']) };
+      return {
+        version: typeof ip.version === 'string' ? ip.version : ipVersion(ip.address),
+        ...pick(ip, ['interface', 'address', 'gateway']),
+      };
     });
   }
   if (Array.isArray(prev.routes)) {
-    out.routes = prev.routes.map((r) => !isObject(r) ? r : to11 ? r : pick(r, ['dst', 'gw']));
+    out.routes = prev.routes.map((r) => (!isObject(r) ? r : to11 ? r : pick(r, ['dst', 'gw'])));
   }
   return out;
 }

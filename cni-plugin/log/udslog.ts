@@ -41,20 +41,49 @@ export class UdsLog {
     if (RANK[level] > this.#threshold && RANK[level] > this.#stderrLevel) return;
     const { command, containerID, pod } = this.context;
     const scope = PLUGIN_LOG_SCOPE;
-    let line = JSON.stringify({ time: new Date().toISOString(), level, msg, scope, command, containerID, pod, ...fields } satisfies PluginLogRecord);
+    let line = JSON.stringify({
+      time: new Date().toISOString(),
+      level,
+      msg,
+      scope,
+      command,
+      containerID,
+      pod,
+      ...fields,
+    } satisfies PluginLogRecord);
     if (line.length > MAX_LINE) {
-      line = JSON.stringify({ time: new Date().toISOString(), level, msg: msg.slice(0, 4096), scope, command, containerID, pod, truncated: true } satisfies PluginLogRecord);
+      line = JSON.stringify({
+        time: new Date().toISOString(),
+        level,
+        msg: msg.slice(0, 4096),
+        scope,
+        command,
+        containerID,
+        pod,
+        truncated: true,
+      } satisfies PluginLogRecord);
     }
-    if (RANK[level] <= this.#stderrLevel) process.stderr.write(`mesh-cni: ${level}: ${msg}${Object.keys(fields).length ? ' ' + JSON.stringify(fields) : ''}\n`);
+    if (RANK[level] <= this.#stderrLevel)
+      process.stderr.write(
+        `mesh-cni: ${level}: ${msg}${Object.keys(fields).length ? ' ' + JSON.stringify(fields) : ''}\n`,
+      );
     if (RANK[level] > this.#threshold || this.#address === '' || this.#failed) return;
     this.#lines.push(line + '\n');
     this.#pump();
   }
 
-  error(msg: string, fields?: Record<string, unknown>): void { this.log('error', msg, fields); }
-  warn(msg: string, fields?: Record<string, unknown>): void { this.log('warn', msg, fields); }
-  info(msg: string, fields?: Record<string, unknown>): void { this.log('info', msg, fields); }
-  debug(msg: string, fields?: Record<string, unknown>): void { this.log('debug', msg, fields); }
+  error(msg: string, fields?: Record<string, unknown>): void {
+    this.log('error', msg, fields);
+  }
+  warn(msg: string, fields?: Record<string, unknown>): void {
+    this.log('warn', msg, fields);
+  }
+  info(msg: string, fields?: Record<string, unknown>): void {
+    this.log('info', msg, fields);
+  }
+  debug(msg: string, fields?: Record<string, unknown>): void {
+    this.log('debug', msg, fields);
+  }
 
   #pump(): void {
     if (this.#socket === null) {
@@ -63,20 +92,24 @@ export class UdsLog {
         this.#waiting = null;
         w?.();
       };
-      this.#socket = connectUnix(this.#address, {
-        open: () => {
-          this.#connected = true;
-          this.#pump();
-          settled();
+      this.#socket = connectUnix(
+        this.#address,
+        {
+          open: () => {
+            this.#connected = true;
+            this.#pump();
+            settled();
+          },
+          data: () => {},
+          error: () => {
+            this.#failed = true;
+            this.#lines.length = 0;
+            settled();
+          },
+          close: () => {},
         },
-        data: () => {},
-        error: () => {
-          this.#failed = true;
-          this.#lines.length = 0;
-          settled();
-        },
-        close: () => {},
-      }, { unref: true });
+        { unref: true },
+      );
       return;
     }
     if (!this.#connected) return;

@@ -15,7 +15,8 @@ export interface ExecResult {
 
 /** The runtime's PATH may lack the sbin dirs where iptables and nsenter live. */
 const PATH = [process.env.PATH ?? '', '/usr/local/sbin', '/usr/sbin', '/sbin', '/usr/local/bin', '/usr/bin', '/bin']
-  .filter((p) => p !== '').join(':');
+  .filter((p) => p !== '')
+  .join(':');
 
 export interface ExecOptions {
   /** Written to the child's stdin, then closed; null: no stdin. */
@@ -27,15 +28,22 @@ export interface ExecOptions {
 
 /** What exec and execNow give the child: the pipes asked for, and our PATH. */
 function childSetup(input: string | null, wantStdout: boolean): { stdio: StdioOptions; env: NodeJS.ProcessEnv } {
-  return { stdio: [input === null ? 'ignore' : 'pipe', wantStdout ? 'pipe' : 'ignore', 'pipe'], env: { ...process.env, PATH } };
+  return {
+    stdio: [input === null ? 'ignore' : 'pipe', wantStdout ? 'pipe' : 'ignore', 'pipe'],
+    env: { ...process.env, PATH },
+  };
 }
 
 const timedOut = (file: string, timeoutMs: number) => `${file} did not finish within ${timeoutMs} ms`;
 
 /** What execNow keeps of each of stdout and stderr (Node's spawnSync default); a child writing more is killed. */
 const MAX_OUTPUT = 1024 * 1024;
-const tooMuch = (file: string): ExecResult =>
-  ({ code: null, stdout: '', stderr: '', error: `${file} wrote more than ${MAX_OUTPUT} bytes of output; killed` });
+const tooMuch = (file: string): ExecResult => ({
+  code: null,
+  stdout: '',
+  stderr: '',
+  error: `${file} wrote more than ${MAX_OUTPUT} bytes of output; killed`,
+});
 
 /** The part of Bun's API used here (the plugin is type-checked against Node's types). */
 interface BunSpawnOptions {
@@ -50,29 +58,58 @@ interface BunSpawnOptions {
 }
 interface BunRuntime {
   spawn(o: BunSpawnOptions): {
-    stdout: ReadableStream | null; stderr: ReadableStream; exited: Promise<number>; signalCode: string | null; kill(signal: 'SIGKILL'): void;
+    stdout: ReadableStream | null;
+    stderr: ReadableStream;
+    exited: Promise<number>;
+    signalCode: string | null;
+    kill(signal: 'SIGKILL'): void;
   };
   spawnSync(o: BunSpawnOptions): {
-    exitCode: number | null; stdout: Uint8Array | null; stderr: Uint8Array;
-    exitedDueToTimeout?: boolean; exitedDueToMaxBuffer?: boolean;
+    exitCode: number | null;
+    stdout: Uint8Array | null;
+    stderr: Uint8Array;
+    exitedDueToTimeout?: boolean;
+    exitedDueToMaxBuffer?: boolean;
   };
   readableStreamToText(s: ReadableStream): Promise<string>;
 }
 const bun = (globalThis as { Bun?: BunRuntime }).Bun;
 
-function bunOptions(file: string, args: readonly string[], input: string | null, wantStdout: boolean, timeoutMs: number): BunSpawnOptions {
+function bunOptions(
+  file: string,
+  args: readonly string[],
+  input: string | null,
+  wantStdout: boolean,
+  timeoutMs: number,
+): BunSpawnOptions {
   const { env } = childSetup(input, wantStdout);
   return {
-    cmd: [file, ...args], env, stdin: input === null ? 'ignore' : Buffer.from(input, 'utf8'),
-    stdout: wantStdout ? 'pipe' : 'ignore', stderr: 'pipe', timeout: timeoutMs, killSignal: 'SIGKILL',
+    cmd: [file, ...args],
+    env,
+    stdin: input === null ? 'ignore' : Buffer.from(input, 'utf8'),
+    stdout: wantStdout ? 'pipe' : 'ignore',
+    stderr: 'pipe',
+    timeout: timeoutMs,
+    killSignal: 'SIGKILL',
   };
 }
 
 /** A binary that cannot be started; `code` as Node gives it: -errno from spawn, null from spawnSync. */
-const cannotRun = (file: string, e: unknown, code: number | null): ExecResult =>
-  ({ code, stdout: '', stderr: '', error: `cannot run ${file}: ${(e as Error).message}` });
+const cannotRun = (file: string, e: unknown, code: number | null): ExecResult => ({
+  code,
+  stdout: '',
+  stderr: '',
+  error: `cannot run ${file}: ${(e as Error).message}`,
+});
 
-async function execBun(b: BunRuntime, file: string, args: readonly string[], input: string | null, timeoutMs: number, wantStdout: boolean): Promise<ExecResult> {
+async function execBun(
+  b: BunRuntime,
+  file: string,
+  args: readonly string[],
+  input: string | null,
+  timeoutMs: number,
+  wantStdout: boolean,
+): Promise<ExecResult> {
   let p;
   try {
     // Our own timer, as exec does under Node: Bun's `killed` is also true for a child a signal
@@ -90,14 +127,19 @@ async function execBun(b: BunRuntime, file: string, args: readonly string[], inp
     }, timeoutMs);
   });
   const done = Promise.all([
-    p.stdout ? b.readableStreamToText(p.stdout) : '', b.readableStreamToText(p.stderr), p.exited,
-  ]).then(([stdout, stderr, status]): ExecResult => {
-    // As Node reports it: no exit code for a child a signal ended.
-    return { code: p.signalCode ? null : status, stdout, stderr, error: null };
-  }, (e: unknown): ExecResult => {
-    const error = `cannot read the output of ${file}: ${(e as Error).message}`;
-    return { code: null, stdout: '', stderr: '', error };
-  });
+    p.stdout ? b.readableStreamToText(p.stdout) : '',
+    b.readableStreamToText(p.stderr),
+    p.exited,
+  ]).then(
+    ([stdout, stderr, status]): ExecResult => {
+      // As Node reports it: no exit code for a child a signal ended.
+      return { code: p.signalCode ? null : status, stdout, stderr, error: null };
+    },
+    (e: unknown): ExecResult => {
+      const error = `cannot read the output of ${file}: ${(e as Error).message}`;
+      return { code: null, stdout: '', stderr: '', error };
+    },
+  );
   const r = await Promise.race([done, limit]);
   clearTimeout(timer);
   return r;
@@ -107,10 +149,18 @@ async function execBun(b: BunRuntime, file: string, args: readonly string[], inp
  * The time limit is up: the answer now, not when the child's pipes close, which a process the
  * child started may hold open long after the child is killed (or forever).
  */
-const timeUp = (file: string, timeoutMs: number): ExecResult =>
-  ({ code: null, stdout: '', stderr: '', error: timedOut(file, timeoutMs) });
+const timeUp = (file: string, timeoutMs: number): ExecResult => ({
+  code: null,
+  stdout: '',
+  stderr: '',
+  error: timedOut(file, timeoutMs),
+});
 
-export function exec(file: string, args: readonly string[], { input = null, timeoutMs = 10_000, stdout: wantStdout = true }: ExecOptions = {}): Promise<ExecResult> {
+export function exec(
+  file: string,
+  args: readonly string[],
+  { input = null, timeoutMs = 10_000, stdout: wantStdout = true }: ExecOptions = {},
+): Promise<ExecResult> {
   if (bun) return execBun(bun, file, args, input, timeoutMs, wantStdout);
   // Loaded on first use, like node:https in the pod client (startup snapshot, skipped pods).
   const { spawn } = process.getBuiltinModule('node:child_process');
@@ -134,7 +184,9 @@ export function exec(file: string, args: readonly string[], { input = null, time
       resolve({ code, stdout, stderr, error });
     });
     if (input !== null && child.stdin) {
-      child.stdin.on('error', () => { /* the child died early; its exit status tells why */ });
+      child.stdin.on('error', () => {
+        /* the child died early; its exit status tells why */
+      });
       child.stdin.end(input);
     }
   });
@@ -145,7 +197,11 @@ export function exec(file: string, args: readonly string[], { input = null, time
  * asynchronous spawn, which sets up pipe streams first. For the single call a pod's critical path
  * waits on anyway (one family's iptables-restore); nothing else may need the event loop meanwhile.
  */
-export function execNow(file: string, args: readonly string[], { input = null, timeoutMs = 10_000, stdout: wantStdout = true }: ExecOptions = {}): ExecResult {
+export function execNow(
+  file: string,
+  args: readonly string[],
+  { input = null, timeoutMs = 10_000, stdout: wantStdout = true }: ExecOptions = {},
+): ExecResult {
   if (bun) {
     let r;
     try {
@@ -154,8 +210,14 @@ export function execNow(file: string, args: readonly string[], { input = null, t
       return cannotRun(file, e, null);
     }
     if (r.exitedDueToMaxBuffer) return tooMuch(file);
-    const text = (b: Uint8Array | null) => (b ? Buffer.from(b.buffer, b.byteOffset, b.byteLength).toString('utf8') : '');
-    return { code: r.exitCode, stdout: text(r.stdout), stderr: text(r.stderr), error: r.exitedDueToTimeout ? timedOut(file, timeoutMs) : null };
+    const text = (b: Uint8Array | null) =>
+      b ? Buffer.from(b.buffer, b.byteOffset, b.byteLength).toString('utf8') : '';
+    return {
+      code: r.exitCode,
+      stdout: text(r.stdout),
+      stderr: text(r.stderr),
+      error: r.exitedDueToTimeout ? timedOut(file, timeoutMs) : null,
+    };
   }
   const { spawnSync } = process.getBuiltinModule('node:child_process');
   const r = spawnSync(file, args, {
@@ -169,7 +231,10 @@ export function execNow(file: string, args: readonly string[], { input = null, t
   if ((r.error as NodeJS.ErrnoException | undefined)?.code === 'ENOBUFS') return tooMuch(file);
   let error: string | null = null;
   if (r.error) {
-    error = (r.error as NodeJS.ErrnoException).code === 'ETIMEDOUT' ? timedOut(file, timeoutMs) : `cannot run ${file}: ${r.error.message}`;
+    error =
+      (r.error as NodeJS.ErrnoException).code === 'ETIMEDOUT'
+        ? timedOut(file, timeoutMs)
+        : `cannot run ${file}: ${r.error.message}`;
   }
   return { code: r.status, stdout: r.stdout ?? '', stderr: r.stderr ?? '', error };
 }

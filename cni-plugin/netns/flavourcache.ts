@@ -85,14 +85,29 @@ function writeCache(at: (name: string) => string, name: string, c: Cached): void
   }
 }
 
-export async function cachedFlavour(file: string | null, detect: () => Promise<Detection>, now = Date.now()): Promise<Detection & { readonly cached: boolean }> {
+export async function cachedFlavour(
+  file: string | null,
+  detect: () => Promise<Detection>,
+  now = Date.now(),
+): Promise<Detection & { readonly cached: boolean }> {
   const boot = bootId();
   const dir = file === null ? null : openCacheDir(file);
   const name = file === null ? '' : path.basename(file);
   try {
     const c = dir === null ? null : readCache(dir.at, name);
-    if (c !== null && (c.flavour === 'nft' || c.flavour === 'legacy') && c.bootId === boot && typeof c.at === 'number' && now - c.at >= 0 && now - c.at < MAX_AGE_MS) {
-      return { flavour: c.flavour, why: `${c.why ?? 'detected'} (remembered since ${new Date(c.at).toISOString()})`, cached: true };
+    if (
+      c !== null &&
+      (c.flavour === 'nft' || c.flavour === 'legacy') &&
+      c.bootId === boot &&
+      typeof c.at === 'number' &&
+      now - c.at >= 0 &&
+      now - c.at < MAX_AGE_MS
+    ) {
+      return {
+        flavour: c.flavour,
+        why: `${c.why ?? 'detected'} (remembered since ${new Date(c.at).toISOString()})`,
+        cached: true,
+      };
     }
     const d = await detect();
     if (dir !== null) writeCache(dir.at, name, { flavour: d.flavour, why: d.why, bootId: boot, at: now });

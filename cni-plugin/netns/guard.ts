@@ -9,8 +9,8 @@ import { existsSync, statSync, type BigIntStats } from 'node:fs';
 
 /** Network namespaces that are never a pod's, by the /proc link that names them. */
 const NOT_A_POD: readonly (readonly [string, string])[] = [
-  ['/proc/self/ns/net', 'the network namespace mesh-cni itself runs in (the host\'s, where the runtime runs plugins)'],
-  ['/proc/1/ns/net', 'the network namespace of PID 1 (the host\'s)'],
+  ['/proc/self/ns/net', "the network namespace mesh-cni itself runs in (the host's, where the runtime runs plugins)"],
+  ['/proc/1/ns/net', "the network namespace of PID 1 (the host's)"],
 ];
 
 function nsfsId(p: string): BigIntStats | null {

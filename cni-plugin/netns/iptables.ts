@@ -28,18 +28,24 @@ function ruleCount(text: string): number {
 export async function detectFlavour(): Promise<Detection> {
   const save = (bin: string) => exec(bin, [], { timeoutMs: 5000 });
   const [l4, l6, n4, n6] = await Promise.all([
-    save('iptables-legacy-save'), save('ip6tables-legacy-save'), save('iptables-nft-save'), save('ip6tables-nft-save'),
+    save('iptables-legacy-save'),
+    save('ip6tables-legacy-save'),
+    save('iptables-nft-save'),
+    save('ip6tables-nft-save'),
   ]);
   const legacyOk = l4.error === null && l4.code === 0;
   const nftOk = n4.error === null && n4.code === 0;
   if (!legacyOk && !nftOk) {
-    throw new Error(`neither iptables-legacy-save nor iptables-nft-save runs on this host (${l4.error ?? l4.stderr.trim()}; ${n4.error ?? n4.stderr.trim()}); install iptables >= 1.8`);
+    throw new Error(
+      `neither iptables-legacy-save nor iptables-nft-save runs on this host (${l4.error ?? l4.stderr.trim()}; ${n4.error ?? n4.stderr.trim()}); install iptables >= 1.8`,
+    );
   }
   if (!legacyOk) return { flavour: 'nft', why: 'only iptables-nft is installed' };
   if (!nftOk) return { flavour: 'legacy', why: 'only iptables-legacy is installed' };
   const hinted = (t: string) => KUBELET_HINTS.some((h) => t.includes(h));
   if (hinted(n4.stdout) || hinted(n6.stdout)) return { flavour: 'nft', why: 'kubelet hint chains are in nf_tables' };
-  if (hinted(l4.stdout) || hinted(l6.stdout)) return { flavour: 'legacy', why: 'kubelet hint chains are in legacy iptables' };
+  if (hinted(l4.stdout) || hinted(l6.stdout))
+    return { flavour: 'legacy', why: 'kubelet hint chains are in legacy iptables' };
   const legacy = ruleCount(l4.stdout) + ruleCount(l6.stdout);
   const nft = ruleCount(n4.stdout) + ruleCount(n6.stdout);
   return legacy > nft
@@ -54,7 +60,12 @@ function binary(flavour: Flavour, family: Family, what: 'restore' | 'save'): str
 export class NetnsError extends Error {}
 
 /** Runs argv in the netns; `blocking`: the caller has nothing else to do meanwhile (see execNow). */
-function nsenter(netns: string, argv: readonly string[], options: ExecOptions, blocking = false): ExecResult | Promise<ExecResult> {
+function nsenter(
+  netns: string,
+  argv: readonly string[],
+  options: ExecOptions,
+  blocking = false,
+): ExecResult | Promise<ExecResult> {
   const args = [`--net=${netns}`, '--', ...argv];
   return blocking ? execNow('nsenter', args, options) : exec('nsenter', args, options);
 }
@@ -63,7 +74,13 @@ function nsenter(netns: string, argv: readonly string[], options: ExecOptions, b
  * One `iptables-restore --noflush` for the whole document: only the chains and rules it names
  * change; whatever else is in the netns (another plugin's, the pod's own) stays as it is.
  */
-export async function restore(netns: string, flavour: Flavour, family: Family, doc: string, blocking = false): Promise<void> {
+export async function restore(
+  netns: string,
+  flavour: Flavour,
+  family: Family,
+  doc: string,
+  blocking = false,
+): Promise<void> {
   const bin = binary(flavour, family, 'restore');
   const r = await nsenter(netns, [bin, '--noflush', '-w', '5'], { input: doc, stdout: false }, blocking);
   if (r.error !== null || r.code !== 0) {
@@ -76,7 +93,13 @@ export async function restore(netns: string, flavour: Flavour, family: Family, d
  * with -N, so on a netns without them (every first ADD) it is all it takes; when it fails (our
  * chains are there: a second ADD), what is there is read and reconciled in one more restore.
  */
-export async function applyRules(netns: string, flavour: Flavour, family: Family, doc: string, blocking = false): Promise<'created' | 'reconciled'> {
+export async function applyRules(
+  netns: string,
+  flavour: Flavour,
+  family: Family,
+  doc: string,
+  blocking = false,
+): Promise<'created' | 'reconciled'> {
   try {
     await restore(netns, flavour, family, doc, blocking);
     return 'created';
@@ -106,7 +129,10 @@ export async function removeRules(netns: string, flavour: Flavour, family: Famil
 /** `ip -batch`; "File exists" (a rule left by an earlier ADD) is success. */
 export async function ipBatch(netns: string, family: Family, lines: readonly string[]): Promise<void> {
   if (lines.length === 0) return;
-  const r = await nsenter(netns, ['ip', `-${family}`, '-force', '-batch', '-'], { input: lines.join('\n') + '\n', stdout: false });
+  const r = await nsenter(netns, ['ip', `-${family}`, '-force', '-batch', '-'], {
+    input: lines.join('\n') + '\n',
+    stdout: false,
+  });
   if (r.error !== null) throw new NetnsError(`ip -${family} -batch in ${netns}: ${r.error}`);
   if (r.code !== 0) {
     const real = r.stderr.split('\n').filter((l) => l.trim() !== '' && !/File exists|^Command failed/.test(l));
@@ -117,7 +143,8 @@ export async function ipBatch(netns: string, family: Family, lines: readonly str
 export async function save(netns: string, flavour: Flavour, family: Family): Promise<string> {
   const bin = binary(flavour, family, 'save');
   const r = await nsenter(netns, [bin], {});
-  if (r.error !== null || r.code !== 0) throw new NetnsError(`${bin} in ${netns} failed: ${(r.error ?? r.stderr).trim()}`);
+  if (r.error !== null || r.code !== 0)
+    throw new NetnsError(`${bin} in ${netns} failed: ${(r.error ?? r.stderr).trim()}`);
   return r.stdout;
 }
 
@@ -179,11 +206,13 @@ export function diffRules(expected: RuleSet, actual: RuleSet): string[] {
         problems.push(`${table}: chain ${chain} ${e.has(chain) ? 'missing' : 'unexpected'}`);
         continue;
       }
-      const want = ours ? e.get(chain) ?? [] : (e.get(chain) ?? []).filter(jumpsToOurs);
-      const have = ours ? a.get(chain) ?? [] : (a.get(chain) ?? []).filter(jumpsToOurs);
+      const want = ours ? (e.get(chain) ?? []) : (e.get(chain) ?? []).filter(jumpsToOurs);
+      const have = ours ? (a.get(chain) ?? []) : (a.get(chain) ?? []).filter(jumpsToOurs);
       for (let i = 0; i < Math.max(want.length, have.length); i++) {
         if (want[i] !== have[i]) {
-          problems.push(`${table} ${chain} ${ours ? 'rule' : 'jump'} ${i + 1}: expected ${want[i] ?? '(none)'}, found ${have[i] ?? '(none)'}`);
+          problems.push(
+            `${table} ${chain} ${ours ? 'rule' : 'jump'} ${i + 1}: expected ${want[i] ?? '(none)'}, found ${have[i] ?? '(none)'}`,
+          );
           break;
         }
       }
@@ -213,7 +242,13 @@ export function reconcileRestore(want: RuleSet | null, have: RuleSet): string | 
     for (const c of oursThere.filter((c) => !w.has(c)).sort()) out.push(`-X ${c}`);
     for (const c of oursWanted.sort()) out.push(...w.get(c)!);
     for (const [c, rules] of w) {
-      if (!isOurs(c)) out.push(...rules.filter(jumpsToOurs).reverse().map((r) => `-I ${c} 1 ${r.slice(4 + c.length)}`));
+      if (!isOurs(c))
+        out.push(
+          ...rules
+            .filter(jumpsToOurs)
+            .reverse()
+            .map((r) => `-I ${c} 1 ${r.slice(4 + c.length)}`),
+        );
     }
     out.push('COMMIT');
   }

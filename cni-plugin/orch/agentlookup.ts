@@ -14,7 +14,10 @@ import { connectUnix, type UnixSocket } from '../unixsocket.ts';
 export type AgentAnswer = PodLookupReply<PodLike>;
 
 export function podFromAgent(address: string, ref: PodLookupRequest, timeoutMs: number): Promise<AgentAnswer> {
-  if (ref.uid === '') return Promise.resolve({ miss: 'the runtime passed no K8S_POD_UID, so only the API server can tell which pod of that name is meant' });
+  if (ref.uid === '')
+    return Promise.resolve({
+      miss: 'the runtime passed no K8S_POD_UID, so only the API server can tell which pod of that name is meant',
+    });
   return new Promise((resolve) => {
     let settled = false;
     let data = '';
@@ -37,7 +40,11 @@ export function podFromAgent(address: string, ref: PodLookupRequest, timeoutMs: 
           const reply = JSON.parse(data.slice(0, nl)) as { pod?: PodLike; miss?: string };
           if (reply.pod && typeof reply.pod === 'object') {
             const uid = JSON.stringify(reply.pod.metadata?.uid ?? null);
-            finish(samePod(reply.pod, ref) ? { pod: reply.pod } : { miss: `the agent answered with another pod (uid ${uid})` });
+            finish(
+              samePod(reply.pod, ref)
+                ? { pod: reply.pod }
+                : { miss: `the agent answered with another pod (uid ${uid})` },
+            );
           } else finish({ miss: typeof reply.miss === 'string' ? reply.miss : 'the agent sent no pod' });
         } catch {
           finish({ miss: 'the agent sent something that is not JSON' });

@@ -23,7 +23,9 @@ type Named<T> = { name?: unknown } & T;
 
 function byName(list: unknown, name: unknown, what: string, file: string): Record<string, unknown> {
   if (!Array.isArray(list)) throw new OrchconfigError(`${file}: ${what}s is not a list`);
-  const hit = (list as Named<Record<string, unknown>>[]).find((e) => isObject(e) && e.name === name) ?? (name === undefined ? list[0] : undefined);
+  const hit =
+    (list as Named<Record<string, unknown>>[]).find((e) => isObject(e) && e.name === name) ??
+    (name === undefined ? list[0] : undefined);
   if (!isObject(hit)) throw new OrchconfigError(`${file}: no ${what} named ${JSON.stringify(name)}`);
   return hit;
 }
@@ -40,7 +42,8 @@ export function parseOrchconfig(text: string, file: string): OrchAccess {
   if (!isObject(ctx)) throw new OrchconfigError(`${file}: the current context has no context`);
   const cluster = byName(doc.clusters, ctx.cluster, 'cluster', file).cluster;
   const user = byName(doc.users, ctx.user, 'user', file).user;
-  if (!isObject(cluster) || typeof cluster.server !== 'string') throw new OrchconfigError(`${file}: the cluster has no server`);
+  if (!isObject(cluster) || typeof cluster.server !== 'string')
+    throw new OrchconfigError(`${file}: the cluster has no server`);
   let server: URL;
   try {
     server = new URL(cluster.server);
@@ -55,13 +58,21 @@ export function parseOrchconfig(text: string, file: string): OrchAccess {
   } else if (cluster['certificate-authority'] !== undefined) {
     // A path to another file: the orchconfig is in a dir others may write, and the root plugin
     // must read no host file it names. install-cni writes the CA inline.
-    throw new OrchconfigError(`${file}: the cluster names a certificate-authority file; the plugin reads no file an orchconfig names, only certificate-authority-data (as install-cni writes it). Let install-cni write this file`);
+    throw new OrchconfigError(
+      `${file}: the cluster names a certificate-authority file; the plugin reads no file an orchconfig names, only certificate-authority-data (as install-cni writes it). Let install-cni write this file`,
+    );
   }
-  if (!insecure && caPem === null) throw new OrchconfigError(`${file}: the cluster has neither certificate-authority-data nor insecure-skip-tls-verify`);
+  if (!insecure && caPem === null)
+    throw new OrchconfigError(
+      `${file}: the cluster has neither certificate-authority-data nor insecure-skip-tls-verify`,
+    );
   if (!isObject(user)) throw new OrchconfigError(`${file}: the user has no user`);
   // A tokenFile would have the root plugin send any host file it names as a Bearer token to the
   // server this same file names. install-cni writes the token inline.
-  if (user.tokenFile !== undefined) throw new OrchconfigError(`${file}: the user names a tokenFile; the plugin reads no file an orchconfig names, only an inline token (as install-cni writes it). Let install-cni write this file`);
+  if (user.tokenFile !== undefined)
+    throw new OrchconfigError(
+      `${file}: the user names a tokenFile; the plugin reads no file an orchconfig names, only an inline token (as install-cni writes it). Let install-cni write this file`,
+    );
   const token = typeof user.token === 'string' ? user.token : '';
   if (token === '') throw new OrchconfigError(`${file}: the user has no token`);
   return { server, caPem, insecure, token };
@@ -72,8 +83,13 @@ export function readOrchconfig(file: string): OrchAccess {
   try {
     text = readRegularFile(file, ORCHCONFIG_MAX_BYTES);
   } catch (e) {
-    if (e instanceof UnsafeFileError) throw new OrchconfigError(`orchconfig refused: ${e.message}; install-cni writes it as a regular file of at most 1 MiB: let it write this one`);
-    throw new OrchconfigError(`cannot read orchconfig ${file}: ${(e as Error).message}; is install-cni running on this node?`);
+    if (e instanceof UnsafeFileError)
+      throw new OrchconfigError(
+        `orchconfig refused: ${e.message}; install-cni writes it as a regular file of at most 1 MiB: let it write this one`,
+      );
+    throw new OrchconfigError(
+      `cannot read orchconfig ${file}: ${(e as Error).message}; is install-cni running on this node?`,
+    );
   }
   return parseOrchconfig(text, file);
 }

@@ -54,30 +54,49 @@ interface Reply {
   readonly retryAfterMs: number | null;
 }
 
-function getOnce(https: Https, access: OrchAccess, agent: https.Agent, path: string, timeoutMs: number): Promise<Reply> {
+function getOnce(
+  https: Https,
+  access: OrchAccess,
+  agent: https.Agent,
+  path: string,
+  timeoutMs: number,
+): Promise<Reply> {
   return new Promise((resolve, reject) => {
     const host = access.server.hostname.replace(/^\[(.*)\]$/, '$1');
-    const req = https.request({
-      host,
-      port: access.server.port || 443,
-      path,
-      method: 'GET',
-      agent,
-      ca: access.caPem ?? undefined,
-      rejectUnauthorized: !access.insecure,
-      headers: { authorization: `Bearer ${access.token}`, accept: 'application/json', 'user-agent': 'mesh-cni' },
-    }, (res) => {
-      const chunks: Buffer[] = [];
-      res.on('data', (c: Buffer) => chunks.push(c));
-      res.on('end', () => {
-        clearTimeout(timer);
-        const ra = Number(res.headers['retry-after']);
-        resolve({ status: res.statusCode ?? 0, body: Buffer.concat(chunks).toString('utf8'), retryAfterMs: Number.isFinite(ra) && ra >= 0 ? ra * 1000 : null });
-      });
-      res.on('error', (e) => { clearTimeout(timer); reject(e); });
-    });
+    const req = https.request(
+      {
+        host,
+        port: access.server.port || 443,
+        path,
+        method: 'GET',
+        agent,
+        ca: access.caPem ?? undefined,
+        rejectUnauthorized: !access.insecure,
+        headers: { authorization: `Bearer ${access.token}`, accept: 'application/json', 'user-agent': 'mesh-cni' },
+      },
+      (res) => {
+        const chunks: Buffer[] = [];
+        res.on('data', (c: Buffer) => chunks.push(c));
+        res.on('end', () => {
+          clearTimeout(timer);
+          const ra = Number(res.headers['retry-after']);
+          resolve({
+            status: res.statusCode ?? 0,
+            body: Buffer.concat(chunks).toString('utf8'),
+            retryAfterMs: Number.isFinite(ra) && ra >= 0 ? ra * 1000 : null,
+          });
+        });
+        res.on('error', (e) => {
+          clearTimeout(timer);
+          reject(e);
+        });
+      },
+    );
     const timer = setTimeout(() => req.destroy(new Error(`no answer within ${timeoutMs} ms`)), timeoutMs);
-    req.on('error', (e) => { clearTimeout(timer); reject(e); });
+    req.on('error', (e) => {
+      clearTimeout(timer);
+      reject(e);
+    });
     req.end();
   });
 }
@@ -88,7 +107,12 @@ type Https = typeof import('node:https');
 
 const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms));
 
-export async function getPod(initial: OrchAccess, namespace: string, name: string, opts: LookupOptions): Promise<PodLike> {
+export async function getPod(
+  initial: OrchAccess,
+  namespace: string,
+  name: string,
+  opts: LookupOptions,
+): Promise<PodLike> {
   let access = initial;
   const path = `/api/v1/namespaces/${encodeURIComponent(namespace)}/pods/${encodeURIComponent(name)}`;
   const where = `${access.server.origin}${path}`;
@@ -108,7 +132,11 @@ export async function getPod(initial: OrchAccess, namespace: string, name: strin
       }
       const remaining = deadline - Date.now();
       if (remaining <= 0) {
-        throw new PodLookupError('unavailable', attempt - 1, `API server did not answer GET ${where} within ${opts.timeoutMs} ms (${attempt - 1} attempts; last: ${last})`);
+        throw new PodLookupError(
+          'unavailable',
+          attempt - 1,
+          `API server did not answer GET ${where} within ${opts.timeoutMs} ms (${attempt - 1} attempts; last: ${last})`,
+        );
       }
       const window = Math.min(RETRY_CAP_MS, RETRY_BASE_MS * 2 ** Math.min(attempt - 1, 10));
       let delay = (opts.random ?? Math.random)() * window;
@@ -118,13 +146,23 @@ export async function getPod(initial: OrchAccess, namespace: string, name: strin
           const pod = JSON.parse(r.body) as PodLike;
           if (opts.expectUid && pod.metadata?.uid && !isPodWithUid(pod, opts.expectUid)) {
             last = `found UID ${pod.metadata.uid}, runtime asked for ${opts.expectUid}`;
-            if (++notFound > MAX_NOT_FOUND) throw new PodLookupError('not-found', attempt, `pod ${namespace}/${name} with UID ${opts.expectUid} not found at ${where}: ${last}`);
+            if (++notFound > MAX_NOT_FOUND)
+              throw new PodLookupError(
+                'not-found',
+                attempt,
+                `pod ${namespace}/${name} with UID ${opts.expectUid} not found at ${where}: ${last}`,
+              );
           } else {
             return pod;
           }
         } else if (r.status === 404) {
           last = '404 Not Found';
-          if (++notFound > MAX_NOT_FOUND) throw new PodLookupError('not-found', attempt, `pod ${namespace}/${name} not found at ${where} after ${attempt} attempts`);
+          if (++notFound > MAX_NOT_FOUND)
+            throw new PodLookupError(
+              'not-found',
+              attempt,
+              `pod ${namespace}/${name} not found at ${where} after ${attempt} attempts`,
+            );
         } else if (r.status === 401 || r.status === 403) {
           last = `${r.status} ${statusMessage(r.body)}`;
           if (!reloaded && opts.reloadAccess) {
@@ -137,12 +175,20 @@ export async function getPod(initial: OrchAccess, namespace: string, name: strin
               continue;
             }
           }
-          throw new PodLookupError('unauthorized', attempt, `API server refused GET ${where}: ${last}; check the orchconfig token and the agent's RBAC (get pods)`);
+          throw new PodLookupError(
+            'unauthorized',
+            attempt,
+            `API server refused GET ${where}: ${last}; check the orchconfig token and the agent's RBAC (get pods)`,
+          );
         } else if (r.status === 429 || r.status >= 500) {
           last = `${r.status} ${statusMessage(r.body)}`;
           if (r.retryAfterMs !== null) delay = Math.max(delay, Math.min(r.retryAfterMs, RETRY_AFTER_CAP_MS));
         } else {
-          throw new PodLookupError('rejected', attempt, `API server answered GET ${where} with ${r.status}: ${statusMessage(r.body)}`);
+          throw new PodLookupError(
+            'rejected',
+            attempt,
+            `API server answered GET ${where} with ${r.status}: ${statusMessage(r.body)}`,
+          );
         }
       } catch (e) {
         if (e instanceof PodLookupError) throw e;

@@ -71,11 +71,17 @@ function parseV6(s: string): number[] | null {
 export function formatV6(groups: readonly number[]): string {
   let best = -1;
   let bestLen = 1;
-  for (let i = 0; i < 8; ) {
-    if (groups[i] !== 0) { i++; continue; }
+  for (let i = 0; i < 8;) {
+    if (groups[i] !== 0) {
+      i++;
+      continue;
+    }
     let j = i;
     while (j < 8 && groups[j] === 0) j++;
-    if (j - i > bestLen) { best = i; bestLen = j - i; }
+    if (j - i > bestLen) {
+      best = i;
+      bestLen = j - i;
+    }
     i = j;
   }
   const hex = groups.map((g) => g.toString(16));
@@ -162,5 +168,8 @@ export function parseInterfaceList(raw: string): string[] {
 }
 
 export function splitList(raw: string): string[] {
-  return raw.split(',').map((s) => s.trim()).filter((s) => s !== '');
+  return raw
+    .split(',')
+    .map((s) => s.trim())
+    .filter((s) => s !== '');
 }

@@ -14,8 +14,16 @@
 // nf_tables each table in a restore costs a kernel commit (~15 ms measured), on every pod start.
 
 import {
-  CHAIN, DNS_PROXY_PORT, INBOUND_PASSTHROUGH_V4, INBOUND_PASSTHROUGH_V6, OUTBOUND_MARK, OWNED_TABLES,
-  PROBE_ADDRESS_V4, PROBE_ADDRESS_V6, TPROXY_RULE_PRIORITY, type Table,
+  CHAIN,
+  DNS_PROXY_PORT,
+  INBOUND_PASSTHROUGH_V4,
+  INBOUND_PASSTHROUGH_V6,
+  OUTBOUND_MARK,
+  OWNED_TABLES,
+  PROBE_ADDRESS_V4,
+  PROBE_ADDRESS_V6,
+  TPROXY_RULE_PRIORITY,
+  type Table,
 } from './constants.ts';
 import type { Cidr, Family } from './net.ts';
 import type { RedirectSpec } from './spec.ts';
@@ -126,7 +134,11 @@ export function buildFamilyRules(spec: RedirectSpec, family: Family): FamilyRule
       // Marked packets are routed to lo by the policy route below, where the TPROXY socket sits.
       d.add('mangle', CHAIN.DIVERT, `-j MARK --set-xmark ${mark}`);
       d.add('mangle', CHAIN.DIVERT, '-j ACCEPT');
-      d.add('mangle', CHAIN.TPROXY, `! -d ${loopback} -p tcp -j TPROXY --on-port ${spec.inboundCapturePort} --on-ip ${v6 ? '::' : '0.0.0.0'} --tproxy-mark ${mark}`);
+      d.add(
+        'mangle',
+        CHAIN.TPROXY,
+        `! -d ${loopback} -p tcp -j TPROXY --on-port ${spec.inboundCapturePort} --on-ip ${v6 ? '::' : '0.0.0.0'} --tproxy-mark ${mark}`,
+      );
       // Loops: already diverted, passthrough from the proxy, and app-to-self over lo.
       d.add('mangle', CHAIN.INBOUND, `-p tcp -m mark --mark ${hex(spec.tproxyMark)} -j RETURN`);
       d.add('mangle', CHAIN.INBOUND, `-s ${passthrough} -i lo -p tcp -j RETURN`);
@@ -150,7 +162,9 @@ export function buildFamilyRules(spec: RedirectSpec, family: Family): FamilyRule
     }
     if (tproxy) {
       // A fixed priority makes a second ADD fail with EEXIST instead of adding a duplicate rule.
-      ipBatch.push(`rule add fwmark ${spec.tproxyMark} lookup ${spec.tproxyRouteTable} priority ${TPROXY_RULE_PRIORITY}`);
+      ipBatch.push(
+        `rule add fwmark ${spec.tproxyMark} lookup ${spec.tproxyRouteTable} priority ${TPROXY_RULE_PRIORITY}`,
+      );
       ipBatch.push(`route replace local default dev lo table ${spec.tproxyRouteTable}`);
     }
   }
@@ -165,19 +179,30 @@ export function buildFamilyRules(spec: RedirectSpec, family: Family): FamilyRule
   }
   d.add('nat', CHAIN.OUTPUT, `-s ${passthrough} -o lo -j RETURN`);
   const loopbackIncluded = !includeAll && spec.outboundCidrs.some((c) => c.loopback);
-  const owners: [string, readonly string[]][] = [['uid', spec.proxyUids], ['gid', spec.proxyGids]];
+  const owners: [string, readonly string[]][] = [
+    ['uid', spec.proxyUids],
+    ['gid', spec.proxyGids],
+  ];
   for (const [kind, ids] of owners) {
     for (const id of ids) {
       // The proxy calling a local app by its service VIP goes back through inbound capture.
       const notTunnel = spec.captureDns
         ? `-p tcp -m multiport ! --dports 53,${spec.inboundTunnelPort}`
         : tcpPort(spec.inboundTunnelPort, true);
-      d.add('nat', CHAIN.OUTPUT, `! -d ${loopback} -o lo ${notTunnel} -m owner --${kind}-owner ${id} -j ${CHAIN.IN_REDIRECT}`);
+      d.add(
+        'nat',
+        CHAIN.OUTPUT,
+        `! -d ${loopback} -o lo ${notTunnel} -m owner --${kind}-owner ${id} -j ${CHAIN.IN_REDIRECT}`,
+      );
       // App to itself over lo stays direct (unless the pod asked for loopback to be captured).
       if (!loopbackIncluded) {
-        d.add('nat', CHAIN.OUTPUT, spec.captureDns
-          ? `-o lo -p tcp -m tcp ! --dport 53 -m owner ! --${kind}-owner ${id} -j RETURN`
-          : `-o lo -m owner ! --${kind}-owner ${id} -j RETURN`);
+        d.add(
+          'nat',
+          CHAIN.OUTPUT,
+          spec.captureDns
+            ? `-o lo -p tcp -m tcp ! --dport 53 -m owner ! --${kind}-owner ${id} -j RETURN`
+            : `-o lo -m owner ! --${kind}-owner ${id} -j RETURN`,
+        );
       }
       d.add('nat', CHAIN.OUTPUT, `-m owner --${kind}-owner ${id} -j RETURN`);
     }
@@ -192,7 +217,11 @@ export function buildFamilyRules(spec: RedirectSpec, family: Family): FamilyRule
     for (const [kind, ids] of owners) {
       for (const id of ids) {
         d.add('raw', CHAIN.OUTPUT_DNS, `-p udp -m udp --dport 53 -m owner --${kind}-owner ${id} -j CT --zone 1`);
-        d.add('raw', CHAIN.OUTPUT_DNS, `-p udp -m udp --sport ${DNS_PROXY_PORT} -m owner --${kind}-owner ${id} -j CT --zone 2`);
+        d.add(
+          'raw',
+          CHAIN.OUTPUT_DNS,
+          `-p udp -m udp --sport ${DNS_PROXY_PORT} -m owner --${kind}-owner ${id} -j CT --zone 2`,
+        );
       }
     }
     d.add('raw', CHAIN.OUTPUT_DNS, '-p udp -m udp --dport 53 -j CT --zone 2');
@@ -206,14 +235,26 @@ export function buildFamilyRules(spec: RedirectSpec, family: Family): FamilyRule
 
   if (tproxy && captureInbound) {
     const m = hex(spec.tproxyMark);
-    d.add('mangle', 'PREROUTING', `-p tcp -m mark --mark ${m} -j CONNMARK --save-mark --nfmask 0xffffffff --ctmask 0xffffffff`);
+    d.add(
+      'mangle',
+      'PREROUTING',
+      `-p tcp -m mark --mark ${m} -j CONNMARK --save-mark --nfmask 0xffffffff --ctmask 0xffffffff`,
+    );
     d.add('mangle', 'OUTPUT', `-o lo -p tcp -m mark --mark ${m} -j RETURN`);
     for (const [kind, ids] of owners) {
       for (const id of ids) {
-        d.add('mangle', 'OUTPUT', `! -d ${loopback} -o lo -p tcp -m owner --${kind}-owner ${id} -j MARK --set-xmark ${hex(OUTBOUND_MARK)}/0xffffffff`);
+        d.add(
+          'mangle',
+          'OUTPUT',
+          `! -d ${loopback} -o lo -p tcp -m owner --${kind}-owner ${id} -j MARK --set-xmark ${hex(OUTBOUND_MARK)}/0xffffffff`,
+        );
       }
     }
-    d.add('mangle', 'OUTPUT', `-p tcp -m connmark --mark ${m} -j CONNMARK --restore-mark --nfmask 0xffffffff --ctmask 0xffffffff`);
+    d.add(
+      'mangle',
+      'OUTPUT',
+      `-p tcp -m connmark --mark ${m} -j CONNMARK --restore-mark --nfmask 0xffffffff --ctmask 0xffffffff`,
+    );
   }
   if (v6) ipBatch.unshift(`address replace ${INBOUND_PASSTHROUGH_V6}/128 dev lo`);
   return { family, restore: d.render(), ipBatch };

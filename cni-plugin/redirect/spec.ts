@@ -2,9 +2,20 @@
 // annotations (the way the injected init container would have been given those flags).
 
 import {
-  ALWAYS_EXCLUDED_INBOUND_PORTS, ANNOTATION, DEFAULT_EXCLUDED_OUTBOUND_PORTS, ENV_DNS_CAPTURE, ENV_INVALID_DROP,
-  INBOUND_CAPTURE_PORT, INBOUND_TUNNEL_PORT, PROBE_PORT, PROXY_CONTAINER_NAME, PROXY_GID, PROXY_PORT, PROXY_UID,
-  TPROXY_MARK, TPROXY_ROUTE_TABLE,
+  ALWAYS_EXCLUDED_INBOUND_PORTS,
+  ANNOTATION,
+  DEFAULT_EXCLUDED_OUTBOUND_PORTS,
+  ENV_DNS_CAPTURE,
+  ENV_INVALID_DROP,
+  INBOUND_CAPTURE_PORT,
+  INBOUND_TUNNEL_PORT,
+  PROBE_PORT,
+  PROXY_CONTAINER_NAME,
+  PROXY_GID,
+  PROXY_PORT,
+  PROXY_UID,
+  TPROXY_MARK,
+  TPROXY_ROUTE_TABLE,
 } from './constants.ts';
 import { parseCidrList, parseInterfaceList, parsePortList, ValueError, type Cidr } from './net.ts';
 
@@ -121,7 +132,10 @@ function field<T>(annotations: Readonly<Record<string, string>>, key: string, pa
   }
 }
 
-const wildcardOr = <T>(parse: (v: string) => T) => (v: string): '*' | T => (v.trim() === '*' ? '*' : parse(v));
+const wildcardOr =
+  <T>(parse: (v: string) => T) =>
+  (v: string): '*' | T =>
+    v.trim() === '*' ? '*' : parse(v);
 
 /** What the plugin takes from the proxy container: whether there is one, its type, env and ids. */
 export interface ProxyInfo {
@@ -173,8 +187,12 @@ const envFlag = (info: ProxyInfo, name: string): boolean => goBool(info.env.get(
 function ownerId(value: unknown, key: 'runAsUser' | 'runAsGroup', fallback: string): string {
   if (value === undefined || value === null || value === 0) return fallback;
   if (typeof value !== 'number' || !Number.isInteger(value) || value < 0 || value > 0xffff_fffe) {
-    throw new AnnotationError(`spec.containers[${PROXY_CONTAINER_NAME}].securityContext.${key}`, String(value),
-      'expected a uid/gid (a whole number from 0 to 4294967294)', 'container field');
+    throw new AnnotationError(
+      `spec.containers[${PROXY_CONTAINER_NAME}].securityContext.${key}`,
+      String(value),
+      'expected a uid/gid (a whole number from 0 to 4294967294)',
+      'container field',
+    );
   }
   return String(value);
 }
@@ -188,18 +206,31 @@ export function specForPod(pod: PodLike): RedirectSpec {
   const base = DEFAULT_SPEC;
   const a = pod.metadata?.annotations ?? {};
   const proxy = proxyInfo(pod);
-  const interceptionMode = field<InterceptionMode>(a, ANNOTATION.INTERCEPTION_MODE, (v) => {
-    const m = v.trim();
-    if (m === 'REDIRECT' || m === 'TPROXY') return m;
-    throw new ValueError('expected REDIRECT or TPROXY');
-  }, base.interceptionMode);
+  const interceptionMode = field<InterceptionMode>(
+    a,
+    ANNOTATION.INTERCEPTION_MODE,
+    (v) => {
+      const m = v.trim();
+      if (m === 'REDIRECT' || m === 'TPROXY') return m;
+      throw new ValueError('expected REDIRECT or TPROXY');
+    },
+    base.interceptionMode,
+  );
   const excludeInbound = field(a, ANNOTATION.EXCLUDE_INBOUND_PORTS, parsePortList, []);
-  const inboundExcludePorts = [...excludeInbound, ...base.inboundExcludePorts.filter((p) => !excludeInbound.includes(p))];
+  const inboundExcludePorts = [
+    ...excludeInbound,
+    ...base.inboundExcludePorts.filter((p) => !excludeInbound.includes(p)),
+  ];
   const cidrsOrAll = wildcardOr(parseCidrList);
-  const excludeCidrs = field(a, ANNOTATION.EXCLUDE_OUTBOUND_IP_RANGES, (v) => {
-    if (v.trim() === '*') throw new ValueError('"*" would exclude everything; remove the include annotation instead');
-    return parseCidrList(v);
-  }, base.outboundExcludeCidrs);
+  const excludeCidrs = field(
+    a,
+    ANNOTATION.EXCLUDE_OUTBOUND_IP_RANGES,
+    (v) => {
+      if (v.trim() === '*') throw new ValueError('"*" would exclude everything; remove the include annotation instead');
+      return parseCidrList(v);
+    },
+    base.outboundExcludeCidrs,
+  );
   return Object.freeze({
     ...base,
     interceptionMode,
@@ -211,9 +242,10 @@ export function specForPod(pod: PodLike): RedirectSpec {
     outboundExcludeCidrs: excludeCidrs,
     excludeInterfaces: field(a, ANNOTATION.EXCLUDE_INTERFACES, parseInterfaceList, base.excludeInterfaces),
     // Present (even empty), the newer annotation decides, as in Istio.
-    virtInterfaces: a[ANNOTATION.REROUTE_VIRTUAL_INTERFACES] !== undefined
-      ? field(a, ANNOTATION.REROUTE_VIRTUAL_INTERFACES, parseInterfaceList, base.virtInterfaces)
-      : field(a, ANNOTATION.KUBEVIRT_INTERFACES, parseInterfaceList, base.virtInterfaces),
+    virtInterfaces:
+      a[ANNOTATION.REROUTE_VIRTUAL_INTERFACES] !== undefined
+        ? field(a, ANNOTATION.REROUTE_VIRTUAL_INTERFACES, parseInterfaceList, base.virtInterfaces)
+        : field(a, ANNOTATION.KUBEVIRT_INTERFACES, parseInterfaceList, base.virtInterfaces),
     proxyUids: [ownerId(proxy.runAsUser, 'runAsUser', PROXY_UID)],
     proxyGids: [ownerId(proxy.runAsGroup, 'runAsGroup', PROXY_GID)],
     captureDns: base.captureDns || envFlag(proxy, ENV_DNS_CAPTURE),

@@ -9,7 +9,11 @@ export type EmitLevel = Exclude<LogLevel, 'none'>;
 
 /** Higher is more verbose: a record is written when its rank is at most the threshold's. */
 export const LEVEL_RANK: Readonly<Record<LogLevel, number>> = Object.freeze({
-  none: 0, error: 1, warn: 2, info: 3, debug: 4,
+  none: 0,
+  error: 1,
+  warn: 2,
+  info: 3,
+  debug: 4,
 });
 
 export function isLogLevel(v: unknown): v is LogLevel {

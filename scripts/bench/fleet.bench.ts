@@ -76,12 +76,18 @@ async function runFleet(a: FleetArgs): Promise<void> {
   configureLogging(buildSettings({ log_output_level: 'all:none' }, {}).logging);
   const caData = Buffer.from(a.caPem).toString('base64');
   const kubeconfig = (file: string) => {
-    writeFileSync(file, JSON.stringify({
-      apiVersion: 'v1', kind: 'Config', 'current-context': 'c',
-      clusters: [{ name: 'c', cluster: { server: a.url, 'certificate-authority-data': caData } }],
-      users: [{ name: 'u', user: { token: a.token } }],
-      contexts: [{ name: 'c', context: { cluster: 'c', user: 'u' } }],
-    }), { mode: 0o600 });
+    writeFileSync(
+      file,
+      JSON.stringify({
+        apiVersion: 'v1',
+        kind: 'Config',
+        'current-context': 'c',
+        clusters: [{ name: 'c', cluster: { server: a.url, 'certificate-authority-data': caData } }],
+        users: [{ name: 'u', user: { token: a.token } }],
+        contexts: [{ name: 'c', context: { cluster: 'c', user: 'u' } }],
+      }),
+      { mode: 0o600 },
+    );
     return file;
   };
   const agents = a.nodes.map((node, i) => {
@@ -104,18 +110,20 @@ async function runFleet(a: FleetArgs): Promise<void> {
   const running: { stop(): Promise<void> }[] = [];
   const t0 = Date.now();
   const synced: number[] = [];
-  const watches = await Promise.all(agents.map(async ({ settings }) => {
-    // As src/agent.ts: the node's watch once, repair and the lookup reading it.
-    const kc = orchKubeConfig(settings);
-    const watch = nodePodSource(clientNodeApi(kc), settings.env.nodeName, 'repair');
-    watch.start();
-    const repair = startRepair(settings, watch);
-    const lookup = await startPodLookup(settings, DEFAULT_POD_LOOKUP, watch);
-    running.push({ stop: () => lookup.stop('SIGTERM') });
-    running.push({ stop: () => repair.stop('SIGTERM') }, { stop: () => watch.stop() });
-    void watch.synced.then(() => synced.push(Date.now() - t0));
-    return { watch, limiter: orchContext(kc)?.limiter };
-  }));
+  const watches = await Promise.all(
+    agents.map(async ({ settings }) => {
+      // As src/agent.ts: the node's watch once, repair and the lookup reading it.
+      const kc = orchKubeConfig(settings);
+      const watch = nodePodSource(clientNodeApi(kc), settings.env.nodeName, 'repair');
+      watch.start();
+      const repair = startRepair(settings, watch);
+      const lookup = await startPodLookup(settings, DEFAULT_POD_LOOKUP, watch);
+      running.push({ stop: () => lookup.stop('SIGTERM') });
+      running.push({ stop: () => repair.stop('SIGTERM') }, { stop: () => watch.stop() });
+      void watch.synced.then(() => synced.push(Date.now() - t0));
+      return { watch, limiter: orchContext(kc)?.limiter };
+    }),
+  );
   process.on('message', (m: { cmd: string }) => {
     if (m.cmd === 'status') {
       process.send!({
@@ -303,16 +311,39 @@ async function agentRss(bundle: string, pods: number): Promise<number> {
   const dir = await mkdtemp(path.join(os.tmpdir(), 'mcni-fleet-rss-'));
   for (const d of ['net.d', 'bin', 'src']) await mkdir(path.join(dir, d));
   const kc = server.writeOrchconfig(path.join(dir, 'kc.json'));
-  const child = spawn(process.execPath, ['--no-deprecation', bundle,
-    '--repair-enabled', '--repair-label-pods', '--orchconfig', kc,
-    '--mounted-cni-net-dir', path.join(dir, 'net.d'), '--mounted-cni-bin-dir', path.join(dir, 'bin'),
-    '--cni-binaries-dir', path.join(dir, 'src'), '--monitoring-port', '0', '--ctrlz_port', '0',
-    '--log-uds-address', path.join(dir, 'log.sock'), '--pod-lookup-uds-address', path.join(dir, 'pods.sock'),
-    '--cleanup-on-exit', 'never', '--log_output_level', 'all:none'],
-  {
-    stdio: ['ignore', 'ignore', 'inherit'],
-    env: { PATH: process.env.PATH ?? '/usr/bin:/bin', NODE_NAME: 'node-a', POD_NAMESPACE: 'mesh-system' },
-  });
+  const child = spawn(
+    process.execPath,
+    [
+      '--no-deprecation',
+      bundle,
+      '--repair-enabled',
+      '--repair-label-pods',
+      '--orchconfig',
+      kc,
+      '--mounted-cni-net-dir',
+      path.join(dir, 'net.d'),
+      '--mounted-cni-bin-dir',
+      path.join(dir, 'bin'),
+      '--cni-binaries-dir',
+      path.join(dir, 'src'),
+      '--monitoring-port',
+      '0',
+      '--ctrlz_port',
+      '0',
+      '--log-uds-address',
+      path.join(dir, 'log.sock'),
+      '--pod-lookup-uds-address',
+      path.join(dir, 'pods.sock'),
+      '--cleanup-on-exit',
+      'never',
+      '--log_output_level',
+      'all:none',
+    ],
+    {
+      stdio: ['ignore', 'ignore', 'inherit'],
+      env: { PATH: process.env.PATH ?? '/usr/bin:/bin', NODE_NAME: 'node-a', POD_NAMESPACE: 'mesh-system' },
+    },
+  );
   try {
     const watchingNow = () => server.requests.some((r) => isPods(r) && isWatch(r) && r.status === 200);
     await waitFor('the agent watching', watchingNow, { timeoutMs: 30_000, everyMs: 20 });
@@ -350,15 +381,20 @@ function baseRev(): string {
 }
 
 async function main(): Promise<void> {
-  console.log(`fleet: ${NODES} nodes x ${PODS_PER_NODE} pods = ${NODES * PODS_PER_NODE} pods; `
-    + `${AGENTS} real agents on ${AGENTS} of the nodes; fleet rates x ${NODES / AGENTS}`);
+  console.log(
+    `fleet: ${NODES} nodes x ${PODS_PER_NODE} pods = ${NODES * PODS_PER_NODE} pods; ` +
+      `${AGENTS} real agents on ${AGENTS} of the nodes; fleet rates x ${NODES / AGENTS}`,
+  );
   const server = await startTestApiServer({ bookmarkIntervalMs: 60_000 });
   const t = Date.now();
   for (let n = 0; n < NODES; n++) {
     for (let p = 0; p < PODS_PER_NODE; p++) server.upsertPod(benchPod(`p${n}-${p}`, `node-${n}`));
   }
   console.log(`  ${NODES * PODS_PER_NODE} pods stored in ${((Date.now() - t) / 1000).toFixed(1)} s`);
-  const picked = [...Array(NODES).keys()].sort(() => Math.random() - 0.5).slice(0, AGENTS).map((n) => `node-${n}`);
+  const picked = [...Array(NODES).keys()]
+    .sort(() => Math.random() - 0.5)
+    .slice(0, AGENTS)
+    .map((n) => `node-${n}`);
   const dir = await mkdtemp(path.join(os.tmpdir(), 'mcni-fleet-'));
   const results: Partial<Record<Mode, Result>> = {};
   try {
@@ -401,30 +437,46 @@ async function main(): Promise<void> {
   const figures: [string, Figure, string][] = [
     ['start: requests / objects read per agent', (r) => `${per(r.start)} / ${obj(r.start)}`, `<= ${2 * PODS_PER_NODE}`],
     ['start: consistent lists (fleet of the sample)', (r) => `${r.start.consistent}`, '0'],
-    ['start: synced after, p50 / max', (r) => `${secs(r.start.readySeconds.p50)} / ${secs(r.start.readySeconds.max)} s`,
-      ''],
+    [
+      'start: synced after, p50 / max',
+      (r) => `${secs(r.start.readySeconds.p50)} / ${secs(r.start.readySeconds.max)} s`,
+      '',
+    ],
     ['steady: requests per node per hour', (r) => r.steady.perNodeHour.toFixed(1), '<= 12'],
     ['  of which sent in the idle window', (r) => `${r.steady.idleRequests}`, ''],
-    ['  watch renewal: requests, mean timeout',
-      (r) => `${r.steady.perRenewal.toFixed(2)}, ${Math.round(r.steady.meanTimeoutS)} s`, ''],
+    [
+      '  watch renewal: requests, mean timeout',
+      (r) => `${r.steady.perRenewal.toFixed(2)}, ${Math.round(r.steady.meanTimeoutS)} s`,
+      '',
+    ],
     ['restart: fleet req/s, first 30 s avg / peak', (r) => `${avg30(r.restart)} / ${peak(r.restart)}`, ''],
     ['restart: reconnects at (p5-p95 after the cut)', (r) => at(r.restart), 'over >= 10 s'],
     ['restart: objects read per agent, consistent lists', (r) => `${obj(r.restart)}, ${r.restart.consistent}`, '0'],
     ['restart: agents over their rate limit', (r, m) => (m === 'old' ? 'no limit' : `${r.restart.overLimit}`), '0'],
     ['compaction: fleet req/s, first 30 s avg / peak', (r) => `${avg30(r.compaction)} / ${peak(r.compaction)}`, ''],
     ['compaction: re-reads at (p5-p95 after the 410)', (r) => at(r.compaction), ''],
-    ['compaction: objects read per agent, consistent lists',
-      (r) => `${obj(r.compaction)}, ${r.compaction.consistent}`, '0 consistent lists'],
+    [
+      'compaction: objects read per agent, consistent lists',
+      (r) => `${obj(r.compaction)}, ${r.compaction.consistent}`,
+      '0 consistent lists',
+    ],
     ['compaction: fleet objects read (x NODES/AGENTS)', (r) => fleetObjects(r.compaction), ''],
     ['agent RSS, 30 / 250 pods on its node', (_r, m) => rssOf(m), 'unchanged'],
   ];
   const rows = figures.map(([label, f, target]) => [label, f(results.old!, 'old'), f(results.new!, 'new'), target]);
   const w = [0, 1, 2].map((c) => Math.max(3, ...rows.map((r) => r[c]!.length)));
-  const line = (r: readonly string[]) => `| ${r.slice(0, 3).map((x, c) => x.padEnd(w[c]!)).join(' | ')} | ${r[3]} |`;
+  const line = (r: readonly string[]) =>
+    `| ${r
+      .slice(0, 3)
+      .map((x, c) => x.padEnd(w[c]!))
+      .join(' | ')} | ${r[3]} |`;
   console.log(`\n${line(['figure', 'old', 'new', 'target'])}`);
   console.log(`|${w.map((x) => '-'.repeat(x + 2)).join('|')}|--------|`);
   for (const r of rows) console.log(line(r));
-  const bySecond = (m: Mode) => results[m]!.restart.perSecond.slice(0, 30).map((x) => Math.round(x)).join(' ');
+  const bySecond = (m: Mode) =>
+    results[m]!.restart.perSecond.slice(0, 30)
+      .map((x) => Math.round(x))
+      .join(' ');
   console.log(`\nrestart, new, fleet req/s by second: ${bySecond('new')}`);
   console.log(`restart, old, fleet req/s by second: ${bySecond('old')}`);
   console.log(`RSS baseline: ${baseRev().slice(0, 12)} (the tree before issue 19)`);

@@ -86,7 +86,7 @@ async function metricValue(get: (p: string) => Promise<{ body: string }>, name: 
 
 async function runAgent(): Promise<Result> {
   const tree = await prepare();
-  const agent = spawnAgent(tree, { 'log_output_level': 'default:warn,install:warn', 'reconcile-interval': '1h' });
+  const agent = spawnAgent(tree, { log_output_level: 'default:warn,install:warn', 'reconcile-interval': '1h' });
   try {
     await agent.monitoringPort();
     while (!hasEntry(path.join(tree.netDir, '10-bridge.conflist'))) await new Promise((r) => setTimeout(r, 10));
@@ -108,7 +108,7 @@ async function runAgent(): Promise<Result> {
  */
 async function runTokenRotation(): Promise<number[]> {
   const tree = await prepare();
-  const agent = spawnAgent(tree, { 'log_output_level': 'default:warn,install:warn', 'reconcile-interval': '1h' });
+  const agent = spawnAgent(tree, { log_output_level: 'default:warn,install:warn', 'reconcile-interval': '1h' });
   const orchconfig = path.join(tree.netDir, 'ZZZ-mesh-cni-orchconfig');
   const latencies: number[] = [];
   try {
@@ -135,7 +135,11 @@ async function runTokenRotation(): Promise<number[]> {
 
 async function runPoller(): Promise<Result> {
   const tree = await prepare();
-  const child: ChildProcess = spawn(process.execPath, [path.join(here, 'lib/poller.ts'), tree.netDir, tree.binDir, tree.binariesDir, tree.saDir], { stdio: ['ignore', 'pipe', 'inherit'] });
+  const child: ChildProcess = spawn(
+    process.execPath,
+    [path.join(here, 'lib/poller.ts'), tree.netDir, tree.binDir, tree.binariesDir, tree.saDir],
+    { stdio: ['ignore', 'pipe', 'inherit'] },
+  );
   let out = '';
   child.stdout!.on('data', (d: Buffer) => (out += d.toString()));
   try {
@@ -153,7 +157,6 @@ async function runPoller(): Promise<Result> {
     await tree.remove();
   }
 }
-
 
 // ---- 2. exec to ready, with the real plugin binary
 
@@ -180,8 +183,14 @@ async function status(port: number, pathname: string): Promise<number> {
 
 function agentArgs(tree: HostTree, port: number, extra: Record<string, string> = {}): string[] {
   return Object.entries({
-    ...tree.flags, 'cni-binaries-dir': PLUGIN_DIR, 'monitoring-port': String(port), ctrlz_port: '0',
-    'log_output_level': 'all:warn', 'cleanup-on-exit': 'never', 'reconcile-interval': '1h', ...extra,
+    ...tree.flags,
+    'cni-binaries-dir': PLUGIN_DIR,
+    'monitoring-port': String(port),
+    ctrlz_port: '0',
+    log_output_level: 'all:warn',
+    'cleanup-on-exit': 'never',
+    'reconcile-interval': '1h',
+    ...extra,
   }).map(([k, v]) => `--${k}=${v}`);
 }
 
@@ -198,10 +207,14 @@ async function stopChild(child: ChildProcess): Promise<void> {
 async function execToReady(tree: HostTree): Promise<{ readyMs: number; repairMs: number }> {
   const port = await freePort();
   const t0 = performance.now();
-  const child = spawn(process.execPath, [BUNDLE, ...agentArgs(tree, port)], { env: { PATH: process.env.PATH ?? '/usr/bin:/bin', ...tree.env }, stdio: ['ignore', 'ignore', 'inherit'] });
+  const child = spawn(process.execPath, [BUNDLE, ...agentArgs(tree, port)], {
+    env: { PATH: process.env.PATH ?? '/usr/bin:/bin', ...tree.env },
+    stdio: ['ignore', 'ignore', 'inherit'],
+  });
   try {
     while ((await status(port, '/readyz')) !== 200) {
-      if (performance.now() - t0 > 30_000 || child.exitCode !== null) throw new Error('install-cni did not get ready within 30 s');
+      if (performance.now() - t0 > 30_000 || child.exitCode !== null)
+        throw new Error('install-cni did not get ready within 30 s');
       // Not faster: on a 2-CPU machine the polling itself takes CPU from the agent starting up.
       await sleep(5);
     }
@@ -250,7 +263,9 @@ async function benchExecToReady(): Promise<void> {
       await tree.remove();
     }
   }
-  console.log(`\nexec to /readyz 200 (dist/install-cni.js, plugin ${(size / 1e6).toFixed(0)} MB), ${RUNS} runs each; then a primary rewrite right after ready, time until our entry is back:\n`);
+  console.log(
+    `\nexec to /readyz 200 (dist/install-cni.js, plugin ${(size / 1e6).toFixed(0)} MB), ${RUNS} runs each; then a primary rewrite right after ready, time until our entry is back:\n`,
+  );
   console.log('| case | ready p50 ms | ready max ms | repair after ready p50 ms | repair max ms |');
   console.log('|---|---|---|---|---|');
   for (const r of rows) {
@@ -259,7 +274,9 @@ async function benchExecToReady(): Promise<void> {
   }
   const installed = pct(rows[1]!.ready, 50);
   const empty = pct(rows[2]!.ready, 50);
-  console.log(`\ntarget: ready <= 300 ms with binaries installed (${installed.toFixed(0)}), <= 500 ms from an empty bin dir (${empty.toFixed(0)}): ${installed <= 300 && empty <= 500 ? 'met' : 'NOT met'}`);
+  console.log(
+    `\ntarget: ready <= 300 ms with binaries installed (${installed.toFixed(0)}), <= 500 ms from an empty bin dir (${empty.toFixed(0)}): ${installed <= 300 && empty <= 500 ? 'met' : 'NOT met'}`,
+  );
 }
 
 // ---- 3. churn: CPU per second
@@ -294,13 +311,21 @@ async function churn(tree: HostTree, seconds: number): Promise<number> {
 async function manyFiles(tree: HostTree, count: number): Promise<void> {
   const names = Array.from({ length: count }, (_, i) => `50-net-${String(i).padStart(5, '0')}.conflist`);
   for (let i = 0; i < names.length; i += 500) {
-    await Promise.all(names.slice(i, i + 500).map((n) => fs.writeFile(path.join(tree.netDir, n), BRIDGE_CONFLIST.replace('bridge-net', n))));
+    await Promise.all(
+      names
+        .slice(i, i + 500)
+        .map((n) => fs.writeFile(path.join(tree.netDir, n), BRIDGE_CONFLIST.replace('bridge-net', n))),
+    );
   }
 }
 
 /** The agent from source (what the tests run), ready, with our entry in the primary. */
 async function readyAgent(tree: HostTree, flags: Record<string, string> = {}) {
-  const agent = spawnAgent(tree, { 'log_output_level': 'default:warn,install:warn', 'cleanup-on-exit': 'never', ...flags });
+  const agent = spawnAgent(tree, {
+    log_output_level: 'default:warn,install:warn',
+    'cleanup-on-exit': 'never',
+    ...flags,
+  });
   try {
     await agent.monitoringPort();
     const t0 = performance.now();
@@ -370,7 +395,9 @@ async function benchChurn(): Promise<void> {
     try {
       let writes = 0;
       const cpu = await cpuPerSecond(agent.child.pid!, async () => void (writes = await churn(tree, CHURN_S)));
-      rows.push(`| 20-churn.conflist rewritten every ms (${(writes / CHURN_S).toFixed(0)}/s) | install-cni | ${(cpu * 100).toFixed(1)} % | - |`);
+      rows.push(
+        `| 20-churn.conflist rewritten every ms (${(writes / CHURN_S).toFixed(0)}/s) | install-cni | ${(cpu * 100).toFixed(1)} % | - |`,
+      );
     } finally {
       await agent.stop('SIGTERM');
       await tree.remove();
@@ -381,7 +408,9 @@ async function benchChurn(): Promise<void> {
     try {
       await withNaive(tree.netDir, async (pid) => {
         const cpu = await cpuPerSecond(pid, async () => void (await churn(tree, CHURN_S)));
-        rows.push(`| 20-churn.conflist rewritten every ms | baseline: re-read every file per event | ${(cpu * 100).toFixed(1)} % | - |`);
+        rows.push(
+          `| 20-churn.conflist rewritten every ms | baseline: re-read every file per event | ${(cpu * 100).toFixed(1)} % | - |`,
+        );
       });
     } finally {
       await tree.remove();
@@ -399,7 +428,9 @@ async function benchChurn(): Promise<void> {
       await sleep(1000);
       const cpu = await cpuPerSecond(agent.child.pid!, () => sleep(CHURN_S * 2000));
       const restore = await restoreTimes(tree, 10);
-      rows.push(`| 10,000 config files, steady state (${CHURN_S * 2} s) | install-cni | ${(cpu * 100).toFixed(1)} % | ${pct(restore, 50).toFixed(1)} / ${Math.max(...restore).toFixed(1)} |`);
+      rows.push(
+        `| 10,000 config files, steady state (${CHURN_S * 2} s) | install-cni | ${(cpu * 100).toFixed(1)} % | ${pct(restore, 50).toFixed(1)} / ${Math.max(...restore).toFixed(1)} |`,
+      );
     } finally {
       await agent.stop('SIGTERM');
       await tree.remove();
@@ -411,13 +442,17 @@ async function benchChurn(): Promise<void> {
     try {
       await withNaive(tree.netDir, async (pid) => {
         const cpu = await cpuPerSecond(pid, () => sleep(CHURN_S * 2000));
-        rows.push(`| 10,000 config files, steady state (${CHURN_S * 2} s) | baseline: re-read every file per event, every 5 s | ${(cpu * 100).toFixed(1)} % | - |`);
+        rows.push(
+          `| 10,000 config files, steady state (${CHURN_S * 2} s) | baseline: re-read every file per event, every 5 s | ${(cpu * 100).toFixed(1)} % | - |`,
+        );
       });
     } finally {
       await tree.remove();
     }
   }
-  console.log(`\nchurn: CPU per second of wall time (user+sys), and the time to restore our entry after a primary rewrite:\n`);
+  console.log(
+    `\nchurn: CPU per second of wall time (user+sys), and the time to restore our entry after a primary rewrite:\n`,
+  );
   console.log('| case | process | CPU | restore p50 / max ms |');
   console.log('|---|---|---|---|');
   for (const r of rows) console.log(r);
@@ -431,10 +466,14 @@ if (PARTS.has('restore')) {
   console.log('| implementation | p50 ms | p99 ms | max ms | writes | writes per restore |');
   console.log('|---|---|---|---|---|---|');
   for (const r of results) {
-    console.log(`| ${r.name} | ${pct(r.latenciesMs, 50).toFixed(2)} | ${pct(r.latenciesMs, 99).toFixed(2)} | ${Math.max(...r.latenciesMs).toFixed(2)} | ${r.writes} | ${(r.writes / REWRITES).toFixed(2)} |`);
+    console.log(
+      `| ${r.name} | ${pct(r.latenciesMs, 50).toFixed(2)} | ${pct(r.latenciesMs, 99).toFixed(2)} | ${Math.max(...r.latenciesMs).toFixed(2)} | ${r.writes} | ${(r.writes / REWRITES).toFixed(2)} |`,
+    );
   }
   const rotation = await runTokenRotation();
-  console.log(`\nthe plugin's token file replaced 50 times; time until the orchconfig has it: p50 ${pct(rotation, 50).toFixed(2)} ms, p99 ${pct(rotation, 99).toFixed(2)} ms, max ${Math.max(...rotation).toFixed(2)} ms (target: within 1 s)`);
+  console.log(
+    `\nthe plugin's token file replaced 50 times; time until the orchconfig has it: p50 ${pct(rotation, 50).toFixed(2)} ms, p99 ${pct(rotation, 99).toFixed(2)} ms, max ${Math.max(...rotation).toFixed(2)} ms (target: within 1 s)`,
+  );
   const ours = results[0]!;
   const ok = pct(ours.latenciesMs, 99) <= 20 && ours.writes === REWRITES;
   console.log(`\ntarget: p99 <= 20 ms and exactly one write per restore: ${ok ? 'met' : 'NOT met'}`);

@@ -78,10 +78,19 @@ async function serve(role: Role, address: string): Promise<void> {
     const { configureLogging } = await import('../../src/monitoring/logging.ts');
     const { startPluginLogServer, DEFAULT_LIMITS } = await import('../../src/monitoring/logserver.ts');
     const { registry } = await import('../../src/monitoring/metrics.ts');
-    const settings = buildSettings({ 'log-uds-address': address, log_output_level: role === 'agent-warn' ? 'default:info,cni:warn' : 'default:info,cni:info' }, {});
+    const settings = buildSettings(
+      {
+        'log-uds-address': address,
+        log_output_level: role === 'agent-warn' ? 'default:info,cni:warn' : 'default:info,cni:info',
+      },
+      {},
+    );
     configureLogging(settings.logging);
     // Throughput rows measure parsing and printing: no read rate limit. Floods run the defaults.
-    await startPluginLogServer(settings, role === 'agent-flood' ? DEFAULT_LIMITS : { ...DEFAULT_LIMITS, maxBytesPerSecond: Number.MAX_SAFE_INTEGER });
+    await startPluginLogServer(
+      settings,
+      role === 'agent-flood' ? DEFAULT_LIMITS : { ...DEFAULT_LIMITS, maxBytesPerSecond: Number.MAX_SAFE_INTEGER },
+    );
     const metric = registry.getSingleMetric('mesh_cni_plugin_log_lines_received_total');
     const read = registry.getSingleMetric('mesh_cni_plugin_log_received_bytes_total');
     records = async () => (await metric?.get())?.values[0]?.value ?? 0;
@@ -100,7 +109,13 @@ async function serve(role: Role, address: string): Promise<void> {
   process.on('message', async (m: string) => {
     if (m === 'stats') {
       const cpu = process.cpuUsage();
-      process.send?.({ records: await records(), served: await served(), bytes: await bytes(), cpuUs: cpu.user + cpu.system, rss: process.memoryUsage.rss() } satisfies Stats);
+      process.send?.({
+        records: await records(),
+        served: await served(),
+        bytes: await bytes(),
+        cpuUs: cpu.user + cpu.system,
+        rss: process.memoryUsage.rss(),
+      } satisfies Stats);
     }
     if (m === 'exit') process.exit(0);
   });
@@ -110,11 +125,19 @@ async function serve(role: Role, address: string): Promise<void> {
 // ---- load side (this process) ---------------------------------------------------------------
 
 function record(i: number): string {
-  return JSON.stringify({
-    time: new Date().toISOString(), level: 'info', msg: 'applied redirect rules', scope: 'cni', command: 'ADD',
-    containerID: 'f3c9d0a1b2c3d4e5f60718293a4b5c6d7e8f90a1b2c3d4e5f60718293a4b5c6d', pod: { namespace: 'shop', name: `cart-${i % 1000}` },
-    rules: 12, elapsedMs: 3,
-  }) + '\n';
+  return (
+    JSON.stringify({
+      time: new Date().toISOString(),
+      level: 'info',
+      msg: 'applied redirect rules',
+      scope: 'cni',
+      command: 'ADD',
+      containerID: 'f3c9d0a1b2c3d4e5f60718293a4b5c6d7e8f90a1b2c3d4e5f60718293a4b5c6d',
+      pod: { namespace: 'shop', name: `cart-${i % 1000}` },
+      rules: 12,
+      elapsedMs: 3,
+    }) + '\n'
+  );
 }
 
 function startServer(role: Role, address: string, cpu: number): Promise<{ child: ChildProcess; uid: string }> {
@@ -149,19 +172,25 @@ function stats(child: ChildProcess): Promise<Stats> {
 async function floodLong(address: string, until: number, conns: number): Promise<number> {
   const batch = Buffer.from(Array.from({ length: 500 }, (_, i) => record(i)).join(''));
   let sent = 0;
-  await Promise.all(Array.from({ length: conns }, () => new Promise<void>((resolve) => {
-    const s = net.createConnection({ path: address });
-    const pump = () => {
-      while (Date.now() < until) {
-        sent += 500;
-        if (!s.write(batch)) return void s.once('drain', pump);
-      }
-      s.end();
-      resolve();
-    };
-    s.on('connect', pump);
-    s.on('error', () => resolve());
-  })));
+  await Promise.all(
+    Array.from(
+      { length: conns },
+      () =>
+        new Promise<void>((resolve) => {
+          const s = net.createConnection({ path: address });
+          const pump = () => {
+            while (Date.now() < until) {
+              sent += 500;
+              if (!s.write(batch)) return void s.once('drain', pump);
+            }
+            s.end();
+            resolve();
+          };
+          s.on('connect', pump);
+          s.on('error', () => resolve());
+        }),
+    ),
+  );
   return sent;
 }
 
@@ -197,33 +226,43 @@ const FLOODS: Record<Flood, { readonly what: string; readonly conns: number }> =
 
 function junkBatch(): Buffer {
   const noise = 'x'.repeat(8 * 1024);
-  const lines = Array.from({ length: 200 }, (_, i) => [
-    `{not json ${i}`, `[${i},${i}]`, `{"level":"info","nomsg":${i}}`, `\u0000\u00ff garbage ${i}`, noise,
-  ][i % 5]);
+  const lines = Array.from(
+    { length: 200 },
+    (_, i) =>
+      [`{not json ${i}`, `[${i},${i}]`, `{"level":"info","nomsg":${i}}`, `\u0000\u00ff garbage ${i}`, noise][i % 5],
+  );
   return Buffer.from(lines.join('\n') + '\n');
 }
 
 /** Keeps `conns` connections doing `work` until `until`, reconnecting whenever the server closes one. */
-async function keep(address: string, until: number, conns: number, work: (s: net.Socket, done: () => void) => void): Promise<number> {
+async function keep(
+  address: string,
+  until: number,
+  conns: number,
+  work: (s: net.Socket, done: () => void) => void,
+): Promise<number> {
   let sent = 0;
-  const one = () => new Promise<void>((resolve) => {
-    const s = net.createConnection({ path: address });
-    let over = false;
-    const done = () => {
-      if (over) return;
-      over = true;
-      sent += s.bytesWritten;
-      s.destroy();
-      resolve();
-    };
-    s.on('error', done);
-    s.on('close', done);
-    s.resume();
-    s.on('connect', () => work(s, done));
-  });
-  await Promise.all(Array.from({ length: conns }, async () => {
-    while (Date.now() < until) await one();
-  }));
+  const one = () =>
+    new Promise<void>((resolve) => {
+      const s = net.createConnection({ path: address });
+      let over = false;
+      const done = () => {
+        if (over) return;
+        over = true;
+        sent += s.bytesWritten;
+        s.destroy();
+        resolve();
+      };
+      s.on('error', done);
+      s.on('close', done);
+      s.resume();
+      s.on('connect', () => work(s, done));
+    });
+  await Promise.all(
+    Array.from({ length: conns }, async () => {
+      while (Date.now() < until) await one();
+    }),
+  );
   return sent;
 }
 
@@ -251,11 +290,16 @@ function flood(kind: Flood, address: string, until: number, conns: number): Prom
   // Its first request names a pod the node does not have (so 'served' counts only the plugin's).
   const first = JSON.stringify({ namespace: 'shop', name: 'flood', uid: 'flood-uid' }) + '\n';
   const junk = Buffer.concat([Buffer.from(first), ...Array.from({ length: 16 }, () => junkBatch())]);
-  const more = Buffer.from(Array.from({ length: 2000 }, (_, i) => JSON.stringify({ namespace: 'shop', name: `no-${i}`, uid: `u${i}` })).join('\n') + '\n');
+  const more = Buffer.from(
+    Array.from({ length: 2000 }, (_, i) => JSON.stringify({ namespace: 'shop', name: `no-${i}`, uid: `u${i}` })).join(
+      '\n',
+    ) + '\n',
+  );
   return keep(address, until, conns, (s, done) => {
     stopAt(s, done);
     const pump = () => {
-      for (let i = 0; !s.destroyed && i < 16; i++) if (!s.write(i === 0 ? junk : more)) return void s.once('drain', pump);
+      for (let i = 0; !s.destroyed && i < 16; i++)
+        if (!s.write(i === 0 ? junk : more)) return void s.once('drain', pump);
     };
     pump();
   });
@@ -273,7 +317,17 @@ function pluginRuns(kind: Flood, address: string, until: number, lookupRequest: 
       runs++;
       const s = net.createConnection({ path: address }, () => {
         if (kind === 'lookup-junk') s.write(lookupRequest);
-        else s.end(JSON.stringify({ time: new Date().toISOString(), level: 'info', msg: MARKER, command: 'ADD', containerID: 'c', pod: { namespace: 'shop', name: `run-${runs}` } }) + '\n');
+        else
+          s.end(
+            JSON.stringify({
+              time: new Date().toISOString(),
+              level: 'info',
+              msg: MARKER,
+              command: 'ADD',
+              containerID: 'c',
+              pod: { namespace: 'shop', name: `run-${runs}` },
+            }) + '\n',
+          );
       });
       s.on('error', () => {});
       s.resume();
@@ -301,7 +355,10 @@ interface FloodRow {
   served: string;
 }
 
-async function sample<T>(child: ChildProcess, run: () => Promise<T>): Promise<{ result: T; s0: Stats; s1: Stats; maxRss: number; elapsed: number }> {
+async function sample<T>(
+  child: ChildProcess,
+  run: () => Promise<T>,
+): Promise<{ result: T; s0: Stats; s1: Stats; maxRss: number; elapsed: number }> {
   const s0 = await stats(child);
   const t0 = process.hrtime.bigint();
   let maxRss = s0.rss;
@@ -313,7 +370,13 @@ async function sample<T>(child: ChildProcess, run: () => Promise<T>): Promise<{ 
   return { result, s0, s1, maxRss: Math.max(maxRss, s1.rss), elapsed: Number(process.hrtime.bigint() - t0) / 1e9 };
 }
 
-async function withServer<T>(role: Role, address: string, serverCpu: number, loadCpu: number, body: (child: ChildProcess, uid: string) => Promise<T>): Promise<T> {
+async function withServer<T>(
+  role: Role,
+  address: string,
+  serverCpu: number,
+  loadCpu: number,
+  body: (child: ChildProcess, uid: string) => Promise<T>,
+): Promise<T> {
   const { child, uid } = await startServer(role, address, serverCpu);
   child.setMaxListeners(0);
   spawnSync('taskset', ['-p', '-c', String(loadCpu), String(process.pid)], { stdio: 'ignore' });
@@ -325,15 +388,27 @@ async function withServer<T>(role: Role, address: string, serverCpu: number, loa
   }
 }
 
-async function measure(role: Role, workload: 'long' | 'short', seconds: number, dir: string, serverCpu: number, loadCpu: number): Promise<Row> {
+async function measure(
+  role: Role,
+  workload: 'long' | 'short',
+  seconds: number,
+  dir: string,
+  serverCpu: number,
+  loadCpu: number,
+): Promise<Row> {
   const address = path.join(dir, `${role}-${workload}.sock`);
   return withServer(role, address, serverCpu, loadCpu, async (child) => {
     const until = Date.now() + seconds * 1000;
-    const { s0, s1, maxRss, elapsed } = await sample(child, () => (workload === 'long' ? floodLong(address, until, 4) : floodShort(address, until, 16)));
+    const { s0, s1, maxRss, elapsed } = await sample(child, () =>
+      workload === 'long' ? floodLong(address, until, 4) : floodShort(address, until, 16),
+    );
     const records = s1.records - s0.records;
     const cpuSec = (s1.cpuUs - s0.cpuUs) / 1e6;
     return {
-      server: role === 'baseline' ? 'bare net server (count newlines)' : `agent log server, cni:${role === 'agent-info' ? 'info (printed)' : 'warn (parsed, filtered)'}`,
+      server:
+        role === 'baseline'
+          ? 'bare net server (count newlines)'
+          : `agent log server, cni:${role === 'agent-info' ? 'info (printed)' : 'warn (parsed, filtered)'}`,
       workload: workload === 'long' ? '4 long connections' : '16 x connection per 5 records',
       perSec: records / elapsed,
       cpuPct: (cpuSec / elapsed) * 100,
@@ -343,19 +418,33 @@ async function measure(role: Role, workload: 'long' | 'short', seconds: number, 
   });
 }
 
-async function measureFlood(role: Role, kind: Flood, seconds: number, dir: string, serverCpu: number, loadCpu: number): Promise<FloodRow> {
+async function measureFlood(
+  role: Role,
+  kind: Flood,
+  seconds: number,
+  dir: string,
+  serverCpu: number,
+  loadCpu: number,
+): Promise<FloodRow> {
   const address = path.join(dir, `${role}-${kind}`, 'flood.sock');
   mkdirSync(path.dirname(address), { recursive: true });
   return withServer(role, address, serverCpu, loadCpu, async (child, uid) => {
     const until = Date.now() + seconds * 1000;
     const lookupRequest = JSON.stringify({ namespace: 'shop', name: 'cart-1', uid }) + '\n';
     const { conns, what } = FLOODS[kind];
-    const { result, s0, s1, maxRss, elapsed } = await sample(child, () => Promise.all([flood(kind, address, until, conns), pluginRuns(kind, address, until, lookupRequest)]));
+    const { result, s0, s1, maxRss, elapsed } = await sample(child, () =>
+      Promise.all([flood(kind, address, until, conns), pluginRuns(kind, address, until, lookupRequest)]),
+    );
     const [sent, runs] = result;
     const cpuSec = (s1.cpuUs - s0.cpuUs) / 1e6;
     const served = s1.served - s0.served;
     return {
-      server: role === 'baseline' ? 'bare net server (count newlines)' : role === 'lookup' ? 'agent pod lookup socket' : 'agent log server, defaults',
+      server:
+        role === 'baseline'
+          ? 'bare net server (count newlines)'
+          : role === 'lookup'
+            ? 'agent pod lookup socket'
+            : 'agent log server, defaults',
       flood: `${conns} x ${what}`,
       sentMiBs: sent / 1048576 / elapsed,
       readMiBs: role === 'lookup' ? Number.NaN : (s1.bytes - s0.bytes) / 1048576 / elapsed,
@@ -368,7 +457,8 @@ async function measureFlood(role: Role, kind: Flood, seconds: number, dir: strin
 
 function printTable(header: string[], rows: string[][], leftCols: number): void {
   const widths = header.map((h, i) => Math.max(h.length, ...rows.map((row) => row[i]!.length)));
-  const fmt = (cells: string[]) => cells.map((c, i) => (i < leftCols ? c.padEnd(widths[i]!) : c.padStart(widths[i]!))).join(' | ');
+  const fmt = (cells: string[]) =>
+    cells.map((c, i) => (i < leftCols ? c.padEnd(widths[i]!) : c.padStart(widths[i]!))).join(' | ');
   console.log(fmt(header));
   console.log(widths.map((w) => '-'.repeat(w)).join('-|-'));
   for (const row of rows) console.log(fmt(row));
@@ -385,24 +475,63 @@ async function main(): Promise<void> {
   const floods: FloodRow[] = [];
   try {
     for (const workload of ['long', 'short'] as const) {
-      for (const role of ['baseline', 'agent-info', 'agent-warn'] as const) rows.push(await measure(role, workload, seconds, dir, serverCpu, loadCpu));
+      for (const role of ['baseline', 'agent-info', 'agent-warn'] as const)
+        rows.push(await measure(role, workload, seconds, dir, serverCpu, loadCpu));
     }
     for (const kind of ['junk', 'oversized', 'slow'] as const) {
-      for (const role of ['baseline', 'agent-flood'] as const) floods.push(await measureFlood(role, kind, seconds, dir, serverCpu, loadCpu));
+      for (const role of ['baseline', 'agent-flood'] as const)
+        floods.push(await measureFlood(role, kind, seconds, dir, serverCpu, loadCpu));
     }
-    for (const role of ['baseline', 'lookup'] as const) floods.push(await measureFlood(role, 'lookup-junk', seconds, dir, serverCpu, loadCpu));
+    for (const role of ['baseline', 'lookup'] as const)
+      floods.push(await measureFlood(role, 'lookup-junk', seconds, dir, serverCpu, loadCpu));
   } finally {
     rmSync(dir, { recursive: true, force: true });
   }
-  console.log(`plugin log records (${Buffer.byteLength(record(0))} B each), ${seconds} s a row; server pinned to CPU ${serverCpu}, load to CPU ${loadCpu}${hasTaskset ? '' : ' (taskset missing: not pinned)'}; ${cpus} CPUs, Node ${process.version}`);
-  printTable(['server', 'workload', 'records/s', 'server CPU %', 'records per CPU-s', 'server RSS MiB', 'vs baseline'], rows.map((r) => {
-    const base = rows.find((b) => b.workload === r.workload && b.server.startsWith('bare'));
-    return [r.server, r.workload, r.perSec.toFixed(0), r.cpuPct.toFixed(0), r.perCpuSec.toFixed(0), r.rssMiB.toFixed(1), base ? `${((r.perSec / base.perSec) * 100).toFixed(0)} %` : ''];
-  }), 2);
-  console.log(`\nfloods, ${seconds} s a row, with a plugin run every 100 ms on a fresh connection (served: its record printed, or its lookup answered from the watch); DaemonSet memory limit ${LIMIT_MIB} MiB`);
-  printTable(['server', 'flood', 'sent MiB/s', 'read MiB/s', 'server CPU %', 'peak RSS MiB', `under ${LIMIT_MIB} MiB`, 'plugin runs served'], floods.map((r) => [
-    r.server, r.flood, r.sentMiBs.toFixed(0), Number.isNaN(r.readMiBs) ? '' : r.readMiBs.toFixed(1), r.cpuPct.toFixed(0), r.rssMiB.toFixed(1), r.rssMiB < LIMIT_MIB ? 'yes' : 'NO', r.served,
-  ]), 2);
+  console.log(
+    `plugin log records (${Buffer.byteLength(record(0))} B each), ${seconds} s a row; server pinned to CPU ${serverCpu}, load to CPU ${loadCpu}${hasTaskset ? '' : ' (taskset missing: not pinned)'}; ${cpus} CPUs, Node ${process.version}`,
+  );
+  printTable(
+    ['server', 'workload', 'records/s', 'server CPU %', 'records per CPU-s', 'server RSS MiB', 'vs baseline'],
+    rows.map((r) => {
+      const base = rows.find((b) => b.workload === r.workload && b.server.startsWith('bare'));
+      return [
+        r.server,
+        r.workload,
+        r.perSec.toFixed(0),
+        r.cpuPct.toFixed(0),
+        r.perCpuSec.toFixed(0),
+        r.rssMiB.toFixed(1),
+        base ? `${((r.perSec / base.perSec) * 100).toFixed(0)} %` : '',
+      ];
+    }),
+    2,
+  );
+  console.log(
+    `\nfloods, ${seconds} s a row, with a plugin run every 100 ms on a fresh connection (served: its record printed, or its lookup answered from the watch); DaemonSet memory limit ${LIMIT_MIB} MiB`,
+  );
+  printTable(
+    [
+      'server',
+      'flood',
+      'sent MiB/s',
+      'read MiB/s',
+      'server CPU %',
+      'peak RSS MiB',
+      `under ${LIMIT_MIB} MiB`,
+      'plugin runs served',
+    ],
+    floods.map((r) => [
+      r.server,
+      r.flood,
+      r.sentMiBs.toFixed(0),
+      Number.isNaN(r.readMiBs) ? '' : r.readMiBs.toFixed(1),
+      r.cpuPct.toFixed(0),
+      r.rssMiB.toFixed(1),
+      r.rssMiB < LIMIT_MIB ? 'yes' : 'NO',
+      r.served,
+    ]),
+    2,
+  );
 }
 
 if (process.argv[2] === '--serve') await serve(process.argv[3] as Role, process.argv[4] as string);

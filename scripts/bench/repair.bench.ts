@@ -39,7 +39,11 @@ interface Contender {
 const bundleDir = await mkdtemp(path.join(os.tmpdir(), 'mcni-repair-bundle-'));
 async function bundle(entry: string, name: string): Promise<string> {
   const outfile = path.join(bundleDir, `${name}.mjs`);
-  await esbuild.build({ ...bundleOptions('esm', { version: 'bench', gitCommit: 'bench', buildTime: new Date().toISOString() }), entryPoints: [entry], outfile });
+  await esbuild.build({
+    ...bundleOptions('esm', { version: 'bench', gitCommit: 'bench', buildTime: new Date().toISOString() }),
+    entryPoints: [entry],
+    outfile,
+  });
   return outfile;
 }
 const agentJs = await bundle(path.join(root, 'src/cmd/install-cni-main.ts'), 'install-cni');
@@ -49,11 +53,38 @@ const agent: Contender = {
   name: 'mesh-cni repair (watch, qps 200/burst 400/concurrency 16)',
   start(server, dir) {
     const kc = server.writeOrchconfig(path.join(dir, 'kc.json'));
-    return spawn(process.execPath, ['--no-deprecation', agentJs,
-      '--repair-enabled', '--repair-label-pods', '--repair-node-name', 'node-a', '--orchconfig', kc,
-      '--mounted-cni-net-dir', path.join(dir, 'net.d'), '--mounted-cni-bin-dir', path.join(dir, 'bin'), '--cni-binaries-dir', path.join(dir, 'src'),
-      '--monitoring-port', '0', '--ctrlz_port', '0', '--log-uds-address', path.join(dir, 'log.sock'), '--pod-lookup-uds-address', path.join(dir, 'pods.sock'), '--cleanup-on-exit', 'never',
-      '--log_output_level', 'all:none'], { stdio: ['ignore', 'ignore', 'inherit'], env: { PATH: process.env.PATH ?? '/usr/bin:/bin' } });
+    return spawn(
+      process.execPath,
+      [
+        '--no-deprecation',
+        agentJs,
+        '--repair-enabled',
+        '--repair-label-pods',
+        '--repair-node-name',
+        'node-a',
+        '--orchconfig',
+        kc,
+        '--mounted-cni-net-dir',
+        path.join(dir, 'net.d'),
+        '--mounted-cni-bin-dir',
+        path.join(dir, 'bin'),
+        '--cni-binaries-dir',
+        path.join(dir, 'src'),
+        '--monitoring-port',
+        '0',
+        '--ctrlz_port',
+        '0',
+        '--log-uds-address',
+        path.join(dir, 'log.sock'),
+        '--pod-lookup-uds-address',
+        path.join(dir, 'pods.sock'),
+        '--cleanup-on-exit',
+        'never',
+        '--log_output_level',
+        'all:none',
+      ],
+      { stdio: ['ignore', 'ignore', 'inherit'], env: { PATH: process.env.PATH ?? '/usr/bin:/bin' } },
+    );
   },
 };
 
@@ -61,7 +92,9 @@ const poller: Contender = {
   name: 'baseline: list every 1 s, label all at once',
   start(server, dir) {
     const kc = server.writeOrchconfig(path.join(dir, 'kc.json'));
-    return spawn(process.execPath, ['--no-deprecation', pollerJs, kc, 'node-a'], { stdio: ['ignore', 'ignore', 'inherit'] });
+    return spawn(process.execPath, ['--no-deprecation', pollerJs, kc, 'node-a'], {
+      stdio: ['ignore', 'ignore', 'inherit'],
+    });
   },
 };
 
@@ -72,7 +105,8 @@ function procKb(pid: number, field: 'VmRSS' | 'VmHWM'): number {
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
-const until = (what: string, pred: () => boolean, timeoutMs: number, everyMs = 5) => waitFor(what, pred, { timeoutMs, everyMs });
+const until = (what: string, pred: () => boolean, timeoutMs: number, everyMs = 5) =>
+  waitFor(what, pred, { timeoutMs, everyMs });
 
 /** Starts a contender against a fresh server holding `pods`, waits until it has listed them. */
 async function launch(c: Contender, pods: number) {
@@ -81,7 +115,11 @@ async function launch(c: Contender, pods: number) {
   const dir = await mkdtemp(path.join(os.tmpdir(), 'mcni-repair-bench-'));
   for (const d of ['net.d', 'bin', 'src']) await mkdir(path.join(dir, d));
   const child = c.start(server, dir);
-  await until('the first pod list', () => server.requests.some((r) => r.method === 'GET' && r.path === '/api/v1/pods' && r.status === 200), 20_000);
+  await until(
+    'the first pod list',
+    () => server.requests.some((r) => r.method === 'GET' && r.path === '/api/v1/pods' && r.status === 200),
+    20_000,
+  );
   await sleep(1500);
   return {
     server,
@@ -106,7 +144,8 @@ async function burst(c: Contender) {
   const labelled = new Set<string>();
   const done = () => {
     const reqs = run.server.requests;
-    for (; seen < reqs.length; seen++) if (reqs[seen]!.method === 'PATCH' && reqs[seen]!.status === 200) labelled.add(reqs[seen]!.path);
+    for (; seen < reqs.length; seen++)
+      if (reqs[seen]!.method === 'PATCH' && reqs[seen]!.status === 200) labelled.add(reqs[seen]!.path);
     return labelled.size >= PODS;
   };
   await until(`all ${PODS} labelled`, done, 60_000, 10);
@@ -131,7 +170,15 @@ async function reaction(c: Contender, n: number) {
     const t0 = performance.now();
     run.server.upsertPod(brokenPod(name));
     // The agent labels through pods/status, the baseline patches the pod itself.
-    await until(`${name} labelled`, () => run.server.requests.some((r) => r.method === 'PATCH' && (r.path.endsWith(`/${name}`) || r.path.endsWith(`/${name}/status`))), 10_000, 1);
+    await until(
+      `${name} labelled`,
+      () =>
+        run.server.requests.some(
+          (r) => r.method === 'PATCH' && (r.path.endsWith(`/${name}`) || r.path.endsWith(`/${name}/status`)),
+        ),
+      10_000,
+      1,
+    );
     lat.push(performance.now() - t0);
   }
   await run.close();
@@ -154,13 +201,33 @@ for (const c of [agent, poller]) {
   // The baseline's reaction is its 1 s poll period; 30 samples show it without 200 s of waiting.
   const r = await reaction(c, c === agent ? REACTIONS : Math.min(REACTIONS, 30));
   const i = await idle(c);
-  rows.push([c.name, `${(b.ms / 1000).toFixed(2)} s`, String(b.requests), `${b.patches}/${PODS}`, `${b.peakRssMb.toFixed(1)} MB`, `${r.p50.toFixed(1)} ms (n=${r.n})`, `${r.p99.toFixed(1)} ms`, `${i.rssMb.toFixed(1)} MB`]);
+  rows.push([
+    c.name,
+    `${(b.ms / 1000).toFixed(2)} s`,
+    String(b.requests),
+    `${b.patches}/${PODS}`,
+    `${b.peakRssMb.toFixed(1)} MB`,
+    `${r.p50.toFixed(1)} ms (n=${r.n})`,
+    `${r.p99.toFixed(1)} ms`,
+    `${i.rssMb.toFixed(1)} MB`,
+  ]);
 }
-const head = ['contender', `${PODS} broken: all handled`, 'requests', 'label patches', 'peak RSS', 'reaction p50', 'reaction p99', `RSS, ${WATCHED} pods watched`];
+const head = [
+  'contender',
+  `${PODS} broken: all handled`,
+  'requests',
+  'label patches',
+  'peak RSS',
+  'reaction p50',
+  'reaction p99',
+  `RSS, ${WATCHED} pods watched`,
+];
 const widths = head.map((h, i) => Math.max(h.length, ...rows.map((r) => r[i]!.length)));
 const line = (r: string[]) => r.map((c, i) => c.padEnd(widths[i]!)).join(' | ');
 console.log(line(head));
 console.log(widths.map((w) => '-'.repeat(w)).join('-|-'));
 for (const r of rows) console.log(line(r));
 await rm(bundleDir, { recursive: true, force: true });
-console.log(`targets: all ${PODS} handled exactly once in <= 5 s, reaction p99 <= 100 ms, RSS with ${WATCHED} pods <= 80 MB`);
+console.log(
+  `targets: all ${PODS} handled exactly once in <= 5 s, reaction p99 <= 100 ms, RSS with ${WATCHED} pods <= 80 MB`,
+);

@@ -11,10 +11,17 @@ import { zshScript } from './completion/zsh.ts';
 export function completionScript(program: Command, shell: string, descriptions: boolean): string {
   const root = completionModel(program, descriptions);
   switch (shell) {
-    case 'bash': return bashScript(root);
-    case 'zsh': return zshScript(root);
-    case 'fish': return fishScript(root);
-    case 'powershell': return powershellScript(root);
-    default: throw new Error(`no completion script for shell ${JSON.stringify(shell)}: expected bash, zsh, fish or powershell`);
+    case 'bash':
+      return bashScript(root);
+    case 'zsh':
+      return zshScript(root);
+    case 'fish':
+      return fishScript(root);
+    case 'powershell':
+      return powershellScript(root);
+    default:
+      throw new Error(
+        `no completion script for shell ${JSON.stringify(shell)}: expected bash, zsh, fish or powershell`,
+      );
   }
 }

@@ -28,7 +28,10 @@ export function buildProgram(hooks: ProgramHooks): Command {
     const env = f.env ? ` [env ${f.env}]` : '';
     const def = f.default !== undefined && f.default !== '' ? ` (default ${JSON.stringify(f.default)})` : '';
     // Booleans take an optional value so `--chained-cni-plugin=false` works as with Go's pflag.
-    const opt = f.kind === 'bool' ? new Option(`--${f.name} [bool]`, f.help + env + def) : new Option(`--${f.name} <value>`, f.help + env + def);
+    const opt =
+      f.kind === 'bool'
+        ? new Option(`--${f.name} [bool]`, f.help + env + def)
+        : new Option(`--${f.name} <value>`, f.help + env + def);
     if (f.choices) opt.choices(f.choices);
     attribute.set(f.name, opt.attributeName());
     program.addOption(opt);
@@ -49,10 +52,14 @@ export function buildProgram(hooks: ProgramHooks): Command {
     .action((o: { output?: 'json' | 'yaml'; short?: string | boolean }) => {
       const info = buildInfo();
       const short = o.short === true || o.short === 'true';
-      if (o.output === 'json') process.stdout.write(JSON.stringify(short ? { version: info.version } : info, null, 2) + '\n');
+      if (o.output === 'json')
+        process.stdout.write(JSON.stringify(short ? { version: info.version } : info, null, 2) + '\n');
       else if (o.output === 'yaml') process.stdout.write(toYaml(short ? { version: info.version } : info));
       else if (short) process.stdout.write(`${info.version}\n`);
-      else process.stdout.write(`version.BuildInfo{Version:"${info.version}", GitRevision:"${info.gitCommit}", GitTreeState:"${info.gitTreeState}", NodeVersion:"${info.nodeVersion}", Platform:"${info.platform}"}\n`);
+      else
+        process.stdout.write(
+          `version.BuildInfo{Version:"${info.version}", GitRevision:"${info.gitCommit}", GitTreeState:"${info.gitTreeState}", NodeVersion:"${info.nodeVersion}", Platform:"${info.platform}"}\n`,
+        );
     });
 
   program
@@ -60,10 +67,13 @@ export function buildProgram(hooks: ProgramHooks): Command {
     .description('Prints a shell completion script.')
     // Declared as choices (not checked in the action) so the completion scripts offer them too;
     // commander rejects any other shell as a usage error.
-    .addArgument(new Argument('<shell>', 'bash, zsh, fish or powershell').choices(['bash', 'zsh', 'fish', 'powershell']))
+    .addArgument(
+      new Argument('<shell>', 'bash, zsh, fish or powershell').choices(['bash', 'zsh', 'fish', 'powershell']),
+    )
     .option('--no-descriptions', 'leave out the descriptions of flags and commands')
     .action((shell: string, o: { descriptions: boolean }) => {
-      if (!hooks.completion) throw new CommanderError(1, 'mesh.completion', 'completion is not available in this build');
+      if (!hooks.completion)
+        throw new CommanderError(1, 'mesh.completion', 'completion is not available in this build');
       process.stdout.write(hooks.completion(program, shell, o.descriptions));
     });
   return program;

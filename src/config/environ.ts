@@ -7,7 +7,9 @@ export const MASK = '******';
 
 export function maskedEnvironment(env: NodeJS.ProcessEnv = process.env): Record<string, string> {
   return Object.fromEntries(
-    Object.keys(env).sort().map((k) => [k, SECRET_NAME.test(k) ? MASK : (env[k] ?? '')]),
+    Object.keys(env)
+      .sort()
+      .map((k) => [k, SECRET_NAME.test(k) ? MASK : (env[k] ?? '')]),
   );
 }
 

@@ -30,7 +30,13 @@ function envName(name: string): string {
   return name.toUpperCase().replaceAll('-', '_');
 }
 
-function installFlag(name: string, kind: FlagKind, def: string | undefined, help: string, extra: Partial<FlagSpec> = {}): FlagSpec {
+function installFlag(
+  name: string,
+  kind: FlagKind,
+  def: string | undefined,
+  help: string,
+  extra: Partial<FlagSpec> = {},
+): FlagSpec {
   return { name, kind, default: def, env: envName(name), help, group: 'install', ...extra };
 }
 
@@ -38,7 +44,14 @@ function repairFlag(name: string, kind: FlagKind, def: string | undefined, help:
   return { name, kind, default: def, env: envName(name), help, group: 'repair' };
 }
 
-function commonFlag(name: string, kind: FlagKind, def: string | undefined, help: string, group: FlagSpec['group'], extra: Partial<FlagSpec> = {}): FlagSpec {
+function commonFlag(
+  name: string,
+  kind: FlagKind,
+  def: string | undefined,
+  help: string,
+  group: FlagSpec['group'],
+  extra: Partial<FlagSpec> = {},
+): FlagSpec {
   return { name, kind, default: def, env: null, help, group, ...extra };
 }
 
@@ -47,8 +60,20 @@ export { LOG_LEVELS, type LogLevel };
 
 /** The install-cni log scopes of the seed; `all` addresses every scope at once. */
 export const LOG_SCOPES = [
-  'all', 'ambient', 'cni', 'controllers', 'default', 'ebpf', 'install', 'klog', 'model',
-  'monitoring', 'repair', 'spiffe', 'trustBundle', 'validation',
+  'all',
+  'ambient',
+  'cni',
+  'controllers',
+  'default',
+  'ebpf',
+  'install',
+  'klog',
+  'model',
+  'monitoring',
+  'repair',
+  'spiffe',
+  'trustBundle',
+  'validation',
 ] as const;
 export type LogScope = Exclude<(typeof LOG_SCOPES)[number], 'all'>;
 /** Every scope itself (LOG_SCOPES without `all`). */
@@ -70,78 +95,301 @@ export type CleanupMode = (typeof CLEANUP_MODES)[number];
 
 export const FLAGS: readonly FlagSpec[] = [
   // --- install-cni flags of the seed
-  installFlag('ambient-enabled', 'bool', 'false', 'Whether ambient mode is enabled (not implemented yet: turning it on fails at start-up).'),
-  installFlag('chained-cni-plugin', 'bool', 'true', 'Whether to install the plugin as a chained entry of the primary CNI config (false: write a standalone conflist).'),
-  installFlag('mesh-owned-cni-config', 'bool', 'false', 'Chained mode: write our own config file (--mesh-owned-cni-config-filename), the primary CNI\'s network with our entry last, sorting before the primary\'s file, which is never edited, so no pod starts without our entry while the primary CNI rewrites its file (false, the default: splice our entry into the primary\'s file; README "Owned config" says what to check before turning it on).'),
-  installFlag('mesh-owned-cni-config-filename', 'string', '02-mesh-cni.conflist', 'Name of our own config file with --mesh-owned-cni-config; it must sort before the primary CNI\'s file (byte order).'),
-  installFlag('cni-conf-name', 'string', undefined, 'Name of the CNI config file to put our entry into (chained) or to write (standalone); empty means pick it as the runtime does.'),
-  installFlag('cni-net-dir', 'string', '/etc/cni/net.d', 'The CNI net dir as the host sees it (used in paths written into configs).', { path: 'dir' }),
-  installFlag('cni-network-config', 'string', undefined, 'Template of our CNI plugin entry (JSON; comments allowed); overrides --cni-network-config-file.'),
-  installFlag('cni-network-config-file', 'string', undefined, 'File holding the template of our CNI plugin entry (JSON; comments allowed).', { path: 'file' }),
-  installFlag('ebpf-enabled', 'bool', 'false', 'Whether eBPF redirection is enabled (not implemented yet: turning it on fails at start-up).'),
-  installFlag('orch-ca-file', 'string', undefined, 'CA file the orchconfig trusts for the API server; empty means the service-account CA.', { path: 'file' }),
-  installFlag('orchcfg-file-name', 'string', 'ZZZ-mesh-cni-orchconfig', 'Name of the orchconfig file written into the CNI net dir.'),
-  installFlag('orchconfig-mode', 'int', '384', 'File mode of the orchconfig file (decimal as in the seed, 384 = 0600; octal 0600 also accepted). It holds a token: group/other bits are refused unless --orchconfig-allow-group-other-read.'),
-  installFlag('orchconfig-allow-group-other-read', 'bool', 'false', 'Let --orchconfig-mode give group and others read access to the orchconfig and the token in it (write and execute bits stay refused).'),
-  installFlag('log-level', 'string', 'warn', 'Log level of the CNI plugin (written into its config).', { choices: LOG_LEVELS }),
-  installFlag('log-uds-address', 'string', '/var/run/mesh-cni/log.sock', 'Unix socket the CNI plugin sends its logs to; the agent prints them in scope cni.', { path: 'file' }),
-  installFlag('pod-lookup-uds-address', 'string', '/var/run/mesh-cni/pods.sock', 'Unix socket where the agent answers the plugin\'s pod lookups from its watch of this node\'s pods (empty: the plugin always asks the API server).', { path: 'file' }),
+  installFlag(
+    'ambient-enabled',
+    'bool',
+    'false',
+    'Whether ambient mode is enabled (not implemented yet: turning it on fails at start-up).',
+  ),
+  installFlag(
+    'chained-cni-plugin',
+    'bool',
+    'true',
+    'Whether to install the plugin as a chained entry of the primary CNI config (false: write a standalone conflist).',
+  ),
+  installFlag(
+    'mesh-owned-cni-config',
+    'bool',
+    'false',
+    "Chained mode: write our own config file (--mesh-owned-cni-config-filename), the primary CNI's network with our entry last, sorting before the primary's file, which is never edited, so no pod starts without our entry while the primary CNI rewrites its file (false, the default: splice our entry into the primary's file; README \"Owned config\" says what to check before turning it on).",
+  ),
+  installFlag(
+    'mesh-owned-cni-config-filename',
+    'string',
+    '02-mesh-cni.conflist',
+    "Name of our own config file with --mesh-owned-cni-config; it must sort before the primary CNI's file (byte order).",
+  ),
+  installFlag(
+    'cni-conf-name',
+    'string',
+    undefined,
+    'Name of the CNI config file to put our entry into (chained) or to write (standalone); empty means pick it as the runtime does.',
+  ),
+  installFlag(
+    'cni-net-dir',
+    'string',
+    '/etc/cni/net.d',
+    'The CNI net dir as the host sees it (used in paths written into configs).',
+    { path: 'dir' },
+  ),
+  installFlag(
+    'cni-network-config',
+    'string',
+    undefined,
+    'Template of our CNI plugin entry (JSON; comments allowed); overrides --cni-network-config-file.',
+  ),
+  installFlag(
+    'cni-network-config-file',
+    'string',
+    undefined,
+    'File holding the template of our CNI plugin entry (JSON; comments allowed).',
+    { path: 'file' },
+  ),
+  installFlag(
+    'ebpf-enabled',
+    'bool',
+    'false',
+    'Whether eBPF redirection is enabled (not implemented yet: turning it on fails at start-up).',
+  ),
+  installFlag(
+    'orch-ca-file',
+    'string',
+    undefined,
+    'CA file the orchconfig trusts for the API server; empty means the service-account CA.',
+    { path: 'file' },
+  ),
+  installFlag(
+    'orchcfg-file-name',
+    'string',
+    'ZZZ-mesh-cni-orchconfig',
+    'Name of the orchconfig file written into the CNI net dir.',
+  ),
+  installFlag(
+    'orchconfig-mode',
+    'int',
+    '384',
+    'File mode of the orchconfig file (decimal as in the seed, 384 = 0600; octal 0600 also accepted). It holds a token: group/other bits are refused unless --orchconfig-allow-group-other-read.',
+  ),
+  installFlag(
+    'orchconfig-allow-group-other-read',
+    'bool',
+    'false',
+    'Let --orchconfig-mode give group and others read access to the orchconfig and the token in it (write and execute bits stay refused).',
+  ),
+  installFlag('log-level', 'string', 'warn', 'Log level of the CNI plugin (written into its config).', {
+    choices: LOG_LEVELS,
+  }),
+  installFlag(
+    'log-uds-address',
+    'string',
+    '/var/run/mesh-cni/log.sock',
+    'Unix socket the CNI plugin sends its logs to; the agent prints them in scope cni.',
+    { path: 'file' },
+  ),
+  installFlag(
+    'pod-lookup-uds-address',
+    'string',
+    '/var/run/mesh-cni/pods.sock',
+    "Unix socket where the agent answers the plugin's pod lookups from its watch of this node's pods (empty: the plugin always asks the API server).",
+    { path: 'file' },
+  ),
   installFlag('monitoring-port', 'int', '15014', 'HTTP port for /metrics, /readyz and /healthz.'),
-  installFlag('mounted-cni-net-dir', 'string', '/host/etc/cni/net.d', 'The CNI net dir as mounted into this container (where files are written).', { path: 'dir' }),
-  installFlag('skip-tls-verify', 'bool', 'false', 'Write insecure-skip-tls-verify into the orchconfig instead of a CA.'),
+  installFlag(
+    'mounted-cni-net-dir',
+    'string',
+    '/host/etc/cni/net.d',
+    'The CNI net dir as mounted into this container (where files are written).',
+    { path: 'dir' },
+  ),
+  installFlag(
+    'skip-tls-verify',
+    'bool',
+    'false',
+    'Write insecure-skip-tls-verify into the orchconfig instead of a CA.',
+  ),
   // --- paths needed to run outside a real node, and agent behaviour the seed leaves open
   installFlag('cni-bin-dir', 'string', '/opt/cni/bin', 'The CNI bin dir as the host sees it.', { path: 'dir' }),
-  installFlag('mounted-cni-bin-dir', 'string', '/host/opt/cni/bin', 'The CNI bin dir as mounted into this container (where mesh-cni is copied to).', { path: 'dir' }),
-  installFlag('cni-binaries-dir', 'string', '/opt/mesh-cni/bin', 'Directory holding the binaries to install (in the image).', { path: 'dir' }),
-  installFlag('service-account-dir', 'string', '/var/run/secrets/kubernetes.io/serviceaccount', 'Directory of the pod service-account token, CA and namespace.', { path: 'dir' }),
-  installFlag('plugin-service-account', 'string', 'mesh-cni-plugin', 'Service account (in the agent\'s namespace) whose token the agent mints with TokenRequest for the CNI plugin\'s orchconfig; the agent\'s own token never leaves its pod.'),
-  installFlag('plugin-token-expiration', 'duration', '1h', 'Lifetime asked for the plugin\'s token, 10m (the API server\'s minimum) to 24h (it sits on the node\'s disk); it is refreshed at 50-80% of the lifetime it got.'),
-  installFlag('plugin-token-audiences', 'list', undefined, 'Audiences of the plugin\'s token; empty means the API server\'s default, the only one it is sure to accept.'),
-  installFlag('plugin-token-file', 'string', undefined, 'Put the token in this file into the orchconfig instead of minting one (a token of the plugin\'s account that you provide; the agent\'s own token is refused).', { path: 'file' }),
-  installFlag('exclude-namespaces', 'list', 'mesh-system,kube-system', 'Namespaces whose pods the plugin never redirects (comma-separated; written into its config).'),
-  installFlag('cleanup-on-exit', 'string', 'auto', 'On SIGTERM: always remove our entry and files, never, or auto: keep them only while the API server confirms our DaemonSet still exists (a restart or upgrade).', { choices: CLEANUP_MODES }),
-  installFlag('reconcile-interval', 'duration', '5s', 'How often a full reconcile runs besides the file watches (catches what watches miss).'),
-  installFlag('reconcile-timeout', 'duration', '30s', 'A reconcile pass running longer than this makes /readyz fail with the reason (it is stuck); stopping waits at most this long for a running pass, and as long again for the uninstall.'),
-  installFlag('orch-qps', 'int', '1',
-    'Client-side rate limit of the agent\'s own API requests (lists, watches, reads, TokenRequests), '
-    + 'per second; repair actions have --repair-qps.'),
-  installFlag('orch-burst', 'int', '10', 'Requests the agent may send at once above --orch-qps (start-up needs about four).'),
-  installFlag('orch-list-mode', 'string', 'auto',
-    'How the agent reads its node\'s pods before watching: auto (the streaming watch-list where the API server '
-    + 'has it, else a list from its watch cache), cache (a resourceVersion=0 list) or consistent (a paginated '
-    + 'consistent list, read from etcd: only for a server without a watch cache).', { choices: LIST_MODES }),
-  installFlag('orchconfig', 'string', undefined, 'Orchconfig (kubeconfig) file the agent itself uses to reach the API server; empty means in-cluster (service account).', { path: 'file' }),
+  installFlag(
+    'mounted-cni-bin-dir',
+    'string',
+    '/host/opt/cni/bin',
+    'The CNI bin dir as mounted into this container (where mesh-cni is copied to).',
+    { path: 'dir' },
+  ),
+  installFlag(
+    'cni-binaries-dir',
+    'string',
+    '/opt/mesh-cni/bin',
+    'Directory holding the binaries to install (in the image).',
+    { path: 'dir' },
+  ),
+  installFlag(
+    'service-account-dir',
+    'string',
+    '/var/run/secrets/kubernetes.io/serviceaccount',
+    'Directory of the pod service-account token, CA and namespace.',
+    { path: 'dir' },
+  ),
+  installFlag(
+    'plugin-service-account',
+    'string',
+    'mesh-cni-plugin',
+    "Service account (in the agent's namespace) whose token the agent mints with TokenRequest for the CNI plugin's orchconfig; the agent's own token never leaves its pod.",
+  ),
+  installFlag(
+    'plugin-token-expiration',
+    'duration',
+    '1h',
+    "Lifetime asked for the plugin's token, 10m (the API server's minimum) to 24h (it sits on the node's disk); it is refreshed at 50-80% of the lifetime it got.",
+  ),
+  installFlag(
+    'plugin-token-audiences',
+    'list',
+    undefined,
+    "Audiences of the plugin's token; empty means the API server's default, the only one it is sure to accept.",
+  ),
+  installFlag(
+    'plugin-token-file',
+    'string',
+    undefined,
+    "Put the token in this file into the orchconfig instead of minting one (a token of the plugin's account that you provide; the agent's own token is refused).",
+    { path: 'file' },
+  ),
+  installFlag(
+    'exclude-namespaces',
+    'list',
+    'mesh-system,kube-system',
+    'Namespaces whose pods the plugin never redirects (comma-separated; written into its config).',
+  ),
+  installFlag(
+    'cleanup-on-exit',
+    'string',
+    'auto',
+    'On SIGTERM: always remove our entry and files, never, or auto: keep them only while the API server confirms our DaemonSet still exists (a restart or upgrade).',
+    { choices: CLEANUP_MODES },
+  ),
+  installFlag(
+    'reconcile-interval',
+    'duration',
+    '5s',
+    'How often a full reconcile runs besides the file watches (catches what watches miss).',
+  ),
+  installFlag(
+    'reconcile-timeout',
+    'duration',
+    '30s',
+    'A reconcile pass running longer than this makes /readyz fail with the reason (it is stuck); stopping waits at most this long for a running pass, and as long again for the uninstall.',
+  ),
+  installFlag(
+    'orch-qps',
+    'int',
+    '1',
+    "Client-side rate limit of the agent's own API requests (lists, watches, reads, TokenRequests), " +
+      'per second; repair actions have --repair-qps.',
+  ),
+  installFlag(
+    'orch-burst',
+    'int',
+    '10',
+    'Requests the agent may send at once above --orch-qps (start-up needs about four).',
+  ),
+  installFlag(
+    'orch-list-mode',
+    'string',
+    'auto',
+    "How the agent reads its node's pods before watching: auto (the streaming watch-list where the API server " +
+      'has it, else a list from its watch cache), cache (a resourceVersion=0 list) or consistent (a paginated ' +
+      'consistent list, read from etcd: only for a server without a watch cache).',
+    { choices: LIST_MODES },
+  ),
+  installFlag(
+    'orchconfig',
+    'string',
+    undefined,
+    'Orchconfig (kubeconfig) file the agent itself uses to reach the API server; empty means in-cluster (service account).',
+    { path: 'file' },
+  ),
   // --- repair controller (seed), and its client-side limits
   repairFlag('repair-enabled', 'bool', 'false', 'Whether the repair controller runs.'),
   repairFlag('repair-delete-pods', 'bool', 'false', 'Delete pods found broken by the race (with a uid precondition).'),
   repairFlag('repair-label-pods', 'bool', 'false', 'Label pods found broken by the race.'),
   repairFlag('repair-broken-pod-label-key', 'string', 'cni.mesh.io/uninitialized', 'Label key put on broken pods.'),
   repairFlag('repair-broken-pod-label-value', 'string', 'true', 'Label value put on broken pods.'),
-  repairFlag('repair-field-selectors', 'string', undefined, 'Extra field selectors for the pods watched (field=value, comma-separated).'),
+  repairFlag(
+    'repair-field-selectors',
+    'string',
+    undefined,
+    'Extra field selectors for the pods watched (field=value, comma-separated).',
+  ),
   repairFlag('repair-label-selectors', 'string', undefined, 'Label selectors for the pods watched.'),
-  repairFlag('repair-init-container-exit-code', 'int', '126', 'Exit code of the validation init container that marks a pod broken.'),
+  repairFlag(
+    'repair-init-container-exit-code',
+    'int',
+    '126',
+    'Exit code of the validation init container that marks a pod broken.',
+  ),
   repairFlag('repair-init-container-name', 'string', 'mesh-validation', 'Name of the validation init container.'),
-  repairFlag('repair-init-container-termination-message', 'string', undefined, 'If set, the termination message must contain it for the pod to count as broken.'),
-  repairFlag('repair-node-name', 'string', undefined, 'Only watch pods on this node (default: NODE_NAME; empty: all nodes).'),
-  repairFlag('repair-sidecar-annotation', 'string', 'sidecar.mesh.io/status', 'Pods without this annotation are ignored (its value is not read).'),
+  repairFlag(
+    'repair-init-container-termination-message',
+    'string',
+    undefined,
+    'If set, the termination message must contain it for the pod to count as broken.',
+  ),
+  repairFlag(
+    'repair-node-name',
+    'string',
+    undefined,
+    'Only watch pods on this node (default: NODE_NAME; empty: all nodes).',
+  ),
+  repairFlag(
+    'repair-sidecar-annotation',
+    'string',
+    'sidecar.mesh.io/status',
+    'Pods without this annotation are ignored (its value is not read).',
+  ),
   repairFlag('repair-qps', 'int', '200', 'Client-side rate limit of repair actions, requests per second.'),
   repairFlag('repair-burst', 'int', '400', 'Client-side burst of repair actions.'),
   repairFlag('repair-concurrency', 'int', '16', 'How many repair actions may be in flight at once.'),
   // --- common logging flags of the seed
   commonFlag('log_as_json', 'bool', 'false', 'Emit JSON instead of console format.', 'logging'),
   commonFlag('log_caller', 'string', undefined, 'Comma-separated scopes that include caller info.', 'logging'),
-  commonFlag('log_output_level', 'string', 'default:info', '<scope>:<level> pairs, comma-separated; levels none, error, warn, info, debug.', 'logging'),
+  commonFlag(
+    'log_output_level',
+    'string',
+    'default:info',
+    '<scope>:<level> pairs, comma-separated; levels none, error, warn, info, debug.',
+    'logging',
+  ),
   commonFlag('log_rotate', 'string', undefined, 'Path of an optional rotating log file.', 'logging', { path: 'file' }),
   commonFlag('log_rotate_max_age', 'int', '30', 'Days before a log file is rotated (0: no limit).', 'logging'),
   commonFlag('log_rotate_max_backups', 'int', '1000', 'Rotated files kept (0: no limit).', 'logging'),
   commonFlag('log_rotate_max_size', 'int', '104857600', 'Size in megabytes before a log file is rotated.', 'logging'),
-  commonFlag('log_stacktrace_level', 'string', 'default:none', '<scope>:<level> pairs at which stack traces are captured.', 'logging'),
-  commonFlag('log_target', 'list', 'stdout', 'Output paths, comma-separated; stdout and stderr are special.', 'logging'),
+  commonFlag(
+    'log_stacktrace_level',
+    'string',
+    'default:none',
+    '<scope>:<level> pairs at which stack traces are captured.',
+    'logging',
+  ),
+  commonFlag(
+    'log_target',
+    'list',
+    'stdout',
+    'Output paths, comma-separated; stdout and stderr are special.',
+    'logging',
+  ),
   commonFlag('vklog', 'int', '0', 'Verbosity number of the orch client logs, like -v.', 'logging'),
   // --- ctrlz
   commonFlag('ctrlz_address', 'string', 'localhost', 'Address ControlZ listens on (* means all addresses).', 'ctrlz'),
   commonFlag('ctrlz_port', 'int', '9876', 'Port ControlZ listens on.', 'ctrlz'),
-  commonFlag('ctrlz_write', 'string', 'auto', 'Whether ControlZ may change log levels: auto (only when it listens on loopback alone), true or false.', 'ctrlz', { choices: CTRLZ_WRITE_MODES }),
+  commonFlag(
+    'ctrlz_write',
+    'string',
+    'auto',
+    'Whether ControlZ may change log levels: auto (only when it listens on loopback alone), true or false.',
+    'ctrlz',
+    { choices: CTRLZ_WRITE_MODES },
+  ),
 ];
 
 export function findFlag(name: string): FlagSpec | undefined {

@@ -62,7 +62,11 @@ export function parseFileMode(flag: string, value: string): number {
   else if (/^\d+$/.test(v)) n = Number(v);
   else n = NaN;
   if (!Number.isInteger(n) || n < 0 || n > 0o777) {
-    throw new ConfigError(flag, value, 'expected a file mode from 0 to 0777 (decimal 0-511, or octal written 0600 or 0o600)');
+    throw new ConfigError(
+      flag,
+      value,
+      'expected a file mode from 0 to 0777 (decimal 0-511, or octal written 0600 or 0o600)',
+    );
   }
   return n;
 }
@@ -89,5 +93,8 @@ export function parseEnum<T extends string>(flag: string, value: string, choices
 
 /** A comma-separated list; empty items are dropped. */
 export function parseList(value: string): string[] {
-  return value.split(',').map((s) => s.trim()).filter((s) => s.length > 0);
+  return value
+    .split(',')
+    .map((s) => s.trim())
+    .filter((s) => s.length > 0);
 }

@@ -47,9 +47,7 @@ function isInt64(v: string): boolean {
   return /^\d+$/.test(v) && BigInt(v) <= INT64_MAX;
 }
 
-type Token =
-  | { kind: 'id'; text: string }
-  | { kind: 'op'; text: '!' | '=' | '==' | '!=' | '>' | '<' | ',' | '(' | ')' };
+type Token = { kind: 'id'; text: string } | { kind: 'op'; text: '!' | '=' | '==' | '!=' | '>' | '<' | ',' | '(' | ')' };
 
 // Only these four separate tokens, as in the API server's lexer: any other space (a vertical
 // tab, a no-break space) is part of the key or value, which then fails the label syntax.

@@ -2,11 +2,36 @@
 // agent reads process.env: the entry point passes it here once.
 
 import path from 'node:path';
-import { CLEANUP_MODES, CTRLZ_WRITE_MODES, FLAGS, LIST_MODES, LOG_LEVELS, LOG_SCOPES, SCOPES, scopesAt, type CleanupMode, type CtrlzWriteMode, type FlagSpec, type ListMode, type LogLevel, type LogScope } from './flags.ts';
+import {
+  CLEANUP_MODES,
+  CTRLZ_WRITE_MODES,
+  FLAGS,
+  LIST_MODES,
+  LOG_LEVELS,
+  LOG_SCOPES,
+  SCOPES,
+  scopesAt,
+  type CleanupMode,
+  type CtrlzWriteMode,
+  type FlagSpec,
+  type ListMode,
+  type LogLevel,
+  type LogScope,
+} from './flags.ts';
 import { TEMP_MARKER } from '../install/atomicfile.ts';
 import { byteOrder, CONFIG_EXTENSIONS } from '../install/cniconfig.ts';
 import { DEFAULT_OWNED_NAME } from '../install/owned.ts';
-import { ConfigError, ConfigErrors, MAX_TIMER_MS, parseBool, parseDuration, parseEnum, parseFileMode, parseInt10, parseList } from './parse.ts';
+import {
+  ConfigError,
+  ConfigErrors,
+  MAX_TIMER_MS,
+  parseBool,
+  parseDuration,
+  parseEnum,
+  parseFileMode,
+  parseInt10,
+  parseList,
+} from './parse.ts';
 import { isLabelKey, isLabelValue, parseFieldSelector, parseLabelSelector } from './selectors.ts';
 
 export interface InstallSettings {
@@ -130,7 +155,11 @@ export function parseScopeLevels(flag: string, value: string, base: LogLevel): R
       throw new ConfigError(flag, value, `unknown scope ${JSON.stringify(scope)}; scopes are ${LOG_SCOPES.join(', ')}`);
     }
     if (!(LOG_LEVELS as readonly string[]).includes(level)) {
-      throw new ConfigError(flag, value, `unknown level ${JSON.stringify(level)} for scope ${scope}; levels are ${LOG_LEVELS.join(', ')}`);
+      throw new ConfigError(
+        flag,
+        value,
+        `unknown level ${JSON.stringify(level)} for scope ${scope}; levels are ${LOG_LEVELS.join(', ')}`,
+      );
     }
     if (scope === 'all') for (const s of SCOPES) out[s] = level as LogLevel;
     else out[scope as LogScope] = level as LogLevel;
@@ -151,7 +180,11 @@ function parseScopes(flag: string, value: string): LogScope[] {
 /** A Kubernetes object name (DNS subdomain), as a service account's. */
 function parseObjectName(flag: string, value: string): string {
   if (value.length > 253 || !/^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$/.test(value)) {
-    throw new ConfigError(flag, value, 'expected a service account name: lower-case letters, digits, - and ., at most 253');
+    throw new ConfigError(
+      flag,
+      value,
+      'expected a service account name: lower-case letters, digits, - and ., at most 253',
+    );
   }
   return value;
 }
@@ -171,8 +204,14 @@ function parseFileName(flag: string, value: string, allowEmpty: boolean): string
  */
 function parseOwnedFileName(flag: string, value: string): string {
   const name = parseFileName(flag, value, false);
-  if (path.extname(name) !== '.conflist') throw new ConfigError(flag, value, 'expected a .conflist name (what we write there is a conflist), such as 02-mesh-cni.conflist');
-  if (name.includes(TEMP_MARKER)) throw new ConfigError(flag, value, `must not contain ${TEMP_MARKER}, the mark of our temp files`);
+  if (path.extname(name) !== '.conflist')
+    throw new ConfigError(
+      flag,
+      value,
+      'expected a .conflist name (what we write there is a conflist), such as 02-mesh-cni.conflist',
+    );
+  if (name.includes(TEMP_MARKER))
+    throw new ConfigError(flag, value, `must not contain ${TEMP_MARKER}, the mark of our temp files`);
   if (name.startsWith('.')) throw new ConfigError(flag, value, 'must not start with a dot');
   return name;
 }
@@ -203,7 +242,11 @@ function defaultOwnedFileName(cniConfName: string): string {
 function parsePluginTokenExpiration(flag: string, value: string): number {
   const ms = parseDuration(flag, value);
   if (ms < 600_000 || ms > 86_400_000) {
-    throw new ConfigError(flag, value, 'expected a duration from 10m (the API server\'s minimum) to 24h (the token is written to the node\'s disk, so it must be short-lived)');
+    throw new ConfigError(
+      flag,
+      value,
+      "expected a duration from 10m (the API server's minimum) to 24h (the token is written to the node's disk, so it must be short-lived)",
+    );
   }
   return ms;
 }
@@ -224,9 +267,14 @@ function parseOrchcfgFileName(flag: string, value: string): string {
   const name = parseFileName(flag, value, false);
   const ext = path.extname(name).toLowerCase();
   if (CONFIG_EXTENSIONS.includes(ext)) {
-    throw new ConfigError(flag, value, `has a CNI config extension (${ext}); the runtime would read the token file as a CNI config. Use a name without .conf, .conflist or .json, such as the default ZZZ-mesh-cni-orchconfig`);
+    throw new ConfigError(
+      flag,
+      value,
+      `has a CNI config extension (${ext}); the runtime would read the token file as a CNI config. Use a name without .conf, .conflist or .json, such as the default ZZZ-mesh-cni-orchconfig`,
+    );
   }
-  if (name.includes(TEMP_MARKER)) throw new ConfigError(flag, value, `names like our temp files (${TEMP_MARKER}), which are removed at start-up`);
+  if (name.includes(TEMP_MARKER))
+    throw new ConfigError(flag, value, `names like our temp files (${TEMP_MARKER}), which are removed at start-up`);
   return name;
 }
 
@@ -242,7 +290,10 @@ function parseOrchconfigMode(flag: string, value: string, allowGroupOtherRead: b
   if (mode & 0o022) problems.push('makes it writable by group or others');
   if (mode & 0o111) problems.push('sets execute bits');
   if (problems.length === 0) return mode;
-  const hatch = mode & 0o044 && !allowGroupOtherRead ? '; group/other read, if really wanted, needs --orchconfig-allow-group-other-read' : '';
+  const hatch =
+    mode & 0o044 && !allowGroupOtherRead
+      ? '; group/other read, if really wanted, needs --orchconfig-allow-group-other-read'
+      : '';
   throw new ConfigError(flag, value, `${problems.join(' and ')}; use 0600 (384) or 0400 (256)${hatch}`);
 }
 
@@ -277,29 +328,42 @@ export function buildSettings(flags: RawFlags, env: Env, cwd: string = process.c
   const int = (name: string, min: number, max: number) => get(name, (s, v) => parseInt10(s, v, min, max), min);
   // Path flags are the ones the flag table marks `path:` (completion reads the same mark).
   const pathFlag = (name: string, allowEmpty: boolean) => {
-    if (!byName.get(name)?.path) throw new Error(`internal: flag ${name} is read as a path but not marked path: in the flag table`);
+    if (!byName.get(name)?.path)
+      throw new Error(`internal: flag ${name} is read as a path but not marked path: in the flag table`);
     return get(name, (s, v) => (v === '' && allowEmpty ? '' : parsePath(s, v, cwd)), allowEmpty ? '' : '/');
   };
   const abs = (name: string) => pathFlag(name, false);
   const absOrEmpty = (name: string) => pathFlag(name, true);
 
   const unimplemented = (name: string, what: string) =>
-    get(name, (s, v) => {
-      if (parseBool(s, v)) throw new ConfigError(s, v, `${what} is not implemented in this release; remove the setting or set it to false`);
-      return false;
-    }, false);
+    get(
+      name,
+      (s, v) => {
+        if (parseBool(s, v))
+          throw new ConfigError(
+            s,
+            v,
+            `${what} is not implemented in this release; remove the setting or set it to false`,
+          );
+        return false;
+      },
+      false,
+    );
   unimplemented('ambient-enabled', 'ambient mode');
   unimplemented('ebpf-enabled', 'eBPF redirection');
 
   const cniConfName = get('cni-conf-name', (s, v) => parseFileName(s, v, true), '');
   const ownedSpec = byName.get('mesh-owned-cni-config-filename')!;
-  const ownedNameGiven = flags[ownedSpec.name] !== undefined || (ownedSpec.env !== null && env[ownedSpec.env] !== undefined);
+  const ownedNameGiven =
+    flags[ownedSpec.name] !== undefined || (ownedSpec.env !== null && env[ownedSpec.env] !== undefined);
   const install: InstallSettings = {
     chained: bool('chained-cni-plugin'),
     cniConfName,
     meshOwnedCniConfig: bool('mesh-owned-cni-config'),
     // Given (flag or env): taken as given, refused below if it does not sort first.
-    meshOwnedCniConfigFilename: ownedNameGiven ? get('mesh-owned-cni-config-filename', parseOwnedFileName, DEFAULT_OWNED_NAME) : defaultOwnedFileName(cniConfName),
+    meshOwnedCniConfigFilename: ownedNameGiven
+      ? get('mesh-owned-cni-config-filename', parseOwnedFileName, DEFAULT_OWNED_NAME)
+      : defaultOwnedFileName(cniConfName),
     cniNetDir: abs('cni-net-dir'),
     mountedCniNetDir: abs('mounted-cni-net-dir'),
     cniBinDir: abs('cni-bin-dir'),
@@ -308,7 +372,11 @@ export function buildSettings(flags: RawFlags, env: Env, cwd: string = process.c
     cniNetworkConfig: str('cni-network-config'),
     cniNetworkConfigFile: absOrEmpty('cni-network-config-file'),
     orchcfgFileName: get('orchcfg-file-name', parseOrchcfgFileName, 'x'),
-    orchconfigMode: get('orchconfig-mode', (s, v) => parseOrchconfigMode(s, v, bool('orchconfig-allow-group-other-read')), 0o600),
+    orchconfigMode: get(
+      'orchconfig-mode',
+      (s, v) => parseOrchconfigMode(s, v, bool('orchconfig-allow-group-other-read')),
+      0o600,
+    ),
     orchCaFile: absOrEmpty('orch-ca-file'),
     skipTlsVerify: bool('skip-tls-verify'),
     serviceAccountDir: abs('service-account-dir'),
@@ -321,21 +389,58 @@ export function buildSettings(flags: RawFlags, env: Env, cwd: string = process.c
     podLookupUdsAddress: absOrEmpty('pod-lookup-uds-address'),
     excludeNamespaces: get('exclude-namespaces', (_s, v) => parseList(v), []),
     cleanupOnExit: get('cleanup-on-exit', (s, v) => parseEnum(s, v, CLEANUP_MODES), 'auto'),
-    reconcileIntervalMs: get('reconcile-interval', (s, v) => parseDuration(s, v, { min: 100, max: MAX_TIMER_MS }), 5000),
-    reconcileTimeoutMs: get('reconcile-timeout', (s, v) => parseDuration(s, v, { min: 100, max: MAX_TIMER_MS }), 30_000),
+    reconcileIntervalMs: get(
+      'reconcile-interval',
+      (s, v) => parseDuration(s, v, { min: 100, max: MAX_TIMER_MS }),
+      5000,
+    ),
+    reconcileTimeoutMs: get(
+      'reconcile-timeout',
+      (s, v) => parseDuration(s, v, { min: 100, max: MAX_TIMER_MS }),
+      30_000,
+    ),
     cpuinfoPath: '/proc/cpuinfo',
   };
   if (install.pluginTokenFile !== '' && install.pluginTokenFile === path.join(install.serviceAccountDir, 'token')) {
-    errors.push(new ConfigError('--plugin-token-file', install.pluginTokenFile, 'is the agent\'s own service-account token, which must never be written to the node\'s disk; give a token of the plugin\'s account, or leave it empty to mint one'));
+    errors.push(
+      new ConfigError(
+        '--plugin-token-file',
+        install.pluginTokenFile,
+        "is the agent's own service-account token, which must never be written to the node's disk; give a token of the plugin's account, or leave it empty to mint one",
+      ),
+    );
   }
   if (install.cniConfName !== '' && install.orchcfgFileName <= install.cniConfName) {
-    errors.push(new ConfigError('--orchcfg-file-name', install.orchcfgFileName, `sorts before --cni-conf-name ${install.cniConfName}, the config the runtime reads; name it so that it sorts after (byte order), as the default ZZZ-mesh-cni-orchconfig does`));
+    errors.push(
+      new ConfigError(
+        '--orchcfg-file-name',
+        install.orchcfgFileName,
+        `sorts before --cni-conf-name ${install.cniConfName}, the config the runtime reads; name it so that it sorts after (byte order), as the default ZZZ-mesh-cni-orchconfig does`,
+      ),
+    );
   }
-  if (install.chained && install.meshOwnedCniConfig && install.cniConfName !== '' && byteOrder(install.cniConfName, install.meshOwnedCniConfigFilename) <= 0) {
-    errors.push(new ConfigError('--mesh-owned-cni-config-filename', install.meshOwnedCniConfigFilename, `does not sort before --cni-conf-name ${install.cniConfName}, so the runtime would read that file, not ours; name it so that it sorts first (byte order), such as ${path.basename(install.cniConfName, path.extname(install.cniConfName))}-mesh-cni.conflist (or leave it unset: that is then its default), or run with --mesh-owned-cni-config=false`));
+  if (
+    install.chained &&
+    install.meshOwnedCniConfig &&
+    install.cniConfName !== '' &&
+    byteOrder(install.cniConfName, install.meshOwnedCniConfigFilename) <= 0
+  ) {
+    errors.push(
+      new ConfigError(
+        '--mesh-owned-cni-config-filename',
+        install.meshOwnedCniConfigFilename,
+        `does not sort before --cni-conf-name ${install.cniConfName}, so the runtime would read that file, not ours; name it so that it sorts first (byte order), such as ${path.basename(install.cniConfName, path.extname(install.cniConfName))}-mesh-cni.conflist (or leave it unset: that is then its default), or run with --mesh-owned-cni-config=false`,
+      ),
+    );
   }
   if (install.skipTlsVerify && install.orchCaFile !== '') {
-    errors.push(new ConfigError('--skip-tls-verify', 'true', 'cannot be combined with --orch-ca-file; choose one way to trust the API server'));
+    errors.push(
+      new ConfigError(
+        '--skip-tls-verify',
+        'true',
+        'cannot be combined with --orch-ca-file; choose one way to trust the API server',
+      ),
+    );
   }
 
   const nodeName = env.NODE_NAME ?? '';
@@ -362,33 +467,49 @@ export function buildSettings(flags: RawFlags, env: Env, cwd: string = process.c
   if (repair.nodeName !== '') {
     // The watch selects spec.nodeName=<node> and the operator's terms are ANDed to it: one on
     // spec.nodeName that contradicts it makes a watch of no pod, a repair that never repairs.
-    const bad = parseFieldSelector(repair.fieldSelectors)
-      .find((r) => r.field === 'spec.nodeName' && (r.op === '=') !== (r.value === repair.nodeName));
+    const bad = parseFieldSelector(repair.fieldSelectors).find(
+      (r) => r.field === 'spec.nodeName' && (r.op === '=') !== (r.value === repair.nodeName),
+    );
     if (bad) {
-      const why = `spec.nodeName${bad.op}${bad.value} selects no pod of this agent's node ${repair.nodeName} `
-        + '(--repair-node-name, else NODE_NAME), which the watch selects already; '
-        + 'to repair the pods of another node, set --repair-node-name';
+      const why =
+        `spec.nodeName${bad.op}${bad.value} selects no pod of this agent's node ${repair.nodeName} ` +
+        '(--repair-node-name, else NODE_NAME), which the watch selects already; ' +
+        'to repair the pods of another node, set --repair-node-name';
       errors.push(new ConfigError(raw(byName.get('repair-field-selectors')!).source, repair.fieldSelectors, why));
     }
   }
   if (repair.enabled && repair.initContainerName === '') {
-    errors.push(new ConfigError('--repair-init-container-name', '', 'must name the validation init container when --repair-enabled is on'));
+    errors.push(
+      new ConfigError(
+        '--repair-init-container-name',
+        '',
+        'must name the validation init container when --repair-enabled is on',
+      ),
+    );
   }
 
   const logging: LoggingSettings = {
     asJson: bool('log_as_json'),
     caller: get('log_caller', parseScopes, []),
     outputLevels: get('log_output_level', (s, v) => parseScopeLevels(s, v, 'info'), parseScopeLevels('', '', 'info')),
-    stacktraceLevels: get('log_stacktrace_level', (s, v) => parseScopeLevels(s, v, 'none'), parseScopeLevels('', '', 'none')),
+    stacktraceLevels: get(
+      'log_stacktrace_level',
+      (s, v) => parseScopeLevels(s, v, 'none'),
+      parseScopeLevels('', '', 'none'),
+    ),
     rotate: absOrEmpty('log_rotate'),
     rotateMaxAgeDays: int('log_rotate_max_age', 0, 1_000_000),
     rotateMaxBackups: int('log_rotate_max_backups', 0, 1_000_000),
     rotateMaxSizeMb: int('log_rotate_max_size', 1, Number.MAX_SAFE_INTEGER),
-    targets: get('log_target', (s, v) => {
-      const t = parseList(v);
-      if (t.length === 0) throw new ConfigError(s, v, 'expected stdout, stderr or file paths, comma-separated');
-      return t;
-    }, ['stdout']),
+    targets: get(
+      'log_target',
+      (s, v) => {
+        const t = parseList(v);
+        if (t.length === 0) throw new ConfigError(s, v, 'expected stdout, stderr or file paths, comma-separated');
+        return t;
+      },
+      ['stdout'],
+    ),
     vklog: int('vklog', 0, 10),
   };
 
@@ -407,7 +528,11 @@ export function buildSettings(flags: RawFlags, env: Env, cwd: string = process.c
     orch,
     logging,
     monitoring: { port: int('monitoring-port', 0, 65535) },
-    ctrlz: { address: str('ctrlz_address'), port: int('ctrlz_port', 0, 65535), write: get('ctrlz_write', (s, v) => parseEnum(s, v, CTRLZ_WRITE_MODES), 'auto') },
+    ctrlz: {
+      address: str('ctrlz_address'),
+      port: int('ctrlz_port', 0, 65535),
+      write: get('ctrlz_write', (s, v) => parseEnum(s, v, CTRLZ_WRITE_MODES), 'auto'),
+    },
     orchconfig: absOrEmpty('orchconfig'),
     env: {
       nodeName,
@@ -424,14 +549,22 @@ export function buildSettings(flags: RawFlags, env: Env, cwd: string = process.c
 
 function parseLabelKey(flag: string, value: string): string {
   if (!isLabelKey(value)) {
-    throw new ConfigError(flag, value, 'expected a label key: [prefix/]name, name of at most 63 letters, digits, -, _ or .');
+    throw new ConfigError(
+      flag,
+      value,
+      'expected a label key: [prefix/]name, name of at most 63 letters, digits, -, _ or .',
+    );
   }
   return value;
 }
 
 function parseLabelValue(flag: string, value: string): string {
   if (!isLabelValue(value)) {
-    throw new ConfigError(flag, value, 'expected a label value: at most 63 letters, digits, -, _ or ., starting and ending alphanumeric');
+    throw new ConfigError(
+      flag,
+      value,
+      'expected a label value: at most 63 letters, digits, -, _ or ., starting and ending alphanumeric',
+    );
   }
   return value;
 }

@@ -48,7 +48,12 @@ export interface MutableMemory extends Memory {
  * Runs `steps` in `netDir`, adding to `out`. Throws what a step throws (not in a group): the steps
  * before it are done, those after it are not.
  */
-export async function applySteps(steps: readonly Step[], netDir: string, memory: MutableMemory, out: Applied): Promise<void> {
+export async function applySteps(
+  steps: readonly Step[],
+  netDir: string,
+  memory: MutableMemory,
+  out: Applied,
+): Promise<void> {
   let changed = false;
   let group: string | null = null;
   let groupDown = false;
@@ -80,18 +85,26 @@ async function applyOne(step: Step, netDir: string, memory: MutableMemory, out: 
   switch (step.kind) {
     case 'write': {
       const guard = step.guard;
-      const unchanged = guard ? async () => (await readIfExists(file(guard.name)).catch(() => null)) === guard.text : undefined;
-      const opts: WriteOptions = { mode: step.mode, ...(step.uid !== undefined ? { uid: step.uid, gid: step.gid } : {}), ...(unchanged ? { beforeRename: unchanged } : {}) };
-      const { written, target } = step.through !== undefined
-        ? await writeThrough(file(step.name), step.through, netDir, step.text, opts)
-        : { written: await writeFileAtomic(file(step.name), step.text, opts), target: file(step.name) };
+      const unchanged = guard
+        ? async () => (await readIfExists(file(guard.name)).catch(() => null)) === guard.text
+        : undefined;
+      const opts: WriteOptions = {
+        mode: step.mode,
+        ...(step.uid !== undefined ? { uid: step.uid, gid: step.gid } : {}),
+        ...(unchanged ? { beforeRename: unchanged } : {}),
+      };
+      const { written, target } =
+        step.through !== undefined
+          ? await writeThrough(file(step.name), step.through, netDir, step.text, opts)
+          : { written: await writeFileAtomic(file(step.name), step.text, opts), target: file(step.name) };
       if (!written) {
         if (step.ifChanged?.notReady) out.notReady.push(step.ifChanged.notReady);
         if (step.ifChanged?.debug) log.debug(step.ifChanged.debug);
         out.stoppedWith = { primary: step.ifChanged?.primary ?? null };
         return false;
       }
-      if (step.report) out.writes.push({ file: step.reportTarget ? target : file(step.name), kind: step.report, action: 'write' });
+      if (step.report)
+        out.writes.push({ file: step.reportTarget ? target : file(step.name), kind: step.report, action: 'write' });
       return true;
     }
     case 'symlink':
@@ -100,7 +113,8 @@ async function applyOne(step: Step, netDir: string, memory: MutableMemory, out: 
       return true;
     case 'remove': {
       const removed = await removeFile(file(step.name));
-      if (step.report && (removed || step.reportEvenIfGone)) out.writes.push({ file: file(step.name), kind: step.report, action: 'remove' });
+      if (step.report && (removed || step.reportEvenIfGone))
+        out.writes.push({ file: file(step.name), kind: step.report, action: 'remove' });
       return true;
     }
     case 'fail':
@@ -148,28 +162,39 @@ async function readIfExists(file: string): Promise<string | null> {
  * inside the net dir is refused: it can be swapped for a link (renameat2 RENAME_EXCHANGE) between
  * any check and the write. Never for a name taken from a record (those are written in the net dir).
  */
-async function writeThrough(file: string, expected: string, netDir: string, data: string, opts: WriteOptions): Promise<{ written: boolean; target: string }> {
+async function writeThrough(
+  file: string,
+  expected: string,
+  netDir: string,
+  data: string,
+  opts: WriteOptions,
+): Promise<{ written: boolean; target: string }> {
   const st = await fs.lstat(file).catch(() => null);
   if (!st?.isSymbolicLink()) return { written: await writeFileAtomic(file, data, opts), target: file };
   const target = await fs.realpath(file);
   const dir = path.dirname(target);
   const net = await fs.realpath(netDir);
-  const refuse = (why: string) => new Error(`${file} is a symbolic link to ${target}, ${why}; not writing through ` +
-    `the link. Link it to a file in ${netDir} itself or in a directory outside it that only root may write`);
+  const refuse = (why: string) =>
+    new Error(
+      `${file} is a symbolic link to ${target}, ${why}; not writing through ` +
+        `the link. Link it to a file in ${netDir} itself or in a directory outside it that only root may write`,
+    );
   const rel = path.relative(net, dir);
-  if (dir !== net && !rel.startsWith('..') && !path.isAbsolute(rel)) throw refuse('in a directory inside the net ' +
-    'dir, which any writer there could swap for a link while we write');
+  if (dir !== net && !rel.startsWith('..') && !path.isAbsolute(rel))
+    throw refuse('in a directory inside the net ' + 'dir, which any writer there could swap for a link while we write');
   const dh = await fs.open(dir, constants.O_RDONLY | constants.O_DIRECTORY | constants.O_NOFOLLOW);
   try {
     const pinned = `/proc/self/fd/${dh.fd}`;
     if ((await fs.realpath(pinned)) !== dir) throw refuse('whose directory moved while it was opened');
     const dst = await dh.stat();
-    if (dir !== net && (dst.uid !== 0 || (dst.mode & 0o022) !== 0)) throw refuse('in a directory not owned by root ' +
-      'or writable by group or others, which someone else could swap');
+    if (dir !== net && (dst.uid !== 0 || (dst.mode & 0o022) !== 0))
+      throw refuse(
+        'in a directory not owned by root ' + 'or writable by group or others, which someone else could swap',
+      );
     const at = path.join(pinned, path.basename(target));
     const now = await readRegularFileIfExists(at, { noFollow: true }).catch(() => null);
-    if (now?.text !== expected) throw refuse('which is not the regular file holding the CNI config just read through ' +
-      'it');
+    if (now?.text !== expected)
+      throw refuse('which is not the regular file holding the CNI config just read through ' + 'it');
     return { written: await writeFileAtomic(at, data, opts), target };
   } finally {
     await dh.close();

@@ -14,7 +14,10 @@ import { fileKind, identity } from './safefile.ts';
 export const TEMP_MARKER = '.mesh-tmp-';
 
 function tempPath(file: string): string {
-  return path.join(path.dirname(file), `.${path.basename(file)}${TEMP_MARKER}${process.pid}-${randomBytes(4).toString('hex')}`);
+  return path.join(
+    path.dirname(file),
+    `.${path.basename(file)}${TEMP_MARKER}${process.pid}-${randomBytes(4).toString('hex')}`,
+  );
 }
 
 export interface WriteOptions {
@@ -148,21 +151,23 @@ export async function removeStaleTemps(dir: string): Promise<StaleTemps> {
     return out;
   }
   const stale = names.filter((n) => n.startsWith('.') && n.includes(TEMP_MARKER));
-  await Promise.all(stale.map(async (n) => {
-    const file = path.join(dir, n);
-    try {
-      const st = await fs.lstat(file);
-      if (!st.isFile() && !st.isSymbolicLink()) {
-        out.skipped.push({ name: n, why: `${fileKind(st)}, not a file of ours` });
-        return;
+  await Promise.all(
+    stale.map(async (n) => {
+      const file = path.join(dir, n);
+      try {
+        const st = await fs.lstat(file);
+        if (!st.isFile() && !st.isSymbolicLink()) {
+          out.skipped.push({ name: n, why: `${fileKind(st)}, not a file of ours` });
+          return;
+        }
+        // unlink removes a link itself and fails on a directory swapped in meanwhile (EISDIR).
+        await fs.unlink(file);
+        out.removed.push(n);
+      } catch (e) {
+        if ((e as NodeJS.ErrnoException).code === 'ENOENT') return;
+        out.skipped.push({ name: n, why: `not removed: ${(e as Error).message}` });
       }
-      // unlink removes a link itself and fails on a directory swapped in meanwhile (EISDIR).
-      await fs.unlink(file);
-      out.removed.push(n);
-    } catch (e) {
-      if ((e as NodeJS.ErrnoException).code === 'ENOENT') return;
-      out.skipped.push({ name: n, why: `not removed: ${(e as Error).message}` });
-    }
-  }));
+    }),
+  );
   return out;
 }

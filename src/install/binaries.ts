@@ -32,7 +32,7 @@ const CHUNK = 1024 * 1024;
 async function sameBytes(a: fs.FileHandle, b: fs.FileHandle, size: bigint): Promise<boolean> {
   const ba = Buffer.allocUnsafe(CHUNK);
   const bb = Buffer.allocUnsafe(CHUNK);
-  for (let pos = 0; pos < Number(size); ) {
+  for (let pos = 0; pos < Number(size);) {
     const [ra, rb] = await Promise.all([a.read(ba, 0, CHUNK, pos), b.read(bb, 0, CHUNK, pos)]);
     if (ra.bytesRead !== rb.bytesRead || ra.bytesRead === 0) return false;
     if (ba.compare(bb, 0, rb.bytesRead, 0, ra.bytesRead) !== 0) return false;
@@ -63,7 +63,8 @@ export class BinaryInstaller {
       try {
         opened = await openRegular(src, { noFollow: true });
       } catch (e) {
-        if ((e as NodeJS.ErrnoException).code === 'ENOENT') throw new Error(`no binaries to install: ${src} is missing (is --cni-binaries-dir right?)`, { cause: e });
+        if ((e as NodeJS.ErrnoException).code === 'ENOENT')
+          throw new Error(`no binaries to install: ${src} is missing (is --cni-binaries-dir right?)`, { cause: e });
         const why = e instanceof UnsafeFileError ? e.message : `cannot read ${src}: ${(e as Error).message}`;
         throw new Error(`${why}; --cni-binaries-dir must hold the ${name} binary as a regular file`, { cause: e });
       }

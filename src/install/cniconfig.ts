@@ -49,7 +49,10 @@ export function isOurs(plugin: Json | undefined): boolean {
  * own uninstall gives a .conflist back as the .conf it was). Else every config file in byte
  * order, leaving out our own files; the first one libcniVerdict accepts is the primary.
  */
-export function primaryCandidates(fileNames: readonly string[], opts: { confName: string; ownFiles: ReadonlySet<string> }): string[] {
+export function primaryCandidates(
+  fileNames: readonly string[],
+  opts: { confName: string; ownFiles: ReadonlySet<string> },
+): string[] {
   const names = new Set(fileNames);
   if (opts.confName) {
     const found = [opts.confName, otherForm(opts.confName)].find((n) => n !== null && names.has(n));
@@ -68,7 +71,10 @@ export function otherForm(fileName: string): string | null {
 }
 
 /** The primary for a list of names alone (no contents read): the first candidate. */
-export function choosePrimary(fileNames: readonly string[], opts: { confName: string; ownFiles: ReadonlySet<string> }): string | null {
+export function choosePrimary(
+  fileNames: readonly string[],
+  opts: { confName: string; ownFiles: ReadonlySet<string> },
+): string | null {
   return primaryCandidates(fileNames, opts)[0] ?? null;
 }
 
@@ -81,7 +87,9 @@ export function conflistName(fileName: string): string {
 /** Parses a config as the runtime would: .conflist needs plugins, .conf/.json needs a type. */
 export function parseCniConfig(text: string, fileName: string): ParsedConfig {
   if (!isConfigFile(fileName)) {
-    throw new CniConfigError(`${fileName} is no .conf, .conflist or .json file, so no runtime reads it; not editing it`);
+    throw new CniConfigError(
+      `${fileName} is no .conf, .conflist or .json file, so no runtime reads it; not editing it`,
+    );
   }
   let value: unknown;
   try {
@@ -129,7 +137,11 @@ export interface Rewrite {
 export function withOurEntry(text: string, fileName: string, entry: JsonObject): Rewrite | null {
   const parsed = parseCniConfig(text, fileName);
   if (parsed.kind === 'conf') {
-    const conflist: JsonObject = { cniVersion: parsed.value.cniVersion ?? '1.0.0', name: parsed.value.name ?? path.basename(fileName, path.extname(fileName)), plugins: [parsed.value, entry] };
+    const conflist: JsonObject = {
+      cniVersion: parsed.value.cniVersion ?? '1.0.0',
+      name: parsed.value.name ?? path.basename(fileName, path.extname(fileName)),
+      plugins: [parsed.value, entry],
+    };
     return { fileName: conflistName(fileName), text: JSON.stringify(conflist, null, 2) + '\n', replaces: fileName };
   }
   const plugins = parsed.plugins;
@@ -156,7 +168,10 @@ export function withoutOurEntry(text: string, fileName: string): string | null {
  * .json, as a runtime reads each.
  */
 export function standaloneConfig(entry: JsonObject, fileName: string, cniVersion = '1.0.0'): string {
-  const body = path.extname(fileName) === '.conflist' ? { cniVersion, name: PLUGIN_TYPE, plugins: [entry] } : { cniVersion, name: PLUGIN_TYPE, ...entry };
+  const body =
+    path.extname(fileName) === '.conflist'
+      ? { cniVersion, name: PLUGIN_TYPE, plugins: [entry] }
+      : { cniVersion, name: PLUGIN_TYPE, ...entry };
   return JSON.stringify(body, null, 2) + '\n';
 }
 
@@ -173,7 +188,9 @@ function spliceOutOurs(text: string): string {
 
 function pluginSpans(text: string): { open: number; spans: Span[] } {
   const top = skipWs(text, 0);
-  const plugins = objectMembers(text, top).filter((m) => m.key === 'plugins').at(-1);
+  const plugins = objectMembers(text, top)
+    .filter((m) => m.key === 'plugins')
+    .at(-1);
   if (!plugins) throw new CniConfigError('no plugins list');
   return { open: plugins.value.start, spans: arrayElements(text, plugins.value.start) };
 }

@@ -69,7 +69,15 @@ export async function builtByBun(fh: FileHandle, size: number): Promise<boolean>
 export function cpuinfoHasFlag(cpuinfo: string, flag: string): 'yes' | 'no' | 'unknown' {
   const lines = cpuinfo.split('\n').filter((l) => /^flags\s*:/.test(l));
   if (lines.length === 0) return 'unknown';
-  return lines.every((l) => l.slice(l.indexOf(':') + 1).trim().split(/\s+/).includes(flag)) ? 'yes' : 'no';
+  return lines.every((l) =>
+    l
+      .slice(l.indexOf(':') + 1)
+      .trim()
+      .split(/\s+/)
+      .includes(flag),
+  )
+    ? 'yes'
+    : 'no';
 }
 
 // Verdicts by cpuinfo path and source identity: the check runs on every reconcile pass, but the
@@ -81,15 +89,18 @@ const verdicts = new Map<string, string | null>();
  * A cpuinfo that cannot be read makes a Bun build uninstallable too: fail closed, with why.
  */
 export async function unrunnableReason(
-  src: string, fh: FileHandle, stat: BigIntStats, cpuinfoPath: string,
+  src: string,
+  fh: FileHandle,
+  stat: BigIntStats,
+  cpuinfoPath: string,
 ): Promise<string | null> {
   const key = `${cpuinfoPath}\0${identity(stat)}`;
   const known = verdicts.get(key);
   if (known !== undefined) return known;
   let why: string | null = null;
   if (await builtByBun(fh, Number(stat.size))) {
-    const fix = 'use an image built with MESH_PLUGIN_RUNTIME=node-sea '
-      + '(a Node single executable, which runs on any x86-64)';
+    const fix =
+      'use an image built with MESH_PLUGIN_RUNTIME=node-sea ' + '(a Node single executable, which runs on any x86-64)';
     let has: 'yes' | 'no' | 'unknown' | Error;
     try {
       has = cpuinfoHasFlag(await readFile(cpuinfoPath, 'utf8'), REQUIRED_FLAG);
@@ -98,13 +109,16 @@ export async function unrunnableReason(
     }
     if (has instanceof Error) {
       // Not remembered: the next pass reads it again.
-      return `${src} was built with Bun, which needs a CPU with SSE4.2, and ${cpuinfoPath} cannot be read to tell `
-        + `(${has.message}); not installing it. Make ${cpuinfoPath} readable, or ${fix}`;
+      return (
+        `${src} was built with Bun, which needs a CPU with SSE4.2, and ${cpuinfoPath} cannot be read to tell ` +
+        `(${has.message}); not installing it. Make ${cpuinfoPath} readable, or ${fix}`
+      );
     }
     if (has !== 'yes') {
       const what = has === 'no' ? `lists no ${REQUIRED_FLAG} flag for at least one processor` : 'lists no CPU flags';
-      why = `${src} was built with Bun, which needs a CPU with SSE4.2; ${cpuinfoPath} ${what}, `
-        + `so every pod start on this node would fail; not installing it: ${fix}`;
+      why =
+        `${src} was built with Bun, which needs a CPU with SSE4.2; ${cpuinfoPath} ${what}, ` +
+        `so every pod start on this node would fail; not installing it: ${fix}`;
     }
   }
   verdicts.set(key, why);

@@ -33,7 +33,10 @@ interface Entry extends CachedFile {
 function entry(text: string, id: string, settled: boolean, checked: number): Entry {
   const memos = new Map<string, unknown>();
   return {
-    text, id, settled, checked,
+    text,
+    id,
+    settled,
+    checked,
     memo<T>(key: string, compute: (text: string) => T): T {
       if (!memos.has(key)) memos.set(key, compute(text));
       return memos.get(key) as T;

@@ -96,19 +96,27 @@ export class Installer implements Component {
     const s = this.#settings.install;
     for (const dir of [s.mountedCniNetDir, s.mountedCniBinDir]) {
       const stale = await removeStaleTemps(dir);
-      if (stale.removed.length > 0) log.info('removed temp files left by an earlier run', { dir, files: stale.removed });
+      if (stale.removed.length > 0)
+        log.info('removed temp files left by an earlier run', { dir, files: stale.removed });
       // Said once, at start-up: nothing of ours, so left for the operator.
-      for (const s of stale.skipped) log.warn(`left ${path.join(dir, s.name)} in place: ${s.why}`, { dir, file: s.name });
+      for (const s of stale.skipped)
+        log.warn(`left ${path.join(dir, s.name)} in place: ${s.why}`, { dir, file: s.name });
     }
     log.info('installing mesh-cni', {
-      mode: s.chained ? 'chained' : 'standalone', ownedConfig: s.chained && s.meshOwnedCniConfig ? s.meshOwnedCniConfigFilename : null, netDir: s.mountedCniNetDir, binDir: s.mountedCniBinDir, binariesFrom: s.cniBinariesDir,
+      mode: s.chained ? 'chained' : 'standalone',
+      ownedConfig: s.chained && s.meshOwnedCniConfig ? s.meshOwnedCniConfigFilename : null,
+      netDir: s.mountedCniNetDir,
+      binDir: s.mountedCniBinDir,
+      binariesFrom: s.cniBinariesDir,
     });
     this.#watcher.refresh();
     this.schedule('startup');
     // A first pass stuck in a file system call must not hold the agent's start (and with it
     // SIGTERM handling): readiness says it is stuck.
     if (!(await within(this.#running, s.reconcileTimeoutMs))) {
-      log.error('the first reconcile pass is still running; starting anyway, /readyz says it is stuck', { afterMs: s.reconcileTimeoutMs });
+      log.error('the first reconcile pass is still running; starting anyway, /readyz says it is stuck', {
+        afterMs: s.reconcileTimeoutMs,
+      });
     }
     this.#timer = setInterval(() => this.schedule('periodic'), s.reconcileIntervalMs);
   }
@@ -124,7 +132,9 @@ export class Installer implements Component {
       return;
     }
     this.#running = this.#loop(trigger)
-      .catch((e: unknown) => log.error('reconcile loop failed; the next trigger runs it again', { error: (e as Error).message }))
+      .catch((e: unknown) =>
+        log.error('reconcile loop failed; the next trigger runs it again', { error: (e as Error).message }),
+      )
       .finally(() => {
         this.#running = null;
       });
@@ -182,7 +192,12 @@ export class Installer implements Component {
       this.#verifyPending = false;
       outcome = await this.#reconciler.reconcile({ verify });
     } catch (e) {
-      outcome = { notReady: [`reconcile failed: ${(e as Error).message}`], problems: [{ reason: 'write_failed', message: (e as Error).message }], primary: this.#last?.primary ?? null, writes: [] };
+      outcome = {
+        notReady: [`reconcile failed: ${(e as Error).message}`],
+        problems: [{ reason: 'write_failed', message: (e as Error).message }],
+        primary: this.#last?.primary ?? null,
+        writes: [],
+      };
     }
     end();
     this.#passes++;
@@ -259,8 +274,12 @@ export class Installer implements Component {
     // The last pass's answer only counts while passes still run and finish (watchdog.ts).
     const s = this.#settings.install;
     const stuck = watchdogReasons({
-      now: Date.now(), runningSince: this.#runningSince, lastFinished: this.#lastAt?.getTime() ?? null, started: this.#startedAt,
-      intervalMs: s.reconcileIntervalMs, timeoutMs: s.reconcileTimeoutMs,
+      now: Date.now(),
+      runningSince: this.#runningSince,
+      lastFinished: this.#lastAt?.getTime() ?? null,
+      started: this.#startedAt,
+      intervalMs: s.reconcileIntervalMs,
+      timeoutMs: s.reconcileTimeoutMs,
     });
     return stuck.length > 0 ? [...stuck, ...last] : last;
   }
@@ -268,7 +287,10 @@ export class Installer implements Component {
   /** The config files passed over for the primary, each with why: worth knowing while ready. */
   notes(): readonly string[] {
     return [
-      ...(this.#last?.skipped ?? []).map((k) => `passed over ${path.join(this.#settings.install.mountedCniNetDir, k.file)}, as the runtime would: ${k.reason}`),
+      ...(this.#last?.skipped ?? []).map(
+        (k) =>
+          `passed over ${path.join(this.#settings.install.mountedCniNetDir, k.file)}, as the runtime would: ${k.reason}`,
+      ),
       ...(this.#last?.notes ?? []),
     ];
   }
@@ -301,7 +323,10 @@ export class Installer implements Component {
     if (!(await within(this.settled(), timeoutMs))) {
       // Uninstalling beside a pass that may still write would race it; the plugin keeps working
       // with everything left in place, which is the state of a restart.
-      log.error('a reconcile pass is still running; not waiting for it, and leaving mesh-cni installed as it is', { signal, runningForMs: Date.now() - (this.#runningSince ?? Date.now()) });
+      log.error('a reconcile pass is still running; not waiting for it, and leaving mesh-cni installed as it is', {
+        signal,
+        runningForMs: Date.now() - (this.#runningSince ?? Date.now()),
+      });
       return;
     }
     const decision = await this.#decide(this.#settings);
@@ -330,7 +355,13 @@ async function within(p: Promise<unknown> | null, ms: number): Promise<boolean> 
   let timer: NodeJS.Timeout | undefined;
   const late = new Promise<false>((resolve) => (timer = setTimeout(() => resolve(false), ms)));
   try {
-    return await Promise.race([p.then(() => true, () => true), late]);
+    return await Promise.race([
+      p.then(
+        () => true,
+        () => true,
+      ),
+      late,
+    ]);
   } finally {
     clearTimeout(timer);
   }

@@ -36,7 +36,9 @@ export const GO_MAX_NESTING = 10000;
  */
 export class CannotJudgeError extends Error {
   constructor(fileName: string, cause: unknown) {
-    super(`cannot tell whether the runtime loads ${fileName} (${(cause as Error)?.name ?? 'error'} while judging it); not installing until it changes`);
+    super(
+      `cannot tell whether the runtime loads ${fileName} (${(cause as Error)?.name ?? 'error'} while judging it); not installing until it changes`,
+    );
     this.name = 'CannotJudgeError';
   }
 }
@@ -93,28 +95,36 @@ function judge(text: string, value: unknown, fileName: string): Verdict {
   if (huge) return bad("a number too large for a 64-bit float (1e400 and the like), which Go's decoder refuses");
   if (path.extname(fileName) === '.conflist') {
     // NetworkConfFromBytes: a JSON object (JSON null is an empty map there, so: no name).
-    if (Array.isArray(value) || (typeof value !== 'object' && value !== null)) return bad(`not a JSON object (a ${jsonKind(value)})`);
+    if (Array.isArray(value) || (typeof value !== 'object' && value !== null))
+      return bad(`not a JSON object (a ${jsonKind(value)})`);
     const list = (value ?? {}) as JsonObject;
     if (!Object.hasOwn(list, 'name')) return bad('a .conflist needs a "name"');
     if (typeof list.name !== 'string') return bad('"name" is not a string');
-    if (Object.hasOwn(list, 'cniVersion') && typeof list.cniVersion !== 'string') return bad('"cniVersion" is not a string');
+    if (Object.hasOwn(list, 'cniVersion') && typeof list.cniVersion !== 'string')
+      return bad('"cniVersion" is not a string');
     if (Object.hasOwn(list, 'cniVersions')) {
       const vs = list.cniVersions;
       if (!Array.isArray(vs)) return bad('"cniVersions" is not a list');
       const i = vs.findIndex((v) => typeof v !== 'string' || !isCniVersion(v));
       if (i >= 0) return bad(`"cniVersions"[${i}] is not a version`);
       // Only then is cniVersion parsed, and an empty one is skipped.
-      if (typeof list.cniVersion === 'string' && !isCniVersion(list.cniVersion)) return bad('"cniVersion" is not a version');
+      if (typeof list.cniVersion === 'string' && !isCniVersion(list.cniVersion))
+        return bad('"cniVersion" is not a version');
     }
     for (const key of ['disableCheck', 'disableGC', 'loadOnlyInlinedPlugins']) {
       if (!Object.hasOwn(list, key)) continue;
       const v = list[key];
-      if (typeof v !== 'boolean' && !(typeof v === 'string' && ['true', 'false'].includes(v.toLowerCase()))) return bad(`"${key}" is neither true nor false`);
+      if (typeof v !== 'boolean' && !(typeof v === 'string' && ['true', 'false'].includes(v.toLowerCase())))
+        return bad(`"${key}" is neither true nor false`);
     }
-    const inlinedOnly = list.loadOnlyInlinedPlugins === true || (typeof list.loadOnlyInlinedPlugins === 'string' && list.loadOnlyInlinedPlugins.toLowerCase() === 'true');
+    const inlinedOnly =
+      list.loadOnlyInlinedPlugins === true ||
+      (typeof list.loadOnlyInlinedPlugins === 'string' && list.loadOnlyInlinedPlugins.toLowerCase() === 'true');
     if (!Object.hasOwn(list, 'plugins')) {
       // libcni then loads the plugins from the <name>/ dir only; the I/O side looks there.
-      return inlinedOnly ? bad('no "plugins" list (and "loadOnlyInlinedPlugins" is true)') : { ok: true, kind: 'conflist', pluginDir: list.name, listed: false };
+      return inlinedOnly
+        ? bad('no "plugins" list (and "loadOnlyInlinedPlugins" is true)')
+        : { ok: true, kind: 'conflist', pluginDir: list.name, listed: false };
     }
     const plugins = list.plugins;
     if (!Array.isArray(plugins)) return bad('"plugins" is not a list');
@@ -125,7 +135,9 @@ function judge(text: string, value: unknown, fileName: string): Verdict {
       const why = pluginProblem(remarshalled(p));
       if (why) return bad(`plugins[${i}]: ${why}`);
     }
-    return inlinedOnly ? { ok: true, kind: 'conflist', listed: true } : { ok: true, kind: 'conflist', pluginDir: list.name, listed: true };
+    return inlinedOnly
+      ? { ok: true, kind: 'conflist', listed: true }
+      : { ok: true, kind: 'conflist', pluginDir: list.name, listed: true };
   }
   // ConfFromFile decodes the text as written (every duplicate key, in order), then
   // ConfListFromConf decodes it again re-marshalled: the file must pass both.
@@ -140,7 +152,9 @@ function judge(text: string, value: unknown, fileName: string): Verdict {
 function isCniVersion(v: string): boolean {
   if (v === '') return true;
   const parts = v.split('.');
-  return parts.length <= 3 && parts.every((p) => /^[+-]?\d+$/.test(p) && BigInt(p) >= -(2n ** 63n) && BigInt(p) < 2n ** 63n);
+  return (
+    parts.length <= 3 && parts.every((p) => /^[+-]?\d+$/.test(p) && BigInt(p) >= -(2n ** 63n) && BigInt(p) < 2n ** 63n)
+  );
 }
 
 function jsonKind(v: unknown): string {
@@ -165,15 +179,25 @@ function asWritten(text: string, start = skipWs(text, 0), depth = 0): GoJson {
   const c = text[start];
   // pluginProblem looks no deeper than a few levels: below that only the kind matters, and
   // stopping there keeps a deep (libcni-loadable) value from overflowing the stack.
-  if (depth >= LOOK_DEPTH && (c === '{' || c === '[')) return c === '{' ? { kind: 'object', members: [] } : { kind: 'array', items: [] };
-  if (c === '{') return { kind: 'object', members: objectMembers(text, start).map((m) => [m.key, asWritten(text, m.value.start, depth + 1)] as const) };
-  if (c === '[') return { kind: 'array', items: arrayElements(text, start).map((s) => asWritten(text, s.start, depth + 1)) };
-  return { kind: 'scalar', value: JSON.parse(text.slice(start, valueEnd(text, start))) as null | boolean | number | string };
+  if (depth >= LOOK_DEPTH && (c === '{' || c === '['))
+    return c === '{' ? { kind: 'object', members: [] } : { kind: 'array', items: [] };
+  if (c === '{')
+    return {
+      kind: 'object',
+      members: objectMembers(text, start).map((m) => [m.key, asWritten(text, m.value.start, depth + 1)] as const),
+    };
+  if (c === '[')
+    return { kind: 'array', items: arrayElements(text, start).map((s) => asWritten(text, s.start, depth + 1)) };
+  return {
+    kind: 'scalar',
+    value: JSON.parse(text.slice(start, valueEnd(text, start))) as null | boolean | number | string,
+  };
 }
 
 /** A value as Go's json.Marshal writes a map: keys once each, sorted by their UTF-8 bytes. */
 function remarshalled(v: Json, depth = 0): GoJson {
-  if (Array.isArray(v)) return { kind: 'array', items: depth >= LOOK_DEPTH ? [] : v.map((x) => remarshalled(x, depth + 1)) };
+  if (Array.isArray(v))
+    return { kind: 'array', items: depth >= LOOK_DEPTH ? [] : v.map((x) => remarshalled(x, depth + 1)) };
   if (typeof v === 'object' && v !== null) {
     if (depth >= LOOK_DEPTH) return { kind: 'object', members: [] };
     const keys = Object.keys(v).sort(byteOrder);
@@ -224,7 +248,10 @@ function pluginProblem(v: GoJson): string | null {
     }
   }
   for (const caps of fieldValues(v, 'capabilities')) {
-    const ok = isNull(caps) || (isObject(caps) && caps.members.every(([, c]) => c.kind === 'scalar' && (c.value === null || typeof c.value === 'boolean')));
+    const ok =
+      isNull(caps) ||
+      (isObject(caps) &&
+        caps.members.every(([, c]) => c.kind === 'scalar' && (c.value === null || typeof c.value === 'boolean')));
     if (!ok) return '"capabilities" is not an object of true/false';
   }
   for (const prev of fieldValues(v, 'prevResult')) {
@@ -232,7 +259,8 @@ function pluginProblem(v: GoJson): string | null {
   }
   for (const att of fieldValues(v, 'cni.dev/valid-attachments')) {
     if (isNull(att)) continue;
-    if (att.kind !== 'array' || !att.items.every((a) => isNull(a) || isObject(a))) return '"cni.dev/valid-attachments" is not a list of objects';
+    if (att.kind !== 'array' || !att.items.every((a) => isNull(a) || isObject(a)))
+      return '"cni.dev/valid-attachments" is not a list of objects';
     for (const [i, a] of att.items.entries()) {
       if (!isObject(a)) continue;
       for (const name of ['containerID', 'ifname']) {
@@ -241,7 +269,9 @@ function pluginProblem(v: GoJson): string | null {
     }
   }
   // The last type that is not null stays: an empty one after a good one leaves none.
-  const type = fieldValues(v, 'type').filter((t) => !isNull(t)).at(-1);
+  const type = fieldValues(v, 'type')
+    .filter((t) => !isNull(t))
+    .at(-1);
   if (type === undefined || type.kind !== 'scalar' || type.value === '') return 'no "type" (which plugin to run)';
   return null;
 }

@@ -41,19 +41,19 @@ export const errors = new Counter({
 
 export const pluginTokenRefreshes = new Counter({
   name: 'mesh_cni_plugin_token_refreshes_total',
-  help: 'Tokens minted for the CNI plugin\'s service account (TokenRequest).',
+  help: "Tokens minted for the CNI plugin's service account (TokenRequest).",
   registers: [registry],
 });
 
 export const pluginTokenRefreshFailures = new Counter({
   name: 'mesh_cni_plugin_token_refresh_failures_total',
-  help: 'Failed attempts to mint the CNI plugin\'s token, by reason (throttled, server_error, client_error, unreachable); the old token stays in use until it expires.',
+  help: "Failed attempts to mint the CNI plugin's token, by reason (throttled, server_error, client_error, unreachable); the old token stays in use until it expires.",
   labelNames: ['reason'] as const,
   registers: [registry],
 });
 
 export const pluginTokenExpiry = new Gauge({
   name: 'mesh_cni_plugin_token_expiry_timestamp_seconds',
-  help: 'When the CNI plugin\'s current token expires (Unix time); 0 before the first one.',
+  help: "When the CNI plugin's current token expires (Unix time); 0 before the first one.",
   registers: [registry],
 });

@@ -14,7 +14,11 @@ export function netDirView(netDir: string, files: FileCache): NetDirView {
   return {
     list: () => fs.readdir(netDir),
     read: async (name) => (await readRegularFileIfExists(at(name)))?.text ?? null,
-    readRecord: (name) => readRegularFileIfExists(at(name), { noFollow: true }).then((r) => r?.text ?? null, () => null),
+    readRecord: (name) =>
+      readRegularFileIfExists(at(name), { noFollow: true }).then(
+        (r) => r?.text ?? null,
+        () => null,
+      ),
     readCached: (name) => files.read(at(name)),
     peekCached: (name) => files.peek(at(name)),
     warmCached: (names) => files.warm(names.map(at)),
@@ -25,10 +29,16 @@ export function netDirView(netDir: string, files: FileCache): NetDirView {
     },
     lstat: async (name): Promise<EntryFacts | null> => {
       const st = await fs.lstat(at(name)).catch(() => null);
-      return st && { isFile: st.isFile(), isDirectory: st.isDirectory(), isSymbolicLink: st.isSymbolicLink(), mode: st.mode };
+      return (
+        st && { isFile: st.isFile(), isDirectory: st.isDirectory(), isSymbolicLink: st.isSymbolicLink(), mode: st.mode }
+      );
     },
     readlink: (name) => fs.readlink(at(name)),
-    listDir: async (name) => (await fs.readdir(at(name), { withFileTypes: true })).map((d) => ({ name: d.name, isDirectory: d.isDirectory() })),
+    listDir: async (name) =>
+      (await fs.readdir(at(name), { withFileTypes: true })).map((d) => ({
+        name: d.name,
+        isDirectory: d.isDirectory(),
+      })),
     realpath: (name) => fs.realpath(at(name)).catch(() => null),
   };
 }
@@ -42,5 +52,11 @@ export async function unspellableConfigNames(dir: string): Promise<string[]> {
   return raw
     .filter((b) => !Buffer.from(b.toString('utf8')).equals(b) && isConfigFile(b.toString('latin1')))
     .sort(Buffer.compare)
-    .map((b) => [...b].map((c) => (c >= 0x20 && c < 0x7f && c !== 0x5c ? String.fromCharCode(c) : `\\x${c.toString(16).padStart(2, '0')}`)).join(''));
+    .map((b) =>
+      [...b]
+        .map((c) =>
+          c >= 0x20 && c < 0x7f && c !== 0x5c ? String.fromCharCode(c) : `\\x${c.toString(16).padStart(2, '0')}`,
+        )
+        .join(''),
+    );
 }

@@ -23,7 +23,11 @@ async function readIfExists(file: string): Promise<string | null> {
  * token (the installer run alone, in tests).
  */
 export async function syncOrchconfig(
-  s: InstallSettings, env: EnvironmentFacts, pluginToken: PluginTokenSource | undefined, writes: Write[], fail: Fail,
+  s: InstallSettings,
+  env: EnvironmentFacts,
+  pluginToken: PluginTokenSource | undefined,
+  writes: Write[],
+  fail: Fail,
 ): Promise<void> {
   const target = path.join(s.mountedCniNetDir, s.orchcfgFileName);
   if (!env.orchServiceHost) {
@@ -52,7 +56,10 @@ export async function syncOrchconfig(
     try {
       ca = await readIfExists(caFile);
     } catch (e) {
-      fail(e instanceof UnsafeFileError ? 'file_refused' : 'ca_missing', `cannot read the CA file: ${(e as Error).message}`);
+      fail(
+        e instanceof UnsafeFileError ? 'file_refused' : 'ca_missing',
+        `cannot read the CA file: ${(e as Error).message}`,
+      );
       return;
     }
     if (ca === null) {
@@ -61,7 +68,13 @@ export async function syncOrchconfig(
     }
     caPem = ca;
   }
-  const text = renderOrchconfig({ host: env.orchServiceHost, port: env.orchServicePort, token: token.trim(), caPem, skipTlsVerify: s.skipTlsVerify });
+  const text = renderOrchconfig({
+    host: env.orchServiceHost,
+    port: env.orchServicePort,
+    token: token.trim(),
+    caPem,
+    skipTlsVerify: s.skipTlsVerify,
+  });
   try {
     // Not through a link (O_NOFOLLOW): one planted here is replaced, and the file it points
     // to neither read nor chmodded. A wrong mode is mended by writing the file again.
@@ -83,10 +96,17 @@ export async function syncOrchconfig(
  * orchconfig (an earlier plugin token, maybe still valid) stays.
  */
 async function dropAgentTokenOrchconfig(s: InstallSettings, target: string, writes: Write[]): Promise<void> {
-  const own = await readRegularFile(path.join(s.serviceAccountDir, 'token')).then((r) => r.text.trim(), () => '');
+  const own = await readRegularFile(path.join(s.serviceAccountDir, 'token')).then(
+    (r) => r.text.trim(),
+    () => '',
+  );
   if (own === '') return;
-  const now = await readRegularFileIfExists(target, { noFollow: true }).then((r) => r?.text ?? null, () => null);
-  if (now !== null && now.includes(own) && (await removeFile(target))) writes.push({ file: target, kind: 'orchconfig', action: 'remove' });
+  const now = await readRegularFileIfExists(target, { noFollow: true }).then(
+    (r) => r?.text ?? null,
+    () => null,
+  );
+  if (now !== null && now.includes(own) && (await removeFile(target)))
+    writes.push({ file: target, kind: 'orchconfig', action: 'remove' });
 }
 
 async function serviceAccountToken(s: InstallSettings, fail: Fail): Promise<string | null> {
@@ -95,13 +115,18 @@ async function serviceAccountToken(s: InstallSettings, fail: Fail): Promise<stri
   try {
     token = await readIfExists(tokenFile);
   } catch (e) {
-    fail(e instanceof UnsafeFileError ? 'file_refused' : 'token_missing', `cannot read the service-account token: ` +
-      `${(e as Error).message}`);
+    fail(
+      e instanceof UnsafeFileError ? 'file_refused' : 'token_missing',
+      `cannot read the service-account token: ` + `${(e as Error).message}`,
+    );
     return null;
   }
   if (token === null || token.trim() === '') {
-    fail('token_missing', `service-account token ${tokenFile} is ${token === null ? 'missing' : 'empty'}; the ` +
-      `orchconfig cannot be written until it appears`);
+    fail(
+      'token_missing',
+      `service-account token ${tokenFile} is ${token === null ? 'missing' : 'empty'}; the ` +
+        `orchconfig cannot be written until it appears`,
+    );
     return null;
   }
   return token;

@@ -57,7 +57,13 @@ export interface OwnedState {
 
 export type OwnedPlan =
   /** Write our file (text and/or mode differ); `from` is the primary it is made from. */
-  | { readonly action: 'write'; readonly text: string; readonly mode: number; readonly from: string; readonly notReady: readonly string[] }
+  | {
+      readonly action: 'write';
+      readonly text: string;
+      readonly mode: number;
+      readonly from: string;
+      readonly notReady: readonly string[];
+    }
   /** Our file is right as it is. */
   | { readonly action: 'keep'; readonly from: string | null; readonly notReady: readonly string[] }
   /**
@@ -85,17 +91,31 @@ export function shadowedBy(before: readonly string[], ownedName: string, netDir:
  * We cannot tell we wrote it (a copy of the primary that a rollback to a version without the
  * owned file left behind, or another program's), so it is not ours to remove: an error.
  */
-export function ownNameShadows(name: string, target: string, netDir: string, recordedFrom: string | null = null): string {
+export function ownNameShadows(
+  name: string,
+  target: string,
+  netDir: string,
+  recordedFrom: string | null = null,
+): string {
   const head = `${name} in ${netDir} holds no entry of ours and sorts before ${target}, so the runtime reads it, not our entry, and pods may start without mesh-cni`;
   // Our record beside it: most likely ours with our entry taken out by a version without the
   // owned file, of a primary that changed since (a byte-exact copy would have been removed).
-  if (recordedFrom !== null) return `${head}; our record ${ownedFromRecord(name)} says ours was made from ${recordedFrom}, but it is no copy of ${recordedFrom} as that is now (the primary changed since?): remove ${name} and ${ownedFromRecord(name)} if they are a leftover of ours`;
+  if (recordedFrom !== null)
+    return `${head}; our record ${ownedFromRecord(name)} says ours was made from ${recordedFrom}, but it is no copy of ${recordedFrom} as that is now (the primary changed since?): remove ${name} and ${ownedFromRecord(name)} if they are a leftover of ours`;
   return `${head}; it has one of our file names but is not known as ours (a copy of the primary left by a version of the agent without --mesh-owned-cni-config, or another program's), so it is left as it is: remove it`;
 }
 
 /** Our owned file's name taken by a file that holds no entry of ours: never overwritten or removed. */
-export function foreignOwned(ownedName: string, netDir: string, why = 'holds no entry of ours', recordedFrom: string | null = null): string {
-  const record = recordedFrom === null ? '' : `; our record ${ownedFromRecord(ownedName)} says ours was made from ${recordedFrom}, but it is no copy of ${recordedFrom} as that is now (the primary changed since?): if it is a leftover of ours, remove it`;
+export function foreignOwned(
+  ownedName: string,
+  netDir: string,
+  why = 'holds no entry of ours',
+  recordedFrom: string | null = null,
+): string {
+  const record =
+    recordedFrom === null
+      ? ''
+      : `; our record ${ownedFromRecord(ownedName)} says ours was made from ${recordedFrom}, but it is no copy of ${recordedFrom} as that is now (the primary changed since?): if it is a leftover of ours, remove it`;
   return `${ownedName} in ${netDir} ${why}, so we did not write it (another program's file, the primary CNI's own, or a copy left by another version of the agent): not overwriting it, and uninstall will not remove it. Remove it, or give --mesh-owned-cni-config-filename a name no other file has${record}`;
 }
 
@@ -107,7 +127,9 @@ export function planOwned(s: OwnedState, entry: JsonObject, netDir: string): Own
   const notReady: string[] = [];
   if (s.primary === null) {
     if (s.current === null) return { action: 'wait', notReady };
-    notReady.push(`the primary CNI config${s.madeFrom ? ` ${s.madeFrom}` : ''} our ${s.ownedName} was made from is gone from ${netDir}; keeping ours as it is, so pods still get mesh-cni with the network it had, until the primary CNI writes its config again`);
+    notReady.push(
+      `the primary CNI config${s.madeFrom ? ` ${s.madeFrom}` : ''} our ${s.ownedName} was made from is gone from ${netDir}; keeping ours as it is, so pods still get mesh-cni with the network it had, until the primary CNI writes its config again`,
+    );
     return { action: 'keep', from: null, notReady };
   }
   if (sortsBefore(s.primary.name, s.ownedName)) {
@@ -116,7 +138,7 @@ export function planOwned(s: OwnedState, entry: JsonObject, netDir: string): Own
   }
   const text = ownedText(s.primary.text, s.primary.name, entry);
   const mode = ownedMode(s.primary.mode);
-  if (s.current && s.current.text === text && (s.current.mode & 0o7777) === mode) return { action: 'keep', from: s.primary.name, notReady };
+  if (s.current && s.current.text === text && (s.current.mode & 0o7777) === mode)
+    return { action: 'keep', from: s.primary.name, notReady };
   return { action: 'write', text, mode, from: s.primary.name, notReady };
 }
-

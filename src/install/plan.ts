@@ -39,17 +39,21 @@ export async function planPrelude(ctx: PlanContext): Promise<string | null> {
   const first = choosePrimary(names, { confName: ctx.s.confName, ownFiles: ctx.ownFiles() });
   const orchcfg = ctx.s.orchcfgName;
   if (first === null || byteOrder(orchcfg, first) > 0) return null;
-  return `--orchcfg-file-name ${orchcfg} sorts before the CNI config ${first} in ${ctx.netDir}, which the runtime ` +
+  return (
+    `--orchcfg-file-name ${orchcfg} sorts before the CNI config ${first} in ${ctx.netDir}, which the runtime ` +
     `may take as the primary; not installing. Give a name that sorts after it (byte order), as the default ` +
-    `ZZZ-mesh-cni-orchconfig does`;
+    `ZZZ-mesh-cni-orchconfig does`
+  );
 }
 
 /** Our entry in the file the runtime reads, in the mode the settings say, and out of the others. */
 export async function planConfig(ctx: PlanContext, entry: JsonObject): Promise<Plan> {
   try {
-    const primary = !ctx.s.chained ? await planStandalone(ctx, entry)
-      : ctx.s.owned ? await planOwnedMode(ctx, entry)
-      : await planChained(ctx, entry);
+    const primary = !ctx.s.chained
+      ? await planStandalone(ctx, entry)
+      : ctx.s.owned
+        ? await planOwnedMode(ctx, entry)
+        : await planChained(ctx, entry);
     return { steps: ctx.steps, primary, skipped: ctx.skipped };
   } catch (e) {
     return { steps: ctx.steps, primary: null, skipped: ctx.skipped, error: e as Error };

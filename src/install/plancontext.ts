@@ -70,9 +70,18 @@ export interface NetDirView {
 }
 
 export type ErrorReason =
-  | 'net_dir_missing' | 'primary_malformed' | 'template_invalid' | 'token_missing' | 'ca_missing'
-  | 'api_host_missing' | 'binaries_failed' | 'write_failed' | 'file_refused' | 'primary_unsupported'
-  | 'orchconfig_name_refused' | 'config_shadowed';
+  | 'net_dir_missing'
+  | 'primary_malformed'
+  | 'template_invalid'
+  | 'token_missing'
+  | 'ca_missing'
+  | 'api_host_missing'
+  | 'binaries_failed'
+  | 'write_failed'
+  | 'file_refused'
+  | 'primary_unsupported'
+  | 'orchconfig_name_refused'
+  | 'config_shadowed';
 
 export interface Skipped {
   readonly file: string;
@@ -195,7 +204,12 @@ export class PlanContext {
   }
 
   remove(name: string, report?: WriteKind, reportEvenIfGone = false): void {
-    this.steps.push({ kind: 'remove', name, ...(report ? { report } : {}), ...(reportEvenIfGone ? { reportEvenIfGone } : {}) });
+    this.steps.push({
+      kind: 'remove',
+      name,
+      ...(report ? { report } : {}),
+      ...(reportEvenIfGone ? { reportEvenIfGone } : {}),
+    });
     this.#written.delete(name);
     this.#removed.add(name);
   }

@@ -7,7 +7,15 @@ import { CniConfigError, otherForm, standaloneConfig, withOurEntry, type JsonObj
 import { foreignOwned, planOwned, PRIMARY_GONE_GRACE_MS, shadowedBy, sortsBefore, type OwnedPlan } from './owned.ts';
 import type { PlanContext } from './plancontext.ts';
 import { failCopyOfOurs, findPrimary, passedOver, textHoldsOurEntry, validBefore } from './planprimary.ts';
-import { copyOfConfig, failOwnNamesShadowing, recordedFrom, rememberOwnedFrom, removeEarlierOwned, removeOwned, takeOutAllBut } from './plantakeout.ts';
+import {
+  copyOfConfig,
+  failOwnNamesShadowing,
+  recordedFrom,
+  rememberOwnedFrom,
+  removeEarlierOwned,
+  removeOwned,
+  takeOutAllBut,
+} from './plantakeout.ts';
 import { formatOriginal, originalFor, originalRecord, parseOriginal, RECORD_FILE_MODE } from './records.ts';
 import { UnsafeFileError } from './safefile.ts';
 
@@ -24,13 +32,17 @@ export async function planChained(ctx: PlanContext, entry: JsonObject): Promise<
   const confName = ctx.s.confName;
   if (found === null && ctx.skipped.length > 0) {
     // Maybe a file caught half-written: an error, retried on the backoff, said if it stays.
-    ctx.fail('primary_malformed', `waiting for a primary CNI config the runtime can load in ` +
-      `${ctx.netDir}${passedOver(ctx)}`);
+    ctx.fail(
+      'primary_malformed',
+      `waiting for a primary CNI config the runtime can load in ` + `${ctx.netDir}${passedOver(ctx)}`,
+    );
   } else if (found === null) {
-    ctx.notReady(confName
-      ? `waiting for the primary CNI config ${confName}${otherForm(confName) ? ` (or ${otherForm(confName)})` : ''} ` +
-        `in ${ctx.netDir}`
-      : `waiting for a primary CNI config (.conf, .conflist or .json) in ${ctx.netDir}${passedOver(ctx)}`);
+    ctx.notReady(
+      confName
+        ? `waiting for the primary CNI config ${confName}${otherForm(confName) ? ` (or ${otherForm(confName)})` : ''} ` +
+            `in ${ctx.netDir}`
+        : `waiting for a primary CNI config (.conf, .conflist or .json) in ${ctx.netDir}${passedOver(ctx)}`,
+    );
   } else if (found.said) {
     // Said through fail(); the other files are still looked at below.
   } else if (found.text === null) {
@@ -65,15 +77,25 @@ async function spliceInto(ctx: PlanContext, name: string, text: string, entry: J
   // CNI may rewrite its file while ours is being written: then what we computed is stale, and
   // putting it in place would undo their change.
   ctx.write({
-    name: rewrite.fileName, text: rewrite.text, mode: st.mode & 0o7777, uid: st.uid, gid: st.gid,
+    name: rewrite.fileName,
+    text: rewrite.text,
+    mode: st.mode & 0o7777,
+    uid: st.uid,
+    gid: st.gid,
     ...(rewrite.replaces ? {} : { through: text }),
     guard: { name, text },
-    ifChanged: { notReady: `primary CNI config ${ctx.path(name)} changed while our entry was being added; doing it ` +
-      `again`, primary: after },
-    report: 'cni_config', reportTarget: true,
+    ifChanged: {
+      notReady: `primary CNI config ${ctx.path(name)} changed while our entry was being added; doing it ` + `again`,
+      primary: after,
+    },
+    report: 'cni_config',
+    reportTarget: true,
   });
   const prior = ctx.originals.get(name) ?? parseOriginal(await ctx.readRecord(originalRecord(name)), name, st);
-  const original = { ...originalFor(prior, name, text, st, rewrite.text), ...(rewrite.replaces && link !== undefined ? { link } : {}) };
+  const original = {
+    ...originalFor(prior, name, text, st, rewrite.text),
+    ...(rewrite.replaces && link !== undefined ? { link } : {}),
+  };
   ctx.remember(rewrite.fileName, original);
   // A .conf given back from the .conflist we made needs its record on disk, kept up to date
   // with what we wrote (every restart with another entry rewrites the conflist).
@@ -119,7 +141,12 @@ export async function planOwnedMode(ctx: PlanContext, entry: JsonObject): Promis
   }
   // A rollback copy at our name (ours with our entry taken out by a version without this
   // mode): a byte-exact copy of a config still there, so overwriting it loses nothing.
-  if (current !== null && !textHoldsOurEntry(current, ownedName) && (await copyOfConfig(ctx, ownedName, current, found?.name ?? null, entry))) current = null;
+  if (
+    current !== null &&
+    !textHoldsOurEntry(current, ownedName) &&
+    (await copyOfConfig(ctx, ownedName, current, found?.name ?? null, entry))
+  )
+    current = null;
   const kept = current !== null ? ownedName : null;
   // A restarted agent: which primary ours was made from, as the run before recorded it.
   if (ctx.ownedFrom === null && current !== null) ctx.setOwnedFrom(await recordedFrom(ctx, ownedName));
@@ -129,7 +156,11 @@ export async function planOwnedMode(ctx: PlanContext, entry: JsonObject): Promis
     // The runtime reads that file, not ours: fail closed, our entry goes into it as without
     // this mode; ours stays (with our entry) for when that file is gone. Ready once it is
     // in (the runtime reads our entry), with a note; whatever stops it is said by planChained.
-    const plan = planOwned({ ownedName, primary: { name: found.name, text: '', mode: 0 }, current: null }, entry, netDir);
+    const plan = planOwned(
+      { ownedName, primary: { name: found.name, text: '', mode: 0 }, current: null },
+      entry,
+      netDir,
+    );
     ctx.skipped.length = 0;
     const into = await planChained(ctx, entry);
     if (plan.action === 'shadowed') ctx.steps.push({ kind: 'note', message: plan.note, evenIfChanged: true });
@@ -150,43 +181,61 @@ export async function planOwnedMode(ctx: PlanContext, entry: JsonObject): Promis
   }
   // With --cni-conf-name, a config the runtime loads may sort before ours: not a primary, but
   // what the runtime reads instead of ours.
-  const shadowed = found && ctx.s.confName !== '' ? shadowedBy(await validBefore(ctx, names, ownedName, found.name), ownedName, netDir) : null;
+  const shadowed =
+    found && ctx.s.confName !== ''
+      ? shadowedBy(await validBefore(ctx, names, ownedName, found.name), ownedName, netDir)
+      : null;
   if (shadowed) ctx.fail('config_shadowed', shadowed);
   const curMode = current !== null ? ((await ctx.statOrNull(ownedName))?.mode ?? 0) : 0;
   let plan: OwnedPlan;
   try {
-    plan = planOwned({
-      ownedName,
-      primary: found && st ? { name: found.name, text: found.text!, mode: st.mode } : null,
-      current: current !== null ? { text: current, mode: curMode } : null,
-      madeFrom: ctx.ownedFrom,
-    }, entry, netDir);
+    plan = planOwned(
+      {
+        ownedName,
+        primary: found && st ? { name: found.name, text: found.text!, mode: st.mode } : null,
+        current: current !== null ? { text: current, mode: curMode } : null,
+        madeFrom: ctx.ownedFrom,
+      },
+      entry,
+      netDir,
+    );
   } catch (e) {
     if (!(e instanceof CniConfigError)) throw e;
-    ctx.fail('primary_malformed', `${e.message} (in ${netDir}); leaving it untouched until it ` +
-      `changes${kept ? `, and our ${ownedName} as it is` : ''}`);
+    ctx.fail(
+      'primary_malformed',
+      `${e.message} (in ${netDir}); leaving it untouched until it ` +
+        `changes${kept ? `, and our ${ownedName} as it is` : ''}`,
+    );
     return kept;
   }
   for (const m of plan.notReady) ctx.notReady(m);
   // No primary: maybe one caught half-written (an error, retried on the backoff).
-  if (found === null && ctx.skipped.length > 0) ctx.fail('primary_malformed', `waiting for a primary CNI config the ` +
-    `runtime can load in ${netDir}${passedOver(ctx)}${kept ? `; keeping our ${ownedName} as it is` : ''}`);
+  if (found === null && ctx.skipped.length > 0)
+    ctx.fail(
+      'primary_malformed',
+      `waiting for a primary CNI config the ` +
+        `runtime can load in ${netDir}${passedOver(ctx)}${kept ? `; keeping our ${ownedName} as it is` : ''}`,
+    );
   if (plan.action === 'wait' || plan.action === 'shadowed') {
-    if (ctx.skipped.length === 0) ctx.notReady(`waiting for a primary CNI config (.conf, .conflist or .json) in ` +
-      `${netDir} to make our ${ownedName} from`);
+    if (ctx.skipped.length === 0)
+      ctx.notReady(
+        `waiting for a primary CNI config (.conf, .conflist or .json) in ` + `${netDir} to make our ${ownedName} from`,
+      );
     return null;
   }
   if (plan.action === 'write') {
     // The primary rewritten while ours was being made: ours would be stale; the runtime keeps
     // reading our previous version (with our entry) and the change's event runs again.
-    const again = `primary CNI config ${primaryFile} changed while our ${ownedName} was being made from it; doing it ` +
-      `again`;
+    const again =
+      `primary CNI config ${primaryFile} changed while our ${ownedName} was being made from it; doing it ` + `again`;
     // Ours already holds our entry (a file at our name without one is refused above), so the
     // runtime still reads a network with mesh-cni: no reason to be not ready. The change's own
     // watch event brings the pass that makes ours again (a storm of rewrites made /readyz flap
     // otherwise). Without a file of ours yet, the runtime reads the primary.
     ctx.write({
-      name: ownedName, text: plan.text, mode: plan.mode,
+      name: ownedName,
+      text: plan.text,
+      mode: plan.mode,
       guard: { name: found!.name, text: found!.text! },
       ifChanged: { ...(kept === null ? { notReady: again } : { debug: again }), primary: kept },
       report: 'cni_config',
@@ -217,16 +266,21 @@ function holdOwned(ctx: PlanContext, found: string | null, names: readonly strin
   const bad = ctx.skipped.find((k) => k.file === from);
   if (bad) {
     // As a half-written primary without --mesh-owned-cni-config: an error said if it stays, retried.
-    ctx.fail('primary_malformed', `the primary CNI config ${from} our ${ownedName} was made from cannot be loaded ` +
-      `now (${bad.reason}); keeping ours as it is, not following ${found}, which sorts after it, until ${from} loads ` +
-      `again or is gone`);
+    ctx.fail(
+      'primary_malformed',
+      `the primary CNI config ${from} our ${ownedName} was made from cannot be loaded ` +
+        `now (${bad.reason}); keeping ours as it is, not following ${found}, which sorts after it, until ${from} loads ` +
+        `again or is gone`,
+    );
     return true;
   }
   if (names.includes(from)) return false;
   const left = PRIMARY_GONE_GRACE_MS - (ctx.now - (ctx.ownedFromGoneSince ?? ctx.now));
   if (left <= 0) return false;
-  ctx.notReady(`the primary CNI config ${from} our ${ownedName} was made from is gone from ${ctx.netDir}; keeping ` +
-    `ours as it is, and following ${found}, which sorts after it, only if ${from} is not back within ` +
-    `${PRIMARY_GONE_GRACE_MS} ms`);
+  ctx.notReady(
+    `the primary CNI config ${from} our ${ownedName} was made from is gone from ${ctx.netDir}; keeping ` +
+      `ours as it is, and following ${found}, which sorts after it, only if ${from} is not back within ` +
+      `${PRIMARY_GONE_GRACE_MS} ms`,
+  );
   return true;
 }

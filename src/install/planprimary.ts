@@ -2,7 +2,16 @@
 // around it that would make the runtime read something else than the file with our entry.
 
 import path from 'node:path';
-import { byteOrder, isConfigFile, isOurs, libcniVerdict, otherForm, primaryCandidates, withoutOurEntry, type JsonObject } from './cniconfig.ts';
+import {
+  byteOrder,
+  isConfigFile,
+  isOurs,
+  libcniVerdict,
+  otherForm,
+  primaryCandidates,
+  withoutOurEntry,
+  type JsonObject,
+} from './cniconfig.ts';
 import { ownedText, sortsBefore } from './owned.ts';
 import type { PlanContext } from './plancontext.ts';
 import { UnsafeFileError } from './safefile.ts';
@@ -74,27 +83,39 @@ export async function findPrimary(ctx: PlanContext, names: readonly string[]): P
         const everyReader = ['ENOTDIR', 'ELOOP', 'ENAMETOOLONG'].includes(code);
         if (code === 'ENOENT') listing = [];
         else if (everyReader && !explicit) {
-          ctx.skipped.push({ file: name, reason: `the directory its "name" names, where libcni looks for more of its ` +
-            `plugins, cannot be listed by any reader (${code}), so it fails to load` });
+          ctx.skipped.push({
+            file: name,
+            reason:
+              `the directory its "name" names, where libcni looks for more of its ` +
+              `plugins, cannot be listed by any reader (${code}), so it fails to load`,
+          });
           continue;
         } else {
-          ctx.fail(everyReader ? 'primary_unsupported' : 'file_refused', `${name} in ${ctx.netDir}: cannot read the ` +
-            `directory its "name" names, where libcni looks for more of its plugins ` +
-            `(${code || (e as Error).message}); not installing until it can be read`);
+          ctx.fail(
+            everyReader ? 'primary_unsupported' : 'file_refused',
+            `${name} in ${ctx.netDir}: cannot read the ` +
+              `directory its "name" names, where libcni looks for more of its plugins ` +
+              `(${code || (e as Error).message}); not installing until it can be read`,
+          );
           return { name, text: null, said: true };
         }
       }
       const more = listing.filter((d) => !d.isDirectory && path.extname(d.name) === '.conf');
       if (more.length > 0) {
-        ctx.fail('primary_unsupported', `${name} in ${ctx.netDir} takes ${more.length} more plugin config(s) from ` +
-          `the directory its "name" names after its own list, so an entry of ours there would not run last; not ` +
-          `installing. Move them into its "plugins" list`);
+        ctx.fail(
+          'primary_unsupported',
+          `${name} in ${ctx.netDir} takes ${more.length} more plugin config(s) from ` +
+            `the directory its "name" names after its own list, so an entry of ours there would not run last; not ` +
+            `installing. Move them into its "plugins" list`,
+        );
         return { name, text: null, said: true };
       }
       if (!verdict.listed) {
         if (explicit) return { name, text };
-        ctx.skipped.push({ file: name, reason: 'no "plugins" list, and no plugin .conf files in the directory its ' +
-          '"name" names' });
+        ctx.skipped.push({
+          file: name,
+          reason: 'no "plugins" list, and no plugin .conf files in the directory its ' + '"name" names',
+        });
         continue;
       }
     }
@@ -105,8 +126,9 @@ export async function findPrimary(ctx: PlanContext, names: readonly string[]): P
 
 /** `; passed over, as the runtime would: ...` for the configs findPrimary passed over, or ''. */
 export function passedOver(ctx: PlanContext): string {
-  return ctx.skipped.length > 0 ? `; passed over, as the runtime would: ` +
-    `${ctx.skipped.map((k) => `${k.file}: ${k.reason}`).join('; ')}` : '';
+  return ctx.skipped.length > 0
+    ? `; passed over, as the runtime would: ` + `${ctx.skipped.map((k) => `${k.file}: ${k.reason}`).join('; ')}`
+    : '';
 }
 
 /**
@@ -117,9 +139,15 @@ export function passedOver(ctx: PlanContext): string {
  * it). Looked for only in a file of ours' mode (no group or other bits) holding our entry, so
  * a pass with a primary of 0644 reads nothing more. Found only while that config is as it was.
  */
-export async function failCopyOfOurs(ctx: PlanContext, name: string, text: string, names: readonly string[]): Promise<boolean> {
+export async function failCopyOfOurs(
+  ctx: PlanContext,
+  name: string,
+  text: string,
+  names: readonly string[],
+): Promise<boolean> {
   const st = await ctx.statOrNull(name);
-  if (st === null || (st.mode & 0o077) !== 0 || path.extname(name) !== '.conflist' || !textHoldsOurEntry(text, name)) return false;
+  if (st === null || (st.mode & 0o077) !== 0 || path.extname(name) !== '.conflist' || !textHoldsOurEntry(text, name))
+    return false;
   let entry: JsonObject | undefined;
   try {
     entry = (JSON.parse(text) as { plugins: JsonObject[] }).plugins.findLast((p) => isOurs(p));
@@ -140,16 +168,24 @@ export async function failCopyOfOurs(ctx: PlanContext, name: string, text: strin
       continue;
     }
     if (made !== text) continue;
-    ctx.fail('config_shadowed', `${name} in ${ctx.netDir} is a copy of ${other} with our entry, as our owned config ` +
-      `file under another name (an earlier --mesh-owned-cni-config-filename) would be; the runtime reads it, so a ` +
-      `change of ${other} would never reach pods. It is not known as ours, so it is left as it is: remove it`);
+    ctx.fail(
+      'config_shadowed',
+      `${name} in ${ctx.netDir} is a copy of ${other} with our entry, as our owned config ` +
+        `file under another name (an earlier --mesh-owned-cni-config-filename) would be; the runtime reads it, so a ` +
+        `change of ${other} would never reach pods. It is not known as ours, so it is left as it is: remove it`,
+    );
     return true;
   }
   return false;
 }
 
 /** Configs the runtime would load that sort before ours, but the named primary (--cni-conf-name). */
-export async function validBefore(ctx: PlanContext, names: readonly string[], ownedName: string, primary: string): Promise<string[]> {
+export async function validBefore(
+  ctx: PlanContext,
+  names: readonly string[],
+  ownedName: string,
+  primary: string,
+): Promise<string[]> {
   const out: string[] = [];
   for (const name of [...names].sort(byteOrder)) {
     if (!sortsBefore(name, ownedName) || !isConfigFile(name) || name === primary || ctx.ownFiles().has(name)) continue;

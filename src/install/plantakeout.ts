@@ -9,7 +9,16 @@ import type { CachedFile } from './filecache.ts';
 import { ownedText, ownNameShadows, sortsBefore } from './owned.ts';
 import type { PlanContext } from './plancontext.ts';
 import { textHoldsOurEntry } from './planprimary.ts';
-import { originalRecord, ownedFromRecord, ownedOfRecord, parseOriginal, parseOwnedFrom, RECORD_FILE_MODE, sha256, formatOwnedFrom } from './records.ts';
+import {
+  originalRecord,
+  ownedFromRecord,
+  ownedOfRecord,
+  parseOriginal,
+  parseOwnedFrom,
+  RECORD_FILE_MODE,
+  sha256,
+  formatOwnedFrom,
+} from './records.ts';
 import { UnsafeFileError } from './safefile.ts';
 
 /** Whether a config holds an entry of ours, worked out once per content. */
@@ -25,7 +34,11 @@ const refusedAsNull = (e: unknown): null => {
 };
 
 /** Our entry out of every config file in `names` but those in `keep`. */
-export async function takeOutAllBut(ctx: PlanContext, names: readonly string[], keep: ReadonlySet<string | null>): Promise<void> {
+export async function takeOutAllBut(
+  ctx: PlanContext,
+  names: readonly string[],
+  keep: ReadonlySet<string | null>,
+): Promise<void> {
   ctx.keepCached(names);
   const others = names.filter((n) => !keep.has(n) && isConfigFile(n));
   await ctx.warmCached(others);
@@ -38,8 +51,9 @@ export async function takeOutAllBut(ctx: PlanContext, names: readonly string[], 
     // The very file a kept one reads (a primary linked to another config here, two links to one
     // file): our entry out of it would be out of the file the runtime reads. A file read under
     // two names is taken out of once: the plan cannot read back through the second name.
-    kept ??= Promise.all([...keep].map((n) => (n === null ? null : ctx.realpath(n))))
-      .then((all) => new Set(all.filter((p): p is string => p !== null)));
+    kept ??= Promise.all([...keep].map((n) => (n === null ? null : ctx.realpath(n)))).then(
+      (all) => new Set(all.filter((p): p is string => p !== null)),
+    );
     const real = await ctx.realpath(name);
     if (real !== null && ((await kept).has(real) || taken.has(real))) continue;
     if (real !== null) taken.add(real);
@@ -84,7 +98,16 @@ export async function takeOut(ctx: PlanContext, name: string): Promise<void> {
   const rest = (JSON.parse(without) as { plugins: unknown[] }).plugins;
   // Nothing but our entry: a conflist of ours, not the primary CNI's.
   if (rest.length === 0) ctx.remove(name, 'cni_config', true);
-  else ctx.write({ name, text: without, through: text, mode: st.mode & 0o7777, uid: st.uid, gid: st.gid, report: 'cni_config' });
+  else
+    ctx.write({
+      name,
+      text: without,
+      through: text,
+      mode: st.mode & 0o7777,
+      uid: st.uid,
+      gid: st.gid,
+      report: 'cni_config',
+    });
 }
 
 /**
@@ -153,7 +176,12 @@ export function removeEarlierOwned(ctx: PlanContext): void {
  * the runtime loads, with no entry of ours (owned.ts ownNameShadows): config_shadowed. Left
  * out as a primary, so nothing else would say that the runtime reads it instead of ours.
  */
-export async function failOwnNamesShadowing(ctx: PlanContext, names: readonly string[], target: string, entry: JsonObject): Promise<void> {
+export async function failOwnNamesShadowing(
+  ctx: PlanContext,
+  names: readonly string[],
+  target: string,
+  entry: JsonObject,
+): Promise<void> {
   const own = ctx.ownFiles();
   for (const name of [...names].sort(byteOrder)) {
     if (name === target || !own.has(name) || !isConfigFile(name) || !sortsBefore(name, target)) continue;
@@ -177,7 +205,13 @@ export async function failOwnNamesShadowing(ctx: PlanContext, names: readonly st
  * without the owned file took our entry out), else `fallback`; as that config is, without our
  * entry, or as ours made from it without our entry. Removing or overwriting it loses nothing.
  */
-export async function copyOfConfig(ctx: PlanContext, name: string, text: string, fallback: string | null, entry: JsonObject): Promise<boolean> {
+export async function copyOfConfig(
+  ctx: PlanContext,
+  name: string,
+  text: string,
+  fallback: string | null,
+  entry: JsonObject,
+): Promise<boolean> {
   const from = [await recordedFrom(ctx, name), fallback].filter((n): n is string => n !== null && n !== name);
   for (const other of new Set(from)) {
     const otherText = await ctx.readOrNull(other);

@@ -35,7 +35,9 @@ import { orchKubeConfig } from '../orch/client.ts';
 import { nodePodSource, type PodSource } from '../orch/podsource.ts';
 import { isPodWithUid } from '../../cni-plugin/shared/poduid.ts';
 import {
-  POD_LOOKUP_MAX_REQUEST_BYTES as MAX_REQUEST_BYTES, type PodLookupReply, type PodLookupRequest,
+  POD_LOOKUP_MAX_REQUEST_BYTES as MAX_REQUEST_BYTES,
+  type PodLookupReply,
+  type PodLookupRequest,
 } from '../../cni-plugin/shared/podlookup.ts';
 
 const log = scope('install');
@@ -65,7 +67,8 @@ type Request = PodLookupRequest;
 function parseRequest(line: Buffer): Request | null {
   try {
     const r = JSON.parse(line.toString('utf8')) as Partial<Request>;
-    if (typeof r.namespace !== 'string' || typeof r.name !== 'string' || r.namespace === '' || r.name === '') return null;
+    if (typeof r.namespace !== 'string' || typeof r.name !== 'string' || r.namespace === '' || r.name === '')
+      return null;
     return { namespace: r.namespace, name: r.name, uid: typeof r.uid === 'string' ? r.uid : '' };
   } catch {
     return null;
@@ -104,8 +107,12 @@ export class NodePods {
    */
   lookup(req: Request, waitMs: number): Promise<LookupAnswer> {
     const what = `pod ${req.namespace}/${req.name}`;
-    if (req.uid === '') return Promise.resolve({ miss: `no pod uid in the request (K8S_POD_UID): this node's pod watch cannot tell which ${what} is meant` });
-    if (this.#source.state !== 'watching') return Promise.resolve({ miss: `this node's pod watch is not current (${this.#source.state})` });
+    if (req.uid === '')
+      return Promise.resolve({
+        miss: `no pod uid in the request (K8S_POD_UID): this node's pod watch cannot tell which ${what} is meant`,
+      });
+    if (this.#source.state !== 'watching')
+      return Promise.resolve({ miss: `this node's pod watch is not current (${this.#source.state})` });
     const cached = this.#source.get(req.namespace, req.name);
     if (cached && matches(cached, req)) return Promise.resolve({ pod: cached });
     return new Promise((resolve) => {
@@ -165,40 +172,51 @@ export async function startPodLookup(
     // One request a connection: after the first line (or a too long one) nothing more is read
     // or parsed, so one connection can start one lookup, hold one request's bytes, no more.
     let requested = false;
-    const first = <A extends unknown[]>(handle: (...args: A) => void) => (...args: A) => {
-      if (requested) return;
-      requested = true;
-      clearTimeout(requestDeadline);
-      socket.off('data', onData);
-      socket.pause();
-      handle(...args);
-    };
-    const lines = new LineSplitter(MAX_REQUEST_BYTES, first((line: Buffer) => {
-      const req = parseRequest(line);
-      if (!req) {
+    const first =
+      <A extends unknown[]>(handle: (...args: A) => void) =>
+      (...args: A) => {
+        if (requested) return;
+        requested = true;
+        clearTimeout(requestDeadline);
+        socket.off('data', onData);
+        socket.pause();
+        handle(...args);
+      };
+    const lines = new LineSplitter(
+      MAX_REQUEST_BYTES,
+      first((line: Buffer) => {
+        const req = parseRequest(line);
+        if (!req) {
+          lookups.inc({ result: 'bad_request' });
+          answer({ miss: 'bad request: expected {"namespace","name","uid"}' });
+          return;
+        }
+        void pods.lookup(req, opts.waitMs).then((reply) => {
+          lookups.inc({ result: 'pod' in reply ? 'hit' : 'miss' });
+          if ('miss' in reply)
+            log.debug('pod lookup miss', { pod: `${req.namespace}/${req.name}`, uid: req.uid, reason: reply.miss });
+          answer(reply);
+        });
+      }),
+      first(() => {
         lookups.inc({ result: 'bad_request' });
-        answer({ miss: 'bad request: expected {"namespace","name","uid"}' });
-        return;
-      }
-      void pods.lookup(req, opts.waitMs).then((reply) => {
-        lookups.inc({ result: 'pod' in reply ? 'hit' : 'miss' });
-        if ('miss' in reply) log.debug('pod lookup miss', { pod: `${req.namespace}/${req.name}`, uid: req.uid, reason: reply.miss });
-        answer(reply);
-      });
-    }), first(() => {
-      lookups.inc({ result: 'bad_request' });
-      answer({ miss: 'bad request: too long' });
-    }));
+        answer({ miss: 'bad request: too long' });
+      }),
+    );
     const onData = (chunk: Buffer) => lines.push(chunk);
     socket.on('data', onData);
   });
   let close: () => Promise<void>;
   try {
     // At the limit a new connection closes the oldest: held connections cannot lock the plugin out.
-    close = await listenUnix(server, address, 'pod lookups', '--pod-lookup-uds-address', { maxConnections: opts.maxConnections });
+    close = await listenUnix(server, address, 'pod lookups', '--pod-lookup-uds-address', {
+      maxConnections: opts.maxConnections,
+    });
   } catch (e) {
     // A speed-up, not a duty: without it the plugin reads pods from the API server itself.
-    log.error('cannot serve pod lookups; the plugin will read pods from the API server', { error: (e as Error).message });
+    log.error('cannot serve pod lookups; the plugin will read pods from the API server', {
+      error: (e as Error).message,
+    });
     await own?.stop();
     return { ...disabledComponent('pod-lookup'), status: () => ({ enabled: false, error: (e as Error).message }) };
   }

@@ -20,7 +20,14 @@ import { FileCache } from './filecache.ts';
 import { netDirView, unspellableConfigNames } from './netdirview.ts';
 import { syncOrchconfig } from './orchconfigsync.ts';
 import { planCleanup, planConfig, planPrelude } from './plan.ts';
-import { emptyMemory, PlanContext, STANDALONE_CONF_NAME, type ErrorReason, type PlanSettings, type Skipped } from './plancontext.ts';
+import {
+  emptyMemory,
+  PlanContext,
+  STANDALONE_CONF_NAME,
+  type ErrorReason,
+  type PlanSettings,
+  type Skipped,
+} from './plancontext.ts';
 import { readRegularFile } from './safefile.ts';
 import { DEFAULT_TEMPLATE, renderEntry } from './template.ts';
 
@@ -40,7 +47,11 @@ export interface Outcome {
   readonly notes?: readonly string[];
 }
 
-const isFile = (file: string) => fs.stat(file).then((st) => st.isFile(), () => false);
+const isFile = (file: string) =>
+  fs.stat(file).then(
+    (st) => st.isFile(),
+    () => false,
+  );
 
 export class Reconciler {
   readonly #s: InstallSettings;
@@ -100,12 +111,16 @@ export class Reconciler {
 
     try {
       await refuseUnrunnablePlugin(path.join(this.#s.cniBinariesDir, PLUGIN_TYPE), this.#s.cpuinfoPath);
-      for (const name of await this.#binaries.sync()) writes.push({ file: path.join(this.#s.mountedCniBinDir, name), kind: 'binary', action: 'write' });
+      for (const name of await this.#binaries.sync())
+        writes.push({ file: path.join(this.#s.mountedCniBinDir, name), kind: 'binary', action: 'write' });
     } catch (e) {
       fail('binaries_failed', (e as Error).message);
     }
 
-    const netDirExists = await fs.stat(this.netDir).then((st) => st.isDirectory(), () => false);
+    const netDirExists = await fs.stat(this.netDir).then(
+      (st) => st.isDirectory(),
+      () => false,
+    );
     if (!netDirExists) {
       fail('net_dir_missing', `CNI net dir ${this.netDir} does not exist; waiting for it`);
       return { notReady, problems, primary: null, writes };
@@ -129,17 +144,22 @@ export class Reconciler {
     if (!(await isFile(plugin))) missing.push(plugin);
     if (!(await isFile(orchconfig))) missing.push(orchconfig);
     if (entry && missing.length > 0) {
-      notReady.push(`not adding our entry to the CNI config until ${missing.join(' and ')} ` +
-        `${missing.length > 1 ? 'are' : 'is'} in place`);
+      notReady.push(
+        `not adding our entry to the CNI config until ${missing.join(' and ')} ` +
+          `${missing.length > 1 ? 'are' : 'is'} in place`,
+      );
       return { notReady, problems, primary: null, writes, skipped: [], notes: [] };
     }
     if (entry && unspellable.length > 0) {
       // fs.readdir gives such a name as U+FFFD, which may collapse it with another and orders
       // it wrongly: the agent cannot judge which file the runtime reads first.
-      fail('primary_unsupported', `${this.netDir} holds ` +
-        `${unspellable.length > 1 ? 'config files whose names are' : 'a config file whose name is'} not valid UTF-8 ` +
-        `(${unspellable.join(', ')}): the runtime may load it, and the agent cannot name or order it; not installing ` +
-        `until it is renamed or removed`);
+      fail(
+        'primary_unsupported',
+        `${this.netDir} holds ` +
+          `${unspellable.length > 1 ? 'config files whose names are' : 'a config file whose name is'} not valid UTF-8 ` +
+          `(${unspellable.join(', ')}): the runtime may load it, and the agent cannot name or order it; not installing ` +
+          `until it is renamed or removed`,
+      );
       return { notReady, problems, primary: null, writes, skipped: [], notes: [] };
     }
     if (!entry) return { notReady, problems, primary: null, writes, skipped: [], notes: [] };
@@ -181,19 +201,23 @@ export class Reconciler {
         throw new CniConfigError(`cannot read the CNI network config template ${source}: ${(e as Error).message}`);
       }
     }
-    return renderEntry(template, {
-      kubeconfigFilepath: path.join(this.#s.cniNetDir, this.#s.orchcfgFileName),
-      logLevel: this.#s.pluginLogLevel,
-      logUdsAddress: this.#s.logUdsAddress,
-      podLookupUdsAddress: this.#s.podLookupUdsAddress,
-      orchServiceHost: this.#env.orchServiceHost,
-      orchServicePort: this.#env.orchServicePort,
-      nodeName: this.#env.nodeName,
-      hostIp: this.#env.hostIp,
-      cniNetDir: this.#s.cniNetDir,
-      cniBinDir: this.#s.cniBinDir,
-      excludeNamespaces: this.#s.excludeNamespaces,
-    }, source);
+    return renderEntry(
+      template,
+      {
+        kubeconfigFilepath: path.join(this.#s.cniNetDir, this.#s.orchcfgFileName),
+        logLevel: this.#s.pluginLogLevel,
+        logUdsAddress: this.#s.logUdsAddress,
+        podLookupUdsAddress: this.#s.podLookupUdsAddress,
+        orchServiceHost: this.#env.orchServiceHost,
+        orchServicePort: this.#env.orchServicePort,
+        nodeName: this.#env.nodeName,
+        hostIp: this.#env.hostIp,
+        cniNetDir: this.#s.cniNetDir,
+        cniBinDir: this.#s.cniBinDir,
+        excludeNamespaces: this.#s.excludeNamespaces,
+      },
+      source,
+    );
   }
 
   /**
@@ -210,8 +234,10 @@ export class Reconciler {
     await applySteps(plan.steps, this.netDir, this.#memory, out);
     const errors = out.groupErrors;
     if (errors.length > 0) {
-      throw new Error(`the uninstall in ${this.netDir} left ${errors.length} step(s) undone (the others were done: ` +
-        `${out.writes.length} file(s) written or removed): ${errors.join('; ')}. Remove what is named by hand`);
+      throw new Error(
+        `the uninstall in ${this.netDir} left ${errors.length} step(s) undone (the others were done: ` +
+          `${out.writes.length} file(s) written or removed): ${errors.join('; ')}. Remove what is named by hand`,
+      );
     }
     return out.writes;
   }

@@ -44,7 +44,9 @@ export const ownedFromRecord = (owned: string): string => `.${owned}${OWNED_FROM
 
 /** The owned file a `.<name>.mesh-from` record is kept for; null for any other name. */
 export function ownedOfRecord(record: string): string | null {
-  return record.startsWith('.') && record.endsWith(OWNED_FROM_SUFFIX) ? record.slice(1, -OWNED_FROM_SUFFIX.length) : null;
+  return record.startsWith('.') && record.endsWith(OWNED_FROM_SUFFIX)
+    ? record.slice(1, -OWNED_FROM_SUFFIX.length)
+    : null;
 }
 
 /** A .mesh-from record's text. */
@@ -65,12 +67,23 @@ export function parseOwnedFrom(text: string | null, owned: string): string | nul
  * conflist was made from (the one record we write), with a config file's mode bits at most, and
  * an owner that is the conflist's (`owner`) or root. Undefined when it does not hold.
  */
-export function parseOriginal(text: string | null, name: string, owner: { uid: number; gid: number }): Original | undefined {
+export function parseOriginal(
+  text: string | null,
+  name: string,
+  owner: { uid: number; gid: number },
+): Original | undefined {
   if (text === null) return undefined;
   try {
     const o = JSON.parse(text) as Partial<Original>;
-    const ok = path.extname(name) === '.conflist' && o.name === otherForm(name) && typeof o.text === 'string' && typeof o.written === 'string' &&
-      typeof o.mode === 'number' && typeof o.uid === 'number' && typeof o.gid === 'number' && (o.link === undefined || typeof o.link === 'string');
+    const ok =
+      path.extname(name) === '.conflist' &&
+      o.name === otherForm(name) &&
+      typeof o.text === 'string' &&
+      typeof o.written === 'string' &&
+      typeof o.mode === 'number' &&
+      typeof o.uid === 'number' &&
+      typeof o.gid === 'number' &&
+      (o.link === undefined || typeof o.link === 'string');
     if (!ok) return undefined;
     const r = o as Original;
     const known = (id: number, own: number) => id === own || id === 0;
@@ -90,7 +103,13 @@ export const formatOriginal = (o: Original): string => JSON.stringify(o);
  * (the record a run before us left), while the file is still as that run wrote it, else the text
  * with every entry of ours taken out.
  */
-export function originalFor(prior: Original | undefined, name: string, text: string, st: { mode: number; uid: number; gid: number }, written: string): Original {
+export function originalFor(
+  prior: Original | undefined,
+  name: string,
+  text: string,
+  st: { mode: number; uid: number; gid: number },
+  written: string,
+): Original {
   if (prior && prior.written === sha256(text)) return { ...prior, written: sha256(written) };
   let clean = text;
   try {

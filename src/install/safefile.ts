@@ -26,7 +26,14 @@ export class UnsafeFileError extends Error {
 }
 
 /** `a FIFO`, `a character device`, ...: what a non-regular file is, for messages. */
-export function fileKind(st: { isFIFO(): boolean; isCharacterDevice(): boolean; isBlockDevice(): boolean; isSocket(): boolean; isDirectory(): boolean; isSymbolicLink(): boolean }): string {
+export function fileKind(st: {
+  isFIFO(): boolean;
+  isCharacterDevice(): boolean;
+  isBlockDevice(): boolean;
+  isSocket(): boolean;
+  isDirectory(): boolean;
+  isSymbolicLink(): boolean;
+}): string {
   if (st.isFIFO()) return 'a FIFO';
   if (st.isCharacterDevice()) return 'a character device';
   if (st.isBlockDevice()) return 'a block device';
@@ -50,7 +57,10 @@ export interface OpenOptions {
  * Opens `file` read-only without blocking and checks, on the fd, that it is a regular file.
  * The caller closes the handle. ENOENT and friends are thrown as they come.
  */
-export async function openRegular(file: string, opts: OpenOptions = {}): Promise<{ fh: fs.FileHandle; stat: BigIntStats }> {
+export async function openRegular(
+  file: string,
+  opts: OpenOptions = {},
+): Promise<{ fh: fs.FileHandle; stat: BigIntStats }> {
   const flags = constants.O_RDONLY | constants.O_NONBLOCK | (opts.noFollow ? constants.O_NOFOLLOW : 0);
   let fh: fs.FileHandle;
   try {
@@ -64,7 +74,8 @@ export async function openRegular(file: string, opts: OpenOptions = {}): Promise
   }
   try {
     const stat = await fh.stat({ bigint: true });
-    if (!stat.isFile()) throw new UnsafeFileError(file, 'not_regular', `${file} is ${fileKind(stat)}, not a regular file`);
+    if (!stat.isFile())
+      throw new UnsafeFileError(file, 'not_regular', `${file} is ${fileKind(stat)}, not a regular file`);
     return { fh, stat };
   } catch (e) {
     await fh.close();
@@ -79,11 +90,19 @@ export interface ReadResult {
 }
 
 /** Reads a regular file of at most `maxBytes` as UTF-8; throws UnsafeFileError for anything else. */
-export async function readRegularFile(file: string, opts: OpenOptions & { maxBytes?: number } = {}): Promise<ReadResult> {
+export async function readRegularFile(
+  file: string,
+  opts: OpenOptions & { maxBytes?: number } = {},
+): Promise<ReadResult> {
   const max = opts.maxBytes ?? MAX_FILE_BYTES;
   const { fh, stat } = await openRegular(file, opts);
   try {
-    const tooLarge = (size: string) => new UnsafeFileError(file, 'too_large', `${file} is ${size}, over the ${formatBytes(max)} limit for a file the agent reads`);
+    const tooLarge = (size: string) =>
+      new UnsafeFileError(
+        file,
+        'too_large',
+        `${file} is ${size}, over the ${formatBytes(max)} limit for a file the agent reads`,
+      );
     if (stat.size > BigInt(max)) throw tooLarge(formatBytes(Number(stat.size)));
     // The file may grow after the fstat: read on until EOF, but never past one byte over the cap.
     let buf = Buffer.allocUnsafe(Math.min(Number(stat.size), max) + 1);
@@ -106,7 +125,10 @@ export async function readRegularFile(file: string, opts: OpenOptions & { maxByt
 }
 
 /** Like readRegularFile, but null when the file does not exist. */
-export async function readRegularFileIfExists(file: string, opts: OpenOptions & { maxBytes?: number } = {}): Promise<ReadResult | null> {
+export async function readRegularFileIfExists(
+  file: string,
+  opts: OpenOptions & { maxBytes?: number } = {},
+): Promise<ReadResult | null> {
   try {
     return await readRegularFile(file, opts);
   } catch (e) {

@@ -11,8 +11,11 @@ import { describeParseError } from '../../cni-plugin/shared/parseerror.ts';
 
 /** A config with a placeholder for each value; a key the plugin does not read does not compile. */
 type Placeholders<T> = {
-  readonly [K in keyof T]?: K extends 'type' ? T[K] : NonNullable<T[K]> extends object & { length?: never }
-    ? Placeholders<NonNullable<T[K]>> : `__${string}__`;
+  readonly [K in keyof T]?: K extends 'type'
+    ? T[K]
+    : NonNullable<T[K]> extends object & { length?: never }
+      ? Placeholders<NonNullable<T[K]>>
+      : `__${string}__`;
 };
 
 const DEFAULT_ENTRY: Placeholders<MeshNetConf> = {
@@ -29,9 +32,10 @@ const DEFAULT_ENTRY: Placeholders<MeshNetConf> = {
 };
 
 /** DEFAULT_ENTRY as template text: a list's placeholder stands bare (it is filled in as JSON). */
-export const DEFAULT_TEMPLATE = JSON.stringify(DEFAULT_ENTRY, null, 2)
-  .replace('{\n', '{\n  // Written by install-cni. Values in __X__ are filled in from its settings.\n')
-  .replace('"__EXCLUDE_NAMESPACES__"', '__EXCLUDE_NAMESPACES__') + '\n';
+export const DEFAULT_TEMPLATE =
+  JSON.stringify(DEFAULT_ENTRY, null, 2)
+    .replace('{\n', '{\n  // Written by install-cni. Values in __X__ are filled in from its settings.\n')
+    .replace('"__EXCLUDE_NAMESPACES__"', '__EXCLUDE_NAMESPACES__') + '\n';
 
 export interface TemplateValues {
   readonly kubeconfigFilepath: string;
@@ -75,20 +79,28 @@ export function renderEntry(template: string, values: TemplateValues, source: st
     parsed = JSON5.parse(text);
   } catch (e) {
     // Never json5's message as it is: it quotes the text, and a mistaken path may name a token.
-    throw new CniConfigError(`cannot parse the CNI network config template from ${source}: ${describeParseError(e, text, 'JSON5')}`);
+    throw new CniConfigError(
+      `cannot parse the CNI network config template from ${source}: ${describeParseError(e, text, 'JSON5')}`,
+    );
   }
   if (!isObject(parsed)) {
     throw new CniConfigError(`the CNI network config template from ${source} must be a JSON object (one plugin entry)`);
   }
   const entry = parsed as JsonObject;
   if (entry.type !== PLUGIN_TYPE) {
-    throw new CniConfigError(`the CNI network config template from ${source} must have "type": "${PLUGIN_TYPE}" (found ${JSON.stringify(entry.type)})`);
+    throw new CniConfigError(
+      `the CNI network config template from ${source} must have "type": "${PLUGIN_TYPE}" (found ${JSON.stringify(entry.type)})`,
+    );
   }
   const left = /__[A-Z0-9_]+__/.exec(JSON.stringify(entry));
-  if (left) throw new CniConfigError(`the CNI network config template from ${source} uses unknown placeholder ${left[0]}`);
+  if (left)
+    throw new CniConfigError(`the CNI network config template from ${source} uses unknown placeholder ${left[0]}`);
   // Round-trip through strict JSON: json5 accepts values (Infinity, NaN) that strict JSON cannot hold.
   const strict = JSON.stringify(entry, (_k, v: unknown) => {
-    if (typeof v === 'number' && !Number.isFinite(v)) throw new CniConfigError(`the CNI network config template from ${source} has ${v}, which strict JSON cannot hold`);
+    if (typeof v === 'number' && !Number.isFinite(v))
+      throw new CniConfigError(
+        `the CNI network config template from ${source} has ${v}, which strict JSON cannot hold`,
+      );
     return v;
   });
   return JSON.parse(strict) as JsonObject;

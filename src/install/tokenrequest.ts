@@ -54,7 +54,10 @@ export function tokenRequestMint(kc: KubeConfig, t: TokenRequestTarget): Mint {
   return async (signal) => {
     const spec: Record<string, unknown> = { expirationSeconds: t.expirationSeconds };
     if (t.audiences.length > 0) spec.audiences = t.audiences;
-    const answer = await apiRequest<{ spec?: { expirationSeconds?: unknown }; status?: { token?: unknown; expirationTimestamp?: unknown } }>(kc, 'POST', where, what, {
+    const answer = await apiRequest<{
+      spec?: { expirationSeconds?: unknown };
+      status?: { token?: unknown; expirationTimestamp?: unknown };
+    }>(kc, 'POST', where, what, {
       body: { apiVersion: 'authentication.k8s.io/v1', kind: 'TokenRequest', spec },
       signal,
     });
@@ -62,7 +65,10 @@ export function tokenRequestMint(kc: KubeConfig, t: TokenRequestTarget): Mint {
     // The lifetime the server granted, counted from now on our clock: its expirationTimestamp is
     // on the server's clock, and a node clock behind it would refresh only after the token died.
     const granted = answer?.spec?.expirationSeconds;
-    const expiresAt = typeof granted === 'number' && granted > 0 ? Date.now() + granted * 1000 : Date.parse(String(answer?.status?.expirationTimestamp));
+    const expiresAt =
+      typeof granted === 'number' && granted > 0
+        ? Date.now() + granted * 1000
+        : Date.parse(String(answer?.status?.expirationTimestamp));
     if (typeof token !== 'string' || token === '' || /\s/.test(token) || Number.isNaN(expiresAt)) {
       throw new ApiError(what, undefined, 'the answer has no status.token or no valid status.expirationTimestamp');
     }
@@ -109,7 +115,14 @@ export class PluginTokenMinter implements Component, PluginTokenSource {
 
   constructor(mint: Mint, o: MinterOptions) {
     this.#mint = mint;
-    this.#o = { now: Date.now, random: Math.random, retryBaseMs: 1000, retryMaxMs: 60_000, requestTimeoutMs: 10_000, ...o };
+    this.#o = {
+      now: Date.now,
+      random: Math.random,
+      retryBaseMs: 1000,
+      retryMaxMs: 60_000,
+      requestTimeoutMs: 10_000,
+      ...o,
+    };
   }
 
   /**
@@ -128,7 +141,9 @@ export class PluginTokenMinter implements Component, PluginTokenSource {
 
   async current(): Promise<{ token: string } | { missing: string }> {
     if (this.#token) return { token: this.#token.token };
-    return { missing: `the plugin's token is not minted yet (${this.#o.account})${this.#lastError ? `: ${this.#lastError}` : ''}; the orchconfig is written once it is` };
+    return {
+      missing: `the plugin's token is not minted yet (${this.#o.account})${this.#lastError ? `: ${this.#lastError}` : ''}; the orchconfig is written once it is`,
+    };
   }
 
   async #refresh(): Promise<void> {
@@ -146,7 +161,11 @@ export class PluginTokenMinter implements Component, PluginTokenSource {
       metrics.pluginTokenRefreshes.inc();
       metrics.pluginTokenExpiry.set(t.expiresAt / 1000);
       const delay = refreshDelayMs(t.expiresAt - this.#issuedAt, this.#o.random());
-      log.info('minted the plugin\'s token', { account: this.#o.account, expires: new Date(t.expiresAt).toISOString(), refreshInSeconds: Math.round(delay / 1000) });
+      log.info("minted the plugin's token", {
+        account: this.#o.account,
+        expires: new Date(t.expiresAt).toISOString(),
+        refreshInSeconds: Math.round(delay / 1000),
+      });
       this.#arm(delay);
       for (const l of this.#listeners) l();
     } catch (e) {
@@ -161,8 +180,11 @@ export class PluginTokenMinter implements Component, PluginTokenSource {
       let delay = step * (0.5 + 0.5 * this.#o.random());
       const left = this.#token ? this.#token.expiresAt - this.#o.now() : 0;
       if (left > 0) delay = Math.min(delay, left);
-      log.error('cannot mint the plugin\'s token; the old one stays in the orchconfig until it expires', {
-        error: err.message, attempt: this.#failures, retryInMs: Math.round(delay), oldTokenExpires: this.#token ? new Date(this.#token.expiresAt).toISOString() : null,
+      log.error("cannot mint the plugin's token; the old one stays in the orchconfig until it expires", {
+        error: err.message,
+        attempt: this.#failures,
+        retryInMs: Math.round(delay),
+        oldTokenExpires: this.#token ? new Date(this.#token.expiresAt).toISOString() : null,
       });
       this.#arm(delay);
     } finally {
@@ -182,10 +204,15 @@ export class PluginTokenMinter implements Component, PluginTokenSource {
     if (!t) return [`no token for the plugin yet (${this.#o.account})${this.#lastError ? `: ${this.#lastError}` : ''}`];
     const now = this.#o.now();
     const why = this.#lastError ? `; refreshing failed ${this.#failures} time(s), last: ${this.#lastError}` : '';
-    if (now >= t.expiresAt) return [`the plugin's token (${this.#o.account}) expired at ${new Date(t.expiresAt).toISOString()}; pods on this node cannot be checked by the plugin${why}`];
+    if (now >= t.expiresAt)
+      return [
+        `the plugin's token (${this.#o.account}) expired at ${new Date(t.expiresAt).toISOString()}; pods on this node cannot be checked by the plugin${why}`,
+      ];
     // Past 80% of its lifetime the token should have been replaced already.
     if (now >= this.#issuedAt + 0.8 * (t.expiresAt - this.#issuedAt)) {
-      return [`the plugin's token (${this.#o.account}) expires at ${new Date(t.expiresAt).toISOString()}, in ${Math.round((t.expiresAt - now) / 1000)} s${why || '; refreshing it is late'}`];
+      return [
+        `the plugin's token (${this.#o.account}) expires at ${new Date(t.expiresAt).toISOString()}, in ${Math.round((t.expiresAt - now) / 1000)} s${why || '; refreshing it is late'}`,
+      ];
     }
     return [];
   }
@@ -221,18 +248,27 @@ export function fileTokenSource(file: string, agentTokenFile: string): PluginTok
         token = (await readRegularFile(file)).text.trim();
       } catch (e) {
         if (e instanceof UnsafeFileError) return { missing: `the plugin's token file cannot be used: ${e.message}` };
-        return { missing: `the plugin's token file ${file} cannot be read: ${(e as NodeJS.ErrnoException).code ?? (e as Error).message}` };
+        return {
+          missing: `the plugin's token file ${file} cannot be read: ${(e as NodeJS.ErrnoException).code ?? (e as Error).message}`,
+        };
       }
       if (token === '') return { missing: `the plugin's token file ${file} is empty` };
-      const own = await readRegularFile(agentTokenFile).then((r) => r.text.trim(), () => null);
+      const own = await readRegularFile(agentTokenFile).then(
+        (r) => r.text.trim(),
+        () => null,
+      );
       if (own !== null && own === token) {
-        return { missing: `the plugin's token file ${file} holds the agent's own token (${agentTokenFile}), which must never be written to the node; give a token of the plugin's account` };
+        return {
+          missing: `the plugin's token file ${file} holds the agent's own token (${agentTokenFile}), which must never be written to the node; give a token of the plugin's account`,
+        };
       }
       // Another token of the agent's own account (minted for it, say) is as powerful as its own.
       const mine = own === null ? null : serviceAccountOfToken(own);
       const given = serviceAccountOfToken(token);
       if (mine && given && mine.namespace === given.namespace && mine.name === given.name) {
-        return { missing: `the plugin's token file ${file} holds a token of the agent's own service account (${mine.namespace}/${mine.name}), which must never be written to the node; give a token of the plugin's account` };
+        return {
+          missing: `the plugin's token file ${file} holds a token of the agent's own service account (${mine.namespace}/${mine.name}), which must never be written to the node; give a token of the plugin's account`,
+        };
       }
       return { token };
     },
@@ -266,7 +302,10 @@ async function agentOwnToken(settings: Settings): Promise<string | null> {
       return null;
     }
   }
-  return readRegularFile(path.join(settings.install.serviceAccountDir, 'token')).then((r) => r.text.trim(), () => null);
+  return readRegularFile(path.join(settings.install.serviceAccountDir, 'token')).then(
+    (r) => r.text.trim(),
+    () => null,
+  );
 }
 
 /**
@@ -281,7 +320,9 @@ async function refuseOwnAccount(settings: Settings): Promise<void> {
   const namespace = await agentNamespace(settings).catch(() => own.namespace);
   const name = settings.install.pluginServiceAccount;
   if (own.namespace === namespace && own.name === name) {
-    throw new Error(`--plugin-service-account ${name} is the agent's own service account (${namespace}/${name}): its token would be written to the node's disk; name the plugin's own account (mesh-cni-plugin in deploy/)`);
+    throw new Error(
+      `--plugin-service-account ${name} is the agent's own service account (${namespace}/${name}): its token would be written to the node's disk; name the plugin's own account (mesh-cni-plugin in deploy/)`,
+    );
   }
 }
 
@@ -289,8 +330,16 @@ async function refuseOwnAccount(settings: Settings): Promise<void> {
 async function agentNamespace(settings: Settings): Promise<string> {
   if (settings.env.podNamespace) return settings.env.podNamespace;
   const file = path.join(settings.install.serviceAccountDir, 'namespace');
-  const ns = await readRegularFile(file).then((r) => r.text.trim(), () => '');
-  if (ns === '') throw new ApiError('finding the agent\'s namespace', undefined, `POD_NAMESPACE is not set and ${file} is missing or empty; set POD_NAMESPACE from metadata.namespace`);
+  const ns = await readRegularFile(file).then(
+    (r) => r.text.trim(),
+    () => '',
+  );
+  if (ns === '')
+    throw new ApiError(
+      "finding the agent's namespace",
+      undefined,
+      `POD_NAMESPACE is not set and ${file} is missing or empty; set POD_NAMESPACE from metadata.namespace`,
+    );
   return ns;
 }
 
@@ -299,25 +348,39 @@ export async function startPluginToken(settings: Settings): Promise<PluginTokenS
   const s = settings.install;
   if (s.pluginTokenFile) {
     const source = fileTokenSource(s.pluginTokenFile, path.join(s.serviceAccountDir, 'token'));
-    return { ...source, name: 'plugin-token', notReadyReasons: () => [], status: () => ({ file: s.pluginTokenFile }), stop: async () => {} };
+    return {
+      ...source,
+      name: 'plugin-token',
+      notReadyReasons: () => [],
+      status: () => ({ file: s.pluginTokenFile }),
+      stop: async () => {},
+    };
   }
   await refuseOwnAccount(settings);
   let mint: Mint | undefined;
   let namespace = settings.env.podNamespace;
-  const minter = new PluginTokenMinter(async (signal) => {
-    if (!mint) {
-      // Worked out on first use, so a missing namespace or API server shows on /readyz, retried.
-      namespace = await agentNamespace(settings);
-      let kc: KubeConfig;
-      try {
-        kc = orchKubeConfig(settings);
-      } catch (e) {
-        throw new ApiError('reaching the API server', undefined, (e as Error).message);
+  const minter = new PluginTokenMinter(
+    async (signal) => {
+      if (!mint) {
+        // Worked out on first use, so a missing namespace or API server shows on /readyz, retried.
+        namespace = await agentNamespace(settings);
+        let kc: KubeConfig;
+        try {
+          kc = orchKubeConfig(settings);
+        } catch (e) {
+          throw new ApiError('reaching the API server', undefined, (e as Error).message);
+        }
+        mint = tokenRequestMint(kc, {
+          namespace,
+          serviceAccount: s.pluginServiceAccount,
+          expirationSeconds: Math.round(s.pluginTokenExpirationMs / 1000),
+          audiences: s.pluginTokenAudiences,
+        });
       }
-      mint = tokenRequestMint(kc, { namespace, serviceAccount: s.pluginServiceAccount, expirationSeconds: Math.round(s.pluginTokenExpirationMs / 1000), audiences: s.pluginTokenAudiences });
-    }
-    return mint(signal);
-  }, { account: `service account ${namespace || '<agent namespace>'}/${s.pluginServiceAccount}` });
+      return mint(signal);
+    },
+    { account: `service account ${namespace || '<agent namespace>'}/${s.pluginServiceAccount}` },
+  );
   await minter.start();
   return minter;
 }

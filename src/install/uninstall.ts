@@ -22,25 +22,43 @@ export async function decideCleanup(settings: Settings): Promise<CleanupDecision
   if (mode === 'never') return { cleanup: false, why: '--cleanup-on-exit=never' };
   const { podName, podNamespace } = settings.env;
   if (!podName || !podNamespace) {
-    return { cleanup: true, why: 'POD_NAME/POD_NAMESPACE are not set, so whether our DaemonSet still exists cannot be asked' };
+    return {
+      cleanup: true,
+      why: 'POD_NAME/POD_NAMESPACE are not set, so whether our DaemonSet still exists cannot be asked',
+    };
   }
   try {
     const kc = orchKubeConfig(settings);
-    const get = <T>(apiPath: string, what: string) => apiRequest<T>(kc, 'GET', apiPath, what, { signal: AbortSignal.timeout(ASK_TIMEOUT_MS) });
+    const get = <T>(apiPath: string, what: string) =>
+      apiRequest<T>(kc, 'GET', apiPath, what, { signal: AbortSignal.timeout(ASK_TIMEOUT_MS) });
     const ns = encodeURIComponent(podNamespace);
-    const pod = await get<V1Pod>(`/api/v1/namespaces/${ns}/pods/${encodeURIComponent(podName)}`, `reading pod ${podNamespace}/${podName}`);
+    const pod = await get<V1Pod>(
+      `/api/v1/namespaces/${ns}/pods/${encodeURIComponent(podName)}`,
+      `reading pod ${podNamespace}/${podName}`,
+    );
     const owner = pod.metadata?.ownerReferences?.find((o) => o.kind === 'DaemonSet');
     if (!owner) return { cleanup: true, why: `pod ${podNamespace}/${podName} is not owned by a DaemonSet` };
     let ds: V1DaemonSet;
     try {
-      ds = await get<V1DaemonSet>(`/apis/apps/v1/namespaces/${ns}/daemonsets/${encodeURIComponent(owner.name)}`, `reading DaemonSet ${podNamespace}/${owner.name}`);
+      ds = await get<V1DaemonSet>(
+        `/apis/apps/v1/namespaces/${ns}/daemonsets/${encodeURIComponent(owner.name)}`,
+        `reading DaemonSet ${podNamespace}/${owner.name}`,
+      );
     } catch (e) {
-      if (e instanceof ApiError && e.code === 404) return { cleanup: true, why: `DaemonSet ${podNamespace}/${owner.name} is gone: uninstall` };
+      if (e instanceof ApiError && e.code === 404)
+        return { cleanup: true, why: `DaemonSet ${podNamespace}/${owner.name} is gone: uninstall` };
       throw e;
     }
-    if (ds.metadata?.deletionTimestamp) return { cleanup: true, why: `DaemonSet ${podNamespace}/${owner.name} is being deleted: uninstall` };
-    return { cleanup: false, why: `DaemonSet ${podNamespace}/${owner.name} still exists: a restart or upgrade, keeping the plugin in place` };
+    if (ds.metadata?.deletionTimestamp)
+      return { cleanup: true, why: `DaemonSet ${podNamespace}/${owner.name} is being deleted: uninstall` };
+    return {
+      cleanup: false,
+      why: `DaemonSet ${podNamespace}/${owner.name} still exists: a restart or upgrade, keeping the plugin in place`,
+    };
   } catch (e) {
-    return { cleanup: true, why: `cannot ask the API server whether our DaemonSet still exists (${(e as Error).message})` };
+    return {
+      cleanup: true,
+      why: `cannot ask the API server whether our DaemonSet still exists (${(e as Error).message})`,
+    };
   }
 }

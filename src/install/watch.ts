@@ -39,10 +39,15 @@ export class DirWatcher {
   readonly #onChange: (trigger: Trigger, file: string | null) => void;
   readonly #onError: (dir: string, e: Error) => void;
 
-  constructor(dirs: readonly { dir: string; trigger: Trigger }[], onChange: (trigger: Trigger, file: string | null) => void, onError: (dir: string, e: Error) => void) {
+  constructor(
+    dirs: readonly { dir: string; trigger: Trigger }[],
+    onChange: (trigger: Trigger, file: string | null) => void,
+    onError: (dir: string, e: Error) => void,
+  ) {
     // One watch per directory even when several triggers share it (net dir holds the template).
     const seen = new Map<string, Watched>();
-    for (const d of dirs) if (!seen.has(d.dir)) seen.set(d.dir, { dir: d.dir, trigger: d.trigger, identity: 'none', watcher: null });
+    for (const d of dirs)
+      if (!seen.has(d.dir)) seen.set(d.dir, { dir: d.dir, trigger: d.trigger, identity: 'none', watcher: null });
     this.#watched = [...seen.values()];
     this.#onChange = onChange;
     this.#onError = onError;
@@ -73,7 +78,9 @@ export class DirWatcher {
       w.watcher = null;
       if (id === 'missing') continue;
       try {
-        const watcher = watch(w.dir, { persistent: true }, (_event, name) => this.#onChange(w.trigger, name ? path.join(w.dir, name) : null));
+        const watcher = watch(w.dir, { persistent: true }, (_event, name) =>
+          this.#onChange(w.trigger, name ? path.join(w.dir, name) : null),
+        );
         watcher.on('error', (e) => {
           // The directory went away: forget it so the next refresh re-arms the new one.
           watcher.close();

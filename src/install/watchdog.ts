@@ -21,13 +21,17 @@ const seconds = (ms: number) => `${(ms / 1000).toFixed(1)} s`;
 export function watchdogReasons(t: PassTimes): string[] {
   const reasons: string[] = [];
   if (t.runningSince !== null && t.now - t.runningSince > t.timeoutMs) {
-    reasons.push(`a reconcile pass has been running for ${seconds(t.now - t.runningSince)}, over --reconcile-timeout ${seconds(t.timeoutMs)}: it is stuck (a file system call that does not return?), so nothing is kept in place until it ends`);
+    reasons.push(
+      `a reconcile pass has been running for ${seconds(t.now - t.runningSince)}, over --reconcile-timeout ${seconds(t.timeoutMs)}: it is stuck (a file system call that does not return?), so nothing is kept in place until it ends`,
+    );
   }
   // A pass is due every interval and may take up to the timeout; one more of each as slack.
   const since = t.lastFinished ?? t.started;
   const due = 2 * (t.intervalMs + t.timeoutMs);
   if (t.now - since > due) {
-    reasons.push(`${t.lastFinished === null ? 'no reconcile pass has finished since the start' : 'the last reconcile pass finished'} ${seconds(t.now - since)} ago, more than twice --reconcile-interval plus --reconcile-timeout (${seconds(due)}): passes have stopped`);
+    reasons.push(
+      `${t.lastFinished === null ? 'no reconcile pass has finished since the start' : 'the last reconcile pass finished'} ${seconds(t.now - since)} ago, more than twice --reconcile-interval plus --reconcile-timeout (${seconds(due)}): passes have stopped`,
+    );
   }
   return reasons;
 }

@@ -21,7 +21,8 @@ export interface BuildInfo {
 function fromSource(): Omit<BuildInfo, 'nodeVersion' | 'platform'> {
   const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../..');
   const pkg = JSON.parse(readFileSync(path.join(root, 'package.json'), 'utf8')) as { version: string };
-  const git = (...args: string[]) => execFileSync('git', args, { cwd: root, encoding: 'utf8', stdio: ['ignore', 'pipe', 'ignore'] }).trim();
+  const git = (...args: string[]) =>
+    execFileSync('git', args, { cwd: root, encoding: 'utf8', stdio: ['ignore', 'pipe', 'ignore'] }).trim();
   let gitCommit = 'unknown';
   let gitTreeState: BuildInfo['gitTreeState'] = 'unknown';
   try {

@@ -21,7 +21,16 @@ import type { Settings } from '../config/settings.ts';
 import { CONTROLZ_CSP, CONTROLZ_PAGE } from './ctrlz-page.ts';
 import { boundedHttpServer, HTTP_BOUNDS } from './httpbounds.ts';
 import { SCOPES } from '../config/flags.ts';
-import { callerScopes, logAlways, scope, scopeLevels, setScopeLevel, setStacktraceLevel, stacktraceLevels, type Fields } from './logging.ts';
+import {
+  callerScopes,
+  logAlways,
+  scope,
+  scopeLevels,
+  setScopeLevel,
+  setStacktraceLevel,
+  stacktraceLevels,
+  type Fields,
+} from './logging.ts';
 import { registry } from './metrics.ts';
 import { loopbackPeerUid } from './peer.ts';
 
@@ -47,7 +56,11 @@ interface Reply {
   readonly body: string;
 }
 
-const json = (v: unknown, status = 200): Reply => ({ status, type: 'application/json; charset=utf-8', body: JSON.stringify(v, null, 2) + '\n' });
+const json = (v: unknown, status = 200): Reply => ({
+  status,
+  type: 'application/json; charset=utf-8',
+  body: JSON.stringify(v, null, 2) + '\n',
+});
 
 function scopeView(name: LogScope) {
   return {
@@ -75,17 +88,26 @@ export interface WriteAccess {
 export function writeAccess(address: string, mode: CtrlzWriteMode): WriteAccess {
   const host = listenHost(address);
   const loopbackOnly = host !== undefined && LOOPBACK_HOSTS.has(host);
-  if (mode === 'true') return { writable: true, reason: `level changes allowed (--ctrlz_write=true)${loopbackOnly ? '' : `, though ControlZ listens on ${address}, beyond loopback`}` };
+  if (mode === 'true')
+    return {
+      writable: true,
+      reason: `level changes allowed (--ctrlz_write=true)${loopbackOnly ? '' : `, though ControlZ listens on ${address}, beyond loopback`}`,
+    };
   if (mode === 'false') return { writable: false, reason: 'ControlZ is read-only (--ctrlz_write=false)' };
   return loopbackOnly
     ? { writable: true, reason: `level changes allowed: ControlZ listens on ${address} only (--ctrlz_write=auto)` }
-    : { writable: false, reason: `ControlZ is read-only: it listens on ${address} (beyond loopback), and --ctrlz_write=auto allows level changes on loopback only; pass --ctrlz_write=true to allow them` };
+    : {
+        writable: false,
+        reason: `ControlZ is read-only: it listens on ${address} (beyond loopback), and --ctrlz_write=auto allows level changes on loopback only; pass --ctrlz_write=true to allow them`,
+      };
 }
 
 /** PUT /api/scopes/<name> (`all` sets every scope): {"output_level"?, "stack_trace_level"?}. */
 function updateScope(name: string, body: string, client: () => Fields): Reply {
-  const targets: LogScope[] = name === 'all' ? [...SCOPES] : (SCOPES as readonly string[]).includes(name) ? [name as LogScope] : [];
-  if (targets.length === 0) throw new HttpError(404, `no scope ${JSON.stringify(name)}; scopes are all, ${SCOPES.join(', ')}`);
+  const targets: LogScope[] =
+    name === 'all' ? [...SCOPES] : (SCOPES as readonly string[]).includes(name) ? [name as LogScope] : [];
+  if (targets.length === 0)
+    throw new HttpError(404, `no scope ${JSON.stringify(name)}; scopes are all, ${SCOPES.join(', ')}`);
   let req: unknown;
   try {
     req = JSON.parse(body);
@@ -96,7 +118,8 @@ function updateScope(name: string, body: string, client: () => Fields): Reply {
   const r = req;
   const output = parseLevel('output_level', r.output_level);
   const stack = parseLevel('stack_trace_level', r.stack_trace_level);
-  if (output === undefined && stack === undefined) throw new HttpError(400, 'give output_level and/or stack_trace_level');
+  if (output === undefined && stack === undefined)
+    throw new HttpError(400, 'give output_level and/or stack_trace_level');
   // On record first, whatever the levels are or are about to be: a change that silences every
   // scope must not silence itself.
   const was = (levels: Readonly<Record<LogScope, LogLevel>>) => targets.map((t) => `${t}:${levels[t]}`).join(',');
@@ -156,7 +179,8 @@ interface RequestContext {
 async function route(method: string, pathname: string, ctx: RequestContext, deps: ControlzDeps): Promise<Reply> {
   const get = method === 'GET' || method === 'HEAD';
   const only = (ok: boolean, allow: string) => {
-    if (!ok) throw Object.assign(new HttpError(405, `method ${method} not allowed on ${pathname}; use ${allow}`), { allow });
+    if (!ok)
+      throw Object.assign(new HttpError(405, `method ${method} not allowed on ${pathname}; use ${allow}`), { allow });
   };
   if (pathname === '/' || pathname === '/index.html') {
     only(get, 'GET');
@@ -215,7 +239,8 @@ function readBody(req: http.IncomingMessage): Promise<string> {
 }
 
 const LOOPBACK_HOSTS = new Set(['localhost', '127.0.0.1', '[::1]', '::1']);
-const isLoopback = (a: string | undefined) => a !== undefined && (a === '::1' || a.startsWith('127.') || a.startsWith('::ffff:127.'));
+const isLoopback = (a: string | undefined) =>
+  a !== undefined && (a === '::1' || a.startsWith('127.') || a.startsWith('::ffff:127.'));
 
 /** The host to listen on: `*` means every address. */
 export function listenHost(address: string): string | undefined {
@@ -228,7 +253,12 @@ export interface ControlzServer {
   close(): Promise<void>;
 }
 
-export async function serveControlz(address: string, port: number, deps: ControlzDeps, access: WriteAccess = writeAccess(address, 'auto')): Promise<ControlzServer> {
+export async function serveControlz(
+  address: string,
+  port: number,
+  deps: ControlzDeps,
+  access: WriteAccess = writeAccess(address, 'auto'),
+): Promise<ControlzServer> {
   const host = listenHost(address);
   const loopbackOnly = host !== undefined && LOOPBACK_HOSTS.has(host);
   const server = boundedHttpServer((req, res) => {
@@ -255,29 +285,48 @@ export async function serveControlz(address: string, port: number, deps: Control
     };
     // Bound to loopback, only loopback names may reach us: a DNS-rebinding page cannot.
     const hostname = (req.headers.host ?? '').replace(/:\d+$/, '').toLowerCase();
-    if (loopbackOnly && !LOOPBACK_HOSTS.has(hostname)) return fail(new HttpError(403, `host ${JSON.stringify(hostname)} not allowed; ControlZ listens on ${address} only`));
+    if (loopbackOnly && !LOOPBACK_HOSTS.has(hostname))
+      return fail(
+        new HttpError(403, `host ${JSON.stringify(hostname)} not allowed; ControlZ listens on ${address} only`),
+      );
     const url = URL.parse(req.url ?? '/', 'http://localhost');
     if (!url) return fail(new HttpError(400, 'bad request target'));
     const client = (): Fields => {
       const { remoteAddress, remotePort, localPort } = req.socket;
-      const uid = remotePort !== undefined && localPort !== undefined && isLoopback(remoteAddress) ? loopbackPeerUid(remotePort, localPort) : undefined;
-      return { client: `${remoteAddress ?? '?'}:${remotePort ?? '?'}`, ...(uid !== undefined ? { client_uid: uid } : {}) };
+      const uid =
+        remotePort !== undefined && localPort !== undefined && isLoopback(remoteAddress)
+          ? loopbackPeerUid(remotePort, localPort)
+          : undefined;
+      return {
+        client: `${remoteAddress ?? '?'}:${remotePort ?? '?'}`,
+        ...(uid !== undefined ? { client_uid: uid } : {}),
+      };
     };
-    route(req.method ?? 'GET', url.pathname, { body: () => readBody(req), client, access }, deps).then((r) => send(r), fail);
+    route(req.method ?? 'GET', url.pathname, { body: () => readBody(req), client, access }, deps).then(
+      (r) => send(r),
+      fail,
+    );
   }, HTTP_BOUNDS.ctrlzMaxConnections);
   await new Promise<void>((resolve, reject) => {
     server.once('error', (e: NodeJS.ErrnoException) =>
-      reject(new Error(`cannot serve ControlZ on ${address}:${port}: ${e.code ?? e.message}; choose another --ctrlz_port or --ctrlz_address`, { cause: e })));
+      reject(
+        new Error(
+          `cannot serve ControlZ on ${address}:${port}: ${e.code ?? e.message}; choose another --ctrlz_port or --ctrlz_address`,
+          { cause: e },
+        ),
+      ),
+    );
     server.listen(port, host, () => resolve());
   });
   const bound = server.address() as AddressInfo;
   return {
     port: bound.port,
     host: bound.address,
-    close: () => new Promise((resolve) => {
-      server.close(() => resolve());
-      server.closeAllConnections();
-    }),
+    close: () =>
+      new Promise((resolve) => {
+        server.close(() => resolve());
+        server.closeAllConnections();
+      }),
   };
 }
 
@@ -290,11 +339,26 @@ export async function startControlz(settings: Settings, deps: ControlzDeps): Pro
   } catch (e) {
     log.error('ControlZ is off', { error: (e as Error).message });
     const error = (e as Error).message;
-    return { name: 'ctrlz', notReadyReasons: () => [], status: () => ({ enabled: true, listening: false, error }), stop: async () => {} };
+    return {
+      name: 'ctrlz',
+      notReadyReasons: () => [],
+      status: () => ({ enabled: true, listening: false, error }),
+      stop: async () => {},
+    };
   }
-  log.info('ControlZ listening', { address, host: server.host, port: server.port, url: `http://${address === '*' ? 'localhost' : address}:${server.port}/`, writable: access.writable });
+  log.info('ControlZ listening', {
+    address,
+    host: server.host,
+    port: server.port,
+    url: `http://${address === '*' ? 'localhost' : address}:${server.port}/`,
+    writable: access.writable,
+  });
   if (access.writable && !writeAccess(address, 'auto').writable) {
-    log.warn('ControlZ lets anyone who can reach it change log levels', { address, port: server.port, reason: access.reason });
+    log.warn('ControlZ lets anyone who can reach it change log levels', {
+      address,
+      port: server.port,
+      reason: access.reason,
+    });
   }
   return {
     name: 'ctrlz',

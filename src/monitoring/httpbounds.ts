@@ -27,14 +27,21 @@ export const HTTP_BOUNDS = {
  * oldest (unixsocket.ts's slots), so held connections cannot lock a new one out; a probe's
  * connection is new, the ones holding slots the oldest.
  */
-export function boundedHttpServer(handler: http.RequestListener, maxConnections: number, onEvict?: (socket: net.Socket) => void): http.Server {
-  const server = http.createServer({
-    headersTimeout: HTTP_BOUNDS.headersTimeoutMs,
-    requestTimeout: HTTP_BOUNDS.requestTimeoutMs,
-    keepAliveTimeout: HTTP_BOUNDS.keepAliveTimeoutMs,
-    connectionsCheckingInterval: HTTP_BOUNDS.checkIntervalMs,
-    maxHeaderSize: HTTP_BOUNDS.maxHeaderSize,
-  }, handler);
+export function boundedHttpServer(
+  handler: http.RequestListener,
+  maxConnections: number,
+  onEvict?: (socket: net.Socket) => void,
+): http.Server {
+  const server = http.createServer(
+    {
+      headersTimeout: HTTP_BOUNDS.headersTimeoutMs,
+      requestTimeout: HTTP_BOUNDS.requestTimeoutMs,
+      keepAliveTimeout: HTTP_BOUNDS.keepAliveTimeoutMs,
+      connectionsCheckingInterval: HTTP_BOUNDS.checkIntervalMs,
+      maxHeaderSize: HTTP_BOUNDS.maxHeaderSize,
+    },
+    handler,
+  );
   holdSlots(server, { maxConnections, onEvict });
   return server;
 }

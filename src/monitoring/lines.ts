@@ -72,7 +72,9 @@ export class LineSplitter {
     const need = this.#pendingBytes + part.length;
     if (this.#pending === null || this.#pending.length < need) {
       // Copied, never a subarray: that would keep the whole (up to 64 KiB) read buffer alive.
-      const grown = Buffer.allocUnsafeSlow(Math.min(this.#maxLineBytes, Math.max(need, 2 * (this.#pending?.length ?? 0), 256)));
+      const grown = Buffer.allocUnsafeSlow(
+        Math.min(this.#maxLineBytes, Math.max(need, 2 * (this.#pending?.length ?? 0), 256)),
+      );
       if (this.#pending !== null) this.#pending.copy(grown, 0, 0, this.#pendingBytes);
       this.#pending = grown;
     }

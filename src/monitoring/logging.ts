@@ -178,18 +178,24 @@ type ConfigurableSettings = Pick<LoggingSettings, 'asJson' | 'outputLevels'> & P
  * Throws, naming the flag, when an output cannot be opened.
  */
 export function configureLogging(settings: ConfigurableSettings, sink?: Sink): void {
-  const outputs = sink ? [] : openLogOutputs({
-    targets: settings.targets ?? ['stdout'],
-    rotate: settings.rotate ?? '',
-    rotateMaxAgeDays: settings.rotateMaxAgeDays ?? 0,
-    rotateMaxBackups: settings.rotateMaxBackups ?? 0,
-    rotateMaxSizeMb: settings.rotateMaxSizeMb ?? 100,
-  });
-  const fanOut: Sink = sink ?? (outputs.length === 1 && outputs[0] ? outputs[0] : {
-    write: (line) => {
-      for (const o of outputs) o.write(line);
-    },
-  });
+  const outputs = sink
+    ? []
+    : openLogOutputs({
+        targets: settings.targets ?? ['stdout'],
+        rotate: settings.rotate ?? '',
+        rotateMaxAgeDays: settings.rotateMaxAgeDays ?? 0,
+        rotateMaxBackups: settings.rotateMaxBackups ?? 0,
+        rotateMaxSizeMb: settings.rotateMaxSizeMb ?? 100,
+      });
+  const fanOut: Sink =
+    sink ??
+    (outputs.length === 1 && outputs[0]
+      ? outputs[0]
+      : {
+          write: (line) => {
+            for (const o of outputs) o.write(line);
+          },
+        });
   const previous = current.outputs;
   current = {
     levels: { ...settings.outputLevels },
@@ -257,7 +263,11 @@ function callerOf(fn: Caller): string | undefined {
 function stackOf(fn: Caller): string {
   const holder: { stack?: string } = {};
   Error.captureStackTrace(holder, fn);
-  return (holder.stack ?? '').split('\n').slice(1).map((l) => l.trim()).join('\n');
+  return (holder.stack ?? '')
+    .split('\n')
+    .slice(1)
+    .map((l) => l.trim())
+    .join('\n');
 }
 
 /** Writes one record; `from` is the logging function called (the caller's frame is the one above it). */

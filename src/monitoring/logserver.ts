@@ -61,30 +61,58 @@ const CLOSE_REASONS = ['evicted', 'rejected', 'idle', 'line_timeout', 'lifetime'
 type CloseReason = (typeof CLOSE_REASONS)[number];
 
 const metrics = {
-  lines: new Counter({ name: 'mesh_cni_plugin_log_lines_received_total', help: 'Lines read from the CNI plugin log socket, printed or dropped.', registers: [registry] }),
+  lines: new Counter({
+    name: 'mesh_cni_plugin_log_lines_received_total',
+    help: 'Lines read from the CNI plugin log socket, printed or dropped.',
+    registers: [registry],
+  }),
   dropped: new Counter({
     name: 'mesh_cni_plugin_log_lines_dropped_total',
     help: 'Plugin log lines dropped: oversized (longer than the line limit), invalid_json, invalid_record (JSON but not a log record).',
     labelNames: ['reason'] as const,
     registers: [registry],
   }),
-  bytes: new Counter({ name: 'mesh_cni_plugin_log_received_bytes_total', help: 'Bytes read from the CNI plugin log socket.', registers: [registry] }),
-  connections: new Counter({ name: 'mesh_cni_plugin_log_connections_total', help: 'Connections accepted on the plugin log socket.', registers: [registry] }),
+  bytes: new Counter({
+    name: 'mesh_cni_plugin_log_received_bytes_total',
+    help: 'Bytes read from the CNI plugin log socket.',
+    registers: [registry],
+  }),
+  connections: new Counter({
+    name: 'mesh_cni_plugin_log_connections_total',
+    help: 'Connections accepted on the plugin log socket.',
+    registers: [registry],
+  }),
   closed: new Counter({
     name: 'mesh_cni_plugin_log_connections_closed_total',
     help: 'Plugin log connections closed by the agent: evicted (the oldest, for a new one over the connection limit), rejected (a new one over the limit while every open one waits for its first read), idle, line_timeout (a line not ended in time), lifetime, over_budget (partial lines over the total memory budget).',
     labelNames: ['reason'] as const,
     registers: [registry],
   }),
-  open: new Gauge({ name: 'mesh_cni_plugin_log_connections_open', help: 'Plugin log connections open now.', registers: [registry] }),
-  buffered: new Gauge({ name: 'mesh_cni_plugin_log_buffered_bytes', help: 'Bytes of partial plugin log lines held now, across connections.', registers: [registry] }),
-  pauses: new Counter({ name: 'mesh_cni_plugin_log_read_pauses_total', help: 'Times a plugin log connection had to wait its turn to be read because the read rate limit was reached.', registers: [registry] }),
+  open: new Gauge({
+    name: 'mesh_cni_plugin_log_connections_open',
+    help: 'Plugin log connections open now.',
+    registers: [registry],
+  }),
+  buffered: new Gauge({
+    name: 'mesh_cni_plugin_log_buffered_bytes',
+    help: 'Bytes of partial plugin log lines held now, across connections.',
+    registers: [registry],
+  }),
+  pauses: new Counter({
+    name: 'mesh_cni_plugin_log_read_pauses_total',
+    help: 'Times a plugin log connection had to wait its turn to be read because the read rate limit was reached.',
+    registers: [registry],
+  }),
 };
 for (const reason of DROP_REASONS) metrics.dropped.inc({ reason }, 0);
 for (const reason of CLOSE_REASONS) metrics.closed.inc({ reason }, 0);
 
 function handleLine(line: Buffer): void {
-  const text = line.toString('utf8', 0, line.length > 0 && line[line.length - 1] === 13 ? line.length - 1 : line.length);
+  const text = line.toString(
+    'utf8',
+    0,
+    line.length > 0 && line[line.length - 1] === 13 ? line.length - 1 : line.length,
+  );
   if (text.trim() === '') return;
   metrics.lines.inc();
   const r = parsePluginLine(text);
@@ -107,7 +135,10 @@ const BURST_MS = 100;
 // default rate this is at most 32 000 lines a second.
 const LINE_COST = 512;
 
-export async function startPluginLogServer(settings: Settings, limits: LogServerLimits = DEFAULT_LIMITS): Promise<Component> {
+export async function startPluginLogServer(
+  settings: Settings,
+  limits: LogServerLimits = DEFAULT_LIMITS,
+): Promise<Component> {
   const address = settings.install.logUdsAddress;
   if (address === '') return disabledComponent('plugin-log-server');
 
@@ -125,13 +156,17 @@ export async function startPluginLogServer(settings: Settings, limits: LogServer
     metrics.open.set(sockets.size);
     pacer.admit(socket);
     let linesRead = 0;
-    const lines = new LineSplitter(limits.maxLineBytes, (line) => {
-      linesRead++;
-      handleLine(line);
-    }, () => {
-      metrics.lines.inc();
-      drop('oversized');
-    });
+    const lines = new LineSplitter(
+      limits.maxLineBytes,
+      (line) => {
+        linesRead++;
+        handleLine(line);
+      },
+      () => {
+        metrics.lines.inc();
+        drop('oversized');
+      },
+    );
     let held = 0;
     let lineTimer: NodeJS.Timeout | null = null;
     const cut = (reason: CloseReason) => {
@@ -145,7 +180,8 @@ export async function startPluginLogServer(settings: Settings, limits: LogServer
       else cut('line_timeout');
     };
     socket.setTimeout(limits.idleTimeoutMs, () => {
-      if (pacer.holds(socket)) socket.setTimeout(limits.idleTimeoutMs); // counts again from now
+      if (pacer.holds(socket))
+        socket.setTimeout(limits.idleTimeoutMs); // counts again from now
       else cut('idle');
     });
     socket.on('data', (chunk: Buffer) => {
@@ -197,13 +233,21 @@ export async function startPluginLogServer(settings: Settings, limits: LogServer
     // Where the plugin, as root, remembers the host's iptables flavour: a 0700 dir of our own.
     prepareCacheDir(address);
   } catch (e) {
-    log.warn('cannot make the plugin\'s cache directory; the plugin detects the iptables flavour on every ADD', { error: (e as Error).message });
+    log.warn("cannot make the plugin's cache directory; the plugin detects the iptables flavour on every ADD", {
+      error: (e as Error).message,
+    });
   }
 
   return {
     name: 'plugin-log-server',
     notReadyReasons: () => [],
-    status: () => ({ address, connections: sockets.size, bufferedBytes: buffered, waitingToRead: { new: pacer.waitingNew, all: pacer.waiting }, limits }),
+    status: () => ({
+      address,
+      connections: sockets.size,
+      bufferedBytes: buffered,
+      waitingToRead: { new: pacer.waitingNew, all: pacer.waiting },
+      limits,
+    }),
     stop: async () => {
       pacer.stop();
       await close();

@@ -24,7 +24,9 @@ function fileOutput(file: string): LogOutput {
   } catch (e) {
     // A bad flag value like any other: the CLI prints it on one line and exits 2.
     const why = (e as NodeJS.ErrnoException).code ?? (e as Error).message;
-    throw new ConfigErrors([new ConfigError('--log_target', file, `cannot open it (${why}); give stdout, stderr or a writable file path`)]);
+    throw new ConfigErrors([
+      new ConfigError('--log_target', file, `cannot open it (${why}); give stdout, stderr or a writable file path`),
+    ]);
   }
   let failed = false;
   dest.on('error', (e: Error) => {
@@ -42,11 +44,12 @@ function fileOutput(file: string): LogOutput {
         dest.emit('error', e as Error);
       }
     },
-    close: () => new Promise((resolve) => {
-      if (failed) return resolve();
-      dest.once('close', () => resolve());
-      dest.end();
-    }),
+    close: () =>
+      new Promise((resolve) => {
+        if (failed) return resolve();
+        dest.once('close', () => resolve());
+        dest.end();
+      }),
   };
 }
 
@@ -55,22 +58,31 @@ function fileOutput(file: string): LogOutput {
  * (--log_rotate_max_age, days), keeping --log_rotate_max_backups rotated files (0: no limit),
  * named `<file>.<yyyymmdd-hhmmss>.<n>` next to it, as lumberjack-style rotation does for Istio.
  */
-function rotatingOutput(s: Pick<LoggingSettings, 'rotate' | 'rotateMaxAgeDays' | 'rotateMaxBackups' | 'rotateMaxSizeMb'>): LogOutput {
+function rotatingOutput(
+  s: Pick<LoggingSettings, 'rotate' | 'rotateMaxAgeDays' | 'rotateMaxBackups' | 'rotateMaxSizeMb'>,
+): LogOutput {
   const abs = path.resolve(s.rotate);
   const base = path.basename(abs);
   const stamp = (t: Date) => t.toISOString().replace(/[-:]/g, '').replace('T', '-').slice(0, 15);
-  const stream: RotatingFileStream = createStream((time, index) => (time === null ? base : `${base}.${stamp(time instanceof Date ? time : new Date(time))}.${index ?? 1}`), {
-    path: path.dirname(abs),
-    // rotating-file-stream's list of rotated files (it prunes by it); hidden, beside the log.
-    history: `.${base}.history`,
-    size: `${s.rotateMaxSizeMb}M`,
-    ...(s.rotateMaxAgeDays > 0 ? { interval: `${s.rotateMaxAgeDays}d` } : {}),
-    ...(s.rotateMaxBackups > 0 ? { maxFiles: s.rotateMaxBackups } : {}),
-  });
+  const stream: RotatingFileStream = createStream(
+    (time, index) =>
+      time === null ? base : `${base}.${stamp(time instanceof Date ? time : new Date(time))}.${index ?? 1}`,
+    {
+      path: path.dirname(abs),
+      // rotating-file-stream's list of rotated files (it prunes by it); hidden, beside the log.
+      history: `.${base}.history`,
+      size: `${s.rotateMaxSizeMb}M`,
+      ...(s.rotateMaxAgeDays > 0 ? { interval: `${s.rotateMaxAgeDays}d` } : {}),
+      ...(s.rotateMaxBackups > 0 ? { maxFiles: s.rotateMaxBackups } : {}),
+    },
+  );
   let failed = false;
   stream.on('error', (e) => {
     // Logging must never take the agent down; say it once on stderr, where an operator looks.
-    if (!failed) process.stderr.write(`install-cni: log rotation file ${abs} failed: ${e.message}; check the directory exists and is writable\n`);
+    if (!failed)
+      process.stderr.write(
+        `install-cni: log rotation file ${abs} failed: ${e.message}; check the directory exists and is writable\n`,
+      );
     failed = true;
   });
   stream.on('warning', (e) => process.stderr.write(`install-cni: log rotation ${abs}: ${e.message}\n`));
@@ -78,15 +90,18 @@ function rotatingOutput(s: Pick<LoggingSettings, 'rotate' | 'rotateMaxAgeDays' |
     write: (line) => {
       if (!failed) stream.write(line);
     },
-    close: () => new Promise((resolve) => {
-      if (failed || stream.destroyed) return resolve();
-      stream.end(() => resolve());
-    }),
+    close: () =>
+      new Promise((resolve) => {
+        if (failed || stream.destroyed) return resolve();
+        stream.end(() => resolve());
+      }),
   };
 }
 
 /** Opens every output the settings name; throws a message naming the target that cannot be opened. */
-export function openLogOutputs(s: Pick<LoggingSettings, 'targets' | 'rotate' | 'rotateMaxAgeDays' | 'rotateMaxBackups' | 'rotateMaxSizeMb'>): LogOutput[] {
+export function openLogOutputs(
+  s: Pick<LoggingSettings, 'targets' | 'rotate' | 'rotateMaxAgeDays' | 'rotateMaxBackups' | 'rotateMaxSizeMb'>,
+): LogOutput[] {
   const outputs: LogOutput[] = [];
   try {
     for (const t of new Set(s.targets)) {

@@ -10,7 +10,10 @@ export const OPENMETRICS_CONTENT_TYPE = 'application/openmetrics-text; version=1
 export function wantsOpenMetrics(accept: string | undefined): boolean {
   if (!accept) return false;
   return accept.split(',').some((part) => {
-    const [type, ...params] = part.trim().split(';').map((p) => p.trim());
+    const [type, ...params] = part
+      .trim()
+      .split(';')
+      .map((p) => p.trim());
     if (type?.toLowerCase() !== 'application/openmetrics-text') return false;
     const q = params.find((p) => p.startsWith('q='));
     return q === undefined || Number(q.slice(2)) > 0;

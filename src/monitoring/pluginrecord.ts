@@ -16,18 +16,39 @@ export interface PluginEntry {
   readonly fields: Fields;
 }
 
-export type ParseResult = { readonly ok: true; readonly entry: PluginEntry } | { readonly ok: false; readonly reason: 'invalid_json' | 'invalid_record' };
+export type ParseResult =
+  | { readonly ok: true; readonly entry: PluginEntry }
+  | { readonly ok: false; readonly reason: 'invalid_json' | 'invalid_record' };
 
 const LEVELS: Record<string, EmitLevel> = {
-  error: 'error', err: 'error', fatal: 'error', panic: 'error', critical: 'error',
-  warn: 'warn', warning: 'warn',
-  info: 'info', notice: 'info',
-  debug: 'debug', trace: 'debug',
+  error: 'error',
+  err: 'error',
+  fatal: 'error',
+  panic: 'error',
+  critical: 'error',
+  warn: 'warn',
+  warning: 'warn',
+  info: 'info',
+  notice: 'info',
+  debug: 'debug',
+  trace: 'debug',
 };
 
 // Keys the agent sets itself (the record's columns, the pod and container it reads from them):
 // never copied from the plugin.
-const CONSUMED = new Set(['time', 'level', 'msg', 'message', 'scope', 'pod', 'pod_namespace', 'pod_name', 'containerID', 'container_id', '__proto__']);
+const CONSUMED = new Set([
+  'time',
+  'level',
+  'msg',
+  'message',
+  'scope',
+  'pod',
+  'pod_namespace',
+  'pod_name',
+  'containerID',
+  'container_id',
+  '__proto__',
+]);
 
 // What the plugin sends: already canonical, so no Date round trip (a third of the parse cost).
 const CANONICAL_TIME = /^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$/;
@@ -43,7 +64,8 @@ function podOf(rec: Record<string, unknown>): string | undefined {
   const p = rec.pod;
   if (isObject(p)) {
     const { namespace, name } = p;
-    if (typeof name === 'string' && name !== '') return typeof namespace === 'string' && namespace !== '' ? `${namespace}/${name}` : name;
+    if (typeof name === 'string' && name !== '')
+      return typeof namespace === 'string' && namespace !== '' ? `${namespace}/${name}` : name;
   }
   if (typeof p === 'string' && p !== '') return p;
   const ns = rec.pod_namespace;

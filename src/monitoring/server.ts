@@ -24,7 +24,11 @@ export interface MonitoringServer {
 /** Connections held at once on the monitoring port; one more closes the oldest (httpbounds.ts). */
 export const MONITORING_MAX_CONNECTIONS = 64;
 
-export async function startMonitoringServer(opts: { port: number; host?: string; readiness: Readiness }): Promise<MonitoringServer> {
+export async function startMonitoringServer(opts: {
+  port: number;
+  host?: string;
+  readiness: Readiness;
+}): Promise<MonitoringServer> {
   const server = boundedHttpServer((req, res) => {
     const send = (status: number, body: string, type = 'text/plain; charset=utf-8') => {
       res.writeHead(status, { 'content-type': type, 'cache-control': 'no-store' });
@@ -45,17 +49,24 @@ export async function startMonitoringServer(opts: { port: number; host?: string;
   }, MONITORING_MAX_CONNECTIONS);
   await new Promise<void>((resolve, reject) => {
     server.once('error', (e: NodeJS.ErrnoException) =>
-      reject(new Error(`cannot serve metrics on ${opts.host ?? '*'}:${opts.port}: ${e.code ?? e.message}; choose a free --monitoring-port`, { cause: e })));
+      reject(
+        new Error(
+          `cannot serve metrics on ${opts.host ?? '*'}:${opts.port}: ${e.code ?? e.message}; choose a free --monitoring-port`,
+          { cause: e },
+        ),
+      ),
+    );
     server.listen(opts.port, opts.host, () => resolve());
   });
   const port = (server.address() as AddressInfo).port;
   log.info('monitoring server listening', { port });
   return {
     port,
-    close: () => new Promise((resolve) => {
-      server.close(() => resolve());
-      server.closeAllConnections();
-    }),
+    close: () =>
+      new Promise((resolve) => {
+        server.close(() => resolve());
+        server.closeAllConnections();
+      }),
   };
 }
 

@@ -48,11 +48,22 @@ async function tightenRunDir(dir: string, created: boolean): Promise<void> {
   try {
     const st = await fh.stat();
     const mode = st.mode & 0o7777;
-    if (!st.isDirectory() || st.uid !== process.geteuid?.() || SYSTEM_DIRS.has(path.resolve(dir)) || (mode & 0o1002) !== 0) return;
+    if (
+      !st.isDirectory() ||
+      st.uid !== process.geteuid?.() ||
+      SYSTEM_DIRS.has(path.resolve(dir)) ||
+      (mode & 0o1002) !== 0
+    )
+      return;
     const want = created ? 0o750 : mode & 0o750;
     if (mode !== want) {
       await fh.chmod(want);
-      if (!created) log.info('made the socket dir readable by root and its group only', { path: dir, was: mode.toString(8), now: want.toString(8) });
+      if (!created)
+        log.info('made the socket dir readable by root and its group only', {
+          path: dir,
+          was: mode.toString(8),
+          now: want.toString(8),
+        });
     }
   } finally {
     await fh.close();
@@ -60,7 +71,13 @@ async function tightenRunDir(dir: string, created: boolean): Promise<void> {
 }
 
 /** Starts `server` on `address` (`what` and `flag` name it in errors); resolves to its closer. */
-export async function listenUnix(server: net.Server, address: string, what: string, flag: string, slots: Slots): Promise<() => Promise<void>> {
+export async function listenUnix(
+  server: net.Server,
+  address: string,
+  what: string,
+  flag: string,
+  slots: Slots,
+): Promise<() => Promise<void>> {
   const dir = path.dirname(address);
   const created = await mkdir(dir, { recursive: true, mode: 0o750 });
   await tightenRunDir(dir, created !== undefined);
@@ -69,7 +86,9 @@ export async function listenUnix(server: net.Server, address: string, what: stri
     throw e;
   });
   if (existing && !existing.isSocket()) {
-    throw new Error(`cannot serve ${what} on ${address}: it exists and is not a socket; remove it or choose another ${flag}`);
+    throw new Error(
+      `cannot serve ${what} on ${address}: it exists and is not a socket; remove it or choose another ${flag}`,
+    );
   }
   if (existing) {
     // A socket left by an agent that was killed; a live agent on this node would be replaced by us.
@@ -79,7 +98,12 @@ export async function listenUnix(server: net.Server, address: string, what: stri
   const open = holdSlots(server, slots);
   await new Promise<void>((resolve, reject) => {
     const onError = (e: NodeJS.ErrnoException) =>
-      reject(new Error(`cannot serve ${what} on ${address}: ${e.code ?? e.message}; check ${flag} and that its directory is writable`, { cause: e }));
+      reject(
+        new Error(
+          `cannot serve ${what} on ${address}: ${e.code ?? e.message}; check ${flag} and that its directory is writable`,
+          { cause: e },
+        ),
+      );
     server.once('error', onError);
     // bind() runs inside listen(): with this umask the socket is 0600 from its first moment.
     const umask = process.umask(0o177);

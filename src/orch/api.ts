@@ -63,28 +63,45 @@ export interface OrchApi {
   readonly tuning?: WatchTuning;
 }
 
-const podPath = (p: V1Pod) => `/api/v1/namespaces/${encodeURIComponent(p.metadata!.namespace!)}/pods/${encodeURIComponent(p.metadata!.name!)}`;
+const podPath = (p: V1Pod) =>
+  `/api/v1/namespaces/${encodeURIComponent(p.metadata!.namespace!)}/pods/${encodeURIComponent(p.metadata!.name!)}`;
 
 export function clientNodeApi(kc: KubeConfig): OrchApi {
   const name = (p: V1Pod) => `pod ${p.metadata?.namespace}/${p.metadata?.name}`;
   const ctx = orchContext(kc)?.settings;
   return {
     ...(ctx
-      ? { tuning: { listMode: ctx.listMode, reconnectSpreadMs: ctx.reconnectSpreadMs, startJitterMs: ctx.startJitterMs } }
+      ? {
+          tuning: {
+            listMode: ctx.listMode,
+            reconnectSpreadMs: ctx.reconnectSpreadMs,
+            startJitterMs: ctx.startJitterMs,
+          },
+        }
       : {}),
     async listPods(q, signal) {
-      const list = await apiRequest<{ items?: V1Pod[]; metadata?: { resourceVersion?: string; continue?: string } }>(kc, 'GET', '/api/v1/pods', 'listing pods', {
-        query: {
-          fieldSelector: q.fieldSelector,
-          labelSelector: q.labelSelector,
-          resourceVersion: q.resourceVersion,
-          resourceVersionMatch: q.resourceVersionMatch,
-          limit: q.limit,
-          continue: q.continueToken,
+      const list = await apiRequest<{ items?: V1Pod[]; metadata?: { resourceVersion?: string; continue?: string } }>(
+        kc,
+        'GET',
+        '/api/v1/pods',
+        'listing pods',
+        {
+          query: {
+            fieldSelector: q.fieldSelector,
+            labelSelector: q.labelSelector,
+            resourceVersion: q.resourceVersion,
+            resourceVersionMatch: q.resourceVersionMatch,
+            limit: q.limit,
+            continue: q.continueToken,
+          },
+          signal,
         },
-        signal,
-      });
-      return { items: list.items ?? [], resourceVersion: list.metadata?.resourceVersion ?? '', continueToken: list.metadata?.continue || undefined };
+      );
+      return {
+        items: list.items ?? [],
+        resourceVersion: list.metadata?.resourceVersion ?? '',
+        continueToken: list.metadata?.continue || undefined,
+      };
     },
     async watchPods(q, onEvent, done, signal) {
       const what = q.sendInitialEvents ? 'watching pods (watch-list)' : 'watching pods';
@@ -119,10 +136,20 @@ export function clientNodeApi(kc: KubeConfig): OrchApi {
       });
     },
     async deletePod(pod, signal) {
-      await apiRequest(kc, 'DELETE', podPath(pod), `deleting ${name(pod)}`, { body: { preconditions: { uid: pod.metadata!.uid } }, signal, unlimited: true });
+      await apiRequest(kc, 'DELETE', podPath(pod), `deleting ${name(pod)}`, {
+        body: { preconditions: { uid: pod.metadata!.uid } },
+        signal,
+        unlimited: true,
+      });
     },
     async createEvent(namespace, event: CoreV1Event, signal) {
-      await apiRequest(kc, 'POST', `/api/v1/namespaces/${encodeURIComponent(namespace)}/events`, `recording an event in namespace ${namespace}`, { body: event, signal, unlimited: true });
+      await apiRequest(
+        kc,
+        'POST',
+        `/api/v1/namespaces/${encodeURIComponent(namespace)}/events`,
+        `recording an event in namespace ${namespace}`,
+        { body: event, signal, unlimited: true },
+      );
     },
   };
 }

@@ -36,7 +36,8 @@ function loadKubeConfig(settings: Settings): KubeConfig {
     return kc;
   }
   const { orchServiceHost: host, orchServicePort: port } = settings.env;
-  if (!host) throw new Error('KUBERNETES_SERVICE_HOST is not set and no --orchconfig was given: cannot reach the API server');
+  if (!host)
+    throw new Error('KUBERNETES_SERVICE_HOST is not set and no --orchconfig was given: cannot reach the API server');
   const sa = settings.install.serviceAccountDir;
   kc.loadFromClusterAndUser(
     {
@@ -62,7 +63,10 @@ function describeLoadError(e: unknown): string {
     let kind = typeof y.reason === 'string' ? y.reason : '';
     // Kinds are plain words ("bad indentation of a mapping entry"); anything quoting is not said.
     if (kind === '' || kind.length > 80 || /["'`]/.test(kind)) kind = 'syntax error';
-    const where = typeof y.mark?.line === 'number' && typeof y.mark.column === 'number' ? ` at line ${y.mark.line + 1} column ${y.mark.column + 1}` : '';
+    const where =
+      typeof y.mark?.line === 'number' && typeof y.mark.column === 'number'
+        ? ` at line ${y.mark.line + 1} column ${y.mark.column + 1}`
+        : '';
     return `not valid YAML (${kind}${where})`;
   }
   return (e instanceof Error ? e.message : String(e)).split('\n')[0]!;

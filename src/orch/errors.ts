@@ -16,7 +16,8 @@ export class ApiError extends Error {
     this.code = code;
     this.detail = detail;
     this.retryAfterMs = retryAfterMs;
-    this.reason = code === undefined ? 'unreachable' : code === 429 ? 'throttled' : code >= 500 ? 'server_error' : 'client_error';
+    this.reason =
+      code === undefined ? 'unreachable' : code === 429 ? 'throttled' : code >= 500 ? 'server_error' : 'client_error';
   }
 }
 
@@ -40,6 +41,9 @@ export function toApiError(what: string, e: unknown): ApiError {
   if (e instanceof ApiError) return e;
   const err = e as { statusCode?: unknown; message?: string; name?: string };
   if (typeof err.statusCode === 'number') return new ApiError(what, err.statusCode, '');
-  const detail = err.name === 'AbortError' || err.name === 'TimeoutError' ? 'no answer in time (aborted)' : (err.message ?? String(e));
+  const detail =
+    err.name === 'AbortError' || err.name === 'TimeoutError'
+      ? 'no answer in time (aborted)'
+      : (err.message ?? String(e));
   return new ApiError(what, undefined, detail);
 }

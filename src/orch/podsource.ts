@@ -210,11 +210,12 @@ export class PodSource {
           if (end.reason === 'unsupported') {
             this.#listMode = 'cache';
             const error = end.error?.message ?? '';
-            const say = () => this.#log.warn(
-              'the API server does not serve the streaming watch-list; listing from its watch cache instead '
-                + '(resourceVersion=0), for as long as this agent runs',
-              { error },
-            );
+            const say = () =>
+              this.#log.warn(
+                'the API server does not serve the streaming watch-list; listing from its watch cache instead ' +
+                  '(resourceVersion=0), for as long as this agent runs',
+                { error },
+              );
             this.#fellBackOn = { from: 'auto', refusal: end.error ? refusalOf(end.error) : '', say };
             delay = 0;
             continue;
@@ -244,7 +245,13 @@ export class PodSource {
         if (end.error) this.#lastError = end.error.message;
         if (end.error && this.#saidRefused(end.error, delay)) continue;
         const level = end.reason === 'closed' && end.healthy ? 'debug' : 'warn';
-        this.#log[level]('pod watch ended; watching again', { reason: end.reason, relist: rv === '', retryInMs: Math.round(delay), attempt: backoff.attempt, ...(end.error ? { error: end.error.message } : {}) });
+        this.#log[level]('pod watch ended; watching again', {
+          reason: end.reason,
+          relist: rv === '',
+          retryInMs: Math.round(delay),
+          attempt: backoff.attempt,
+          ...(end.error ? { error: end.error.message } : {}),
+        });
       } catch (e) {
         if (this.#stopped) break;
         const err = toApiError('listing pods', e);
@@ -259,11 +266,12 @@ export class PodSource {
           // one does not: consistent reads (each one goes to etcd) keep the agent working.
           this.#listMode = 'consistent';
           this.#fellBackOn?.say(); // refused otherwise here: that fallback stands
-          const say = () => this.#log.warn(
-            'the API server refuses lists from its watch cache (resourceVersion=0); listing with consistent '
-              + 'reads instead, which read every pod of the cluster from etcd',
-            { error: err.message },
-          );
+          const say = () =>
+            this.#log.warn(
+              'the API server refuses lists from its watch cache (resourceVersion=0); listing with consistent ' +
+                'reads instead, which read every pod of the cluster from etcd',
+              { error: err.message },
+            );
           this.#fellBackOn = { from: 'cache', refusal, say };
           delay = 0;
           continue;
@@ -279,7 +287,11 @@ export class PodSource {
         this.#lastError = err.message;
         delay = backoff.next(err.retryAfterMs);
         if (this.#saidRefused(err, delay)) continue;
-        this.#log.warn('cannot list pods; retrying', { error: err.message, retryInMs: Math.round(delay), attempt: backoff.attempt });
+        this.#log.warn('cannot list pods; retrying', {
+          error: err.message,
+          retryInMs: Math.round(delay),
+          attempt: backoff.attempt,
+        });
       }
     }
     this.#state = 'stopped';
@@ -288,11 +300,16 @@ export class PodSource {
   /** When `e` is the refusal of the query itself: says so, with the query, and true. */
   #saidRefused(e: ApiError, delay: number): boolean {
     if (this.#queryRefusal === '' || refusalOf(e) !== this.#queryRefusal) return false;
-    this.#log.error('the API server refuses this pod query, however it is read: check its selectors (for repair: '
-      + '--repair-field-selectors, --repair-label-selectors); retrying', {
-      fieldSelector: this.#o.query.fieldSelector, labelSelector: this.#o.query.labelSelector,
-      error: e.message, retryInMs: Math.round(delay),
-    });
+    this.#log.error(
+      'the API server refuses this pod query, however it is read: check its selectors (for repair: ' +
+        '--repair-field-selectors, --repair-label-selectors); retrying',
+      {
+        fieldSelector: this.#o.query.fieldSelector,
+        labelSelector: this.#o.query.labelSelector,
+        error: e.message,
+        retryInMs: Math.round(delay),
+      },
+    );
     return true;
   }
 
@@ -305,9 +322,12 @@ export class PodSource {
   async #list(): Promise<string> {
     const seen = new Map<string, V1Pod>();
     const last = this.#resourceVersion;
-    const params = this.#listMode === 'consistent' ? { limit: this.#o.pageSize }
-      : last === '' ? { resourceVersion: '0' }
-      : { resourceVersion: last, resourceVersionMatch: 'NotOlderThan' as const };
+    const params =
+      this.#listMode === 'consistent'
+        ? { limit: this.#o.pageSize }
+        : last === ''
+          ? { resourceVersion: '0' }
+          : { resourceVersion: last, resourceVersionMatch: 'NotOlderThan' as const };
     let continueToken: string | undefined;
     let rv: string;
     do {
@@ -403,8 +423,9 @@ export class PodSource {
           // The initial events: the state as of the closing bookmark, not yet the cache.
           if (type === 'BOOKMARK') {
             if (pod.metadata?.annotations?.[INITIAL_EVENTS_END] !== 'true') {
-              const why = `a bookmark came before the initial events ended (no ${INITIAL_EVENTS_END}): `
-                + 'the server ignores sendInitialEvents';
+              const why =
+                `a bookmark came before the initial events ended (no ${INITIAL_EVENTS_END}): ` +
+                'the server ignores sendInitialEvents';
               finish('unsupported', new ApiError(what, undefined, why));
               return;
             }

@@ -29,10 +29,13 @@ function retryAfter(code: number, header: string | string[] | undefined): number
  */
 function notJson(e: unknown, text: string): string {
   const message = e instanceof Error ? e.message : '';
-  const kind = /^Unexpected end of JSON input/.test(message) ? 'it ends too early'
-    : /^Unterminated string/.test(message) ? 'a string never ends'
-    : /^Unexpected non-whitespace character after JSON/.test(message) ? 'more follows the value'
-    : 'unexpected character';
+  const kind = /^Unexpected end of JSON input/.test(message)
+    ? 'it ends too early'
+    : /^Unterminated string/.test(message)
+      ? 'a string never ends'
+      : /^Unexpected non-whitespace character after JSON/.test(message)
+        ? 'more follows the value'
+        : 'unexpected character';
   const pos = /at position (\d+)/.exec(message);
   const where = pos ? ` at character ${pos[1]}` : '';
   return `answer is not JSON (${kind}${where}; ${Buffer.byteLength(text)} bytes)`;
@@ -49,7 +52,11 @@ const keepAliveAgents = new WeakMap<KubeConfig, { readonly tls: string; readonly
 function keptAlive(kc: KubeConfig, made: https.RequestOptions['agent']): https.RequestOptions['agent'] {
   if (!made || made.constructor !== https.Agent) return made;
   const o = (made as https.Agent).options;
-  const tls = JSON.stringify([o.ca, o.cert, o.key, o.pfx, o.passphrase, o.rejectUnauthorized, o.servername].map((v) => (v === undefined ? null : String(v))));
+  const tls = JSON.stringify(
+    [o.ca, o.cert, o.key, o.pfx, o.passphrase, o.rejectUnauthorized, o.servername].map((v) =>
+      v === undefined ? null : String(v),
+    ),
+  );
   const kept = keepAliveAgents.get(kc);
   if (kept?.tls === tls) return kept.agent;
   // Idle connections close after 30 s, before the API server's or a load balancer's idle
@@ -71,11 +78,18 @@ function retire(agent: https.Agent): void {
  * JSON in and out. Any failure is an ApiError: the HTTP status with the Status message and
  * Retry-After, or no status when no answer came.
  */
-export async function apiRequest<T>(kc: KubeConfig, method: string, apiPath: string, what: string, o: RequestOptions = {}): Promise<T> {
+export async function apiRequest<T>(
+  kc: KubeConfig,
+  method: string,
+  apiPath: string,
+  what: string,
+  o: RequestOptions = {},
+): Promise<T> {
   const cluster = kc.getCurrentCluster();
   if (!cluster) throw new ApiError(what, undefined, 'the orchconfig has no current cluster');
   const url = new URL(cluster.server.replace(/\/+$/, '') + apiPath);
-  for (const [k, v] of Object.entries(o.query ?? {})) if (v !== undefined && v !== '') url.searchParams.set(k, String(v));
+  for (const [k, v] of Object.entries(o.query ?? {}))
+    if (v !== undefined && v !== '') url.searchParams.set(k, String(v));
   const body = o.body === undefined ? undefined : JSON.stringify(o.body);
   if (!o.unlimited) await waitTurn(kc, what, o.signal);
   const opts: https.RequestOptions = { method, headers: { Accept: 'application/json' } };
@@ -86,7 +100,12 @@ export async function apiRequest<T>(kc: KubeConfig, method: string, apiPath: str
   }
   opts.agent = keptAlive(kc, opts.agent);
   // Content-Length always: Node sends a DELETE body neither chunked nor sized otherwise.
-  if (body !== undefined) opts.headers = { ...opts.headers, 'Content-Type': o.contentType ?? 'application/json', 'Content-Length': Buffer.byteLength(body) };
+  if (body !== undefined)
+    opts.headers = {
+      ...opts.headers,
+      'Content-Type': o.contentType ?? 'application/json',
+      'Content-Length': Buffer.byteLength(body),
+    };
   if (o.signal) opts.signal = o.signal;
   const send = url.protocol === 'http:' ? http.request : https.request;
   const startedAt = performance.now();
@@ -228,8 +247,13 @@ export async function apiWatch(
             // Skipping it would lose the event it stood for (the next bookmark moves the watch
             // past it): the watch ends, and is resumed from the last event taken (client-go too).
             req.destroy();
-            end(new ApiError(what, undefined, `a line of the stream is not a watch event (${event}; `
-              + `${Buffer.byteLength(line)} bytes)`));
+            end(
+              new ApiError(
+                what,
+                undefined,
+                `a line of the stream is not a watch event (${event}; ` + `${Buffer.byteLength(line)} bytes)`,
+              ),
+            );
             break;
           }
           logWatchEvent(url, line);

@@ -205,10 +205,12 @@ export class WorkQueue<K> {
       this.#setQueued(-1);
       // Started once the job holds its slot: a reconcile that adds a key before its first await
       // (no rate limit: nothing is awaited before it) must not start that key beside it.
-      const job: Promise<void> = Promise.resolve().then(() => this.#work(key, e)).finally(() => {
-        this.#running.delete(job);
-        this.#pump();
-      });
+      const job: Promise<void> = Promise.resolve()
+        .then(() => this.#work(key, e))
+        .finally(() => {
+          this.#running.delete(job);
+          this.#pump();
+        });
       this.#running.add(job);
     }
   }

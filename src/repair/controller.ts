@@ -133,7 +133,17 @@ export class RepairController implements Component {
   #stopping = false;
   #resyncTimer: NodeJS.Timeout | undefined;
   #eventSeq = 0;
-  readonly #counts = { seenBroken: 0, labelled: 0, deleted: 0, reported: 0, alreadyDone: 0, replaced: 0, failedAttempts: 0, gaveUp: 0, resyncs: 0 };
+  readonly #counts = {
+    seenBroken: 0,
+    labelled: 0,
+    deleted: 0,
+    reported: 0,
+    alreadyDone: 0,
+    replaced: 0,
+    failedAttempts: 0,
+    gaveUp: 0,
+    resyncs: 0,
+  };
 
   constructor(o: RepairControllerOptions) {
     this.#s = o.settings;
@@ -156,7 +166,13 @@ export class RepairController implements Component {
         if (!rec) return;
         const error = rec.lastError?.cause.message;
         const retryInMs = Math.round(delayMs);
-        log.warn('repair attempt failed; retrying', { ...fields(rec.pod), step: rec.lastError?.step, attempt, retryInMs, error });
+        log.warn('repair attempt failed; retrying', {
+          ...fields(rec.pod),
+          step: rec.lastError?.step,
+          attempt,
+          retryInMs,
+          error,
+        });
       },
       onGiveUp: (uid, { attempts }) => this.#giveUp(uid, attempts),
     });
@@ -172,7 +188,14 @@ export class RepairController implements Component {
   }
 
   start(): void {
-    log.info('repair controller starting', { mode: this.#mode, fieldSelector: this.query.fieldSelector, labelSelector: this.query.labelSelector, qps: this.#s.qps, burst: this.#s.burst, concurrency: this.#s.concurrency });
+    log.info('repair controller starting', {
+      mode: this.#mode,
+      fieldSelector: this.query.fieldSelector,
+      labelSelector: this.query.labelSelector,
+      qps: this.#s.qps,
+      burst: this.#s.burst,
+      concurrency: this.#s.concurrency,
+    });
     // The pods already listed come at once; the watch's metrics are repair's as before it was shared.
     this.#pods.addHandler({
       upsert: (p) => this.#consider(p, false),
@@ -254,7 +277,10 @@ export class RepairController implements Component {
     if (this.#mode === 'report') {
       next.done = true;
       this.#counts.reported++;
-      log.warn('pod broken by the start-up race (report only: --repair-label-pods and --repair-delete-pods are off)', f);
+      log.warn(
+        'pod broken by the start-up race (report only: --repair-label-pods and --repair-delete-pods are off)',
+        f,
+      );
       return;
     }
     if (this.#mode === 'label' && hasLabel(pod, this.#s.labelKey, this.#s.labelValue)) {
@@ -264,7 +290,10 @@ export class RepairController implements Component {
       return;
     }
     const retrying = resync && rec !== undefined && !rec.done;
-    log.info(retrying ? 'retrying repair of broken pod (resync)' : 'pod broken by the start-up race; repairing', { ...f, mode: this.#mode });
+    log.info(retrying ? 'retrying repair of broken pod (resync)' : 'pod broken by the start-up race; repairing', {
+      ...f,
+      mode: this.#mode,
+    });
     this.#queue.add(uid);
   }
 
@@ -309,7 +338,12 @@ export class RepairController implements Component {
     this.#counts.gaveUp++;
     repairFailures.inc({ type: step, reason: 'gave_up' });
     const error = rec.lastError?.cause.message;
-    log.error('cannot repair broken pod; giving up until the next resync', { ...fields(rec.pod), step, attempts, error });
+    log.error('cannot repair broken pod; giving up until the next resync', {
+      ...fields(rec.pod),
+      step,
+      attempts,
+      error,
+    });
     if (rec.gone) this.#records.delete(uid);
   }
 
@@ -341,14 +375,16 @@ export class RepairController implements Component {
       // Best effort, one try, sent beside the repair: a slow or lost Event must not hold back
       // the repair itself nor take a concurrency slot from the next broken pod.
       rec.evented = true;
-      ctx.beside(this.#api.createEvent(pod.metadata!.namespace!, this.#event(pod, rec.why, deleting), signal()).then(
-        () => {},
-        (e: unknown) => {
-          const err = toApiError('recording event', e);
-          repairFailures.inc({ type: 'event', reason: err.reason });
-          log.warn('cannot record the repair Event on the pod', { ...f, error: err.message });
-        },
-      ));
+      ctx.beside(
+        this.#api.createEvent(pod.metadata!.namespace!, this.#event(pod, rec.why, deleting), signal()).then(
+          () => {},
+          (e: unknown) => {
+            const err = toApiError('recording event', e);
+            repairFailures.inc({ type: 'event', reason: err.reason });
+            log.warn('cannot record the repair Event on the pod', { ...f, error: err.message });
+          },
+        ),
+      );
     }
     if (deleting) {
       try {
@@ -373,7 +409,10 @@ export class RepairController implements Component {
     }
     if (err.code === 409) {
       this.#counts.replaced++;
-      log.info('broken pod was replaced by a new pod of the same name; leaving the new one alone', { ...fields, error: err.message });
+      log.info('broken pod was replaced by a new pod of the same name; leaving the new one alone', {
+        ...fields,
+        error: err.message,
+      });
       return true;
     }
     return false;
@@ -392,7 +431,14 @@ export class RepairController implements Component {
     const id = (BigInt(now.getTime()) * 1_000_000n + BigInt(this.#eventSeq++ % 1_000_000)).toString(16);
     return {
       metadata: { name: `${name}.${id}`, namespace: pod.metadata!.namespace! },
-      involvedObject: { apiVersion: 'v1', kind: 'Pod', name, namespace: pod.metadata!.namespace!, uid: pod.metadata!.uid!, resourceVersion: pod.metadata?.resourceVersion },
+      involvedObject: {
+        apiVersion: 'v1',
+        kind: 'Pod',
+        name,
+        namespace: pod.metadata!.namespace!,
+        uid: pod.metadata!.uid!,
+        resourceVersion: pod.metadata?.resourceVersion,
+      },
       reason: `MeshCniRepair${action}`,
       message: `mesh-cni repair: ${why}; ${what}`,
       type: 'Warning',

@@ -3,7 +3,10 @@
 import type { V1ContainerStateTerminated, V1Pod } from '@kubernetes/client-node';
 import type { RepairSettings } from '../config/settings.ts';
 
-export type BrokenCriteria = Pick<RepairSettings, 'sidecarAnnotation' | 'initContainerName' | 'initContainerExitCode' | 'initContainerTerminationMessage'>;
+export type BrokenCriteria = Pick<
+  RepairSettings,
+  'sidecarAnnotation' | 'initContainerName' | 'initContainerExitCode' | 'initContainerTerminationMessage'
+>;
 
 export interface Broken {
   /** Human-readable why, for the log and the Event. */
@@ -31,7 +34,9 @@ export function detectBroken(pod: V1Pod, c: BrokenCriteria): Broken | undefined 
       // Timestamps are strings on the wire and Dates in typed V1Pod objects: normalise both.
       const at = t.finishedAt ?? t.startedAt;
       const run = t.containerID || (at ? new Date(at).toISOString() : `restart-${status.restartCount ?? 0}`);
-      const msg = c.initContainerTerminationMessage ? ` with a message containing ${JSON.stringify(c.initContainerTerminationMessage)}` : '';
+      const msg = c.initContainerTerminationMessage
+        ? ` with a message containing ${JSON.stringify(c.initContainerTerminationMessage)}`
+        : '';
       return {
         why: `init container ${c.initContainerName} terminated (${where}) with exit code ${t.exitCode}${msg}: traffic redirection was not in place when the pod started`,
         stateKey: `${pod.metadata?.uid ?? ''}/${run}`,

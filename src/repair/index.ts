@@ -42,7 +42,9 @@ export function repairPodSource(settings: Settings, timing?: Partial<RepairTimin
 export function startRepair(settings: Settings, pods: PodSource, timing?: Partial<RepairTiming>): RepairController {
   if (settings.repair.nodeName === '') {
     // The seed's default, but on a DaemonSet it means every agent repairs every pod.
-    log.warn('repairing pods of ALL nodes: neither --repair-node-name nor NODE_NAME is set; every agent that runs like this watches and acts on every pod of the cluster');
+    log.warn(
+      'repairing pods of ALL nodes: neither --repair-node-name nor NODE_NAME is set; every agent that runs like this watches and acts on every pod of the cluster',
+    );
   }
   const controller = new RepairController({
     settings: settings.repair,
@@ -54,4 +56,3 @@ export function startRepair(settings: Settings, pods: PodSource, timing?: Partia
   controller.start();
   return controller;
 }
-

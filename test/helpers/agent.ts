@@ -15,7 +15,11 @@ export interface AgentProcess {
   /** The monitoring port it listens on (it was started with --monitoring-port 0). */
   monitoringPort(): Promise<number>;
   get(pathname: string): Promise<{ status: number; body: string }>;
-  waitForLog(pred: (r: Record<string, unknown>) => boolean, what: string, ms?: number): Promise<Record<string, unknown>>;
+  waitForLog(
+    pred: (r: Record<string, unknown>) => boolean,
+    what: string,
+    ms?: number,
+  ): Promise<Record<string, unknown>>;
   /** Sends the signal and resolves with the exit code (or signal name). */
   stop(signal: NodeJS.Signals, ms?: number): Promise<number | string>;
 }
@@ -24,12 +28,17 @@ export interface AgentProcess {
 export type AgentEntry = 'source' | 'bundle';
 const ENTRY: Record<AgentEntry, string> = { source: 'bin/install-cni.js', bundle: 'dist/install-cni.js' };
 
-export function spawnAgent(tree: HostTree, flags: Record<string, string> = {}, env: Record<string, string> = {}, entry: AgentEntry = 'source'): AgentProcess {
+export function spawnAgent(
+  tree: HostTree,
+  flags: Record<string, string> = {},
+  env: Record<string, string> = {},
+  entry: AgentEntry = 'source',
+): AgentProcess {
   const args = Object.entries({
     'monitoring-port': '0',
-    'ctrlz_port': '0',
+    ctrlz_port: '0',
     log_as_json: 'true',
-    'log_output_level': 'default:info,install:debug',
+    log_output_level: 'default:info,install:debug',
     'cleanup-on-exit': 'always',
     ...tree.flags,
     ...flags,
@@ -54,12 +63,17 @@ export function spawnAgent(tree: HostTree, flags: Record<string, string> = {}, e
     }
   });
   child.stderr!.on('data', (d: Buffer) => (stderr += d.toString()));
-  const exited = new Promise<number | string>((resolve) => child.on('exit', (code, sig) => resolve(code ?? sig ?? 'unknown')));
+  const exited = new Promise<number | string>((resolve) =>
+    child.on('exit', (code, sig) => resolve(code ?? sig ?? 'unknown')),
+  );
 
   const waitForLog = async (pred: (r: Record<string, unknown>) => boolean, what: string, ms = 10_000) => {
     await eventually(() => logs.some(pred) || child.exitCode !== null, what, ms);
     const rec = logs.find(pred);
-    if (!rec) throw new Error(`install-cni exited (${child.exitCode}) before ${what}; stderr: ${stderr}; logs: ${JSON.stringify(logs.slice(-5))}`);
+    if (!rec)
+      throw new Error(
+        `install-cni exited (${child.exitCode}) before ${what}; stderr: ${stderr}; logs: ${JSON.stringify(logs.slice(-5))}`,
+      );
     return rec;
   };
   let port: number | undefined;

@@ -176,12 +176,27 @@ class HttpError extends Error {
 }
 
 const REASONS: Record<number, string> = {
-  400: 'BadRequest', 401: 'Unauthorized', 403: 'Forbidden', 404: 'NotFound', 405: 'MethodNotAllowed',
-  409: 'Conflict', 410: 'Expired', 415: 'UnsupportedMediaType', 422: 'Invalid', 429: 'TooManyRequests',
-  500: 'InternalError', 503: 'ServiceUnavailable', 504: 'Timeout',
+  400: 'BadRequest',
+  401: 'Unauthorized',
+  403: 'Forbidden',
+  404: 'NotFound',
+  405: 'MethodNotAllowed',
+  409: 'Conflict',
+  410: 'Expired',
+  415: 'UnsupportedMediaType',
+  422: 'Invalid',
+  429: 'TooManyRequests',
+  500: 'InternalError',
+  503: 'ServiceUnavailable',
+  504: 'Timeout',
 };
 
-export function statusObject(code: number, message: string, reason = REASONS[code] ?? 'Unknown', retryAfterSeconds?: number) {
+export function statusObject(
+  code: number,
+  message: string,
+  reason = REASONS[code] ?? 'Unknown',
+  retryAfterSeconds?: number,
+) {
   return {
     kind: 'Status',
     apiVersion: 'v1',
@@ -202,7 +217,9 @@ const nowTimestamp = () => new Date().toISOString().replace(/\.\d+Z$/, 'Z');
 export function mergePatch(target: unknown, patch: unknown): unknown {
   if (patch === null || typeof patch !== 'object' || Array.isArray(patch)) return clone(patch);
   const out: Record<string, unknown> =
-    target !== null && typeof target === 'object' && !Array.isArray(target) ? { ...(target as Record<string, unknown>) } : {};
+    target !== null && typeof target === 'object' && !Array.isArray(target)
+      ? { ...(target as Record<string, unknown>) }
+      : {};
   for (const [k, v] of Object.entries(patch as Record<string, unknown>)) {
     if (v === null) delete out[k];
     else out[k] = mergePatch(out[k], v);
@@ -236,7 +253,10 @@ function jsonPatch(target: unknown, ops: unknown): unknown {
   if (!Array.isArray(ops)) throw new HttpError(400, 'BadRequest', 'a JSON patch must be an array of operations');
   let doc = clone(target);
   for (const op of ops as Array<{ op?: string; path?: string; value?: unknown }>) {
-    const parts = String(op.path ?? '').split('/').slice(1).map((s) => s.replace(/~1/g, '/').replace(/~0/g, '~'));
+    const parts = String(op.path ?? '')
+      .split('/')
+      .slice(1)
+      .map((s) => s.replace(/~1/g, '/').replace(/~0/g, '~'));
     if (parts.length === 0) {
       if (op.op === 'test') continue;
       doc = clone(op.value);
@@ -270,7 +290,10 @@ function jsonPatch(target: unknown, ops: unknown): unknown {
         break;
       }
       case 'test':
-        if (JSON.stringify(isArr ? (parent as unknown[])[idx] : (parent as Record<string, unknown>)[last]) !== JSON.stringify(op.value)) {
+        if (
+          JSON.stringify(isArr ? (parent as unknown[])[idx] : (parent as Record<string, unknown>)[last]) !==
+          JSON.stringify(op.value)
+        ) {
           throw new HttpError(422, 'Invalid', `JSON patch test failed at ${op.path}`);
         }
         break;
@@ -308,7 +331,13 @@ function podRow(pod: V1Pod, mode: TableMode) {
         ? { kind: 'PartialObjectMetadata', apiVersion: 'meta.k8s.io/v1', metadata: pod.metadata }
         : undefined;
   return {
-    cells: [pod.metadata?.name ?? '', `${ready}/${pod.spec?.containers?.length ?? 0}`, pod.status?.phase ?? 'Pending', String(restarts), age(pod.metadata?.creationTimestamp)],
+    cells: [
+      pod.metadata?.name ?? '',
+      `${ready}/${pod.spec?.containers?.length ?? 0}`,
+      pod.status?.phase ?? 'Pending',
+      String(restarts),
+      age(pod.metadata?.creationTimestamp),
+    ],
     ...(object ? { object } : {}),
   };
 }
@@ -333,11 +362,19 @@ interface RequestAttributes {
 
 /** The attributes of a resource request, or undefined for a non-resource path (discovery, /version). */
 export function requestAttributes(method: string, pathname: string, q: URLSearchParams): RequestAttributes | undefined {
-  const m = /^\/(?:api\/v1|apis\/([^/]+)\/v1)(?:\/namespaces\/([^/]+))?\/([^/]+)(?:\/([^/]+))?(?:\/([^/]+))?$/.exec(pathname);
+  const m = /^\/(?:api\/v1|apis\/([^/]+)\/v1)(?:\/namespaces\/([^/]+))?\/([^/]+)(?:\/([^/]+))?(?:\/([^/]+))?$/.exec(
+    pathname,
+  );
   if (!m) return undefined;
   const name = m[4] === undefined ? undefined : decodeURIComponent(m[4]);
   const watch = q.get('watch') === 'true' || q.get('watch') === '1';
-  const verbs: Record<string, string> = { GET: name ? 'get' : watch ? 'watch' : 'list', POST: 'create', PATCH: 'patch', PUT: 'update', DELETE: name ? 'delete' : 'deletecollection' };
+  const verbs: Record<string, string> = {
+    GET: name ? 'get' : watch ? 'watch' : 'list',
+    POST: 'create',
+    PATCH: 'patch',
+    PUT: 'update',
+    DELETE: name ? 'delete' : 'deletecollection',
+  };
   return {
     verb: verbs[method] ?? method.toLowerCase(),
     group: m[1] ?? '',
@@ -347,13 +384,18 @@ export function requestAttributes(method: string, pathname: string, q: URLSearch
   };
 }
 
-const has = (list: readonly string[] | undefined, v: string) => list !== undefined && (list.includes(v) || list.includes('*'));
+const has = (list: readonly string[] | undefined, v: string) =>
+  list !== undefined && (list.includes(v) || list.includes('*'));
 
 export function allows(rules: readonly RbacRule[], a: RequestAttributes): boolean {
-  return rules.some((r) =>
-    has(r.verbs, a.verb) && has(r.apiGroups, a.group) && has(r.resources, a.resource) &&
-    (r.namespace === undefined || r.namespace === a.namespace) &&
-    (r.resourceNames === undefined || (a.name !== undefined && r.resourceNames.includes(a.name))));
+  return rules.some(
+    (r) =>
+      has(r.verbs, a.verb) &&
+      has(r.apiGroups, a.group) &&
+      has(r.resources, a.resource) &&
+      (r.namespace === undefined || r.namespace === a.namespace) &&
+      (r.resourceNames === undefined || (a.name !== undefined && r.resourceNames.includes(a.name))),
+  );
 }
 
 interface Identity {
@@ -365,7 +407,9 @@ export async function startTestApiServer(opts: TestApiServerOptions = {}): Promi
   const token = opts.token ?? `test-token-${randomUUID()}`;
   // Who each bearer token is, and until when (minted tokens expire; the others do not).
   const admin: Identity = { user: 'mesh-cni-test-admin', rules: opts.rules ?? ALLOW_ALL };
-  const tokens = new Map<string, { identity: Identity; expiresAt?: number; audiences: readonly string[] }>([[token, { identity: admin, audiences: [DEFAULT_AUDIENCE] }]]);
+  const tokens = new Map<string, { identity: Identity; expiresAt?: number; audiences: readonly string[] }>([
+    [token, { identity: admin, audiences: [DEFAULT_AUDIENCE] }],
+  ]);
   const accounts = new Map<string, Identity>();
   const issued: IssuedToken[] = [];
   let tokenMaxSeconds: number | undefined;
@@ -445,7 +489,12 @@ export async function startTestApiServer(opts: TestApiServerOptions = {}): Promi
   }
 
   function record(type: EventType, obj: V1Pod, old: V1Pod | undefined): void {
-    const h: HistoryEntry = { rv: Number(obj.metadata!.resourceVersion), type, obj: clone(obj), old: old ? clone(old) : undefined };
+    const h: HistoryEntry = {
+      rv: Number(obj.metadata!.resourceVersion),
+      type,
+      obj: clone(obj),
+      old: old ? clone(old) : undefined,
+    };
     history.push(h);
     for (const w of watches) {
       const ev = eventFor(w.filter, h);
@@ -527,7 +576,8 @@ export async function startTestApiServer(opts: TestApiServerOptions = {}): Promi
   function checkRv(raw: string | null, what: string, notOlderThan = false): number | undefined {
     if (raw === null || raw === '' || raw === '0') return undefined;
     const n = Number(raw);
-    if (!Number.isInteger(n) || n < 0) throw new HttpError(400, 'BadRequest', `invalid resourceVersion ${JSON.stringify(raw)} in ${what}`);
+    if (!Number.isInteger(n) || n < 0)
+      throw new HttpError(400, 'BadRequest', `invalid resourceVersion ${JSON.stringify(raw)} in ${what}`);
     if (n < oldestValidRv && !notOlderThan) {
       throw new HttpError(410, 'Expired', `too old resource version: ${n} (${oldestValidRv})`);
     }
@@ -537,7 +587,10 @@ export async function startTestApiServer(opts: TestApiServerOptions = {}): Promi
   /** Pods the watch cache's index gives for this filter: the node's with a spec.nodeName=X selector. */
   function indexedCost(filter: PodFilter): number {
     const node = filter.fields.find((f) => f.field === 'spec.nodeName' && f.op === '=');
-    if (!node) return filter.namespace === undefined ? pods.size : [...pods.values()].filter((p) => p.metadata?.namespace === filter.namespace).length;
+    if (!node)
+      return filter.namespace === undefined
+        ? pods.size
+        : [...pods.values()].filter((p) => p.metadata?.namespace === filter.namespace).length;
     return byNode.get(node.value)?.size ?? 0;
   }
 
@@ -545,11 +598,17 @@ export async function startTestApiServer(opts: TestApiServerOptions = {}): Promi
   function etcdCost(filter: PodFilter, after: string): number {
     if (filter.namespace === undefined && after === '') return pods.size;
     let n = 0;
-    for (const [k, p] of pods) if (k > after && (filter.namespace === undefined || p.metadata?.namespace === filter.namespace)) n++;
+    for (const [k, p] of pods)
+      if (k > after && (filter.namespace === undefined || p.metadata?.namespace === filter.namespace)) n++;
     return n;
   }
 
-  function listPodsResponse(req: IncomingMessage, q: URLSearchParams, namespace: string | undefined, rec?: RequestRecord) {
+  function listPodsResponse(
+    req: IncomingMessage,
+    q: URLSearchParams,
+    namespace: string | undefined,
+    rec?: RequestRecord,
+  ) {
     const filter = parseFilter(q, namespace);
     const rawRv = q.get('resourceVersion');
     if (rawRv === '0' && faults.rejectRv0List) {
@@ -577,13 +636,18 @@ export async function startTestApiServer(opts: TestApiServerOptions = {}): Promi
         throw new HttpError(400, 'BadRequest', 'invalid continue token');
       }
       if ((tok.rv ?? 0) < oldestValidRv) {
-        throw new HttpError(410, 'Expired', 'The provided continue parameter is too old to display a consistent list result. You can start a new list without the continue parameter.');
+        throw new HttpError(
+          410,
+          'Expired',
+          'The provided continue parameter is too old to display a consistent list result. You can start a new list without the continue parameter.',
+        );
       }
       listRv = tok.rv ?? rv;
       after = tok.after ?? '';
     }
     // The watch cache answers resourceVersion=0, and any resourceVersion without a limit; the rest is etcd.
-    const fromCache = rawRv !== null && rawRv !== '' && !cont && (rawRv === '0' || !(Number(q.get('limit') ?? '0') > 0));
+    const fromCache =
+      rawRv !== null && rawRv !== '' && !cont && (rawRv === '0' || !(Number(q.get('limit') ?? '0') > 0));
     if (rec) rec.objectsRead = fromCache ? indexedCost(filter) : etcdCost(filter, after);
     const all = candidates(filter)
       .filter(([k, p]) => k > after && podMatches(filter, p))
@@ -593,20 +657,37 @@ export async function startTestApiServer(opts: TestApiServerOptions = {}): Promi
     const more = limit > 0 && all.length > limit;
     const metadata: Record<string, unknown> = { resourceVersion: String(listRv) };
     if (more) {
-      metadata.continue = Buffer.from(JSON.stringify({ rv: listRv, after: page[page.length - 1]![0] })).toString('base64url');
+      metadata.continue = Buffer.from(JSON.stringify({ rv: listRv, after: page[page.length - 1]![0] })).toString(
+        'base64url',
+      );
       metadata.remainingItemCount = all.length - limit;
     }
     const table = tableMode(req, q);
     if (table) {
       return {
         contentType: TABLE_CONTENT_TYPE,
-        body: { kind: 'Table', apiVersion: 'meta.k8s.io/v1', metadata, columnDefinitions: POD_COLUMNS, rows: page.map(([, p]) => podRow(p, table)) },
+        body: {
+          kind: 'Table',
+          apiVersion: 'meta.k8s.io/v1',
+          metadata,
+          columnDefinitions: POD_COLUMNS,
+          rows: page.map(([, p]) => podRow(p, table)),
+        },
       };
     }
-    return { contentType: 'application/json', body: { kind: 'PodList', apiVersion: 'v1', metadata, items: page.map(([, p]) => p) } };
+    return {
+      contentType: 'application/json',
+      body: { kind: 'PodList', apiVersion: 'v1', metadata, items: page.map(([, p]) => p) },
+    };
   }
 
-  function startWatch(req: IncomingMessage, res: ServerResponse, q: URLSearchParams, namespace: string | undefined, rec: RequestRecord): void {
+  function startWatch(
+    req: IncomingMessage,
+    res: ServerResponse,
+    q: URLSearchParams,
+    namespace: string | undefined,
+    rec: RequestRecord,
+  ): void {
     const filter = parseFilter(q, namespace);
     const rawRv = q.get('resourceVersion');
     const table = tableMode(req, q);
@@ -617,16 +698,23 @@ export async function startTestApiServer(opts: TestApiServerOptions = {}): Promi
     if (q.get('sendInitialEvents') !== null && !faults.ignoreWatchList) {
       const invalid = (why: string) => new HttpError(422, 'Invalid', `ListOptions.meta.k8s.io "" is invalid: ${why}`);
       if (faults.rejectWatchList) {
-        throw invalid('sendInitialEvents: Forbidden: sendInitialEvents is forbidden for watch unless the WatchList feature gate is enabled');
+        throw invalid(
+          'sendInitialEvents: Forbidden: sendInitialEvents is forbidden for watch unless the WatchList feature gate is enabled',
+        );
       }
       if (q.get('resourceVersionMatch') !== 'NotOlderThan') {
-        throw invalid('resourceVersionMatch: Forbidden: sendInitialEvents requires setting resourceVersionMatch to NotOlderThan');
+        throw invalid(
+          'resourceVersionMatch: Forbidden: sendInitialEvents requires setting resourceVersionMatch to NotOlderThan',
+        );
       }
       if (q.get('allowWatchBookmarks') !== 'true') {
         throw invalid('allowWatchBookmarks: Forbidden: sendInitialEvents requires allowWatchBookmarks');
       }
     }
-    res.writeHead(200, { 'content-type': table ? TABLE_CONTENT_TYPE : 'application/json', 'cache-control': 'no-cache, private' });
+    res.writeHead(200, {
+      'content-type': table ? TABLE_CONTENT_TYPE : 'application/json',
+      'cache-control': 'no-cache, private',
+    });
     res.flushHeaders();
     rec.status = 200;
     const w: Watch = { res, filter, table, silent: faults.silentWatches === true, timers: [], sentHeaders: false };
@@ -644,10 +732,16 @@ export async function startTestApiServer(opts: TestApiServerOptions = {}): Promi
     }
     if (initialEvents) {
       // The state now (the server waits until its cache is at least as new as asked), then the mark.
-      const now = candidates(filter).map(([, p]) => p).filter((p) => podMatches(filter, p));
+      const now = candidates(filter)
+        .map(([, p]) => p)
+        .filter((p) => podMatches(filter, p));
       rec.objectsRead = indexedCost(filter);
       for (const p of now) writeEvent(w, 'ADDED', p);
-      writeEvent(w, 'BOOKMARK', { kind: 'Pod', apiVersion: 'v1', metadata: { resourceVersion: String(rv), annotations: { 'k8s.io/initial-events-end': 'true' } } });
+      writeEvent(w, 'BOOKMARK', {
+        kind: 'Pod',
+        apiVersion: 'v1',
+        metadata: { resourceVersion: String(rv), annotations: { 'k8s.io/initial-events-end': 'true' } },
+      });
     } else if (from === undefined) {
       // No resourceVersion: "start at most recent", with synthetic ADDED for what exists now.
       rec.objectsRead = indexedCost(filter);
@@ -709,7 +803,11 @@ export async function startTestApiServer(opts: TestApiServerOptions = {}): Promi
       case 'application/json-patch+json':
         return jsonPatch(current, patch) as V1Pod;
       default:
-        throw new HttpError(415, 'UnsupportedMediaType', `the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/strategic-merge-patch+json (got ${JSON.stringify(ct)})`);
+        throw new HttpError(
+          415,
+          'UnsupportedMediaType',
+          `the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/strategic-merge-patch+json (got ${JSON.stringify(ct)})`,
+        );
     }
   }
 
@@ -720,17 +818,31 @@ export async function startTestApiServer(opts: TestApiServerOptions = {}): Promi
       throw new HttpError(422, 'Invalid', `Pod "${name}" is invalid: metadata.name/namespace: field is immutable`);
     }
     if (next.metadata?.uid !== current.metadata!.uid) {
-      throw new HttpError(409, 'Conflict', `Operation cannot be fulfilled on pods "${name}": the UID in the request (${String(next.metadata?.uid)}) does not match ${current.metadata!.uid}`);
+      throw new HttpError(
+        409,
+        'Conflict',
+        `Operation cannot be fulfilled on pods "${name}": the UID in the request (${String(next.metadata?.uid)}) does not match ${current.metadata!.uid}`,
+      );
     }
     if (givenRv !== undefined && givenRv !== '' && givenRv !== current.metadata!.resourceVersion) {
-      throw new HttpError(409, 'Conflict', `Operation cannot be fulfilled on pods "${name}": the object has been modified; please apply your changes to the latest version and try again`);
+      throw new HttpError(
+        409,
+        'Conflict',
+        `Operation cannot be fulfilled on pods "${name}": the object has been modified; please apply your changes to the latest version and try again`,
+      );
     }
     return storePod(next, current);
   }
 
-  async function podRoutes(req: IncomingMessage, ns: string, name: string, sub: string | undefined): Promise<{ code: number; body: unknown }> {
+  async function podRoutes(
+    req: IncomingMessage,
+    ns: string,
+    name: string,
+    sub: string | undefined,
+  ): Promise<{ code: number; body: unknown }> {
     const method = req.method ?? 'GET';
-    if (sub !== undefined && sub !== 'status') throw new HttpError(404, 'NotFound', `the server could not find the requested resource (pods/${sub})`);
+    if (sub !== undefined && sub !== 'status')
+      throw new HttpError(404, 'NotFound', `the server could not find the requested resource (pods/${sub})`);
     if (method === 'GET') return { code: 200, body: getPodOr404(ns, name) };
     if (method === 'PATCH' || method === 'PUT') {
       const body = await readBody(req);
@@ -754,7 +866,11 @@ export async function startTestApiServer(opts: TestApiServerOptions = {}): Promi
         // The status subresource changes status, labels and annotations (what the real pod
         // status strategy lets through), never the spec; a uid in the body stays a precondition.
         const meta = next.metadata ?? {};
-        next = { ...clone(current), metadata: { ...clone(current.metadata!), uid: meta.uid, labels: meta.labels, annotations: meta.annotations }, status: next.status };
+        next = {
+          ...clone(current),
+          metadata: { ...clone(current.metadata!), uid: meta.uid, labels: meta.labels, annotations: meta.annotations },
+          status: next.status,
+        };
       } else if (method === 'PUT') {
         // The main resource ignores status changes.
         next = { ...next, status: clone(current.status) };
@@ -766,10 +882,18 @@ export async function startTestApiServer(opts: TestApiServerOptions = {}): Promi
       const current = getPodOr404(ns, name);
       const pre = body?.preconditions;
       if (pre?.uid && pre.uid !== current.metadata!.uid) {
-        throw new HttpError(409, 'Conflict', `Operation cannot be fulfilled on Pod "${name}": Precondition failed: UID in precondition: ${pre.uid}, UID in object meta: ${current.metadata!.uid}`);
+        throw new HttpError(
+          409,
+          'Conflict',
+          `Operation cannot be fulfilled on Pod "${name}": Precondition failed: UID in precondition: ${pre.uid}, UID in object meta: ${current.metadata!.uid}`,
+        );
       }
       if (pre?.resourceVersion && pre.resourceVersion !== current.metadata!.resourceVersion) {
-        throw new HttpError(409, 'Conflict', `Operation cannot be fulfilled on Pod "${name}": Precondition failed: ResourceVersion in precondition: ${pre.resourceVersion}, ResourceVersion in object meta: ${current.metadata!.resourceVersion}`);
+        throw new HttpError(
+          409,
+          'Conflict',
+          `Operation cannot be fulfilled on Pod "${name}": Precondition failed: ResourceVersion in precondition: ${pre.resourceVersion}, ResourceVersion in object meta: ${current.metadata!.resourceVersion}`,
+        );
       }
       return { code: 200, body: removePod(ns, name) };
     }
@@ -777,26 +901,68 @@ export async function startTestApiServer(opts: TestApiServerOptions = {}): Promi
   }
 
   const discovery = () => ({
-    version: { major: '1', minor: '32', gitVersion: 'v1.32.0-mesh-cni-test', platform: 'linux/amd64', goVersion: 'go1.23', compiler: 'gc' },
-    api: { kind: 'APIVersions', versions: ['v1'], serverAddressByClientCIDRs: [{ clientCIDR: '0.0.0.0/0', serverAddress: `127.0.0.1:${port}` }] },
+    version: {
+      major: '1',
+      minor: '32',
+      gitVersion: 'v1.32.0-mesh-cni-test',
+      platform: 'linux/amd64',
+      goVersion: 'go1.23',
+      compiler: 'gc',
+    },
+    api: {
+      kind: 'APIVersions',
+      versions: ['v1'],
+      serverAddressByClientCIDRs: [{ clientCIDR: '0.0.0.0/0', serverAddress: `127.0.0.1:${port}` }],
+    },
     apis: {
       kind: 'APIGroupList',
       apiVersion: 'v1',
-      groups: [{ name: 'apps', versions: [{ groupVersion: 'apps/v1', version: 'v1' }], preferredVersion: { groupVersion: 'apps/v1', version: 'v1' } }],
+      groups: [
+        {
+          name: 'apps',
+          versions: [{ groupVersion: 'apps/v1', version: 'v1' }],
+          preferredVersion: { groupVersion: 'apps/v1', version: 'v1' },
+        },
+      ],
     },
     coreV1: {
       kind: 'APIResourceList',
       groupVersion: 'v1',
       resources: [
-        { name: 'pods', singularName: 'pod', namespaced: true, kind: 'Pod', verbs: ['create', 'delete', 'get', 'list', 'patch', 'update', 'watch'], shortNames: ['po'], categories: ['all'] },
+        {
+          name: 'pods',
+          singularName: 'pod',
+          namespaced: true,
+          kind: 'Pod',
+          verbs: ['create', 'delete', 'get', 'list', 'patch', 'update', 'watch'],
+          shortNames: ['po'],
+          categories: ['all'],
+        },
         { name: 'pods/status', singularName: '', namespaced: true, kind: 'Pod', verbs: ['get', 'patch', 'update'] },
-        { name: 'events', singularName: 'event', namespaced: true, kind: 'Event', verbs: ['create', 'get', 'list'], shortNames: ['ev'] },
+        {
+          name: 'events',
+          singularName: 'event',
+          namespaced: true,
+          kind: 'Event',
+          verbs: ['create', 'get', 'list'],
+          shortNames: ['ev'],
+        },
       ],
     },
     appsV1: {
       kind: 'APIResourceList',
       groupVersion: 'apps/v1',
-      resources: [{ name: 'daemonsets', singularName: 'daemonset', namespaced: true, kind: 'DaemonSet', verbs: ['get', 'list'], shortNames: ['ds'], categories: ['all'] }],
+      resources: [
+        {
+          name: 'daemonsets',
+          singularName: 'daemonset',
+          namespaced: true,
+          kind: 'DaemonSet',
+          verbs: ['get', 'list'],
+          shortNames: ['ds'],
+          categories: ['all'],
+        },
+      ],
     },
   });
 
@@ -810,7 +976,11 @@ export async function startTestApiServer(opts: TestApiServerOptions = {}): Promi
     if (!id) throw new HttpError(404, 'NotFound', `serviceaccounts "${name}" not found`);
     const asked = body?.spec?.expirationSeconds ?? 3600;
     if (!Number.isInteger(asked) || asked < 600) {
-      throw new HttpError(422, 'Invalid', `TokenRequest.authentication.k8s.io "${name}" is invalid: spec.expirationSeconds: Invalid value: ${asked}: may not specify a duration less than 10 minutes`);
+      throw new HttpError(
+        422,
+        'Invalid',
+        `TokenRequest.authentication.k8s.io "${name}" is invalid: spec.expirationSeconds: Invalid value: ${asked}: may not specify a duration less than 10 minutes`,
+      );
     }
     const seconds = Math.min(asked, tokenMaxSeconds ?? asked);
     const audiences = body?.spec?.audiences?.length ? body.spec.audiences : [DEFAULT_AUDIENCE];
@@ -822,7 +992,8 @@ export async function startTestApiServer(opts: TestApiServerOptions = {}): Promi
     return {
       code: 201,
       body: {
-        kind: 'TokenRequest', apiVersion: 'authentication.k8s.io/v1',
+        kind: 'TokenRequest',
+        apiVersion: 'authentication.k8s.io/v1',
         metadata: { name, namespace: ns, creationTimestamp: nowTimestamp() },
         spec: { audiences, expirationSeconds: seconds, boundObjectRef: null },
         status: { token: t, expirationTimestamp },
@@ -830,7 +1001,12 @@ export async function startTestApiServer(opts: TestApiServerOptions = {}): Promi
     };
   }
 
-  async function route(req: IncomingMessage, res: ServerResponse, url: URL, rec: RequestRecord): Promise<{ code: number; body: unknown; contentType?: string } | undefined> {
+  async function route(
+    req: IncomingMessage,
+    res: ServerResponse,
+    url: URL,
+    rec: RequestRecord,
+  ): Promise<{ code: number; body: unknown; contentType?: string } | undefined> {
     const method = req.method ?? 'GET';
     const p = url.pathname.replace(/\/+$/, '') || '/';
     const q = url.searchParams;
@@ -878,7 +1054,11 @@ export async function startTestApiServer(opts: TestApiServerOptions = {}): Promi
         const ev = ((await readBody(req)) ?? {}) as CoreV1Event;
         ev.metadata ??= {};
         if (ev.metadata.namespace && ev.metadata.namespace !== ns) {
-          throw new HttpError(400, 'BadRequest', `the namespace of the provided object does not match the namespace sent on the request`);
+          throw new HttpError(
+            400,
+            'BadRequest',
+            `the namespace of the provided object does not match the namespace sent on the request`,
+          );
         }
         ev.metadata.namespace = ns;
         ev.metadata.name ??= `${ev.metadata.generateName ?? 'event.'}${randomUUID().slice(0, 8)}`;
@@ -890,18 +1070,34 @@ export async function startTestApiServer(opts: TestApiServerOptions = {}): Promi
         return { code: 201, body: ev };
       }
       if (method === 'GET') {
-        return { code: 200, body: { kind: 'EventList', apiVersion: 'v1', metadata: { resourceVersion: String(rv) }, items: events.filter((e) => ns === undefined || e.metadata?.namespace === ns) } };
+        return {
+          code: 200,
+          body: {
+            kind: 'EventList',
+            apiVersion: 'v1',
+            metadata: { resourceVersion: String(rv) },
+            items: events.filter((e) => ns === undefined || e.metadata?.namespace === ns),
+          },
+        };
       }
       throw new HttpError(405, 'MethodNotAllowed', 'the server does not allow this method on the requested resource');
     }
     m = /^\/api\/v1\/namespaces\/([^/]+)\/serviceaccounts\/([^/]+)\/token$/.exec(p);
-    if (m && method === 'POST') return tokenRequest(decodeURIComponent(m[1]!), decodeURIComponent(m[2]!), (await readBody(req)) as TokenRequestBody | undefined);
+    if (m && method === 'POST')
+      return tokenRequest(
+        decodeURIComponent(m[1]!),
+        decodeURIComponent(m[2]!),
+        (await readBody(req)) as TokenRequestBody | undefined,
+      );
     m = /^\/apis\/apps\/v1\/namespaces\/([^/]+)\/daemonsets(?:\/([^/]+))?$/.exec(p);
     if (m && method === 'GET') {
       const ns = decodeURIComponent(m[1]!);
       if (m[2] === undefined) {
         const items = [...daemonSets.values()].filter((ds) => ds.metadata?.namespace === ns);
-        return { code: 200, body: { kind: 'DaemonSetList', apiVersion: 'apps/v1', metadata: { resourceVersion: String(rv) }, items } };
+        return {
+          code: 200,
+          body: { kind: 'DaemonSetList', apiVersion: 'apps/v1', metadata: { resourceVersion: String(rv) }, items },
+        };
       }
       const name = decodeURIComponent(m[2]);
       const ds = daemonSets.get(key(ns, name));
@@ -913,9 +1109,20 @@ export async function startTestApiServer(opts: TestApiServerOptions = {}): Promi
 
   async function handle(req: IncomingMessage, res: ServerResponse): Promise<void> {
     const url = new URL(req.url ?? '/', 'https://localhost');
-    const rec: RequestRecord = { method: req.method ?? 'GET', path: url.pathname, query: url.search.replace(/^\?/, ''), status: 0, time: Date.now() };
+    const rec: RequestRecord = {
+      method: req.method ?? 'GET',
+      path: url.pathname,
+      query: url.search.replace(/^\?/, ''),
+      status: 0,
+      time: Date.now(),
+    };
     requests.push(rec);
-    const send = (code: number, body: unknown, headers: Record<string, string> = {}, contentType = 'application/json') => {
+    const send = (
+      code: number,
+      body: unknown,
+      headers: Record<string, string> = {},
+      contentType = 'application/json',
+    ) => {
       rec.status = code;
       if (res.headersSent || res.destroyed) return;
       const text = JSON.stringify(body);
@@ -926,13 +1133,21 @@ export async function startTestApiServer(opts: TestApiServerOptions = {}): Promi
       if (faults.delayMs) await new Promise((r) => setTimeout(r, faults.delayMs));
       const auth = /^Bearer (.+)$/.exec(req.headers.authorization ?? '');
       const who = auth ? tokens.get(auth[1]!) : undefined;
-      if (!who || (who.expiresAt !== undefined && who.expiresAt <= Date.now()) || !who.audiences.includes(DEFAULT_AUDIENCE)) {
+      if (
+        !who ||
+        (who.expiresAt !== undefined && who.expiresAt <= Date.now()) ||
+        !who.audiences.includes(DEFAULT_AUDIENCE)
+      ) {
         throw new HttpError(401, 'Unauthorized', 'Unauthorized');
       }
       const attrs = requestAttributes(req.method ?? 'GET', url.pathname.replace(/\/+$/, ''), url.searchParams);
       if (attrs && !allows(who.identity.rules, attrs)) {
         const res = attrs.resource.split('/')[0];
-        throw new HttpError(403, 'Forbidden', `${res}${attrs.name ? ` "${attrs.name}"` : ''} is forbidden: User "${who.identity.user}" cannot ${attrs.verb} resource "${attrs.resource}" in API group "${attrs.group}"${attrs.namespace !== undefined ? ` in the namespace "${attrs.namespace}"` : ' at the cluster scope'}`);
+        throw new HttpError(
+          403,
+          'Forbidden',
+          `${res}${attrs.name ? ` "${attrs.name}"` : ''} is forbidden: User "${who.identity.user}" cannot ${attrs.verb} resource "${attrs.resource}" in API group "${attrs.group}"${attrs.namespace !== undefined ? ` in the namespace "${attrs.namespace}"` : ' at the cluster scope'}`,
+        );
       }
       const f = faults.status;
       if (f && (!f.paths || f.paths.test(url.pathname))) {
@@ -946,7 +1161,8 @@ export async function startTestApiServer(opts: TestApiServerOptions = {}): Promi
       if (out) send(out.code, out.body, {}, out.contentType);
     } catch (e) {
       if (e instanceof HttpError) {
-        const headers: Record<string, string> = e.retryAfterSeconds !== undefined ? { 'retry-after': String(e.retryAfterSeconds) } : {};
+        const headers: Record<string, string> =
+          e.retryAfterSeconds !== undefined ? { 'retry-after': String(e.retryAfterSeconds) } : {};
         send(e.code, statusObject(e.code, e.message, e.reason, e.retryAfterSeconds), headers);
       } else {
         send(500, statusObject(500, `internal error in the test API server: ${(e as Error).stack ?? String(e)}`));
@@ -1043,7 +1259,11 @@ export async function startTestApiServer(opts: TestApiServerOptions = {}): Promi
       // Everything handed out so far is now too old; open watches learn it the way real ones do.
       oldestValidRv = nextRv();
       for (const w of [...watches]) {
-        writeEvent(w, 'ERROR', statusObject(410, `too old resource version: ${oldestValidRv - 1} (${oldestValidRv})`, 'Expired'));
+        writeEvent(
+          w,
+          'ERROR',
+          statusObject(410, `too old resource version: ${oldestValidRv - 1} (${oldestValidRv})`, 'Expired'),
+        );
         endWatch(w);
       }
     },
@@ -1058,7 +1278,9 @@ export async function startTestApiServer(opts: TestApiServerOptions = {}): Promi
         kind: 'Config',
         clusters: [{ name: 'mesh-cni-test', cluster }],
         users: [{ name: 'mesh-cni-test', user: { token: o.token ?? token } }],
-        contexts: [{ name: 'mesh-cni-test', context: { cluster: 'mesh-cni-test', user: 'mesh-cni-test', namespace: 'default' } }],
+        contexts: [
+          { name: 'mesh-cni-test', context: { cluster: 'mesh-cni-test', user: 'mesh-cni-test', namespace: 'default' } },
+        ],
         'current-context': 'mesh-cni-test',
         preferences: {},
       };
@@ -1116,7 +1338,9 @@ export function apiRequest(
         headers: {
           authorization: `Bearer ${server.token}`,
           accept: 'application/json',
-          ...(text !== undefined ? { 'content-type': 'application/json', 'content-length': String(Buffer.byteLength(text)) } : {}),
+          ...(text !== undefined
+            ? { 'content-type': 'application/json', 'content-length': String(Buffer.byteLength(text)) }
+            : {}),
           ...headers,
         },
         timeout: 10_000,
@@ -1149,7 +1373,14 @@ export function openWatch(server: Pick<TestApiServer, 'host' | 'port' | 'caPem' 
   let ended = false;
   let buf = '';
   const req = https.request(
-    { host: server.host, port: server.port, method: 'GET', path: pathAndQuery, ca: server.caPem, headers: { authorization: `Bearer ${server.token}` } },
+    {
+      host: server.host,
+      port: server.port,
+      method: 'GET',
+      path: pathAndQuery,
+      ca: server.caPem,
+      headers: { authorization: `Bearer ${server.token}` },
+    },
     (res) => {
       res.setEncoding('utf8');
       res.on('data', (d: string) => {
@@ -1180,9 +1411,15 @@ export function openWatch(server: Pick<TestApiServer, 'host' | 'port' | 'caPem' 
       for (;;) {
         const hit = got.find(pred);
         if (hit) return hit;
-        if (ended) throw new Error(`watch ${pathAndQuery} ended without the expected event; got ${JSON.stringify(got.map((e) => e.type))}`);
+        if (ended)
+          throw new Error(
+            `watch ${pathAndQuery} ended without the expected event; got ${JSON.stringify(got.map((e) => e.type))}`,
+          );
         const left = deadline - Date.now();
-        if (left <= 0) throw new Error(`no expected event on watch ${pathAndQuery} within ${timeoutMs} ms; got ${JSON.stringify(got.map((e) => e.type))}`);
+        if (left <= 0)
+          throw new Error(
+            `no expected event on watch ${pathAndQuery} within ${timeoutMs} ms; got ${JSON.stringify(got.map((e) => e.type))}`,
+          );
         await new Promise<void>((r) => {
           const t = setTimeout(r, left);
           waiters.push(() => {

@@ -14,7 +14,12 @@ export interface RunResult {
 }
 
 /** Runs `node bin/<name>.js args...` to completion with the given env (nothing inherited but PATH). */
-export function runBin(name: string, args: readonly string[], env: Record<string, string> = {}, input?: string): Promise<RunResult> {
+export function runBin(
+  name: string,
+  args: readonly string[],
+  env: Record<string, string> = {},
+  input?: string,
+): Promise<RunResult> {
   return new Promise((resolve, reject) => {
     const child = spawn(process.execPath, [path.join(ROOT, 'bin', `${name}.js`), ...args], {
       env: { PATH: process.env.PATH ?? '/usr/bin:/bin', ...env },

@@ -24,19 +24,24 @@ const TIMEOUT_MS = 20_000;
 /** Runs a program to completion; never rejects on a non-zero exit, only on a timeout. */
 export function run(file: string, args: readonly string[], env: Record<string, string> = {}): Promise<ShellRun> {
   return new Promise((resolve, reject) => {
-    execFile(file, [...args], {
-      env: { PATH: process.env.PATH ?? '/usr/bin:/bin', ...env },
-      timeout: TIMEOUT_MS,
-      killSignal: 'SIGKILL',
-      maxBuffer: 16 * 1024 * 1024,
-    }, (err, stdout, stderr) => {
-      if (err && err.killed) {
-        reject(new Error(`${file} ${args.join(' ')} did not finish within ${TIMEOUT_MS} ms; stderr: ${stderr}`));
-        return;
-      }
-      const code = err ? (typeof err.code === 'number' ? err.code : null) : 0;
-      resolve({ code, stdout, stderr });
-    });
+    execFile(
+      file,
+      [...args],
+      {
+        env: { PATH: process.env.PATH ?? '/usr/bin:/bin', ...env },
+        timeout: TIMEOUT_MS,
+        killSignal: 'SIGKILL',
+        maxBuffer: 16 * 1024 * 1024,
+      },
+      (err, stdout, stderr) => {
+        if (err && err.killed) {
+          reject(new Error(`${file} ${args.join(' ')} did not finish within ${TIMEOUT_MS} ms; stderr: ${stderr}`));
+          return;
+        }
+        const code = err ? (typeof err.code === 'number' ? err.code : null) : 0;
+        resolve({ code, stdout, stderr });
+      },
+    );
   });
 }
 
@@ -53,8 +58,12 @@ export class ShellHome {
 
   get env(): Record<string, string> {
     return {
-      HOME: this.dir, ZDOTDIR: this.dir, XDG_CONFIG_HOME: path.join(this.dir, 'config'),
-      XDG_DATA_HOME: path.join(this.dir, 'data'), XDG_CACHE_HOME: path.join(this.dir, 'cache'), TERM: 'dumb',
+      HOME: this.dir,
+      ZDOTDIR: this.dir,
+      XDG_CONFIG_HOME: path.join(this.dir, 'config'),
+      XDG_DATA_HOME: path.join(this.dir, 'data'),
+      XDG_CACHE_HOME: path.join(this.dir, 'cache'),
+      TERM: 'dumb',
     };
   }
 
@@ -75,7 +84,10 @@ export class ShellHome {
  */
 export function bashWords(line: string, wordbreaks = '=:'): string[] {
   const breaks = new RegExp(`([${wordbreaks.replace(/[\]\\^-]/g, '\\$&')}]+)`);
-  const words = line.split(/\s+/).filter((w) => w !== '').flatMap((w) => (wordbreaks ? w.split(breaks) : [w]).filter((p) => p !== ''));
+  const words = line
+    .split(/\s+/)
+    .filter((w) => w !== '')
+    .flatMap((w) => (wordbreaks ? w.split(breaks) : [w]).filter((p) => p !== ''));
   if (/\s$/.test(line) || line === '') words.push('');
   return words;
 }
@@ -98,20 +110,37 @@ printf '%s\\n' "\${COMPREPLY[@]}"
  * COMPREPLY of the script's completion function for the line, as bash would call it on TAB;
  * `wordbreaks` are the COMP_WORDBREAKS characters that matter here (users may remove `=`).
  */
-export async function bashComplete(home: ShellHome, script: string, line: string, wordbreaks = '=:'): Promise<string[]> {
-  const r = await run('bash', ['--norc', '--noprofile', '-c', BASH_DRIVER, 'bash', script, ...bashWords(line, wordbreaks)], { ...home.env, MCNI_LINE: line });
+export async function bashComplete(
+  home: ShellHome,
+  script: string,
+  line: string,
+  wordbreaks = '=:',
+): Promise<string[]> {
+  const r = await run(
+    'bash',
+    ['--norc', '--noprofile', '-c', BASH_DRIVER, 'bash', script, ...bashWords(line, wordbreaks)],
+    { ...home.env, MCNI_LINE: line },
+  );
   if (r.code !== 0) throw new Error(`bash completion of ${JSON.stringify(line)} failed (${r.code}): ${r.stderr}`);
   return r.stdout.split('\n').filter((w) => w !== '');
 }
 
 /** The fish `complete -C` answer for the line: what fish lists when TAB is pressed at its end. */
 export async function fishComplete(home: ShellHome, script: string, line: string): Promise<Completion[]> {
-  const r = await run('fish', ['--no-config', '-c', 'source $argv[1]; or exit 3; complete -C $argv[2]', script, line], home.env);
-  if (r.code !== 0 || r.stderr !== '') throw new Error(`fish completion of ${JSON.stringify(line)} failed (${r.code}): ${r.stderr}`);
-  return r.stdout.split('\n').filter((l) => l !== '').map((l) => {
-    const [word = '', description = ''] = l.split('\t');
-    return { word, description };
-  });
+  const r = await run(
+    'fish',
+    ['--no-config', '-c', 'source $argv[1]; or exit 3; complete -C $argv[2]', script, line],
+    home.env,
+  );
+  if (r.code !== 0 || r.stderr !== '')
+    throw new Error(`fish completion of ${JSON.stringify(line)} failed (${r.code}): ${r.stderr}`);
+  return r.stdout
+    .split('\n')
+    .filter((l) => l !== '')
+    .map((l) => {
+      const [word = '', description = ''] = l.split('\t');
+      return { word, description };
+    });
 }
 
 // Runs inside an interactive zsh on a pseudo-terminal: loads compinit and the script, then binds
@@ -161,7 +190,12 @@ zpty -d mcni
  * script's file name up to the first dot is the command name). Descriptions are zsh's display strings
  * (`--flag  -- text`), empty when it shows the bare word.
  */
-export async function zshComplete(home: ShellHome, script: string, line: string, how: 'source' | 'fpath' = 'source'): Promise<Completion[]> {
+export async function zshComplete(
+  home: ShellHome,
+  script: string,
+  line: string,
+  how: 'source' | 'fpath' = 'source',
+): Promise<Completion[]> {
   const capture = await home.file('capture.zsh', ZSH_CAPTURE);
   let env = home.env;
   if (how === 'fpath') {
@@ -171,7 +205,11 @@ export async function zshComplete(home: ShellHome, script: string, line: string,
     await copyFile(script, path.join(dir, `_${path.basename(script).split('.')[0]}`));
     env = { ...env, MCNI_FPATH: dir };
   }
-  const r = await run('zsh', ['-f', '-c', ZSH_DRIVER, 'zsh', capture, how === 'fpath' ? '/dev/null' : script, line], env);
+  const r = await run(
+    'zsh',
+    ['-f', '-c', ZSH_DRIVER, 'zsh', capture, how === 'fpath' ? '/dev/null' : script, line],
+    env,
+  );
   if (r.code !== 0) throw new Error(`zsh completion of ${JSON.stringify(line)} failed (${r.code}): ${r.stderr}`);
   if (r.stdout.includes('<<LOADFAILED>>')) throw new Error(`zsh could not load ${script}: ${r.stdout}`);
   const out: Completion[] = [];

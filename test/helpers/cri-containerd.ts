@@ -18,8 +18,18 @@
 import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
 import { createHash } from 'node:crypto';
 import {
-  closeSync, copyFileSync, existsSync, mkdirSync, mkdtempSync, openSync, readdirSync, readFileSync, rmdirSync, rmSync,
-  symlinkSync, writeFileSync,
+  closeSync,
+  copyFileSync,
+  existsSync,
+  mkdirSync,
+  mkdtempSync,
+  openSync,
+  readdirSync,
+  readFileSync,
+  rmdirSync,
+  rmSync,
+  symlinkSync,
+  writeFileSync,
 } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
@@ -46,7 +56,12 @@ export function compileStatic(source: 'pause' | 'cnitime', out: string): string 
 
 // ---- a docker-archive tarball of one static binary, written here (ustar, no dependencies) ----
 
-interface TarEntry { readonly name: string; readonly data?: Buffer; readonly mode: number; readonly dir?: boolean }
+interface TarEntry {
+  readonly name: string;
+  readonly data?: Buffer;
+  readonly mode: number;
+  readonly dir?: boolean;
+}
 
 function tar(entries: readonly TarEntry[]): Buffer {
   const blocks: Buffer[] = [];
@@ -83,15 +98,18 @@ export function pauseImageArchive(pauseBinary: string, name = PAUSE_IMAGE): Buff
     { name: 'pause', data: readFileSync(pauseBinary), mode: 0o755 },
   ]);
   const layerId = sha256(layer);
-  const config = Buffer.from(JSON.stringify({
-    architecture: 'amd64', os: 'linux',
-    config: { Entrypoint: ['/pause'], WorkingDir: '/' },
-    rootfs: { type: 'layers', diff_ids: [`sha256:${layerId}`] },
-  }));
+  const config = Buffer.from(
+    JSON.stringify({
+      architecture: 'amd64',
+      os: 'linux',
+      config: { Entrypoint: ['/pause'], WorkingDir: '/' },
+      rootfs: { type: 'layers', diff_ids: [`sha256:${layerId}`] },
+    }),
+  );
   const configName = `${sha256(config)}.json`;
-  const manifest = Buffer.from(JSON.stringify([
-    { Config: configName, RepoTags: [name], Layers: [`${layerId}/layer.tar`] },
-  ]));
+  const manifest = Buffer.from(
+    JSON.stringify([{ Config: configName, RepoTags: [name], Layers: [`${layerId}/layer.tar`] }]),
+  );
   return tar([
     { name: `${layerId}/`, mode: 0o755, dir: true },
     { name: `${layerId}/layer.tar`, data: layer, mode: 0o644 },
@@ -142,10 +160,11 @@ const cgroupRoots = (): string[] => {
 const live = new Set<Containerd>();
 function stopAllOn(sig: NodeJS.Signals): void {
   const onSignal = () => {
-    void Promise.all([...live].map((c) => c.stop().catch((e: unknown) => console.error(`${c.dir}: ${String(e)}`))))
-      .then(() => {
-        if (process.listenerCount(sig) === 0) process.kill(process.pid, sig);
-      });
+    void Promise.all(
+      [...live].map((c) => c.stop().catch((e: unknown) => console.error(`${c.dir}: ${String(e)}`))),
+    ).then(() => {
+      if (process.listenerCount(sig) === 0) process.kill(process.pid, sig);
+    });
   };
   process.once(sig, onSignal);
 }
@@ -220,40 +239,47 @@ export class Containerd {
 
     const q = JSON.stringify;
     const cri = '[plugins."io.containerd.grpc.v1.cri"';
-    writeFileSync(d('config.toml'), [
-      'version = 2',
-      `root = ${q(d('root'))}`,
-      `state = ${q(d('state'))}`,
-      // Only what a pod sandbox needs: no other snapshotters, no tracing, no NRI.
-      'disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs", ' +
-        '"io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.zfs", ' +
-        '"io.containerd.tracing.processor.v1.otlp", "io.containerd.internal.v1.tracing"]',
-      '[grpc]', `  address = ${q(this.socket)}`,
-      '[ttrpc]', `  address = ${q(`${this.socket}.ttrpc`)}`,
-      '[debug]', '  level = "info"',
-      '[plugins."io.containerd.internal.v1.opt"]', `  path = ${q(d('opt'))}`,
-      `${cri}]`,
-      `  sandbox_image = ${q(PAUSE_IMAGE)}`,
-      '  restrict_oom_score_adj = true',
-      '  netns_mounts_under_state_dir = true',
-      '  disable_apparmor = true',
-      '  stream_server_address = "127.0.0.1"',
-      '  stream_server_port = "0"',
-      `${cri}.containerd]`,
-      '  snapshotter = "overlayfs"',
-      '  default_runtime_name = "runc"',
-      `${cri}.containerd.runtimes.runc]`,
-      '  runtime_type = "io.containerd.runc.v2"',
-      `${cri}.containerd.runtimes.runc.options]`,
-      '  SystemdCgroup = false',
-      '  BinaryName = "/usr/sbin/runc"',
-      `  Root = ${q(d('runc'))}`,
-      `${cri}.cni]`,
-      `  bin_dir = ${q(d('cni/bin'))}`,
-      `  conf_dir = ${q(d('cni/net.d'))}`,
-      '  max_conf_num = 1',
-      '',
-    ].join('\n'));
+    writeFileSync(
+      d('config.toml'),
+      [
+        'version = 2',
+        `root = ${q(d('root'))}`,
+        `state = ${q(d('state'))}`,
+        // Only what a pod sandbox needs: no other snapshotters, no tracing, no NRI.
+        'disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs", ' +
+          '"io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.zfs", ' +
+          '"io.containerd.tracing.processor.v1.otlp", "io.containerd.internal.v1.tracing"]',
+        '[grpc]',
+        `  address = ${q(this.socket)}`,
+        '[ttrpc]',
+        `  address = ${q(`${this.socket}.ttrpc`)}`,
+        '[debug]',
+        '  level = "info"',
+        '[plugins."io.containerd.internal.v1.opt"]',
+        `  path = ${q(d('opt'))}`,
+        `${cri}]`,
+        `  sandbox_image = ${q(PAUSE_IMAGE)}`,
+        '  restrict_oom_score_adj = true',
+        '  netns_mounts_under_state_dir = true',
+        '  disable_apparmor = true',
+        '  stream_server_address = "127.0.0.1"',
+        '  stream_server_port = "0"',
+        `${cri}.containerd]`,
+        '  snapshotter = "overlayfs"',
+        '  default_runtime_name = "runc"',
+        `${cri}.containerd.runtimes.runc]`,
+        '  runtime_type = "io.containerd.runc.v2"',
+        `${cri}.containerd.runtimes.runc.options]`,
+        '  SystemdCgroup = false',
+        '  BinaryName = "/usr/sbin/runc"',
+        `  Root = ${q(d('runc'))}`,
+        `${cri}.cni]`,
+        `  bin_dir = ${q(d('cni/bin'))}`,
+        `  conf_dir = ${q(d('cni/net.d'))}`,
+        '  max_conf_num = 1',
+        '',
+      ].join('\n'),
+    );
 
     const log = openSync(d('logs/containerd.log'), 'a');
     try {
@@ -303,13 +329,20 @@ export class Containerd {
   /** The CNI plugin calls the timing shim logged so far. */
   cniCalls(): CniCall[] {
     if (!existsSync(this.cniCallsLog)) return [];
-    return readFileSync(this.cniCallsLog, 'utf8').split('\n').filter(Boolean).map((l) => {
-      const [plugin, command, containerId, start, end, code] = l.split(' ');
-      return {
-        plugin: plugin!, command: command!, containerId: containerId!,
-        startNs: BigInt(start!), endNs: BigInt(end!), code: Number(code),
-      };
-    });
+    return readFileSync(this.cniCallsLog, 'utf8')
+      .split('\n')
+      .filter(Boolean)
+      .map((l) => {
+        const [plugin, command, containerId, start, end, code] = l.split(' ');
+        return {
+          plugin: plugin!,
+          command: command!,
+          containerId: containerId!,
+          startNs: BigInt(start!),
+          endNs: BigInt(end!),
+          code: Number(code),
+        };
+      });
   }
 
   logTail(lines = 30): string {
@@ -389,7 +422,9 @@ export class Containerd {
       for (const id of ls(path.join(tasks, ns))) {
         sandboxes.push(id);
         try {
-          const socket = readFileSync(path.join(tasks, ns, id, 'address'), 'utf8').trim().replace(/^unix:\/\//, '');
+          const socket = readFileSync(path.join(tasks, ns, id, 'address'), 'utf8')
+            .trim()
+            .replace(/^unix:\/\//, '');
           if (socket.startsWith('/run/containerd/s/')) shimSockets.push(socket);
         } catch {
           // no shim started for it
@@ -414,7 +449,8 @@ export class Containerd {
   }
 
   #unmountUnder(dir: string): void {
-    const mounts = readFileSync('/proc/self/mountinfo', 'utf8').split('\n')
+    const mounts = readFileSync('/proc/self/mountinfo', 'utf8')
+      .split('\n')
       .map((l) => l.split(' ')[4]?.replace(/\\040/g, ' '))
       .filter((m): m is string => m !== undefined && (m === dir || m.startsWith(`${dir}/`)));
     for (const m of mounts.reverse()) spawnSync('umount', ['-l', m], { stdio: 'ignore' });
@@ -424,7 +460,9 @@ export class Containerd {
     const rmTree = (p: string) => {
       let kids: string[];
       try {
-        kids = readdirSync(p, { withFileTypes: true }).filter((e) => e.isDirectory()).map((e) => path.join(p, e.name));
+        kids = readdirSync(p, { withFileTypes: true })
+          .filter((e) => e.isDirectory())
+          .map((e) => path.join(p, e.name));
       } catch {
         return;
       }
@@ -450,7 +488,10 @@ function fillIpamDataDir(plugin: Record<string, unknown>, dataDir: string): Reco
 export function bridgePortmap(bridge: string, subnet: string): Record<string, unknown>[] {
   return [
     {
-      type: 'bridge', bridge, isGateway: true, ipMasq: false,
+      type: 'bridge',
+      bridge,
+      isGateway: true,
+      ipMasq: false,
       ipam: { type: 'host-local', ranges: [[{ subnet }]], routes: [{ dst: '0.0.0.0/0' }] },
     },
     { type: 'portmap', capabilities: { portMappings: true } },
@@ -458,6 +499,8 @@ export function bridgePortmap(bridge: string, subnet: string): Record<string, un
 }
 
 export const DEBIAN_PLUGINS = {
-  loopback: '/usr/lib/cni/loopback', bridge: '/usr/lib/cni/bridge', 'host-local': '/usr/lib/cni/host-local',
+  loopback: '/usr/lib/cni/loopback',
+  bridge: '/usr/lib/cni/bridge',
+  'host-local': '/usr/lib/cni/host-local',
   portmap: '/usr/lib/cni/portmap',
 } as const;

@@ -137,7 +137,10 @@ export class GrpcUnixClient {
       frame.writeUInt32BE(request.length, 1);
       request.copy(frame, 5);
       const req = this.#session.request({
-        ':method': 'POST', ':path': path, 'content-type': 'application/grpc', te: 'trailers',
+        ':method': 'POST',
+        ':path': path,
+        'content-type': 'application/grpc',
+        te: 'trailers',
         'grpc-timeout': `${Math.max(1, Math.ceil(timeoutMs))}m`,
       });
       const chunks: Buffer[] = [];
@@ -226,7 +229,8 @@ export class CriClient {
 
   /** RunPodSandbox: returns once the runtime has the sandbox running and its network set up. */
   async runPodSandbox(s: SandboxSpec, runtimeHandler = ''): Promise<string> {
-    const config = msg(1,
+    const config = msg(
+      1,
       msg(1, str(1, s.name), str(2, s.uid), str(3, s.namespace), uint(4, s.attempt)),
       str(2, s.hostname ?? s.name),
       str(3, s.logDirectory),
@@ -236,7 +240,9 @@ export class CriClient {
       // without hostNetwork), sent as an explicit empty message as kubelet does.
       msg(8, str(1, s.cgroupParent), msg(2, msg(1))),
     );
-    const r = decode(await this.#grpc.call(`${RUNTIME}/RunPodSandbox`, Buffer.concat([config, str(2, runtimeHandler)])));
+    const r = decode(
+      await this.#grpc.call(`${RUNTIME}/RunPodSandbox`, Buffer.concat([config, str(2, runtimeHandler)])),
+    );
     const id = getString(r, 1);
     if (!id) throw new Error(`RunPodSandbox ${s.namespace}/${s.name}: the runtime returned no sandbox id`);
     return id;
@@ -248,7 +254,9 @@ export class CriClient {
     if (!st) throw new Error(`PodSandboxStatus ${id}: no status in the reply`);
     const network = getMessage(st, 5);
     return {
-      id: getString(st, 1), ready: getUint(st, 3) === 0, ip: network ? getString(network, 1) : '',
+      id: getString(st, 1),
+      ready: getUint(st, 3) === 0,
+      ip: network ? getString(network, 1) : '',
       ...metadataOf(getMessage(st, 2)),
     };
   }
@@ -277,7 +285,9 @@ export class CriClient {
     const filter = Object.keys(labelSelector).length === 0 ? Buffer.alloc(0) : msg(1, map(3, labelSelector));
     const r = decode(await this.#grpc.call(`${RUNTIME}/ListPodSandbox`, filter));
     return getMessages(r, 1).map((p) => ({
-      id: getString(p, 1), ready: getUint(p, 3) === 0, name: metadataOf(getMessage(p, 2)).name,
+      id: getString(p, 1),
+      ready: getUint(p, 3) === 0,
+      name: metadataOf(getMessage(p, 2)).name,
     }));
   }
 

@@ -36,9 +36,16 @@ export async function makeHostTree(opts: { token?: string; ca?: string } = {}): 
   for (const d of [netDir, binDir, binariesDir, saDir]) await fs.mkdir(d, { recursive: true });
   await fs.writeFile(path.join(binariesDir, 'mesh-cni'), '#!/bin/sh\necho mesh-cni v1\n', { mode: 0o755 });
 
-  let current: Record<string, string> = { token: opts.token ?? 'token-1', 'ca.crt': opts.ca ?? SAMPLE_CA, namespace: 'mesh-system' };
+  let current: Record<string, string> = {
+    token: opts.token ?? 'token-1',
+    'ca.crt': opts.ca ?? SAMPLE_CA,
+    namespace: 'mesh-system',
+  };
   const rotate = async (files: Record<string, string | undefined>) => {
-    current = { ...current, ...Object.fromEntries(Object.entries(files).filter(([, v]) => v !== undefined)) } as Record<string, string>;
+    current = { ...current, ...Object.fromEntries(Object.entries(files).filter(([, v]) => v !== undefined)) } as Record<
+      string,
+      string
+    >;
     const data = path.join(saDir, `..${Date.now()}_${++generation}`);
     await fs.mkdir(data);
     for (const [name, content] of Object.entries(current)) await fs.writeFile(path.join(data, name), content);

@@ -49,7 +49,8 @@ export function dirFiles(dir: string, leaveOut: readonly string[] = []): Record<
   const out: Record<string, string> = {};
   for (const d of readdirSync(dir, { withFileTypes: true }).sort((a, b) => (a.name < b.name ? -1 : 1))) {
     if (d.name.startsWith('.') || leaveOut.includes(d.name)) continue;
-    if (d.isDirectory()) for (const [n, t] of Object.entries(dirFiles(path.join(dir, d.name)))) out[`${d.name}/${n}`] = t;
+    if (d.isDirectory())
+      for (const [n, t] of Object.entries(dirFiles(path.join(dir, d.name)))) out[`${d.name}/${n}`] = t;
     else out[d.name] = readFileSync(path.join(dir, d.name), 'utf8');
   }
   return out;
@@ -63,12 +64,18 @@ export async function runConformanceCase(caseDir: string): Promise<ConformanceRu
     // The entry written with the paths a node has. The reference's file names are lower case
     // (bridge.conf), which sort after ZZZ-...: our orchconfig must sort after the primary.
     const flags = {
-      'reconcile-interval': '1h', ...tree.flags, 'log-uds-address': '/var/run/mesh-cni/log.sock', 'pod-lookup-uds-address': '/var/run/mesh-cni/pods.sock',
-      'orchcfg-file-name': 'zzz-mesh-cni-orchconfig', ...c.flags,
+      'reconcile-interval': '1h',
+      ...tree.flags,
+      'log-uds-address': '/var/run/mesh-cni/log.sock',
+      'pod-lookup-uds-address': '/var/run/mesh-cni/pods.sock',
+      'orchcfg-file-name': 'zzz-mesh-cni-orchconfig',
+      ...c.flags,
     };
     const settings = buildSettings(flags, tree.env);
     const orchconfig = settings.install.orchcfgFileName;
-    const installer = new Installer(settings, { decideCleanup: async () => ({ cleanup: true, why: 'conformance case' }) });
+    const installer = new Installer(settings, {
+      decideCleanup: async () => ({ cleanup: true, why: 'conformance case' }),
+    });
     let stopped = false;
     try {
       await installer.start();

@@ -19,16 +19,29 @@ export interface Run {
   readonly stderr: string;
 }
 
-export function run(file: string, args: readonly string[], opts: { env?: Record<string, string>; input?: string; timeoutMs?: number } = {}): Promise<Run> {
+export function run(
+  file: string,
+  args: readonly string[],
+  opts: { env?: Record<string, string>; input?: string; timeoutMs?: number } = {},
+): Promise<Run> {
   return new Promise((resolve, reject) => {
-    const child = spawn(file, args, { env: opts.env ?? { PATH: process.env.PATH ?? '/usr/sbin:/usr/bin:/sbin:/bin' }, stdio: ['pipe', 'pipe', 'pipe'] });
+    const child = spawn(file, args, {
+      env: opts.env ?? { PATH: process.env.PATH ?? '/usr/sbin:/usr/bin:/sbin:/bin' },
+      stdio: ['pipe', 'pipe', 'pipe'],
+    });
     let stdout = '';
     let stderr = '';
     const timer = setTimeout(() => child.kill('SIGKILL'), opts.timeoutMs ?? 30_000);
     child.stdout.on('data', (d: Buffer) => (stdout += d.toString()));
     child.stderr.on('data', (d: Buffer) => (stderr += d.toString()));
-    child.on('error', (e) => { clearTimeout(timer); reject(e); });
-    child.on('close', (code) => { clearTimeout(timer); resolve({ code, stdout, stderr }); });
+    child.on('error', (e) => {
+      clearTimeout(timer);
+      reject(e);
+    });
+    child.on('close', (code) => {
+      clearTimeout(timer);
+      resolve({ code, stdout, stderr });
+    });
     child.stdin.on('error', () => {});
     child.stdin.end(opts.input ?? '');
   });
@@ -114,7 +127,10 @@ export class BridgeNetwork {
   /** Runs the bridge plugin in the fake host netns; returns its result (the next plugin's prevResult). */
   async bridgeCmd(command: 'ADD' | 'DEL' | 'CHECK', c: ChainEnv, prevResult?: unknown): Promise<Run> {
     const conf = { ...this.bridgeConfig, ...(prevResult ? { prevResult } : {}) };
-    return run('ip', ['netns', 'exec', this.host.name, `${CNI_BIN}/bridge`], { env: cniEnv(command, c), input: JSON.stringify(conf) });
+    return run('ip', ['netns', 'exec', this.host.name, `${CNI_BIN}/bridge`], {
+      env: cniEnv(command, c),
+      input: JSON.stringify(conf),
+    });
   }
 
   async addPod(c: ChainEnv): Promise<Record<string, unknown>> {

@@ -22,9 +22,18 @@ export interface Rendered {
   readonly objects: K8sObject[];
 }
 
-export function runOffline(cmd: string, args: readonly string[], input?: string): { code: number | null; stdout: string; stderr: string } {
+export function runOffline(
+  cmd: string,
+  args: readonly string[],
+  input?: string,
+): { code: number | null; stdout: string; stderr: string } {
   // No kubeconfig and no proxy: rendering must not need a cluster or the network.
-  const r = spawnSync(cmd, args, { encoding: 'utf8', input, env: { PATH: process.env.PATH ?? '/usr/bin:/bin', KUBECONFIG: '/nonexistent', HOME: os.tmpdir() }, timeout: 60_000 });
+  const r = spawnSync(cmd, args, {
+    encoding: 'utf8',
+    input,
+    env: { PATH: process.env.PATH ?? '/usr/bin:/bin', KUBECONFIG: '/nonexistent', HOME: os.tmpdir() },
+    timeout: 60_000,
+  });
   return { code: r.status, stdout: r.stdout, stderr: r.stderr };
 }
 
@@ -98,7 +107,8 @@ export function podmanRunArgs(objects: readonly K8sObject[], o: PodmanRunOptions
   for (const [host, inside] of o.extraMounts ?? []) flags.push('--volume', `${host}:${inside}`);
   const network = o.network ?? (ds.spec!.template.spec!.hostNetwork ? 'host' : undefined);
   if (network !== undefined) flags.push('--network', network);
-  if (ds.spec!.template.spec!.terminationGracePeriodSeconds !== undefined) flags.push('--stop-timeout', String(ds.spec!.template.spec!.terminationGracePeriodSeconds));
+  if (ds.spec!.template.spec!.terminationGracePeriodSeconds !== undefined)
+    flags.push('--stop-timeout', String(ds.spec!.template.spec!.terminationGracePeriodSeconds));
   return { flags, args: [...(c.args ?? [])] };
 }
 

@@ -10,7 +10,16 @@
 // and routes go there and never into the machine's own network namespace.
 
 import { spawn, spawnSync } from 'node:child_process';
-import { chmodSync, copyFileSync, mkdirSync, mkdtempSync, readFileSync, rmSync, symlinkSync, writeFileSync } from 'node:fs';
+import {
+  chmodSync,
+  copyFileSync,
+  mkdirSync,
+  mkdtempSync,
+  readFileSync,
+  rmSync,
+  symlinkSync,
+  writeFileSync,
+} from 'node:fs';
 import { connect, createServer, type Socket } from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
@@ -44,25 +53,31 @@ export function makePodman(o: PodmanOptions = {}): Podman {
   for (const d of ['root', 'run', 'libpod', 'volumes', 'tmp']) mkdirSync(path.join(dir, d), { recursive: true });
   mkdirSync(networkConfigDir, { recursive: true });
   const conf = path.join(dir, 'containers.conf');
-  writeFileSync(conf, [
-    '[containers]',
-    // podman 4.3 sets RLIMIT_NOFILE etc. from the host by default, which runc refuses here.
-    'default_ulimits = []',
-    '[network]',
-    'network_backend = "cni"',
-    `cni_plugin_dirs = [${(o.cniPluginDirs ?? ['/usr/lib/cni']).map(toml).join(', ')}]`,
-    `network_config_dir = ${toml(networkConfigDir)}`,
-    '[engine]',
-    'cgroup_manager = "cgroupfs"',
-    'runtime = "runc"',
-    'events_logger = "file"',
-    `events_logfile_path = ${toml(path.join(dir, 'events.log'))}`,
-    `tmp_dir = ${toml(path.join(dir, 'libpod'))}`,
-    `volume_path = ${toml(path.join(dir, 'volumes'))}`,
-    '',
-  ].join('\n'));
+  writeFileSync(
+    conf,
+    [
+      '[containers]',
+      // podman 4.3 sets RLIMIT_NOFILE etc. from the host by default, which runc refuses here.
+      'default_ulimits = []',
+      '[network]',
+      'network_backend = "cni"',
+      `cni_plugin_dirs = [${(o.cniPluginDirs ?? ['/usr/lib/cni']).map(toml).join(', ')}]`,
+      `network_config_dir = ${toml(networkConfigDir)}`,
+      '[engine]',
+      'cgroup_manager = "cgroupfs"',
+      'runtime = "runc"',
+      'events_logger = "file"',
+      `events_logfile_path = ${toml(path.join(dir, 'events.log'))}`,
+      `tmp_dir = ${toml(path.join(dir, 'libpod'))}`,
+      `volume_path = ${toml(path.join(dir, 'volumes'))}`,
+      '',
+    ].join('\n'),
+  );
   const storage = path.join(dir, 'storage.conf');
-  writeFileSync(storage, `[storage]\ndriver = "vfs"\nrunroot = ${toml(path.join(dir, 'run'))}\ngraphroot = ${toml(path.join(dir, 'root'))}\n`);
+  writeFileSync(
+    storage,
+    `[storage]\ndriver = "vfs"\nrunroot = ${toml(path.join(dir, 'run'))}\ngraphroot = ${toml(path.join(dir, 'root'))}\n`,
+  );
   const env = {
     PATH: process.env.PATH ?? '/usr/sbin:/usr/bin:/sbin:/bin',
     CONTAINERS_CONF: conf,
@@ -74,17 +89,35 @@ export function makePodman(o: PodmanOptions = {}): Podman {
   };
   writeFileSync(env.CONTAINERS_REGISTRIES_CONF, 'unqualified-search-registries = []\n');
   const global = [
-    '--root', path.join(dir, 'root'), '--runroot', path.join(dir, 'run'), '--storage-driver', 'vfs',
-    '--runtime', 'runc', '--cgroup-manager', 'cgroupfs', '--network-config-dir', networkConfigDir,
-    '--tmpdir', path.join(dir, 'libpod'), '--events-backend', 'file',
+    '--root',
+    path.join(dir, 'root'),
+    '--runroot',
+    path.join(dir, 'run'),
+    '--storage-driver',
+    'vfs',
+    '--runtime',
+    'runc',
+    '--cgroup-manager',
+    'cgroupfs',
+    '--network-config-dir',
+    networkConfigDir,
+    '--tmpdir',
+    path.join(dir, 'libpod'),
+    '--events-backend',
+    'file',
   ];
-  const argv = (args: readonly string[]) => (o.hostNetns
-    ? { file: 'nsenter', args: [`--net=${o.hostNetns}`, '--', 'podman', ...global, ...args] }
-    : { file: 'podman', args: [...global, ...args] });
+  const argv = (args: readonly string[]) =>
+    o.hostNetns
+      ? { file: 'nsenter', args: [`--net=${o.hostNetns}`, '--', 'podman', ...global, ...args] }
+      : { file: 'podman', args: [...global, ...args] };
 
   const runPodman: Podman['run'] = (args, opts = {}) => {
     const a = argv(args);
-    return run(a.file, a.args, { env, timeoutMs: opts.timeoutMs ?? 120_000, ...(opts.input === undefined ? {} : { input: opts.input }) });
+    return run(a.file, a.args, {
+      env,
+      timeoutMs: opts.timeoutMs ?? 120_000,
+      ...(opts.input === undefined ? {} : { input: opts.input }),
+    });
   };
   return {
     dir,
@@ -99,8 +132,12 @@ export function makePodman(o: PodmanOptions = {}): Podman {
       await runPodman(['rm', '--all', '--force', '--time', '0'], { timeoutMs: 60_000 }).catch(() => undefined);
       await runPodman(['rmi', '--all', '--force'], { timeoutMs: 60_000 }).catch(() => undefined);
       // Whatever podman left mounted below our dirs (a container's shm, a netns) goes first.
-      const mounts = readFileSync('/proc/self/mounts', 'utf8').split('\n').map((l) => l.split(' ')[1] ?? '')
-        .filter((m) => m.startsWith(dir + '/')).sort().reverse();
+      const mounts = readFileSync('/proc/self/mounts', 'utf8')
+        .split('\n')
+        .map((l) => l.split(' ')[1] ?? '')
+        .filter((m) => m.startsWith(dir + '/'))
+        .sort()
+        .reverse();
       for (const m of mounts) spawnSync('umount', ['-l', m]);
       rmSync(dir, { recursive: true, force: true });
     },
@@ -133,13 +170,24 @@ export async function forwardLoopback(netnsPath: string, port: number): Promise<
   });
   await new Promise<void>((resolve, reject) => server.once('error', reject).listen(sock, resolve));
   const script = `const net=require('net');net.createServer(c=>{c.on('error',()=>{});const u=net.connect(${JSON.stringify(sock)});u.on('error',()=>c.destroy());c.pipe(u).pipe(c)}).listen(${port},'127.0.0.1',()=>console.log('listening'))`;
-  const child = spawn('nsenter', [`--net=${netnsPath}`, '--', process.execPath, '-e', script], { stdio: ['ignore', 'pipe', 'pipe'] });
+  const child = spawn('nsenter', [`--net=${netnsPath}`, '--', process.execPath, '-e', script], {
+    stdio: ['ignore', 'pipe', 'pipe'],
+  });
   let err = '';
   child.stderr!.on('data', (d: Buffer) => (err += d.toString()));
   await new Promise<void>((resolve, reject) => {
-    const timer = setTimeout(() => reject(new Error(`loopback forwarder in ${netnsPath} did not start in 10s: ${err}`)), 10_000);
-    child.stdout!.once('data', () => { clearTimeout(timer); resolve(); });
-    child.once('exit', (code) => { clearTimeout(timer); reject(new Error(`loopback forwarder in ${netnsPath} exited (${code}): ${err}`)); });
+    const timer = setTimeout(
+      () => reject(new Error(`loopback forwarder in ${netnsPath} did not start in 10s: ${err}`)),
+      10_000,
+    );
+    child.stdout!.once('data', () => {
+      clearTimeout(timer);
+      resolve();
+    });
+    child.once('exit', (code) => {
+      clearTimeout(timer);
+      reject(new Error(`loopback forwarder in ${netnsPath} exited (${code}): ${err}`));
+    });
   });
   return {
     async close() {
@@ -163,7 +211,8 @@ export async function importBusybox(podman: Podman, name: string): Promise<void>
     mkdirSync(bin, { recursive: true });
     copyFileSync('/bin/busybox', path.join(bin, 'busybox'));
     chmodSync(path.join(bin, 'busybox'), 0o755);
-    for (const applet of ['sh', 'sleep', 'ip', 'cat', 'ls', 'wget', 'nc']) symlinkSync('busybox', path.join(bin, applet));
+    for (const applet of ['sh', 'sleep', 'ip', 'cat', 'ls', 'wget', 'nc'])
+      symlinkSync('busybox', path.join(bin, applet));
     for (const d of ['proc', 'sys', 'dev', 'etc', 'tmp']) mkdirSync(path.join(root, 'rootfs', d));
     const tar = path.join(root, 'rootfs.tar');
     const t = await run('tar', ['-C', path.join(root, 'rootfs'), '-cf', tar, '.']);
@@ -189,25 +238,53 @@ export interface PluginDel {
  * the cached result as prevResult, stopping at the first failure as libcni does. Runs in
  * `hostNetns`, where podman ran the plugins.
  */
-export async function delFromCachedConfig(o: { cacheFile: string; netns: string; pluginDirs: readonly string[]; hostNetns: string }): Promise<PluginDel[]> {
+export async function delFromCachedConfig(o: {
+  cacheFile: string;
+  netns: string;
+  pluginDirs: readonly string[];
+  hostNetns: string;
+}): Promise<PluginDel[]> {
   const cache = JSON.parse(readFileSync(o.cacheFile, 'utf8')) as {
-    containerId: string; ifName: string; config: string; cniArgs?: [string, string][]; result?: unknown;
+    containerId: string;
+    ifName: string;
+    config: string;
+    cniArgs?: [string, string][];
+    result?: unknown;
   };
-  const list = JSON.parse(Buffer.from(cache.config, 'base64').toString('utf8')) as { name: string; cniVersion: string; plugins: { type: string }[] };
+  const list = JSON.parse(Buffer.from(cache.config, 'base64').toString('utf8')) as {
+    name: string;
+    cniVersion: string;
+    plugins: { type: string }[];
+  };
   const done: PluginDel[] = [];
   for (const plugin of [...list.plugins].reverse()) {
-    const exe = o.pluginDirs.map((d) => path.join(d, plugin.type)).find((f) => spawnSync('test', ['-x', f]).status === 0);
+    const exe = o.pluginDirs
+      .map((d) => path.join(d, plugin.type))
+      .find((f) => spawnSync('test', ['-x', f]).status === 0);
     if (!exe) {
-      done.push({ type: plugin.type, code: null, output: `failed to find plugin "${plugin.type}" in path ${o.pluginDirs.join(':')}` });
+      done.push({
+        type: plugin.type,
+        code: null,
+        output: `failed to find plugin "${plugin.type}" in path ${o.pluginDirs.join(':')}`,
+      });
       return done;
     }
-    const conf = { ...plugin, name: list.name, cniVersion: list.cniVersion, ...(cache.result ? { prevResult: cache.result } : {}) };
+    const conf = {
+      ...plugin,
+      name: list.name,
+      cniVersion: list.cniVersion,
+      ...(cache.result ? { prevResult: cache.result } : {}),
+    };
     const r = await run('nsenter', [`--net=${o.hostNetns}`, '--', exe], {
       input: JSON.stringify(conf),
       env: {
         PATH: process.env.PATH ?? '/usr/sbin:/usr/bin:/sbin:/bin',
-        CNI_COMMAND: 'DEL', CNI_CONTAINERID: cache.containerId, CNI_NETNS: o.netns, CNI_IFNAME: cache.ifName,
-        CNI_ARGS: (cache.cniArgs ?? []).map(([k, v]) => `${k}=${v}`).join(';'), CNI_PATH: o.pluginDirs.join(':'),
+        CNI_COMMAND: 'DEL',
+        CNI_CONTAINERID: cache.containerId,
+        CNI_NETNS: o.netns,
+        CNI_IFNAME: cache.ifName,
+        CNI_ARGS: (cache.cniArgs ?? []).map(([k, v]) => `${k}=${v}`).join(';'),
+        CNI_PATH: o.pluginDirs.join(':'),
       },
       timeoutMs: 30_000,
     });

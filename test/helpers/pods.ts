@@ -23,7 +23,13 @@ export function testPod(name: string, o: PodSpecOptions = {}): V1Pod {
   const terminated =
     o.initExitCode === undefined
       ? undefined
-      : { exitCode: o.initExitCode, reason: o.initExitCode === 0 ? 'Completed' : 'Error', message: o.message, containerID: `containerd://${randomUUID()}`, finishedAt: new Date() };
+      : {
+          exitCode: o.initExitCode,
+          reason: o.initExitCode === 0 ? 'Completed' : 'Error',
+          message: o.message,
+          containerID: `containerd://${randomUUID()}`,
+          finishedAt: new Date(),
+        };
   const where = o.where ?? 'state';
   return {
     metadata: {
@@ -35,7 +41,10 @@ export function testPod(name: string, o: PodSpecOptions = {}): V1Pod {
     spec: {
       nodeName: o.node ?? 'node-a',
       initContainers: [{ name: initName, image: 'mesh/proxy' }],
-      containers: [{ name: 'app', image: 'busybox' }, { name: 'mesh-proxy', image: 'mesh/proxy' }],
+      containers: [
+        { name: 'app', image: 'busybox' },
+        { name: 'mesh-proxy', image: 'mesh/proxy' },
+      ],
     },
     status: {
       phase: 'Pending',
@@ -48,7 +57,10 @@ export function testPod(name: string, o: PodSpecOptions = {}): V1Pod {
           restartCount: where === 'lastState' ? 1 : 0,
           ...(where === 'state'
             ? { state: terminated ? { terminated } : { waiting: { reason: 'PodInitializing' } } }
-            : { state: { waiting: { reason: 'CrashLoopBackOff' } }, ...(terminated ? { lastState: { terminated } } : {}) }),
+            : {
+                state: { waiting: { reason: 'CrashLoopBackOff' } },
+                ...(terminated ? { lastState: { terminated } } : {}),
+              }),
         },
       ],
     },

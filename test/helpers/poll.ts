@@ -12,13 +12,18 @@ export interface PollOptions {
  * Polls `check` until it gives something other than undefined or false, and returns that.
  * A number for `options` is the timeout in ms.
  */
-export async function waitFor<T>(what: string, check: () => T | undefined | false | Promise<T | undefined | false>, options: PollOptions | number = {}): Promise<T> {
+export async function waitFor<T>(
+  what: string,
+  check: () => T | undefined | false | Promise<T | undefined | false>,
+  options: PollOptions | number = {},
+): Promise<T> {
   const { timeoutMs = 10_000, everyMs = 20, context } = typeof options === 'number' ? { timeoutMs: options } : options;
   const deadline = Date.now() + timeoutMs;
   for (;;) {
     const v = await check();
     if (v !== undefined && v !== false) return v;
-    if (Date.now() > deadline) throw new Error(`timed out after ${timeoutMs} ms waiting for ${what}${context ? `\n${context()}` : ''}`);
+    if (Date.now() > deadline)
+      throw new Error(`timed out after ${timeoutMs} ms waiting for ${what}${context ? `\n${context()}` : ''}`);
     await new Promise((r) => setTimeout(r, everyMs));
   }
 }

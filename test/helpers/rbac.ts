@@ -23,10 +23,19 @@ interface Binding extends K8sObject {
 export function rulesFor(objects: readonly K8sObject[], namespace: string, name: string): RbacRule[] {
   const out: RbacRule[] = [];
   for (const b of objects.filter((o): o is Binding => o.kind === 'RoleBinding' || o.kind === 'ClusterRoleBinding')) {
-    if (!(b.subjects ?? []).some((s) => s.kind === 'ServiceAccount' && s.name === name && s.namespace === namespace)) continue;
+    if (!(b.subjects ?? []).some((s) => s.kind === 'ServiceAccount' && s.name === name && s.namespace === namespace))
+      continue;
     const scoped = b.kind === 'RoleBinding' ? b.metadata.namespace : undefined;
-    const role = objects.find((o) => o.kind === b.roleRef.kind && o.metadata.name === b.roleRef.name && (b.roleRef.kind === 'ClusterRole' || o.metadata.namespace === scoped));
-    assert.ok(role, `${b.kind} ${b.metadata.name} refers to a ${b.roleRef.kind} ${b.roleRef.name} that the manifests do not have`);
+    const role = objects.find(
+      (o) =>
+        o.kind === b.roleRef.kind &&
+        o.metadata.name === b.roleRef.name &&
+        (b.roleRef.kind === 'ClusterRole' || o.metadata.namespace === scoped),
+    );
+    assert.ok(
+      role,
+      `${b.kind} ${b.metadata.name} refers to a ${b.roleRef.kind} ${b.roleRef.name} that the manifests do not have`,
+    );
     for (const r of (role.rules ?? []) as PolicyRule[]) {
       assert.equal(r.nonResourceURLs, undefined, 'no non-resource rules');
       out.push({
@@ -43,8 +52,18 @@ export function rulesFor(objects: readonly K8sObject[], namespace: string, name:
 
 /** Every right the account has through the bindings, one `verb group/resource[(names)][ in ns]` each, sorted. */
 export function rights(objects: readonly K8sObject[], name: string): string[] {
-  return rulesFor(objects, 'mesh-system', name).flatMap((r) => r.verbs.flatMap((v) => r.apiGroups.flatMap((g) => r.resources.map((res) =>
-    `${v} ${g || 'core'}/${res}${r.resourceNames ? `(${r.resourceNames.join(',')})` : ''}${r.namespace ? ` in ${r.namespace}` : ''}`)))).sort();
+  return rulesFor(objects, 'mesh-system', name)
+    .flatMap((r) =>
+      r.verbs.flatMap((v) =>
+        r.apiGroups.flatMap((g) =>
+          r.resources.map(
+            (res) =>
+              `${v} ${g || 'core'}/${res}${r.resourceNames ? `(${r.resourceNames.join(',')})` : ''}${r.namespace ? ` in ${r.namespace}` : ''}`,
+          ),
+        ),
+      ),
+    )
+    .sort();
 }
 
 /** The exact rights deploy/ gives each account: the base, and with the repair-delete component or file. */

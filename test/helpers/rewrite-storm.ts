@@ -26,7 +26,12 @@ export interface StormOptions {
   readonly settled: () => Promise<void>;
 }
 
-export async function rewriteStorm(netDir: string, primaryName: string, primaryText: string, opts: StormOptions): Promise<StormResult> {
+export async function rewriteStorm(
+  netDir: string,
+  primaryName: string,
+  primaryText: string,
+  opts: StormOptions,
+): Promise<StormResult> {
   const stop = new SharedArrayBuffer(4);
   const common = { netDir, primaryName, primaryText, rewrites: opts.rewrites ?? 1000, gapMs: opts.gapMs ?? 1, stop };
   const url = new URL('./rewrite-storm-worker.ts', import.meta.url);

@@ -53,7 +53,10 @@ describe('test API server', () => {
       return (r.body as List).items.map((p) => p.metadata!.name).sort();
     };
     assert.deepEqual(await names('fieldSelector=spec.nodeName%3Dnode-a'), ['a1', 'a2', 'c1']);
-    assert.deepEqual(await names('fieldSelector=spec.nodeName%3Dnode-a', '/api/v1/namespaces/default/pods'), ['a1', 'a2']);
+    assert.deepEqual(await names('fieldSelector=spec.nodeName%3Dnode-a', '/api/v1/namespaces/default/pods'), [
+      'a1',
+      'a2',
+    ]);
     assert.deepEqual(await names('fieldSelector=metadata.name!%3Da1,spec.nodeName%3Dnode-a'), ['a2', 'c1']);
     assert.deepEqual(await names('fieldSelector=metadata.namespace%3Dother'), ['c1']);
     assert.deepEqual(await names(`labelSelector=${encodeURIComponent('app in (web,db),!tier')}`), ['a2', 'b1', 'c1']);
@@ -75,7 +78,10 @@ describe('test API server', () => {
 
   it('watches from a resourceVersion with bookmarks, selector exits as DELETED, and 410 once expired', async () => {
     const list = (await apiRequest(s, 'GET', '/api/v1/pods?fieldSelector=spec.nodeName%3Dnode-w')).body as List;
-    const w = openWatch(s, `/api/v1/pods?watch=true&allowWatchBookmarks=true&fieldSelector=spec.nodeName%3Dnode-w&resourceVersion=${list.metadata.resourceVersion}`);
+    const w = openWatch(
+      s,
+      `/api/v1/pods?watch=true&allowWatchBookmarks=true&fieldSelector=spec.nodeName%3Dnode-w&resourceVersion=${list.metadata.resourceVersion}`,
+    );
     try {
       s.upsertPod(pod('w1', 'node-w'));
       await w.next((e) => e.type === 'ADDED' && (e.object.metadata as { name: string }).name === 'w1');
@@ -85,7 +91,10 @@ describe('test API server', () => {
       await w.next((e) => e.type === 'DELETED');
       s.upsertPod(pod('x9', 'node-x'));
       await w.next((e) => e.type === 'BOOKMARK');
-      assert.ok(!w.events.some((e) => (e.object.metadata as { name?: string }).name === 'x9'), 'pods on other nodes are not sent');
+      assert.ok(
+        !w.events.some((e) => (e.object.metadata as { name?: string }).name === 'x9'),
+        'pods on other nodes are not sent',
+      );
       s.expireResourceVersions();
       const err = await w.next((e) => e.type === 'ERROR');
       assert.equal((err.object as { code: number }).code, 410);
@@ -105,49 +114,127 @@ describe('test API server', () => {
 
   it('patches labels with merge and strategic merge patches, and conflicts on a stale resourceVersion', async () => {
     const p = s.upsertPod(pod('patch-me', 'node-p', { keep: 'yes' }));
-    const m = await apiRequest(s, 'PATCH', '/api/v1/namespaces/default/pods/patch-me', { metadata: { labels: { a: '1' } } }, { 'content-type': 'application/merge-patch+json' });
+    const m = await apiRequest(
+      s,
+      'PATCH',
+      '/api/v1/namespaces/default/pods/patch-me',
+      { metadata: { labels: { a: '1' } } },
+      { 'content-type': 'application/merge-patch+json' },
+    );
     assert.equal(m.status, 200, m.text);
-    const sm = await apiRequest(s, 'PATCH', '/api/v1/namespaces/default/pods/patch-me', { metadata: { labels: { b: '2', keep: null } } }, { 'content-type': 'application/strategic-merge-patch+json' });
+    const sm = await apiRequest(
+      s,
+      'PATCH',
+      '/api/v1/namespaces/default/pods/patch-me',
+      { metadata: { labels: { b: '2', keep: null } } },
+      { 'content-type': 'application/strategic-merge-patch+json' },
+    );
     assert.equal(sm.status, 200, sm.text);
     assert.deepEqual(s.getPod('default', 'patch-me')!.metadata!.labels, { a: '1', b: '2' });
-    const stale = await apiRequest(s, 'PATCH', '/api/v1/namespaces/default/pods/patch-me', { metadata: { resourceVersion: p.metadata!.resourceVersion, labels: { c: '3' } } }, { 'content-type': 'application/merge-patch+json' });
+    const stale = await apiRequest(
+      s,
+      'PATCH',
+      '/api/v1/namespaces/default/pods/patch-me',
+      { metadata: { resourceVersion: p.metadata!.resourceVersion, labels: { c: '3' } } },
+      { 'content-type': 'application/merge-patch+json' },
+    );
     assert.equal(stale.status, 409);
-    const missing = await apiRequest(s, 'PATCH', '/api/v1/namespaces/default/pods/nope', {}, { 'content-type': 'application/merge-patch+json' });
+    const missing = await apiRequest(
+      s,
+      'PATCH',
+      '/api/v1/namespaces/default/pods/nope',
+      {},
+      { 'content-type': 'application/merge-patch+json' },
+    );
     assert.equal(missing.status, 404);
     // The status subresource is how a test plays the kubelet, and how the repair controller
     // labels: as on a real API server, it takes status, labels and annotations, never the spec.
-    const st = await apiRequest(s, 'PATCH', '/api/v1/namespaces/default/pods/patch-me/status',
-      { status: { phase: 'Succeeded' }, metadata: { labels: { via: 'status' } }, spec: { nodeName: 'elsewhere' } }, { 'content-type': 'application/merge-patch+json' });
+    const st = await apiRequest(
+      s,
+      'PATCH',
+      '/api/v1/namespaces/default/pods/patch-me/status',
+      { status: { phase: 'Succeeded' }, metadata: { labels: { via: 'status' } }, spec: { nodeName: 'elsewhere' } },
+      { 'content-type': 'application/merge-patch+json' },
+    );
     assert.equal(st.status, 200, st.text);
     assert.equal(s.getPod('default', 'patch-me')!.status!.phase, 'Succeeded');
     assert.equal(s.getPod('default', 'patch-me')!.metadata!.labels!.via, 'status');
     assert.equal(s.getPod('default', 'patch-me')!.spec!.nodeName, 'node-p');
-    const wrongUid = await apiRequest(s, 'PATCH', '/api/v1/namespaces/default/pods/patch-me/status', { metadata: { uid: 'not-this-pod', labels: { x: '1' } } }, { 'content-type': 'application/merge-patch+json' });
+    const wrongUid = await apiRequest(
+      s,
+      'PATCH',
+      '/api/v1/namespaces/default/pods/patch-me/status',
+      { metadata: { uid: 'not-this-pod', labels: { x: '1' } } },
+      { 'content-type': 'application/merge-patch+json' },
+    );
     assert.equal(wrongUid.status, 409, 'a uid in the patch is a precondition');
   });
 
   describe('RBAC per token and TokenRequest', () => {
     const CORE_POD_GET = [{ verbs: ['get'], apiGroups: [''], resources: ['pods'] }];
-    it('answers 403 Status for what the token\'s rules do not allow, naming user, verb and resource', async () => {
+    it("answers 403 Status for what the token's rules do not allow, naming user, verb and resource", async () => {
       s.upsertPod(pod('rbac-1', 'node-r'));
       const reader = { ...s, token: s.serviceAccount('team-a', 'reader', CORE_POD_GET) };
       assert.equal((await apiRequest(reader, 'GET', '/api/v1/namespaces/default/pods/rbac-1')).status, 200);
       const list = await apiRequest(reader, 'GET', '/api/v1/pods');
       assert.equal(list.status, 403, list.text);
       assert.equal((list.body as { reason: string }).reason, 'Forbidden');
-      assert.match((list.body as { message: string }).message, /User "system:serviceaccount:team-a:reader" cannot list resource "pods" in API group ""/);
-      const patch = await apiRequest(reader, 'PATCH', '/api/v1/namespaces/default/pods/rbac-1', { metadata: { labels: { x: '1' } } }, { 'content-type': 'application/merge-patch+json' });
+      assert.match(
+        (list.body as { message: string }).message,
+        /User "system:serviceaccount:team-a:reader" cannot list resource "pods" in API group ""/,
+      );
+      const patch = await apiRequest(
+        reader,
+        'PATCH',
+        '/api/v1/namespaces/default/pods/rbac-1',
+        { metadata: { labels: { x: '1' } } },
+        { 'content-type': 'application/merge-patch+json' },
+      );
       assert.equal(patch.status, 403);
       // pods does not cover pods/status, nor the other way round.
-      const status = await apiRequest(reader, 'PATCH', '/api/v1/namespaces/default/pods/rbac-1/status', { metadata: { labels: { x: '1' } } }, { 'content-type': 'application/merge-patch+json' });
+      const status = await apiRequest(
+        reader,
+        'PATCH',
+        '/api/v1/namespaces/default/pods/rbac-1/status',
+        { metadata: { labels: { x: '1' } } },
+        { 'content-type': 'application/merge-patch+json' },
+      );
       assert.equal(status.status, 403);
       assert.match((status.body as { message: string }).message, /cannot patch resource "pods\/status"/);
       s.setRules(reader.token, [{ verbs: ['patch'], apiGroups: [''], resources: ['pods/status'] }]);
-      assert.equal((await apiRequest(reader, 'PATCH', '/api/v1/namespaces/default/pods/rbac-1/status', { metadata: { labels: { x: '1' } } }, { 'content-type': 'application/merge-patch+json' })).status, 200);
-      assert.equal((await apiRequest(reader, 'PATCH', '/api/v1/namespaces/default/pods/rbac-1', { metadata: { labels: { y: '1' } } }, { 'content-type': 'application/merge-patch+json' })).status, 403);
-      assert.equal((await apiRequest(reader, 'GET', '/api/v1/namespaces/default/pods/rbac-1')).status, 403, 'rules were replaced');
+      assert.equal(
+        (
+          await apiRequest(
+            reader,
+            'PATCH',
+            '/api/v1/namespaces/default/pods/rbac-1/status',
+            { metadata: { labels: { x: '1' } } },
+            { 'content-type': 'application/merge-patch+json' },
+          )
+        ).status,
+        200,
+      );
+      assert.equal(
+        (
+          await apiRequest(
+            reader,
+            'PATCH',
+            '/api/v1/namespaces/default/pods/rbac-1',
+            { metadata: { labels: { y: '1' } } },
+            { 'content-type': 'application/merge-patch+json' },
+          )
+        ).status,
+        403,
+      );
+      assert.equal(
+        (await apiRequest(reader, 'GET', '/api/v1/namespaces/default/pods/rbac-1')).status,
+        403,
+        'rules were replaced',
+      );
       // Namespaced rules (a Role) hold only in their namespace.
-      s.setRules(reader.token, [{ verbs: ['get'], apiGroups: ['apps'], resources: ['daemonsets'], namespace: 'mesh-system' }]);
+      s.setRules(reader.token, [
+        { verbs: ['get'], apiGroups: ['apps'], resources: ['daemonsets'], namespace: 'mesh-system' },
+      ]);
       s.upsertDaemonSet({ metadata: { name: 'ds', namespace: 'mesh-system' } });
       s.upsertDaemonSet({ metadata: { name: 'ds', namespace: 'default' } });
       assert.equal((await apiRequest(reader, 'GET', '/apis/apps/v1/namespaces/mesh-system/daemonsets/ds')).status, 200);
@@ -158,46 +245,95 @@ describe('test API server', () => {
 
     it('mints a token for a service account (TokenRequest), bounded by resourceNames, with an expiry and the default audience', async () => {
       s.serviceAccount('mesh-system', 'minter', [
-        { verbs: ['create'], apiGroups: [''], resources: ['serviceaccounts/token'], resourceNames: ['target'], namespace: 'mesh-system' },
+        {
+          verbs: ['create'],
+          apiGroups: [''],
+          resources: ['serviceaccounts/token'],
+          resourceNames: ['target'],
+          namespace: 'mesh-system',
+        },
       ]);
       const minter = { ...s, token: s.serviceAccount('mesh-system', 'minter') };
       s.serviceAccount('mesh-system', 'target', CORE_POD_GET);
       s.serviceAccount('mesh-system', 'other', [{ verbs: ['*'], apiGroups: ['*'], resources: ['*'] }]);
       const before = Date.now();
-      const r = await apiRequest(minter, 'POST', '/api/v1/namespaces/mesh-system/serviceaccounts/target/token',
-        { apiVersion: 'authentication.k8s.io/v1', kind: 'TokenRequest', spec: { expirationSeconds: 3600 } });
+      const r = await apiRequest(minter, 'POST', '/api/v1/namespaces/mesh-system/serviceaccounts/target/token', {
+        apiVersion: 'authentication.k8s.io/v1',
+        kind: 'TokenRequest',
+        spec: { expirationSeconds: 3600 },
+      });
       assert.equal(r.status, 201, r.text);
-      const tr = r.body as { kind: string; spec: { audiences: string[]; expirationSeconds: number }; status: { token: string; expirationTimestamp: string } };
+      const tr = r.body as {
+        kind: string;
+        spec: { audiences: string[]; expirationSeconds: number };
+        status: { token: string; expirationTimestamp: string };
+      };
       assert.equal(tr.kind, 'TokenRequest');
       assert.deepEqual(tr.spec.audiences, ['https://kubernetes.default.svc.cluster.local']);
       const exp = Date.parse(tr.status.expirationTimestamp);
       assert.ok(exp >= before + 3599_000 && exp <= Date.now() + 3601_000, tr.status.expirationTimestamp);
       const minted = { ...s, token: tr.status.token };
       s.upsertPod(pod('rbac-2', 'node-r'));
-      assert.equal((await apiRequest(minted, 'GET', '/api/v1/namespaces/default/pods/rbac-2')).status, 200, 'the token acts as the account it was minted for');
+      assert.equal(
+        (await apiRequest(minted, 'GET', '/api/v1/namespaces/default/pods/rbac-2')).status,
+        200,
+        'the token acts as the account it was minted for',
+      );
       assert.equal((await apiRequest(minted, 'GET', '/api/v1/pods')).status, 403);
       assert.deepEqual(s.issuedTokens().find((t) => t.token === tr.status.token)?.serviceAccount, 'mesh-system/target');
       // resourceNames: only that one account; and nowhere else.
-      assert.equal((await apiRequest(minter, 'POST', '/api/v1/namespaces/mesh-system/serviceaccounts/other/token', { spec: {} })).status, 403);
-      assert.equal((await apiRequest(minter, 'POST', '/api/v1/namespaces/default/serviceaccounts/target/token', { spec: {} })).status, 403);
+      assert.equal(
+        (await apiRequest(minter, 'POST', '/api/v1/namespaces/mesh-system/serviceaccounts/other/token', { spec: {} }))
+          .status,
+        403,
+      );
+      assert.equal(
+        (await apiRequest(minter, 'POST', '/api/v1/namespaces/default/serviceaccounts/target/token', { spec: {} }))
+          .status,
+        403,
+      );
       // As the real validation: at least 10 minutes.
-      assert.equal((await apiRequest(minter, 'POST', '/api/v1/namespaces/mesh-system/serviceaccounts/target/token', { spec: { expirationSeconds: 60 } })).status, 422);
+      assert.equal(
+        (
+          await apiRequest(minter, 'POST', '/api/v1/namespaces/mesh-system/serviceaccounts/target/token', {
+            spec: { expirationSeconds: 60 },
+          })
+        ).status,
+        422,
+      );
       // A token for an audience the server does not accept authenticates nobody.
-      const aud = await apiRequest(minter, 'POST', '/api/v1/namespaces/mesh-system/serviceaccounts/target/token', { spec: { audiences: ['vault'] } });
+      const aud = await apiRequest(minter, 'POST', '/api/v1/namespaces/mesh-system/serviceaccounts/target/token', {
+        spec: { audiences: ['vault'] },
+      });
       assert.equal(aud.status, 201);
-      assert.equal((await apiRequest({ ...s, token: (aud.body as typeof tr).status.token }, 'GET', '/api/v1/namespaces/default/pods/rbac-2')).status, 401);
+      assert.equal(
+        (
+          await apiRequest(
+            { ...s, token: (aud.body as typeof tr).status.token },
+            'GET',
+            '/api/v1/namespaces/default/pods/rbac-2',
+          )
+        ).status,
+        401,
+      );
     });
 
     it('caps what it issues at tokenMaxSeconds, and refuses a token once it expired', async () => {
       s.tokenMaxSeconds = 1;
       try {
-        const r = await apiRequest(s, 'POST', '/api/v1/namespaces/mesh-system/serviceaccounts/mesh-cni-plugin/token', { spec: { expirationSeconds: 3600 } });
+        const r = await apiRequest(s, 'POST', '/api/v1/namespaces/mesh-system/serviceaccounts/mesh-cni-plugin/token', {
+          spec: { expirationSeconds: 3600 },
+        });
         assert.equal(r.status, 201, r.text);
         const tr = r.body as { spec: { expirationSeconds: number }; status: { token: string } };
         assert.equal(tr.spec.expirationSeconds, 1);
         const t = { ...s, token: tr.status.token };
         s.upsertPod(pod('rbac-3', 'node-r'));
-        assert.equal((await apiRequest(t, 'GET', '/api/v1/namespaces/default/pods/rbac-3')).status, 200, 'the plugin account is known and may get pods');
+        assert.equal(
+          (await apiRequest(t, 'GET', '/api/v1/namespaces/default/pods/rbac-3')).status,
+          200,
+          'the plugin account is known and may get pods',
+        );
         await new Promise((resolve) => setTimeout(resolve, 1100));
         assert.equal((await apiRequest(t, 'GET', '/api/v1/namespaces/default/pods/rbac-3')).status, 401);
       } finally {
@@ -208,19 +344,29 @@ describe('test API server', () => {
 
   it('deletes with a uid precondition: 409 on mismatch, 404 when absent', async () => {
     const p = s.upsertPod(pod('del-me', 'node-d'));
-    const wrong = await apiRequest(s, 'DELETE', '/api/v1/namespaces/default/pods/del-me', { preconditions: { uid: 'not-the-uid' } });
+    const wrong = await apiRequest(s, 'DELETE', '/api/v1/namespaces/default/pods/del-me', {
+      preconditions: { uid: 'not-the-uid' },
+    });
     assert.equal(wrong.status, 409);
     assert.match((wrong.body as { message: string }).message, /Precondition failed: UID/);
-    const ok = await apiRequest(s, 'DELETE', '/api/v1/namespaces/default/pods/del-me', { preconditions: { uid: p.metadata!.uid } });
+    const ok = await apiRequest(s, 'DELETE', '/api/v1/namespaces/default/pods/del-me', {
+      preconditions: { uid: p.metadata!.uid },
+    });
     assert.equal(ok.status, 200, ok.text);
     assert.equal(s.getPod('default', 'del-me'), undefined);
-    const gone = await apiRequest(s, 'DELETE', '/api/v1/namespaces/default/pods/del-me', { preconditions: { uid: p.metadata!.uid } });
+    const gone = await apiRequest(s, 'DELETE', '/api/v1/namespaces/default/pods/del-me', {
+      preconditions: { uid: p.metadata!.uid },
+    });
     assert.equal(gone.status, 404);
     assert.equal((gone.body as { reason: string }).reason, 'NotFound');
   });
 
   it('stores events and serves daemonsets', async () => {
-    const ev = await apiRequest(s, 'POST', '/api/v1/namespaces/default/events', { metadata: { generateName: 'x.' }, reason: 'Test', message: 'hello' });
+    const ev = await apiRequest(s, 'POST', '/api/v1/namespaces/default/events', {
+      metadata: { generateName: 'x.' },
+      reason: 'Test',
+      message: 'hello',
+    });
     assert.equal(ev.status, 201, ev.text);
     assert.ok(s.events().some((e) => e.reason === 'Test'));
     s.upsertDaemonSet({ metadata: { name: 'mesh-cni', namespace: 'mesh-system' } });
@@ -236,10 +382,17 @@ describe('test API server', () => {
     assert.equal(a.status, 429);
     assert.equal(a.headers['retry-after'], '2');
     assert.equal((a.body as { details: { retryAfterSeconds: number } }).details.retryAfterSeconds, 2);
-    assert.equal((await apiRequest(s, 'GET', '/api/v1/namespaces/default/pods/a1')).status, 200, 'other paths are not hit');
+    assert.equal(
+      (await apiRequest(s, 'GET', '/api/v1/namespaces/default/pods/a1')).status,
+      200,
+      'other paths are not hit',
+    );
     assert.equal((await apiRequest(s, 'GET', '/api/v1/pods')).status, 429);
     assert.equal((await apiRequest(s, 'GET', '/api/v1/pods')).status, 200, 'the fault clears after count');
-    assert.deepEqual(s.requests.slice(before).map((r) => r.status), [429, 200, 429, 200]);
+    assert.deepEqual(
+      s.requests.slice(before).map((r) => r.status),
+      [429, 200, 429, 200],
+    );
   });
 
   it('goes silent, closes watches, and comes back on the same port after stop()', async () => {
@@ -252,7 +405,10 @@ describe('test API server', () => {
       assert.equal(w.events.length, 0, 'a silent watch sends nothing, not even bookmarks');
       s.faults.silentWatches = false;
       s.closeWatches();
-      await assert.rejects(w.next(() => false, 2000), /ended/);
+      await assert.rejects(
+        w.next(() => false, 2000),
+        /ended/,
+      );
     } finally {
       w.close();
     }
@@ -287,12 +443,19 @@ describe('test API server', () => {
     assert.match(get.out, /^kube-1\s+0\/1\s+Running/m);
 
     // get -w: the initial list, then a pod added meanwhile arrives as a new row.
-    const watcher = spawn('kubectl', ['--kubeconfig', kc, 'get', 'pods', '-w', '-l', 'app=k', '--request-timeout=30s'], { stdio: ['ignore', 'pipe', 'pipe'] });
+    const watcher = spawn(
+      'kubectl',
+      ['--kubeconfig', kc, 'get', 'pods', '-w', '-l', 'app=k', '--request-timeout=30s'],
+      { stdio: ['ignore', 'pipe', 'pipe'] },
+    );
     try {
       let out = '';
       const seen = (re: RegExp) =>
         new Promise<void>((resolve, reject) => {
-          const t = setTimeout(() => reject(new Error(`kubectl get -w never printed ${re}; got ${JSON.stringify(out)}`)), 15_000);
+          const t = setTimeout(
+            () => reject(new Error(`kubectl get -w never printed ${re}; got ${JSON.stringify(out)}`)),
+            15_000,
+          );
           const check = () => {
             if (re.test(out)) {
               clearTimeout(t);

@@ -30,14 +30,16 @@ async function generate(shell: Shell, descriptions: boolean): Promise<string> {
 
 before(async () => {
   home = await ShellHome.create();
-  await Promise.all(SHELLS.map(async (shell) => {
-    const [withText, withoutText] = await Promise.all([generate(shell, true), generate(shell, false)]);
-    texts[shell] = { with: withText, without: withoutText };
-    scripts[shell] = {
-      with: await home.file(`install-cni.${shell}`, withText),
-      without: await home.file(`install-cni.nodesc.${shell}`, withoutText),
-    };
-  }));
+  await Promise.all(
+    SHELLS.map(async (shell) => {
+      const [withText, withoutText] = await Promise.all([generate(shell, true), generate(shell, false)]);
+      texts[shell] = { with: withText, without: withoutText };
+      scripts[shell] = {
+        with: await home.file(`install-cni.${shell}`, withText),
+        without: await home.file(`install-cni.nodesc.${shell}`, withoutText),
+      };
+    }),
+  );
 });
 
 after(async () => {
@@ -46,7 +48,8 @@ after(async () => {
 
 const sorted = (words: Iterable<string>): string[] => [...words].sort();
 const wordsOf = (c: readonly Completion[]): string[] => sorted(new Set(c.map((x) => x.word)));
-const descriptionOf = (c: readonly Completion[], word: string): string => c.find((x) => x.word === word)?.description ?? '';
+const descriptionOf = (c: readonly Completion[], word: string): string =>
+  c.find((x) => x.word === word)?.description ?? '';
 
 describe('install-cni completion', () => {
   it('rejects a shell it has no script for, as a usage error naming the choices', async () => {
@@ -59,7 +62,8 @@ describe('install-cni completion', () => {
 });
 
 describe('bash completion', () => {
-  const complete = (line: string, wordbreaks?: string): Promise<string[]> => bashComplete(home, scripts.bash.with, line, wordbreaks);
+  const complete = (line: string, wordbreaks?: string): Promise<string[]> =>
+    bashComplete(home, scripts.bash.with, line, wordbreaks);
 
   it('passes shellcheck', async () => {
     const r = await run('shellcheck', ['--shell=bash', '--severity=style', scripts.bash.with]);
@@ -73,7 +77,11 @@ describe('bash completion', () => {
 
   it('completes every root flag from the flag table, and by prefix', async () => {
     assert.deepEqual(sorted(await complete('install-cni --')), sorted(ALL_LONG_FLAGS));
-    assert.deepEqual(sorted(await complete('install-cni --cni-n')), ['--cni-net-dir', '--cni-network-config', '--cni-network-config-file']);
+    assert.deepEqual(sorted(await complete('install-cni --cni-n')), [
+      '--cni-net-dir',
+      '--cni-network-config',
+      '--cni-network-config-file',
+    ]);
   });
 
   it('completes flag values after a blank and after =', async () => {
@@ -103,16 +111,22 @@ describe('bash completion', () => {
     await mkdir(path.join(base, 'net.d'), { recursive: true });
     await writeFile(path.join(base, 'net.conf'), '{}');
     assert.deepEqual(await complete(`install-cni --cni-net-dir ${base}/net`), [`${base}/net.d`]);
-    assert.deepEqual(sorted(await complete(`install-cni --cni-network-config-file ${base}/net`)), [`${base}/net.conf`, `${base}/net.d`]);
+    assert.deepEqual(sorted(await complete(`install-cni --cni-network-config-file ${base}/net`)), [
+      `${base}/net.conf`,
+      `${base}/net.d`,
+    ]);
   });
 
-  it('completes the subcommands\' flags, values and arguments', async () => {
+  it("completes the subcommands' flags, values and arguments", async () => {
     assert.deepEqual(sorted(await complete('install-cni completion ')), sorted(SHELLS));
     assert.deepEqual(await complete('install-cni completion bash '), []);
     assert.deepEqual(await complete('install-cni completion --no'), ['--no-descriptions']);
     assert.deepEqual(await complete('install-cni version -o '), ['json', 'yaml']);
     assert.deepEqual(await complete('install-cni version --output=y'), ['yaml']);
-    assert.deepEqual(sorted(await complete('install-cni version -')), sorted(['-o', '--output', '-s', '--short', '-h', '--help']));
+    assert.deepEqual(
+      sorted(await complete('install-cni version -')),
+      sorted(['-o', '--output', '-s', '--short', '-h', '--help']),
+    );
   });
 
   it('has no descriptions to leave out', () => {
@@ -128,7 +142,17 @@ describe('zsh completion', () => {
     for (const script of [scripts.zsh.with, scripts.zsh.without]) {
       const syntax = await run('zsh', ['-n', script], home.env);
       assert.equal(syntax.code, 0, syntax.stderr);
-      const r = await run('zsh', ['-f', '-c', 'autoload -U compinit && compinit -u -d "$ZDOTDIR/.zcompdump" && source "$1" && (( $+_comps[install-cni] )) && print -r -- $_comps[install-cni]', 'zsh', script], home.env);
+      const r = await run(
+        'zsh',
+        [
+          '-f',
+          '-c',
+          'autoload -U compinit && compinit -u -d "$ZDOTDIR/.zcompdump" && source "$1" && (( $+_comps[install-cni] )) && print -r -- $_comps[install-cni]',
+          'zsh',
+          script,
+        ],
+        home.env,
+      );
       assert.equal(r.code, 0, r.stderr);
       assert.equal(r.stderr, '');
       assert.equal(r.stdout.trim(), '_install_cni');
@@ -151,12 +175,18 @@ describe('zsh completion', () => {
 
   it('completes flag values after a blank and after =', async () => {
     assert.deepEqual(wordsOf(await complete('install-cni --cleanup-on-exit ')), sorted(CLEANUP_MODES));
-    assert.deepEqual(wordsOf(await complete('install-cni --cleanup-on-exit=')), sorted(CLEANUP_MODES.map((m) => `--cleanup-on-exit=${m}`)));
+    assert.deepEqual(
+      wordsOf(await complete('install-cni --cleanup-on-exit=')),
+      sorted(CLEANUP_MODES.map((m) => `--cleanup-on-exit=${m}`)),
+    );
     assert.deepEqual(wordsOf(await complete('install-cni --log-level ')), sorted(LOG_LEVELS));
-    assert.deepEqual(wordsOf(await complete('install-cni --ambient-enabled=')), ['--ambient-enabled=false', '--ambient-enabled=true']);
+    assert.deepEqual(wordsOf(await complete('install-cni --ambient-enabled=')), [
+      '--ambient-enabled=false',
+      '--ambient-enabled=true',
+    ]);
   });
 
-  it('completes the subcommands\' arguments and flag values', async () => {
+  it("completes the subcommands' arguments and flag values", async () => {
     assert.deepEqual(wordsOf(await complete('install-cni completion ')), sorted(SHELLS));
     assert.deepEqual(wordsOf(await complete('install-cni version -o ')), ['json', 'yaml']);
     assert.deepEqual(wordsOf(await complete('install-cni version --output=')), ['--output=json', '--output=yaml']);
@@ -165,10 +195,16 @@ describe('zsh completion', () => {
   it('leaves descriptions out with --no-descriptions', async () => {
     const subcommands = await complete('install-cni ', false);
     assert.deepEqual(wordsOf(subcommands), ['completion', 'version']);
-    assert.deepEqual(subcommands.map((x) => x.description), ['', '']);
+    assert.deepEqual(
+      subcommands.map((x) => x.description),
+      ['', ''],
+    );
     const flags = await complete('install-cni --cni-n', false);
     assert.deepEqual(wordsOf(flags), ['--cni-net-dir', '--cni-network-config', '--cni-network-config-file']);
-    assert.ok(flags.every((x) => x.description === ''), JSON.stringify(flags));
+    assert.ok(
+      flags.every((x) => x.description === ''),
+      JSON.stringify(flags),
+    );
   });
 
   it('works autoloaded from $fpath as _install-cni', async () => {
@@ -196,26 +232,38 @@ describe('fish completion', () => {
     // A flag with values keeps its own description too (the values stay bare: see below).
     assert.match(descriptionOf(await complete('install-cni --cleanup'), '--cleanup-on-exit'), /On SIGTERM/);
     assert.match(descriptionOf(await complete('install-cni --log-l'), '--log-level'), /Log level of the CNI plugin/);
-    assert.deepEqual(wordsOf(await complete('install-cni --')).filter((w) => !w.endsWith('=')), sorted(ALL_LONG_FLAGS));
+    assert.deepEqual(
+      wordsOf(await complete('install-cni --')).filter((w) => !w.endsWith('=')),
+      sorted(ALL_LONG_FLAGS),
+    );
   });
 
   it('completes flag values, bare, after a blank and after =', async () => {
     for (const descriptions of [true, false]) {
       const values = await complete('install-cni --cleanup-on-exit ', descriptions);
-      assert.deepEqual(values, sorted(CLEANUP_MODES).map((word) => ({ word, description: '' })));
-      assert.deepEqual(wordsOf(await complete('install-cni --cleanup-on-exit=', descriptions)), sorted(CLEANUP_MODES.map((m) => `--cleanup-on-exit=${m}`)));
+      assert.deepEqual(
+        values,
+        sorted(CLEANUP_MODES).map((word) => ({ word, description: '' })),
+      );
+      assert.deepEqual(
+        wordsOf(await complete('install-cni --cleanup-on-exit=', descriptions)),
+        sorted(CLEANUP_MODES.map((m) => `--cleanup-on-exit=${m}`)),
+      );
     }
     assert.deepEqual(wordsOf(await complete('install-cni --log-level ')), sorted(LOG_LEVELS));
   });
 
   it('offers true/false for a boolean but reads a following value as commander does', async () => {
     assert.deepEqual(wordsOf(await complete('install-cni --ambient-enabled ')), ['false', 'true']);
-    assert.deepEqual(wordsOf(await complete('install-cni --ambient-enabled=')), ['--ambient-enabled=false', '--ambient-enabled=true']);
+    assert.deepEqual(wordsOf(await complete('install-cni --ambient-enabled=')), [
+      '--ambient-enabled=false',
+      '--ambient-enabled=true',
+    ]);
     assert.deepEqual(wordsOf(await complete('install-cni --ambient-enabled false ')), ['completion', 'version']);
     assert.deepEqual(wordsOf(await complete('install-cni --cni-net-dir /tmp ver')), ['version']);
   });
 
-  it('completes the subcommands\' arguments and flags', async () => {
+  it("completes the subcommands' arguments and flags", async () => {
     assert.deepEqual(wordsOf(await complete('install-cni completion ')), sorted(SHELLS));
     assert.deepEqual(await complete('install-cni completion bash '), []);
     assert.deepEqual(wordsOf(await complete('install-cni version -o ')), ['json', 'yaml']);
@@ -225,17 +273,27 @@ describe('fish completion', () => {
 
   it('leaves descriptions out with --no-descriptions', async () => {
     const subcommands = await complete('install-cni ', false);
-    assert.deepEqual(subcommands, [{ word: 'completion', description: '' }, { word: 'version', description: '' }]);
+    assert.deepEqual(subcommands, [
+      { word: 'completion', description: '' },
+      { word: 'version', description: '' },
+    ]);
     const flags = await complete('install-cni --cni-n', false);
     assert.deepEqual(wordsOf(flags), ['--cni-net-dir', '--cni-network-config', '--cni-network-config-file']);
-    assert.ok(flags.every((x) => x.description === ''), JSON.stringify(flags));
+    assert.ok(
+      flags.every((x) => x.description === ''),
+      JSON.stringify(flags),
+    );
   });
 });
 
 describe('powershell completion (shape only: no PowerShell on Debian)', () => {
   /** The script without comments and single-quoted strings, where brackets must balance. */
   function code(script: string): string {
-    return script.split('\n').filter((l) => !l.trimStart().startsWith('#')).join('\n').replace(/'(?:[^']|'')*'/g, "''");
+    return script
+      .split('\n')
+      .filter((l) => !l.trimStart().startsWith('#'))
+      .join('\n')
+      .replace(/'(?:[^']|'')*'/g, "''");
   }
 
   it('registers a native completer for install-cni with balanced brackets', () => {
@@ -243,7 +301,11 @@ describe('powershell completion (shape only: no PowerShell on Debian)', () => {
       assert.match(script, /^Register-ArgumentCompleter -Native -CommandName 'install-cni' -ScriptBlock \{$/m);
       assert.match(script, /param\(\$wordToComplete, \$commandAst, \$cursorPosition\)/);
       const c = code(script);
-      for (const [open, close] of [['{', '}'], ['(', ')'], ['[', ']']] as const) {
+      for (const [open, close] of [
+        ['{', '}'],
+        ['(', ')'],
+        ['[', ']'],
+      ] as const) {
         let depth = 0;
         for (const ch of c) {
           if (ch === open) depth++;

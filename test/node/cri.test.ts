@@ -30,7 +30,10 @@ describe('CRI protobuf subset', () => {
     const metaFields = [getString(meta, 1), getString(meta, 2), getString(meta, 3), getUint(meta, 4)];
     assert.deepEqual(metaFields, ['web', 'u-1', 'shop', 3]);
     const labels = getMessages(d, 6).map((e) => [getString(e, 1), getString(e, 2)]);
-    assert.deepEqual(labels, [['app', 'web'], ['tier', 'front']]);
+    assert.deepEqual(labels, [
+      ['app', 'web'],
+      ['tier', 'front'],
+    ]);
     assert.equal(getUint(d, 9), 2 ** 40);
     assert.equal(d.has(5), false);
     assert.throws(() => decode(Buffer.from([0x0a, 5, 1])), /runs past the message end/);
@@ -89,7 +92,10 @@ describe('CRI against our own containerd', () => {
     const c = ctrd!;
     const uid = '5b0c1a2e-0000-4000-8000-000000000001';
     const id = await c.cri.runPodSandbox({
-      name: 'web-0', namespace: 'shop', uid, labels: { 'mcni-test': 'cri' },
+      name: 'web-0',
+      namespace: 'shop',
+      uid,
+      labels: { 'mcni-test': 'cri' },
       cgroupParent: `${c.cgroupParent}/pod${uid}`,
     });
     const st = await c.cri.podSandboxStatus(id);
@@ -99,10 +105,18 @@ describe('CRI against our own containerd', () => {
     const netns = await c.cri.podSandboxNetns(id);
     assert.ok(netns.startsWith(`${c.dir}/`), `the pod netns is under our state dir: ${netns}`);
     assert.ok(existsSync(netns));
-    assert.deepEqual((await c.cri.listPodSandbox({ 'mcni-test': 'cri' })).map((s) => s.id), [id]);
+    assert.deepEqual(
+      (await c.cri.listPodSandbox({ 'mcni-test': 'cri' })).map((s) => s.id),
+      [id],
+    );
 
     const adds = c.cniCalls().filter((k) => k.command === 'ADD' && k.containerId === id);
-    const expected = [['bridge', 0], ['host-local', 0], ['loopback', 0], ['portmap', 0]];
+    const expected = [
+      ['bridge', 0],
+      ['host-local', 0],
+      ['loopback', 0],
+      ['portmap', 0],
+    ];
     assert.deepEqual(adds.map((k) => [k.plugin, k.code]).sort(), expected);
 
     await c.cri.stopPodSandbox(id);
@@ -152,7 +166,8 @@ describe('CRI harness cleanup on Ctrl-C', () => {
     `;
     // Its own process group, as a shell gives a job: Ctrl-C goes to every process in it.
     const child = spawn(process.execPath, ['--input-type=module', '-e', script], {
-      detached: true, stdio: ['ignore', 'pipe', 'inherit'],
+      detached: true,
+      stdio: ['ignore', 'pipe', 'inherit'],
     });
     let made: { dir: string; netns: string; socket: string; cgroupParent: string } | undefined;
     try {
@@ -164,9 +179,13 @@ describe('CRI harness cleanup on Ctrl-C', () => {
       assert.equal(signal, 'SIGINT', 'it still ends by the signal');
       assert.equal(existsSync(made!.dir), false, `${made!.dir} removed`);
       assert.equal(existsSync(`/run/netns/${made!.netns}`), false);
-      assert.deepEqual(readdirSync('/proc').filter((p) => /^\d+$/.test(p) && procArgv(p).includes(made!.socket)), []);
-      const cgroups = readdirSync('/sys/fs/cgroup')
-        .filter((k) => existsSync(path.join('/sys/fs/cgroup', k, made!.cgroupParent)));
+      assert.deepEqual(
+        readdirSync('/proc').filter((p) => /^\d+$/.test(p) && procArgv(p).includes(made!.socket)),
+        [],
+      );
+      const cgroups = readdirSync('/sys/fs/cgroup').filter((k) =>
+        existsSync(path.join('/sys/fs/cgroup', k, made!.cgroupParent)),
+      );
       assert.deepEqual(cgroups, []);
     } finally {
       if (child.exitCode === null && child.signalCode === null) child.kill('SIGKILL');
@@ -175,7 +194,9 @@ describe('CRI harness cleanup on Ctrl-C', () => {
         for (const p of readdirSync('/proc')) {
           if (/^\d+$/.test(p) && procArgv(p).includes(made.socket)) process.kill(Number(p), 'SIGKILL');
         }
-        const mounts = readFileSync('/proc/self/mountinfo', 'utf8').split('\n').map((m) => m.split(' ')[4] ?? '');
+        const mounts = readFileSync('/proc/self/mountinfo', 'utf8')
+          .split('\n')
+          .map((m) => m.split(' ')[4] ?? '');
         for (const m of mounts.reverse()) if (m.startsWith(made.dir)) spawnSync('umount', ['-l', m]);
         spawnSync('ip', ['netns', 'del', made.netns]);
         const rmdirs = ['-exec', 'find', '{}', '-depth', '-type', 'd', '-delete', ';'];
@@ -190,25 +211,37 @@ describe('CRI harness cleanup on Ctrl-C', () => {
 async function leftBehindCheck(c: Containerd, stop: () => Promise<void>): Promise<void> {
   const uid = `u-left-${c.netnsName}`;
   const sid = await c.cri.runPodSandbox({
-    name: 'left-0', namespace: 'shop', uid, cgroupParent: `${c.cgroupParent}/pod${uid}`,
+    name: 'left-0',
+    namespace: 'shop',
+    uid,
+    cgroupParent: `${c.cgroupParent}/pod${uid}`,
   });
   const cgroups = () =>
     readdirSync('/sys/fs/cgroup').filter((k) => existsSync(path.join('/sys/fs/cgroup', k, c.cgroupParent)));
   assert.ok(cgroups().length > 0, 'the sandbox has its cgroups below our parent');
   const shims = () => readdirSync('/proc').filter((p) => /^\d+$/.test(p) && procArgv(p).includes(c.socket));
   assert.ok(shims().length > 0, 'a shim runs the sandbox');
-  const cniCache = () => (existsSync('/var/lib/cni/results') ? readdirSync('/var/lib/cni/results') : [])
-    .filter((f) => f.startsWith(`${c.networkName}-`));
-  assert.ok(cniCache().some((f) => f.includes(sid)), 'libcni cached the sandbox result');
+  const cniCache = () =>
+    (existsSync('/var/lib/cni/results') ? readdirSync('/var/lib/cni/results') : []).filter((f) =>
+      f.startsWith(`${c.networkName}-`),
+    );
+  assert.ok(
+    cniCache().some((f) => f.includes(sid)),
+    'libcni cached the sandbox result',
+  );
   assert.ok(readFileSync('/proc/self/mountinfo', 'utf8').includes(c.dir), 'the sandbox has mounts in our dir');
   // Outside our dir by containerd's design: CRI's own loopback network caches its result as
   // cni-loopback-<sandbox>-lo, and the shim's socket is in /run/containerd/s, the host's own
   // containerd's dir, whatever our config says.
-  const loopbackCache = () => (existsSync('/var/lib/cni/results') ? readdirSync('/var/lib/cni/results') : [])
-    .filter((f) => f.startsWith(`cni-loopback-${sid}-`));
+  const loopbackCache = () =>
+    (existsSync('/var/lib/cni/results') ? readdirSync('/var/lib/cni/results') : []).filter((f) =>
+      f.startsWith(`cni-loopback-${sid}-`),
+    );
   assert.ok(loopbackCache().length > 0, 'libcni cached the loopback result');
-  const shimAddress = readFileSync(path.join(c.dir, 'state/io.containerd.runtime.v2.task/k8s.io', sid, 'address'),
-    'utf8');
+  const shimAddress = readFileSync(
+    path.join(c.dir, 'state/io.containerd.runtime.v2.task/k8s.io', sid, 'address'),
+    'utf8',
+  );
   const shimSocket = shimAddress.trim().replace(/^unix:\/\//, '');
   assert.ok(shimSocket.startsWith('/run/containerd/s/') && existsSync(shimSocket), shimAddress);
   await stop();

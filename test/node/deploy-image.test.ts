@@ -24,7 +24,14 @@ import { eventually } from '../helpers/poll.ts';
 import { rulesFor } from '../helpers/rbac.ts';
 import { run } from '../helpers/netns.ts';
 import { makePodman, type Podman } from '../helpers/podman.ts';
-import { DEPLOY_DIR, kustomize, one, podmanRunArgs, SERVICE_ACCOUNT_MOUNT, type Rendered } from '../helpers/podman-daemonset.ts';
+import {
+  DEPLOY_DIR,
+  kustomize,
+  one,
+  podmanRunArgs,
+  SERVICE_ACCOUNT_MOUNT,
+  type Rendered,
+} from '../helpers/podman-daemonset.ts';
 
 const pkg = JSON.parse(readFileSync(path.join(ROOT, 'package.json'), 'utf8')) as { version: string };
 const IMAGE = `localhost/mesh-cni:${pkg.version}`;
@@ -53,15 +60,28 @@ describe('deploy: the container image', { timeout: 300_000 }, () => {
 
   it('is an OCI archive of localhost/mesh-cni:<version>, entrypoint install-cni, default user nobody', async () => {
     assert.match(buildOutput, new RegExp(`image: ${IMAGE} -> `));
-    const [inspect] = JSON.parse(await podman.ok(['image', 'inspect', IMAGE])) as [{ Config: { Entrypoint: string[]; User: string; Labels: Record<string, string> }; Size: number }];
+    const [inspect] = JSON.parse(await podman.ok(['image', 'inspect', IMAGE])) as [
+      { Config: { Entrypoint: string[]; User: string; Labels: Record<string, string> }; Size: number },
+    ];
     assert.deepEqual(inspect.Config.Entrypoint, ['/usr/bin/node', '/opt/mesh-cni/install-cni.js']);
     assert.equal(inspect.Config.User, '65534:65534');
     assert.equal(inspect.Config.Labels['org.opencontainers.image.version'], pkg.version);
     // The plugin sits where install-cni copies from by default, byte for byte the build's.
-    const listing = await podman.ok(['run', '--rm', '--network', 'none', '--entrypoint', '/usr/bin/node', IMAGE, '-e',
-      "const fs=require('fs');const c=require('crypto');for(const f of fs.readdirSync('/opt/mesh-cni/bin'))console.log(f,c.createHash('sha256').update(fs.readFileSync('/opt/mesh-cni/bin/'+f)).digest('hex'))"]);
+    const listing = await podman.ok([
+      'run',
+      '--rm',
+      '--network',
+      'none',
+      '--entrypoint',
+      '/usr/bin/node',
+      IMAGE,
+      '-e',
+      "const fs=require('fs');const c=require('crypto');for(const f of fs.readdirSync('/opt/mesh-cni/bin'))console.log(f,c.createHash('sha256').update(fs.readFileSync('/opt/mesh-cni/bin/'+f)).digest('hex'))",
+    ]);
     const { createHash } = await import('node:crypto');
-    const want = createHash('sha256').update(readFileSync(path.join(ROOT, 'dist/bin/mesh-cni'))).digest('hex');
+    const want = createHash('sha256')
+      .update(readFileSync(path.join(ROOT, 'dist/bin/mesh-cni')))
+      .digest('hex');
     assert.equal(listing.trim(), `mesh-cni ${want}`);
   });
 
@@ -69,9 +89,26 @@ describe('deploy: the container image', { timeout: 300_000 }, () => {
     const text = await podman.ok(['run', '--rm', '--network', 'none', IMAGE, 'version']);
     assert.match(text, new RegExp(`Version:"${pkg.version.replaceAll('.', '\\.')}"`));
     assert.match(text, /NodeVersion:"v24\./);
-    const json = JSON.parse(await podman.ok(['run', '--rm', '--network', 'none', IMAGE, 'version', '-o', 'json'])) as { version: string; nodeVersion: string };
+    const json = JSON.parse(await podman.ok(['run', '--rm', '--network', 'none', IMAGE, 'version', '-o', 'json'])) as {
+      version: string;
+      nodeVersion: string;
+    };
     assert.equal(json.version, pkg.version);
-    const short = await podman.ok(['run', '--rm', '--network', 'none', '--user', '0:0', '--cap-drop', 'ALL', '--read-only', '--read-only-tmpfs=false', IMAGE, 'version', '--short']);
+    const short = await podman.ok([
+      'run',
+      '--rm',
+      '--network',
+      'none',
+      '--user',
+      '0:0',
+      '--cap-drop',
+      'ALL',
+      '--read-only',
+      '--read-only-tmpfs=false',
+      IMAGE,
+      'version',
+      '--short',
+    ]);
     assert.equal(short.trim(), pkg.version);
   });
 
@@ -86,7 +123,8 @@ describe('deploy: the container image', { timeout: 300_000 }, () => {
     before(async () => {
       rendered = kustomize(DEPLOY_DIR);
       api = await startTestApiServer();
-      for (const sa of ['mesh-cni', 'mesh-cni-plugin']) api.serviceAccount('mesh-system', sa, rulesFor(rendered.objects, 'mesh-system', sa));
+      for (const sa of ['mesh-cni', 'mesh-cni-plugin'])
+        api.serviceAccount('mesh-system', sa, rulesFor(rendered.objects, 'mesh-system', sa));
       agentToken = api.serviceAccount('mesh-system', 'mesh-cni');
       // The service-account dir the kubelet would project: the agent's token, the CA, the namespace.
       tree = await makeHostTree({ token: agentToken, ca: api.caPem });
@@ -109,7 +147,11 @@ describe('deploy: the container image', { timeout: 300_000 }, () => {
       const ds = one<V1DaemonSet>(rendered.objects, 'DaemonSet');
       const volumeDirs: Record<string, string> = {};
       for (const v of ds.spec!.template.spec!.volumes ?? []) {
-        const where: Record<string, string> = { '/opt/cni/bin': tree.binDir, '/etc/cni/net.d': tree.netDir, '/var/run/mesh-cni': runDir };
+        const where: Record<string, string> = {
+          '/opt/cni/bin': tree.binDir,
+          '/etc/cni/net.d': tree.netDir,
+          '/var/run/mesh-cni': runDir,
+        };
         volumeDirs[v.name] = v.hostPath ? where[v.hostPath.path]! : templateDir;
       }
       // The host network, as the manifest says, to reach the test API server on loopback; the
@@ -119,52 +161,94 @@ describe('deploy: the container image', { timeout: 300_000 }, () => {
       const { flags, args } = podmanRunArgs(rendered.objects, {
         volumeDirs,
         env: {
-          NODE_NAME: 'node-1', HOST_IP: '198.19.250.1', POD_NAME: 'mesh-cni-node-abcde', POD_NAMESPACE: 'mesh-system',
-          KUBERNETES_SERVICE_HOST: api.host, KUBERNETES_SERVICE_PORT: String(api.port),
+          NODE_NAME: 'node-1',
+          HOST_IP: '198.19.250.1',
+          POD_NAME: 'mesh-cni-node-abcde',
+          POD_NAMESPACE: 'mesh-system',
+          KUBERNETES_SERVICE_HOST: api.host,
+          KUBERNETES_SERVICE_PORT: String(api.port),
           MONITORING_PORT: String(monitoringPort),
-          CLEANUP_ON_EXIT: 'always', REPAIR_ENABLED: 'false',
+          CLEANUP_ON_EXIT: 'always',
+          REPAIR_ENABLED: 'false',
         },
         extraMounts: [[tree.saDir, `${SERVICE_ACCOUNT_MOUNT}:ro`]],
       });
-      assert.ok(flags.includes('--network') && flags[flags.indexOf('--network') + 1] === 'host', 'the DaemonSet runs on the host network');
+      assert.ok(
+        flags.includes('--network') && flags[flags.indexOf('--network') + 1] === 'host',
+        'the DaemonSet runs on the host network',
+      );
       const primary = await fs.readFile(path.join(tree.netDir, '10-bridge.conflist'));
       await podman.ok(['run', '--detach', '--name', name, ...flags, IMAGE, ...args, '--ctrlz_port=0']);
 
       const binary = path.join(tree.binDir, 'mesh-cni');
       const orchconfig = path.join(tree.netDir, 'ZZZ-mesh-cni-orchconfig');
-      const readyz = () => podman.run(['exec', name, '/usr/bin/node', '-e',
-        `fetch('http://127.0.0.1:${monitoringPort}/readyz').then(async r=>{console.log(r.status, await r.text());process.exit(r.status===200?0:1)},()=>process.exit(2))`]);
-      await eventually(async () => (await readyz()).code === 0, '/readyz of the agent in the image to answer 200', 60_000).catch(async (e: Error) => {
+      const readyz = () =>
+        podman.run([
+          'exec',
+          name,
+          '/usr/bin/node',
+          '-e',
+          `fetch('http://127.0.0.1:${monitoringPort}/readyz').then(async r=>{console.log(r.status, await r.text());process.exit(r.status===200?0:1)},()=>process.exit(2))`,
+        ]);
+      await eventually(
+        async () => (await readyz()).code === 0,
+        '/readyz of the agent in the image to answer 200',
+        60_000,
+      ).catch(async (e: Error) => {
         const logs = await podman.run(['logs', name]);
         throw new Error(`${e.message}; /readyz: ${(await readyz()).stdout}; logs:\n${logs.stdout}${logs.stderr}`);
       });
-      assert.deepEqual(await fs.readFile(binary), await fs.readFile(path.join(ROOT, 'dist/bin/mesh-cni')), 'the plugin executable was copied whole');
+      assert.deepEqual(
+        await fs.readFile(binary),
+        await fs.readFile(path.join(ROOT, 'dist/bin/mesh-cni')),
+        'the plugin executable was copied whole',
+      );
       assert.equal((await fs.stat(binary)).mode & 0o777, 0o755);
       assert.equal((await fs.stat(orchconfig)).mode & 0o777, 0o600);
       // The orchconfig holds the plugin's minted token; the agent's own is on no file of the node.
-      const written = (JSON.parse(await fs.readFile(orchconfig, 'utf8')) as { users: { user: { token: string } }[] }).users[0]!.user.token;
+      const written = (JSON.parse(await fs.readFile(orchconfig, 'utf8')) as { users: { user: { token: string } }[] })
+        .users[0]!.user.token;
       assert.equal(api.issuedTokens().find((t) => t.token === written)?.serviceAccount, 'mesh-system/mesh-cni-plugin');
       for (const dir of [tree.netDir, tree.binDir, runDir]) {
         for (const e of await fs.readdir(dir, { withFileTypes: true, recursive: true })) {
-          if (e.isFile()) assert.ok(!(await fs.readFile(path.join(e.parentPath, e.name))).includes(agentToken), `${path.join(e.parentPath, e.name)} holds the agent's token`);
+          if (e.isFile())
+            assert.ok(
+              !(await fs.readFile(path.join(e.parentPath, e.name))).includes(agentToken),
+              `${path.join(e.parentPath, e.name)} holds the agent's token`,
+            );
         }
       }
-      assert.deepEqual(api.requests.filter((r) => r.status === 403).map((r) => `${r.method} ${r.path}`), [], 'the agent in the image stays within deploy/\'s rights');
+      assert.deepEqual(
+        api.requests.filter((r) => r.status === 403).map((r) => `${r.method} ${r.path}`),
+        [],
+        "the agent in the image stays within deploy/'s rights",
+      );
       // The default (--mesh-owned-cni-config=false): our entry spliced into the primary's file,
       // no file of our own.
       const owned = path.join(tree.netDir, '02-mesh-cni.conflist');
       assert.ok(!existsSync(owned), 'no owned config file by default');
-      const conf = JSON.parse(await fs.readFile(path.join(tree.netDir, '10-bridge.conflist'), 'utf8')) as { plugins: { type: string; log_uds_address?: string; pod_lookup_timeout_ms?: number }[] };
-      assert.deepEqual(conf.plugins.map((p) => p.type), ['bridge', 'mesh-cni']);
+      const conf = JSON.parse(await fs.readFile(path.join(tree.netDir, '10-bridge.conflist'), 'utf8')) as {
+        plugins: { type: string; log_uds_address?: string; pod_lookup_timeout_ms?: number }[];
+      };
+      assert.deepEqual(
+        conf.plugins.map((p) => p.type),
+        ['bridge', 'mesh-cni'],
+      );
       // The entry came from the ConfigMap's template (it alone sets the lookup timeout).
       assert.equal(conf.plugins[1]!.pod_lookup_timeout_ms, 10000);
       assert.equal(conf.plugins[1]!.log_uds_address, '/var/run/mesh-cni/log.sock');
       assert.ok(existsSync(path.join(runDir, 'log.sock')), 'the plugin log socket is in the host dir');
 
       await podman.ok(['stop', '--time', '25', name], { timeoutMs: 60_000 });
-      const state = JSON.parse(await podman.ok(['inspect', '--format', '{{json .State}}', name])) as { ExitCode: number };
-      assert.equal(state.ExitCode, 0, 'SIGTERM ends it with exit code 0 (not the runtime\'s SIGKILL)');
-      assert.deepEqual(await fs.readFile(path.join(tree.netDir, '10-bridge.conflist')), primary, 'the primary config is byte for byte the original');
+      const state = JSON.parse(await podman.ok(['inspect', '--format', '{{json .State}}', name])) as {
+        ExitCode: number;
+      };
+      assert.equal(state.ExitCode, 0, "SIGTERM ends it with exit code 0 (not the runtime's SIGKILL)");
+      assert.deepEqual(
+        await fs.readFile(path.join(tree.netDir, '10-bridge.conflist')),
+        primary,
+        'the primary config is byte for byte the original',
+      );
       assert.ok(!existsSync(orchconfig), 'orchconfig removed');
       assert.ok(!existsSync(owned), 'no owned config file left');
       assert.ok(existsSync(binary), 'binary kept: DELs of pods started while installed run it');

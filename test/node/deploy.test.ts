@@ -17,7 +17,14 @@ import { buildSettings, type RawFlags } from '../../src/config/settings.ts';
 import { renderEntry } from '../../src/install/template.ts';
 import { ROOT } from '../helpers/cli.ts';
 import { DEPLOYED_RIGHTS, rights } from '../helpers/rbac.ts';
-import { agentContainer, DEPLOY_DIR as DEPLOY, kustomize, one, runOffline as run, type K8sObject } from '../helpers/podman-daemonset.ts';
+import {
+  agentContainer,
+  DEPLOY_DIR as DEPLOY,
+  kustomize,
+  one,
+  runOffline as run,
+  type K8sObject,
+} from '../helpers/podman-daemonset.ts';
 
 const YAMLLINT_CONFIG = path.join(DEPLOY, '.yamllint.yaml');
 const pkg = JSON.parse(readFileSync(path.join(ROOT, 'package.json'), 'utf8')) as { version: string };
@@ -29,7 +36,11 @@ function containerSettings(c: V1Container) {
     env[e.name] = e.value ?? (e.valueFrom?.fieldRef ? `<${e.valueFrom.fieldRef.fieldPath}>` : '');
   }
   const names = (c.env ?? []).map((e) => e.name);
-  assert.deepEqual(names.filter((n, i) => names.indexOf(n) !== i), [], 'no env setting is given twice');
+  assert.deepEqual(
+    names.filter((n, i) => names.indexOf(n) !== i),
+    [],
+    'no env setting is given twice',
+  );
   const flags: Record<string, string> = {};
   for (const a of c.args ?? []) {
     const m = /^--([^=]+)=(.*)$/s.exec(a);
@@ -39,9 +50,12 @@ function containerSettings(c: V1Container) {
   return buildSettings(flags as RawFlags, env);
 }
 
-
-
-const DOWNWARD = { NODE_NAME: 'spec.nodeName', HOST_IP: 'status.hostIP', POD_NAME: 'metadata.name', POD_NAMESPACE: 'metadata.namespace' };
+const DOWNWARD = {
+  NODE_NAME: 'spec.nodeName',
+  HOST_IP: 'status.hostIP',
+  POD_NAME: 'metadata.name',
+  POD_NAMESPACE: 'metadata.namespace',
+};
 
 describe('deploy: kustomize build deploy/', () => {
   let base: ReturnType<typeof kustomize>;
@@ -53,36 +67,68 @@ describe('deploy: kustomize build deploy/', () => {
     // kustomization next to deploy/ (paths must be relative).
     opDir = mkdtempSync(path.join(os.tmpdir(), 'mcni-deploy-'));
     const rel = path.relative(opDir, DEPLOY);
-    writeFileSync(path.join(opDir, 'kustomization.yaml'), `resources:\n  - ${rel}\ncomponents:\n  - ${rel}/overlays/repair-delete\n`);
+    writeFileSync(
+      path.join(opDir, 'kustomization.yaml'),
+      `resources:\n  - ${rel}\ncomponents:\n  - ${rel}/overlays/repair-delete\n`,
+    );
     withDelete = kustomize(opDir);
   });
   after(() => rmSync(opDir, { recursive: true, force: true }));
 
   it('renders every kind the agent needs, namespaced objects in mesh-system', () => {
     const kinds = base.objects.map((o) => o.kind).sort();
-    assert.deepEqual(kinds, ['ClusterRole', 'ClusterRole', 'ClusterRoleBinding', 'ClusterRoleBinding', 'ConfigMap', 'DaemonSet', 'Namespace', 'Role', 'RoleBinding', 'ServiceAccount', 'ServiceAccount']);
+    assert.deepEqual(kinds, [
+      'ClusterRole',
+      'ClusterRole',
+      'ClusterRoleBinding',
+      'ClusterRoleBinding',
+      'ConfigMap',
+      'DaemonSet',
+      'Namespace',
+      'Role',
+      'RoleBinding',
+      'ServiceAccount',
+      'ServiceAccount',
+    ]);
     for (const o of base.objects) {
       const clusterScoped = ['Namespace', 'ClusterRole', 'ClusterRoleBinding'].includes(o.kind);
       assert.equal(o.metadata.namespace, clusterScoped ? undefined : 'mesh-system', `${o.kind} ${o.metadata.name}`);
-      assert.equal(o.metadata.labels?.['app.kubernetes.io/name'], 'mesh-cni', `${o.kind} ${o.metadata.name} carries the app label`);
+      assert.equal(
+        o.metadata.labels?.['app.kubernetes.io/name'],
+        'mesh-cni',
+        `${o.kind} ${o.metadata.name} carries the app label`,
+      );
     }
   });
 
   it('two service accounts with exactly these rights: the agent (no pods patch, no delete) and the plugin (pods get)', () => {
     assert.deepEqual(rights(base.objects, 'mesh-cni'), DEPLOYED_RIGHTS.agent);
     assert.deepEqual(rights(base.objects, 'mesh-cni-plugin'), DEPLOYED_RIGHTS.plugin);
-    const accounts = base.objects.filter((o) => o.kind === 'ServiceAccount').map((o) => o.metadata.name).sort();
+    const accounts = base.objects
+      .filter((o) => o.kind === 'ServiceAccount')
+      .map((o) => o.metadata.name)
+      .sort();
     assert.deepEqual(accounts, ['mesh-cni', 'mesh-cni-plugin']);
     // No pod runs as the plugin's account, so none should carry its token.
     assert.equal(one<K8sObject>(base.objects, 'ServiceAccount', 'mesh-cni-plugin').automountServiceAccountToken, false);
-    for (const r of base.objects.filter((o) => o.kind === 'ClusterRole' || o.kind === 'Role').flatMap((o) => (o.rules ?? []) as V1PolicyRule[])) {
-      for (const field of [r.verbs, r.resources ?? [], r.apiGroups ?? []]) assert.ok(!field.includes('*'), `no wildcard in ${JSON.stringify(r)}`);
+    for (const r of base.objects
+      .filter((o) => o.kind === 'ClusterRole' || o.kind === 'Role')
+      .flatMap((o) => (o.rules ?? []) as V1PolicyRule[])) {
+      for (const field of [r.verbs, r.resources ?? [], r.apiGroups ?? []])
+        assert.ok(!field.includes('*'), `no wildcard in ${JSON.stringify(r)}`);
     }
     // Every binding names a role that exists and one of the two accounts; the DaemonSet runs as the agent's.
-    for (const b of base.objects.filter((o): o is K8sObject & V1RoleBinding => o.kind === 'RoleBinding' || o.kind === 'ClusterRoleBinding')) {
-      assert.ok(base.objects.some((o) => o.kind === b.roleRef.kind && o.metadata.name === b.roleRef.name), `${b.kind} ${b.metadata!.name}: ${b.roleRef.kind} ${b.roleRef.name} exists`);
+    for (const b of base.objects.filter(
+      (o): o is K8sObject & V1RoleBinding => o.kind === 'RoleBinding' || o.kind === 'ClusterRoleBinding',
+    )) {
+      assert.ok(
+        base.objects.some((o) => o.kind === b.roleRef.kind && o.metadata.name === b.roleRef.name),
+        `${b.kind} ${b.metadata!.name}: ${b.roleRef.kind} ${b.roleRef.name} exists`,
+      );
       assert.equal(b.subjects?.length, 1);
-      assert.ok(['mesh-cni', 'mesh-cni-plugin'].includes(b.subjects![0]!.name) && b.subjects![0]!.namespace === 'mesh-system');
+      assert.ok(
+        ['mesh-cni', 'mesh-cni-plugin'].includes(b.subjects![0]!.name) && b.subjects![0]!.namespace === 'mesh-system',
+      );
     }
     assert.equal(one<V1DaemonSet>(base.objects, 'DaemonSet').spec!.template.spec!.serviceAccountName, 'mesh-cni');
     // The plugin's account is the one the agent mints for (its default flag value).
@@ -94,14 +140,25 @@ describe('deploy: kustomize build deploy/', () => {
     const spec = ds.spec!.template.spec!;
     assert.equal(spec.hostNetwork, true);
     assert.equal(spec.priorityClassName, 'system-node-critical');
-    assert.ok(spec.tolerations?.some((t) => t.operator === 'Exists' && t.key === undefined && t.effect === undefined), 'a toleration with operator Exists and no key/effect tolerates every taint');
+    assert.ok(
+      spec.tolerations?.some((t) => t.operator === 'Exists' && t.key === undefined && t.effect === undefined),
+      'a toleration with operator Exists and no key/effect tolerates every taint',
+    );
     assert.equal(ds.spec!.updateStrategy?.type, 'RollingUpdate');
     assert.ok(ds.spec!.updateStrategy?.rollingUpdate?.maxUnavailable !== undefined, 'maxUnavailable is set');
     // Two agents on one node would both bind the monitoring port of the host network.
     assert.equal(ds.spec!.updateStrategy?.rollingUpdate?.maxSurge, 0);
     // Cleanup asks the API server twice with a 5 s timeout each (src/install/uninstall.ts).
-    assert.ok((spec.terminationGracePeriodSeconds ?? 30) >= 2 * 5 + 5, 'grace period leaves room for the cleanup decision');
-    assert.deepEqual(ds.spec!.selector.matchLabels, Object.fromEntries(Object.entries(ds.spec!.template.metadata!.labels!).filter(([k]) => k in ds.spec!.selector.matchLabels!)));
+    assert.ok(
+      (spec.terminationGracePeriodSeconds ?? 30) >= 2 * 5 + 5,
+      'grace period leaves room for the cleanup decision',
+    );
+    assert.deepEqual(
+      ds.spec!.selector.matchLabels,
+      Object.fromEntries(
+        Object.entries(ds.spec!.template.metadata!.labels!).filter(([k]) => k in ds.spec!.selector.matchLabels!),
+      ),
+    );
   });
 
   it('mounts the host dirs where the flags say, and the template where CNI_NETWORK_CONFIG_FILE points', () => {
@@ -137,9 +194,15 @@ describe('deploy: kustomize build deploy/', () => {
     const { mount, volume } = mountOf(path.dirname(s.install.cniNetworkConfigFile));
     assert.equal(mount.readOnly, true);
     const cm = one<V1ConfigMap>(base.objects, 'ConfigMap', volume.configMap?.name);
-    assert.ok(cm.data?.[path.basename(s.install.cniNetworkConfigFile)], `ConfigMap ${cm.metadata!.name} has key ${path.basename(s.install.cniNetworkConfigFile)}`);
+    assert.ok(
+      cm.data?.[path.basename(s.install.cniNetworkConfigFile)],
+      `ConfigMap ${cm.metadata!.name} has key ${path.basename(s.install.cniNetworkConfigFile)}`,
+    );
     // The image's binaries dir is the flag's default and must not be shadowed by a mount.
-    assert.ok(!(c.volumeMounts ?? []).some((m) => s.install.cniBinariesDir.startsWith(m.mountPath)), 'nothing is mounted over the image binaries');
+    assert.ok(
+      !(c.volumeMounts ?? []).some((m) => s.install.cniBinariesDir.startsWith(m.mountPath)),
+      'nothing is mounted over the image binaries',
+    );
   });
 
   it('gives the downward API env, and every other env/arg is an install-cni setting it accepts', () => {
@@ -198,20 +261,32 @@ describe('deploy: kustomize build deploy/', () => {
     const template = cm.data![path.basename(s.install.cniNetworkConfigFile)]!;
     assert.match(template, /\/\/ /, 'the template shows operators it may carry comments');
     assert.throws(() => JSON.parse(template), 'it is json5, not strict JSON');
-    const entry = renderEntry(template, {
-      kubeconfigFilepath: '/etc/cni/net.d/ZZZ-mesh-cni-orchconfig',
-      logLevel: s.install.pluginLogLevel,
-      logUdsAddress: s.install.logUdsAddress,
-      podLookupUdsAddress: s.install.podLookupUdsAddress,
-      orchServiceHost: '10.96.0.1',
-      orchServicePort: '443',
-      nodeName: 'node-1',
-      hostIp: '192.0.2.10',
-      cniNetDir: s.install.cniNetDir,
-      cniBinDir: s.install.cniBinDir,
-      excludeNamespaces: s.install.excludeNamespaces,
-    }, 'the ConfigMap');
-    const conf = parseConfig(JSON.stringify({ cniVersion: '1.0.0', name: 'k8s-pod-network', ...entry, prevResult: { cniVersion: '1.0.0', interfaces: [], ips: [] } }), 'ADD');
+    const entry = renderEntry(
+      template,
+      {
+        kubeconfigFilepath: '/etc/cni/net.d/ZZZ-mesh-cni-orchconfig',
+        logLevel: s.install.pluginLogLevel,
+        logUdsAddress: s.install.logUdsAddress,
+        podLookupUdsAddress: s.install.podLookupUdsAddress,
+        orchServiceHost: '10.96.0.1',
+        orchServicePort: '443',
+        nodeName: 'node-1',
+        hostIp: '192.0.2.10',
+        cniNetDir: s.install.cniNetDir,
+        cniBinDir: s.install.cniBinDir,
+        excludeNamespaces: s.install.excludeNamespaces,
+      },
+      'the ConfigMap',
+    );
+    const conf = parseConfig(
+      JSON.stringify({
+        cniVersion: '1.0.0',
+        name: 'k8s-pod-network',
+        ...entry,
+        prevResult: { cniVersion: '1.0.0', interfaces: [], ips: [] },
+      }),
+      'ADD',
+    );
     assert.equal(conf.type, 'mesh-cni');
     assert.equal(conf.orchconfig, '/etc/cni/net.d/ZZZ-mesh-cni-orchconfig');
     assert.equal(conf.logUdsAddress, '/var/run/mesh-cni/log.sock');
@@ -226,21 +301,27 @@ describe('deploy: kustomize build deploy/', () => {
     const s = containerSettings(agentContainer(withDelete.objects));
     assert.deepEqual([s.repair.enabled, s.repair.labelPods, s.repair.deletePods], [true, false, true]);
     // Apart from the pods verbs and the repair env, the render is the base's.
-    const strip = (objs: K8sObject[]) => objs.map((o) => {
-      const c = structuredClone(o) as K8sObject & { rules?: V1PolicyRule[]; spec?: V1DaemonSet['spec'] };
-      if (c.kind === 'ClusterRole' && c.metadata.name === 'mesh-cni') c.rules = c.rules!.filter((r) => !(r.resources ?? []).some((x) => x === 'pods' || x === 'pods/status'));
-      if (c.kind === 'DaemonSet') {
-        const ct = c.spec!.template.spec!.containers[0]!;
-        ct.env = ct.env!.filter((e) => !e.name.startsWith('REPAIR_')).sort((a, b) => a.name.localeCompare(b.name));
-      }
-      return c;
-    });
+    const strip = (objs: K8sObject[]) =>
+      objs.map((o) => {
+        const c = structuredClone(o) as K8sObject & { rules?: V1PolicyRule[]; spec?: V1DaemonSet['spec'] };
+        if (c.kind === 'ClusterRole' && c.metadata.name === 'mesh-cni')
+          c.rules = c.rules!.filter((r) => !(r.resources ?? []).some((x) => x === 'pods' || x === 'pods/status'));
+        if (c.kind === 'DaemonSet') {
+          const ct = c.spec!.template.spec!.containers[0]!;
+          ct.env = ct.env!.filter((e) => !e.name.startsWith('REPAIR_')).sort((a, b) => a.name.localeCompare(b.name));
+        }
+        return c;
+      });
     assert.deepEqual(strip(withDelete.objects), strip(base.objects));
   });
 
   it('the plain-file route (deploy/repair-delete-rbac.yaml) gives the agent the ClusterRole the component renders', () => {
-    const plain = parse(readFileSync(path.join(DEPLOY, 'repair-delete-rbac.yaml'), 'utf8')) as K8sObject & { rules: V1PolicyRule[] };
-    const rendered = withDelete.objects.find((o) => o.kind === 'ClusterRole' && o.metadata.name === 'mesh-cni') as K8sObject & { rules: V1PolicyRule[] };
+    const plain = parse(readFileSync(path.join(DEPLOY, 'repair-delete-rbac.yaml'), 'utf8')) as K8sObject & {
+      rules: V1PolicyRule[];
+    };
+    const rendered = withDelete.objects.find(
+      (o) => o.kind === 'ClusterRole' && o.metadata.name === 'mesh-cni',
+    ) as K8sObject & { rules: V1PolicyRule[] };
     assert.deepEqual([plain.kind, plain.metadata], [rendered.kind, rendered.metadata]);
     assert.deepEqual(plain.rules, rendered.rules);
   });
@@ -248,7 +329,10 @@ describe('deploy: kustomize build deploy/', () => {
   it('yamllint passes on deploy/ and on both renders', () => {
     const src = run('yamllint', ['-f', 'parsable', '-c', YAMLLINT_CONFIG, DEPLOY]);
     assert.equal(src.code, 0, `yamllint deploy/:\n${src.stdout}${src.stderr}`);
-    for (const [what, text] of [['base', base.text], ['with repair-delete', withDelete.text]] as const) {
+    for (const [what, text] of [
+      ['base', base.text],
+      ['with repair-delete', withDelete.text],
+    ] as const) {
       const r = run('yamllint', ['-f', 'parsable', '-c', YAMLLINT_CONFIG, '-'], text);
       assert.equal(r.code, 0, `yamllint of the ${what} render:\n${r.stdout}${r.stderr}`);
     }

@@ -28,7 +28,14 @@ import { ROOT } from '../helpers/cli.ts';
 import { makeHostTree, type HostTree } from '../helpers/hosttree.ts';
 import { eventually } from '../helpers/poll.ts';
 import { run, type Run } from '../helpers/netns.ts';
-import { delFromCachedConfig, forwardLoopback, importBusybox, makePodman, type LoopbackForward, type Podman } from '../helpers/podman.ts';
+import {
+  delFromCachedConfig,
+  forwardLoopback,
+  importBusybox,
+  makePodman,
+  type LoopbackForward,
+  type Podman,
+} from '../helpers/podman.ts';
 import { meshPod } from '../helpers/plugin.ts';
 import { DEFAULT_TEMPLATE } from '../../src/install/template.ts';
 
@@ -48,14 +55,26 @@ function sh(file: string, args: readonly string[]): string {
 
 /** Every iptables table in a netns, as both backends see it (whichever the plugin used). */
 function rulesIn(netnsPath: string): string {
-  return ['iptables-nft-save', 'iptables-legacy-save'].map((bin) => {
-    const r = spawnSync('nsenter', [`--net=${netnsPath}`, '--', bin], { encoding: 'utf8' });
-    return r.status === 0 ? r.stdout : '';
-  }).join('\n');
+  return ['iptables-nft-save', 'iptables-legacy-save']
+    .map((bin) => {
+      const r = spawnSync('nsenter', [`--net=${netnsPath}`, '--', bin], { encoding: 'utf8' });
+      return r.status === 0 ? r.stdout : '';
+    })
+    .join('\n');
 }
 
 function validate(netnsPath: string): Promise<Run> {
-  return run('nsenter', [`--net=${netnsPath}`, '--', path.join(ROOT, 'dist/mesh-validation'), '--termination-log', '/nonexistent/termination-log'], { timeoutMs: 30_000 });
+  return run(
+    'nsenter',
+    [
+      `--net=${netnsPath}`,
+      '--',
+      path.join(ROOT, 'dist/mesh-validation'),
+      '--termination-log',
+      '/nonexistent/termination-log',
+    ],
+    { timeoutMs: 30_000 },
+  );
 }
 
 function primaryConflist(network: string, bridge: string, ipamDir: string): string {
@@ -103,7 +122,11 @@ function nodeSuite(mode: 'label' | 'delete'): void {
 
     const podNamed = (name: string): V1Pod => ({
       ...meshPod('default', name),
-      spec: { ...meshPod('default', name).spec!, nodeName: NODE, initContainers: [{ name: 'mesh-validation', image: 'mesh/proxy' }] },
+      spec: {
+        ...meshPod('default', name).spec!,
+        nodeName: NODE,
+        initContainers: [{ name: 'mesh-validation', image: 'mesh/proxy' }],
+      },
       status: { phase: 'Pending' },
     });
     const startContainer = async (name: string) => {
@@ -114,10 +137,33 @@ function nodeSuite(mode: 'label' | 'delete'): void {
     };
     /** What the kubelet reports once the validation init container of `name` exited. */
     const kubeletReports = async (name: string, r: Run) => {
-      const terminated = { exitCode: r.code ?? -1, reason: r.code === 0 ? 'Completed' : 'Error', message: r.stderr.trim().slice(0, 1024), finishedAt: new Date().toISOString() };
-      const res = await apiRequest(api, 'PATCH', `/api/v1/namespaces/default/pods/${name}/status`, {
-        status: { phase: r.code === 0 ? 'Running' : 'Pending', initContainerStatuses: [{ name: 'mesh-validation', image: 'mesh/proxy', imageID: '', ready: r.code === 0, restartCount: 0, state: { terminated } }] },
-      }, { 'content-type': 'application/merge-patch+json' });
+      const terminated = {
+        exitCode: r.code ?? -1,
+        reason: r.code === 0 ? 'Completed' : 'Error',
+        message: r.stderr.trim().slice(0, 1024),
+        finishedAt: new Date().toISOString(),
+      };
+      const res = await apiRequest(
+        api,
+        'PATCH',
+        `/api/v1/namespaces/default/pods/${name}/status`,
+        {
+          status: {
+            phase: r.code === 0 ? 'Running' : 'Pending',
+            initContainerStatuses: [
+              {
+                name: 'mesh-validation',
+                image: 'mesh/proxy',
+                imageID: '',
+                ready: r.code === 0,
+                restartCount: 0,
+                state: { terminated },
+              },
+            ],
+          },
+        },
+        { 'content-type': 'application/merge-patch+json' },
+      );
       assert.equal(res.status, 200, `status patch: ${res.text}`);
     };
 
@@ -148,7 +194,11 @@ function nodeSuite(mode: 'label' | 'delete'): void {
       await fs.writeFile(primaryFile, primaryConflist(NETWORK, bridge, ipamDir));
       primaryBytes = await fs.readFile(primaryFile);
 
-      podman = makePodman({ cniPluginDirs: [tree.binDir, '/usr/lib/cni'], networkConfigDir: tree.netDir, hostNetns: hostNetnsPath });
+      podman = makePodman({
+        cniPluginDirs: [tree.binDir, '/usr/lib/cni'],
+        networkConfigDir: tree.netDir,
+        hostNetns: hostNetnsPath,
+      });
       // DEL (podman rm) removes podman's cache entries; whatever a failed run left is ours by name.
       cleanups.push(async () => {
         for (const f of await fs.readdir(CNI_CACHE).catch(() => [] as string[])) {
@@ -171,14 +221,21 @@ function nodeSuite(mode: 'label' | 'delete'): void {
     });
 
     it(`redirects the pods started after install-cni is ready, ${mode}s the one that raced it, and uninstalls cleanly`, async () => {
-      for (const bin of ['dist/bin/mesh-cni', 'dist/mesh-validation']) assert.ok(existsSync(path.join(ROOT, bin)), `${bin} is missing: run npm run build first`);
+      for (const bin of ['dist/bin/mesh-cni', 'dist/mesh-validation'])
+        assert.ok(existsSync(path.join(ROOT, bin)), `${bin} is missing: run npm run build first`);
       const early = `${TAG}-early`;
       const late = `${TAG}-late`;
       api.upsertPod(podNamed(early));
       api.upsertPod(podNamed(late));
       // Our own pod, owned by a DaemonSet the API server no longer has: stopping is an uninstall.
       api.upsertPod({
-        metadata: { name: 'mesh-cni-node-e2e', namespace: 'mesh-system', ownerReferences: [{ apiVersion: 'apps/v1', kind: 'DaemonSet', name: 'mesh-cni-node', uid: 'gone', controller: true }] },
+        metadata: {
+          name: 'mesh-cni-node-e2e',
+          namespace: 'mesh-system',
+          ownerReferences: [
+            { apiVersion: 'apps/v1', kind: 'DaemonSet', name: 'mesh-cni-node', uid: 'gone', controller: true },
+          ],
+        },
         spec: { nodeName: NODE, containers: [{ name: 'install-cni', image: 'localhost/mesh-cni:0.1.0' }] },
       });
 
@@ -187,33 +244,55 @@ function nodeSuite(mode: 'label' | 'delete'): void {
       assert.doesNotMatch(rulesIn(earlyNetns), OUR_CHAIN, 'no redirect rules without install-cni');
 
       // 2. install-cni comes up against this node.
-      agent = spawnAgent(tree, {
-        'cni-net-dir': tree.netDir,
-        'cni-bin-dir': tree.binDir,
-        'cleanup-on-exit': 'auto',
-        // The plugin's own level: its info records (rules applied) reach the agent's log.
-        'log-level': 'info',
-        'repair-enabled': 'true',
-        ...(mode === 'label' ? { 'repair-label-pods': 'true' } : { 'repair-delete-pods': 'true' }),
-        'log_output_level': 'default:info,install:debug,cni:debug,repair:debug',
-        // podman names no namespace; this test's pods live in default, so the plugin is told to
-        // assume it (by default such calls are no Kubernetes pods and pass through).
-        'cni-network-config': DEFAULT_TEMPLATE.replace('"orch": {', '"orch": {\n    "assume_namespace_when_missing": "default",'),
-      }, {
-        KUBERNETES_SERVICE_HOST: '127.0.0.1',
-        KUBERNETES_SERVICE_PORT: String(api.port),
-        NODE_NAME: NODE,
-        POD_NAME: 'mesh-cni-node-e2e',
-        POD_NAMESPACE: 'mesh-system',
-        HOST_IP: '198.19.0.1',
-      });
-      await eventually(async () => (await agent!.get('/readyz')).status === 200, 'install-cni to be ready', 30_000).catch(async (e: Error) => {
+      agent = spawnAgent(
+        tree,
+        {
+          'cni-net-dir': tree.netDir,
+          'cni-bin-dir': tree.binDir,
+          'cleanup-on-exit': 'auto',
+          // The plugin's own level: its info records (rules applied) reach the agent's log.
+          'log-level': 'info',
+          'repair-enabled': 'true',
+          ...(mode === 'label' ? { 'repair-label-pods': 'true' } : { 'repair-delete-pods': 'true' }),
+          log_output_level: 'default:info,install:debug,cni:debug,repair:debug',
+          // podman names no namespace; this test's pods live in default, so the plugin is told to
+          // assume it (by default such calls are no Kubernetes pods and pass through).
+          'cni-network-config': DEFAULT_TEMPLATE.replace(
+            '"orch": {',
+            '"orch": {\n    "assume_namespace_when_missing": "default",',
+          ),
+        },
+        {
+          KUBERNETES_SERVICE_HOST: '127.0.0.1',
+          KUBERNETES_SERVICE_PORT: String(api.port),
+          NODE_NAME: NODE,
+          POD_NAME: 'mesh-cni-node-e2e',
+          POD_NAMESPACE: 'mesh-system',
+          HOST_IP: '198.19.0.1',
+        },
+      );
+      await eventually(
+        async () => (await agent!.get('/readyz')).status === 200,
+        'install-cni to be ready',
+        30_000,
+      ).catch(async (e: Error) => {
         throw new Error(`${e.message}: ${(await agent!.get('/readyz')).body}; stderr: ${agent!.stderr()}`);
       });
-      const conf = JSON.parse(await fs.readFile(primaryFile, 'utf8')) as { plugins: { type: string }[]; 'x-vendor-note': string };
-      assert.deepEqual(conf.plugins.map((p) => p.type), ['bridge', 'mesh-cni'], 'our entry is chained after the primary plugin');
+      const conf = JSON.parse(await fs.readFile(primaryFile, 'utf8')) as {
+        plugins: { type: string }[];
+        'x-vendor-note': string;
+      };
+      assert.deepEqual(
+        conf.plugins.map((p) => p.type),
+        ['bridge', 'mesh-cni'],
+        'our entry is chained after the primary plugin',
+      );
       assert.equal(conf['x-vendor-note'], 'written by the e2e test as the primary CNI');
-      assert.deepEqual(await fs.readFile(path.join(tree.binDir, 'mesh-cni')), await fs.readFile(path.join(ROOT, 'dist/bin/mesh-cni')), 'the plugin executable is on the node');
+      assert.deepEqual(
+        await fs.readFile(path.join(tree.binDir, 'mesh-cni')),
+        await fs.readFile(path.join(ROOT, 'dist/bin/mesh-cni')),
+        'the plugin executable is on the node',
+      );
       assert.ok(existsSync(path.join(tree.netDir, 'ZZZ-mesh-cni-orchconfig')), 'orchconfig written');
 
       // 3. A pod started now: podman runs bridge, then mesh-cni, which reads the pod from the API
@@ -224,33 +303,62 @@ function nodeSuite(mode: 'label' | 'delete'): void {
       assert.match(lateRules, /-j REDIRECT --to-ports 15001/, 'outbound goes to 15001');
       assert.match(lateRules, /-j REDIRECT --to-ports 15006/, 'inbound goes to 15006');
       // The runtime ran mesh-cni: its record came over the log socket into the agent's scope cni.
-      const applied = await agent.waitForLog((r) => r.msg === 'redirect rules applied', 'mesh-cni (run by podman) to report over the log socket', 30_000)
-        .catch((e: Error) => { throw new Error(`${e.message}; agent logs: ${JSON.stringify(agent!.logs.slice(-15))}`); });
+      const applied = await agent
+        .waitForLog(
+          (r) => r.msg === 'redirect rules applied',
+          'mesh-cni (run by podman) to report over the log socket',
+          30_000,
+        )
+        .catch((e: Error) => {
+          throw new Error(`${e.message}; agent logs: ${JSON.stringify(agent!.logs.slice(-15))}`);
+        });
       assert.equal(applied.scope, 'cni');
       // The plugin looked the pod up (podman gives no namespace; our entry assumes default), from the agent's pod
       // watch (a lookup hit) or, failing that, from the API server.
       const viaAgent = /^mesh_cni_pod_lookups_total\{result="hit"\} [1-9]/m.test((await agent.get('/metrics')).body);
-      const viaApi = api.requests.some((q) => q.method === 'GET' && q.path === `/api/v1/namespaces/default/pods/${late}`);
+      const viaApi = api.requests.some(
+        (q) => q.method === 'GET' && q.path === `/api/v1/namespaces/default/pods/${late}`,
+      );
       assert.ok(viaAgent || viaApi, 'the plugin looked the pod up in namespace default');
       const lateValidation = await validate(lateNetns);
-      assert.equal(lateValidation.code, 0, `mesh-validation in ${late}'s netns: ${lateValidation.stdout}${lateValidation.stderr}`);
+      assert.equal(
+        lateValidation.code,
+        0,
+        `mesh-validation in ${late}'s netns: ${lateValidation.stdout}${lateValidation.stderr}`,
+      );
       await kubeletReports(late, lateValidation);
 
       // 4. The early pod: still no rules; its validation fails with 126, the kubelet reports it,
       // the repair controller labels or deletes it (and not the healthy one).
       assert.doesNotMatch(rulesIn(earlyNetns), OUR_CHAIN);
       const earlyValidation = await validate(earlyNetns);
-      assert.equal(earlyValidation.code, 126, `mesh-validation in ${early}'s netns: ${earlyValidation.stdout}${earlyValidation.stderr}`);
+      assert.equal(
+        earlyValidation.code,
+        126,
+        `mesh-validation in ${early}'s netns: ${earlyValidation.stdout}${earlyValidation.stderr}`,
+      );
       await kubeletReports(early, earlyValidation);
       if (mode === 'label') {
-        await eventually(() => api.getPod('default', early)?.metadata?.labels?.[REPAIR_LABEL] === 'true', `the repair controller to label ${early}`, 30_000);
+        await eventually(
+          () => api.getPod('default', early)?.metadata?.labels?.[REPAIR_LABEL] === 'true',
+          `the repair controller to label ${early}`,
+          30_000,
+        );
       } else {
-        await eventually(() => api.getPod('default', early) === undefined, `the repair controller to delete ${early}`, 30_000);
+        await eventually(
+          () => api.getPod('default', early) === undefined,
+          `the repair controller to delete ${early}`,
+          30_000,
+        );
       }
       const healthy = api.getPod('default', late);
       assert.ok(healthy, 'the redirected pod is not deleted');
       assert.equal(healthy.metadata?.labels?.[REPAIR_LABEL], undefined, 'the redirected pod is not labelled');
-      await eventually(() => api.events().some((ev) => ev.involvedObject.name === early), `an Event on ${early} saying why`, 10_000);
+      await eventually(
+        () => api.events().some((ev) => ev.involvedObject.name === early),
+        `an Event on ${early} saying why`,
+        10_000,
+      );
 
       // 5. The early container goes while we are installed (podman runs DEL through the chain,
       // mesh-cni included), then install-cni is stopped: its DaemonSet is gone, so it uninstalls:
@@ -260,7 +368,11 @@ function nodeSuite(mode: 'label' | 'delete'): void {
       const code = await agent.stop('SIGTERM', 30_000);
       agent = undefined;
       assert.equal(code, 0);
-      assert.deepEqual(await fs.readFile(primaryFile), primaryBytes, 'the primary config is byte for byte the original');
+      assert.deepEqual(
+        await fs.readFile(primaryFile),
+        primaryBytes,
+        'the primary config is byte for byte the original',
+      );
       assert.ok(!existsSync(path.join(tree.netDir, 'ZZZ-mesh-cni-orchconfig')), 'orchconfig removed');
       assert.ok(existsSync(path.join(tree.binDir, 'mesh-cni')), 'plugin executable kept for the DELs still to come');
 
@@ -279,13 +391,27 @@ function nodeSuite(mode: 'label' | 'delete'): void {
         return out;
       };
       assert.equal((await leases()).length, 1, `${late} holds one host-local lease`);
-      const dels = await delFromCachedConfig({ cacheFile: path.join(CNI_CACHE, `${NETWORK}-${lateId}-eth0`), netns: lateNetns, pluginDirs: [tree.binDir, '/usr/lib/cni'], hostNetns: hostNetnsPath });
-      assert.deepEqual(dels.map((d) => [d.type, d.code]), [['mesh-cni', 0], ['bridge', 0]], `DEL from the cached config: ${JSON.stringify(dels)}`);
+      const dels = await delFromCachedConfig({
+        cacheFile: path.join(CNI_CACHE, `${NETWORK}-${lateId}-eth0`),
+        netns: lateNetns,
+        pluginDirs: [tree.binDir, '/usr/lib/cni'],
+        hostNetns: hostNetnsPath,
+      });
+      assert.deepEqual(
+        dels.map((d) => [d.type, d.code]),
+        [
+          ['mesh-cni', 0],
+          ['bridge', 0],
+        ],
+        `DEL from the cached config: ${JSON.stringify(dels)}`,
+      );
       assert.deepEqual(await leases(), [], `${late}'s host-local lease is freed`);
       assert.doesNotMatch(rulesIn(lateNetns), OUR_CHAIN, 'our rules are gone from its netns');
       await podman.ok(['rm', '--force', '--time', '0', late]);
       assert.ok(!existsSync(lateNetns), 'container netns removed');
-      const cached = (await fs.readdir(CNI_CACHE).catch(() => [] as string[])).filter((f) => f.startsWith(`${NETWORK}-`));
+      const cached = (await fs.readdir(CNI_CACHE).catch(() => [] as string[])).filter((f) =>
+        f.startsWith(`${NETWORK}-`),
+      );
       assert.deepEqual(cached, [], 'the runtime dropped its cache');
     });
   });

@@ -37,7 +37,10 @@ describe('settings', () => {
 
   it('takes a flag over its env setting over the default', () => {
     assert.equal(buildSettings({}, { CNI_NET_DIR: '/env/net.d' }).install.cniNetDir, '/env/net.d');
-    assert.equal(buildSettings({ 'cni-net-dir': '/flag/net.d' }, { CNI_NET_DIR: '/env/net.d' }).install.cniNetDir, '/flag/net.d');
+    assert.equal(
+      buildSettings({ 'cni-net-dir': '/flag/net.d' }, { CNI_NET_DIR: '/env/net.d' }).install.cniNetDir,
+      '/flag/net.d',
+    );
     assert.equal(buildSettings({}, { CHAINED_CNI_PLUGIN: 'false' }).install.chained, false);
     assert.equal(buildSettings({ 'chained-cni-plugin': true }, { CHAINED_CNI_PLUGIN: 'false' }).install.chained, true);
     assert.equal(buildSettings({}, { ORCHCONFIG_MODE: '0400' }).install.orchconfigMode, 0o400);
@@ -81,9 +84,17 @@ describe('settings', () => {
     [{}, { ORCHCFG_FILE_NAME: 'x.JSON' }, /env ORCHCFG_FILE_NAME.*CNI config extension/],
     [{ 'orchcfg-file-name': 'a/b' }, {}, /--orchcfg-file-name.*plain file name/],
     [{ 'orchcfg-file-name': '.x.mesh-tmp-1' }, {}, /--orchcfg-file-name.*temp files/],
-    [{ 'orchcfg-file-name': '00-orchconfig', 'cni-conf-name': '10-calico.conflist' }, {}, /--orchcfg-file-name.*sorts before --cni-conf-name 10-calico\.conflist/],
+    [
+      { 'orchcfg-file-name': '00-orchconfig', 'cni-conf-name': '10-calico.conflist' },
+      {},
+      /--orchcfg-file-name.*sorts before --cni-conf-name 10-calico\.conflist/,
+    ],
     // A token readable or writable by anyone but its owner.
-    [{ 'orchconfig-mode': '0666' }, {}, /--orchconfig-mode.*readable by group or others.*--orchconfig-allow-group-other-read/],
+    [
+      { 'orchconfig-mode': '0666' },
+      {},
+      /--orchconfig-mode.*readable by group or others.*--orchconfig-allow-group-other-read/,
+    ],
     [{ 'orchconfig-mode': '0777' }, {}, /--orchconfig-mode/],
     [{ 'orchconfig-mode': '0644' }, {}, /--orchconfig-mode.*readable by group or others/],
     [{ 'orchconfig-mode': '0700' }, {}, /--orchconfig-mode.*execute/],
@@ -99,13 +110,23 @@ describe('settings', () => {
   ];
   for (const [flags, env, re] of bad) {
     it(`rejects ${JSON.stringify({ ...flags, ...env })}`, () => {
-      assert.throws(() => buildSettings(flags, env), (e: unknown) => e instanceof ConfigErrors && re.test(e.message));
+      assert.throws(
+        () => buildSettings(flags, env),
+        (e: unknown) => e instanceof ConfigErrors && re.test(e.message),
+      );
     });
   }
 
   it('takes an orchconfig mode with group/other read only with the escape hatch', () => {
-    assert.equal(buildSettings({ 'orchconfig-mode': '0644', 'orchconfig-allow-group-other-read': 'true' }, {}).install.orchconfigMode, 0o644);
-    assert.equal(buildSettings({ 'orchconfig-mode': '416' }, { ORCHCONFIG_ALLOW_GROUP_OTHER_READ: 'true' }).install.orchconfigMode, 0o640);
+    assert.equal(
+      buildSettings({ 'orchconfig-mode': '0644', 'orchconfig-allow-group-other-read': 'true' }, {}).install
+        .orchconfigMode,
+      0o644,
+    );
+    assert.equal(
+      buildSettings({ 'orchconfig-mode': '416' }, { ORCHCONFIG_ALLOW_GROUP_OTHER_READ: 'true' }).install.orchconfigMode,
+      0o640,
+    );
     assert.equal(buildSettings({ 'orchconfig-mode': '384' }, {}).install.orchconfigMode, 0o600);
   });
 
@@ -114,21 +135,38 @@ describe('settings', () => {
     assert.ok(pathFlags.length >= 10, 'the flag table marks path flags');
     for (const f of pathFlags) {
       const s = buildSettings({ [f.name]: `rel/${f.name}` }, {}, '/work/dir');
-      assert.ok(JSON.stringify(s).includes(`"/work/dir/rel/${f.name}"`), `--${f.name} rel/${f.name} resolves to /work/dir/rel/${f.name}`);
+      assert.ok(
+        JSON.stringify(s).includes(`"/work/dir/rel/${f.name}"`),
+        `--${f.name} rel/${f.name} resolves to /work/dir/rel/${f.name}`,
+      );
     }
-    assert.equal(buildSettings({ 'cni-binaries-dir': 'dist/bin' }, {}, '/src/mesh').install.cniBinariesDir, '/src/mesh/dist/bin');
-    assert.equal(buildSettings({}, { CNI_BINARIES_DIR: './dist/../dist/bin/' }, '/src/mesh').install.cniBinariesDir, '/src/mesh/dist/bin');
-    assert.equal(buildSettings({ 'cni-binaries-dir': 'dist/bin' }, {}).install.cniBinariesDir, path.join(process.cwd(), 'dist/bin'));
+    assert.equal(
+      buildSettings({ 'cni-binaries-dir': 'dist/bin' }, {}, '/src/mesh').install.cniBinariesDir,
+      '/src/mesh/dist/bin',
+    );
+    assert.equal(
+      buildSettings({}, { CNI_BINARIES_DIR: './dist/../dist/bin/' }, '/src/mesh').install.cniBinariesDir,
+      '/src/mesh/dist/bin',
+    );
+    assert.equal(
+      buildSettings({ 'cni-binaries-dir': 'dist/bin' }, {}).install.cniBinariesDir,
+      path.join(process.cwd(), 'dist/bin'),
+    );
   });
 
   it('reports every bad value at once', () => {
-    assert.throws(() => buildSettings({ 'monitoring-port': 'x', 'orchconfig-mode': 'y' }, {}), (e: unknown) => e instanceof ConfigErrors && e.errors.length === 2);
+    assert.throws(
+      () => buildSettings({ 'monitoring-port': 'x', 'orchconfig-mode': 'y' }, {}),
+      (e: unknown) => e instanceof ConfigErrors && e.errors.length === 2,
+    );
   });
 });
 
 describe('install-cni CLI', () => {
   it('exits 2 with one line per bad value, before touching anything', async () => {
-    const r = await runBin('install-cni', ['--monitoring-port', '99999', '--log_output_level', 'x:y'], { MOUNTED_CNI_NET_DIR: '/nonexistent/should-not-be-created' });
+    const r = await runBin('install-cni', ['--monitoring-port', '99999', '--log_output_level', 'x:y'], {
+      MOUNTED_CNI_NET_DIR: '/nonexistent/should-not-be-created',
+    });
     assert.equal(r.code, 2);
     const lines = r.stderr.trim().split('\n');
     assert.equal(lines.length, 2, r.stderr);

@@ -29,13 +29,17 @@ function agent(t: HostTree, flags: Record<string, string> = {}, env: Record<stri
   return a;
 }
 
-const plugins = (file: string) => (JSON.parse(readFileSync(file, 'utf8')) as { plugins: { type: string }[] }).plugins.map((p) => p.type);
+const plugins = (file: string) =>
+  (JSON.parse(readFileSync(file, 'utf8')) as { plugins: { type: string }[] }).plugins.map((p) => p.type);
 
 describe('install-cni process', () => {
   it('serves /readyz 503 with the reason until installed, then 200 and mesh_cni_install_ready 1', async () => {
     const t = await tree();
     const a = agent(t);
-    await a.waitForLog((r) => typeof r.msg === 'string' && r.msg.startsWith('waiting for a primary CNI config'), 'waiting');
+    await a.waitForLog(
+      (r) => typeof r.msg === 'string' && r.msg.startsWith('waiting for a primary CNI config'),
+      'waiting',
+    );
     const notReady = await a.get('/readyz');
     assert.equal(notReady.status, 503);
     assert.match(notReady.body, /waiting for a primary CNI config/);
@@ -65,7 +69,10 @@ describe('install-cni process', () => {
     const t = await tree();
     const primary = path.join(t.netDir, '10-bridge.conflist');
     await fs.writeFile(primary, BRIDGE_CONFLIST);
-    for (const [cleanup, level] of [['never', 'warn'], ['always', 'debug']]) {
+    for (const [cleanup, level] of [
+      ['never', 'warn'],
+      ['always', 'debug'],
+    ]) {
       const a = agent(t, { 'cleanup-on-exit': cleanup!, 'log-level': level! });
       await a.waitForLog((r) => r.msg === 'mesh-cni is installed and ready', `ready (${cleanup})`);
       assert.equal(await a.stop('SIGTERM'), 0);
@@ -89,8 +96,13 @@ describe('install-cni process', () => {
     const listening = await a.waitForLog((l) => l.msg === 'ControlZ listening', 'ControlZ up');
     const res = await fetch(`http://127.0.0.1:${String(listening.port)}/api/components`);
     const text = await res.text();
-    const install = (JSON.parse(text) as { name: string; status: { skipped: { file: string; reason: string }[] } }[]).find((c) => c.name === 'install');
-    assert.deepEqual(install?.status.skipped.map((k) => k.file), ['00-notes.conf']);
+    const install = (
+      JSON.parse(text) as { name: string; status: { skipped: { file: string; reason: string }[] } }[]
+    ).find((c) => c.name === 'install');
+    assert.deepEqual(
+      install?.status.skipped.map((k) => k.file),
+      ['00-notes.conf'],
+    );
     assert.match(install.status.skipped[0]!.reason, /^not valid JSON/);
     assert.doesNotMatch(text, /token-like-secret-text/);
   });
@@ -101,7 +113,10 @@ describe('install-cni process', () => {
     await fs.writeFile(primary, BRIDGE_CONFLIST);
     for (let round = 0; round < 6; round++) {
       const a = agent(t);
-      await a.waitForLog((r) => r.msg === 'mesh-cni is installed and ready' || (r.msg === 'wrote' && r.kind === 'cni_config'), 'installed');
+      await a.waitForLog(
+        (r) => r.msg === 'mesh-cni is installed and ready' || (r.msg === 'wrote' && r.kind === 'cni_config'),
+        'installed',
+      );
       // The primary CNI keeps rewriting its file (atomically, as well-behaved CNIs do) while we
       // restore our entry; the kill lands somewhere in the middle.
       const stopAt = Date.now() + 5 + round * 7;
@@ -112,17 +127,27 @@ describe('install-cni process', () => {
       assert.equal(await a.stop('SIGKILL'), 'SIGKILL');
       for (const name of await fs.readdir(t.netDir)) {
         if (/\.(conf|conflist|json)$/.test(name)) {
-          assert.doesNotThrow(() => JSON.parse(readFileSync(path.join(t.netDir, name), 'utf8')), `${name} is whole after SIGKILL in round ${round}`);
+          assert.doesNotThrow(
+            () => JSON.parse(readFileSync(path.join(t.netDir, name), 'utf8')),
+            `${name} is whole after SIGKILL in round ${round}`,
+          );
         }
       }
       const orchconfig = path.join(t.netDir, 'ZZZ-mesh-cni-orchconfig');
       assert.doesNotThrow(() => JSON.parse(readFileSync(orchconfig, 'utf8')), 'orchconfig is whole');
-      assert.equal(readFileSync(path.join(t.binDir, 'mesh-cni'), 'utf8'), readFileSync(path.join(t.binariesDir, 'mesh-cni'), 'utf8'));
+      assert.equal(
+        readFileSync(path.join(t.binDir, 'mesh-cni'), 'utf8'),
+        readFileSync(path.join(t.binariesDir, 'mesh-cni'), 'utf8'),
+      );
     }
     const a = agent(t);
     await a.waitForLog((r) => r.msg === 'mesh-cni is installed and ready', 'ready after the kills');
     assert.deepEqual(plugins(primary), ['bridge', 'mesh-cni']);
-    assert.deepEqual((await fs.readdir(t.netDir)).filter((n) => n.includes('.mesh-tmp-')), [], 'temp files of killed runs removed');
+    assert.deepEqual(
+      (await fs.readdir(t.netDir)).filter((n) => n.includes('.mesh-tmp-')),
+      [],
+      'temp files of killed runs removed',
+    );
     assert.equal(await a.stop('SIGTERM'), 0);
     assert.equal(readFileSync(primary, 'utf8'), BRIDGE_CONFLIST);
   });
@@ -136,10 +161,21 @@ describe('install-cni process', () => {
       await fs.writeFile(path.join(t.netDir, '10-bridge.conflist'), BRIDGE_CONFLIST);
       api.upsertDaemonSet({ metadata: { name: 'mesh-cni-node', namespace: 'mesh-system' } });
       api.upsertPod({
-        metadata: { name: 'mesh-cni-node-abcde', namespace: 'mesh-system', ownerReferences: [{ apiVersion: 'apps/v1', kind: 'DaemonSet', name: 'mesh-cni-node', uid: 'u1', controller: true }] },
+        metadata: {
+          name: 'mesh-cni-node-abcde',
+          namespace: 'mesh-system',
+          ownerReferences: [
+            { apiVersion: 'apps/v1', kind: 'DaemonSet', name: 'mesh-cni-node', uid: 'u1', controller: true },
+          ],
+        },
         spec: { nodeName: 'node-1', containers: [{ name: 'install-cni' }] },
       });
-      const env = { KUBERNETES_SERVICE_HOST: api.host, KUBERNETES_SERVICE_PORT: String(api.port), POD_NAME: 'mesh-cni-node-abcde', POD_NAMESPACE: 'mesh-system' };
+      const env = {
+        KUBERNETES_SERVICE_HOST: api.host,
+        KUBERNETES_SERVICE_PORT: String(api.port),
+        POD_NAME: 'mesh-cni-node-abcde',
+        POD_NAMESPACE: 'mesh-system',
+      };
       return { api, t, env };
     }
 
@@ -161,7 +197,10 @@ describe('install-cni process', () => {
       await a.waitForLog((r) => r.msg === 'mesh-cni is installed and ready', 'ready');
       api.deleteDaemonSetFromStore('mesh-system', 'mesh-cni-node');
       assert.equal(await a.stop('SIGTERM'), 0);
-      assert.match(String(a.logs.find((r) => r.msg === 'uninstalling mesh-cni from this node')?.why), /is gone: uninstall/);
+      assert.match(
+        String(a.logs.find((r) => r.msg === 'uninstalling mesh-cni from this node')?.why),
+        /is gone: uninstall/,
+      );
       assert.equal(readFileSync(path.join(t.netDir, '10-bridge.conflist'), 'utf8'), BRIDGE_CONFLIST);
     });
 
@@ -171,8 +210,14 @@ describe('install-cni process', () => {
       await a.waitForLog((r) => r.msg === 'mesh-cni is installed and ready', 'ready');
       await api.stop();
       assert.equal(await a.stop('SIGTERM'), 0);
-      assert.match(String(a.logs.find((r) => r.msg === 'uninstalling mesh-cni from this node')?.why), /cannot ask the API server/);
-      await eventually(() => readFileSync(path.join(t.netDir, '10-bridge.conflist'), 'utf8') === BRIDGE_CONFLIST, 'primary restored');
+      assert.match(
+        String(a.logs.find((r) => r.msg === 'uninstalling mesh-cni from this node')?.why),
+        /cannot ask the API server/,
+      );
+      await eventually(
+        () => readFileSync(path.join(t.netDir, '10-bridge.conflist'), 'utf8') === BRIDGE_CONFLIST,
+        'primary restored',
+      );
     });
   });
 });
@@ -194,10 +239,14 @@ describe('install-cni process against hostile files in the net dir', () => {
         // No reader.
       }
     });
-    await eventually(async () => {
-      const r = await a.get('/readyz');
-      return r.status === 503 && r.body.includes('00-x.conflist is a FIFO');
-    }, '/readyz 503 naming the FIFO', 5000);
+    await eventually(
+      async () => {
+        const r = await a.get('/readyz');
+        return r.status === 503 && r.body.includes('00-x.conflist is a FIFO');
+      },
+      '/readyz 503 naming the FIFO',
+      5000,
+    );
     // The primary CNI rewrites its file meanwhile: passes still run, so the entry comes back.
     await fs.writeFile(primary, BRIDGE_CONFLIST);
     assert.equal(await a.stop('SIGTERM', 8000), 0);
@@ -217,10 +266,14 @@ describe('install-cni process against hostile files in the net dir', () => {
       }
     });
     const a = agent(t);
-    await eventually(async () => {
-      const r = await a.get('/readyz').catch(() => ({ status: 0, body: '' }));
-      return r.status === 503 && r.body.includes('plugin-token is a FIFO, not a regular file');
-    }, '/readyz 503 naming the FIFO token file', 8000);
+    await eventually(
+      async () => {
+        const r = await a.get('/readyz').catch(() => ({ status: 0, body: '' }));
+        return r.status === 503 && r.body.includes('plugin-token is a FIFO, not a regular file');
+      },
+      '/readyz 503 naming the FIFO token file',
+      8000,
+    );
     assert.equal(await a.stop('SIGTERM', 8000), 0);
   });
 });

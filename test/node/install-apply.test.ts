@@ -28,17 +28,25 @@ describe('applier: steps in order on a real dir', () => {
     await writeFile(path.join(dir, '10-a.conf'), 'a');
     const out = fresh();
     const mem = memory();
-    await applySteps([
-      { kind: 'write', name: '10-a.conflist', text: 'new', mode: 0o644, report: 'cni_config' },
-      { kind: 'remove', name: '10-a.conf', report: 'cni_config' },
-      { kind: 'remove', name: 'gone.conf', report: 'cni_config' },
-      { kind: 'remove', name: 'gone-too.conf', report: 'cni_config', reportEvenIfGone: true },
-      { kind: 'ownedFrom', from: '10-a.conf' },
-      { kind: 'fail', reason: 'config_shadowed', message: 'shadowed' },
-    ], dir, mem, out);
+    await applySteps(
+      [
+        { kind: 'write', name: '10-a.conflist', text: 'new', mode: 0o644, report: 'cni_config' },
+        { kind: 'remove', name: '10-a.conf', report: 'cni_config' },
+        { kind: 'remove', name: 'gone.conf', report: 'cni_config' },
+        { kind: 'remove', name: 'gone-too.conf', report: 'cni_config', reportEvenIfGone: true },
+        { kind: 'ownedFrom', from: '10-a.conf' },
+        { kind: 'fail', reason: 'config_shadowed', message: 'shadowed' },
+      ],
+      dir,
+      mem,
+      out,
+    );
     assert.equal(await read('10-a.conflist'), 'new');
     assert.equal(await read('10-a.conf'), null);
-    assert.deepEqual(out.writes.map((w) => `${w.action} ${path.basename(w.file)}`), ['write 10-a.conflist', 'remove 10-a.conf', 'remove gone-too.conf']);
+    assert.deepEqual(
+      out.writes.map((w) => `${w.action} ${path.basename(w.file)}`),
+      ['write 10-a.conflist', 'remove 10-a.conf', 'remove gone-too.conf'],
+    );
     assert.deepEqual(out.problems, [{ reason: 'config_shadowed', message: 'shadowed' }]);
     assert.deepEqual(out.notReady, ['shadowed']);
     assert.equal(mem.ownedFrom, '10-a.conf');
@@ -50,8 +58,13 @@ describe('applier: steps in order on a real dir', () => {
     const mem = memory();
     const steps: Step[] = [
       {
-        kind: 'write', name: '02-ours.conflist', text: 'ours', mode: 0o600, guard: { name: '10-p.conflist', text: 'as we read it' },
-        ifChanged: { notReady: 'changed; again', primary: null }, report: 'cni_config',
+        kind: 'write',
+        name: '02-ours.conflist',
+        text: 'ours',
+        mode: 0o600,
+        guard: { name: '10-p.conflist', text: 'as we read it' },
+        ifChanged: { notReady: 'changed; again', primary: null },
+        report: 'cni_config',
       },
       { kind: 'ownedFrom', from: '10-p.conflist' },
       { kind: 'remove', name: '10-p.conflist', report: 'cni_config' },
@@ -72,11 +85,18 @@ describe('applier: steps in order on a real dir', () => {
     await mkdir(path.join(dir, 'planted.conf'));
     const out = fresh();
     const mem = memory();
-    await assert.rejects(applySteps([
-      { kind: 'write', name: 'first.conflist', text: 'x', mode: 0o644 },
-      { kind: 'remove', name: 'planted.conf' },
-      { kind: 'write', name: 'after.conflist', text: 'y', mode: 0o644 },
-    ], dir, mem, out));
+    await assert.rejects(
+      applySteps(
+        [
+          { kind: 'write', name: 'first.conflist', text: 'x', mode: 0o644 },
+          { kind: 'remove', name: 'planted.conf' },
+          { kind: 'write', name: 'after.conflist', text: 'y', mode: 0o644 },
+        ],
+        dir,
+        mem,
+        out,
+      ),
+    );
     assert.equal(await read('first.conflist'), 'x');
     assert.equal(await read('after.conflist'), null);
   });
@@ -85,22 +105,30 @@ describe('applier: steps in order on a real dir', () => {
     await mkdir(path.join(dir, '.x.conflist.mesh-original'));
     await writeFile(path.join(dir, 'orch'), 'token');
     const out = fresh();
-    await applySteps([
-      { kind: 'group', what: 'removing .x.conflist.mesh-original' },
-      { kind: 'remove', name: '.x.conflist.mesh-original' },
-      { kind: 'write', name: 'skipped.conf', text: 'no', mode: 0o644 },
-      { kind: 'groupFailed', what: 'removing .x.conflist.mesh-original', message: 'planning stopped too' },
-      { kind: 'group', what: 'taking our entry out of y.conflist' },
-      { kind: 'groupFailed', what: 'taking our entry out of y.conflist', message: 'cannot read it' },
-      { kind: 'group', what: 'removing orch' },
-      { kind: 'remove', name: 'orch', report: 'orchconfig' },
-    ], dir, memory(), out);
+    await applySteps(
+      [
+        { kind: 'group', what: 'removing .x.conflist.mesh-original' },
+        { kind: 'remove', name: '.x.conflist.mesh-original' },
+        { kind: 'write', name: 'skipped.conf', text: 'no', mode: 0o644 },
+        { kind: 'groupFailed', what: 'removing .x.conflist.mesh-original', message: 'planning stopped too' },
+        { kind: 'group', what: 'taking our entry out of y.conflist' },
+        { kind: 'groupFailed', what: 'taking our entry out of y.conflist', message: 'cannot read it' },
+        { kind: 'group', what: 'removing orch' },
+        { kind: 'remove', name: 'orch', report: 'orchconfig' },
+      ],
+      dir,
+      memory(),
+      out,
+    );
     assert.equal(await read('orch'), null);
     assert.equal(await read('skipped.conf'), null);
     assert.equal(out.groupErrors.length, 2);
     assert.match(out.groupErrors[0]!, /^removing \.x\.conflist\.mesh-original: /);
     assert.doesNotMatch(out.groupErrors[0]!, /planning stopped too/);
     assert.equal(out.groupErrors[1], 'taking our entry out of y.conflist: cannot read it');
-    assert.deepEqual(out.writes.map((w) => `${w.kind} ${w.action}`), ['orchconfig remove']);
+    assert.deepEqual(
+      out.writes.map((w) => `${w.kind} ${w.action}`),
+      ['orchconfig remove'],
+    );
   });
 });

@@ -15,7 +15,10 @@ import { configureLogging } from '../../src/monitoring/logging.ts';
 import { BRIDGE_CONFLIST, makeHostTree } from '../helpers/hosttree.ts';
 import { eventually } from '../helpers/poll.ts';
 
-configureLogging({ asJson: true, outputLevels: buildSettings({ log_output_level: 'all:none' }, {}).logging.outputLevels }, { write: () => {} });
+configureLogging(
+  { asJson: true, outputLevels: buildSettings({ log_output_level: 'all:none' }, {}).logging.outputLevels },
+  { write: () => {} },
+);
 
 const hasEntry = (file: string) => readFileSync(file, 'utf8').includes('"mesh-cni"');
 const pause = (ms: number) => new Promise((r) => setTimeout(r, ms));
@@ -25,7 +28,9 @@ describe('installer under churn', () => {
     const tree = await makeHostTree();
     // strictatime: every read of a file moves its atime.
     execFileSync('mount', ['-t', 'tmpfs', '-o', 'strictatime,size=16m,mode=0755', 'mcni-test', tree.netDir]);
-    const installer = new Installer(buildSettings({ 'reconcile-interval': '1h', ...tree.flags }, tree.env), { decideCleanup: async () => ({ cleanup: false, why: 'test' }) });
+    const installer = new Installer(buildSettings({ 'reconcile-interval': '1h', ...tree.flags }, tree.env), {
+      decideCleanup: async () => ({ cleanup: false, why: 'test' }),
+    });
     try {
       await fs.writeFile(path.join(tree.netDir, '10-bridge.conflist'), BRIDGE_CONFLIST);
       const others = Array.from({ length: 200 }, (_, i) => path.join(tree.netDir, `50-other-${i}.conflist`));
@@ -43,7 +48,11 @@ describe('installer under churn', () => {
       await pause(50);
       await installer.settled();
       const reread = others.filter((f, i) => statSync(f, { bigint: true }).atimeNs !== seen[i]);
-      assert.deepEqual(reread.map((f) => path.basename(f)), [], 'config files read again with no change to them');
+      assert.deepEqual(
+        reread.map((f) => path.basename(f)),
+        [],
+        'config files read again with no change to them',
+      );
       // The primary, rewritten without our entry, still has it back.
       await fs.writeFile(path.join(tree.netDir, '10-bridge.conflist'), BRIDGE_CONFLIST);
       await eventually(() => hasEntry(path.join(tree.netDir, '10-bridge.conflist')), 'our entry back');
@@ -54,9 +63,11 @@ describe('installer under churn', () => {
     }
   });
 
-  it('the watch events of our own writes bring no pass; another writer\'s do', async () => {
+  it("the watch events of our own writes bring no pass; another writer's do", async () => {
     const tree = await makeHostTree();
-    const installer = new Installer(buildSettings({ 'reconcile-interval': '1h', ...tree.flags }, tree.env), { decideCleanup: async () => ({ cleanup: false, why: 'test' }) });
+    const installer = new Installer(buildSettings({ 'reconcile-interval': '1h', ...tree.flags }, tree.env), {
+      decideCleanup: async () => ({ cleanup: false, why: 'test' }),
+    });
     try {
       const primary = path.join(tree.netDir, '10-bridge.conflist');
       await fs.writeFile(primary, BRIDGE_CONFLIST);
@@ -80,7 +91,9 @@ describe('installer under churn', () => {
 
   it('a burst of rewrites of the primary ends with our entry in it: the last change gets a pass', async () => {
     const tree = await makeHostTree();
-    const installer = new Installer(buildSettings({ 'reconcile-interval': '1h', ...tree.flags }, tree.env), { decideCleanup: async () => ({ cleanup: false, why: 'test' }) });
+    const installer = new Installer(buildSettings({ 'reconcile-interval': '1h', ...tree.flags }, tree.env), {
+      decideCleanup: async () => ({ cleanup: false, why: 'test' }),
+    });
     try {
       const primary = path.join(tree.netDir, '10-bridge.conflist');
       await fs.writeFile(primary, BRIDGE_CONFLIST);

@@ -2,7 +2,15 @@ import assert from 'node:assert/strict';
 import { readdirSync, readFileSync } from 'node:fs';
 import path from 'node:path';
 import { describe, it } from 'node:test';
-import { choosePrimary, CniConfigError, isOurs, parseCniConfig, standaloneConfig, withOurEntry, withoutOurEntry } from '../../src/install/cniconfig.ts';
+import {
+  choosePrimary,
+  CniConfigError,
+  isOurs,
+  parseCniConfig,
+  standaloneConfig,
+  withOurEntry,
+  withoutOurEntry,
+} from '../../src/install/cniconfig.ts';
 import { DEFAULT_TEMPLATE, renderEntry } from '../../src/install/template.ts';
 import { FIXTURE_ENTRY, FIXTURE_VALUES } from '../helpers/install-fixtures.ts';
 import { ROOT } from '../helpers/cli.ts';
@@ -32,7 +40,11 @@ describe('inserting our entry: fixture pairs (primary config in -> config out)',
       assert.equal(plugins.filter((p) => isOurs(p as never)).length, 1);
       assert.deepEqual(plugins.at(-1), FIXTURE_ENTRY);
     });
-    if (path.extname(input) === '.conflist' && !(JSON.parse(inText) as { plugins: unknown[] }).plugins.some((p) => isOurs(p as never)) && expected) {
+    if (
+      path.extname(input) === '.conflist' &&
+      !(JSON.parse(inText) as { plugins: unknown[] }).plugins.some((p) => isOurs(p as never)) &&
+      expected
+    ) {
       it(`${name}: taking our entry out gives back the primary CNI's bytes exactly`, () => {
         const out = withOurEntry(inText, input, FIXTURE_ENTRY)!;
         assert.equal(withoutOurEntry(out.text, out.fileName), inText);
@@ -50,8 +62,14 @@ describe('inserting our entry: fixture pairs (primary config in -> config out)',
   it('takes out every entry of ours, wherever it stands', () => {
     const inText = readFileSync(path.join(FIXTURES, 'two-entries/input.conflist'), 'utf8');
     const out = JSON.parse(withoutOurEntry(inText, 'x.conflist')!) as { plugins: { type: string }[] };
-    assert.deepEqual(out.plugins.map((p) => p.type), ['bridge', 'portmap']);
-    assert.equal(withoutOurEntry(readFileSync(path.join(FIXTURES, 'bridge/input.conflist'), 'utf8'), 'x.conflist'), null);
+    assert.deepEqual(
+      out.plugins.map((p) => p.type),
+      ['bridge', 'portmap'],
+    );
+    assert.equal(
+      withoutOurEntry(readFileSync(path.join(FIXTURES, 'bridge/input.conflist'), 'utf8'), 'x.conflist'),
+      null,
+    );
   });
 });
 
@@ -68,7 +86,10 @@ describe('bad primary configs', () => {
   ];
   for (const [file, text, re] of cases) {
     it(`${file} ${JSON.stringify(text)} -> ${re}`, () => {
-      assert.throws(() => withOurEntry(text, file, FIXTURE_ENTRY), (e: unknown) => e instanceof CniConfigError && re.test(e.message));
+      assert.throws(
+        () => withOurEntry(text, file, FIXTURE_ENTRY),
+        (e: unknown) => e instanceof CniConfigError && re.test(e.message),
+      );
       assert.throws(() => parseCniConfig(text, file), CniConfigError);
     });
   }
@@ -156,7 +177,10 @@ describe('the plugin entry template', () => {
   ];
   for (const [template, re] of bad) {
     it(`rejects ${template}`, () => {
-      assert.throws(() => renderEntry(template, FIXTURE_VALUES, 't'), (e: unknown) => e instanceof CniConfigError && re.test(e.message));
+      assert.throws(
+        () => renderEntry(template, FIXTURE_VALUES, 't'),
+        (e: unknown) => e instanceof CniConfigError && re.test(e.message),
+      );
     });
   }
 });

@@ -24,7 +24,9 @@ const LIBCNI = path.join(ROOT, 'test/node/fixtures/libcni');
 const ORCHCONFIG = path.join(ROOT, 'test/node/fixtures/orchconfig');
 
 describe('install-cni on the reference cases (net dir in -> out after install -> clean after uninstall)', () => {
-  for (const name of readdirSync(CONFORMANCE).filter((n) => !n.includes('.')).sort()) {
+  for (const name of readdirSync(CONFORMANCE)
+    .filter((n) => !n.includes('.'))
+    .sort()) {
     const dir = path.join(CONFORMANCE, name);
     const c = JSON.parse(readFileSync(path.join(dir, 'case.json'), 'utf8')) as ConformanceCase;
     it(`${name} (${c.reference})`, async () => {
@@ -38,7 +40,9 @@ describe('install-cni on the reference cases (net dir in -> out after install ->
 });
 
 describe('which files libcni loads (one file in -> verdict out)', () => {
-  for (const name of readdirSync(LIBCNI).filter((n) => !n.includes('.')).sort()) {
+  for (const name of readdirSync(LIBCNI)
+    .filter((n) => !n.includes('.'))
+    .sort()) {
     const dir = path.join(LIBCNI, name);
     const input = readdirSync(dir).find((f) => f.startsWith('input'))!;
     it(`${name}: ${input}`, () => {
@@ -50,7 +54,7 @@ describe('which files libcni loads (one file in -> verdict out)', () => {
   }
 });
 
-describe('a conflist\'s <name>/ plugin dir, read as libcni reads it (links git cannot carry)', () => {
+describe("a conflist's <name>/ plugin dir, read as libcni reads it (links git cannot carry)", () => {
   // libcni's ConfFiles: a missing dir adds no plugins; any other error fails the load. An error
   // every reader gets (a link loop) passes the file over, as the runtime does.
   const POD_LIST = '{ "cniVersion": "1.0.0", "name": "pods", "plugins": [{ "type": "bridge", "bridge": "podbr8" }] }\n';
@@ -60,12 +64,15 @@ describe('a conflist\'s <name>/ plugin dir, read as libcni reads it (links git c
       await fs.writeFile(path.join(tree.netDir, '00-pods.conflist'), POD_LIST);
       await fs.writeFile(path.join(tree.netDir, '10-bridge.conflist'), BRIDGE_CONFLIST);
       await fs.symlink(link, path.join(tree.netDir, 'pods'));
-      const installer = new Installer(buildSettings({ 'reconcile-interval': '1h', ...tree.flags }, tree.env), { decideCleanup: async () => ({ cleanup: true, why: 'test' }) });
+      const installer = new Installer(buildSettings({ 'reconcile-interval': '1h', ...tree.flags }, tree.env), {
+        decideCleanup: async () => ({ cleanup: true, why: 'test' }),
+      });
       try {
         await installer.start();
         await installer.settled();
         const withEntry: string[] = [];
-        for (const n of ['00-pods.conflist', '10-bridge.conflist']) if ((await fs.readFile(path.join(tree.netDir, n), 'utf8')).includes('"mesh-cni"')) withEntry.push(n);
+        for (const n of ['00-pods.conflist', '10-bridge.conflist'])
+          if ((await fs.readFile(path.join(tree.netDir, n), 'utf8')).includes('"mesh-cni"')) withEntry.push(n);
         return { ready: installer.notReadyReasons().length === 0, notes: installer.notes().join('\n'), withEntry };
       } finally {
         await installer.stop('SIGTERM');
@@ -78,7 +85,10 @@ describe('a conflist\'s <name>/ plugin dir, read as libcni reads it (links git c
   it('a link loop (ELOOP): libcni fails the load, so the file is passed over', async () => {
     const r = await run('pods');
     assert.deepEqual(r, { ready: true, notes: r.notes, withEntry: ['10-bridge.conflist'] });
-    assert.match(r.notes, /passed over .*00-pods\.conflist.*the directory its "name" names, where libcni looks .*ELOOP/);
+    assert.match(
+      r.notes,
+      /passed over .*00-pods\.conflist.*the directory its "name" names, where libcni looks .*ELOOP/,
+    );
   });
 
   it('a dangling link (ENOENT): no more plugins, the file is the primary', async () => {

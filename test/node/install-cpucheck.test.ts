@@ -65,8 +65,10 @@ async function install(plugin: string, cpuinfo: string | null) {
   const cpuinfoPath = path.join(tree.root, 'cpuinfo');
   if (cpuinfo !== null) writeFileSync(cpuinfoPath, cpuinfo);
   const settings = buildSettings({ 'reconcile-interval': '1h', ...tree.flags }, tree.env);
-  const installer = new Installer({ ...settings, install: { ...settings.install, cpuinfoPath } },
-    { decideCleanup: async () => ({ cleanup: true, why: 'test' }) });
+  const installer = new Installer(
+    { ...settings, install: { ...settings.install, cpuinfoPath } },
+    { decideCleanup: async () => ({ cleanup: true, why: 'test' }) },
+  );
   running.push({ installer, tree });
   await installer.start();
   await installer.settled();

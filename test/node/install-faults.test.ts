@@ -14,14 +14,22 @@ import { configureLogging } from '../../src/monitoring/logging.ts';
 import { BRIDGE_CONFLIST, makeHostTree } from '../helpers/hosttree.ts';
 import { eventually } from '../helpers/poll.ts';
 
-configureLogging({ asJson: true, outputLevels: buildSettings({ log_output_level: 'all:none' }, {}).logging.outputLevels }, { write: () => {} });
+configureLogging(
+  { asJson: true, outputLevels: buildSettings({ log_output_level: 'all:none' }, {}).logging.outputLevels },
+  { write: () => {} },
+);
 
 const mount = (...args: string[]) => execFileSync('mount', args, { stdio: 'pipe' });
 
-async function withTmpfsNetDir(size: string, body: (ctx: { installer: Installer; netDir: string }) => Promise<void>): Promise<void> {
+async function withTmpfsNetDir(
+  size: string,
+  body: (ctx: { installer: Installer; netDir: string }) => Promise<void>,
+): Promise<void> {
   const tree = await makeHostTree();
   mount('-t', 'tmpfs', '-o', `size=${size},mode=0755`, 'mcni-test', tree.netDir);
-  const installer = new Installer(buildSettings({ 'reconcile-interval': '1h', ...tree.flags }, tree.env), { decideCleanup: async () => ({ cleanup: false, why: 'test' }) });
+  const installer = new Installer(buildSettings({ 'reconcile-interval': '1h', ...tree.flags }, tree.env), {
+    decideCleanup: async () => ({ cleanup: false, why: 'test' }),
+  });
   try {
     await body({ installer, netDir: tree.netDir });
   } finally {
@@ -60,9 +68,14 @@ describe('installer on a faulty file system', () => {
   it('read-only bin dir: the error is said once, however many passes retry it', async () => {
     const tree = await makeHostTree();
     const lines: string[] = [];
-    configureLogging({ asJson: true, outputLevels: buildSettings({ log_output_level: 'install:error' }, {}).logging.outputLevels }, { write: (l) => void lines.push(l) });
+    configureLogging(
+      { asJson: true, outputLevels: buildSettings({ log_output_level: 'install:error' }, {}).logging.outputLevels },
+      { write: (l) => void lines.push(l) },
+    );
     mount('-t', 'tmpfs', '-o', 'size=1m,ro', 'mcni-test', tree.binDir);
-    const installer = new Installer(buildSettings({ 'reconcile-interval': '1h', ...tree.flags }, tree.env), { decideCleanup: async () => ({ cleanup: false, why: 'test' }) });
+    const installer = new Installer(buildSettings({ 'reconcile-interval': '1h', ...tree.flags }, tree.env), {
+      decideCleanup: async () => ({ cleanup: false, why: 'test' }),
+    });
     try {
       await fs.writeFile(path.join(tree.netDir, '10-bridge.conflist'), BRIDGE_CONFLIST);
       await installer.start();
@@ -74,7 +87,10 @@ describe('installer on a faulty file system', () => {
       assert.equal(lines.filter((l) => l.includes('cannot install mesh-cni')).length, 1, lines.join(''));
     } finally {
       await installer.stop('SIGTERM');
-      configureLogging({ asJson: true, outputLevels: buildSettings({ log_output_level: 'all:none' }, {}).logging.outputLevels }, { write: () => {} });
+      configureLogging(
+        { asJson: true, outputLevels: buildSettings({ log_output_level: 'all:none' }, {}).logging.outputLevels },
+        { write: () => {} },
+      );
       execFileSync('umount', [tree.binDir], { stdio: 'pipe' });
       await tree.remove();
     }
@@ -109,7 +125,10 @@ describe('atomic writes', () => {
     try {
       const file = path.join(tree.netDir, '10-x.conflist');
       await fs.writeFile(file, 'theirs, newer');
-      const replaced = await writeFileAtomic(file, 'ours, from the older text', { mode: 0o644, beforeRename: async () => false });
+      const replaced = await writeFileAtomic(file, 'ours, from the older text', {
+        mode: 0o644,
+        beforeRename: async () => false,
+      });
       assert.equal(replaced, false);
       assert.equal(readFileSync(file, 'utf8'), 'theirs, newer');
       assert.deepEqual(await tempFiles(tree.netDir), []);
@@ -124,7 +143,9 @@ describe('atomic writes', () => {
 /** Resolves with what `p` gives, or rejects after `ms` saying what did not finish. */
 async function within<T>(p: Promise<T>, ms: number, what: string): Promise<T> {
   let timer: NodeJS.Timeout | undefined;
-  const timeout = new Promise<never>((_r, reject) => (timer = setTimeout(() => reject(new Error(`${what} did not finish within ${ms} ms`)), ms)));
+  const timeout = new Promise<never>(
+    (_r, reject) => (timer = setTimeout(() => reject(new Error(`${what} did not finish within ${ms} ms`)), ms)),
+  );
   try {
     return await Promise.race([p, timeout]);
   } finally {
@@ -143,13 +164,21 @@ function unblockFifo(file: string): void {
 }
 
 describe('installer reads only regular files of bounded size', () => {
-  const everything = (installer: Installer) => `${installer.notReadyReasons().join('\n')}\n${JSON.stringify(installer.status())}`;
+  const everything = (installer: Installer) =>
+    `${installer.notReadyReasons().join('\n')}\n${JSON.stringify(installer.status())}`;
 
   type Tree = Awaited<ReturnType<typeof makeHostTree>>;
-  async function withInstaller(flags: (tree: Tree) => Record<string, string>, prepare: (tree: Tree) => Promise<string[]>, body: (installer: Installer, tree: Tree) => Promise<void>): Promise<void> {
+  async function withInstaller(
+    flags: (tree: Tree) => Record<string, string>,
+    prepare: (tree: Tree) => Promise<string[]>,
+    body: (installer: Installer, tree: Tree) => Promise<void>,
+  ): Promise<void> {
     const tree = await makeHostTree();
     const fifos: string[] = [];
-    const installer = new Installer(buildSettings({ 'reconcile-interval': '1h', ...tree.flags, ...flags(tree) }, tree.env), { decideCleanup: async () => ({ cleanup: true, why: 'test' }) });
+    const installer = new Installer(
+      buildSettings({ 'reconcile-interval': '1h', ...tree.flags, ...flags(tree) }, tree.env),
+      { decideCleanup: async () => ({ cleanup: true, why: 'test' }) },
+    );
     try {
       await fs.writeFile(path.join(tree.netDir, '10-bridge.conflist'), BRIDGE_CONFLIST);
       fifos.push(...(await prepare(tree)));
@@ -164,70 +193,97 @@ describe('installer reads only regular files of bounded size', () => {
   }
 
   it('a FIFO named like a config is refused, by name and kind, and the pass finishes', async () => {
-    await withInstaller(() => ({}), async (tree) => {
-      const fifo = path.join(tree.netDir, '00-x.conflist');
-      execFileSync('mkfifo', [fifo]);
-      return [fifo];
-    }, async (installer, tree) => {
-      assert.match(everything(installer), /00-x\.conflist is a FIFO, not a regular file/);
-      // Gone again: the next pass installs as usual.
-      await fs.rm(path.join(tree.netDir, '00-x.conflist'));
-      await eventually(() => installer.notReadyReasons().length === 0, 'ready once the FIFO is gone');
-      assert.match(readFileSync(path.join(tree.netDir, '10-bridge.conflist'), 'utf8'), /"mesh-cni"/);
-    });
+    await withInstaller(
+      () => ({}),
+      async (tree) => {
+        const fifo = path.join(tree.netDir, '00-x.conflist');
+        execFileSync('mkfifo', [fifo]);
+        return [fifo];
+      },
+      async (installer, tree) => {
+        assert.match(everything(installer), /00-x\.conflist is a FIFO, not a regular file/);
+        // Gone again: the next pass installs as usual.
+        await fs.rm(path.join(tree.netDir, '00-x.conflist'));
+        await eventually(() => installer.notReadyReasons().length === 0, 'ready once the FIFO is gone');
+        assert.match(readFileSync(path.join(tree.netDir, '10-bridge.conflist'), 'utf8'), /"mesh-cni"/);
+      },
+    );
   });
 
   it('a link to /dev/zero named like a config is refused without reading it', async () => {
-    await withInstaller(() => ({}), async (tree) => {
-      await fs.symlink('/dev/zero', path.join(tree.netDir, '00-zero.conflist'));
-      return [];
-    }, async (installer) => {
-      assert.match(everything(installer), /00-zero\.conflist is a character device, not a regular file/);
-    });
+    await withInstaller(
+      () => ({}),
+      async (tree) => {
+        await fs.symlink('/dev/zero', path.join(tree.netDir, '00-zero.conflist'));
+        return [];
+      },
+      async (installer) => {
+        assert.match(everything(installer), /00-zero\.conflist is a character device, not a regular file/);
+      },
+    );
   });
 
   it('a config over 1 MiB is refused with its size, not read', async () => {
-    await withInstaller(() => ({}), async (tree) => {
-      const big = path.join(tree.netDir, '00-big.conflist');
-      await fs.writeFile(big, `{"cniVersion":"1.0.0","name":"big","plugins":[{"type":"bridge","pad":"${'x'.repeat(50 * 1024 * 1024)}"}]}`);
-      return [];
-    }, async (installer) => {
-      assert.match(everything(installer), /00-big\.conflist is 50\.0 MiB, over the 1 MiB limit/);
-      assert.doesNotMatch(everything(installer), /xxxx/);
-    });
+    await withInstaller(
+      () => ({}),
+      async (tree) => {
+        const big = path.join(tree.netDir, '00-big.conflist');
+        await fs.writeFile(
+          big,
+          `{"cniVersion":"1.0.0","name":"big","plugins":[{"type":"bridge","pad":"${'x'.repeat(50 * 1024 * 1024)}"}]}`,
+        );
+        return [];
+      },
+      async (installer) => {
+        assert.match(everything(installer), /00-big\.conflist is 50\.0 MiB, over the 1 MiB limit/);
+        assert.doesNotMatch(everything(installer), /xxxx/);
+      },
+    );
   });
 
   it('a token that is a FIFO: not ready with the reason, nothing written', async () => {
-    await withInstaller(() => ({}), async (tree) => {
-      const token = path.join(tree.saDir, '..data', 'token');
-      await fs.rm(token);
-      execFileSync('mkfifo', [token]);
-      return [token];
-    }, async (installer, tree) => {
-      assert.match(installer.notReadyReasons().join('\n'), /token is a FIFO, not a regular file/);
-      assert.equal(readFileSync(path.join(tree.netDir, '10-bridge.conflist'), 'utf8'), BRIDGE_CONFLIST);
-    });
+    await withInstaller(
+      () => ({}),
+      async (tree) => {
+        const token = path.join(tree.saDir, '..data', 'token');
+        await fs.rm(token);
+        execFileSync('mkfifo', [token]);
+        return [token];
+      },
+      async (installer, tree) => {
+        assert.match(installer.notReadyReasons().join('\n'), /token is a FIFO, not a regular file/);
+        assert.equal(readFileSync(path.join(tree.netDir, '10-bridge.conflist'), 'utf8'), BRIDGE_CONFLIST);
+      },
+    );
   });
 
   it('a CA that is a link to /dev/zero is refused', async () => {
-    await withInstaller(() => ({}), async (tree) => {
-      const ca = path.join(tree.saDir, '..data', 'ca.crt');
-      await fs.rm(ca);
-      await fs.symlink('/dev/zero', ca);
-      return [];
-    }, async (installer) => {
-      assert.match(installer.notReadyReasons().join('\n'), /ca\.crt is a character device, not a regular file/);
-    });
+    await withInstaller(
+      () => ({}),
+      async (tree) => {
+        const ca = path.join(tree.saDir, '..data', 'ca.crt');
+        await fs.rm(ca);
+        await fs.symlink('/dev/zero', ca);
+        return [];
+      },
+      async (installer) => {
+        assert.match(installer.notReadyReasons().join('\n'), /ca\.crt is a character device, not a regular file/);
+      },
+    );
   });
 
   it('a template file that is a FIFO is refused', async () => {
-    await withInstaller((tree) => ({ 'cni-network-config-file': path.join(tree.root, 'template.json') }), async (tree) => {
-      const template = path.join(tree.root, 'template.json');
-      execFileSync('mkfifo', [template]);
-      return [template];
-    }, async (installer) => {
-      assert.match(installer.notReadyReasons().join('\n'), /template\.json is a FIFO, not a regular file/);
-    });
+    await withInstaller(
+      (tree) => ({ 'cni-network-config-file': path.join(tree.root, 'template.json') }),
+      async (tree) => {
+        const template = path.join(tree.root, 'template.json');
+        execFileSync('mkfifo', [template]);
+        return [template];
+      },
+      async (installer) => {
+        assert.match(installer.notReadyReasons().join('\n'), /template\.json is a FIFO, not a regular file/);
+      },
+    );
   });
 });
 
@@ -307,8 +363,13 @@ describe('stale temp files at start-up', () => {
   it('a directory or a link to one named like our temp is left as it is, logged once; start-up goes on', async () => {
     const tree = await makeHostTree();
     const lines: string[] = [];
-    configureLogging({ asJson: true, outputLevels: buildSettings({ log_output_level: 'install:info' }, {}).logging.outputLevels }, { write: (l) => void lines.push(l) });
-    const installer = new Installer(buildSettings({ 'reconcile-interval': '1h', ...tree.flags }, tree.env), { decideCleanup: async () => ({ cleanup: false, why: 'test' }) });
+    configureLogging(
+      { asJson: true, outputLevels: buildSettings({ log_output_level: 'install:info' }, {}).logging.outputLevels },
+      { write: (l) => void lines.push(l) },
+    );
+    const installer = new Installer(buildSettings({ 'reconcile-interval': '1h', ...tree.flags }, tree.env), {
+      decideCleanup: async () => ({ cleanup: false, why: 'test' }),
+    });
     const outside = await fs.mkdtemp(path.join(tree.root, 'outside-'));
     try {
       await fs.writeFile(path.join(tree.netDir, '10-bridge.conflist'), BRIDGE_CONFLIST);
@@ -341,7 +402,10 @@ describe('stale temp files at start-up', () => {
       assert.match(said.join(''), /mesh-tmp-1-cccccccc/);
     } finally {
       await installer.stop('SIGTERM').catch(() => {});
-      configureLogging({ asJson: true, outputLevels: buildSettings({ log_output_level: 'all:none' }, {}).logging.outputLevels }, { write: () => {} });
+      configureLogging(
+        { asJson: true, outputLevels: buildSettings({ log_output_level: 'all:none' }, {}).logging.outputLevels },
+        { write: () => {} },
+      );
       await tree.remove();
     }
   });

@@ -14,7 +14,10 @@ import { configureLogging } from '../../src/monitoring/logging.ts';
 import { fileTokenSource } from '../../src/install/tokenrequest.ts';
 import { BRIDGE_CONFLIST, makeHostTree, type HostTree } from '../helpers/hosttree.ts';
 
-configureLogging({ asJson: true, outputLevels: buildSettings({ log_output_level: 'all:none' }, {}).logging.outputLevels }, { write: () => {} });
+configureLogging(
+  { asJson: true, outputLevels: buildSettings({ log_output_level: 'all:none' }, {}).logging.outputLevels },
+  { write: () => {} },
+);
 
 const running: { installer: Installer; tree: HostTree }[] = [];
 afterEach(async () => {
@@ -24,58 +27,83 @@ afterEach(async () => {
   }
 });
 
-async function start(flags: (t: HostTree) => Record<string, string>, prepare: (t: HostTree) => Promise<void>): Promise<{ installer: Installer; tree: HostTree }> {
+async function start(
+  flags: (t: HostTree) => Record<string, string>,
+  prepare: (t: HostTree) => Promise<void>,
+): Promise<{ installer: Installer; tree: HostTree }> {
   const tree = await makeHostTree();
   await prepare(tree);
-  const installer = new Installer(buildSettings({ 'reconcile-interval': '1h', ...tree.flags, ...flags(tree) }, tree.env), { decideCleanup: async () => ({ cleanup: true, why: 'test' }) });
+  const installer = new Installer(
+    buildSettings({ 'reconcile-interval': '1h', ...tree.flags, ...flags(tree) }, tree.env),
+    { decideCleanup: async () => ({ cleanup: true, why: 'test' }) },
+  );
   running.push({ installer, tree });
   await installer.start();
   await installer.settled();
   return { installer, tree };
 }
 
-const everything = (installer: Installer) => `${installer.notReadyReasons().join('\n')}\n${JSON.stringify(installer.status())}`;
+const everything = (installer: Installer) =>
+  `${installer.notReadyReasons().join('\n')}\n${JSON.stringify(installer.status())}`;
 const SECRET = 'eyJhbGciOiJSUzI1NiJ9.c2VjcmV0LXRva2VuLWRvLW5vdC1sZWFr.sig';
 
 describe('binaries: only the ones we ship, never through a link', () => {
   it('copies mesh-cni only, however many other files the binaries dir holds (--cni-binaries-dir /etc)', async () => {
-    const { installer, tree } = await start(() => ({}), async (t) => {
-      await fs.writeFile(path.join(t.netDir, '10-bridge.conflist'), BRIDGE_CONFLIST);
-      await fs.writeFile(path.join(t.binariesDir, 'shadow'), 'root:$6$secret:19000:0:99999:7:::\n', { mode: 0o600 });
-      await fs.symlink('/etc/hostname', path.join(t.binariesDir, 'hostname'));
-    });
+    const { installer, tree } = await start(
+      () => ({}),
+      async (t) => {
+        await fs.writeFile(path.join(t.netDir, '10-bridge.conflist'), BRIDGE_CONFLIST);
+        await fs.writeFile(path.join(t.binariesDir, 'shadow'), 'root:$6$secret:19000:0:99999:7:::\n', { mode: 0o600 });
+        await fs.symlink('/etc/hostname', path.join(t.binariesDir, 'hostname'));
+      },
+    );
     assert.deepEqual(installer.notReadyReasons(), []);
     assert.deepEqual(await fs.readdir(tree.binDir), ['mesh-cni']);
   });
 
   it('refuses a mesh-cni that is a link (it could point anywhere on the image or host)', async () => {
-    const { installer, tree } = await start(() => ({}), async (t) => {
-      await fs.writeFile(path.join(t.netDir, '10-bridge.conflist'), BRIDGE_CONFLIST);
-      await fs.rm(path.join(t.binariesDir, 'mesh-cni'));
-      await fs.symlink('/etc/hostname', path.join(t.binariesDir, 'mesh-cni'));
-    });
+    const { installer, tree } = await start(
+      () => ({}),
+      async (t) => {
+        await fs.writeFile(path.join(t.netDir, '10-bridge.conflist'), BRIDGE_CONFLIST);
+        await fs.rm(path.join(t.binariesDir, 'mesh-cni'));
+        await fs.symlink('/etc/hostname', path.join(t.binariesDir, 'mesh-cni'));
+      },
+    );
     assert.match(installer.notReadyReasons().join('\n'), /mesh-cni is a symbolic link/);
     assert.deepEqual(await fs.readdir(tree.binDir), []);
   });
 
   it('replaces a FIFO or link planted where our binary goes, without reading or following it', async () => {
-    const { installer, tree } = await start(() => ({}), async (t) => {
-      await fs.writeFile(path.join(t.netDir, '10-bridge.conflist'), BRIDGE_CONFLIST);
-      await fs.symlink('/dev/zero', path.join(t.binDir, 'mesh-cni'));
-    });
+    const { installer, tree } = await start(
+      () => ({}),
+      async (t) => {
+        await fs.writeFile(path.join(t.netDir, '10-bridge.conflist'), BRIDGE_CONFLIST);
+        await fs.symlink('/dev/zero', path.join(t.binDir, 'mesh-cni'));
+      },
+    );
     assert.deepEqual(installer.notReadyReasons(), []);
     const st = await fs.lstat(path.join(tree.binDir, 'mesh-cni'));
     assert.ok(st.isFile());
-    assert.equal(readFileSync(path.join(tree.binDir, 'mesh-cni'), 'utf8'), readFileSync(path.join(tree.binariesDir, 'mesh-cni'), 'utf8'));
+    assert.equal(
+      readFileSync(path.join(tree.binDir, 'mesh-cni'), 'utf8'),
+      readFileSync(path.join(tree.binariesDir, 'mesh-cni'), 'utf8'),
+    );
   });
 });
 
 describe('the orchconfig name against the primary found at run time', () => {
   it('fails the pass, touching nothing, when the orchconfig would sort before the primary', async () => {
-    const { installer, tree } = await start(() => ({ 'orchcfg-file-name': '05-mesh-orchconfig' }), async (t) => {
-      await fs.writeFile(path.join(t.netDir, '10-bridge.conflist'), BRIDGE_CONFLIST);
-    });
-    assert.match(installer.notReadyReasons().join('\n'), /--orchcfg-file-name 05-mesh-orchconfig sorts before the CNI config 10-bridge\.conflist in .*, which the runtime may take as the primary; not installing/);
+    const { installer, tree } = await start(
+      () => ({ 'orchcfg-file-name': '05-mesh-orchconfig' }),
+      async (t) => {
+        await fs.writeFile(path.join(t.netDir, '10-bridge.conflist'), BRIDGE_CONFLIST);
+      },
+    );
+    assert.match(
+      installer.notReadyReasons().join('\n'),
+      /--orchcfg-file-name 05-mesh-orchconfig sorts before the CNI config 10-bridge\.conflist in .*, which the runtime may take as the primary; not installing/,
+    );
     assert.deepEqual(await fs.readdir(tree.netDir), ['10-bridge.conflist']);
     assert.equal(readFileSync(path.join(tree.netDir, '10-bridge.conflist'), 'utf8'), BRIDGE_CONFLIST);
     assert.deepEqual(await fs.readdir(tree.binDir), []);
@@ -84,30 +112,42 @@ describe('the orchconfig name against the primary found at run time', () => {
 
 describe('reasons name files and errors, never contents', () => {
   it('an unparseable primary holding a token', async () => {
-    const { installer } = await start(() => ({}), async (t) => {
-      await fs.writeFile(path.join(t.netDir, '10-bridge.conflist'), SECRET);
-    });
+    const { installer } = await start(
+      () => ({}),
+      async (t) => {
+        await fs.writeFile(path.join(t.netDir, '10-bridge.conflist'), SECRET);
+      },
+    );
     const said = everything(installer);
     assert.match(said, /10-bridge\.conflist: not valid JSON/);
     assert.doesNotMatch(said, /eyJ|c2Vj|sig/);
   });
 
   it('an unparseable primary with the token after a valid start', async () => {
-    const { installer } = await start(() => ({}), async (t) => {
-      await fs.writeFile(path.join(t.netDir, '10-bridge.conflist'), `{"cniVersion": "1.0.0", "name": ${SECRET}}`);
-    });
+    const { installer } = await start(
+      () => ({}),
+      async (t) => {
+        await fs.writeFile(path.join(t.netDir, '10-bridge.conflist'), `{"cniVersion": "1.0.0", "name": ${SECRET}}`);
+      },
+    );
     const said = everything(installer);
     assert.match(said, /10-bridge\.conflist: not valid JSON/);
     assert.doesNotMatch(said, /eyJ|c2Vj|cniVersion/);
   });
 
   it('a template file holding a token (--cni-network-config-file pointed at the wrong file)', async () => {
-    const { installer } = await start((t) => ({ 'cni-network-config-file': path.join(t.root, 'token-by-mistake') }), async (t) => {
-      await fs.writeFile(path.join(t.netDir, '10-bridge.conflist'), BRIDGE_CONFLIST);
-      await fs.writeFile(path.join(t.root, 'token-by-mistake'), SECRET);
-    });
+    const { installer } = await start(
+      (t) => ({ 'cni-network-config-file': path.join(t.root, 'token-by-mistake') }),
+      async (t) => {
+        await fs.writeFile(path.join(t.netDir, '10-bridge.conflist'), BRIDGE_CONFLIST);
+        await fs.writeFile(path.join(t.root, 'token-by-mistake'), SECRET);
+      },
+    );
     const said = everything(installer);
-    assert.match(said, /cannot parse the CNI network config template from .*token-by-mistake: not valid JSON5 \(invalid character at line 1 column 1\)/);
+    assert.match(
+      said,
+      /cannot parse the CNI network config template from .*token-by-mistake: not valid JSON5 \(invalid character at line 1 column 1\)/,
+    );
     assert.doesNotMatch(said, /eyJ|'e'/);
   });
 });
@@ -128,10 +168,20 @@ describe('the net dir is writable by others: nothing found there steers a write 
   }
 
   it('a planted record naming another file (a link to a binary) is not followed: the victim keeps its bytes and mode', async () => {
-    const { installer, tree } = await start(() => ({}), async (t) => {
-      await fs.writeFile(path.join(t.netDir, '10-bridge.conflist'), BRIDGE_CONFLIST);
+    const { installer, tree } = await start(
+      () => ({}),
+      async (t) => {
+        await fs.writeFile(path.join(t.netDir, '10-bridge.conflist'), BRIDGE_CONFLIST);
+      },
+    );
+    const victim = await plant(tree, {
+      name: '50-x.conf',
+      text: '#!/bin/sh\necho pwned\n',
+      written: sha(evil),
+      mode: 0o755,
+      uid: 0,
+      gid: 0,
     });
-    const victim = await plant(tree, { name: '50-x.conf', text: '#!/bin/sh\necho pwned\n', written: sha(evil), mode: 0o755, uid: 0, gid: 0 });
     await fs.symlink(victim, path.join(tree.netDir, '50-x.conf'));
     await pass(installer);
     assert.equal(readFileSync(victim, 'utf8'), 'ORIGINAL BINARY\n');
@@ -142,11 +192,21 @@ describe('the net dir is writable by others: nothing found there steers a write 
   });
 
   it('a record naming the .conf of its conflist is given back in the net dir itself, never through a link, and never executable', async () => {
-    const { installer, tree } = await start(() => ({}), async (t) => {
-      await fs.writeFile(path.join(t.netDir, '10-bridge.conflist'), BRIDGE_CONFLIST);
-    });
+    const { installer, tree } = await start(
+      () => ({}),
+      async (t) => {
+        await fs.writeFile(path.join(t.netDir, '10-bridge.conflist'), BRIDGE_CONFLIST);
+      },
+    );
     const conf = `${JSON.stringify({ cniVersion: '0.3.1', name: 'evil', type: 'bridge' })}\n`;
-    const victim = await plant(tree, { name: '99-evil.conf', text: conf, written: sha(evil), mode: 0o6777, uid: 12345, gid: 12345 });
+    const victim = await plant(tree, {
+      name: '99-evil.conf',
+      text: conf,
+      written: sha(evil),
+      mode: 0o6777,
+      uid: 12345,
+      gid: 12345,
+    });
     await fs.symlink(victim, path.join(tree.netDir, '99-evil.conf'));
     await pass(installer);
     assert.equal(readFileSync(victim, 'utf8'), 'ORIGINAL BINARY\n');
@@ -160,9 +220,12 @@ describe('the net dir is writable by others: nothing found there steers a write 
   });
 
   it('the orchconfig replaced by a link to a file with its bytes: the link is replaced, the file it points to is not chmodded', async () => {
-    const { installer, tree } = await start(() => ({}), async (t) => {
-      await fs.writeFile(path.join(t.netDir, '10-bridge.conflist'), BRIDGE_CONFLIST);
-    });
+    const { installer, tree } = await start(
+      () => ({}),
+      async (t) => {
+        await fs.writeFile(path.join(t.netDir, '10-bridge.conflist'), BRIDGE_CONFLIST);
+      },
+    );
     const orchconfig = path.join(tree.netDir, 'ZZZ-mesh-cni-orchconfig');
     const elsewhere = path.join(tree.root, 'elsewhere');
     await fs.writeFile(elsewhere, readFileSync(orchconfig), { mode: 0o644 });
@@ -179,7 +242,9 @@ describe('the net dir is writable by others: nothing found there steers a write 
 
 describe('an orchconfig from before the plugin had a token of its own', () => {
   /** Installer with the plugin's token not to be had (minting failing: the file source, file gone). */
-  async function startWithoutPluginToken(orchconfigText: (tree: HostTree) => string): Promise<{ installer: Installer; tree: HostTree; orchconfig: string }> {
+  async function startWithoutPluginToken(
+    orchconfigText: (tree: HostTree) => string,
+  ): Promise<{ installer: Installer; tree: HostTree; orchconfig: string }> {
     const tree = await makeHostTree();
     await fs.writeFile(path.join(tree.netDir, '10-bridge.conflist'), BRIDGE_CONFLIST);
     const orchconfig = path.join(tree.netDir, 'ZZZ-mesh-cni-orchconfig');
@@ -187,18 +252,22 @@ describe('an orchconfig from before the plugin had a token of its own', () => {
     await fs.rm(path.join(tree.root, 'plugin-token'));
     const settings = buildSettings({ 'reconcile-interval': '1h', ...tree.flags }, tree.env);
     const pluginToken = fileTokenSource(path.join(tree.root, 'plugin-token'), path.join(tree.saDir, 'token'));
-    const installer = new Installer(settings, { decideCleanup: async () => ({ cleanup: true, why: 'test' }), pluginToken });
+    const installer = new Installer(settings, {
+      decideCleanup: async () => ({ cleanup: true, why: 'test' }),
+      pluginToken,
+    });
     running.push({ installer, tree });
     await installer.start();
     await installer.settled();
     return { installer, tree, orchconfig };
   }
-  const preFix = (token: string) => `${JSON.stringify({ apiVersion: 'v1', kind: 'Config', users: [{ name: 'mesh-cni', user: { token } }] }, null, 2)}\n`;
+  const preFix = (token: string) =>
+    `${JSON.stringify({ apiVersion: 'v1', kind: 'Config', users: [{ name: 'mesh-cni', user: { token } }] }, null, 2)}\n`;
 
-  it('one holding the agent\'s own token is removed while no plugin token can be had (the plugin then fails closed)', async () => {
+  it("one holding the agent's own token is removed while no plugin token can be had (the plugin then fails closed)", async () => {
     const { installer, orchconfig } = await startWithoutPluginToken(() => preFix('token-1'));
     assert.match(installer.notReadyReasons().join('\n'), /plugin's token file .* cannot be read: ENOENT/);
-    assert.equal(await fs.stat(orchconfig).catch(() => null), null, 'the agent\'s token is off the node\'s disk');
+    assert.equal(await fs.stat(orchconfig).catch(() => null), null, "the agent's token is off the node's disk");
   });
 
   it('one holding another token (an earlier plugin token) is left until a new one comes', async () => {

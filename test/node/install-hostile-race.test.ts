@@ -16,7 +16,10 @@ import { Reconciler } from '../../src/install/reconcile.ts';
 import { configureLogging } from '../../src/monitoring/logging.ts';
 import { BRIDGE_CONFLIST, makeHostTree, type HostTree } from '../helpers/hosttree.ts';
 
-configureLogging({ asJson: true, outputLevels: buildSettings({ log_output_level: 'all:none' }, {}).logging.outputLevels }, { write: () => {} });
+configureLogging(
+  { asJson: true, outputLevels: buildSettings({ log_output_level: 'all:none' }, {}).logging.outputLevels },
+  { write: () => {} },
+);
 
 const cleanups: (() => Promise<unknown>)[] = [];
 afterEach(async () => {
@@ -38,7 +41,11 @@ int main(int argc, char **argv) {
 `;
 
 const VICTIM = '\x7fELF stand-in for a CNI binary\n';
-const WITH_OURS = JSON.stringify({ cniVersion: '1.0.0', name: 'planted', plugins: [{ type: 'bridge' }, { type: 'mesh-cni' }] }, null, 1);
+const WITH_OURS = JSON.stringify(
+  { cniVersion: '1.0.0', name: 'planted', plugins: [{ type: 'bridge' }, { type: 'mesh-cni' }] },
+  null,
+  1,
+);
 
 async function tree(): Promise<HostTree> {
   const t = await makeHostTree();
@@ -78,7 +85,11 @@ describe('a link in the net dir is written through only into a directory no net-
       await fs.writeFile(`/proc/self/fd/${dir.fd}/host-local`, WITH_OURS);
       await r.reconcile().catch(() => {});
       passes++;
-      assert.equal(readFileSync(path.join(t.binDir, 'host-local'), 'utf8'), VICTIM, `the binary was overwritten after ${passes} passes`);
+      assert.equal(
+        readFileSync(path.join(t.binDir, 'host-local'), 'utf8'),
+        VICTIM,
+        `the binary was overwritten after ${passes} passes`,
+      );
     }
     swapper.kill('SIGKILL');
     assert.equal(statSync(path.join(t.binDir, 'host-local')).mode & 0o7777, 0o755);

@@ -15,13 +15,20 @@ import { eventually } from '../helpers/poll.ts';
 import { configureLogging } from '../../src/monitoring/logging.ts';
 
 const logLines: string[] = [];
-configureLogging({ asJson: true, outputLevels: buildSettings({ log_output_level: 'all:debug' }, {}).logging.outputLevels }, { write: (l) => void logLines.push(l) });
+configureLogging(
+  { asJson: true, outputLevels: buildSettings({ log_output_level: 'all:debug' }, {}).logging.outputLevels },
+  { write: (l) => void logLines.push(l) },
+);
 
 const running: { installer: Installer; tree: HostTree }[] = [];
 
 type Flags = Record<string, string> | ((t: HostTree) => Record<string, string>);
 
-async function startInstaller(flags: Flags = {}, env: Record<string, string> = {}, prepare?: (t: HostTree) => Promise<void>) {
+async function startInstaller(
+  flags: Flags = {},
+  env: Record<string, string> = {},
+  prepare?: (t: HostTree) => Promise<void>,
+) {
   const tree = await makeHostTree();
   if (prepare) await prepare(tree);
   const extra = typeof flags === 'function' ? flags(tree) : flags;
@@ -45,13 +52,17 @@ const read = (f: string) => readFileSync(f, 'utf8');
 const plugins = (f: string) => (JSON.parse(read(f)) as { plugins: { type: string }[] }).plugins.map((p) => p.type);
 async function metric(name: string, labels = ''): Promise<number> {
   const text = await registry.metrics();
-  const line = text.split('\n').find((l) => l.startsWith(`${name}${labels ? `{${labels}}` : ''} `) || (labels === '' && l.startsWith(`${name} `)));
+  const line = text
+    .split('\n')
+    .find((l) => l.startsWith(`${name}${labels ? `{${labels}}` : ''} `) || (labels === '' && l.startsWith(`${name} `)));
   return line ? Number(line.split(' ').at(-1)) : 0;
 }
 
 describe('installer', () => {
   it('installs the binary, the orchconfig and our entry, and is ready', async () => {
-    const { installer, tree } = await startInstaller({}, {}, async (t) => fs.writeFile(path.join(t.netDir, '10-bridge.conflist'), BRIDGE_CONFLIST));
+    const { installer, tree } = await startInstaller({}, {}, async (t) =>
+      fs.writeFile(path.join(t.netDir, '10-bridge.conflist'), BRIDGE_CONFLIST),
+    );
     assert.deepEqual(installer.notReadyReasons(), []);
     assert.equal(await metric('mesh_cni_install_ready'), 1);
 
@@ -61,25 +72,47 @@ describe('installer', () => {
 
     const orchconfig = path.join(tree.netDir, 'ZZZ-mesh-cni-orchconfig');
     assert.equal(statSync(orchconfig).mode & 0o777, 0o600);
-    const kc = JSON.parse(read(orchconfig)) as { clusters: { cluster: Record<string, unknown> }[]; users: { user: { token: string } }[] };
+    const kc = JSON.parse(read(orchconfig)) as {
+      clusters: { cluster: Record<string, unknown> }[];
+      users: { user: { token: string } }[];
+    };
     assert.equal(kc.clusters[0]!.cluster.server, 'https://198.18.96.1:443');
-    assert.equal(Buffer.from(kc.clusters[0]!.cluster['certificate-authority-data'] as string, 'base64').toString(), SAMPLE_CA);
+    assert.equal(
+      Buffer.from(kc.clusters[0]!.cluster['certificate-authority-data'] as string, 'base64').toString(),
+      SAMPLE_CA,
+    );
     assert.equal(kc.users[0]!.user.token, 'token-1');
 
     assert.deepEqual(plugins(path.join(tree.netDir, '10-bridge.conflist')), ['bridge', 'mesh-cni']);
-    const entry = (JSON.parse(read(path.join(tree.netDir, '10-bridge.conflist'))) as { plugins: Record<string, unknown>[] }).plugins[1]!;
-    assert.deepEqual(entry.orch, { orchconfig: '/etc/cni/net.d/ZZZ-mesh-cni-orchconfig', cni_bin_dir: '/opt/cni/bin', exclude_namespaces: ['mesh-system', 'kube-system'], node_name: 'node-1' });
+    const entry = (
+      JSON.parse(read(path.join(tree.netDir, '10-bridge.conflist'))) as { plugins: Record<string, unknown>[] }
+    ).plugins[1]!;
+    assert.deepEqual(entry.orch, {
+      orchconfig: '/etc/cni/net.d/ZZZ-mesh-cni-orchconfig',
+      cni_bin_dir: '/opt/cni/bin',
+      exclude_namespaces: ['mesh-system', 'kube-system'],
+      node_name: 'node-1',
+    });
     assert.equal(installer.status().primaryConfig, '10-bridge.conflist');
   });
 
   it('writes an IPv6 API server in brackets, and skip-tls-verify instead of a CA', async () => {
     const { tree } = await startInstaller({ 'skip-tls-verify': 'true' }, { KUBERNETES_SERVICE_HOST: 'fd00:198:18::1' });
-    const kc = JSON.parse(read(path.join(tree.netDir, 'ZZZ-mesh-cni-orchconfig'))) as { clusters: { cluster: Record<string, unknown> }[] };
-    assert.deepEqual(kc.clusters[0]!.cluster, { server: 'https://[fd00:198:18::1]:443', 'insecure-skip-tls-verify': true });
+    const kc = JSON.parse(read(path.join(tree.netDir, 'ZZZ-mesh-cni-orchconfig'))) as {
+      clusters: { cluster: Record<string, unknown> }[];
+    };
+    assert.deepEqual(kc.clusters[0]!.cluster, {
+      server: 'https://[fd00:198:18::1]:443',
+      'insecure-skip-tls-verify': true,
+    });
   });
 
   it('honours --orchconfig-mode and --orchcfg-file-name', async () => {
-    const { tree } = await startInstaller({ 'orchconfig-mode': '416', 'orchconfig-allow-group-other-read': 'true', 'orchcfg-file-name': 'my-orchconfig' });
+    const { tree } = await startInstaller({
+      'orchconfig-mode': '416',
+      'orchconfig-allow-group-other-read': 'true',
+      'orchcfg-file-name': 'my-orchconfig',
+    });
     assert.equal(statSync(path.join(tree.netDir, 'my-orchconfig')).mode & 0o777, 0o640);
   });
 
@@ -91,7 +124,10 @@ describe('installer', () => {
     await installer.settled();
     const said = logLines.slice(before).filter((l) => l.includes('waiting for a primary CNI config'));
     assert.equal(said.length, 1, 'said once');
-    assert.ok(said.every((l) => JSON.parse(l).level === 'info'), 'not an error');
+    assert.ok(
+      said.every((l) => JSON.parse(l).level === 'info'),
+      'not an error',
+    );
 
     await fs.writeFile(path.join(tree.netDir, 'cni.lock'), '');
     await fs.writeFile(path.join(tree.netDir, '10-bridge.conflist'), BRIDGE_CONFLIST);
@@ -101,7 +137,9 @@ describe('installer', () => {
   });
 
   it('restores our entry each time the primary CNI rewrites its file, one write per rewrite', async () => {
-    const { installer, tree } = await startInstaller({}, {}, async (t) => fs.writeFile(path.join(t.netDir, '10-bridge.conflist'), BRIDGE_CONFLIST));
+    const { installer, tree } = await startInstaller({}, {}, async (t) =>
+      fs.writeFile(path.join(t.netDir, '10-bridge.conflist'), BRIDGE_CONFLIST),
+    );
     const file = path.join(tree.netDir, '10-bridge.conflist');
     const writesBefore = await metric('mesh_cni_install_writes_total', 'kind="cni_config",action="write"');
     const rewrites = 20;
@@ -117,10 +155,16 @@ describe('installer', () => {
   });
 
   it('moves our entry when a new file takes first place, giving the old file back as it was', async () => {
-    const { installer, tree } = await startInstaller({}, {}, async (t) => fs.writeFile(path.join(t.netDir, '10-bridge.conflist'), BRIDGE_CONFLIST));
-    const cilium = '{\n\t"cniVersion": "0.3.1",\n\t"name": "cilium",\n\t"plugins": [\n\t\t{\n\t\t\t"type": "cilium-cni"\n\t\t}\n\t]\n}\n';
+    const { installer, tree } = await startInstaller({}, {}, async (t) =>
+      fs.writeFile(path.join(t.netDir, '10-bridge.conflist'), BRIDGE_CONFLIST),
+    );
+    const cilium =
+      '{\n\t"cniVersion": "0.3.1",\n\t"name": "cilium",\n\t"plugins": [\n\t\t{\n\t\t\t"type": "cilium-cni"\n\t\t}\n\t]\n}\n';
     await fs.writeFile(path.join(tree.netDir, '05-cilium.conflist'), cilium);
-    await eventually(() => plugins(path.join(tree.netDir, '05-cilium.conflist')).includes('mesh-cni'), 'entry in the new first file');
+    await eventually(
+      () => plugins(path.join(tree.netDir, '05-cilium.conflist')).includes('mesh-cni'),
+      'entry in the new first file',
+    );
     await installer.settled();
     assert.equal(read(path.join(tree.netDir, '10-bridge.conflist')), BRIDGE_CONFLIST);
     assert.equal(installer.status().primaryConfig, '05-cilium.conflist');
@@ -128,8 +172,12 @@ describe('installer', () => {
 
   it('makes a .conf a .conflist, and gives the .conf back byte for byte on cleanup', async () => {
     const conf = '{"cniVersion":"0.3.1","name":"cbr0","type":"flannel","delegate":{"isDefaultGateway":true}}\n';
-    const { installer, tree } = await startInstaller({}, {}, async (t) => fs.writeFile(path.join(t.netDir, '10-flannel.conf'), conf, { mode: 0o640 }));
-    assert.deepEqual(await fs.readdir(tree.netDir).then((n) => n.filter((x) => x.startsWith('10-'))), ['10-flannel.conflist']);
+    const { installer, tree } = await startInstaller({}, {}, async (t) =>
+      fs.writeFile(path.join(t.netDir, '10-flannel.conf'), conf, { mode: 0o640 }),
+    );
+    assert.deepEqual(await fs.readdir(tree.netDir).then((n) => n.filter((x) => x.startsWith('10-'))), [
+      '10-flannel.conflist',
+    ]);
     assert.deepEqual(plugins(path.join(tree.netDir, '10-flannel.conflist')), ['flannel', 'mesh-cni']);
     assert.equal(statSync(path.join(tree.netDir, '10-flannel.conflist')).mode & 0o777, 0o640);
     await installer.stop('SIGTERM');
@@ -144,7 +192,11 @@ describe('installer', () => {
     try {
       await fs.writeFile(path.join(tree.netDir, '10-flannel.conf'), conf, { mode: 0o640 });
       const settings = buildSettings({ 'reconcile-interval': '1h', ...tree.flags }, tree.env);
-      for (const [run, cleanup] of [[1, false], [2, false], [3, true]] as const) {
+      for (const [run, cleanup] of [
+        [1, false],
+        [2, false],
+        [3, true],
+      ] as const) {
         const installer = new Installer(settings, { decideCleanup: async () => ({ cleanup, why: `run ${run}` }) });
         await installer.start();
         assert.deepEqual(plugins(path.join(tree.netDir, '10-flannel.conflist')), ['flannel', 'mesh-cni'], `run ${run}`);
@@ -168,9 +220,22 @@ describe('installer', () => {
       const tree = await makeHostTree();
       try {
         await fs.writeFile(path.join(tree.netDir, name), initial);
-        for (const [level, cleanup] of [['warn', false], ['debug', true]] as const) {
-          const settings = buildSettings({ 'reconcile-interval': '1h', 'log-level': level, 'cleanup-on-exit': cleanup ? 'always' : 'never', ...tree.flags }, tree.env);
-          const installer = new Installer(settings, { decideCleanup: async () => ({ cleanup, why: `log level ${level}` }) });
+        for (const [level, cleanup] of [
+          ['warn', false],
+          ['debug', true],
+        ] as const) {
+          const settings = buildSettings(
+            {
+              'reconcile-interval': '1h',
+              'log-level': level,
+              'cleanup-on-exit': cleanup ? 'always' : 'never',
+              ...tree.flags,
+            },
+            tree.env,
+          );
+          const installer = new Installer(settings, {
+            decideCleanup: async () => ({ cleanup, why: `log level ${level}` }),
+          });
           await installer.start();
           const conflist = path.join(tree.netDir, name.replace(/\.conf$/, '.conflist'));
           const entry = (JSON.parse(read(conflist)) as { plugins: Record<string, unknown>[] }).plugins.at(-1);
@@ -178,7 +243,10 @@ describe('installer', () => {
           await installer.stop('SIGTERM');
         }
         assert.equal(read(path.join(tree.netDir, name)), initial);
-        assert.deepEqual((await fs.readdir(tree.netDir)).filter((n) => n !== name), []);
+        assert.deepEqual(
+          (await fs.readdir(tree.netDir)).filter((n) => n !== name),
+          [],
+        );
       } finally {
         await tree.remove();
       }
@@ -186,7 +254,9 @@ describe('installer', () => {
   }
 
   it('on cleanup leaves the primary exactly as the primary CNI wrote it, removes the orchconfig and keeps the binary', async () => {
-    const { installer, tree } = await startInstaller({}, {}, async (t) => fs.writeFile(path.join(t.netDir, '10-bridge.conflist'), BRIDGE_CONFLIST));
+    const { installer, tree } = await startInstaller({}, {}, async (t) =>
+      fs.writeFile(path.join(t.netDir, '10-bridge.conflist'), BRIDGE_CONFLIST),
+    );
     await installer.stop('SIGTERM');
     assert.equal(read(path.join(tree.netDir, '10-bridge.conflist')), BRIDGE_CONFLIST);
     assert.deepEqual(await fs.readdir(tree.netDir), ['10-bridge.conflist']);
@@ -199,7 +269,9 @@ describe('installer', () => {
   it('leaves everything in place when the decision is a restart', async () => {
     const tree = await makeHostTree();
     await fs.writeFile(path.join(tree.netDir, '10-bridge.conflist'), BRIDGE_CONFLIST);
-    const installer = new Installer(buildSettings({ 'reconcile-interval': '1h', ...tree.flags }, tree.env), { decideCleanup: async () => ({ cleanup: false, why: 'upgrade' }) });
+    const installer = new Installer(buildSettings({ 'reconcile-interval': '1h', ...tree.flags }, tree.env), {
+      decideCleanup: async () => ({ cleanup: false, why: 'upgrade' }),
+    });
     try {
       await installer.start();
       await installer.stop('SIGTERM');
@@ -212,14 +284,20 @@ describe('installer', () => {
   });
 
   it('rewrites the orchconfig when the token rotates by a ..data swap, and when the CA changes', async () => {
-    const { installer, tree } = await startInstaller({}, {}, async (t) => fs.writeFile(path.join(t.netDir, '10-bridge.conflist'), BRIDGE_CONFLIST));
+    const { installer, tree } = await startInstaller({}, {}, async (t) =>
+      fs.writeFile(path.join(t.netDir, '10-bridge.conflist'), BRIDGE_CONFLIST),
+    );
     const orchconfig = path.join(tree.netDir, 'ZZZ-mesh-cni-orchconfig');
     await tree.rotate({ token: 'token-2' });
     // The periodic reconcile is an hour away: only the watch can do this.
     await eventually(() => read(orchconfig).includes('"token-2"'), 'orchconfig with the rotated token', 3000);
     const ca2 = SAMPLE_CA.replace('dummy', 'rotated');
     await tree.rotate({ 'ca.crt': ca2 });
-    await eventually(() => read(orchconfig).includes(Buffer.from(ca2).toString('base64')), 'orchconfig with the new CA', 3000);
+    await eventually(
+      () => read(orchconfig).includes(Buffer.from(ca2).toString('base64')),
+      'orchconfig with the new CA',
+      3000,
+    );
     await installer.settled();
     assert.equal(statSync(orchconfig).mode & 0o777, 0o600);
   });
@@ -238,12 +316,17 @@ describe('installer', () => {
   it('leaves a malformed primary untouched, says so once, and inserts once it is fixed', async () => {
     const broken = '{ "cniVersion": "1.0.0", "plugins": [ { "type": "bridge" }, ';
     const before = logLines.length;
-    const { installer, tree } = await startInstaller({}, {}, async (t) => fs.writeFile(path.join(t.netDir, '10-bridge.conflist'), broken));
+    const { installer, tree } = await startInstaller({}, {}, async (t) =>
+      fs.writeFile(path.join(t.netDir, '10-bridge.conflist'), broken),
+    );
     const file = path.join(tree.netDir, '10-bridge.conflist');
     installer.schedule('periodic');
     await installer.settled();
     assert.equal(read(file), broken);
-    assert.match(installer.notReadyReasons().join('\n'), /passed over, as the runtime would: 10-bridge.conflist: not valid JSON/);
+    assert.match(
+      installer.notReadyReasons().join('\n'),
+      /passed over, as the runtime would: 10-bridge.conflist: not valid JSON/,
+    );
     const errors = logLines.slice(before).filter((l) => l.includes('10-bridge.conflist: not valid JSON'));
     assert.equal(errors.length, 1);
     assert.equal(JSON.parse(errors[0]!).level, 'error');
@@ -254,19 +337,36 @@ describe('installer', () => {
 
   it('rejects a primary with no type and a bad template without touching the primary', async () => {
     const noType = '{"cniVersion":"1.0.0","name":"x"}';
-    const { installer, tree } = await startInstaller({ 'cni-network-config': '{ "type": "mesh-cni", ' }, {}, async (t) => fs.writeFile(path.join(t.netDir, '10-x.conf'), noType));
-    assert.match(installer.notReadyReasons().join('\n'), /cannot parse the CNI network config template from --cni-network-config/);
+    const { installer, tree } = await startInstaller(
+      { 'cni-network-config': '{ "type": "mesh-cni", ' },
+      {},
+      async (t) => fs.writeFile(path.join(t.netDir, '10-x.conf'), noType),
+    );
+    assert.match(
+      installer.notReadyReasons().join('\n'),
+      /cannot parse the CNI network config template from --cni-network-config/,
+    );
     assert.equal(read(path.join(tree.netDir, '10-x.conf')), noType);
   });
 
   it('takes the template from a file with comments, and re-reads it when it changes', async () => {
     const tpl = (t: HostTree) => path.join(t.root, 'config/template.json5');
-    const { installer, tree } = await startInstaller((t) => ({ 'cni-network-config-file': tpl(t) }), {}, async (t) => {
-      await fs.writeFile(path.join(t.netDir, '10-bridge.conflist'), BRIDGE_CONFLIST);
-      await fs.mkdir(path.dirname(tpl(t)));
-      await fs.writeFile(tpl(t), '{ // the operator\'s own\n type: "mesh-cni", log_level: "__LOG_LEVEL__", version: 1, }\n');
-    });
-    const entry = () => (JSON.parse(read(path.join(tree.netDir, '10-bridge.conflist'))) as { plugins: Record<string, unknown>[] }).plugins.at(-1);
+    const { installer, tree } = await startInstaller(
+      (t) => ({ 'cni-network-config-file': tpl(t) }),
+      {},
+      async (t) => {
+        await fs.writeFile(path.join(t.netDir, '10-bridge.conflist'), BRIDGE_CONFLIST);
+        await fs.mkdir(path.dirname(tpl(t)));
+        await fs.writeFile(
+          tpl(t),
+          '{ // the operator\'s own\n type: "mesh-cni", log_level: "__LOG_LEVEL__", version: 1, }\n',
+        );
+      },
+    );
+    const entry = () =>
+      (
+        JSON.parse(read(path.join(tree.netDir, '10-bridge.conflist'))) as { plugins: Record<string, unknown>[] }
+      ).plugins.at(-1);
     assert.deepEqual(entry(), { type: 'mesh-cni', log_level: 'warn', version: 1 });
     await fs.writeFile(tpl(tree), '{ type: "mesh-cni", version: 2 /* changed */ }');
     await eventually(() => entry()?.version === 2, 'entry from the changed template', 3000);
@@ -283,7 +383,10 @@ describe('installer', () => {
     const file = path.join(tree.netDir, '10-bridge.conflist');
     const reasons = installer.notReadyReasons().join('\n');
     assert.match(reasons, /no binaries to install/);
-    assert.match(reasons, /not adding our entry to the CNI config until .*mesh-cni and .*ZZZ-mesh-cni-orchconfig are in place/);
+    assert.match(
+      reasons,
+      /not adding our entry to the CNI config until .*mesh-cni and .*ZZZ-mesh-cni-orchconfig are in place/,
+    );
     assert.equal(read(file), BRIDGE_CONFLIST, 'primary untouched');
     await fs.writeFile(path.join(tree.binariesDir, 'mesh-cni'), '#!/bin/sh\necho v2\n', { mode: 0o755 });
     installer.schedule('periodic');
@@ -300,7 +403,11 @@ describe('installer', () => {
   for (const [what, first, firstText] of [
     ['a non-JSON file', '00-notes.conf', 'this is no JSON\n'],
     ['a conflist with no name', '00-noname.conflist', '{"cniVersion":"1.0.0","plugins":[{"type":"bridge"}]}\n'],
-    ['a conflist with no plugins', '00-noplugins.conflist', '{"cniVersion":"1.0.0","name":"x","plugin":[{"type":"bridge"}]}\n'],
+    [
+      'a conflist with no plugins',
+      '00-noplugins.conflist',
+      '{"cniVersion":"1.0.0","name":"x","plugin":[{"type":"bridge"}]}\n',
+    ],
     ['a .conf with no type', '00-notype.conf', '{"cniVersion":"1.0.0","name":"x"}\n'],
     ['a top-level array', '00-array.conflist', '[]\n'],
     ['an empty object', '00-empty.conf', '{}\n'],
@@ -315,8 +422,14 @@ describe('installer', () => {
       assert.deepEqual(plugins(path.join(tree.netDir, '10-bridge.conflist')), ['bridge', 'mesh-cni']);
       assert.equal(read(path.join(tree.netDir, first)), firstText, 'the skipped file is left alone');
       const skipped = installer.status().skipped as { file: string; reason: string }[];
-      assert.deepEqual(skipped.map((s) => s.file), [first]);
-      assert.ok(!skipped[0]!.reason.includes(firstText.trim()), `no file contents in the reason: ${skipped[0]!.reason}`);
+      assert.deepEqual(
+        skipped.map((s) => s.file),
+        [first],
+      );
+      assert.ok(
+        !skipped[0]!.reason.includes(firstText.trim()),
+        `no file contents in the reason: ${skipped[0]!.reason}`,
+      );
     });
   }
 
@@ -329,7 +442,10 @@ describe('installer', () => {
       await fs.writeFile(path.join(t.netDir, 'bridge-net/tuning.conf'), '{"type":"tuning"}');
       await fs.writeFile(path.join(t.netDir, '20-other.conflist'), BRIDGE_CONFLIST.replace('bridge-net', 'other'));
     });
-    assert.match(installer.notReadyReasons().join('\n'), /10-bridge.conflist .* takes 1 more plugin config\(s\) from the directory its "name" names after its own list/);
+    assert.match(
+      installer.notReadyReasons().join('\n'),
+      /10-bridge.conflist .* takes 1 more plugin config\(s\) from the directory its "name" names after its own list/,
+    );
     assert.equal(read(path.join(tree.netDir, '10-bridge.conflist')), BRIDGE_CONFLIST);
     assert.deepEqual(plugins(path.join(tree.netDir, '20-other.conflist')), ['bridge']);
   });
@@ -354,7 +470,10 @@ describe('installer', () => {
     try {
       await fs.writeFile(path.join(tree.netDir, '10-flannel.conf'), conf);
       const run = async (confName: string, check: () => void) => {
-        const installer = new Installer(buildSettings({ 'reconcile-interval': '1h', 'cni-conf-name': confName, ...tree.flags }, tree.env), { decideCleanup: async () => ({ cleanup: true, why: 'test' }) });
+        const installer = new Installer(
+          buildSettings({ 'reconcile-interval': '1h', 'cni-conf-name': confName, ...tree.flags }, tree.env),
+          { decideCleanup: async () => ({ cleanup: true, why: 'test' }) },
+        );
         try {
           await installer.start();
           assert.deepEqual(installer.notReadyReasons(), [], confName);
@@ -364,12 +483,16 @@ describe('installer', () => {
         }
       };
       for (const confName of ['10-flannel.conflist', '10-flannel.conflist', '10-flannel.conf']) {
-        await run(confName, () => assert.deepEqual(plugins(path.join(tree.netDir, '10-flannel.conflist')), ['flannel', 'mesh-cni']));
+        await run(confName, () =>
+          assert.deepEqual(plugins(path.join(tree.netDir, '10-flannel.conflist')), ['flannel', 'mesh-cni']),
+        );
         assert.equal(read(path.join(tree.netDir, '10-flannel.conf')), conf);
       }
       await fs.rm(path.join(tree.netDir, '10-flannel.conf'));
       await fs.writeFile(path.join(tree.netDir, '10-other.conflist'), BRIDGE_CONFLIST);
-      await run('10-other.conf', () => assert.deepEqual(plugins(path.join(tree.netDir, '10-other.conflist')), ['bridge', 'mesh-cni']));
+      await run('10-other.conf', () =>
+        assert.deepEqual(plugins(path.join(tree.netDir, '10-other.conflist')), ['bridge', 'mesh-cni']),
+      );
     } finally {
       await tree.remove();
     }
@@ -378,14 +501,20 @@ describe('installer', () => {
   // Issue 12.4: a .conf name promises a single-plugin config (type at the top), which is what a
   // runtime reads from a .conf; a conflist body there is skipped or rejected.
   it('standalone mode with a .conf name writes a single-plugin config', async () => {
-    const { installer, tree } = await startInstaller({ 'chained-cni-plugin': 'false', 'cni-conf-name': 'YY-user-defined.conf' });
+    const { installer, tree } = await startInstaller({
+      'chained-cni-plugin': 'false',
+      'cni-conf-name': 'YY-user-defined.conf',
+    });
     const own = JSON.parse(read(path.join(tree.netDir, 'YY-user-defined.conf'))) as Record<string, unknown>;
     assert.equal(own.type, 'mesh-cni');
     assert.equal(own.name, 'mesh-cni');
     assert.equal(own.plugins, undefined);
     assert.deepEqual(installer.notReadyReasons(), []);
     await installer.stop('SIGTERM');
-    assert.deepEqual((await fs.readdir(tree.netDir)).filter((n) => n.endsWith('.conf')), []);
+    assert.deepEqual(
+      (await fs.readdir(tree.netDir)).filter((n) => n.endsWith('.conf')),
+      [],
+    );
   });
 
   // Issue 11.4: a primary that is a symbolic link (some CNIs keep their config elsewhere and
@@ -403,7 +532,11 @@ describe('installer', () => {
     assert.equal(await fs.readlink(link), '../vendor/10-bridge.conflist');
     assert.deepEqual(plugins(target), ['bridge', 'mesh-cni']);
     assert.equal(statSync(target).mode & 0o777, 0o640);
-    assert.deepEqual((await fs.readdir(path.dirname(target))), ['10-bridge.conflist'], 'no temp file left beside the target');
+    assert.deepEqual(
+      await fs.readdir(path.dirname(target)),
+      ['10-bridge.conflist'],
+      'no temp file left beside the target',
+    );
     // The primary CNI updates its file where it keeps it: our entry comes back there.
     const updated = BRIDGE_CONFLIST.replace('bridge-net', 'bridge-net-2');
     await fs.writeFile(target, updated);
@@ -425,7 +558,11 @@ describe('installer', () => {
     });
     assert.deepEqual(installer.notReadyReasons(), []);
     assert.deepEqual(plugins(path.join(tree.netDir, '10-flannel.conflist')), ['flannel', 'mesh-cni']);
-    assert.equal(await fs.lstat(path.join(tree.netDir, '10-flannel.conf')).catch(() => null), null, 'the .conf link is out of the runtime\'s way');
+    assert.equal(
+      await fs.lstat(path.join(tree.netDir, '10-flannel.conf')).catch(() => null),
+      null,
+      "the .conf link is out of the runtime's way",
+    );
     await installer.stop('SIGTERM');
     assert.equal(await fs.readlink(path.join(tree.netDir, '10-flannel.conf')), '../vendor/10-flannel.conf');
     assert.equal(read(path.join(tree.root, 'host/etc/cni/vendor/10-flannel.conf')), conf);
@@ -434,13 +571,21 @@ describe('installer', () => {
 
   it('standalone mode writes our own conflist', async () => {
     const { tree } = await startInstaller({ 'chained-cni-plugin': 'false' });
-    const own = JSON.parse(read(path.join(tree.netDir, 'YY-mesh-cni.conflist'))) as { name: string; plugins: { type: string }[] };
+    const own = JSON.parse(read(path.join(tree.netDir, 'YY-mesh-cni.conflist'))) as {
+      name: string;
+      plugins: { type: string }[];
+    };
     assert.equal(own.name, 'mesh-cni');
-    assert.deepEqual(own.plugins.map((p) => p.type), ['mesh-cni']);
+    assert.deepEqual(
+      own.plugins.map((p) => p.type),
+      ['mesh-cni'],
+    );
   });
 
   it('repairs the net dir deleted and recreated', async () => {
-    const { installer, tree } = await startInstaller({}, {}, async (t) => fs.writeFile(path.join(t.netDir, '10-bridge.conflist'), BRIDGE_CONFLIST));
+    const { installer, tree } = await startInstaller({}, {}, async (t) =>
+      fs.writeFile(path.join(t.netDir, '10-bridge.conflist'), BRIDGE_CONFLIST),
+    );
     await fs.rm(tree.netDir, { recursive: true, maxRetries: 20, retryDelay: 10 });
     installer.schedule('periodic');
     await installer.settled();
@@ -452,7 +597,10 @@ describe('installer', () => {
     assert.deepEqual(plugins(path.join(tree.netDir, '10-bridge.conflist')), ['bridge', 'mesh-cni']);
     // And the new watch works: a rewrite is repaired without a periodic pass.
     await fs.writeFile(path.join(tree.netDir, '10-bridge.conflist'), BRIDGE_CONFLIST);
-    await eventually(() => plugins(path.join(tree.netDir, '10-bridge.conflist')).includes('mesh-cni'), 'repaired through the new watch');
+    await eventually(
+      () => plugins(path.join(tree.netDir, '10-bridge.conflist')).includes('mesh-cni'),
+      'repaired through the new watch',
+    );
   });
 
   it('replaces a binary that a running process is executing (no ETXTBSY)', async () => {

@@ -18,7 +18,10 @@ import { BRIDGE_CONFLIST, makeHostTree, type HostTree } from '../helpers/hosttre
 import { eventually } from '../helpers/poll.ts';
 import { runtimeView } from '../helpers/runtime-view.ts';
 
-configureLogging({ asJson: true, outputLevels: buildSettings({ log_output_level: 'all:none' }, {}).logging.outputLevels }, { write: () => {} });
+configureLogging(
+  { asJson: true, outputLevels: buildSettings({ log_output_level: 'all:none' }, {}).logging.outputLevels },
+  { write: () => {} },
+);
 after(() => configureLogging({ asJson: false, outputLevels: buildSettings({}, {}).logging.outputLevels }));
 
 const OWNED = '02-mesh-cni.conflist';
@@ -37,7 +40,10 @@ async function tree(): Promise<HostTree> {
 
 /** An installer with watches but no periodic pass: only the events bring a change back. */
 async function installer(t: HostTree): Promise<Installer> {
-  const i = new Installer(buildSettings({ 'reconcile-interval': '1h', ...t.flags, 'mesh-owned-cni-config': 'true' }, t.env), { decideCleanup: async () => ({ cleanup: true, why: 'test' }) });
+  const i = new Installer(
+    buildSettings({ 'reconcile-interval': '1h', ...t.flags, 'mesh-owned-cni-config': 'true' }, t.env),
+    { decideCleanup: async () => ({ cleanup: true, why: 'test' }) },
+  );
   cleanups.push(() => i.stop('SIGTERM'));
   await i.start();
   await i.settled();
@@ -65,7 +71,7 @@ describe('owned config under faults', () => {
     assert.equal(readFileSync(path.join(t.netDir, PRIMARY), 'utf8'), BRIDGE_CONFLIST);
   });
 
-  it('our owned file edited to drop our entry (leaving the primary\'s network): made ours again, not refused', async () => {
+  it("our owned file edited to drop our entry (leaving the primary's network): made ours again, not refused", async () => {
     const t = await tree();
     const i = await installer(t);
     const file = path.join(t.netDir, OWNED);
@@ -117,7 +123,10 @@ describe('owned config under faults', () => {
     for (let round = 0; round < 6; round++) {
       const a: AgentProcess = spawnAgent(t, { 'mesh-owned-cni-config': 'true' });
       cleanups.push(() => a.stop('SIGKILL'));
-      await a.waitForLog((r) => r.msg === 'mesh-cni is installed and ready' || (r.msg === 'wrote' && r.kind === 'cni_config'), 'installed');
+      await a.waitForLog(
+        (r) => r.msg === 'mesh-cni is installed and ready' || (r.msg === 'wrote' && r.kind === 'cni_config'),
+        'installed',
+      );
       // The primary CNI keeps rewriting its file (another network each time) while we make ours
       // from it again; the kill lands somewhere in the middle.
       const stopAt = Date.now() + 5 + round * 7;
@@ -129,7 +138,10 @@ describe('owned config under faults', () => {
       assert.equal(await a.stop('SIGKILL'), 'SIGKILL');
       for (const name of await fs.readdir(t.netDir)) {
         if (/\.(conf|conflist|json)$/.test(name)) {
-          assert.doesNotThrow(() => JSON.parse(readFileSync(path.join(t.netDir, name), 'utf8')), `${name} is whole after SIGKILL in round ${round}`);
+          assert.doesNotThrow(
+            () => JSON.parse(readFileSync(path.join(t.netDir, name), 'utf8')),
+            `${name} is whole after SIGKILL in round ${round}`,
+          );
         }
       }
       assert.doesNotMatch(readFileSync(primary, 'utf8'), /mesh-cni/, `the primary was edited in round ${round}`);
@@ -137,7 +149,10 @@ describe('owned config under faults', () => {
       const record = await fs.readFile(path.join(t.netDir, `.${OWNED}.mesh-from`), 'utf8').catch(() => `${PRIMARY}\n`);
       assert.equal(record, `${PRIMARY}\n`, `record in round ${round}`);
       const v = runtimeView(t.netDir);
-      assert.ok(v.file === PRIMARY || (v.file === OWNED && v.entries === 1), `round ${round}: the runtime reads ${JSON.stringify(v)}`);
+      assert.ok(
+        v.file === PRIMARY || (v.file === OWNED && v.entries === 1),
+        `round ${round}: the runtime reads ${JSON.stringify(v)}`,
+      );
     }
     const a = spawnAgent(t, { 'mesh-owned-cni-config': 'true' });
     cleanups.push(() => a.stop('SIGKILL'));
@@ -147,9 +162,17 @@ describe('owned config under faults', () => {
       const ours = readFileSync(path.join(t.netDir, OWNED), 'utf8');
       return withoutOurEntry(ours, OWNED) === last;
     }, 'ours made from the primary as the primary CNI last wrote it');
-    assert.deepEqual((await fs.readdir(t.netDir)).filter((n) => n.includes('.mesh-tmp-')), [], 'temp files of killed runs removed');
+    assert.deepEqual(
+      (await fs.readdir(t.netDir)).filter((n) => n.includes('.mesh-tmp-')),
+      [],
+      'temp files of killed runs removed',
+    );
     assert.equal(await a.stop('SIGTERM'), 0);
     assert.equal(readFileSync(primary, 'utf8'), last, 'the primary as the primary CNI last wrote it');
-    assert.deepEqual((await fs.readdir(t.netDir)).filter((n) => n.includes(OWNED)), [], 'uninstall removed ours and its record');
+    assert.deepEqual(
+      (await fs.readdir(t.netDir)).filter((n) => n.includes(OWNED)),
+      [],
+      'uninstall removed ours and its record',
+    );
   });
 });

@@ -24,7 +24,9 @@ const OWNED = '02-mesh-cni.conflist';
 const types = (text: string) => (JSON.parse(text) as { plugins: { type: string }[] }).plugins.map((p) => p.type);
 
 describe('owned config: generated from every primary shape (fixtures: primary in -> our file out)', () => {
-  for (const name of readdirSync(FIXTURES).filter((n) => statSync(path.join(FIXTURES, n)).isDirectory()).sort()) {
+  for (const name of readdirSync(FIXTURES)
+    .filter((n) => statSync(path.join(FIXTURES, n)).isDirectory())
+    .sort()) {
     const dir = path.join(FIXTURES, name);
     const input = readdirSync(dir).find((f) => f.startsWith('input'))!;
     const inText = readFileSync(path.join(dir, input), 'utf8');
@@ -36,11 +38,17 @@ describe('owned config: generated from every primary shape (fixtures: primary in
       assert.equal(plugins.filter((p) => isOurs(p as never)).length, 1);
       assert.deepEqual(plugins.at(-1), FIXTURE_ENTRY);
       const primary = JSON.parse(inText) as { plugins?: unknown[] };
-      assert.deepEqual(plugins.slice(0, -1), (primary.plugins ?? [primary]).filter((p) => !isOurs(p as never)));
+      assert.deepEqual(
+        plugins.slice(0, -1),
+        (primary.plugins ?? [primary]).filter((p) => !isOurs(p as never)),
+      );
       // Made again from our own output, it is the same: a pass that finds it right writes nothing.
       assert.equal(ownedText(out, OWNED, FIXTURE_ENTRY), out);
     });
-    if (input.endsWith('.conflist') && !(JSON.parse(inText) as { plugins: unknown[] }).plugins.some((p) => isOurs(p as never))) {
+    if (
+      input.endsWith('.conflist') &&
+      !(JSON.parse(inText) as { plugins: unknown[] }).plugins.some((p) => isOurs(p as never))
+    ) {
       it(`${name}: every byte of the primary's is kept (ours without our entry is the primary)`, () => {
         assert.equal(withoutOurEntry(ownedText(inText, input, FIXTURE_ENTRY), OWNED), inText);
       });
@@ -49,8 +57,16 @@ describe('owned config: generated from every primary shape (fixtures: primary in
 });
 
 describe('owned config: mode and plan', () => {
-  it('is 0600, or the primary\'s mode when that gives fewer rights', () => {
-    for (const [primary, ours] of [[0o644, 0o600], [0o600, 0o600], [0o640, 0o600], [0o400, 0o400], [0o444, 0o400], [0o100644, 0o600], [0o200, 0o200]] as const) {
+  it("is 0600, or the primary's mode when that gives fewer rights", () => {
+    for (const [primary, ours] of [
+      [0o644, 0o600],
+      [0o600, 0o600],
+      [0o640, 0o600],
+      [0o400, 0o400],
+      [0o444, 0o400],
+      [0o100644, 0o600],
+      [0o200, 0o200],
+    ] as const) {
       assert.equal(ownedMode(primary), ours, `primary ${primary.toString(8)}`);
     }
   });
@@ -61,10 +77,34 @@ describe('owned config: mode and plan', () => {
     ['no primary, no file of ours: wait', { ownedName: OWNED, primary: null, current: null }, 'wait', null],
     ['primary, no file of ours: write', { ownedName: OWNED, primary, current: null }, 'write', null],
     ['ours is right: keep', { ownedName: OWNED, primary, current: { text: made, mode: 0o100600 } }, 'keep', null],
-    ['ours right but 0644: write (mode)', { ownedName: OWNED, primary, current: { text: made, mode: 0o644 } }, 'write', null],
-    ['the primary changed: write', { ownedName: OWNED, primary: { ...primary, text: BRIDGE_CONFLIST.replace('mcni-br0', 'mcni-br1') }, current: { text: made, mode: 0o600 } }, 'write', null],
-    ['the primary is gone: keep ours, say why', { ownedName: OWNED, primary: null, current: { text: made, mode: 0o600 }, madeFrom: '10-bridge.conflist' }, 'keep', /primary CNI config 10-bridge.conflist our 02-mesh-cni.conflist was made from is gone .*keeping ours/],
-    ['a primary sorting before ours: shadowed, a note', { ownedName: OWNED, primary: { ...primary, name: '01-first.conflist' }, current: null }, 'shadowed', /01-first.conflist .* sorts before our 02-mesh-cni.conflist, so the runtime reads it, not ours; our entry is spliced into it/],
+    [
+      'ours right but 0644: write (mode)',
+      { ownedName: OWNED, primary, current: { text: made, mode: 0o644 } },
+      'write',
+      null,
+    ],
+    [
+      'the primary changed: write',
+      {
+        ownedName: OWNED,
+        primary: { ...primary, text: BRIDGE_CONFLIST.replace('mcni-br0', 'mcni-br1') },
+        current: { text: made, mode: 0o600 },
+      },
+      'write',
+      null,
+    ],
+    [
+      'the primary is gone: keep ours, say why',
+      { ownedName: OWNED, primary: null, current: { text: made, mode: 0o600 }, madeFrom: '10-bridge.conflist' },
+      'keep',
+      /primary CNI config 10-bridge.conflist our 02-mesh-cni.conflist was made from is gone .*keeping ours/,
+    ],
+    [
+      'a primary sorting before ours: shadowed, a note',
+      { ownedName: OWNED, primary: { ...primary, name: '01-first.conflist' }, current: null },
+      'shadowed',
+      /01-first.conflist .* sorts before our 02-mesh-cni.conflist, so the runtime reads it, not ours; our entry is spliced into it/,
+    ],
   ];
   for (const [what, state, action, reason] of cases) {
     it(what, () => {
@@ -80,14 +120,23 @@ describe('owned config: mode and plan', () => {
 
   it('names the configs sorting before ours that the runtime reads instead', () => {
     assert.equal(shadowedBy([], OWNED, '/n'), null);
-    assert.match(shadowedBy(['00-multi.conf'], OWNED, '/n')!, /^00-multi.conf in \/n sorts before our 02-mesh-cni.conflist, so the runtime reads it, not ours, and pods may start without mesh-cni/);
-    assert.match(shadowedBy(['00-a.conf', '01-b.conflist'], OWNED, '/n')!, /^00-a.conf, 01-b.conflist in \/n sort before our 02-mesh-cni.conflist, so the runtime reads the first of them/);
+    assert.match(
+      shadowedBy(['00-multi.conf'], OWNED, '/n')!,
+      /^00-multi.conf in \/n sorts before our 02-mesh-cni.conflist, so the runtime reads it, not ours, and pods may start without mesh-cni/,
+    );
+    assert.match(
+      shadowedBy(['00-a.conf', '01-b.conflist'], OWNED, '/n')!,
+      /^00-a.conf, 01-b.conflist in \/n sort before our 02-mesh-cni.conflist, so the runtime reads the first of them/,
+    );
   });
 });
 
 describe('owned config: settings', () => {
   const refused = (flags: Record<string, string>, re: RegExp) =>
-    assert.throws(() => buildSettings(flags, {}), (e: unknown) => e instanceof ConfigErrors && re.test(e.message));
+    assert.throws(
+      () => buildSettings(flags, {}),
+      (e: unknown) => e instanceof ConfigErrors && re.test(e.message),
+    );
   it('takes MESH_OWNED_CNI_CONFIG and the file name, and refuses names it cannot use', () => {
     const s = buildSettings({}, { MESH_OWNED_CNI_CONFIG: 'true', MESH_OWNED_CNI_CONFIG_FILENAME: '01-ours.conflist' });
     assert.equal(s.install.meshOwnedCniConfig, true);
@@ -99,13 +148,24 @@ describe('owned config: settings', () => {
     refused({ 'mesh-owned-cni-config-filename': '02-mesh.conf' }, /expected a .conflist name/);
     refused({ 'mesh-owned-cni-config-filename': 'a/02.conflist' }, /plain file name/);
     refused({ 'mesh-owned-cni-config-filename': '.02.conflist' }, /must not start with a dot/);
-    refused({ 'mesh-owned-cni-config': 'true', 'cni-conf-name': '01-calico.conflist', 'mesh-owned-cni-config-filename': '02-mesh-cni.conflist' }, /does not sort before --cni-conf-name 01-calico.conflist, .*; name it so that it sorts first \(byte order\), such as 01-calico-mesh-cni.conflist/);
+    refused(
+      {
+        'mesh-owned-cni-config': 'true',
+        'cni-conf-name': '01-calico.conflist',
+        'mesh-owned-cni-config-filename': '02-mesh-cni.conflist',
+      },
+      /does not sort before --cni-conf-name 01-calico.conflist, .*; name it so that it sorts first \(byte order\), such as 01-calico-mesh-cni.conflist/,
+    );
   });
 
   it('with --cni-conf-name sorting before the default name, and no name given, ours is named after it so that it sorts first', () => {
     // Primary names like Calico's 00-calico.conflist or 01-calico.conflist (Istio's own tests use
     // such) were refused at start: the default 02-mesh-cni.conflist sorts after them.
-    for (const [primary, ours] of [['00-calico.conflist', '00-calico-mesh-cni.conflist'], ['01-net.conf', '01-net-mesh-cni.conflist'], ['01-net.json', '01-net-mesh-cni.conflist']] as const) {
+    for (const [primary, ours] of [
+      ['00-calico.conflist', '00-calico-mesh-cni.conflist'],
+      ['01-net.conf', '01-net-mesh-cni.conflist'],
+      ['01-net.json', '01-net-mesh-cni.conflist'],
+    ] as const) {
       const s = buildSettings({ 'mesh-owned-cni-config': 'true', 'cni-conf-name': primary }, {}).install;
       assert.equal(s.meshOwnedCniConfigFilename, ours, primary);
       assert.ok(ours < primary, `${ours} sorts before ${primary}`);
@@ -113,12 +173,44 @@ describe('owned config: settings', () => {
       assert.equal(buildSettings({ 'cni-conf-name': primary }, {}).install.meshOwnedCniConfigFilename, ours);
     }
     // A primary name after the default keeps the default.
-    assert.equal(buildSettings({ 'mesh-owned-cni-config': 'true', 'cni-conf-name': '10-calico.conflist' }, {}).install.meshOwnedCniConfigFilename, OWNED);
+    assert.equal(
+      buildSettings({ 'mesh-owned-cni-config': 'true', 'cni-conf-name': '10-calico.conflist' }, {}).install
+        .meshOwnedCniConfigFilename,
+      OWNED,
+    );
     // Byte order (UTF-8), as libcni sorts, not UTF-16 code units: U+10000 sorts after U+FF61.
-    assert.equal(buildSettings({ 'mesh-owned-cni-config': 'true', 'cni-conf-name': '0\u{10000}.conflist', 'mesh-owned-cni-config-filename': '0\u{FF61}.conflist' }, {}).install.meshOwnedCniConfigFilename, '0\u{FF61}.conflist');
-    assert.throws(() => buildSettings({ 'mesh-owned-cni-config': 'true', 'cni-conf-name': '0\u{FF61}.conflist', 'mesh-owned-cni-config-filename': '0\u{10000}.conflist' }, {}), /does not sort before/);
+    assert.equal(
+      buildSettings(
+        {
+          'mesh-owned-cni-config': 'true',
+          'cni-conf-name': '0\u{10000}.conflist',
+          'mesh-owned-cni-config-filename': '0\u{FF61}.conflist',
+        },
+        {},
+      ).install.meshOwnedCniConfigFilename,
+      '0\u{FF61}.conflist',
+    );
+    assert.throws(
+      () =>
+        buildSettings(
+          {
+            'mesh-owned-cni-config': 'true',
+            'cni-conf-name': '0\u{FF61}.conflist',
+            'mesh-owned-cni-config-filename': '0\u{10000}.conflist',
+          },
+          {},
+        ),
+      /does not sort before/,
+    );
     // A name given (flag or env) is taken as given, and refused if it does not sort first.
-    assert.throws(() => buildSettings({ 'mesh-owned-cni-config': 'true', 'cni-conf-name': '00-calico.conflist' }, { MESH_OWNED_CNI_CONFIG_FILENAME: '02-mesh-cni.conflist' }), /does not sort before --cni-conf-name 00-calico.conflist/);
+    assert.throws(
+      () =>
+        buildSettings(
+          { 'mesh-owned-cni-config': 'true', 'cni-conf-name': '00-calico.conflist' },
+          { MESH_OWNED_CNI_CONFIG_FILENAME: '02-mesh-cni.conflist' },
+        ),
+      /does not sort before --cni-conf-name 00-calico.conflist/,
+    );
   });
 });
 
@@ -128,11 +220,19 @@ describe('owned config: the reconcile pass on a real net dir', () => {
     for (const t of trees.splice(0)) await t.remove();
   });
 
-  async function setup(flags: Record<string, string> = {}, files: Record<string, string> = { '10-bridge.conflist': BRIDGE_CONFLIST }) {
+  async function setup(
+    flags: Record<string, string> = {},
+    files: Record<string, string> = { '10-bridge.conflist': BRIDGE_CONFLIST },
+  ) {
     const tree = await makeHostTree();
     trees.push(tree);
-    for (const [name, text] of Object.entries(files)) await fs.writeFile(path.join(tree.netDir, name), text, { mode: 0o644 });
-    const make = (extra: Record<string, string> = {}) => new Reconciler(buildSettings({ ...tree.flags, 'mesh-owned-cni-config': 'true', ...flags, ...extra }, tree.env).install, buildSettings({}, tree.env).env);
+    for (const [name, text] of Object.entries(files))
+      await fs.writeFile(path.join(tree.netDir, name), text, { mode: 0o644 });
+    const make = (extra: Record<string, string> = {}) =>
+      new Reconciler(
+        buildSettings({ ...tree.flags, 'mesh-owned-cni-config': 'true', ...flags, ...extra }, tree.env).install,
+        buildSettings({}, tree.env).env,
+      );
     return { tree, net: (n: string) => path.join(tree.netDir, n), make };
   }
 
@@ -150,7 +250,7 @@ describe('owned config: the reconcile pass on a real net dir', () => {
     assert.deepEqual((await r.reconcile()).writes, []);
   });
 
-  it('takes the primary\'s mode when it is stricter', async () => {
+  it("takes the primary's mode when it is stricter", async () => {
     const { net, make } = await setup();
     await fs.chmod(net('10-bridge.conflist'), 0o400);
     await make().reconcile();
@@ -163,14 +263,25 @@ describe('owned config: the reconcile pass on a real net dir', () => {
     await r.reconcile();
     await fs.writeFile(net('10-bridge.conflist'), BRIDGE_CONFLIST.replace('"bridge",', '"bridge", "mtu": 1400,'));
     await r.reconcile();
-    assert.equal(readFileSync(net(OWNED), 'utf8'), ownedText(readFileSync(net('10-bridge.conflist'), 'utf8'), '10-bridge.conflist', (JSON.parse(readFileSync(net(OWNED), 'utf8')) as { plugins: never[] }).plugins.at(-1)!));
-    const ptp = '{"cniVersion":"1.0.0","name":"ptp-net","type":"ptp","ipam":{"type":"host-local","subnet":"198.18.125.0/24"}}\n';
+    assert.equal(
+      readFileSync(net(OWNED), 'utf8'),
+      ownedText(
+        readFileSync(net('10-bridge.conflist'), 'utf8'),
+        '10-bridge.conflist',
+        (JSON.parse(readFileSync(net(OWNED), 'utf8')) as { plugins: never[] }).plugins.at(-1)!,
+      ),
+    );
+    const ptp =
+      '{"cniVersion":"1.0.0","name":"ptp-net","type":"ptp","ipam":{"type":"host-local","subnet":"198.18.125.0/24"}}\n';
     await fs.writeFile(net('05-ptp.conf'), ptp);
     const out = await r.reconcile();
     assert.deepEqual(out.notReady, []);
     assert.deepEqual(runtimeView(tree.netDir), { file: OWNED, entries: 1, chain: ['ptp', 'mesh-cni'] });
     assert.equal(readFileSync(net('05-ptp.conf'), 'utf8'), ptp);
-    assert.equal(readFileSync(net('10-bridge.conflist'), 'utf8'), BRIDGE_CONFLIST.replace('"bridge",', '"bridge", "mtu": 1400,'));
+    assert.equal(
+      readFileSync(net('10-bridge.conflist'), 'utf8'),
+      BRIDGE_CONFLIST.replace('"bridge",', '"bridge", "mtu": 1400,'),
+    );
   });
 
   it('keeps ours when the primary is gone, not ready, saying why; made again when it is back', async () => {
@@ -181,25 +292,35 @@ describe('owned config: the reconcile pass on a real net dir', () => {
     await fs.rm(net('10-bridge.conflist'));
     const out = await r.reconcile();
     assert.equal(readFileSync(net(OWNED), 'utf8'), ours);
-    assert.match(out.notReady.join('\n'), /primary CNI config 10-bridge.conflist our 02-mesh-cni.conflist was made from is gone from .*keeping ours as it is/);
+    assert.match(
+      out.notReady.join('\n'),
+      /primary CNI config 10-bridge.conflist our 02-mesh-cni.conflist was made from is gone from .*keeping ours as it is/,
+    );
     assert.deepEqual(runtimeView(tree.netDir).chain, ['bridge', 'mesh-cni']);
     // A restarted agent knows the name from the record beside ours.
-    assert.match((await make().reconcile()).notReady.join('\n'), /primary CNI config 10-bridge.conflist our 02-mesh-cni.conflist was made from is gone/);
+    assert.match(
+      (await make().reconcile()).notReady.join('\n'),
+      /primary CNI config 10-bridge.conflist our 02-mesh-cni.conflist was made from is gone/,
+    );
     await fs.writeFile(net('10-bridge.conflist'), BRIDGE_CONFLIST);
     assert.deepEqual((await r.reconcile()).notReady, []);
   });
 
-  it('a config sorting before ours (Multus\'s 00-multus.conf): our entry goes into it, ready, with a note on /readyz', async () => {
+  it("a config sorting before ours (Multus's 00-multus.conf): our entry goes into it, ready, with a note on /readyz", async () => {
     const { tree, net, make } = await setup();
     const r = make();
     await r.reconcile();
-    const early = '{"cniVersion":"1.0.0","name":"early","plugins":[{"type":"ptp","ipam":{"type":"host-local","subnet":"198.18.126.0/24"}}]}\n';
+    const early =
+      '{"cniVersion":"1.0.0","name":"early","plugins":[{"type":"ptp","ipam":{"type":"host-local","subnet":"198.18.126.0/24"}}]}\n';
     await fs.writeFile(net('01-early.conflist'), early);
     const out = await r.reconcile();
     // The runtime reads a file with our entry: ready (a rollout on such nodes must not stall),
     // and said as a note, for the window a rewrite of that file opens.
     assert.deepEqual(out.notReady, []);
-    assert.match((out.notes ?? []).join('\n'), /01-early.conflist in .* sorts before our 02-mesh-cni.conflist, so the runtime reads it, not ours; our entry is spliced into it/);
+    assert.match(
+      (out.notes ?? []).join('\n'),
+      /01-early.conflist in .* sorts before our 02-mesh-cni.conflist, so the runtime reads it, not ours; our entry is spliced into it/,
+    );
     // Fail closed: the file the runtime reads has our entry, once.
     assert.deepEqual(runtimeView(tree.netDir), { file: '01-early.conflist', entries: 1, chain: ['ptp', 'mesh-cni'] });
     await fs.rm(net('01-early.conflist'));
@@ -210,7 +331,14 @@ describe('owned config: the reconcile pass on a real net dir', () => {
   });
 
   it('the note of a config sorting before ours reaches /readyz through the installer, which stays ready', async () => {
-    const { tree } = await setup({}, { '10-bridge.conflist': BRIDGE_CONFLIST, '00-multus.conf': '{"cniVersion":"1.0.0","name":"multus-net","type":"ptp","ipam":{"type":"host-local","subnet":"198.18.122.0/24"}}\n' });
+    const { tree } = await setup(
+      {},
+      {
+        '10-bridge.conflist': BRIDGE_CONFLIST,
+        '00-multus.conf':
+          '{"cniVersion":"1.0.0","name":"multus-net","type":"ptp","ipam":{"type":"host-local","subnet":"198.18.122.0/24"}}\n',
+      },
+    );
     const s = buildSettings({ ...tree.flags, 'mesh-owned-cni-config': 'true', 'reconcile-interval': '1h' }, tree.env);
     const inst = new Installer(s, { decideCleanup: async () => ({ cleanup: true, why: 'test' }) });
     await inst.start();
@@ -226,34 +354,67 @@ describe('owned config: the reconcile pass on a real net dir', () => {
   });
 
   it('with --cni-conf-name, another config sorting before ours is reported on /readyz', async () => {
-    const { installerFor } = { installerFor: async (t: HostTree) => {
-      const s = buildSettings({ ...t.flags, 'mesh-owned-cni-config': 'true', 'cni-conf-name': '10-bridge.conflist', 'reconcile-interval': '1h' }, t.env);
-      const inst = new Installer(s, { decideCleanup: async () => ({ cleanup: true, why: 'test' }) });
-      await inst.start();
-      await inst.settled();
-      return inst;
-    } };
-    const { tree } = await setup({}, { '10-bridge.conflist': BRIDGE_CONFLIST, '00-multi.conf': '{"cniVersion":"1.0.0","name":"multi","type":"ptp"}\n' });
+    const { installerFor } = {
+      installerFor: async (t: HostTree) => {
+        const s = buildSettings(
+          {
+            ...t.flags,
+            'mesh-owned-cni-config': 'true',
+            'cni-conf-name': '10-bridge.conflist',
+            'reconcile-interval': '1h',
+          },
+          t.env,
+        );
+        const inst = new Installer(s, { decideCleanup: async () => ({ cleanup: true, why: 'test' }) });
+        await inst.start();
+        await inst.settled();
+        return inst;
+      },
+    };
+    const { tree } = await setup(
+      {},
+      {
+        '10-bridge.conflist': BRIDGE_CONFLIST,
+        '00-multi.conf': '{"cniVersion":"1.0.0","name":"multi","type":"ptp"}\n',
+      },
+    );
     const inst = await installerFor(tree);
     try {
-      assert.match(inst.notReadyReasons().join('\n'), /00-multi.conf in .* sorts before our 02-mesh-cni.conflist, so the runtime reads it, not ours/);
+      assert.match(
+        inst.notReadyReasons().join('\n'),
+        /00-multi.conf in .* sorts before our 02-mesh-cni.conflist, so the runtime reads it, not ours/,
+      );
       assert.equal(inst.status().ownedConfig, OWNED, 'ControlZ shows the owned file');
       // Pods may start without mesh-cni: an error, said as one.
-      assert.match((inst.status().errors as string[]).join('\n'), /00-multi.conf .* sorts before our 02-mesh-cni.conflist/);
+      assert.match(
+        (inst.status().errors as string[]).join('\n'),
+        /00-multi.conf .* sorts before our 02-mesh-cni.conflist/,
+      );
     } finally {
       await inst.stop('SIGTERM');
     }
   });
 
   it('with --cni-conf-name 00-calico.conflist (before our default name): ours is 00-calico-mesh-cni.conflist, read by the runtime; uninstall removes it', async () => {
-    const { tree, net, make } = await setup({ 'cni-conf-name': '00-calico.conflist' }, { '00-calico.conflist': BRIDGE_CONFLIST });
+    const { tree, net, make } = await setup(
+      { 'cni-conf-name': '00-calico.conflist' },
+      { '00-calico.conflist': BRIDGE_CONFLIST },
+    );
     const r = make();
     assert.deepEqual((await r.reconcile()).notReady, []);
-    assert.deepEqual(runtimeView(tree.netDir), { file: '00-calico-mesh-cni.conflist', entries: 1, chain: ['bridge', 'mesh-cni'] });
+    assert.deepEqual(runtimeView(tree.netDir), {
+      file: '00-calico-mesh-cni.conflist',
+      entries: 1,
+      chain: ['bridge', 'mesh-cni'],
+    });
     assert.equal(readFileSync(net('00-calico.conflist'), 'utf8'), BRIDGE_CONFLIST);
     // Switched to the splice with the same --cni-conf-name: ours found by the same name, removed.
     assert.deepEqual((await make({ 'mesh-owned-cni-config': 'false' }).reconcile()).notReady, []);
-    assert.deepEqual(runtimeView(tree.netDir), { file: '00-calico.conflist', entries: 1, chain: ['bridge', 'mesh-cni'] });
+    assert.deepEqual(runtimeView(tree.netDir), {
+      file: '00-calico.conflist',
+      entries: 1,
+      chain: ['bridge', 'mesh-cni'],
+    });
     assert.ok(!(await fs.readdir(tree.netDir)).includes('00-calico-mesh-cni.conflist'));
     await make().reconcile();
     await make().cleanup();
@@ -273,8 +434,13 @@ describe('owned config: the reconcile pass on a real net dir', () => {
 
   it('a restart or upgrade (--cleanup-on-exit auto: our DaemonSet still there) leaves ours in place; the next agent writes nothing', async () => {
     const { tree, net } = await setup();
-    const settings = buildSettings({ ...tree.flags, 'mesh-owned-cni-config': 'true', 'reconcile-interval': '1h' }, tree.env);
-    const first = new Installer(settings, { decideCleanup: async () => ({ cleanup: false, why: 'DaemonSet still exists' }) });
+    const settings = buildSettings(
+      { ...tree.flags, 'mesh-owned-cni-config': 'true', 'reconcile-interval': '1h' },
+      tree.env,
+    );
+    const first = new Installer(settings, {
+      decideCleanup: async () => ({ cleanup: false, why: 'DaemonSet still exists' }),
+    });
     await first.start();
     await first.settled();
     const ours = readFileSync(net(OWNED), 'utf8');
@@ -283,7 +449,10 @@ describe('owned config: the reconcile pass on a real net dir', () => {
     const next = new Reconciler(settings.install, settings.env);
     const out = await next.reconcile();
     assert.deepEqual(out.notReady, []);
-    assert.deepEqual(out.writes.filter((w) => w.kind === 'cni_config'), []);
+    assert.deepEqual(
+      out.writes.filter((w) => w.kind === 'cni_config'),
+      [],
+    );
     assert.deepEqual(runtimeView(tree.netDir), { file: OWNED, entries: 1, chain: ['bridge', 'mesh-cni'] });
   });
 
@@ -291,13 +460,17 @@ describe('owned config: the reconcile pass on a real net dir', () => {
     const { tree, net, make } = await setup();
     await make().reconcile();
     await make({ 'chained-cni-plugin': 'false' }).reconcile();
-    assert.deepEqual((await fs.readdir(tree.netDir)).filter((n) => n.endsWith('.conflist')).sort(), ['10-bridge.conflist', 'YY-mesh-cni.conflist']);
+    assert.deepEqual((await fs.readdir(tree.netDir)).filter((n) => n.endsWith('.conflist')).sort(), [
+      '10-bridge.conflist',
+      'YY-mesh-cni.conflist',
+    ]);
     assert.equal(readFileSync(net('10-bridge.conflist'), 'utf8'), BRIDGE_CONFLIST);
   });
 
   it('switching modes either way leaves one entry in the file the runtime reads and no stale owned file', async () => {
     for (const primaryName of ['10-bridge.conflist', '10-ptp.conf']) {
-      const ptp = '{"cniVersion":"1.0.0","name":"ptp-net","type":"ptp","ipam":{"type":"host-local","subnet":"198.18.127.0/24"}}\n';
+      const ptp =
+        '{"cniVersion":"1.0.0","name":"ptp-net","type":"ptp","ipam":{"type":"host-local","subnet":"198.18.127.0/24"}}\n';
       const primaryText = primaryName.endsWith('.conf') ? ptp : BRIDGE_CONFLIST;
       const { tree, net, make } = await setup({}, { [primaryName]: primaryText });
       // Spliced first (an agent of before), then owned: the primary gets its bytes back.
@@ -308,9 +481,16 @@ describe('owned config: the reconcile pass on a real net dir', () => {
       // A .conf made a .conflist by the splice is given back as the .conf: a second pass then
       // makes ours from it.
       await owned.reconcile();
-      assert.deepEqual(runtimeView(tree.netDir), { file: OWNED, entries: 1, chain: [primaryName.endsWith('.conf') ? 'ptp' : 'bridge', 'mesh-cni'] });
+      assert.deepEqual(runtimeView(tree.netDir), {
+        file: OWNED,
+        entries: 1,
+        chain: [primaryName.endsWith('.conf') ? 'ptp' : 'bridge', 'mesh-cni'],
+      });
       assert.equal(readFileSync(net(primaryName), 'utf8'), primaryText);
-      assert.deepEqual((await fs.readdir(tree.netDir)).filter((n) => n.endsWith('.conf') || n.endsWith('.conflist')).sort(), [OWNED, primaryName]);
+      assert.deepEqual(
+        (await fs.readdir(tree.netDir)).filter((n) => n.endsWith('.conf') || n.endsWith('.conflist')).sort(),
+        [OWNED, primaryName],
+      );
       // And back: the entry into the primary first, then ours removed.
       const spliced = make({ 'mesh-owned-cni-config': 'false' });
       const out = await spliced.reconcile();
@@ -334,8 +514,13 @@ describe('owned config: files at our names that we did not write', () => {
   async function setup(files: Record<string, string>) {
     const tree = await makeHostTree();
     trees.push(tree);
-    for (const [name, text] of Object.entries(files)) await fs.writeFile(path.join(tree.netDir, name), text, { mode: 0o644 });
-    const make = (extra: Record<string, string> = {}) => new Reconciler(buildSettings({ ...tree.flags, 'mesh-owned-cni-config': 'true', ...extra }, tree.env).install, buildSettings({}, tree.env).env);
+    for (const [name, text] of Object.entries(files))
+      await fs.writeFile(path.join(tree.netDir, name), text, { mode: 0o644 });
+    const make = (extra: Record<string, string> = {}) =>
+      new Reconciler(
+        buildSettings({ ...tree.flags, 'mesh-owned-cni-config': 'true', ...extra }, tree.env).install,
+        buildSettings({}, tree.env).env,
+      );
     return { tree, net: (n: string) => path.join(tree.netDir, n), make };
   }
   const reasons = (out: { problems: readonly { reason: string }[] }) => out.problems.map((p) => p.reason);
@@ -350,7 +535,10 @@ describe('owned config: files at our names that we did not write', () => {
     for (let i = 0; i < 2; i++) {
       const out = await r.reconcile();
       assert.ok(reasons(out).includes('config_shadowed'), `pass ${i}: ${out.notReady.join('; ')}`);
-      assert.match(out.notReady.join('\n'), /02-mesh-cni.conflist in .* holds no entry of ours and sorts before 10-bridge.conflist, so the runtime reads it/);
+      assert.match(
+        out.notReady.join('\n'),
+        /02-mesh-cni.conflist in .* holds no entry of ours and sorts before 10-bridge.conflist, so the runtime reads it/,
+      );
     }
     // Not ours to remove: it stays, and so does the reason.
     assert.equal(readFileSync(net(OWNED), 'utf8'), stale);
@@ -365,14 +553,23 @@ describe('owned config: files at our names that we did not write', () => {
     // out of it (its splice or uninstall), leaving a byte-exact copy of the primary.
     const { tree, net, make } = await setup({ '10-bridge.conflist': BRIDGE_CONFLIST });
     assert.deepEqual((await make().reconcile()).notReady, []);
-    const rollback = async () => await fs.writeFile(net(OWNED), withoutOurEntry(readFileSync(net(OWNED), 'utf8'), OWNED)!);
+    const rollback = async () =>
+      await fs.writeFile(net(OWNED), withoutOurEntry(readFileSync(net(OWNED), 'utf8'), OWNED)!);
     await rollback();
     assert.equal(readFileSync(net(OWNED), 'utf8'), BRIDGE_CONFLIST);
     // With the splice: a copy of a config that is still there loses nothing when removed.
     const spliced = await make({ 'mesh-owned-cni-config': 'false' }).reconcile();
     assert.deepEqual(spliced.notReady, []);
-    assert.deepEqual(runtimeView(tree.netDir), { file: '10-bridge.conflist', entries: 1, chain: ['bridge', 'mesh-cni'] });
-    assert.deepEqual((await fs.readdir(tree.netDir)).filter((n) => n.includes(OWNED)), [], 'the copy and its record gone');
+    assert.deepEqual(runtimeView(tree.netDir), {
+      file: '10-bridge.conflist',
+      entries: 1,
+      chain: ['bridge', 'mesh-cni'],
+    });
+    assert.deepEqual(
+      (await fs.readdir(tree.netDir)).filter((n) => n.includes(OWNED)),
+      [],
+      'the copy and its record gone',
+    );
     // Owned: the copy at our name is made ours again (not file_refused).
     await make().reconcile();
     await rollback();
@@ -388,7 +585,10 @@ describe('owned config: files at our names that we did not write', () => {
     await fs.writeFile(net('10-bridge.conflist'), BRIDGE_CONFLIST.replace('mcni-br0', 'mcni-br5'));
     const out = await make({ 'mesh-owned-cni-config': 'false' }).reconcile();
     assert.ok(reasons(out).includes('config_shadowed'), out.notReady.join('; '));
-    assert.match(out.notReady.join('\n'), /our record .02-mesh-cni.conflist.mesh-from says ours was made from 10-bridge.conflist, but it is no copy of 10-bridge.conflist as that is now \(the primary changed since\?\): remove 02-mesh-cni.conflist and .02-mesh-cni.conflist.mesh-from/);
+    assert.match(
+      out.notReady.join('\n'),
+      /our record .02-mesh-cni.conflist.mesh-from says ours was made from 10-bridge.conflist, but it is no copy of 10-bridge.conflist as that is now \(the primary changed since\?\): remove 02-mesh-cni.conflist and .02-mesh-cni.conflist.mesh-from/,
+    );
   });
   it('owned: a rollback copy of a primary that changed since at the owned name: file_refused, the reason naming our record', async () => {
     const { net, make } = await setup({ '10-bridge.conflist': BRIDGE_CONFLIST });
@@ -397,7 +597,10 @@ describe('owned config: files at our names that we did not write', () => {
     await fs.writeFile(net('10-bridge.conflist'), BRIDGE_CONFLIST.replace('mcni-br0', 'mcni-br5'));
     const out = await make().reconcile();
     assert.ok(reasons(out).includes('file_refused'), out.notReady.join('; '));
-    assert.match(out.notReady.join('\n'), /our record .02-mesh-cni.conflist.mesh-from says ours was made from 10-bridge.conflist, but it is no copy of 10-bridge.conflist as that is now/);
+    assert.match(
+      out.notReady.join('\n'),
+      /our record .02-mesh-cni.conflist.mesh-from says ours was made from 10-bridge.conflist, but it is no copy of 10-bridge.conflist as that is now/,
+    );
   });
 
   it('with the splice, our owned file that holds our entry is no shadow (it is removed once the primary has the entry)', async () => {
@@ -410,17 +613,24 @@ describe('owned config: files at our names that we did not write', () => {
   it('owned: another of our names sorting before the file we write, without an entry of ours: config_shadowed', async () => {
     // Standalone mode's YY-mesh-cni.conflist left behind, our owned name after it.
     // Not a copy of a config there now (a byte-exact one is removed: it loses nothing).
-    const { net, make } = await setup({ 'ZZ-bridge.conflist': BRIDGE_CONFLIST, 'YY-mesh-cni.conflist': BRIDGE_CONFLIST.replace('mcni-br0', 'mcni-br9') });
+    const { net, make } = await setup({
+      'ZZ-bridge.conflist': BRIDGE_CONFLIST,
+      'YY-mesh-cni.conflist': BRIDGE_CONFLIST.replace('mcni-br0', 'mcni-br9'),
+    });
     const out = await make({ 'mesh-owned-cni-config-filename': 'YZ-mesh.conflist' }).reconcile();
     assert.ok(reasons(out).includes('config_shadowed'), out.notReady.join('; '));
-    assert.match(out.notReady.join('\n'), /YY-mesh-cni.conflist in .* holds no entry of ours and sorts before YZ-mesh.conflist/);
+    assert.match(
+      out.notReady.join('\n'),
+      /YY-mesh-cni.conflist in .* holds no entry of ours and sorts before YZ-mesh.conflist/,
+    );
     await fs.writeFile(net('YY-mesh-cni.conflist'), BRIDGE_CONFLIST);
     assert.deepEqual((await make({ 'mesh-owned-cni-config-filename': 'YZ-mesh.conflist' }).reconcile()).notReady, []);
     assert.ok(!(await fs.readdir(path.dirname(net('x')))).includes('YY-mesh-cni.conflist'));
   });
 
   it('owned: a file at the owned name that holds no entry of ours is refused (file_refused), never overwritten nor removed on uninstall', async () => {
-    const foreign = '{"cniVersion":"1.0.0","name":"someone-else","plugins":[{"type":"ptp","ipam":{"type":"host-local","subnet":"198.18.124.0/24"}}]}\n';
+    const foreign =
+      '{"cniVersion":"1.0.0","name":"someone-else","plugins":[{"type":"ptp","ipam":{"type":"host-local","subnet":"198.18.124.0/24"}}]}\n';
     const { net, make } = await setup({ '10-bridge.conflist': BRIDGE_CONFLIST, [OWNED]: foreign });
     const r = make();
     const out = await r.reconcile();
@@ -432,8 +642,9 @@ describe('owned config: files at our names that we did not write', () => {
     assert.equal(readFileSync(net('10-bridge.conflist'), 'utf8'), BRIDGE_CONFLIST);
   });
 
-  it('owned: the owned name equal to the primary\'s name: that file is refused, never overwritten with another network', async () => {
-    const ptp = '{"cniVersion":"1.0.0","name":"ptp-net","plugins":[{"type":"ptp","ipam":{"type":"host-local","subnet":"198.18.123.0/24"}}]}\n';
+  it("owned: the owned name equal to the primary's name: that file is refused, never overwritten with another network", async () => {
+    const ptp =
+      '{"cniVersion":"1.0.0","name":"ptp-net","plugins":[{"type":"ptp","ipam":{"type":"host-local","subnet":"198.18.123.0/24"}}]}\n';
     const { net, make } = await setup({ '10-bridge.conflist': BRIDGE_CONFLIST, '20-ptp.conflist': ptp });
     const r = make({ 'mesh-owned-cni-config-filename': '10-bridge.conflist' });
     const out = await r.reconcile();
@@ -450,13 +661,17 @@ describe('owned config: the primary ours was made from, unloadable or just gone'
   afterEach(async () => {
     for (const t of trees.splice(0)) await t.remove();
   });
-  const ptp = '{"cniVersion":"1.0.0","name":"ptp-net","plugins":[{"type":"ptp","ipam":{"type":"host-local","subnet":"198.18.121.0/24"}}]}\n';
+  const ptp =
+    '{"cniVersion":"1.0.0","name":"ptp-net","plugins":[{"type":"ptp","ipam":{"type":"host-local","subnet":"198.18.121.0/24"}}]}\n';
   async function setup() {
     const tree = await makeHostTree();
     trees.push(tree);
     await fs.writeFile(path.join(tree.netDir, '10-bridge.conflist'), BRIDGE_CONFLIST);
     await fs.writeFile(path.join(tree.netDir, '20-ptp.conflist'), ptp);
-    const r = new Reconciler(buildSettings({ ...tree.flags, 'mesh-owned-cni-config': 'true' }, tree.env).install, buildSettings({}, tree.env).env);
+    const r = new Reconciler(
+      buildSettings({ ...tree.flags, 'mesh-owned-cni-config': 'true' }, tree.env).install,
+      buildSettings({}, tree.env).env,
+    );
     assert.deepEqual((await r.reconcile()).notReady, []);
     assert.deepEqual(runtimeView(tree.netDir).chain, ['bridge', 'mesh-cni']);
     return { tree, r, net: (n: string) => path.join(tree.netDir, n) };
@@ -468,7 +683,10 @@ describe('owned config: the primary ours was made from, unloadable or just gone'
     await fs.writeFile(net('10-bridge.conflist'), BRIDGE_CONFLIST.slice(0, 40));
     const out = await r.reconcile();
     assert.equal(readFileSync(net(OWNED), 'utf8'), ours, 'ours not made from 20-ptp.conflist');
-    assert.match(out.notReady.join('\n'), /10-bridge.conflist our 02-mesh-cni.conflist was made from cannot be loaded now .*keeping ours as it is/);
+    assert.match(
+      out.notReady.join('\n'),
+      /10-bridge.conflist our 02-mesh-cni.conflist was made from cannot be loaded now .*keeping ours as it is/,
+    );
     assert.deepEqual(runtimeView(tree.netDir).chain, ['bridge', 'mesh-cni']);
     await fs.writeFile(net('10-bridge.conflist'), BRIDGE_CONFLIST);
     assert.deepEqual((await r.reconcile()).notReady, []);
@@ -481,13 +699,23 @@ describe('owned config: the primary ours was made from, unloadable or just gone'
 
   it('an agent restarted meanwhile knows which file ours was made from (a hidden record beside ours)', async () => {
     const { tree, net } = await setup();
-    const restarted = () => new Reconciler(buildSettings({ ...tree.flags, 'mesh-owned-cni-config': 'true' }, tree.env).install, buildSettings({}, tree.env).env);
+    const restarted = () =>
+      new Reconciler(
+        buildSettings({ ...tree.flags, 'mesh-owned-cni-config': 'true' }, tree.env).install,
+        buildSettings({}, tree.env).env,
+      );
     const ours = readFileSync(net(OWNED), 'utf8');
     await fs.writeFile(net('10-bridge.conflist'), BRIDGE_CONFLIST.slice(0, 40));
-    assert.match((await restarted().reconcile()).notReady.join('\n'), /10-bridge.conflist our 02-mesh-cni.conflist was made from cannot be loaded now/);
+    assert.match(
+      (await restarted().reconcile()).notReady.join('\n'),
+      /10-bridge.conflist our 02-mesh-cni.conflist was made from cannot be loaded now/,
+    );
     assert.equal(readFileSync(net(OWNED), 'utf8'), ours);
     await fs.rm(net('10-bridge.conflist'));
-    assert.match((await restarted().reconcile()).notReady.join('\n'), /10-bridge.conflist our 02-mesh-cni.conflist was made from is gone/);
+    assert.match(
+      (await restarted().reconcile()).notReady.join('\n'),
+      /10-bridge.conflist our 02-mesh-cni.conflist was made from is gone/,
+    );
     assert.equal(readFileSync(net(OWNED), 'utf8'), ours);
     // Uninstall leaves nothing of ours, the record neither.
     await fs.writeFile(net('10-bridge.conflist'), BRIDGE_CONFLIST);
@@ -501,7 +729,10 @@ describe('owned config: the primary ours was made from, unloadable or just gone'
     await fs.rm(net('10-bridge.conflist'));
     const out = await r.reconcile();
     assert.equal(readFileSync(net(OWNED), 'utf8'), ours, 'ours not made from 20-ptp.conflist at once');
-    assert.match(out.notReady.join('\n'), /10-bridge.conflist our 02-mesh-cni.conflist was made from is gone .*keeping ours as it is/);
+    assert.match(
+      out.notReady.join('\n'),
+      /10-bridge.conflist our 02-mesh-cni.conflist was made from is gone .*keeping ours as it is/,
+    );
     // Back within the grace period (a primary CNI that deletes, then writes): made from it again.
     await fs.writeFile(net('10-bridge.conflist'), BRIDGE_CONFLIST);
     assert.deepEqual((await r.reconcile()).notReady, []);
@@ -524,9 +755,16 @@ describe('owned config: a copy of ours left under an earlier --mesh-owned-cni-co
     const tree = await makeHostTree();
     trees.push(tree);
     await fs.writeFile(path.join(tree.netDir, '10-bridge.conflist'), BRIDGE_CONFLIST);
-    const make = (extra: Record<string, string> = {}) => new Reconciler(buildSettings({ ...tree.flags, 'mesh-owned-cni-config': 'true', ...extra }, tree.env).install, buildSettings({}, tree.env).env);
+    const make = (extra: Record<string, string> = {}) =>
+      new Reconciler(
+        buildSettings({ ...tree.flags, 'mesh-owned-cni-config': 'true', ...extra }, tree.env).install,
+        buildSettings({}, tree.env).env,
+      );
     // The agent of before wrote its owned file under another name, then was restarted with this one.
-    assert.deepEqual((await make({ 'mesh-owned-cni-config-filename': '05-mesh-old.conflist' }).reconcile()).notReady, []);
+    assert.deepEqual(
+      (await make({ 'mesh-owned-cni-config-filename': '05-mesh-old.conflist' }).reconcile()).notReady,
+      [],
+    );
     return { tree, make, net: (n: string) => path.join(tree.netDir, n) };
   }
   const reasons = (out: { problems: readonly { reason: string }[] }) => out.problems.map((p) => p.reason);
@@ -549,7 +787,11 @@ describe('owned config: a copy of ours left under an earlier --mesh-owned-cni-co
     assert.deepEqual(out.notReady, []);
     assert.deepEqual(runtimeView(tree.netDir).file, OWNED);
     assert.match(readFileSync(net(OWNED), 'utf8'), /mcni-br7/, 'ours made from the primary as it is now');
-    assert.deepEqual((await fs.readdir(tree.netDir)).filter((n) => n.includes('05-mesh-old')), [], 'the old file and its record gone');
+    assert.deepEqual(
+      (await fs.readdir(tree.netDir)).filter((n) => n.includes('05-mesh-old')),
+      [],
+      'the old file and its record gone',
+    );
     assert.ok(out.writes.some((w) => w.file === net('05-mesh-old.conflist') && w.action === 'remove'));
   });
 
@@ -557,8 +799,15 @@ describe('owned config: a copy of ours left under an earlier --mesh-owned-cni-co
     const { tree, make, net } = await setup();
     await fs.writeFile(net('10-bridge.conflist'), BRIDGE_CONFLIST.replace('mcni-br0', 'mcni-br7'));
     assert.deepEqual((await make({ 'mesh-owned-cni-config': 'false' }).reconcile()).notReady, []);
-    assert.deepEqual(runtimeView(tree.netDir), { file: '10-bridge.conflist', entries: 1, chain: ['bridge', 'mesh-cni'] });
-    assert.deepEqual((await fs.readdir(tree.netDir)).filter((n) => n.includes('05-mesh-old')), []);
+    assert.deepEqual(runtimeView(tree.netDir), {
+      file: '10-bridge.conflist',
+      entries: 1,
+      chain: ['bridge', 'mesh-cni'],
+    });
+    assert.deepEqual(
+      (await fs.readdir(tree.netDir)).filter((n) => n.includes('05-mesh-old')),
+      [],
+    );
     // Uninstall, with the old file back (another rename while stopped): gone too.
     const again = await setup();
     await make().cleanup();

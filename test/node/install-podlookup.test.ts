@@ -19,7 +19,10 @@ import { eventually, waitFor } from '../helpers/poll.ts';
 import { BridgeNetwork, Netns, type ChainEnv } from '../helpers/netns.ts';
 import { k8sArgs, meshCni, meshPod, pluginConfig, tempDir } from '../helpers/plugin.ts';
 
-configureLogging({ asJson: true, outputLevels: buildSettings({ log_output_level: 'all:none' }, {}).logging.outputLevels }, { write: () => {} });
+configureLogging(
+  { asJson: true, outputLevels: buildSettings({ log_output_level: 'all:none' }, {}).logging.outputLevels },
+  { write: () => {} },
+);
 
 const onNode = (ns: string, name: string, node: string, annotations: Record<string, string> = {}) => {
   const pod = meshPod(ns, name, annotations);
@@ -31,7 +34,8 @@ describe('pod lookups served by the agent', () => {
   const socket = () => path.join(tmp.dir, 'run/pods.sock');
   let api: TestApiServer;
   let lookup: Component;
-  const ask = (namespace: string, name: string, uid = api.getPod(namespace, name)?.metadata?.uid ?? 'no-such-uid') => podFromAgent(socket(), { namespace, name, uid }, 2000);
+  const ask = (namespace: string, name: string, uid = api.getPod(namespace, name)?.metadata?.uid ?? 'no-such-uid') =>
+    podFromAgent(socket(), { namespace, name, uid }, 2000);
   /** One request line as is; the agent's whole reply. */
   const rawAsk = async (line: string): Promise<string> => {
     const net = await import('node:net');
@@ -69,7 +73,7 @@ describe('pod lookups served by the agent', () => {
     assert.equal(r.pod.metadata?.annotations?.['sidecar.mesh.io/status'] !== undefined, true);
   });
 
-  it('does not answer a lookup without the runtime\'s pod uid: it cannot tell which pod of that name is meant', async () => {
+  it("does not answer a lookup without the runtime's pod uid: it cannot tell which pod of that name is meant", async () => {
     // Sent as is: the plugin's own client no longer asks without a uid.
     for (const line of ['{"namespace":"shop","name":"cart-1","uid":""}\n', '{"namespace":"shop","name":"cart-1"}\n']) {
       assert.match(await rawAsk(line), /"miss":"no pod uid in the request/, line);
@@ -130,7 +134,9 @@ describe('pod lookups served by the agent', () => {
     const notASocket = path.join(tmp.dir, 'run/regular-file');
     writeFileSync(notASocket, 'not a socket');
     const orchconfig = api.writeOrchconfig(path.join(tmp.dir, 'agent-orchconfig-2'));
-    const c = await startPodLookup(buildSettings({ 'pod-lookup-uds-address': notASocket, orchconfig }, { NODE_NAME: 'node-1' }));
+    const c = await startPodLookup(
+      buildSettings({ 'pod-lookup-uds-address': notASocket, orchconfig }, { NODE_NAME: 'node-1' }),
+    );
     assert.match(String((c.status() as { error: string }).error), /it exists and is not a socket/);
   });
 
@@ -152,7 +158,9 @@ describe('mesh-cni ADD with the agent answering the pod lookup', () => {
   before(async () => {
     api = await startTestApiServer();
     orchconfig = api.writeOrchconfig(path.join(tmp.dir, 'ZZZ-mesh-cni-orchconfig'));
-    lookup = await startPodLookup(buildSettings({ 'pod-lookup-uds-address': socket(), orchconfig }, { NODE_NAME: 'node-1' }));
+    lookup = await startPodLookup(
+      buildSettings({ 'pod-lookup-uds-address': socket(), orchconfig }, { NODE_NAME: 'node-1' }),
+    );
     await eventually(() => (lookup.status() as { state: string }).state === 'watching', 'the pod watch');
     network = new BridgeNetwork('198.18.96.0/24');
   });
@@ -164,17 +172,42 @@ describe('mesh-cni ADD with the agent answering the pod lookup', () => {
     tmp.remove();
   });
 
-  async function addPod(name: string, lookupSocket: string, proxySecurityContext?: { runAsUser: number; runAsGroup: number }) {
+  async function addPod(
+    name: string,
+    lookupSocket: string,
+    proxySecurityContext?: { runAsUser: number; runAsGroup: number },
+  ) {
     const base = onNode('shop', name, 'node-1');
-    const pod = api.upsertPod(proxySecurityContext
-      ? { ...base, spec: { ...base.spec!, containers: [{ name: 'app', image: 'app:1' }, { name: 'mesh-proxy', image: 'proxy:1', securityContext: proxySecurityContext }] } }
-      : base);
+    const pod = api.upsertPod(
+      proxySecurityContext
+        ? {
+            ...base,
+            spec: {
+              ...base.spec!,
+              containers: [
+                { name: 'app', image: 'app:1' },
+                { name: 'mesh-proxy', image: 'proxy:1', securityContext: proxySecurityContext },
+              ],
+            },
+          }
+        : base,
+    );
     const ns = new Netns('pod');
     namespaces.push(ns);
-    const chain: ChainEnv = { containerId: `ctr${process.pid}${name}`, netns: ns.path, ifname: 'eth0', args: k8sArgs(pod, `ctr${process.pid}${name}`) };
+    const chain: ChainEnv = {
+      containerId: `ctr${process.pid}${name}`,
+      netns: ns.path,
+      ifname: 'eth0',
+      args: k8sArgs(pod, `ctr${process.pid}${name}`),
+    };
     const prev = await network.addPod(chain);
-    const gets = () => api.requests.filter((r) => r.method === 'GET' && r.path === `/api/v1/namespaces/shop/pods/${name}`).length;
-    const add = await meshCni('ADD', chain, pluginConfig({ cniVersion: '1.0.0', orchconfig, extra: { pod_lookup_uds_address: lookupSocket } }, prev));
+    const gets = () =>
+      api.requests.filter((r) => r.method === 'GET' && r.path === `/api/v1/namespaces/shop/pods/${name}`).length;
+    const add = await meshCni(
+      'ADD',
+      chain,
+      pluginConfig({ cniVersion: '1.0.0', orchconfig, extra: { pod_lookup_uds_address: lookupSocket } }, prev),
+    );
     return { add, ns, gets: gets() };
   }
 
@@ -185,10 +218,16 @@ describe('mesh-cni ADD with the agent answering the pod lookup', () => {
     assert.equal(gets, 0);
   });
 
-  it('answers the whole pod: the mesh-proxy securityContext (the proxy\'s uid/gid) reaches the rules', async () => {
-    const { add, ns, gets } = await addPod('via-agent-uid', socket(), { runAsUser: 1000670000, runAsGroup: 1000670001 });
+  it("answers the whole pod: the mesh-proxy securityContext (the proxy's uid/gid) reaches the rules", async () => {
+    const { add, ns, gets } = await addPod('via-agent-uid', socket(), {
+      runAsUser: 1000670000,
+      runAsGroup: 1000670001,
+    });
     assert.equal(add.code, 0, add.stdout + add.stderr);
-    assert.match(ns.exec(['iptables-nft-save', '-t', 'nat']), /--uid-owner 1000670000 -j RETURN[\s\S]*--gid-owner 1000670001 -j RETURN/);
+    assert.match(
+      ns.exec(['iptables-nft-save', '-t', 'nat']),
+      /--uid-owner 1000670000 -j RETURN[\s\S]*--gid-owner 1000670001 -j RETURN/,
+    );
     assert.equal(gets, 0);
   });
 
@@ -215,7 +254,11 @@ describe('one watch of the node pods per agent', () => {
     api.upsertPod(onNode('shop', 'cart-1', 'node-1'));
     const tree = await makeHostTree({ token: api.token, ca: api.caPem });
     cleanups.push(() => tree.remove());
-    const agent = spawnAgent(tree, flags, { KUBERNETES_SERVICE_HOST: api.host, KUBERNETES_SERVICE_PORT: String(api.port), NODE_NAME: 'node-1' });
+    const agent = spawnAgent(tree, flags, {
+      KUBERNETES_SERVICE_HOST: api.host,
+      KUBERNETES_SERVICE_PORT: String(api.port),
+      NODE_NAME: 'node-1',
+    });
     cleanups.push(() => agent.stop('SIGKILL'));
     const started = await agent.waitForLog((r) => r.msg === 'install-cni started', 'the agent started', 20_000);
     return { api, socket: tree.flags['pod-lookup-uds-address']!, agent, components: started.components as string[] };
@@ -244,7 +287,10 @@ describe('one watch of the node pods per agent', () => {
     const by = podRequests(api);
     assert.equal(by.size, n, `pod list/watch requests by selectors: ${JSON.stringify([...by])}`);
     for (const [sel, c] of by) {
-      assert.ok(c.watches === 1 && c.lists <= 1, `${sel}: one list (or a watch-list) and one watch, not one per reader: ${JSON.stringify(c)}`);
+      assert.ok(
+        c.watches === 1 && c.lists <= 1,
+        `${sel}: one list (or a watch-list) and one watch, not one per reader: ${JSON.stringify(c)}`,
+      );
     }
     return [...by.keys()];
   }
@@ -253,17 +299,45 @@ describe('one watch of the node pods per agent', () => {
   async function cartFromAgent(api: TestApiServer, socket: string) {
     let last: Awaited<ReturnType<typeof podFromAgent>> | undefined;
     const ref = { namespace: 'shop', name: 'cart-1', uid: api.getPod('shop', 'cart-1')!.metadata!.uid! };
-    await waitFor('a pod lookup hit (the watch listed)', async () => 'pod' in (last = await podFromAgent(socket, ref, 5000)), { timeoutMs: 15_000, context: () => JSON.stringify(last) });
+    await waitFor(
+      'a pod lookup hit (the watch listed)',
+      async () => 'pod' in (last = await podFromAgent(socket, ref, 5000)),
+      { timeoutMs: 15_000, context: () => JSON.stringify(last) },
+    );
     return last!;
   }
 
   const node = 'fields=spec.nodeName=node-1 labels=';
-  const table: { name: string; flags: Record<string, string>; lookup: boolean; watches: string[]; components: string[] }[] = [
-    { name: 'pod lookup and repair read the one node watch', flags: { 'repair-enabled': 'true', 'repair-label-pods': 'true' }, lookup: true, watches: [node], components: ['node-pod-watch', 'repair', 'pod-lookup'] },
-    { name: 'pod lookup alone', flags: {}, lookup: true, watches: [node], components: ['node-pod-watch', 'repair', 'pod-lookup'] },
-    { name: 'repair alone', flags: { 'repair-enabled': 'true', 'repair-label-pods': 'true', 'pod-lookup-uds-address': '' }, lookup: false, watches: [node], components: ['node-pod-watch', 'repair', 'pod-lookup'] },
+  const table: {
+    name: string;
+    flags: Record<string, string>;
+    lookup: boolean;
+    watches: string[];
+    components: string[];
+  }[] = [
     {
-      name: 'repair with selectors of its own gets a second watch, the lookup keeps the node\'s',
+      name: 'pod lookup and repair read the one node watch',
+      flags: { 'repair-enabled': 'true', 'repair-label-pods': 'true' },
+      lookup: true,
+      watches: [node],
+      components: ['node-pod-watch', 'repair', 'pod-lookup'],
+    },
+    {
+      name: 'pod lookup alone',
+      flags: {},
+      lookup: true,
+      watches: [node],
+      components: ['node-pod-watch', 'repair', 'pod-lookup'],
+    },
+    {
+      name: 'repair alone',
+      flags: { 'repair-enabled': 'true', 'repair-label-pods': 'true', 'pod-lookup-uds-address': '' },
+      lookup: false,
+      watches: [node],
+      components: ['node-pod-watch', 'repair', 'pod-lookup'],
+    },
+    {
+      name: "repair with selectors of its own gets a second watch, the lookup keeps the node's",
       flags: { 'repair-enabled': 'true', 'repair-label-pods': 'true', 'repair-label-selectors': 'app=web' },
       lookup: true,
       watches: [node, 'fields=spec.nodeName=node-1 labels=app=web'],
@@ -271,7 +345,7 @@ describe('one watch of the node pods per agent', () => {
     },
     {
       // Review R1: not this node's watch for repair (it would act on node-1's pods, never node-2's).
-      name: 'repair told another --repair-node-name gets a watch of that node, the lookup keeps this node\'s',
+      name: "repair told another --repair-node-name gets a watch of that node, the lookup keeps this node's",
       flags: { 'repair-enabled': 'true', 'repair-label-pods': 'true', 'repair-node-name': 'node-2' },
       lookup: true,
       watches: [node, 'fields=spec.nodeName=node-2 labels='],
@@ -284,14 +358,26 @@ describe('one watch of the node pods per agent', () => {
       if (c.lookup) assert.ok('pod' in (await cartFromAgent(api, socket)));
       assert.deepEqual((await expectWatches(api, c.watches.length)).sort(), [...c.watches].sort());
       // The watches start before their readers (and so stop after them: components stop in reverse).
-      assert.deepEqual(components.filter((n) => c.components.includes(n)), c.components, JSON.stringify(components));
+      assert.deepEqual(
+        components.filter((n) => c.components.includes(n)),
+        c.components,
+        JSON.stringify(components),
+      );
       // Repair's watch metrics count on the watch it reads, shared or its own (shop/cart-1 is on node-1 and
       // has no app=web label); its queue's metrics are there when repair is on.
       const repairOn = c.flags['repair-enabled'] === 'true';
       const watched = repairOn && !c.flags['repair-label-selectors'] && !c.flags['repair-node-name'] ? 1 : 0;
-      await eventually(async () => new RegExp(`^mesh_cni_repair_watched_pods ${watched}$`, 'm').test((await agent.get('/metrics')).body), `mesh_cni_repair_watched_pods ${watched}`);
+      await eventually(
+        async () =>
+          new RegExp(`^mesh_cni_repair_watched_pods ${watched}$`, 'm').test((await agent.get('/metrics')).body),
+        `mesh_cni_repair_watched_pods ${watched}`,
+      );
       const metrics = (await agent.get('/metrics')).body;
-      assert.equal(/^mesh_cni_workqueue_depth\{queue="repair"\} 0$/m.test(metrics), repairOn, 'the repair queue\'s depth');
+      assert.equal(
+        /^mesh_cni_workqueue_depth\{queue="repair"\} 0$/m.test(metrics),
+        repairOn,
+        "the repair queue's depth",
+      );
     });
   }
 });
@@ -312,7 +398,9 @@ describe('a stale pod watch never lets a pod start without its rules', () => {
   before(async () => {
     api = await startTestApiServer();
     orchconfig = api.writeOrchconfig(path.join(tmp.dir, 'ZZZ-mesh-cni-orchconfig'));
-    lookup = await startPodLookup(buildSettings({ 'pod-lookup-uds-address': socket(), orchconfig }, { NODE_NAME: 'node-1' }));
+    lookup = await startPodLookup(
+      buildSettings({ 'pod-lookup-uds-address': socket(), orchconfig }, { NODE_NAME: 'node-1' }),
+    );
     await eventually(() => (lookup.status() as { state: string }).state === 'watching', 'the pod watch');
     network = new BridgeNetwork('198.18.97.0/24');
   });
@@ -332,29 +420,44 @@ describe('a stale pod watch never lets a pod start without its rules', () => {
     const args = `IgnoreUnknown=1;K8S_POD_NAMESPACE=shop;K8S_POD_NAME=${name};K8S_POD_INFRA_CONTAINER_ID=${id}${uid === '' ? '' : `;K8S_POD_UID=${uid}`}`;
     const chain: ChainEnv = { containerId: id, netns: ns.path, ifname: 'eth0', args };
     const prev = await network.addPod(chain);
-    const r = await meshCni('ADD', chain, pluginConfig({ cniVersion: '1.0.0', orchconfig, extra: { pod_lookup_uds_address: lookupSocket } }, prev));
+    const r = await meshCni(
+      'ADD',
+      chain,
+      pluginConfig({ cniVersion: '1.0.0', orchconfig, extra: { pod_lookup_uds_address: lookupSocket } }, prev),
+    );
     return { r, nat: ns.exec(['iptables-nft-save', '-t', 'nat']) };
   }
 
-  const gets = (name: string) => api.requests.filter((q) => q.method === 'GET' && q.path === `/api/v1/namespaces/shop/pods/${name}`).length;
+  const gets = (name: string) =>
+    api.requests.filter((q) => q.method === 'GET' && q.path === `/api/v1/namespaces/shop/pods/${name}`).length;
 
   it('a pod re-created under the same name with the sidecar while the watch is silent gets its rules, with or without K8S_POD_UID', async () => {
     const plain = onNode('shop', 'reborn', 'node-1');
     plain.metadata!.annotations = {};
     const old = api.upsertPod(plain);
     const oldUid = old.metadata!.uid!;
-    await eventually(async () => 'pod' in (await podFromAgent(socket(), { namespace: 'shop', name: 'reborn', uid: oldUid }, 1000)), 'the agent to have the first pod');
+    await eventually(
+      async () => 'pod' in (await podFromAgent(socket(), { namespace: 'shop', name: 'reborn', uid: oldUid }, 1000)),
+      'the agent to have the first pod',
+    );
     api.faults.silentWatches = true;
     try {
       api.deletePodFromStore('shop', 'reborn');
       const reborn = api.upsertPod(onNode('shop', 'reborn', 'node-1'));
       assert.notEqual(reborn.metadata!.uid, oldUid);
       assert.equal((lookup.status() as { state: string }).state, 'watching', 'the silent watch still looks alive');
-      for (const [what, uid] of [['no K8S_POD_UID', ''], ['the new pod\'s K8S_POD_UID', reborn.metadata!.uid!]] as const) {
+      for (const [what, uid] of [
+        ['no K8S_POD_UID', ''],
+        ["the new pod's K8S_POD_UID", reborn.metadata!.uid!],
+      ] as const) {
         const before = gets('reborn');
         const { r, nat } = await add('reborn', uid);
         assert.equal(r.code, 0, `${what}: ${r.stdout}${r.stderr}`);
-        assert.match(nat, /-A MESH_REDIRECT -p tcp -j REDIRECT --to-ports 15001/, `${what}: the new pod's rules are applied`);
+        assert.match(
+          nat,
+          /-A MESH_REDIRECT -p tcp -j REDIRECT --to-ports 15001/,
+          `${what}: the new pod's rules are applied`,
+        );
         assert.equal(gets('reborn'), before + 1, `${what}: read from the API server`);
       }
     } finally {
@@ -375,7 +478,11 @@ describe('a stale pod watch never lets a pod start without its rules', () => {
       for (const uid of ['', pod.metadata!.uid!]) {
         const { r, nat } = await add('checked', uid, fakeSocket);
         assert.equal(r.code, 0, r.stdout + r.stderr);
-        assert.match(nat, /-A MESH_REDIRECT -p tcp -j REDIRECT --to-ports 15001/, `uid ${JSON.stringify(uid)}: the pod's rules, not the stale answer`);
+        assert.match(
+          nat,
+          /-A MESH_REDIRECT -p tcp -j REDIRECT --to-ports 15001/,
+          `uid ${JSON.stringify(uid)}: the pod's rules, not the stale answer`,
+        );
       }
     } finally {
       server.close();

@@ -13,7 +13,10 @@ import { configureLogging } from '../../src/monitoring/logging.ts';
 import { BRIDGE_CONFLIST, makeHostTree, type HostTree } from '../helpers/hosttree.ts';
 import { eventually } from '../helpers/poll.ts';
 
-configureLogging({ asJson: true, outputLevels: buildSettings({ log_output_level: 'all:none' }, {}).logging.outputLevels }, { write: () => {} });
+configureLogging(
+  { asJson: true, outputLevels: buildSettings({ log_output_level: 'all:none' }, {}).logging.outputLevels },
+  { write: () => {} },
+);
 after(() => configureLogging({ asJson: false, outputLevels: buildSettings({}, {}).logging.outputLevels }));
 
 const cleanups: (() => Promise<unknown>)[] = [];
@@ -21,7 +24,8 @@ afterEach(async () => {
   for (const c of cleanups.splice(0).reverse()) await c().catch(() => {});
 });
 
-const plugins = (f: string) => (JSON.parse(readFileSync(f, 'utf8')) as { plugins: { type: string }[] }).plugins.map((p) => p.type);
+const plugins = (f: string) =>
+  (JSON.parse(readFileSync(f, 'utf8')) as { plugins: { type: string }[] }).plugins.map((p) => p.type);
 const hasOurs = (f: string) => {
   try {
     return plugins(f).includes('mesh-cni');
@@ -38,7 +42,12 @@ async function rewriteByRename(file: string, text: string): Promise<void> {
 }
 
 /** The installer on a tree whose primary is a link to vendor-a/10-bridge.conflist, outside the net dir. */
-async function linkedPrimary(): Promise<{ installer: Installer; tree: HostTree; link: string; vendor: (d: string) => string }> {
+async function linkedPrimary(): Promise<{
+  installer: Installer;
+  tree: HostTree;
+  link: string;
+  vendor: (d: string) => string;
+}> {
   const tree = await makeHostTree();
   cleanups.push(() => tree.remove());
   const vendor = (d: string) => path.join(tree.root, 'host/var/lib', d);
@@ -49,7 +58,9 @@ async function linkedPrimary(): Promise<{ installer: Installer; tree: HostTree; 
   const link = path.join(tree.netDir, '10-bridge.conflist');
   await fs.symlink(path.join(vendor('vendor-a'), '10-bridge.conflist'), link);
   // The periodic pass is a minute away: only a watch can bring our entry back within seconds.
-  const installer = new Installer(buildSettings({ ...tree.flags, 'reconcile-interval': '60s' }, tree.env), { decideCleanup: async () => ({ cleanup: false, why: 'test' }) });
+  const installer = new Installer(buildSettings({ ...tree.flags, 'reconcile-interval': '60s' }, tree.env), {
+    decideCleanup: async () => ({ cleanup: false, why: 'test' }),
+  });
   cleanups.push(() => installer.stop('SIGTERM'));
   await installer.start();
   await installer.settled();
@@ -57,14 +68,14 @@ async function linkedPrimary(): Promise<{ installer: Installer; tree: HostTree; 
   return { installer, tree, link, vendor };
 }
 
-describe('a symlinked primary\'s target directory', () => {
+describe("a symlinked primary's target directory", () => {
   it('is watched: a rewrite of the target by rename gets our entry back at once', async () => {
     const { link, vendor } = await linkedPrimary();
     const target = path.join(vendor('vendor-a'), '10-bridge.conflist');
     assert.ok(hasOurs(target));
     assert.ok((await fs.lstat(link)).isSymbolicLink());
     await rewriteByRename(target, BRIDGE_CONFLIST.replace('bridge-net', 'bridge-net-2'));
-    assert.ok(!hasOurs(target), 'the primary CNI\'s rewrite took our entry out');
+    assert.ok(!hasOurs(target), "the primary CNI's rewrite took our entry out");
     await eventually(() => hasOurs(target), 'our entry back in the target', 3000);
     assert.match(readFileSync(target, 'utf8'), /bridge-net-2/);
     assert.ok((await fs.lstat(link)).isSymbolicLink(), 'still a link');
@@ -85,10 +96,18 @@ describe('a symlinked primary\'s target directory', () => {
 
     // The old directory is no longer the primary's: changes there bring no pass.
     const passes = (installer.status() as { reconciles: number }).reconciles;
-    for (let i = 0; i < 5; i++) await rewriteByRename(path.join(vendor('vendor-a'), '10-bridge.conflist'), BRIDGE_CONFLIST.replace('bridge-net', `old-${i}`));
+    for (let i = 0; i < 5; i++)
+      await rewriteByRename(
+        path.join(vendor('vendor-a'), '10-bridge.conflist'),
+        BRIDGE_CONFLIST.replace('bridge-net', `old-${i}`),
+      );
     await new Promise((r) => setTimeout(r, 300));
     await installer.settled();
-    assert.equal((installer.status() as { reconciles: number }).reconciles, passes, 'a change in the old target\'s directory ran a pass');
+    assert.equal(
+      (installer.status() as { reconciles: number }).reconciles,
+      passes,
+      "a change in the old target's directory ran a pass",
+    );
 
     // A primary that is a regular file again: nothing outside the net dir is watched.
     await fs.rm(link);
@@ -99,6 +118,10 @@ describe('a symlinked primary\'s target directory', () => {
     await rewriteByRename(newTarget, BRIDGE_CONFLIST.replace('bridge-net', 'bridge-net-4'));
     await new Promise((r) => setTimeout(r, 300));
     await installer.settled();
-    assert.equal((installer.status() as { reconciles: number }).reconciles, after, 'a change in the former target\'s directory ran a pass');
+    assert.equal(
+      (installer.status() as { reconciles: number }).reconciles,
+      after,
+      "a change in the former target's directory ran a pass",
+    );
   });
 });

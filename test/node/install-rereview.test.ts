@@ -14,19 +14,28 @@ import { Reconciler, type Outcome } from '../../src/install/reconcile.ts';
 import { configureLogging } from '../../src/monitoring/logging.ts';
 import { BRIDGE_CONFLIST, makeHostTree, type HostTree } from '../helpers/hosttree.ts';
 
-configureLogging({ asJson: true, outputLevels: buildSettings({ log_output_level: 'all:none' }, {}).logging.outputLevels }, { write: () => {} });
+configureLogging(
+  { asJson: true, outputLevels: buildSettings({ log_output_level: 'all:none' }, {}).logging.outputLevels },
+  { write: () => {} },
+);
 
 const trees: HostTree[] = [];
 afterEach(async () => {
   for (const t of trees.splice(0)) await t.remove();
 });
 
-async function pass(owned: boolean, plant: (net: string) => Promise<void> | void): Promise<{ tree: HostTree; out: Outcome }> {
+async function pass(
+  owned: boolean,
+  plant: (net: string) => Promise<void> | void,
+): Promise<{ tree: HostTree; out: Outcome }> {
   const tree = await makeHostTree();
   trees.push(tree);
   await fs.writeFile(path.join(tree.netDir, '10-bridge.conflist'), BRIDGE_CONFLIST);
   await plant(tree.netDir);
-  const s = buildSettings({ 'reconcile-interval': '1h', ...tree.flags, 'mesh-owned-cni-config': String(owned) }, tree.env);
+  const s = buildSettings(
+    { 'reconcile-interval': '1h', ...tree.flags, 'mesh-owned-cni-config': String(owned) },
+    tree.env,
+  );
   const out = await new Reconciler(s.install, s.env).reconcile();
   return { tree, out };
 }
@@ -36,19 +45,29 @@ const reasons = (o: Outcome) => [...o.notReady, ...o.problems.map((p) => p.messa
 
 /** The config file libcni loads first: config names sorted by their bytes, as Go does. */
 function runtimeFirst(net: string): Buffer {
-  const names = readdirSync(net, { encoding: 'buffer' }).filter((b) => /\.(conf|conflist|json)$/.test(b.toString('latin1'))).sort(Buffer.compare);
+  const names = readdirSync(net, { encoding: 'buffer' })
+    .filter((b) => /\.(conf|conflist|json)$/.test(b.toString('latin1')))
+    .sort(Buffer.compare);
   return names[0]!;
 }
-const holdsOurs = (net: string, name: Buffer) => readFileSync(Buffer.concat([Buffer.from(net + '/'), name])).toString().includes('mesh-cni');
+const holdsOurs = (net: string, name: Buffer) =>
+  readFileSync(Buffer.concat([Buffer.from(net + '/'), name]))
+    .toString()
+    .includes('mesh-cni');
 
-const nested = (depth: number) => `{"cniVersion":"1.0.0","name":"a","x":${'['.repeat(depth) + ']'.repeat(depth)},"plugins":[{"type":"bridge"}]}`;
+const nested = (depth: number) =>
+  `{"cniVersion":"1.0.0","name":"a","x":${'['.repeat(depth) + ']'.repeat(depth)},"plugins":[{"type":"bridge"}]}`;
 
 describe('deeply nested configs are judged as Go judges them', () => {
   it('a file nested 3000 deep (libcni loads it) is never passed over', async () => {
     for (const owned of [false, true]) {
       const { tree, out } = await pass(owned, (net) => fs.writeFile(path.join(net, '00-a.conflist'), nested(3000)));
       // Either our entry reaches what the runtime reads first, or the agent is not ready.
-      if (ready(out)) assert.ok(holdsOurs(tree.netDir, runtimeFirst(tree.netDir)) || owned, `owned=${owned}: ready, but 00-a.conflist lacks our entry`);
+      if (ready(out))
+        assert.ok(
+          holdsOurs(tree.netDir, runtimeFirst(tree.netDir)) || owned,
+          `owned=${owned}: ready, but 00-a.conflist lacks our entry`,
+        );
       if (owned && ready(out)) assert.equal(out.primary, '00-a.conflist');
       if (!owned) assert.equal(out.primary, '00-a.conflist', reasons(out));
     }
@@ -64,13 +83,30 @@ describe('deeply nested configs are judged as Go judges them', () => {
   it('a deep value inside a plugin is judged too (.conf and .conflist)', () => {
     const deep = '['.repeat(5000) + ']'.repeat(5000);
     assert.equal(libcniVerdict(`{"cniVersion":"1.0.0","type":"bridge","args":${deep}}`, '00-a.conf').ok, true);
-    assert.equal(libcniVerdict(`{"cniVersion":"1.0.0","name":"a","plugins":[{"type":"bridge","args":${deep}}]}`, '00-a.conflist').ok, true);
+    assert.equal(
+      libcniVerdict(`{"cniVersion":"1.0.0","name":"a","plugins":[{"type":"bridge","args":${deep}}]}`, '00-a.conflist')
+        .ok,
+      true,
+    );
   });
 
   it('a huge number anywhere (even a duplicate key JSON.parse drops) is refused, as Go refuses it', () => {
-    assert.equal(libcniVerdict('{"cniVersion":"1.0.0","name":"a","x":1e400,"x":1,"plugins":[{"type":"bridge"}]}', '00-a.conflist').ok, false);
-    assert.equal(libcniVerdict(`{"cniVersion":"1.0.0","name":"a","x":${'['.repeat(4000)}1e999${']'.repeat(4000)},"plugins":[{"type":"bridge"}]}`, '00-a.conflist').ok, false);
-    assert.equal(libcniVerdict('{"cniVersion":"1.0.0","name":"a","x":"1e400","plugins":[{"type":"bridge"}]}', '00-a.conflist').ok, true);
+    assert.equal(
+      libcniVerdict('{"cniVersion":"1.0.0","name":"a","x":1e400,"x":1,"plugins":[{"type":"bridge"}]}', '00-a.conflist')
+        .ok,
+      false,
+    );
+    assert.equal(
+      libcniVerdict(
+        `{"cniVersion":"1.0.0","name":"a","x":${'['.repeat(4000)}1e999${']'.repeat(4000)},"plugins":[{"type":"bridge"}]}`,
+        '00-a.conflist',
+      ).ok,
+      false,
+    );
+    assert.equal(
+      libcniVerdict('{"cniVersion":"1.0.0","name":"a","x":"1e400","plugins":[{"type":"bridge"}]}', '00-a.conflist').ok,
+      true,
+    );
   });
 });
 
@@ -98,13 +134,19 @@ describe('names are ordered by their UTF-8 bytes, as libcni sorts them', () => {
       writeFileSync(path.join(net, '01\u{10000}.conflist'), BRIDGE_CONFLIST);
     });
     const first = runtimeFirst(tree.netDir);
-    assert.ok(!ready(out) || holdsOurs(tree.netDir, first), `ready, but the runtime reads ${JSON.stringify(first.toString())} without our entry`);
+    assert.ok(
+      !ready(out) || holdsOurs(tree.netDir, first),
+      `ready, but the runtime reads ${JSON.stringify(first.toString())} without our entry`,
+    );
   });
 
   it('a config name that is not valid UTF-8 makes the agent not ready, naming it by its bytes', async () => {
     for (const owned of [false, true]) {
       const { out } = await pass(owned, (net) => {
-        writeFileSync(Buffer.concat([Buffer.from(net + '/0'), Buffer.from([0x80]), Buffer.from('.conflist')]), BRIDGE_CONFLIST);
+        writeFileSync(
+          Buffer.concat([Buffer.from(net + '/0'), Buffer.from([0x80]), Buffer.from('.conflist')]),
+          BRIDGE_CONFLIST,
+        );
         writeFileSync(path.join(net, '0\uFFFD.conflist'), BRIDGE_CONFLIST);
       });
       assert.ok(!ready(out), `owned=${owned}: ready with a name the agent cannot spell`);
@@ -138,7 +180,9 @@ describe('uninstall does every step it can', () => {
 
 describe('readiness reasons carry no file content', () => {
   it('a skipped .conflist\'s "name" is not in the reason', async () => {
-    const { out } = await pass(false, (net) => fs.writeFile(path.join(net, '00-a.conflist'), '{"cniVersion":"1.0.0","name":"planted-s3cret-words"}'));
+    const { out } = await pass(false, (net) =>
+      fs.writeFile(path.join(net, '00-a.conflist'), '{"cniVersion":"1.0.0","name":"planted-s3cret-words"}'),
+    );
     const all = [...out.notReady, ...(out.skipped ?? []).map((k) => k.reason)].join('\n');
     assert.match(JSON.stringify(out.skipped), /00-a\.conflist/);
     assert.doesNotMatch(all, /planted-s3cret-words/);

@@ -9,7 +9,12 @@ import path from 'node:path';
 import { after, describe, it } from 'node:test';
 import JSON5 from 'json5';
 import { describeParseError } from '../../cni-plugin/shared/parseerror.ts';
-import { MAX_FILE_BYTES, readRegularFile, readRegularFileIfExists, UnsafeFileError } from '../../src/install/safefile.ts';
+import {
+  MAX_FILE_BYTES,
+  readRegularFile,
+  readRegularFileIfExists,
+  UnsafeFileError,
+} from '../../src/install/safefile.ts';
 
 const dir = mkdtempSync(path.join(os.tmpdir(), 'mcni-safefile-'));
 after(() => fs.rm(dir, { recursive: true, force: true }));
@@ -40,7 +45,10 @@ describe('readRegularFile', () => {
   it('follows a link to a regular file, unless told not to', async () => {
     await fs.symlink('small', path.join(dir, 'link'));
     assert.equal((await readRegularFile(path.join(dir, 'link'))).text, 'hello');
-    await assert.rejects(readRegularFile(path.join(dir, 'link'), { noFollow: true }), refused(/link is a symbolic link/));
+    await assert.rejects(
+      readRegularFile(path.join(dir, 'link'), { noFollow: true }),
+      refused(/link is a symbolic link/),
+    );
   });
 });
 

@@ -26,7 +26,7 @@ async function tree(): Promise<HostTree> {
 }
 
 describe('owned mode: the grace for a primary just gone', () => {
-  it('counts from when the pass saw it gone, not from the pass\'s start (a slow orchconfig step before)', async () => {
+  it("counts from when the pass saw it gone, not from the pass's start (a slow orchconfig step before)", async () => {
     const t = await tree();
     await fs.writeFile(path.join(t.netDir, '10-bridge.conflist'), BRIDGE_CONFLIST);
     // A token source that can hold the pass before the net dir is read, as a slow step there
@@ -71,8 +71,11 @@ describe('a primary that is a link to another config file in the net dir', () =>
       const out = await r.reconcile();
       assert.deepEqual(out.notReady, [], `pass ${pass}: ready`);
       assert.equal(out.primary, '01-alias.conflist');
-      assert.deepEqual(runtimeView(t.netDir), { file: '01-alias.conflist', entries: 1, chain: ['bridge', 'mesh-cni'] },
-        `pass ${pass}: the runtime reads our entry`);
+      assert.deepEqual(
+        runtimeView(t.netDir),
+        { file: '01-alias.conflist', entries: 1, chain: ['bridge', 'mesh-cni'] },
+        `pass ${pass}: the runtime reads our entry`,
+      );
       assert.ok((await fs.lstat(path.join(t.netDir, '01-alias.conflist'))).isSymbolicLink(), 'the link stays');
     }
   });
@@ -91,8 +94,11 @@ describe('two config names linked to one file outside the net dir', () => {
     for (let pass = 1; pass <= 3; pass++) {
       const out = await r.reconcile();
       assert.deepEqual(out.notReady, [], `pass ${pass}: ready`);
-      assert.deepEqual(runtimeView(t.netDir), { file: '05-net.conflist', entries: 1, chain: ['bridge', 'mesh-cni'] },
-        `pass ${pass}: the runtime reads our entry`);
+      assert.deepEqual(
+        runtimeView(t.netDir),
+        { file: '05-net.conflist', entries: 1, chain: ['bridge', 'mesh-cni'] },
+        `pass ${pass}: the runtime reads our entry`,
+      );
     }
   });
 });

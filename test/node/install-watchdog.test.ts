@@ -15,17 +15,39 @@ import { BRIDGE_CONFLIST, makeHostTree } from '../helpers/hosttree.ts';
 import { eventually } from '../helpers/poll.ts';
 
 const logLines: string[] = [];
-configureLogging({ asJson: true, outputLevels: buildSettings({ log_output_level: 'all:info' }, {}).logging.outputLevels }, { write: (l) => void logLines.push(l) });
+configureLogging(
+  { asJson: true, outputLevels: buildSettings({ log_output_level: 'all:info' }, {}).logging.outputLevels },
+  { write: (l) => void logLines.push(l) },
+);
 
 describe('watchdogReasons', () => {
-  const base: PassTimes = { now: 100_000, runningSince: null, lastFinished: 99_000, started: 0, intervalMs: 5000, timeoutMs: 30_000 };
+  const base: PassTimes = {
+    now: 100_000,
+    runningSince: null,
+    lastFinished: 99_000,
+    started: 0,
+    intervalMs: 5000,
+    timeoutMs: 30_000,
+  };
   const cases: [string, Partial<PassTimes>, RegExp[]][] = [
     ['a pass finished a second ago, none running', {}, []],
     ['a pass running for 10 s of a 30 s timeout', { runningSince: 90_000 }, []],
-    ['a pass running for 31 s', { runningSince: 69_000 }, [/a reconcile pass has been running for 31\.0 s, over --reconcile-timeout 30\.0 s/]],
-    ['the last pass finished 71 s ago (interval 5 s, timeout 30 s)', { lastFinished: 29_000 }, [/the last reconcile pass finished 71\.0 s ago.*passes have stopped/]],
+    [
+      'a pass running for 31 s',
+      { runningSince: 69_000 },
+      [/a reconcile pass has been running for 31\.0 s, over --reconcile-timeout 30\.0 s/],
+    ],
+    [
+      'the last pass finished 71 s ago (interval 5 s, timeout 30 s)',
+      { lastFinished: 29_000 },
+      [/the last reconcile pass finished 71\.0 s ago.*passes have stopped/],
+    ],
     ['the last pass finished 69 s ago', { lastFinished: 31_000 }, []],
-    ['no pass finished in 100 s since the start', { lastFinished: null }, [/no reconcile pass has finished since the start 100\.0 s ago/]],
+    [
+      'no pass finished in 100 s since the start',
+      { lastFinished: null },
+      [/no reconcile pass has finished since the start 100\.0 s ago/],
+    ],
     ['no pass finished yet, 50 s after the start', { lastFinished: null, now: 50_000 }, []],
     ['stuck and stale', { runningSince: 0, lastFinished: 1000 }, [/running for 100\.0 s/, /finished 99\.0 s ago/]],
   ];
@@ -47,7 +69,12 @@ async function hangFileSystemCalls(dir: string): Promise<() => void> {
   const threads = Number(process.env.UV_THREADPOOL_SIZE ?? 4);
   const fifos = Array.from({ length: threads }, (_, i) => path.join(dir, `hang-${i}`));
   for (const f of fifos) execFileSync('mkfifo', [f]);
-  const opens = fifos.map((f) => fs.open(f, 'r').then((fh) => fh.close(), () => {}));
+  const opens = fifos.map((f) =>
+    fs.open(f, 'r').then(
+      (fh) => fh.close(),
+      () => {},
+    ),
+  );
   return () => {
     for (const f of fifos) {
       try {
@@ -64,7 +91,10 @@ describe('installer watchdog', () => {
   it('a stuck pass turns readiness false with the reason, and stop goes on without it', async () => {
     const tree = await makeHostTree();
     const hangDir = await fs.mkdtemp(path.join(tree.root, 'hang-'));
-    const installer = new Installer(buildSettings({ 'reconcile-interval': '1h', 'reconcile-timeout': '300ms', ...tree.flags }, tree.env), { decideCleanup: async () => ({ cleanup: true, why: 'test' }) });
+    const installer = new Installer(
+      buildSettings({ 'reconcile-interval': '1h', 'reconcile-timeout': '300ms', ...tree.flags }, tree.env),
+      { decideCleanup: async () => ({ cleanup: true, why: 'test' }) },
+    );
     let release = () => {};
     try {
       await fs.writeFile(path.join(tree.netDir, '10-bridge.conflist'), BRIDGE_CONFLIST);
@@ -74,13 +104,23 @@ describe('installer watchdog', () => {
 
       release = await hangFileSystemCalls(hangDir);
       installer.schedule('net_dir');
-      await eventually(() => installer.notReadyReasons().some((r) => /a reconcile pass has been running for .* over --reconcile-timeout 0\.3 s/.test(r)), 'the stuck pass reported', 5000);
+      await eventually(
+        () =>
+          installer
+            .notReadyReasons()
+            .some((r) => /a reconcile pass has been running for .* over --reconcile-timeout 0\.3 s/.test(r)),
+        'the stuck pass reported',
+        5000,
+      );
 
       const t0 = Date.now();
       await installer.stop('SIGTERM');
       const took = Date.now() - t0;
       assert.ok(took < 3000, `stop took ${took} ms`);
-      assert.ok(logLines.some((l) => l.includes('still running') && l.includes('leaving mesh-cni installed')), logLines.slice(-5).join(''));
+      assert.ok(
+        logLines.some((l) => l.includes('still running') && l.includes('leaving mesh-cni installed')),
+        logLines.slice(-5).join(''),
+      );
     } finally {
       release();
       await installer.stop('SIGTERM').catch(() => {});

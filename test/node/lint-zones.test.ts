@@ -26,29 +26,69 @@ async function zoneMessages(file: string, code: string): Promise<string[]> {
 // [file placed in the zone, import it makes, what the refusal says (null: allowed)]
 const CASES: [string, string, RegExp | null][] = [
   // The plugin ships alone: nothing from src/, statically or lazily.
-  ['cni-plugin/orch/zz-probe.ts', "import { x } from '../../src/config/settings.ts';", /cni-plugin\/ imports nothing from src\//],
+  [
+    'cni-plugin/orch/zz-probe.ts',
+    "import { x } from '../../src/config/settings.ts';",
+    /cni-plugin\/ imports nothing from src\//,
+  ],
   ['cni-plugin/zz-probe.ts', "export { x } from '../src/orch/api.ts';", /cni-plugin\/ imports nothing from src\//],
   ['cni-plugin/zz-probe.ts', "const m = () => import('../src/agent.ts');", /cni-plugin\/ imports nothing from src\//],
-  ['cni-plugin/zz-probe.ts', "const m = (p: string) => import(p);", /literal path/],
+  ['cni-plugin/zz-probe.ts', 'const m = (p: string) => import(p);', /literal path/],
   ['cni-plugin/orch/zz-probe.ts', "import { isObject } from '../shared/json.ts';", null],
   ['cni-plugin/zz-probe.ts', "const m = () => import('./netns/iptables.ts');", null],
   // cni-plugin/shared/: node: built-ins and itself only.
-  ['cni-plugin/shared/zz-probe.ts', "import { PodLike } from '../redirect/spec.ts';", /cni-plugin\/shared\/ imports only node: built-ins and its own files/],
-  ['cni-plugin/shared/zz-probe.ts', "import fs from 'fs';", /cni-plugin\/shared\/ imports only node: built-ins and its own files/],
-  ['cni-plugin/shared/zz-probe.ts', "import JSON5 from 'json5';", /cni-plugin\/shared\/ imports only node: built-ins and its own files/],
-  ['cni-plugin/shared/zz-probe.ts', "import { x } from '../../src/config/parse.ts';", /cni-plugin\/ imports nothing from src\//],
+  [
+    'cni-plugin/shared/zz-probe.ts',
+    "import { PodLike } from '../redirect/spec.ts';",
+    /cni-plugin\/shared\/ imports only node: built-ins and its own files/,
+  ],
+  [
+    'cni-plugin/shared/zz-probe.ts',
+    "import fs from 'fs';",
+    /cni-plugin\/shared\/ imports only node: built-ins and its own files/,
+  ],
+  [
+    'cni-plugin/shared/zz-probe.ts',
+    "import JSON5 from 'json5';",
+    /cni-plugin\/shared\/ imports only node: built-ins and its own files/,
+  ],
+  [
+    'cni-plugin/shared/zz-probe.ts',
+    "import { x } from '../../src/config/parse.ts';",
+    /cni-plugin\/ imports nothing from src\//,
+  ],
   ['cni-plugin/shared/zz-probe.ts', "import fs from 'node:fs';\nimport { LOG_LEVELS } from './loglevels.ts';", null],
   // The agent takes from the plugin's folder only what is shared.
-  ['src/install/zz-probe.ts', "import { getPod } from '../../cni-plugin/orch/podclient.ts';", /src\/ imports from cni-plugin\/ only cni-plugin\/shared\//],
-  ['src/zz-probe.ts', "import { parseConfig } from '../cni-plugin/cni/protocol.ts';", /src\/ imports from cni-plugin\/ only cni-plugin\/shared\//],
+  [
+    'src/install/zz-probe.ts',
+    "import { getPod } from '../../cni-plugin/orch/podclient.ts';",
+    /src\/ imports from cni-plugin\/ only cni-plugin\/shared\//,
+  ],
+  [
+    'src/zz-probe.ts',
+    "import { parseConfig } from '../cni-plugin/cni/protocol.ts';",
+    /src\/ imports from cni-plugin\/ only cni-plugin\/shared\//,
+  ],
   ['src/install/zz-probe.ts', "import { isObject } from '../../cni-plugin/shared/json.ts';", null],
   // Inside the agent.
-  ['src/orch/zz-probe.ts', "import { Installer } from '../install/installer.ts';", /src\/orch\/ does not import src\/install\//],
+  [
+    'src/orch/zz-probe.ts',
+    "import { Installer } from '../install/installer.ts';",
+    /src\/orch\/ does not import src\/install\//,
+  ],
   ['src/orch/zz-probe.ts', "import { getPod } from '../../cni-plugin/orch/podclient.ts';", /only cni-plugin\/shared\//],
   ['src/orch/zz-probe.ts', "import { ApiError } from './errors.ts';", null],
-  ['src/config/zz-probe.ts', "import { parseSelector } from '../orch/selectors.ts';", /src\/config\/ does not import src\/orch\//],
+  [
+    'src/config/zz-probe.ts',
+    "import { parseSelector } from '../orch/selectors.ts';",
+    /src\/config\/ does not import src\/orch\//,
+  ],
   ['src/config/zz-probe.ts', "import { durationMs } from '../../cni-plugin/shared/duration.ts';", null],
-  ['src/monitoring/zz-probe.ts', "import { program } from '../cmd/program.ts';", /src\/monitoring\/ does not import src\/cmd\//],
+  [
+    'src/monitoring/zz-probe.ts',
+    "import { program } from '../cmd/program.ts';",
+    /src\/monitoring\/ does not import src\/cmd\//,
+  ],
   ['src/monitoring/zz-probe.ts', "import { registry } from './metrics.ts';", null],
   // require(), in any zone.
   ['cni-plugin/zz-probe.ts', "const m = require('../src/agent.ts');", /require\(\)/],
@@ -72,15 +112,21 @@ describe('import zones (eslint.config.js)', () => {
     it(`${file}: ${code.split('\n').at(-1)} ${refused ? 'is refused' : 'is allowed'}`, async () => {
       const messages = await zoneMessages(file, code);
       if (refused === null) assert.deepEqual(messages, []);
-      else assert.ok(messages.some((m) => refused.test(m)), `expected ${refused} in ${JSON.stringify(messages)}`);
+      else
+        assert.ok(
+          messages.some((m) => refused.test(m)),
+          `expected ${refused} in ${JSON.stringify(messages)}`,
+        );
     });
   }
 
   it('the tree keeps to them', async () => {
     const results = await eslint.lintFiles(['src/**/*.ts', 'cni-plugin/**/*.ts']);
-    const broken = results.flatMap((r) => r.messages
-      .filter((m) => m.ruleId !== null && ZONE_RULES.has(m.ruleId))
-      .map((m) => `${path.relative(ROOT, r.filePath)}:${m.line}: ${m.message}`));
+    const broken = results.flatMap((r) =>
+      r.messages
+        .filter((m) => m.ruleId !== null && ZONE_RULES.has(m.ruleId))
+        .map((m) => `${path.relative(ROOT, r.filePath)}:${m.line}: ${m.message}`),
+    );
     assert.deepEqual(broken, []);
   });
 });

@@ -19,15 +19,35 @@ function values(): [string, Record<string, unknown>][] {
   const circular: Record<string, unknown> = { a: 1 };
   circular.self = circular;
   return [
-    ['strings', {
-      bare: 'a/b:c', space: 'two words', quote: 'say "hi"', eq: 'a=b', bs: 'a\\b', empty: '', uni: 'héllo',
-      ctl: 'a\nb\u0007', tab: 'a\tb',
-    }],
+    [
+      'strings',
+      {
+        bare: 'a/b:c',
+        space: 'two words',
+        quote: 'say "hi"',
+        eq: 'a=b',
+        bs: 'a\\b',
+        empty: '',
+        uni: 'héllo',
+        ctl: 'a\nb\u0007',
+        tab: 'a\tb',
+      },
+    ],
     ['numbers', { n: 3, negzero: -0, f: 1.5, big: 1e21, nan: NaN, inf: Infinity, ninf: -Infinity }],
-    ['others', {
-      t: true, f: false, nul: null, undef: undefined, fn: () => 1, sym: Symbol('s'), arr: [4, 'a b', null],
-      obj: { a: { b: 1 }, u: undefined }, date: new Date(0),
-    }],
+    [
+      'others',
+      {
+        t: true,
+        f: false,
+        nul: null,
+        undef: undefined,
+        fn: () => 1,
+        sym: Symbol('s'),
+        arr: [4, 'a b', null],
+        obj: { a: { b: 1 }, u: undefined },
+        date: new Date(0),
+      },
+    ],
     ['errors', { error: err, err, cause: err, notErr: { message: 'x' } }],
     ['error not error', { error: 'just text', err: 5 }],
     ['bigint', { b: 10n }],
@@ -35,7 +55,17 @@ function values(): [string, Record<string, unknown>][] {
     ['bigint inside', { o: { z: 1, a: 2n } }],
     ['circular', { c: circular }],
     // A value that cannot be serialized at all: said so, the record still written (never a throw).
-    ['unserializable', { bad: { toJSON: () => { throw new Error('no'); } }, ok: 1 }],
+    [
+      'unserializable',
+      {
+        bad: {
+          toJSON: () => {
+            throw new Error('no');
+          },
+        },
+        ok: 1,
+      },
+    ],
     ['key order', { b: 1, 2: 2, a: 3, 1: 4 }],
     ['message \u0000\n\t\u001b[31m\u007f end', {}],
   ];
@@ -79,7 +109,7 @@ describe('console format, byte for byte', () => {
     assert.equal(sink.text().match(/(?:^|[ \t])pod=/g)?.length, 1);
   });
 
-  it('puts caller first and stack last, and the record\'s own scope, time and level win', () => {
+  it("puts caller first and stack last, and the record's own scope, time and level win", () => {
     const sink = captureSink();
     configureLogging(buildSettings({ log_caller: 'install', log_stacktrace_level: 'install:warn' }, {}).logging, sink);
     scope('install').warn('w', { a: 1, scope: 'forged', msg: 'forged' });
@@ -129,7 +159,7 @@ describe('JSON format, byte for byte', () => {
     ]);
   });
 
-  it('stamps the agent\'s own records with the time they were logged', () => {
+  it("stamps the agent's own records with the time they were logged", () => {
     const sink = captureSink();
     configureLogging(buildSettings({ log_as_json: 'true' }, {}).logging, sink);
     const before = Date.now();
@@ -152,11 +182,19 @@ describe('C1 controls and line separators from a sender', () => {
   it('are escaped in the console line: message, names and values, bare, quoted or in an object', () => {
     const sink = captureSink();
     configureLogging(buildSettings({}, {}).logging, sink);
-    logRecord('cni', 'info', `m ${hostile}`, { bare: 'x\u0085y', quoted: hostile, [`k\u009b`]: 1, obj: { v: hostile } }, T);
+    logRecord(
+      'cni',
+      'info',
+      `m ${hostile}`,
+      { bare: 'x\u0085y', quoted: hostile, [`k\u009b`]: 1, obj: { v: hostile } },
+      T,
+    );
     const line = sink.text();
     assert.doesNotMatch(line, RAW, JSON.stringify(line));
-    assert.equal(line, `${T}\tinfo\tcni\tm ${escaped}\tbare="x\\u0085y" quoted="${escaped}" "k\\u009b"=1 ` +
-      `obj={"v":"${escaped}"}\n`);
+    assert.equal(
+      line,
+      `${T}\tinfo\tcni\tm ${escaped}\tbare="x\\u0085y" quoted="${escaped}" "k\\u009b"=1 ` + `obj={"v":"${escaped}"}\n`,
+    );
   });
 
   it('are escaped in a JSON line, which reads back the same', () => {

@@ -64,26 +64,44 @@ describe('README example log lines are what the agent prints', () => {
   const printed: { line: string; shape: Shape }[] = [];
 
   before(async () => {
-    configureLogging(buildSettings({ log_output_level: 'default:info,cni:info,monitoring:warn', vklog: '4' }, {}).logging, sink);
+    configureLogging(
+      buildSettings({ log_output_level: 'default:info,cni:info,monitoring:warn', vklog: '4' }, {}).logging,
+      sink,
+    );
     const logUds = path.join(tmp.dir, 'run/log.sock');
     logServer = await startPluginLogServer(buildSettings({ 'log-uds-address': logUds }, {}));
-    ctrlz = await startControlz(buildSettings({ ctrlz_address: 'localhost', ctrlz_port: '0' }, {}), { components: () => [] });
+    ctrlz = await startControlz(buildSettings({ ctrlz_address: 'localhost', ctrlz_port: '0' }, {}), {
+      components: () => [],
+    });
     api = await startTestApiServer();
     network = new BridgeNetwork('198.18.212.0/24');
 
     // A real ADD: bridge, then mesh-cni, whose records go to the log server above.
     const pod = api.upsertPod(meshPod('shop', 'cart-1'));
     ns = new Netns('pod');
-    const chain: ChainEnv = { containerId: `readme${process.pid}`, netns: ns.path, ifname: 'eth0', args: k8sArgs(pod, `readme${process.pid}`) };
+    const chain: ChainEnv = {
+      containerId: `readme${process.pid}`,
+      netns: ns.path,
+      ifname: 'eth0',
+      args: k8sArgs(pod, `readme${process.pid}`),
+    };
     const prev = await network.addPod(chain);
     const orchconfig = api.writeOrchconfig(path.join(tmp.dir, 'ZZZ-mesh-cni-orchconfig'));
-    const add = await meshCni('ADD', chain, pluginConfig({ cniVersion: '1.0.0', orchconfig, logUds, extra: { log_level: 'info' } }, prev));
+    const add = await meshCni(
+      'ADD',
+      chain,
+      pluginConfig({ cniVersion: '1.0.0', orchconfig, logUds, extra: { log_level: 'info' } }, prev),
+    );
     assert.equal(add.code, 0, add.stdout + add.stderr);
     await waitFor('the plugin record printed', () => sink.lines.find((l) => l.includes('\tredirect rules applied\t')));
 
     // A real ControlZ change.
     const port = (ctrlz.status() as { port: number }).port;
-    const r = await request(`http://localhost:${port}/api/scopes/cni`, { method: 'PUT', headers: { 'content-type': 'application/json' }, body: '{"output_level":"debug"}' });
+    const r = await request(`http://localhost:${port}/api/scopes/cni`, {
+      method: 'PUT',
+      headers: { 'content-type': 'application/json' },
+      body: '{"output_level":"debug"}',
+    });
     assert.equal(r.status, 200, r.body);
 
     // A real API request at --vklog 4.
@@ -117,8 +135,15 @@ describe('README example log lines are what the agent prints', () => {
   it('prints every README example: same level, scope, message and field names in the same order', () => {
     for (const { line, shape } of readmeExamples()) {
       const real = printed.find((p) => p.shape.msg === shape.msg && p.shape.scope === shape.scope);
-      assert.ok(real, `README example ${JSON.stringify(line)}: the agent printed no such record here; printed: ${JSON.stringify(printed.map((p) => p.line))}`);
-      assert.deepEqual({ ...shape }, { ...real.shape }, `README example ${JSON.stringify(line)} differs from the real line ${JSON.stringify(real.line)}`);
+      assert.ok(
+        real,
+        `README example ${JSON.stringify(line)}: the agent printed no such record here; printed: ${JSON.stringify(printed.map((p) => p.line))}`,
+      );
+      assert.deepEqual(
+        { ...shape },
+        { ...real.shape },
+        `README example ${JSON.stringify(line)} differs from the real line ${JSON.stringify(real.line)}`,
+      );
     }
   });
 });

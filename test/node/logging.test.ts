@@ -6,7 +6,16 @@ import path from 'node:path';
 import { after, describe, it } from 'node:test';
 import { ConfigErrors } from '../../src/config/parse.ts';
 import { buildSettings, type LoggingSettings } from '../../src/config/settings.ts';
-import { closeLogging, configureLogging, klogV, logRecord, scope, scopeLevels, setScopeLevel, setStacktraceLevel } from '../../src/monitoring/logging.ts';
+import {
+  closeLogging,
+  configureLogging,
+  klogV,
+  logRecord,
+  scope,
+  scopeLevels,
+  setScopeLevel,
+  setStacktraceLevel,
+} from '../../src/monitoring/logging.ts';
 import { captureSink } from '../helpers/observability.ts';
 import { waitFor } from '../helpers/poll.ts';
 import { ROOT, runBin } from '../helpers/cli.ts';
@@ -21,8 +30,18 @@ describe('console and JSON format', () => {
   it('prints the stable console line: time, level, scope, message, key=value fields', () => {
     const sink = captureSink();
     configureLogging(settings(), sink);
-    scope('install').info('wrote config', { file: '/etc/cni/net.d/10-x.conflist', plugins: 3, note: 'two words', empty: '' });
-    assert.match(sink.text(), new RegExp(`^${ISO}\\tinfo\\tinstall\\twrote config\\tfile=/etc/cni/net.d/10-x.conflist plugins=3 note="two words" empty=""\\n$`));
+    scope('install').info('wrote config', {
+      file: '/etc/cni/net.d/10-x.conflist',
+      plugins: 3,
+      note: 'two words',
+      empty: '',
+    });
+    assert.match(
+      sink.text(),
+      new RegExp(
+        `^${ISO}\\tinfo\\tinstall\\twrote config\\tfile=/etc/cni/net.d/10-x.conflist plugins=3 note="two words" empty=""\\n$`,
+      ),
+    );
   });
 
   it('keeps one record on one line whatever the message holds', () => {
@@ -62,7 +81,10 @@ describe('levels', () => {
     scope('repair').debug('d2');
     setScopeLevel('install', 'none');
     scope('install').error('hidden too');
-    assert.deepEqual(sink.lines.map((l) => l.trimEnd().split('\t')[3]), ['d1', 'w1', 'd2']);
+    assert.deepEqual(
+      sink.lines.map((l) => l.trimEnd().split('\t')[3]),
+      ['d1', 'w1', 'd2'],
+    );
     assert.equal(scopeLevels().repair, 'debug');
   });
 
@@ -128,7 +150,11 @@ describe('log targets and rotation', () => {
       "for (let i = 0; i < 3; i++) scope('install').info('line ' + i);",
       "setTimeout(() => process.stdout.write('alive\\n'), 50);",
     ].join('\n');
-    const r = spawnSync(process.execPath, ['--input-type=module', '-e', code], { cwd: ROOT, encoding: 'utf8', timeout: 30_000 });
+    const r = spawnSync(process.execPath, ['--input-type=module', '-e', code], {
+      cwd: ROOT,
+      encoding: 'utf8',
+      timeout: 30_000,
+    });
     assert.equal(r.status, 0, r.stderr);
     assert.match(r.stdout, /\tinfo\tinstall\tline 2\n/);
     assert.match(r.stdout, /alive\n$/);
@@ -143,7 +169,11 @@ describe('log targets and rotation', () => {
       "scope('default').info('hello');",
     ].join('\n');
     for (const target of ['stdout', 'stderr']) {
-      const r = spawnSync(process.execPath, ['--input-type=module', '-e', code, target], { cwd: ROOT, encoding: 'utf8', timeout: 30_000 });
+      const r = spawnSync(process.execPath, ['--input-type=module', '-e', code, target], {
+        cwd: ROOT,
+        encoding: 'utf8',
+        timeout: 30_000,
+      });
       assert.equal(r.status, 0, r.stderr);
       assert.match(target === 'stdout' ? r.stdout : r.stderr, /\tinfo\tdefault\thello\n/);
       assert.equal(target === 'stdout' ? r.stderr : r.stdout, '');
@@ -153,7 +183,14 @@ describe('log targets and rotation', () => {
   it('rotates --log_rotate by size and keeps --log_rotate_max_backups files', async () => {
     const dir = path.join(tmp, 'rot');
     const file = path.join(dir, 'agent.log');
-    configureLogging(settings({ log_target: path.join(tmp, 'ignored.log'), log_rotate: file, log_rotate_max_size: '1', log_rotate_max_backups: '2' }));
+    configureLogging(
+      settings({
+        log_target: path.join(tmp, 'ignored.log'),
+        log_rotate: file,
+        log_rotate_max_size: '1',
+        log_rotate_max_backups: '2',
+      }),
+    );
     const filler = 'x'.repeat(1000);
     for (let i = 0; i < 4500; i++) scope('default').info('fill', { i, filler });
     await closeLogging();
@@ -172,7 +209,10 @@ describe('log targets and rotation', () => {
     writeFileSync(notADir, '');
     assert.throws(
       () => configureLogging(settings({ log_target: `stdout,${notADir}/x.log` })),
-      (e: Error) => e instanceof ConfigErrors && e.message === `invalid value "${notADir}/x.log" for --log_target: cannot open it (EEXIST); give stdout, stderr or a writable file path`,
+      (e: Error) =>
+        e instanceof ConfigErrors &&
+        e.message ===
+          `invalid value "${notADir}/x.log" for --log_target: cannot open it (EEXIST); give stdout, stderr or a writable file path`,
     );
   });
 });
@@ -180,7 +220,10 @@ describe('log targets and rotation', () => {
 describe('logging flag errors', () => {
   const bad: [Record<string, string>, RegExp][] = [
     [{ log_output_level: 'instal:debug' }, /--log_output_level.*unknown scope "instal"; scopes are all, ambient, cni/],
-    [{ log_output_level: 'install:verbose' }, /--log_output_level.*unknown level "verbose" for scope install; levels are none, error, warn, info, debug/],
+    [
+      { log_output_level: 'install:verbose' },
+      /--log_output_level.*unknown level "verbose" for scope install; levels are none, error, warn, info, debug/,
+    ],
     [{ log_stacktrace_level: 'default:loud' }, /--log_stacktrace_level.*unknown level "loud"/],
     [{ log_caller: 'install,nope' }, /--log_caller.*unknown scope "nope"/],
     [{ log_as_json: 'maybe' }, /--log_as_json.*true or false/],
@@ -193,16 +236,31 @@ describe('logging flag errors', () => {
   ];
   for (const [flags, message] of bad) {
     it(`rejects ${JSON.stringify(flags)}`, () => {
-      assert.throws(() => buildSettings(flags, {}), (e: unknown) => e instanceof ConfigErrors && message.test(e.message));
+      assert.throws(
+        () => buildSettings(flags, {}),
+        (e: unknown) => e instanceof ConfigErrors && message.test(e.message),
+      );
     });
   }
 
   it('rejects a --log_target it cannot open with exit 2 and one line', async () => {
     const notADir = path.join(tmp, 'plain-file-2');
     writeFileSync(notADir, '');
-    const r = await runBin('install-cni', ['--log_target', `${notADir}/agent.log`, '--monitoring-port', '0', '--ctrlz_port', '0', '--log-uds-address', path.join(tmp, 'uds', 'log.sock')]);
+    const r = await runBin('install-cni', [
+      '--log_target',
+      `${notADir}/agent.log`,
+      '--monitoring-port',
+      '0',
+      '--ctrlz_port',
+      '0',
+      '--log-uds-address',
+      path.join(tmp, 'uds', 'log.sock'),
+    ]);
     assert.equal(r.code, 2, r.stderr);
-    assert.equal(r.stderr, `install-cni: invalid value "${notADir}/agent.log" for --log_target: cannot open it (EEXIST); give stdout, stderr or a writable file path\n`);
+    assert.equal(
+      r.stderr,
+      `install-cni: invalid value "${notADir}/agent.log" for --log_target: cannot open it (EEXIST); give stdout, stderr or a writable file path\n`,
+    );
   });
 
   it('rejects bad logging flags on the command line with exit 2 before starting', async () => {

@@ -29,7 +29,12 @@ describe('observability in the running agent', () => {
   });
 
   const pluginSays = async (level: 'debug' | 'info', msg: string) => {
-    const client = new UdsLog(sock, 'debug', { command: 'ADD', containerID: 'cid-1', pod: { namespace: 'default', name: 'web-0' } }, 'none');
+    const client = new UdsLog(
+      sock,
+      'debug',
+      { command: 'ADD', containerID: 'cid-1', pod: { namespace: 'default', name: 'web-0' } },
+      'none',
+    );
     client.log(level, msg);
     await client.flush(2000);
   };
@@ -37,13 +42,21 @@ describe('observability in the running agent', () => {
   it('answers /healthz, and /readyz with 200 or 503 and reasons', async () => {
     assert.equal((await agent.get('/healthz')).status, 200);
     const ready = await agent.get('/readyz');
-    assert.ok(ready.status === 200 || (ready.status === 503 && /^not ready:\n- /.test(ready.body)), `${ready.status} ${ready.body}`);
+    assert.ok(
+      ready.status === 200 || (ready.status === 503 && /^not ready:\n- /.test(ready.body)),
+      `${ready.status} ${ready.body}`,
+    );
   });
 
-  it('serves every part\'s metrics, clean for promtool', async () => {
+  it("serves every part's metrics, clean for promtool", async () => {
     const m = await agent.get('/metrics');
     assert.equal(m.status, 200);
-    for (const name of ['mesh_cni_build_info', 'mesh_cni_plugin_log_lines_received_total', 'mesh_cni_plugin_log_connections_total', 'process_resident_memory_bytes']) {
+    for (const name of [
+      'mesh_cni_build_info',
+      'mesh_cni_plugin_log_lines_received_total',
+      'mesh_cni_plugin_log_connections_total',
+      'process_resident_memory_bytes',
+    ]) {
       assert.match(m.body, new RegExp(`^${name}[{ ]`, 'm'), name);
     }
     assert.equal(await promtoolProblems(m.body), '');
@@ -53,13 +66,20 @@ describe('observability in the running agent', () => {
     await pluginSays('debug', 'before the change');
     await pluginSays('info', 'marker one');
     await agent.waitForLog((r) => r.msg === 'marker one', 'the info record');
-    assert.equal(agent.logs.some((r) => r.msg === 'before the change'), false);
+    assert.equal(
+      agent.logs.some((r) => r.msg === 'before the change'),
+      false,
+    );
     const line = agent.logs.find((r) => r.msg === 'marker one')!;
     assert.equal(line.scope, 'cni');
     assert.equal(line.pod, 'default/web-0');
     assert.equal(line.containerID, 'cid-1');
 
-    const put = await request(`${ctrlz}/api/scopes/cni`, { method: 'PUT', headers: { 'content-type': 'application/json' }, body: '{"output_level":"debug"}' });
+    const put = await request(`${ctrlz}/api/scopes/cni`, {
+      method: 'PUT',
+      headers: { 'content-type': 'application/json' },
+      body: '{"output_level":"debug"}',
+    });
     assert.equal(put.status, 200, put.body);
     await pluginSays('debug', 'after the change');
     const rec = await agent.waitForLog((r) => r.msg === 'after the change', 'the debug record');

@@ -7,7 +7,11 @@ import net from 'node:net';
 import { after, before, describe, it } from 'node:test';
 import { HTTP_BOUNDS } from '../../src/monitoring/httpbounds.ts';
 import { serveControlz, type ControlzServer } from '../../src/monitoring/ctrlz.ts';
-import { startMonitoringServer, MONITORING_MAX_CONNECTIONS, type MonitoringServer } from '../../src/monitoring/server.ts';
+import {
+  startMonitoringServer,
+  MONITORING_MAX_CONNECTIONS,
+  type MonitoringServer,
+} from '../../src/monitoring/server.ts';
 import { request } from '../helpers/observability.ts';
 
 interface Held {
@@ -85,7 +89,9 @@ describe('monitoring server bounds', () => {
   });
 
   it('refuses headers over the size bound', async () => {
-    const r = await request(`http://127.0.0.1:${server.port}/readyz`, { headers: { 'x-big': 'a'.repeat(HTTP_BOUNDS.maxHeaderSize) } }).catch((e: Error) => ({ status: 0, error: e }));
+    const r = await request(`http://127.0.0.1:${server.port}/readyz`, {
+      headers: { 'x-big': 'a'.repeat(HTTP_BOUNDS.maxHeaderSize) },
+    }).catch((e: Error) => ({ status: 0, error: e }));
     assert.ok(r.status === 431 || r.status === 0, `status ${r.status}`);
   });
 });

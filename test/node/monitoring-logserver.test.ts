@@ -77,20 +77,39 @@ describe('plugin log server', () => {
 
   it("prints the real plugin client's records in scope cni with pod, container and the plugin's time", async () => {
     const { address } = await start();
-    const client = new UdsLog(address, 'debug', { command: 'ADD', containerID: 'c0ffee', pod: { namespace: 'shop', name: 'cart-1' } }, 'none');
+    const client = new UdsLog(
+      address,
+      'debug',
+      { command: 'ADD', containerID: 'c0ffee', pod: { namespace: 'shop', name: 'cart-1' } },
+      'none',
+    );
     client.info('redirect applied', { rules: 12 });
     client.debug('not printed: cni is at info');
     client.error('API server refused', { reason: 'Forbidden' });
     await client.flush(2000);
     const lines = await waitFor('two cni lines', () => (cniLines().length >= 2 ? cniLines() : undefined));
-    assert.match(lines[0]!, /^\d{4}-\d\d-\d\dT[\d:.]+Z\tinfo\tcni\tredirect applied\tpod=shop\/cart-1 containerID=c0ffee command=ADD rules=12\n$/);
-    assert.match(lines[1]!, /\terror\tcni\tAPI server refused\tpod=shop\/cart-1 containerID=c0ffee command=ADD reason=Forbidden\n$/);
+    assert.match(
+      lines[0]!,
+      /^\d{4}-\d\d-\d\dT[\d:.]+Z\tinfo\tcni\tredirect applied\tpod=shop\/cart-1 containerID=c0ffee command=ADD rules=12\n$/,
+    );
+    assert.match(
+      lines[1]!,
+      /\terror\tcni\tAPI server refused\tpod=shop\/cart-1 containerID=c0ffee command=ADD reason=Forbidden\n$/,
+    );
     assert.equal(cniLines().length, 2);
   });
 
   it('follows the cni scope level at run time and reads snake_case pod fields too', async () => {
     const { address } = await start();
-    const rec = { level: 'debug', msg: 'detail', time: '2026-03-04T05:06:07.089Z', pod_namespace: 'ns', pod_name: 'p', container_id: 'abc', extra: 'x y' };
+    const rec = {
+      level: 'debug',
+      msg: 'detail',
+      time: '2026-03-04T05:06:07.089Z',
+      pod_namespace: 'ns',
+      pod_name: 'p',
+      container_id: 'abc',
+      extra: 'x y',
+    };
     await send(address, JSON.stringify(rec) + '\n');
     setScopeLevel('cni', 'debug');
     await send(address, JSON.stringify(rec) + '\n');
@@ -107,19 +126,28 @@ describe('plugin log server', () => {
       big: await metric('mesh_cni_plugin_log_lines_dropped_total', { reason: 'oversized' }),
     };
     const huge = JSON.stringify({ level: 'error', msg: 'x'.repeat(100 * 1024) });
-    await send(address, Buffer.concat([
-      Buffer.from('{not json\n[1,2]\n{"level":"info"}\n\n\x00\xff\n'),
-      Buffer.from(huge + '\n'),
-      Buffer.from('{"level":"warn","msg":"still here","pod":{"namespace":"a","name":"b"}}\r\n'),
-      Buffer.from('{"level":"info","msg":"last line, no newline"}'),
-    ]));
+    await send(
+      address,
+      Buffer.concat([
+        Buffer.from('{not json\n[1,2]\n{"level":"info"}\n\n\x00\xff\n'),
+        Buffer.from(huge + '\n'),
+        Buffer.from('{"level":"warn","msg":"still here","pod":{"namespace":"a","name":"b"}}\r\n'),
+        Buffer.from('{"level":"info","msg":"last line, no newline"}'),
+      ]),
+    );
     const lines = await waitFor('the two good lines', () => (cniLines().length >= 2 ? cniLines() : undefined));
     assert.match(lines[0]!, /\twarn\tcni\tstill here\tpod=a\/b\n$/);
     assert.match(lines[1]!, /\tinfo\tcni\tlast line, no newline\n$/);
-    assert.equal(await metric('mesh_cni_plugin_log_lines_dropped_total', { reason: 'invalid_json' }) - before.json, 2);
-    assert.equal(await metric('mesh_cni_plugin_log_lines_dropped_total', { reason: 'invalid_record' }) - before.rec, 2);
-    assert.equal(await metric('mesh_cni_plugin_log_lines_dropped_total', { reason: 'oversized' }) - before.big, 1);
-    assert.equal(await metric('mesh_cni_plugin_log_lines_received_total') - before.lines, 7);
+    assert.equal(
+      (await metric('mesh_cni_plugin_log_lines_dropped_total', { reason: 'invalid_json' })) - before.json,
+      2,
+    );
+    assert.equal(
+      (await metric('mesh_cni_plugin_log_lines_dropped_total', { reason: 'invalid_record' })) - before.rec,
+      2,
+    );
+    assert.equal((await metric('mesh_cni_plugin_log_lines_dropped_total', { reason: 'oversized' })) - before.big, 1);
+    assert.equal((await metric('mesh_cni_plugin_log_lines_received_total')) - before.lines, 7);
     assert.equal(await promtoolProblems(await registry.metrics()), '');
   });
 
@@ -143,7 +171,7 @@ describe('plugin log server', () => {
       s.once('connect', pump);
     });
     await waitFor('the line after the flood', () => cniLines().find((l) => l.includes('after the flood')));
-    assert.equal(await metric('mesh_cni_plugin_log_lines_dropped_total', { reason: 'oversized' }) - before, 1);
+    assert.equal((await metric('mesh_cni_plugin_log_lines_dropped_total', { reason: 'oversized' })) - before, 1);
   });
 
   it('closes a connection that stays silent past the idle timeout', async () => {
@@ -156,7 +184,7 @@ describe('plugin log server', () => {
       s.resume();
       setTimeout(() => s.destroy(new Error('the server kept an idle connection open')), 10_000).unref();
     });
-    assert.equal(await metric('mesh_cni_plugin_log_connections_closed_total', { reason: 'idle' }) - before, 1);
+    assert.equal((await metric('mesh_cni_plugin_log_connections_closed_total', { reason: 'idle' })) - before, 1);
     assert.equal(cniLines().length, 0, 'a partial line is not printed when the server gives up');
   });
 
@@ -174,7 +202,10 @@ describe('plugin log server', () => {
       s.resume();
       setTimeout(() => s.destroy(new Error('the server kept a trickling sender')), 4_000).unref();
     });
-    assert.equal(await metric('mesh_cni_plugin_log_connections_closed_total', { reason: 'line_timeout' }) - before, 1);
+    assert.equal(
+      (await metric('mesh_cni_plugin_log_connections_closed_total', { reason: 'line_timeout' })) - before,
+      1,
+    );
   });
 
   it('cuts a connection at its lifetime, however it behaves', async () => {
@@ -191,14 +222,16 @@ describe('plugin log server', () => {
       s.resume();
       setTimeout(() => s.destroy(new Error('the server kept a connection past its lifetime')), 4_000).unref();
     });
-    assert.equal(await metric('mesh_cni_plugin_log_connections_closed_total', { reason: 'lifetime' }) - before, 1);
+    assert.equal((await metric('mesh_cni_plugin_log_connections_closed_total', { reason: 'lifetime' })) - before, 1);
   });
 
   it('serves a plugin run while slow connections hold every slot: the oldest one goes', async () => {
     const { address } = await start({ maxConnections: 8 });
     const evictedBefore = await metric('mesh_cni_plugin_log_connections_closed_total', { reason: 'evicted' });
     const held: net.Socket[] = [];
-    const chat = setInterval(() => { for (const s of held) if (!s.destroyed) s.write('\n'); }, 50);
+    const chat = setInterval(() => {
+      for (const s of held) if (!s.destroyed) s.write('\n');
+    }, 50);
     try {
       for (let i = 0; i < 8; i++) {
         // Whole (empty) lines now and then: never idle, never inside a line.
@@ -207,14 +240,28 @@ describe('plugin log server', () => {
         held.push(s);
         await new Promise((r) => s.once('connect', r));
       }
-      await waitFor('8 open connections', async () => ((await metric('mesh_cni_plugin_log_connections_open')) === 8 ? true : undefined));
-      const client = new UdsLog(address, 'info', { command: 'ADD', containerID: 'c1', pod: { namespace: 'shop', name: 'cart-9' } }, 'none');
+      await waitFor('8 open connections', async () =>
+        (await metric('mesh_cni_plugin_log_connections_open')) === 8 ? true : undefined,
+      );
+      const client = new UdsLog(
+        address,
+        'info',
+        { command: 'ADD', containerID: 'c1', pod: { namespace: 'shop', name: 'cart-9' } },
+        'none',
+      );
       client.info('served despite the slow ones');
       await client.flush(2000);
       await waitFor('the plugin record', () => cniLines().find((l) => l.includes('served despite the slow ones')));
-      assert.equal(await metric('mesh_cni_plugin_log_connections_closed_total', { reason: 'evicted' }) - evictedBefore, 1);
+      assert.equal(
+        (await metric('mesh_cni_plugin_log_connections_closed_total', { reason: 'evicted' })) - evictedBefore,
+        1,
+      );
       await waitFor('the oldest connection closed', () => held[0]!.closed);
-      assert.equal(held.slice(1).some((s) => s.closed), false, 'only the oldest was closed');
+      assert.equal(
+        held.slice(1).some((s) => s.closed),
+        false,
+        'only the oldest was closed',
+      );
     } finally {
       clearInterval(chat);
       for (const s of held) s.destroy();
@@ -235,8 +282,15 @@ describe('plugin log server', () => {
     };
     try {
       for (let i = 0; i < 4; i++) (await connect()).write('{"level":"info","msg":"flood"}\n'.repeat(2000));
-      await waitFor('reading paced', async () => ((await metric('mesh_cni_plugin_log_read_pauses_total')) > 0 ? true : undefined));
-      const client = new UdsLog(address, 'info', { command: 'ADD', containerID: 'c7', pod: { namespace: 'shop', name: 'cart-7' } }, 'none');
+      await waitFor('reading paced', async () =>
+        (await metric('mesh_cni_plugin_log_read_pauses_total')) > 0 ? true : undefined,
+      );
+      const client = new UdsLog(
+        address,
+        'info',
+        { command: 'ADD', containerID: 'c7', pod: { namespace: 'shop', name: 'cart-7' } },
+        'none',
+      );
       client.info('waited for its turn');
       await client.flush(2000);
       // Connections that keep coming while the run waits: they take the flooders' slots, then are refused.
@@ -260,7 +314,9 @@ describe('plugin log server', () => {
     };
     try {
       await connect('{"level":"debug","msg":"x"}\n'.repeat(2000)); // puts the server in debt
-      await waitFor('reading paced', async () => ((await metric('mesh_cni_plugin_log_read_pauses_total')) > 0 ? true : undefined));
+      await waitFor('reading paced', async () =>
+        (await metric('mesh_cni_plugin_log_read_pauses_total')) > 0 ? true : undefined,
+      );
       // Three new connections ahead of the run: it waits for their turns first, well past 300 ms.
       for (let i = 0; i < 3; i++) await connect('{"level":"debug","msg":"ahead"}\n'.repeat(500));
       await connect('{"level":"info","msg":"waited, never idle"}\n');
@@ -284,7 +340,9 @@ describe('plugin log server', () => {
       assert.ok(held <= 4096, `held ${held} bytes for one connection, over its 4096-byte line cap`);
       assert.ok((c.status() as { bufferedBytes: number }).bufferedBytes <= 4096);
       s.write('b'.repeat(2000)); // over the cap: the line is dropped, nothing kept
-      await waitFor('nothing held', async () => ((await metric('mesh_cni_plugin_log_buffered_bytes')) === 0 ? true : undefined));
+      await waitFor('nothing held', async () =>
+        (await metric('mesh_cni_plugin_log_buffered_bytes')) === 0 ? true : undefined,
+      );
     } finally {
       s.destroy();
     }
@@ -303,14 +361,20 @@ describe('plugin log server', () => {
         s.write('p'.repeat(3000));
         await new Promise((r) => setTimeout(r, 30));
       }
-      await waitFor('3 closed over the budget', async () => ((await metric('mesh_cni_plugin_log_connections_closed_total', { reason: 'over_budget' })) - before >= 3 ? true : undefined));
+      await waitFor('3 closed over the budget', async () =>
+        (await metric('mesh_cni_plugin_log_connections_closed_total', { reason: 'over_budget' })) - before >= 3
+          ? true
+          : undefined,
+      );
       assert.ok((await metric('mesh_cni_plugin_log_buffered_bytes')) <= 10_000);
       await send(address, '{"level":"info","msg":"whole lines need no budget"}\n');
       await waitFor('a whole line printed', () => cniLines().find((l) => l.includes('whole lines need no budget')));
     } finally {
       for (const s of socks) s.destroy();
     }
-    await waitFor('nothing held', async () => ((await metric('mesh_cni_plugin_log_buffered_bytes')) === 0 ? true : undefined));
+    await waitFor('nothing held', async () =>
+      (await metric('mesh_cni_plugin_log_buffered_bytes')) === 0 ? true : undefined,
+    );
   });
 
   it('reads no faster than its rate limit, pausing every connection, and loses no line', async () => {
@@ -319,7 +383,9 @@ describe('plugin log server', () => {
     const line = JSON.stringify({ level: 'info', msg: 'paced', pad: 'z'.repeat(4000) }) + '\n';
     const t0 = Date.now();
     await send(address, line.repeat(200)); // ~790 KiB: about three seconds at 256 KiB/s
-    await waitFor('200 paced lines', () => (cniLines().filter((l) => l.includes('\tpaced\t')).length === 200 ? true : undefined));
+    await waitFor('200 paced lines', () =>
+      cniLines().filter((l) => l.includes('\tpaced\t')).length === 200 ? true : undefined,
+    );
     assert.ok((await metric('mesh_cni_plugin_log_read_pauses_total')) - before >= 2);
     // A lower bound only (a busy machine makes it longer): the rate held, whatever the chunk size
     // (the 64 KiB reads are paid for after they are read, so the last one's pause comes after).
@@ -330,7 +396,11 @@ describe('plugin log server', () => {
     const { address, c } = await start();
     const linesBefore = await metric('mesh_cni_plugin_log_lines_received_total');
     // The flood comes from another process, as it would: in this one it would share our event loop.
-    const flooder = spawn(process.execPath, ['-e', `
+    const flooder = spawn(
+      process.execPath,
+      [
+        '-e',
+        `
       const net = require('node:net');
       const junk = Buffer.from('{not json}\\n'.repeat(20000));
       for (let i = 0; i < 24; i++) {
@@ -338,29 +408,53 @@ describe('plugin log server', () => {
         s.on('error', () => {});
         const pump = () => { while (!s.destroyed) if (!s.write(junk)) return void s.once('drain', pump); };
         s.once('connect', pump);
-      }`], { stdio: 'ignore' });
+      }`,
+      ],
+      { stdio: 'ignore' },
+    );
     try {
       // The flood under way, and every flooding connection read from once (none is new any more).
-      await waitFor('the flood under way', async () => {
-        const waiting = (c.status() as { waitingToRead?: { new: number } }).waitingToRead;
-        return (await metric('mesh_cni_plugin_log_lines_received_total')) - linesBefore >= 100_000 && (waiting?.new ?? 0) === 0 ? true : undefined;
-      }, 30_000);
+      await waitFor(
+        'the flood under way',
+        async () => {
+          const waiting = (c.status() as { waitingToRead?: { new: number } }).waitingToRead;
+          return (await metric('mesh_cni_plugin_log_lines_received_total')) - linesBefore >= 100_000 &&
+            (waiting?.new ?? 0) === 0
+            ? true
+            : undefined;
+        },
+        30_000,
+      );
       for (let run = 0; run < 3; run++) {
-        const client = new UdsLog(address, 'info', { command: 'ADD', containerID: `c${run}`, pod: { namespace: 'shop', name: `cart-${run}` } }, 'none');
+        const client = new UdsLog(
+          address,
+          'info',
+          { command: 'ADD', containerID: `c${run}`, pod: { namespace: 'shop', name: `cart-${run}` } },
+          'none',
+        );
         client.info(`plugin run ${run} in the flood`);
         await client.flush(2000);
-        await waitFor(`plugin run ${run}'s record`, () => cniLines().find((l) => l.includes(`plugin run ${run} in the flood`)), 5_000);
+        await waitFor(
+          `plugin run ${run}'s record`,
+          () => cniLines().find((l) => l.includes(`plugin run ${run} in the flood`)),
+          5_000,
+        );
       }
     } finally {
       flooder.kill('SIGKILL');
-      await new Promise((r) => (flooder.exitCode !== null || flooder.signalCode !== null ? r(undefined) : flooder.once('exit', r)));
+      await new Promise((r) =>
+        flooder.exitCode !== null || flooder.signalCode !== null ? r(undefined) : flooder.once('exit', r),
+      );
     }
   });
 
   it('replaces a stale socket left by a killed agent', async () => {
     const { address, start: startIt } = setup();
     // Python binds and exits without unlinking: exactly what a SIGKILLed agent leaves behind.
-    const py = spawnSync('/usr/bin/python3', ['-c', `import os,socket;os.makedirs(os.path.dirname(${JSON.stringify(address)}),exist_ok=True);socket.socket(socket.AF_UNIX).bind(${JSON.stringify(address)})`]);
+    const py = spawnSync('/usr/bin/python3', [
+      '-c',
+      `import os,socket;os.makedirs(os.path.dirname(${JSON.stringify(address)}),exist_ok=True);socket.socket(socket.AF_UNIX).bind(${JSON.stringify(address)})`,
+    ]);
     assert.equal(py.status, 0, String(py.stderr));
     assert.ok(lstatSync(address).isSocket());
     running.push(await startIt());
@@ -372,7 +466,10 @@ describe('plugin log server', () => {
     const { address, start: startIt } = setup();
     spawnSync('mkdir', ['-p', path.dirname(address)]);
     writeFileSync(address, 'precious');
-    await assert.rejects(startIt(), /cannot serve plugin logs on .*log\.sock: it exists and is not a socket; remove it or choose another --log-uds-address/);
+    await assert.rejects(
+      startIt(),
+      /cannot serve plugin logs on .*log\.sock: it exists and is not a socket; remove it or choose another --log-uds-address/,
+    );
     assert.equal(readFileSync(address, 'utf8'), 'precious');
   });
 
@@ -385,7 +482,11 @@ describe('plugin log server', () => {
 describe('line splitter', () => {
   const split = (max: number, chunks: string[]) => {
     const out: string[] = [];
-    const s = new LineSplitter(max, (l) => out.push(l.toString()), () => out.push('<oversized>'));
+    const s = new LineSplitter(
+      max,
+      (l) => out.push(l.toString()),
+      () => out.push('<oversized>'),
+    );
     for (const c of chunks) s.push(Buffer.from(c));
     s.end();
     return out;
@@ -403,10 +504,18 @@ describe('line splitter', () => {
 
 describe('plugin record parsing', () => {
   it('maps levels, times and pods, and keeps the rest of the fields', () => {
-    const r = parsePluginLine('{"level":"WARNING","message":"m","time":1767322800000,"pod":"ns/p","scope":"evil","__proto__":{"x":1},"a":[1]}');
-    assert.deepEqual(r, { ok: true, entry: { level: 'warn', msg: 'm', time: '2026-01-02T03:00:00.000Z', fields: { pod: 'ns/p', a: [1] } } });
+    const r = parsePluginLine(
+      '{"level":"WARNING","message":"m","time":1767322800000,"pod":"ns/p","scope":"evil","__proto__":{"x":1},"a":[1]}',
+    );
+    assert.deepEqual(r, {
+      ok: true,
+      entry: { level: 'warn', msg: 'm', time: '2026-01-02T03:00:00.000Z', fields: { pod: 'ns/p', a: [1] } },
+    });
     const odd = parsePluginLine('{"level":"loud","msg":"m","time":"yesterday"}');
-    assert.deepEqual(odd, { ok: true, entry: { level: 'info', msg: 'm', time: undefined, fields: { plugin_level: 'loud' } } });
+    assert.deepEqual(odd, {
+      ok: true,
+      entry: { level: 'info', msg: 'm', time: undefined, fields: { plugin_level: 'loud' } },
+    });
     assert.deepEqual(parsePluginLine('{"msg":5}'), { ok: false, reason: 'invalid_record' });
     assert.deepEqual(parsePluginLine('null'), { ok: false, reason: 'invalid_record' });
     assert.deepEqual(parsePluginLine('{'), { ok: false, reason: 'invalid_json' });

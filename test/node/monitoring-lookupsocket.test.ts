@@ -16,7 +16,10 @@ import { startTestApiServer, type TestApiServer } from '../helpers/apiserver.ts'
 import { eventually } from '../helpers/poll.ts';
 import { meshPod, tempDir } from '../helpers/plugin.ts';
 
-configureLogging({ asJson: true, outputLevels: buildSettings({ log_output_level: 'all:none' }, {}).logging.outputLevels }, { write: () => {} });
+configureLogging(
+  { asJson: true, outputLevels: buildSettings({ log_output_level: 'all:none' }, {}).logging.outputLevels },
+  { write: () => {} },
+);
 
 async function lookupsTotal(): Promise<number> {
   const m = registry.getSingleMetric('mesh_cni_pod_lookups_total');
@@ -32,7 +35,10 @@ function exchange(address: string, data: string): Promise<string> {
     s.on('data', (c) => (got += c.toString()));
     s.on('error', reject);
     s.on('close', () => resolve(got));
-    setTimeout(() => s.destroy(new Error(`the agent kept the connection open; got ${JSON.stringify(got)}`)), 5_000).unref();
+    setTimeout(
+      () => s.destroy(new Error(`the agent kept the connection open; got ${JSON.stringify(got)}`)),
+      5_000,
+    ).unref();
   });
 }
 
@@ -62,13 +68,19 @@ describe('pod lookup socket under abuse', () => {
   it('answers the first request of a connection and parses nothing after it', async () => {
     const before = await lookupsTotal();
     const first = JSON.stringify({ namespace: 'shop', name: 'cart-1', uid });
-    const more = Array.from({ length: 500 }, (_, i) => JSON.stringify({ namespace: 'shop', name: `not-here-${i}`, uid: `uid-${i}` })).join('\n');
+    const more = Array.from({ length: 500 }, (_, i) =>
+      JSON.stringify({ namespace: 'shop', name: `not-here-${i}`, uid: `uid-${i}` }),
+    ).join('\n');
     const reply = await exchange(socket(), `${first}\n${more}\n{junk\n`);
     const lines = reply.split('\n').filter((l) => l !== '');
     assert.equal(lines.length, 1, 'one answer a connection');
     assert.ok('pod' in (JSON.parse(lines[0]!) as object));
-    assert.equal(await lookupsTotal() - before, 1, 'the requests after the first were never looked up');
-    assert.equal((lookup.status() as { waiting: number }).waiting, 0, 'no lookup left waiting for a pod that was never asked for');
+    assert.equal((await lookupsTotal()) - before, 1, 'the requests after the first were never looked up');
+    assert.equal(
+      (lookup.status() as { waiting: number }).waiting,
+      0,
+      'no lookup left waiting for a pod that was never asked for',
+    );
   });
 
   it('cuts a sender that trickles its request, though it is never idle', async () => {
@@ -92,7 +104,9 @@ describe('pod lookup socket under abuse', () => {
 
   it('answers the plugin while slow connections hold every slot', async () => {
     const held: net.Socket[] = [];
-    const drip = setInterval(() => { for (const s of held) if (!s.destroyed) s.write(' '); }, 50);
+    const drip = setInterval(() => {
+      for (const s of held) if (!s.destroyed) s.write(' ');
+    }, 50);
     try {
       for (let i = 0; i < 4; i++) {
         const s = net.createConnection(socket());

@@ -11,12 +11,18 @@ import { after, describe, it } from 'node:test';
 import { listenUnix } from '../../src/monitoring/unixsocket.ts';
 import { tempDir } from '../helpers/plugin.ts';
 
-describe('the run dir of the agent\'s sockets', () => {
+describe("the run dir of the agent's sockets", () => {
   const tmp = tempDir();
   after(() => tmp.remove());
 
   async function serveIn(dir: string): Promise<void> {
-    const close = await listenUnix(net.createServer((s) => s.destroy()), path.join(dir, 'test.sock'), 'test', '--test-socket', { maxConnections: 4 });
+    const close = await listenUnix(
+      net.createServer((s) => s.destroy()),
+      path.join(dir, 'test.sock'),
+      'test',
+      '--test-socket',
+      { maxConnections: 4 },
+    );
     await close();
   }
 
@@ -34,7 +40,7 @@ describe('the run dir of the agent\'s sockets', () => {
     assert.equal(statSync(dir).mode & 0o7777, 0o750);
   });
 
-  it('a link to a dir is not followed to change that dir\'s mode', async () => {
+  it("a link to a dir is not followed to change that dir's mode", async () => {
     const real = path.join(tmp.dir, 'elsewhere');
     mkdirSync(real);
     await fs.chmod(real, 0o755);

@@ -9,7 +9,12 @@ import { run } from '../helpers/netns.ts';
 import { promtoolProblems, request } from '../helpers/observability.ts';
 
 // A counter of the kind every part defines, to see it in both formats.
-const probe = new Counter({ name: 'mesh_cni_test_probe_total', help: 'Test counter.', labelNames: ['reason'] as const, registers: [registry] });
+const probe = new Counter({
+  name: 'mesh_cni_test_probe_total',
+  help: 'Test counter.',
+  labelNames: ['reason'] as const,
+  registers: [registry],
+});
 probe.inc({ reason: 'x' }, 3);
 
 describe('monitoring server', () => {
@@ -26,25 +31,37 @@ describe('monitoring server', () => {
     const r = await request(`${base}/metrics`);
     assert.equal(r.status, 200);
     assert.match(String(r.headers['content-type']), /^text\/plain; version=0\.0\.4/);
-    assert.match(r.body, /^mesh_cni_build_info\{version="\d+\.\d+\.\d+[^"]*",git_commit="[0-9a-f]{40}|unknown",node_version="v24\.[^"]+"\} 1$/m);
+    assert.match(
+      r.body,
+      /^mesh_cni_build_info\{version="\d+\.\d+\.\d+[^"]*",git_commit="[0-9a-f]{40}|unknown",node_version="v24\.[^"]+"\} 1$/m,
+    );
     assert.match(r.body, /^process_resident_memory_bytes \d+/m);
     assert.match(r.body, /^# TYPE mesh_cni_test_probe_total counter$/m);
     assert.equal(await promtoolProblems(r.body), '');
   });
 
   it('serves OpenMetrics when the scraper asks for it, without changing the Prometheus output', async () => {
-    const r = await request(`${base}/metrics`, { headers: { accept: 'application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5,*/*;q=0.1' } });
+    const r = await request(`${base}/metrics`, {
+      headers: { accept: 'application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5,*/*;q=0.1' },
+    });
     assert.equal(r.status, 200);
     assert.match(String(r.headers['content-type']), /^application\/openmetrics-text; version=1\.0\.0/);
     assert.match(r.body, /^# TYPE mesh_cni_test_probe counter$/m);
     assert.match(r.body, /^mesh_cni_test_probe_total\{reason="x"\} 3$/m);
     assert.ok(r.body.endsWith('# EOF\n'));
     // A strict OpenMetrics parser (Debian python3-prometheus-client) reads every family.
-    const py = await run('/usr/bin/python3', ['-c', [
-      'import sys',
-      'from prometheus_client.openmetrics.parser import text_string_to_metric_families as p',
-      'print(len(list(p(sys.stdin.read()))))',
-    ].join('\n')], { input: r.body });
+    const py = await run(
+      '/usr/bin/python3',
+      [
+        '-c',
+        [
+          'import sys',
+          'from prometheus_client.openmetrics.parser import text_string_to_metric_families as p',
+          'print(len(list(p(sys.stdin.read()))))',
+        ].join('\n'),
+      ],
+      { input: r.body },
+    );
     assert.equal(py.code, 0, py.stderr);
     assert.ok(Number(py.stdout) > 10, py.stdout);
     // The registry itself is unchanged: the next Prometheus scrape still says *_total.
@@ -107,17 +124,41 @@ describe('openmetrics conversion', () => {
 
   it('names counter families without _total, drops blank lines and ends with # EOF', () => {
     const text = [
-      '# HELP a_total A "quoted" help.', '# TYPE a_total counter', 'a_total 1', '',
-      '# HELP b B.', '# TYPE b counter', 'b{x="1"} 2', '',
-      '# HELP g G.', '# TYPE g gauge', 'g 0.5', '',
-      '# HELP u U.', '# TYPE u untyped', 'u 1', '',
+      '# HELP a_total A "quoted" help.',
+      '# TYPE a_total counter',
+      'a_total 1',
+      '',
+      '# HELP b B.',
+      '# TYPE b counter',
+      'b{x="1"} 2',
+      '',
+      '# HELP g G.',
+      '# TYPE g gauge',
+      'g 0.5',
+      '',
+      '# HELP u U.',
+      '# TYPE u untyped',
+      'u 1',
+      '',
     ].join('\n');
-    assert.equal(toOpenMetrics(text), [
-      '# HELP a A \\"quoted\\" help.', '# TYPE a counter', 'a_total 1',
-      '# HELP b B.', '# TYPE b counter', 'b_total{x="1"} 2',
-      '# HELP g G.', '# TYPE g gauge', 'g 0.5',
-      '# HELP u U.', '# TYPE u unknown', 'u 1',
-      '# EOF', '',
-    ].join('\n'));
+    assert.equal(
+      toOpenMetrics(text),
+      [
+        '# HELP a A \\"quoted\\" help.',
+        '# TYPE a counter',
+        'a_total 1',
+        '# HELP b B.',
+        '# TYPE b counter',
+        'b_total{x="1"} 2',
+        '# HELP g G.',
+        '# TYPE g gauge',
+        'g 0.5',
+        '# HELP u U.',
+        '# TYPE u unknown',
+        'u 1',
+        '# EOF',
+        '',
+      ].join('\n'),
+    );
   });
 });

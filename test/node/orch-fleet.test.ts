@@ -72,7 +72,11 @@ describe('fleet scale: settings', () => {
     const o = buildSettings({}, {}).orch;
     assert.deepEqual({ qps: o.qps, burst: o.burst, listMode: o.listMode }, { qps: 1, burst: 10, listMode: 'auto' });
     assert.equal(buildSettings({ 'orch-list-mode': 'cache' }, {}).orch.listMode, 'cache');
-    for (const [flag, value] of [['orch-qps', '0'], ['orch-burst', '-1'], ['orch-list-mode', 'etcd']] as const) {
+    for (const [flag, value] of [
+      ['orch-qps', '0'],
+      ['orch-burst', '-1'],
+      ['orch-list-mode', 'etcd'],
+    ] as const) {
       const named = (e: unknown) => e instanceof ConfigErrors && e.message.includes(`--${flag}`);
       assert.throws(() => buildSettings({ [flag]: value }, {}), named, flag);
     }
@@ -100,7 +104,7 @@ describe('fleet scale: the pod watch', () => {
     for (let i = 0; i < 20; i++) s.upsertPod(pod(`b-${i}`, 'node-b'));
   }
 
-  it('starts with one streaming watch-list: no list, only its node\'s pods read, and the watch goes on', async () => {
+  it("starts with one streaming watch-list: no list, only its node's pods read, and the watch goes on", async () => {
     await cluster();
     const src = source(apiFor());
     await src.synced;
@@ -136,7 +140,10 @@ describe('fleet scale: the pod watch', () => {
     assert.equal(w.get('sendInitialEvents'), null);
     assert.ok(Number(w.get('resourceVersion')) > 0);
     const said = /does not serve the streaming watch-list.*sendInitialEvents is forbidden/;
-    assert.ok(logs.some((l) => said.test(l)), logs.join(''));
+    assert.ok(
+      logs.some((l) => said.test(l)),
+      logs.join(''),
+    );
     assert.equal(src.status().listMode, 'cache');
     // A 410 lists from the cache again: watch-list is not asked for again.
     const since = Date.now();
@@ -158,7 +165,10 @@ describe('fleet scale: the pod watch', () => {
     await waitFor('watching', () => src.state === 'watching');
     assert.equal(src.status().listMode, 'cache');
     assert.equal(podRequests().lists[0]!.get('resourceVersion'), '0');
-    assert.ok(logs.some((l) => /does not serve the streaming watch-list.*initial-events-end/.test(l)), logs.join(''));
+    assert.ok(
+      logs.some((l) => /does not serve the streaming watch-list.*initial-events-end/.test(l)),
+      logs.join(''),
+    );
   });
 
   it('resourceVersion=0 refused too: a logged fallback to consistent lists, and the agent works', async () => {
@@ -172,12 +182,15 @@ describe('fleet scale: the pod watch', () => {
     assert.equal(r.lists.length, 2);
     assert.equal(r.lists[1]!.get('resourceVersion'), null);
     assert.equal(r.lists[1]!.get('limit'), '500');
-    assert.ok(logs.some((l) => /refuses lists from its watch cache.*consistent reads/.test(l)), logs.join(''));
+    assert.ok(
+      logs.some((l) => /refuses lists from its watch cache.*consistent reads/.test(l)),
+      logs.join(''),
+    );
     s.upsertPod(pod('a-later', 'node-a'));
     await waitFor('watched', () => src.get('default', 'a-later'));
   });
 
-  it('--orch-list-mode=consistent restores today\'s paginated consistent list', async () => {
+  it("--orch-list-mode=consistent restores today's paginated consistent list", async () => {
     await cluster();
     const src = source(apiFor({ 'orch-list-mode': 'consistent' }));
     await src.synced;
@@ -221,7 +234,7 @@ describe('fleet scale: the pod watch', () => {
     assert.equal(src.status().lists, 1);
   });
 
-  it('the agent\'s requests wait for its rate limit (--orch-qps/--orch-burst)', async () => {
+  it("the agent's requests wait for its rate limit (--orch-qps/--orch-burst)", async () => {
     await cluster();
     const kc = s.writeOrchconfig(path.join(dir, 'rl.json'));
     const k = orchKubeConfig(buildSettings({ orchconfig: kc, 'orch-qps': '2', 'orch-burst': '2' }, {}));
@@ -260,14 +273,17 @@ describe('fleet scale: the pod watch', () => {
     delete s.faults.status;
   });
 
-  it('the plugin\'s fallback GET is bounded: at most MAX_POD_GET_ATTEMPTS per pod start, jittered', async () => {
+  it("the plugin's fallback GET is bounded: at most MAX_POD_GET_ATTEMPTS per pod start, jittered", async () => {
     await cluster();
     s.faults.status = { code: 503, retryAfterSeconds: 0, paths: /\/pods\/a-0$/ };
     const access = { server: new URL(s.url), token: s.token, caPem: s.caPem, insecure: false };
     const delays: number[] = [];
     const onRetry = (_a: number, _w: string, d: number) => void delays.push(d);
     const opts = { timeoutMs: 30_000, attemptTimeoutMs: 2000, onRetry };
-    const err = await getPod(access, 'default', 'a-0', opts).then(() => null, (e: Error) => e);
+    const err = await getPod(access, 'default', 'a-0', opts).then(
+      () => null,
+      (e: Error) => e,
+    );
     assert.ok(err, 'fails closed');
     assert.match(err.message, /503/);
     const gets = s.requests.filter((r) => r.path === '/api/v1/namespaces/default/pods/a-0').length;
@@ -275,12 +291,15 @@ describe('fleet scale: the pod watch', () => {
     // No wait after the last GET: the pod start fails at once (it waited up to 2 s for nothing).
     assert.equal(delays.length, MAX_POD_GET_ATTEMPTS - 1, JSON.stringify(delays));
     // Full jitter: the waits are not the same fixed ladder on every node.
-    assert.ok(delays.every((d) => d <= 1600), JSON.stringify(delays));
+    assert.ok(
+      delays.every((d) => d <= 1600),
+      JSON.stringify(delays),
+    );
     assert.ok(new Set(delays.map((d) => Math.round(d))).size > 1, JSON.stringify(delays));
     delete s.faults.status;
   });
 
-  it('the plugin\'s single-pod GET stays a consistent read', async () => {
+  it("the plugin's single-pod GET stays a consistent read", async () => {
     await cluster();
     const access = { server: new URL(s.url), token: s.token, caPem: s.caPem, insecure: false };
     const p = await getPod(access, 'default', 'a-0', { timeoutMs: 5000, attemptTimeoutMs: 2000 });

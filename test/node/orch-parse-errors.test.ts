@@ -20,29 +20,45 @@ describe('orchconfig parse errors name the file and place, never its text', () =
   const tmp = tempDir();
   after(() => tmp.remove());
 
-  it('the agent\'s --orchconfig (YAML)', () => {
+  it("the agent's --orchconfig (YAML)", () => {
     const file = path.join(tmp.dir, 'agent-orchconfig');
-    writeFileSync(file, `apiVersion: v1\nkind: Config\nusers:\n- name: u\n  user:\n    token: ${SECRET}\n   bad: [indent\n`);
+    writeFileSync(
+      file,
+      `apiVersion: v1\nkind: Config\nusers:\n- name: u\n  user:\n    token: ${SECRET}\n   bad: [indent\n`,
+    );
     let message = '';
     try {
       orchKubeConfig(buildSettings({ orchconfig: file }, {}));
     } catch (e) {
       message = (e as Error).message;
     }
-    assert.match(message, new RegExp(`${file.replace(/[.*+?^${}()|[\]\\/]/g, '\\$&')}.*not valid YAML \\(.*line \\d+ column \\d+\\)`));
+    assert.match(
+      message,
+      new RegExp(`${file.replace(/[.*+?^${}()|[\]\\/]/g, '\\$&')}.*not valid YAML \\(.*line \\d+ column \\d+\\)`),
+    );
     assert.doesNotMatch(message, leaks);
     assert.doesNotMatch(message, /token:/);
   });
 
-  it('the plugin\'s orchconfig (JSON)', () => {
-    for (const text of [SECRET, `{"users": [{"name": "u", "user": {"token": ${SECRET}}}]}`, `{"users": [{"name": "u", "user": {"token": "${SECRET}"}}]`]) {
-      assert.throws(() => parseOrchconfig(text, '/etc/cni/net.d/ZZZ-mesh-cni-orchconfig'), (e: Error) => {
-        assert.ok(e instanceof OrchconfigError);
-        // Line and column where V8 gives a position (not for an unexpected character).
-        assert.match(e.message, /^\/etc\/cni\/net\.d\/ZZZ-mesh-cni-orchconfig is not JSON \(install-cni writes it as JSON\): (unexpected character|expected ',' or '\}' after property value at line 1 column \d+)$/);
-        assert.doesNotMatch(e.message, leaks);
-        return true;
-      });
+  it("the plugin's orchconfig (JSON)", () => {
+    for (const text of [
+      SECRET,
+      `{"users": [{"name": "u", "user": {"token": ${SECRET}}}]}`,
+      `{"users": [{"name": "u", "user": {"token": "${SECRET}"}}]`,
+    ]) {
+      assert.throws(
+        () => parseOrchconfig(text, '/etc/cni/net.d/ZZZ-mesh-cni-orchconfig'),
+        (e: Error) => {
+          assert.ok(e instanceof OrchconfigError);
+          // Line and column where V8 gives a position (not for an unexpected character).
+          assert.match(
+            e.message,
+            /^\/etc\/cni\/net\.d\/ZZZ-mesh-cni-orchconfig is not JSON \(install-cni writes it as JSON\): (unexpected character|expected ',' or '\}' after property value at line 1 column \d+)$/,
+          );
+          assert.doesNotMatch(e.message, leaks);
+          return true;
+        },
+      );
     }
   });
 });

@@ -47,18 +47,22 @@ describe('relist after a 410', () => {
     const kc = orchKubeConfig(buildSettings({ orchconfig: s.writeOrchconfig(path.join(dir, 'kc.json')) }, {}));
     const back: string[] = [];
     let deleted = false;
-    const src = new PodSource(clientNodeApi(kc), {
-      upsert: (p) => void (deleted && p.metadata?.name === 'deleted' && back.push(p.metadata.resourceVersion ?? '')),
-      remove: () => {},
-    }, {
-      ...WATCH_DEFAULTS,
-      query: { fieldSelector: 'spec.nodeName=node-a', labelSelector: '' },
-      backoff: { baseMs: 50, maxMs: 400 },
-      healthyAfterMs: 200,
-      clock: realClock,
-      logScope: 'install',
-      tuning: { listMode: 'cache', startJitterMs: 0, reconnectSpreadMs: 0 },
-    });
+    const src = new PodSource(
+      clientNodeApi(kc),
+      {
+        upsert: (p) => void (deleted && p.metadata?.name === 'deleted' && back.push(p.metadata.resourceVersion ?? '')),
+        remove: () => {},
+      },
+      {
+        ...WATCH_DEFAULTS,
+        query: { fieldSelector: 'spec.nodeName=node-a', labelSelector: '' },
+        backoff: { baseMs: 50, maxMs: 400 },
+        healthyAfterMs: 200,
+        clock: realClock,
+        logScope: 'install',
+        tuning: { listMode: 'cache', startJitterMs: 0, reconnectSpreadMs: 0 },
+      },
+    );
     sources.push(src);
     src.start();
     await src.synced;

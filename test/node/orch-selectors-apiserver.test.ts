@@ -73,7 +73,11 @@ describe('a pod query the API server refuses', () => {
     const api = clientNodeApi(orchKubeConfig(buildSettings({ orchconfig }, {})));
     const query = { fieldSelector: 'spec.nodeName=node-a,spec.host=node-a', labelSelector: '' };
     const src = new PodSource(api, null, {
-      ...WATCH_DEFAULTS, query, backoff: { baseMs: 20, maxMs: 100 }, clock: realClock, logScope: 'repair',
+      ...WATCH_DEFAULTS,
+      query,
+      backoff: { baseMs: 20, maxMs: 100 },
+      clock: realClock,
+      logScope: 'repair',
       tuning: { listMode: 'auto', startJitterMs: 0, reconnectSpreadMs: 0 },
     });
     src.start();

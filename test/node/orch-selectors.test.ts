@@ -36,7 +36,8 @@ interface FieldFixture {
   match: Array<Row & { pod: Record<string, string>; match: boolean }>;
 }
 
-const fixture = <T>(name: string): T => JSON.parse(readFileSync(new URL(`fixtures/selectors/${name}`, import.meta.url), 'utf8')) as T;
+const fixture = <T>(name: string): T =>
+  JSON.parse(readFileSync(new URL(`fixtures/selectors/${name}`, import.meta.url), 'utf8')) as T;
 const labels = fixture<LabelFixture>('labels.json');
 const fields = fixture<FieldFixture>('fields.json');
 const show = (s: string) => JSON.stringify(s);
@@ -63,7 +64,8 @@ function assertRefused(parse: () => unknown, kind: string, sel: string, why: str
 describe('label selectors (Kubernetes pkg/labels cases)', () => {
   for (const row of labels.parse) {
     it(`${row.error ? 'refuses' : 'parses'} ${show(row.selector)} (${row.from})`, () => {
-      if (row.error !== undefined) return assertRefused(() => parseLabelSelector(row.selector), 'label', row.selector, row.error);
+      if (row.error !== undefined)
+        return assertRefused(() => parseLabelSelector(row.selector), 'label', row.selector, row.error);
       const got = parseLabelSelector(row.selector).map((r) => [r.key, r.op, [...new Set(r.values)].sort()]);
       assert.deepEqual(got, row.parsed);
     });
@@ -78,14 +80,20 @@ describe('label selectors (Kubernetes pkg/labels cases)', () => {
 describe('pod field selectors (Kubernetes pkg/fields cases)', () => {
   for (const row of fields.parse) {
     it(`${row.error ? 'refuses' : 'parses'} ${show(row.selector)} (${row.from})`, () => {
-      if (row.error !== undefined) return assertRefused(() => parseFieldSelector(row.selector), 'field', row.selector, row.error);
-      assert.deepEqual(parseFieldSelector(row.selector).map((r) => [r.field, r.op, r.value]), row.parsed);
+      if (row.error !== undefined)
+        return assertRefused(() => parseFieldSelector(row.selector), 'field', row.selector, row.error);
+      assert.deepEqual(
+        parseFieldSelector(row.selector).map((r) => [r.field, r.op, r.value]),
+        row.parsed,
+      );
     });
   }
   for (const row of fields.escape) {
     it(`escapes ${show(row.value)} as ${show(row.escaped)}, and back (${row.from})`, () => {
       assert.equal(escapeFieldValue(row.value), row.escaped);
-      assert.deepEqual(parseFieldSelector(`spec.nodeName=${row.escaped}`), [{ field: 'spec.nodeName', op: '=', value: row.value }]);
+      assert.deepEqual(parseFieldSelector(`spec.nodeName=${row.escaped}`), [
+        { field: 'spec.nodeName', op: '=', value: row.value },
+      ]);
     });
   }
   for (const row of fields.match) {
@@ -101,36 +109,70 @@ describe('pod field selectors (Kubernetes pkg/fields cases)', () => {
 
 describe('the pod query: the operator selectors as typed, joined with ours', () => {
   it('sends the operator selectors as typed, after this node', () => {
-    assert.deepEqual(podQuery({ nodeName: 'node-a', fieldSelectors: 'status.phase!=Failed,metadata.namespace==prod,', labelSelectors: 'app  in (web,api), !canary' }), {
-      fieldSelector: 'spec.nodeName=node-a,status.phase!=Failed,metadata.namespace==prod,',
-      labelSelector: 'app  in (web,api), !canary',
-    });
+    assert.deepEqual(
+      podQuery({
+        nodeName: 'node-a',
+        fieldSelectors: 'status.phase!=Failed,metadata.namespace==prod,',
+        labelSelectors: 'app  in (web,api), !canary',
+      }),
+      {
+        fieldSelector: 'spec.nodeName=node-a,status.phase!=Failed,metadata.namespace==prod,',
+        labelSelector: 'app  in (web,api), !canary',
+      },
+    );
   });
 
   it('sends only what is set', () => {
-    assert.deepEqual(podQuery({ nodeName: '', fieldSelectors: '', labelSelectors: '' }), { fieldSelector: '', labelSelector: '' });
-    assert.deepEqual(podQuery({ nodeName: 'node-a', fieldSelectors: '', labelSelectors: '' }), { fieldSelector: 'spec.nodeName=node-a', labelSelector: '' });
-    assert.deepEqual(podQuery({ nodeName: '', fieldSelectors: 'status.phase=Running', labelSelectors: 'app' }), { fieldSelector: 'status.phase=Running', labelSelector: 'app' });
+    assert.deepEqual(podQuery({ nodeName: '', fieldSelectors: '', labelSelectors: '' }), {
+      fieldSelector: '',
+      labelSelector: '',
+    });
+    assert.deepEqual(podQuery({ nodeName: 'node-a', fieldSelectors: '', labelSelectors: '' }), {
+      fieldSelector: 'spec.nodeName=node-a',
+      labelSelector: '',
+    });
+    assert.deepEqual(podQuery({ nodeName: '', fieldSelectors: 'status.phase=Running', labelSelectors: 'app' }), {
+      fieldSelector: 'status.phase=Running',
+      labelSelector: 'app',
+    });
   });
 
   it('escapes the node name as a field value', () => {
-    assert.equal(podQuery({ nodeName: 'n=1,2\\', fieldSelectors: 'status.phase=Running', labelSelectors: '' }).fieldSelector, 'spec.nodeName=n\\=1\\,2\\\\,status.phase=Running');
+    assert.equal(
+      podQuery({ nodeName: 'n=1,2\\', fieldSelectors: 'status.phase=Running', labelSelectors: '' }).fieldSelector,
+      'spec.nodeName=n\\=1\\,2\\\\,status.phase=Running',
+    );
   });
 });
 
 describe('start-up check of the selector flags', () => {
   const refused = (flags: Record<string, string>, env: Record<string, string>, re: RegExp) =>
-    assert.throws(() => buildSettings(flags, env), (e: unknown) => e instanceof ConfigErrors && re.test(e.message), JSON.stringify({ flags, env }));
+    assert.throws(
+      () => buildSettings(flags, env),
+      (e: unknown) => e instanceof ConfigErrors && re.test(e.message),
+      JSON.stringify({ flags, env }),
+    );
 
   it('keeps what the API server would take, as typed', () => {
-    const s = buildSettings({ 'repair-field-selectors': 'status.phase!=Failed,', 'repair-label-selectors': 'app  in (web,api)' }, {});
+    const s = buildSettings(
+      { 'repair-field-selectors': 'status.phase!=Failed,', 'repair-label-selectors': 'app  in (web,api)' },
+      {},
+    );
     assert.equal(s.repair.fieldSelectors, 'status.phase!=Failed,');
     assert.equal(s.repair.labelSelectors, 'app  in (web,api)');
   });
 
   it('refuses what the API server would refuse, naming the flag and why', () => {
-    refused({ 'repair-field-selectors': ' spec.nodeName=n1' }, {}, /--repair-field-selectors.*field label not supported: " spec.nodeName"/);
-    refused({ 'repair-field-selectors': 'metadata.name=a\\!b' }, {}, /--repair-field-selectors.*invalid escape sequence \\!/);
+    refused(
+      { 'repair-field-selectors': ' spec.nodeName=n1' },
+      {},
+      /--repair-field-selectors.*field label not supported: " spec.nodeName"/,
+    );
+    refused(
+      { 'repair-field-selectors': 'metadata.name=a\\!b' },
+      {},
+      /--repair-field-selectors.*invalid escape sequence \\!/,
+    );
     refused({}, { REPAIR_LABEL_SELECTORS: 'rack>-4' }, /env REPAIR_LABEL_SELECTORS.*"-4" is not a valid label value/);
     refused({ 'repair-label-selectors': 'tier\u000b=web' }, {}, /--repair-label-selectors.*not a valid label key/);
   });

@@ -52,7 +52,11 @@ describe('--vklog: API request logging', () => {
     // A watch from the list's version: its events are the label change and anything after.
     const events: WatchEventType[] = [];
     const watchQuery = { ...q, resourceVersion: list.resourceVersion, timeoutSeconds: 30 };
-    const controller = await orch.watchPods(watchQuery, (type) => events.push(type), () => {});
+    const controller = await orch.watchPods(
+      watchQuery,
+      (type) => events.push(type),
+      () => {},
+    );
     await waitFor('a watch event', () => events.find((t) => t === 'MODIFIED'));
     controller.abort();
     // A TokenRequest: its answer holds the plugin's token.
@@ -95,14 +99,15 @@ describe('--vklog: API request logging', () => {
 
   const klogLines = (v: number) => runs.get(v)!.lines.filter((l) => l.split('\t')[2] === 'klog');
   /** The records of scope klog at verbosity v: message and fields (console values unquoted). */
-  const records = (v: number) => klogLines(v).map((l) => {
-    const cols = l.replace(/\n$/, '').split('\t');
-    const fields: Record<string, string> = {};
-    for (const [, k, v] of (cols[4] ?? '').matchAll(/([^\s=]+)=("(?:[^"\\]|\\.)*"|\S*)/g)) {
-      fields[k!] = v!.startsWith('"') ? (JSON.parse(v!) as string) : v!;
-    }
-    return { level: cols[1], msg: cols[3], fields };
-  });
+  const records = (v: number) =>
+    klogLines(v).map((l) => {
+      const cols = l.replace(/\n$/, '').split('\t');
+      const fields: Record<string, string> = {};
+      for (const [, k, v] of (cols[4] ?? '').matchAll(/([^\s=]+)=("(?:[^"\\]|\\.)*"|\S*)/g)) {
+        fields[k!] = v!.startsWith('"') ? (JSON.parse(v!) as string) : v!;
+      }
+      return { level: cols[1], msg: cols[3], fields };
+    });
   const request = (v: number, method: string, p: RegExp) =>
     records(v).find((r) => r.msg === 'API request' && r.fields.method === method && p.test(r.fields.path ?? ''));
 
@@ -131,7 +136,7 @@ describe('--vklog: API request logging', () => {
     assert.equal(records(4).length, expected.length, klogLines(4).join(''));
   });
 
-  it('adds the bodies at --vklog 8, a watch\'s events too, with the TokenRequest\'s token redacted', () => {
+  it("adds the bodies at --vklog 8, a watch's events too, with the TokenRequest's token redacted", () => {
     const patch = request(8, 'PATCH', /\/pods\/cart-8\/status$/)!;
     const uid = api.getPod('shop', 'cart-8')!.metadata!.uid;
     assert.deepEqual(JSON.parse(patch.fields.requestBody!), { metadata: { uid, labels: { 'mesh.io/vklog': '8' } } });
@@ -150,7 +155,10 @@ describe('--vklog: API request logging', () => {
     const events = records(8).filter((r) => r.msg === 'API watch event');
     const modified = (e: (typeof events)[number]) =>
       (JSON.parse(e.fields.body!) as { type: string }).type === 'MODIFIED';
-    assert.ok(events.some((e) => /watch=true/.test(e.fields.path!) && modified(e)), klogLines(8).join(''));
+    assert.ok(
+      events.some((e) => /watch=true/.test(e.fields.path!) && modified(e)),
+      klogLines(8).join(''),
+    );
     assert.equal(request(7, 'PATCH', /\/pods\/cart-7\/status$/)!.fields.requestBody, undefined);
     assert.equal(records(7).filter((r) => r.msg === 'API watch event').length, 0);
   });
@@ -205,7 +213,9 @@ describe('--vklog 8: a body nested too deep to write back', () => {
     await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
     const kc = new KubeConfig();
     kc.loadFromOptions({
-      clusters: [{ name: 'c', server: `http://127.0.0.1:${(server.address() as AddressInfo).port}`, skipTLSVerify: true }],
+      clusters: [
+        { name: 'c', server: `http://127.0.0.1:${(server.address() as AddressInfo).port}`, skipTLSVerify: true },
+      ],
       users: [{ name: 'u', token: JWT }],
       contexts: [{ name: 'x', cluster: 'c', user: 'u' }],
       currentContext: 'x',

@@ -142,7 +142,9 @@ describe('a watch given up on before the server answered', () => {
 describe('Retry-After on a watch refused after it counted as healthy', () => {
   it('is capped at 5 minutes, as on every other path (README "Fleet scale")', async () => {
     let watches = 0;
-    const refuse = () => { throw new Error('not used'); };
+    const refuse = () => {
+      throw new Error('not used');
+    };
     const api: OrchApi = {
       listPods: async () => ({ items: [], resourceVersion: '1', continueToken: undefined }),
       async watchPods(_q, _onEvent, done) {

@@ -20,10 +20,14 @@ class FakeClock implements Clock {
       if (signal?.aborted) return reject(signal.reason as Error);
       const timer = { at: this.t + ms, resolve };
       this.#timers.add(timer);
-      signal?.addEventListener('abort', () => {
-        this.#timers.delete(timer);
-        reject(signal.reason as Error);
-      }, { once: true });
+      signal?.addEventListener(
+        'abort',
+        () => {
+          this.#timers.delete(timer);
+          reject(signal.reason as Error);
+        },
+        { once: true },
+      );
     });
   }
   /** Moves time on by `ms`, firing each sleep due on the way, in order. */
@@ -49,7 +53,10 @@ const settle = async () => {
 
 let queueSeq = 0;
 /** A queue on a fake clock, no jitter; records every attempt (key, time) and every hook. */
-function harness<K>(reconcile: (key: K, ctx: ReconcileContext) => Promise<Outcome>, o: Partial<WorkQueueOptions<K>> = {}) {
+function harness<K>(
+  reconcile: (key: K, ctx: ReconcileContext) => Promise<Outcome>,
+  o: Partial<WorkQueueOptions<K>> = {},
+) {
   const clock = new FakeClock();
   const attempts: { key: K; at: number; attempt: number }[] = [];
   const retries: { key: K; attempt: number; delayMs: number }[] = [];
@@ -96,39 +103,90 @@ describe('work queue: outcomes, retries and backoff', () => {
   }[] = [
     { name: 'done at once', outcomes: ['done'], attempts: [0], delays: [] },
     { name: 'drop: no retry, counted', outcomes: ['drop'], attempts: [0], delays: [], drops: { dropped: 1 } },
-    { name: 'retries back off exponentially, capped at maxMs', outcomes: ['retry', 'retry', 'retry', 'retry', 'done'], attempts: [0, 100, 300, 700, 1500], delays: [100, 200, 400, 800] },
-    { name: 'a server\'s Retry-After is a floor', outcomes: [{ retryAfterMs: 2500 }, 'retry', 'done'], attempts: [0, 2500, 2700], delays: [2500, 200] },
-    { name: 'gives up after maxAttempts', outcomes: ['retry', 'retry', 'retry'], maxAttempts: 3, attempts: [0, 100, 300], delays: [100, 200], gaveUp: 'max_attempts', drops: { max_attempts: 1 } },
-    { name: 'a throw is a retry', outcomes: ['throw' as unknown as Outcome, 'done'], attempts: [0, 100], delays: [100] },
+    {
+      name: 'retries back off exponentially, capped at maxMs',
+      outcomes: ['retry', 'retry', 'retry', 'retry', 'done'],
+      attempts: [0, 100, 300, 700, 1500],
+      delays: [100, 200, 400, 800],
+    },
+    {
+      name: "a server's Retry-After is a floor",
+      outcomes: [{ retryAfterMs: 2500 }, 'retry', 'done'],
+      attempts: [0, 2500, 2700],
+      delays: [2500, 200],
+    },
+    {
+      name: 'gives up after maxAttempts',
+      outcomes: ['retry', 'retry', 'retry'],
+      maxAttempts: 3,
+      attempts: [0, 100, 300],
+      delays: [100, 200],
+      gaveUp: 'max_attempts',
+      drops: { max_attempts: 1 },
+    },
+    {
+      name: 'a throw is a retry',
+      outcomes: ['throw' as unknown as Outcome, 'done'],
+      attempts: [0, 100],
+      delays: [100],
+    },
   ];
   for (const c of table) {
     it(c.name, async () => {
       let i = 0;
-      const h = harness<string>(async () => {
-        const o = c.outcomes[i++]!;
-        if ((o as unknown) === 'throw') throw new Error('reconcile threw');
-        return o;
-      }, c.maxAttempts ? { maxAttempts: c.maxAttempts } : {});
+      const h = harness<string>(
+        async () => {
+          const o = c.outcomes[i++]!;
+          if ((o as unknown) === 'throw') throw new Error('reconcile threw');
+          return o;
+        },
+        c.maxAttempts ? { maxAttempts: c.maxAttempts } : {},
+      );
       h.q.add('a');
       await h.clock.advance(10_000);
-      assert.deepEqual(h.attempts.map((a) => a.at), c.attempts);
-      assert.deepEqual(h.attempts.map((a) => a.attempt), c.attempts.map((_, n) => n + 1));
-      assert.deepEqual(h.retries.map((r) => r.delayMs), c.delays);
-      assert.deepEqual(h.gaveUp.map((g) => g.why), c.gaveUp ? [c.gaveUp] : []);
+      assert.deepEqual(
+        h.attempts.map((a) => a.at),
+        c.attempts,
+      );
+      assert.deepEqual(
+        h.attempts.map((a) => a.attempt),
+        c.attempts.map((_, n) => n + 1),
+      );
+      assert.deepEqual(
+        h.retries.map((r) => r.delayMs),
+        c.delays,
+      );
+      assert.deepEqual(
+        h.gaveUp.map((g) => g.why),
+        c.gaveUp ? [c.gaveUp] : [],
+      );
       assert.equal(h.q.has('a'), false, 'finished keys are forgotten');
       assert.equal(await metric('mesh_cni_workqueue_retries_total', { queue: h.name }), c.delays.length);
       for (const reason of ['dropped', 'max_attempts', 'stopped']) {
-        assert.equal(await metric('mesh_cni_workqueue_drops_total', { queue: h.name, reason }), c.drops?.[reason] ?? 0, reason);
+        assert.equal(
+          await metric('mesh_cni_workqueue_drops_total', { queue: h.name, reason }),
+          c.drops?.[reason] ?? 0,
+          reason,
+        );
       }
     });
   }
 
   it('jitter spreads a delay over [d*(1-j), d*(1+j)]', async () => {
-    for (const [random, want] of [[0, 50], [1, 150], [0.5, 100]] as const) {
-      const h = harness<string>(async (_k, ctx) => (ctx.attempt === 1 ? 'retry' : 'done'), { backoff: { baseMs: 100, maxMs: 1000, jitter: 0.5, random: () => random } });
+    for (const [random, want] of [
+      [0, 50],
+      [1, 150],
+      [0.5, 100],
+    ] as const) {
+      const h = harness<string>(async (_k, ctx) => (ctx.attempt === 1 ? 'retry' : 'done'), {
+        backoff: { baseMs: 100, maxMs: 1000, jitter: 0.5, random: () => random },
+      });
       h.q.add('a');
       await h.clock.advance(1000);
-      assert.deepEqual(h.retries.map((r) => r.delayMs), [want]);
+      assert.deepEqual(
+        h.retries.map((r) => r.delayMs),
+        [want],
+      );
     }
   });
 
@@ -138,12 +196,19 @@ describe('work queue: outcomes, retries and backoff', () => {
     await h.clock.advance(150);
     h.q.add('good');
     await h.clock.advance(1000);
-    assert.deepEqual(h.attempts.map((a) => `${a.key}@${a.at}`), ['bad@0', 'bad@100', 'good@150', 'bad@300', 'bad@700']);
+    assert.deepEqual(
+      h.attempts.map((a) => `${a.key}@${a.at}`),
+      ['bad@0', 'bad@100', 'good@150', 'bad@300', 'bad@700'],
+    );
   });
 });
 
 describe('work queue: deduplication', () => {
-  const table: { name: string; script: (q: WorkQueue<string>, running: ReturnType<typeof gate>) => Promise<void> | void; runs: number }[] = [
+  const table: {
+    name: string;
+    script: (q: WorkQueue<string>, running: ReturnType<typeof gate>) => Promise<void> | void;
+    runs: number;
+  }[] = [
     {
       name: 'a key added while queued runs once',
       script: (q) => {
@@ -169,16 +234,23 @@ describe('work queue: deduplication', () => {
   for (const c of table) {
     it(c.name, async () => {
       const running = gate();
-      const h = harness<string>(async () => {
-        await running.p;
-        return 'done';
-      }, { concurrency: 1 });
+      const h = harness<string>(
+        async () => {
+          await running.p;
+          return 'done';
+        },
+        { concurrency: 1 },
+      );
       await c.script(h.q, running);
       running.open();
       await h.clock.advance(1);
       const ofK = h.attempts.filter((a) => a.key === 'k');
       assert.equal(ofK.length, c.runs);
-      assert.deepEqual(ofK.map((a) => a.attempt), Array(c.runs).fill(1), 'a re-run is new work: attempt 1 again');
+      assert.deepEqual(
+        ofK.map((a) => a.attempt),
+        Array(c.runs).fill(1),
+        'a re-run is new work: attempt 1 again',
+      );
       assert.equal(h.q.has('k'), false);
     });
   }
@@ -190,15 +262,21 @@ describe('work queue: deduplication', () => {
     assert.equal(h.q.has('k'), true);
     assert.equal(h.q.add('k'), false);
     await h.clock.advance(1000);
-    assert.deepEqual(h.attempts.map((a) => a.at), [0, 100]);
+    assert.deepEqual(
+      h.attempts.map((a) => a.at),
+      [0, 100],
+    );
   });
 
   it('remove() takes out a key not attempted yet, not one under way', async () => {
     const running = gate();
-    const h = harness<string>(async () => {
-      await running.p;
-      return 'done';
-    }, { concurrency: 1 });
+    const h = harness<string>(
+      async () => {
+        await running.p;
+        return 'done';
+      },
+      { concurrency: 1 },
+    );
     h.q.add('first');
     h.q.add('second');
     await settle();
@@ -207,17 +285,23 @@ describe('work queue: deduplication', () => {
     assert.equal(h.q.has('second'), false);
     running.open();
     await h.clock.advance(1);
-    assert.deepEqual(h.attempts.map((a) => a.key), ['first']);
+    assert.deepEqual(
+      h.attempts.map((a) => a.key),
+      ['first'],
+    );
   });
 
   // Review R1: the depth gauge and the key map after remove() and stop() (repair removes the queued
   // repair of a deleted pod; the agent stops with keys queued).
   it('remove() and stop() bring the depth back to 0 and forget the keys', async () => {
     const running = gate();
-    const h = harness<string>(async () => {
-      await running.p;
-      return 'done';
-    }, { concurrency: 1 });
+    const h = harness<string>(
+      async () => {
+        await running.p;
+        return 'done';
+      },
+      { concurrency: 1 },
+    );
     for (const k of ['busy', 'gone', 'later']) h.q.add(k);
     await settle();
     assert.equal(await metric('mesh_cni_workqueue_depth', { queue: h.name }), 2);
@@ -228,7 +312,10 @@ describe('work queue: deduplication', () => {
     assert.equal(await metric('mesh_cni_workqueue_depth', { queue: h.name }), 0, 'after stop()');
     running.open();
     assert.deepEqual(await stopped, { notStarted: 1 });
-    assert.deepEqual(h.attempts.map((a) => a.key), ['busy']);
+    assert.deepEqual(
+      h.attempts.map((a) => a.key),
+      ['busy'],
+    );
     assert.equal(h.q.has('busy'), false);
   });
 });
@@ -238,15 +325,18 @@ describe('work queue: concurrency and rate', () => {
     let inFlight = 0;
     let peak = 0;
     const gates = new Map<string, ReturnType<typeof gate>>();
-    const h = harness<string>(async (k) => {
-      inFlight++;
-      peak = Math.max(peak, inFlight);
-      const g = gate();
-      gates.set(k, g);
-      await g.p;
-      inFlight--;
-      return 'done';
-    }, { concurrency: 3 });
+    const h = harness<string>(
+      async (k) => {
+        inFlight++;
+        peak = Math.max(peak, inFlight);
+        const g = gate();
+        gates.set(k, g);
+        await g.p;
+        inFlight--;
+        return 'done';
+      },
+      { concurrency: 3 },
+    );
     for (let i = 0; i < 10; i++) h.q.add(`k${i}`);
     await settle();
     assert.equal(inFlight, 3);
@@ -257,7 +347,10 @@ describe('work queue: concurrency and rate', () => {
       await settle();
     }
     assert.equal(peak, 3);
-    assert.deepEqual(h.attempts.map((a) => a.key), Array.from({ length: 10 }, (_, i) => `k${i}`));
+    assert.deepEqual(
+      h.attempts.map((a) => a.key),
+      Array.from({ length: 10 }, (_, i) => `k${i}`),
+    );
     assert.equal(await metric('mesh_cni_workqueue_depth', { queue: h.name }), 0);
   });
 
@@ -267,37 +360,53 @@ describe('work queue: concurrency and rate', () => {
     let inFlight = 0;
     let peak = 0;
     const running = gate();
-    const h = harness<string>(async (k) => {
-      inFlight++;
-      peak = Math.max(peak, inFlight);
-      if (k === 'parent') h.q.add('child');
-      await running.p;
-      inFlight--;
-      return 'done';
-    }, { concurrency: 1 });
+    const h = harness<string>(
+      async (k) => {
+        inFlight++;
+        peak = Math.max(peak, inFlight);
+        if (k === 'parent') h.q.add('child');
+        await running.p;
+        inFlight--;
+        return 'done';
+      },
+      { concurrency: 1 },
+    );
     h.q.add('parent');
     await settle();
     assert.deepEqual(h.q.status(), { queued: 1, inFlight: 1, waiting: 0 });
     running.open();
     await h.clock.advance(1);
     assert.equal(peak, 1);
-    assert.deepEqual(h.attempts.map((a) => a.key), ['parent', 'child']);
+    assert.deepEqual(
+      h.attempts.map((a) => a.key),
+      ['parent', 'child'],
+    );
   });
 
   it('a retry waits outside the slots: other keys run meanwhile', async () => {
-    const h = harness<string>(async (k, ctx) => (k === 'slow' && ctx.attempt === 1 ? { retryAfterMs: 500 } : 'done'), { concurrency: 1 });
+    const h = harness<string>(async (k, ctx) => (k === 'slow' && ctx.attempt === 1 ? { retryAfterMs: 500 } : 'done'), {
+      concurrency: 1,
+    });
     h.q.add('slow');
     h.q.add('other');
     await h.clock.advance(1000);
-    assert.deepEqual(h.attempts.map((a) => `${a.key}@${a.at}`), ['slow@0', 'other@0', 'slow@500']);
+    assert.deepEqual(
+      h.attempts.map((a) => `${a.key}@${a.at}`),
+      ['slow@0', 'other@0', 'slow@500'],
+    );
   });
 
   it('takes one token per attempt: burst at once, then qps', async () => {
-    const h = harness<string>(async (k, ctx) => (k === 'k0' && ctx.attempt === 1 ? 'retry' : 'done'), { rate: { qps: 10, burst: 2 } });
+    const h = harness<string>(async (k, ctx) => (k === 'k0' && ctx.attempt === 1 ? 'retry' : 'done'), {
+      rate: { qps: 10, burst: 2 },
+    });
     for (let i = 0; i < 5; i++) h.q.add(`k${i}`);
     await h.clock.advance(1000);
     // k0 and k1 from the burst, then one token every 100 ms; k0's retry (due at 100) queues behind k4.
-    assert.deepEqual(h.attempts.map((a) => `${a.key}@${a.at}`), ['k0@0', 'k1@0', 'k2@100', 'k3@200', 'k4@300', 'k0@400']);
+    assert.deepEqual(
+      h.attempts.map((a) => `${a.key}@${a.at}`),
+      ['k0@0', 'k1@0', 'k2@100', 'k3@200', 'k4@300', 'k0@400'],
+    );
   });
 });
 
@@ -305,12 +414,15 @@ describe('work queue: stop', () => {
   it('lets reconciles under way finish within the grace period; starts nothing more, drops retries', async () => {
     const running = gate();
     const signals: AbortSignal[] = [];
-    const h = harness<string>(async (k, ctx) => {
-      signals.push(ctx.signal);
-      if (k === 'retrying') return 'retry';
-      await running.p;
-      return 'retry';
-    }, { concurrency: 1 });
+    const h = harness<string>(
+      async (k, ctx) => {
+        signals.push(ctx.signal);
+        if (k === 'retrying') return 'retry';
+        await running.p;
+        return 'retry';
+      },
+      { concurrency: 1 },
+    );
     h.q.add('retrying');
     await settle();
     h.q.add('busy');
@@ -323,17 +435,36 @@ describe('work queue: stop', () => {
     await h.clock.advance(5000);
     running.open();
     assert.deepEqual(await stopped, { notStarted: 2 });
-    assert.equal(signals.some((s) => s.aborted), false, 'finished within the grace: nothing cancelled');
-    assert.deepEqual(h.attempts.map((a) => a.key), ['retrying', 'busy']);
-    assert.deepEqual(h.gaveUp, [{ key: 'busy', attempts: 1, why: 'stopping' }], 'a retry asked for while stopping is a give-up');
-    assert.equal(await metric('mesh_cni_workqueue_drops_total', { queue: h.name, reason: 'stopped' }), 4, 'the two queued, the waiting retry, the one stopped');
+    assert.equal(
+      signals.some((s) => s.aborted),
+      false,
+      'finished within the grace: nothing cancelled',
+    );
+    assert.deepEqual(
+      h.attempts.map((a) => a.key),
+      ['retrying', 'busy'],
+    );
+    assert.deepEqual(
+      h.gaveUp,
+      [{ key: 'busy', attempts: 1, why: 'stopping' }],
+      'a retry asked for while stopping is a give-up',
+    );
+    assert.equal(
+      await metric('mesh_cni_workqueue_drops_total', { queue: h.name, reason: 'stopped' }),
+      4,
+      'the two queued, the waiting retry, the one stopped',
+    );
     assert.deepEqual(h.q.status(), { queued: 0, inFlight: 0, waiting: 0 });
   });
 
   it('cancels reconciles still running when the grace period is over, and waits for work beside them', async () => {
     let besideDone = false;
     const h = harness<string>(async (_k, ctx) => {
-      ctx.beside(new Promise<void>((r) => ctx.signal.addEventListener('abort', () => setImmediate(() => ((besideDone = true), r())))));
+      ctx.beside(
+        new Promise<void>((r) =>
+          ctx.signal.addEventListener('abort', () => setImmediate(() => ((besideDone = true), r()))),
+        ),
+      );
       await new Promise((r) => ctx.signal.addEventListener('abort', r));
       return 'done';
     });

@@ -34,13 +34,22 @@ interface Fixture {
   readonly differences: readonly string[];
 }
 
-const fixtures: Fixture[] = readdirSync(DIR).filter((f) => f.endsWith('.json')).sort()
-  .map((f) => ({ name: f.replace(/\.json$/, ''), ...(JSON.parse(readFileSync(path.join(DIR, f), 'utf8')) as Omit<Fixture, 'name'>) }));
+const fixtures: Fixture[] = readdirSync(DIR)
+  .filter((f) => f.endsWith('.json'))
+  .sort()
+  .map((f) => ({
+    name: f.replace(/\.json$/, ''),
+    ...(JSON.parse(readFileSync(path.join(DIR, f), 'utf8')) as Omit<Fixture, 'name'>),
+  }));
 
 /** The reference's fake pod: an app container, the proxy, the validation container. */
 function podOf(f: Fixture): PodLike {
   return {
-    metadata: { name: 'conformance', namespace: 'default', annotations: { 'sidecar.mesh.io/status': '{}', ...f.annotations } },
+    metadata: {
+      name: 'conformance',
+      namespace: 'default',
+      annotations: { 'sidecar.mesh.io/status': '{}', ...f.annotations },
+    },
     spec: {
       containers: [
         { name: 'app' },
@@ -74,7 +83,10 @@ function hookView(rules: RuleSet): string {
     for (const b of BUILTIN[t]!) {
       const own = (chains.get(b) ?? []).map(body);
       const jump = own.indexOf(`-j MESH_${b}`);
-      const hook = jump < 0 ? [...own, ...(view.get(`MESH_${b}`) ?? [])] : [...own.slice(0, jump), ...(view.get(`MESH_${b}`) ?? []), ...own.slice(jump + 1)];
+      const hook =
+        jump < 0
+          ? [...own, ...(view.get(`MESH_${b}`) ?? [])]
+          : [...own.slice(0, jump), ...(view.get(`MESH_${b}`) ?? []), ...own.slice(jump + 1)];
       if (hook.length > 0) view.set(`MESH_${b}`, hook);
     }
     const names = [...view.keys()].filter((c) => view.get(c)!.length > 0).sort();
@@ -86,14 +98,21 @@ function hookView(rules: RuleSet): string {
 }
 
 /** `ip -4|-6 -batch` lines of a fixture: its lines starting with `ip `. */
-const ipLines = (text: string): string[] => text.split('\n').filter((l) => l.startsWith('ip ')).map((l) => l.replace(/^ip -[46] /, ''));
+const ipLines = (text: string): string[] =>
+  text
+    .split('\n')
+    .filter((l) => l.startsWith('ip '))
+    .map((l) => l.replace(/^ip -[46] /, ''));
 
 function expected(f: Fixture, fam: 4 | 6): { rules: string; ip: string[]; file: string } {
   const file = path.join(DIR, `${f.name}.v${fam}.rules`);
   const built = buildFamilyRules(specForPod(podOf(f)), fam);
   if (process.env.UPDATE_FIXTURES === '1' || !existsSync(file)) {
     const head = `# Reference case ${f.reference.case}, IPv${fam}: ${f.description}\n`;
-    writeFileSync(file, head + hookView(parseRules(built.restore)) + built.ipBatch.map((l) => `ip -${fam} ${l}\n`).join(''));
+    writeFileSync(
+      file,
+      head + hookView(parseRules(built.restore)) + built.ipBatch.map((l) => `ip -${fam} ${l}\n`).join(''),
+    );
   }
   const text = readFileSync(file, 'utf8');
   return { rules: hookView(parseRules(text)), ip: ipLines(text), file };
@@ -103,8 +122,24 @@ describe('plugin conformance: the reference plugin cases as our fixtures', () =>
   it('has a fixture for every reference case, each listed in the README with its differences', () => {
     const readme = readFileSync(path.join(DIR, 'README.md'), 'utf8');
     // plugin_dryrun_test.go's cases, plus the one golden in its testdata that no case reads.
-    const reference = ['basic', 'include-exclude-ip', 'include-exclude-ports', 'tproxy', 'DNS', 'invalid-drop', 'custom-uid', 'custom-uid-zero', 'custom-uid-tproxy'];
-    assert.deepEqual(fixtures.map((f) => f.reference.case).filter((c) => !c.startsWith('(')).sort(), [...reference].sort());
+    const reference = [
+      'basic',
+      'include-exclude-ip',
+      'include-exclude-ports',
+      'tproxy',
+      'DNS',
+      'invalid-drop',
+      'custom-uid',
+      'custom-uid-zero',
+      'custom-uid-tproxy',
+    ];
+    assert.deepEqual(
+      fixtures
+        .map((f) => f.reference.case)
+        .filter((c) => !c.startsWith('('))
+        .sort(),
+      [...reference].sort(),
+    );
     for (const f of fixtures) {
       assert.ok(readme.includes(`[${f.name}.json](${f.name}.json)`), `README.md lists ${f.name}.json`);
       assert.ok(readme.includes(f.reference.golden.replace(/^.*\//, '')), `README.md names ${f.reference.golden}`);
@@ -125,7 +160,9 @@ describe('plugin conformance: the reference plugin cases as our fixtures', () =>
 
 describe('plugin conformance: the fixtures hold in a real netns', () => {
   const namespaces: Netns[] = [];
-  after(() => { for (const n of namespaces) n.remove(); });
+  after(() => {
+    for (const n of namespaces) n.remove();
+  });
 
   for (const flavour of ['nft', 'legacy'] as const) {
     it(`${flavour}: each case restored in a fresh netns saves back as its fixture`, () => {
@@ -140,7 +177,11 @@ describe('plugin conformance: the fixtures hold in a real netns', () => {
           const saved = ns.exec([`${cmd}-${flavour}-save`]);
           assert.equal(hookView(parseRules(saved)), expected(f, fam).rules, `${f.name} IPv${fam} ${flavour}`);
           if (f.annotations?.['sidecar.mesh.io/interceptionMode'] === 'TPROXY') {
-            assert.match(ns.exec(['ip', `-${fam}`, 'rule', 'show']), /fwmark 0x539 lookup 133/, `${f.name} IPv${fam}: policy route for TPROXY`);
+            assert.match(
+              ns.exec(['ip', `-${fam}`, 'rule', 'show']),
+              /fwmark 0x539 lookup 133/,
+              `${f.name} IPv${fam}: policy route for TPROXY`,
+            );
           }
         }
         ns.remove();

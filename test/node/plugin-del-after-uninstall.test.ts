@@ -31,18 +31,38 @@ describe('mesh-cni DEL after uninstall', () => {
   });
 
   /** The addresses host-local holds leases for. */
-  const leases = () => readdirSync(path.join(network.dataDir, 'mcni-plg-net')).filter((f) => /^\d+\.\d+\.\d+\.\d+$/.test(f));
+  const leases = () =>
+    readdirSync(path.join(network.dataDir, 'mcni-plg-net')).filter((f) => /^\d+\.\d+\.\d+\.\d+$/.test(f));
 
   /** A pod started while we were installed: bridge + host-local, then mesh-cni with its rules. */
-  async function installedPod(): Promise<{ ns: Netns; chain: ChainEnv; stdin: Record<string, unknown>; prev: Record<string, unknown>; orchconfig: string }> {
+  async function installedPod(): Promise<{
+    ns: Netns;
+    chain: ChainEnv;
+    stdin: Record<string, unknown>;
+    prev: Record<string, unknown>;
+    orchconfig: string;
+  }> {
     const orchconfig = api.writeOrchconfig(path.join(tmp.dir, `ZZZ-mesh-cni-orchconfig-${++n}`));
     const pod = api.upsertPod(meshPod('shop', `gone-${n}`));
     const ns = new Netns('pod');
     pods.push(ns);
-    const chain: ChainEnv = { containerId: `ctr${process.pid}u${n}`, netns: ns.path, ifname: 'eth0', args: k8sArgs(pod, `ctr${process.pid}u${n}`) };
+    const chain: ChainEnv = {
+      containerId: `ctr${process.pid}u${n}`,
+      netns: ns.path,
+      ifname: 'eth0',
+      args: k8sArgs(pod, `ctr${process.pid}u${n}`),
+    };
     const prev = await network.addPod(chain);
     // What the runtime caches: our entry as install-cni wrote it (agent sockets, flavour auto).
-    const stdin = pluginConfig({ cniVersion: '1.0.0', orchconfig, logUds: path.join(tmp.dir, 'run/log.sock'), extra: { pod_lookup_uds_address: path.join(tmp.dir, 'run/pods.sock'), iptables_flavour: 'auto' } }, prev);
+    const stdin = pluginConfig(
+      {
+        cniVersion: '1.0.0',
+        orchconfig,
+        logUds: path.join(tmp.dir, 'run/log.sock'),
+        extra: { pod_lookup_uds_address: path.join(tmp.dir, 'run/pods.sock'), iptables_flavour: 'auto' },
+      },
+      prev,
+    );
     const add = await meshCni('ADD', chain, stdin);
     assert.equal(add.code, 0, add.stdout + add.stderr);
     assert.match(ns.exec(['iptables-save', '-t', 'nat']), /-A OUTPUT -j MESH_OUTPUT/);
@@ -51,7 +71,7 @@ describe('mesh-cni DEL after uninstall', () => {
 
   it('with the orchconfig and the API server gone: our rules out, exit 0, and the chain frees the lease', async () => {
     const { ns, chain, stdin, prev, orchconfig } = await installedPod();
-    const ip = ((prev.ips as { address: string }[])[0]!.address).split('/')[0]!;
+    const ip = (prev.ips as { address: string }[])[0]!.address.split('/')[0]!;
     assert.ok(leases().includes(ip), 'host-local holds the pod address');
     rmSync(orchconfig);
     await api.stop();

@@ -1,5 +1,17 @@
 import assert from 'node:assert/strict';
-import { chmodSync, chownSync, lstatSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, statSync, symlinkSync, writeFileSync } from 'node:fs';
+import {
+  chmodSync,
+  chownSync,
+  lstatSync,
+  mkdirSync,
+  mkdtempSync,
+  readdirSync,
+  readFileSync,
+  rmSync,
+  statSync,
+  symlinkSync,
+  writeFileSync,
+} from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { after, describe, it } from 'node:test';
@@ -12,7 +24,13 @@ const bootId = readFileSync('/proc/sys/kernel/random/boot_id', 'utf8').trim();
 
 function counting(d: Detection) {
   const calls = { n: 0 };
-  return { calls, detect: async () => { calls.n++; return d; } };
+  return {
+    calls,
+    detect: async () => {
+      calls.n++;
+      return d;
+    },
+  };
 }
 
 describe('iptables flavour remembered for the boot', () => {
@@ -91,34 +109,50 @@ describe('the flavour cache cannot be turned against root', () => {
       assert.equal(statSync(file).mode & 0o777, 0o600);
       assert.equal((await cachedFlavour(file, detect)).cached, true, 'and it is used');
       assert.equal(calls.n, 1);
-      assert.deepEqual(readdirSync(d).filter((f) => f.endsWith('.tmp') && !f.startsWith(`${CACHE_FILE_NAME}.${process.pid}`)), [], 'no temp file left');
+      assert.deepEqual(
+        readdirSync(d).filter((f) => f.endsWith('.tmp') && !f.startsWith(`${CACHE_FILE_NAME}.${process.pid}`)),
+        [],
+        'no temp file left',
+      );
     } finally {
       rmSync(d, { recursive: true, force: true });
     }
   });
 
   for (const [what, make] of [
-    ['a symlink to a directory', (d: string) => {
-      const real = path.join(d, 'real');
-      mkdirSync(real, { mode: 0o700 });
-      symlinkSync(real, path.join(d, 'cache'));
-      return real;
-    }],
-    ['writable by others', (d: string) => {
-      mkdirSync(path.join(d, 'cache'));
-      chmodSync(path.join(d, 'cache'), 0o777);
-      return path.join(d, 'cache');
-    }],
-    ['writable by its group', (d: string) => {
-      mkdirSync(path.join(d, 'cache'));
-      chmodSync(path.join(d, 'cache'), 0o770);
-      return path.join(d, 'cache');
-    }],
-    ['owned by another user', (d: string) => {
-      mkdirSync(path.join(d, 'cache'), { mode: 0o700 });
-      chownSync(path.join(d, 'cache'), 65534, 65534);
-      return path.join(d, 'cache');
-    }],
+    [
+      'a symlink to a directory',
+      (d: string) => {
+        const real = path.join(d, 'real');
+        mkdirSync(real, { mode: 0o700 });
+        symlinkSync(real, path.join(d, 'cache'));
+        return real;
+      },
+    ],
+    [
+      'writable by others',
+      (d: string) => {
+        mkdirSync(path.join(d, 'cache'));
+        chmodSync(path.join(d, 'cache'), 0o777);
+        return path.join(d, 'cache');
+      },
+    ],
+    [
+      'writable by its group',
+      (d: string) => {
+        mkdirSync(path.join(d, 'cache'));
+        chmodSync(path.join(d, 'cache'), 0o770);
+        return path.join(d, 'cache');
+      },
+    ],
+    [
+      'owned by another user',
+      (d: string) => {
+        mkdirSync(path.join(d, 'cache'), { mode: 0o700 });
+        chownSync(path.join(d, 'cache'), 65534, 65534);
+        return path.join(d, 'cache');
+      },
+    ],
   ] as const) {
     it(`keeps no cache in a directory that is ${what}`, async () => {
       const d = mkdtempSync(path.join(os.tmpdir(), 'mcni-plg-cache-'));

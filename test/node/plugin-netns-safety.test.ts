@@ -23,7 +23,10 @@ import { BridgeNetwork, cniEnv, Netns, run, type ChainEnv } from '../helpers/net
 import { k8sArgs, MESH_CNI_SOURCE, meshCni, meshPod, pluginConfig, tempDir } from '../helpers/plugin.ts';
 import { eventually } from '../helpers/poll.ts';
 
-configureLogging({ asJson: true, outputLevels: buildSettings({ log_output_level: 'all:none' }, {}).logging.outputLevels }, { write: () => {} });
+configureLogging(
+  { asJson: true, outputLevels: buildSettings({ log_output_level: 'all:none' }, {}).logging.outputLevels },
+  { write: () => {} },
+);
 
 const FLAVOURS = ['nft', 'legacy'] as const;
 type Flavour = (typeof FLAVOURS)[number];
@@ -62,7 +65,11 @@ COMMIT
 /** iptables-save without its comments and counters: what a rule set is. */
 function rulesOf(ns: Netns, flavour: Flavour, family: 4 | 6 = 4): string[] {
   const bin = `${family === 6 ? 'ip6tables' : 'iptables'}-${flavour}-save`;
-  return ns.exec([bin]).split('\n').filter((l) => l !== '' && !l.startsWith('#')).map((l) => l.replace(/ \[\d+:\d+\]$/, ''));
+  return ns
+    .exec([bin])
+    .split('\n')
+    .filter((l) => l !== '' && !l.startsWith('#'))
+    .map((l) => l.replace(/ \[\d+:\d+\]$/, ''));
 }
 
 const withoutOurs = (lines: string[]) => lines.filter((l) => !l.includes('MESH_'));
@@ -70,7 +77,9 @@ const withoutOurs = (lines: string[]) => lines.filter((l) => !l.includes('MESH_'
 /** A pod the agent's watch has, so the plugin needs no route to the API server (the throwaway netns has none). */
 function nodePod(ns: string, name: string, annotations: Record<string, string> = {}, env: Record<string, string> = {}) {
   const pod = meshPod(ns, name, annotations);
-  const containers = pod.spec!.containers.map((c) => (c.name === 'mesh-proxy' ? { ...c, env: Object.entries(env).map(([n, value]) => ({ name: n, value })) } : c));
+  const containers = pod.spec!.containers.map((c) =>
+    c.name === 'mesh-proxy' ? { ...c, env: Object.entries(env).map(([n, value]) => ({ name: n, value })) } : c,
+  );
   return { ...pod, spec: { ...pod.spec!, containers, nodeName: 'node-1' } };
 }
 
@@ -97,10 +106,22 @@ describe('mesh-cni leaves rules that are not its own alone', () => {
   for (const flavour of FLAVOURS) {
     it(`${flavour}: foreign rules in filter, nat, mangle and raw survive ADD, a second ADD, CHECK and DEL`, async () => {
       // TPROXY with DNS capture: our chains in nat, mangle and raw.
-      const pod = api.upsertPod(nodePod('shop', `foreign-${flavour}`, { 'sidecar.mesh.io/interceptionMode': 'TPROXY' }, { MESH_META_DNS_CAPTURE: 'true' }));
+      const pod = api.upsertPod(
+        nodePod(
+          'shop',
+          `foreign-${flavour}`,
+          { 'sidecar.mesh.io/interceptionMode': 'TPROXY' },
+          { MESH_META_DNS_CAPTURE: 'true' },
+        ),
+      );
       const ns = new Netns('pod');
       pods.push(ns);
-      const chain: ChainEnv = { containerId: `ctr${process.pid}f${++n}`, netns: ns.path, ifname: 'eth0', args: k8sArgs(pod, `ctr${process.pid}f${n}`) };
+      const chain: ChainEnv = {
+        containerId: `ctr${process.pid}f${++n}`,
+        netns: ns.path,
+        ifname: 'eth0',
+        args: k8sArgs(pod, `ctr${process.pid}f${n}`),
+      };
       const prev = await network.addPod(chain);
       ns.exec([`iptables-${flavour}-restore`], FOREIGN_RULES);
       const theirs = rulesOf(ns, flavour);
@@ -111,11 +132,32 @@ describe('mesh-cni leaves rules that are not its own alone', () => {
         const add = await meshCni('ADD', chain, stdin);
         assert.equal(add.code, 0, `${step}: ${add.stdout}${add.stderr}`);
         const now = rulesOf(ns, flavour);
-        assert.deepEqual(withoutOurs(now), theirs, `${step}: every foreign rule and chain is still there, unchanged and in order`);
-        for (const [table, builtin] of [['nat', 'OUTPUT'], ['mangle', 'PREROUTING'], ['mangle', 'OUTPUT'], ['raw', 'OUTPUT'], ['raw', 'PREROUTING']]) {
-          const section = ns.exec([`iptables-${flavour}-save`, '-t', table!]).split('\n').filter((l) => l.startsWith(`-A ${builtin} `));
-          assert.equal(section.filter((l) => l === `-A ${builtin} -j MESH_${builtin}`).length, 1, `${step}: one jump of ours in ${table} ${builtin}`);
-          assert.equal(section[0], `-A ${builtin} -j MESH_${builtin}`, `${step}: our jump comes first in ${table} ${builtin}`);
+        assert.deepEqual(
+          withoutOurs(now),
+          theirs,
+          `${step}: every foreign rule and chain is still there, unchanged and in order`,
+        );
+        for (const [table, builtin] of [
+          ['nat', 'OUTPUT'],
+          ['mangle', 'PREROUTING'],
+          ['mangle', 'OUTPUT'],
+          ['raw', 'OUTPUT'],
+          ['raw', 'PREROUTING'],
+        ]) {
+          const section = ns
+            .exec([`iptables-${flavour}-save`, '-t', table!])
+            .split('\n')
+            .filter((l) => l.startsWith(`-A ${builtin} `));
+          assert.equal(
+            section.filter((l) => l === `-A ${builtin} -j MESH_${builtin}`).length,
+            1,
+            `${step}: one jump of ours in ${table} ${builtin}`,
+          );
+          assert.equal(
+            section[0],
+            `-A ${builtin} -j MESH_${builtin}`,
+            `${step}: our jump comes first in ${table} ${builtin}`,
+          );
         }
       }
 
@@ -129,7 +171,7 @@ describe('mesh-cni leaves rules that are not its own alone', () => {
   }
 });
 
-describe('mesh-cni refuses a netns that is not a pod\'s', () => {
+describe("mesh-cni refuses a netns that is not a pod's", () => {
   const tmp = tempDir();
   const socket = () => path.join(tmp.dir, 'run/pods.sock');
   let api: TestApiServer;
@@ -140,7 +182,9 @@ describe('mesh-cni refuses a netns that is not a pod\'s', () => {
   before(async () => {
     api = await startTestApiServer();
     const orchconfig = api.writeOrchconfig(path.join(tmp.dir, 'agent-orchconfig'));
-    lookup = await startPodLookup(buildSettings({ 'pod-lookup-uds-address': socket(), orchconfig }, { NODE_NAME: 'node-1' }));
+    lookup = await startPodLookup(
+      buildSettings({ 'pod-lookup-uds-address': socket(), orchconfig }, { NODE_NAME: 'node-1' }),
+    );
     await eventually(() => (lookup.status() as { state: string }).state === 'watching', 'the pod watch');
   });
   after(async () => {
@@ -154,20 +198,42 @@ describe('mesh-cni refuses a netns that is not a pod\'s', () => {
   function throwaway(tag: string): Netns {
     const ns = new Netns(tag);
     spaces.push(ns);
-    ns.exec(['iptables-nft-restore', '--noflush'], `*nat\n:MESH_OUTPUT - [0:0]\n${MARKER}\n-A OUTPUT -j MESH_OUTPUT\n-A MESH_OUTPUT -p tcp -j RETURN\nCOMMIT\n`);
+    ns.exec(
+      ['iptables-nft-restore', '--noflush'],
+      `*nat\n:MESH_OUTPUT - [0:0]\n${MARKER}\n-A OUTPUT -j MESH_OUTPUT\n-A MESH_OUTPUT -p tcp -j RETURN\nCOMMIT\n`,
+    );
     return ns;
   }
 
   function stdin() {
-    const prev = { cniVersion: '1.0.0', interfaces: [{ name: 'eth0', sandbox: 'x' }], ips: [{ address: '198.18.8.5/24', interface: 0 }] };
-    return pluginConfig({ cniVersion: '1.0.0', orchconfig: path.join(tmp.dir, 'no-orchconfig'), extra: { pod_lookup_uds_address: socket() } }, prev);
+    const prev = {
+      cniVersion: '1.0.0',
+      interfaces: [{ name: 'eth0', sandbox: 'x' }],
+      ips: [{ address: '198.18.8.5/24', interface: 0 }],
+    };
+    return pluginConfig(
+      {
+        cniVersion: '1.0.0',
+        orchconfig: path.join(tmp.dir, 'no-orchconfig'),
+        extra: { pod_lookup_uds_address: socket() },
+      },
+      prev,
+    );
   }
 
   /** Runs the plugin with argv prefixed (netns / pid namespace entry), as a runtime would run it. */
   async function plugin(command: string, cniNetns: string, prefix: readonly string[]) {
     const pod = api.upsertPod(nodePod('shop', 'hostile'));
-    const chain: ChainEnv = { containerId: `ctr${process.pid}h`, netns: cniNetns, ifname: 'eth0', args: k8sArgs(pod, `ctr${process.pid}h`) };
-    return run(prefix[0]!, [...prefix.slice(1), ...MESH_CNI_SOURCE], { env: cniEnv(command, chain), input: JSON.stringify(stdin()) });
+    const chain: ChainEnv = {
+      containerId: `ctr${process.pid}h`,
+      netns: cniNetns,
+      ifname: 'eth0',
+      args: k8sArgs(pod, `ctr${process.pid}h`),
+    };
+    return run(prefix[0]!, [...prefix.slice(1), ...MESH_CNI_SOURCE], {
+      env: cniEnv(command, chain),
+      input: JSON.stringify(stdin()),
+    });
   }
 
   for (const command of ['ADD', 'CHECK', 'DEL']) {
@@ -192,7 +258,20 @@ describe('mesh-cni refuses a netns that is not a pod\'s', () => {
       const runner = new Netns('runner');
       spaces.push(runner);
       const before = rulesOf(init, 'nft');
-      const r = await plugin(command, '/proc/1/ns/net', ['ip', 'netns', 'exec', init.name, 'unshare', '--pid', '--fork', '--mount-proc', '/bin/sh', '-c', `ip netns exec ${runner.name} "$@"; exit $?`, 'sh']);
+      const r = await plugin(command, '/proc/1/ns/net', [
+        'ip',
+        'netns',
+        'exec',
+        init.name,
+        'unshare',
+        '--pid',
+        '--fork',
+        '--mount-proc',
+        '/bin/sh',
+        '-c',
+        `ip netns exec ${runner.name} "$@"; exit $?`,
+        'sh',
+      ]);
       assert.notEqual(r.code, 0, r.stdout + r.stderr);
       const e = JSON.parse(r.stdout) as { code: number; msg: string; details: string };
       assert.equal(e.code, 4, r.stdout);
@@ -222,7 +301,9 @@ describe('rules an earlier mesh-cni left in the builtin chains', () => {
 COMMIT
 `;
   const spaces: Netns[] = [];
-  after(() => { for (const s of spaces) s.remove(); });
+  after(() => {
+    for (const s of spaces) s.remove();
+  });
 
   for (const flavour of FLAVOURS) {
     it(`${flavour}: DEL takes out every jump into our chains and the chains; a new ADD replaces them`, async () => {
@@ -232,7 +313,11 @@ COMMIT
       assert.equal(await removeRules(ns.path, flavour, 4), true);
       const left = await save(ns.path, flavour, 4);
       assert.doesNotMatch(left, /MESH_/);
-      assert.match(left, /-A OUTPUT -o eth1 -j RETURN/, 'rules without a jump into ours are not known as ours: they stay');
+      assert.match(
+        left,
+        /-A OUTPUT -o eth1 -j RETURN/,
+        'rules without a jump into ours are not known as ours: they stay',
+      );
 
       await restore(ns.path, flavour, 4, OLD);
       const doc = buildFamilyRules(specForPod({}), 4).restore;
@@ -246,8 +331,13 @@ COMMIT
 
 describe('a second ADD over whatever of ours is there', () => {
   const spaces: Netns[] = [];
-  after(() => { for (const s of spaces) s.remove(); });
-  const tproxy = buildFamilyRules(specForPod({ metadata: { annotations: { 'sidecar.mesh.io/interceptionMode': 'TPROXY' } } }), 4).restore;
+  after(() => {
+    for (const s of spaces) s.remove();
+  });
+  const tproxy = buildFamilyRules(
+    specForPod({ metadata: { annotations: { 'sidecar.mesh.io/interceptionMode': 'TPROXY' } } }),
+    4,
+  ).restore;
   const redirect = buildFamilyRules(specForPod({}), 4).restore;
 
   for (const flavour of FLAVOURS) {
@@ -272,7 +362,7 @@ describe('a second ADD over whatever of ours is there', () => {
 });
 
 describe('the netns guard itself', () => {
-  it('knows the plugin\'s own netns by any path, and a pod\'s netns as a pod\'s', () => {
+  it("knows the plugin's own netns by any path, and a pod's netns as a pod's", () => {
     assert.match(notAPodNetns('/proc/self/ns/net') ?? '', /mesh-cni itself runs in/);
     assert.match(notAPodNetns(`/proc/${process.pid}/ns/net`) ?? '', /mesh-cni itself runs in/);
     const ns = new Netns('guard');

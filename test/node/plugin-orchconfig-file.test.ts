@@ -16,7 +16,12 @@ const dir = mkdtempSync(path.join(os.tmpdir(), 'mcni-plugin-orch-'));
 after(() => rmSync(dir, { recursive: true, force: true }));
 
 const doc = (cluster: Record<string, unknown>, user: Record<string, unknown>) =>
-  JSON.stringify({ clusters: [{ name: 'c', cluster: { server: 'https://198.18.0.1:443', ...cluster } }], users: [{ name: 'u', user }], contexts: [{ name: 'x', context: { cluster: 'c', user: 'u' } }], 'current-context': 'x' });
+  JSON.stringify({
+    clusters: [{ name: 'c', cluster: { server: 'https://198.18.0.1:443', ...cluster } }],
+    users: [{ name: 'u', user }],
+    contexts: [{ name: 'x', context: { cluster: 'c', user: 'u' } }],
+    'current-context': 'x',
+  });
 const SECRET_FILE = path.join(dir, 'host-secret');
 writeFileSync(SECRET_FILE, 'host-secret-do-not-send\n');
 
@@ -30,24 +35,41 @@ try { const a = readOrchconfig(${JSON.stringify(file)}); console.log('OK ' + a.t
 
 describe('the plugin reads no file its orchconfig names', () => {
   it('refuses user.tokenFile, never reading it', () => {
-    assert.throws(() => parseOrchconfig(doc({ 'insecure-skip-tls-verify': true }, { tokenFile: SECRET_FILE }), '/etc/cni/net.d/ZZZ-mesh-cni-orchconfig'), (e: Error) => {
-      assert.ok(e instanceof OrchconfigError);
-      assert.match(e.message, /tokenFile/);
-      assert.doesNotMatch(e.message, /host-secret-do-not-send/);
-      return true;
-    });
+    assert.throws(
+      () =>
+        parseOrchconfig(
+          doc({ 'insecure-skip-tls-verify': true }, { tokenFile: SECRET_FILE }),
+          '/etc/cni/net.d/ZZZ-mesh-cni-orchconfig',
+        ),
+      (e: Error) => {
+        assert.ok(e instanceof OrchconfigError);
+        assert.match(e.message, /tokenFile/);
+        assert.doesNotMatch(e.message, /host-secret-do-not-send/);
+        return true;
+      },
+    );
   });
 
   it('refuses cluster.certificate-authority (a file path), never reading it', () => {
-    assert.throws(() => parseOrchconfig(doc({ 'certificate-authority': SECRET_FILE }, { token: 't' }), '/etc/cni/net.d/ZZZ-mesh-cni-orchconfig'), (e: Error) => {
-      assert.ok(e instanceof OrchconfigError);
-      assert.match(e.message, /certificate-authority-data/);
-      return true;
-    });
+    assert.throws(
+      () =>
+        parseOrchconfig(
+          doc({ 'certificate-authority': SECRET_FILE }, { token: 't' }),
+          '/etc/cni/net.d/ZZZ-mesh-cni-orchconfig',
+        ),
+      (e: Error) => {
+        assert.ok(e instanceof OrchconfigError);
+        assert.match(e.message, /certificate-authority-data/);
+        return true;
+      },
+    );
   });
 
   it('still takes what install-cni writes (inline token and certificate-authority-data)', () => {
-    const a = parseOrchconfig(doc({ 'certificate-authority-data': Buffer.from('PEM').toString('base64') }, { token: 'tok' }), 'f');
+    const a = parseOrchconfig(
+      doc({ 'certificate-authority-data': Buffer.from('PEM').toString('base64') }, { token: 'tok' }),
+      'f',
+    );
     assert.equal(a.token, 'tok');
     assert.equal(a.caPem, 'PEM');
   });

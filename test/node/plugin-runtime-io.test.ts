@@ -65,23 +65,26 @@ console.log(JSON.stringify(out));
 process.exit(0);
 `;
 
-describe('the plugin\'s spawns and unix sockets give the same results under Node and Bun', () => {
+describe("the plugin's spawns and unix sockets give the same results under Node and Bun", () => {
   const tmp = tempDir();
   const servers: net.Server[] = [];
   let sunk = 0;
   before(async () => {
-    const serve = (name: string, onConn: (c: net.Socket) => void) => new Promise<void>((resolve) => {
-      const srv = net.createServer(onConn);
-      servers.push(srv);
-      srv.listen(path.join(tmp.dir, `${name}.sock`), resolve);
-    });
+    const serve = (name: string, onConn: (c: net.Socket) => void) =>
+      new Promise<void>((resolve) => {
+        const srv = net.createServer(onConn);
+        servers.push(srv);
+        srv.listen(path.join(tmp.dir, `${name}.sock`), resolve);
+      });
     await serve('answer', (c) => c.once('data', () => c.end('{"pod":"é"}\n')));
     await serve('silent', (c) => c.once('data', () => c.end()));
-    await serve('split', (c) => c.once('data', () => {
-      const b = Buffer.from('{"x":"é"}\n');
-      c.write(b.subarray(0, 7));
-      setTimeout(() => c.end(b.subarray(7)), 50);
-    }));
+    await serve('split', (c) =>
+      c.once('data', () => {
+        const b = Buffer.from('{"x":"é"}\n');
+        c.write(b.subarray(0, 7));
+        setTimeout(() => c.end(b.subarray(7)), 50);
+      }),
+    );
     await serve('echo', (c) => c.once('data', (d) => c.end(d)));
     await serve('sink', (c) => {
       c.on('data', (d: Buffer) => (sunk += d.length));
@@ -97,7 +100,10 @@ describe('the plugin\'s spawns and unix sockets give the same results under Node
   /** The cases run by a runtime in a child process, while this process serves the sockets. */
   async function runCases(argv: string[]): Promise<Record<string, unknown>> {
     const { spawn } = await import('node:child_process');
-    const child = spawn(argv[0]!, [...argv.slice(1), path.join(tmp.dir, 'cases.ts'), tmp.dir], { stdio: ['ignore', 'pipe', 'pipe'], env: { PATH: process.env.PATH ?? '' } });
+    const child = spawn(argv[0]!, [...argv.slice(1), path.join(tmp.dir, 'cases.ts'), tmp.dir], {
+      stdio: ['ignore', 'pipe', 'pipe'],
+      env: { PATH: process.env.PATH ?? '' },
+    });
     let stdout = '';
     let stderr = '';
     child.stdout.on('data', (d: Buffer) => (stdout += d.toString()));
@@ -117,7 +123,12 @@ describe('the plugin\'s spawns and unix sockets give the same results under Node
     // What they must say, checked on Node; then Bun must say the same.
     assert.deepEqual(onNode['exec:output'], { code: 3, stdout: 'iné\n', stderr: 'err\n', error: null });
     assert.deepEqual(onNode['execNow:noStdout'], { code: 0, stdout: '', stderr: 'err\n', error: null });
-    assert.deepEqual(onNode['exec:timeLimit'], { code: null, stdout: '', stderr: '', error: 'sh did not finish within 300 ms' });
+    assert.deepEqual(onNode['exec:timeLimit'], {
+      code: null,
+      stdout: '',
+      stderr: '',
+      error: 'sh did not finish within 300 ms',
+    });
     for (const how of ['exec', 'execNow']) {
       const want = { code: null, stdout: '', stderr: '', error: 'sh did not finish within 300 ms' };
       assert.deepEqual(onNode[`${how}:timeLimitHeldPipes`], want, how);

@@ -14,7 +14,13 @@ import { buildSettings } from '../../src/config/settings.ts';
 import { configureLogging } from '../../src/monitoring/logging.ts';
 import { registry } from '../../src/monitoring/metrics.ts';
 import { orchKubeConfig } from '../../src/orch/client.ts';
-import { fileTokenSource, PluginTokenMinter, refreshDelayMs, serviceAccountOfToken, tokenRequestMint } from '../../src/install/tokenrequest.ts';
+import {
+  fileTokenSource,
+  PluginTokenMinter,
+  refreshDelayMs,
+  serviceAccountOfToken,
+  tokenRequestMint,
+} from '../../src/install/tokenrequest.ts';
 import { spawnAgent, type AgentProcess } from '../helpers/agent.ts';
 import { apiRequest, startTestApiServer, type TestApiServer } from '../helpers/apiserver.ts';
 import { BRIDGE_CONFLIST, makeHostTree, type HostTree } from '../helpers/hosttree.ts';
@@ -32,7 +38,10 @@ afterEach(async () => {
 let manifests: K8sObject[];
 before(() => {
   manifests = kustomize(DEPLOY_DIR).objects;
-  configureLogging({ asJson: true, outputLevels: buildSettings({ log_output_level: 'all:none' }, {}).logging.outputLevels }, { write: () => {} });
+  configureLogging(
+    { asJson: true, outputLevels: buildSettings({ log_output_level: 'all:none' }, {}).logging.outputLevels },
+    { write: () => {} },
+  );
 });
 after(() => configureLogging({ asJson: false, outputLevels: buildSettings({}, {}).logging.outputLevels }));
 
@@ -47,10 +56,13 @@ async function cluster(): Promise<{ api: TestApiServer; agentToken: string }> {
 
 async function metric(name: string, labels: Record<string, string> = {}): Promise<number> {
   const m = (await registry.getMetricsAsJSON()).find((x) => x.name === name);
-  return (m?.values ?? []).filter((v) => Object.entries(labels).every(([k, val]) => v.labels[k] === val)).reduce((n, v) => n + v.value, 0);
+  return (m?.values ?? [])
+    .filter((v) => Object.entries(labels).every(([k, val]) => v.labels[k] === val))
+    .reduce((n, v) => n + v.value, 0);
 }
 
-const orchToken = (file: string) => (JSON.parse(readFileSync(file, 'utf8')) as { users: { user: { token: string } }[] }).users[0]!.user.token;
+const orchToken = (file: string) =>
+  (JSON.parse(readFileSync(file, 'utf8')) as { users: { user: { token: string } }[] }).users[0]!.user.token;
 
 /** Every file under dir whose bytes contain needle. */
 async function filesHolding(dir: string, needle: string): Promise<string[]> {
@@ -63,7 +75,7 @@ async function filesHolding(dir: string, needle: string): Promise<string[]> {
   return hits;
 }
 
-describe('the plugin\'s token', () => {
+describe("the plugin's token", () => {
   it('refreshes at 50-80% of the lifetime, spread by the random draw', () => {
     assert.equal(refreshDelayMs(3_600_000, 0), 1_800_000);
     assert.equal(refreshDelayMs(3_600_000, 1), 2_880_000);
@@ -72,13 +84,23 @@ describe('the plugin\'s token', () => {
     assert.equal(refreshDelayMs(-5, 0.5), 0, 'an already expired token is refreshed at once');
   });
 
-  it('is minted with the agent\'s rights from deploy/ for mesh-cni-plugin alone, for the asked lifetime and the default audience, and can only get pods', async () => {
+  it("is minted with the agent's rights from deploy/ for mesh-cni-plugin alone, for the asked lifetime and the default audience, and can only get pods", async () => {
     const { api, agentToken } = await cluster();
-    const kc = orchKubeConfig(buildSettings({ orchconfig: api.writeOrchconfig(path.join(await tmp(), 'agent.kc'), { token: agentToken }) }, {}));
-    const mint = tokenRequestMint(kc, { namespace: 'mesh-system', serviceAccount: 'mesh-cni-plugin', expirationSeconds: 3600, audiences: [] });
+    const kc = orchKubeConfig(
+      buildSettings({ orchconfig: api.writeOrchconfig(path.join(await tmp(), 'agent.kc'), { token: agentToken }) }, {}),
+    );
+    const mint = tokenRequestMint(kc, {
+      namespace: 'mesh-system',
+      serviceAccount: 'mesh-cni-plugin',
+      expirationSeconds: 3600,
+      audiences: [],
+    });
     const t = await mint(AbortSignal.timeout(5000));
     const issued = api.issuedTokens();
-    assert.deepEqual(issued.map((i) => [i.serviceAccount, i.audiences]), [['mesh-system/mesh-cni-plugin', ['https://kubernetes.default.svc.cluster.local']]]);
+    assert.deepEqual(
+      issued.map((i) => [i.serviceAccount, i.audiences]),
+      [['mesh-system/mesh-cni-plugin', ['https://kubernetes.default.svc.cluster.local']]],
+    );
     assert.equal(issued[0]!.token, t.token);
     assert.ok(Math.abs(t.expiresAt - (Date.now() + 3600_000)) < 5000, 'expiry from the answer');
     assert.notEqual(t.token, agentToken);
@@ -87,34 +109,104 @@ describe('the plugin\'s token', () => {
     const plugin = { ...api, token: t.token };
     assert.equal((await apiRequest(plugin, 'GET', '/api/v1/namespaces/default/pods/app-0')).status, 200);
     assert.equal((await apiRequest(plugin, 'GET', '/api/v1/pods')).status, 403);
-    assert.equal((await apiRequest(plugin, 'PATCH', '/api/v1/namespaces/default/pods/app-0', { metadata: { labels: { x: '1' } } }, { 'content-type': 'application/merge-patch+json' })).status, 403);
-    assert.equal((await apiRequest(plugin, 'PATCH', '/api/v1/namespaces/default/pods/app-0/status', { metadata: { labels: { x: '1' } } }, { 'content-type': 'application/merge-patch+json' })).status, 403);
-    assert.equal((await apiRequest(plugin, 'POST', '/api/v1/namespaces/mesh-system/serviceaccounts/mesh-cni-plugin/token', { spec: {} })).status, 403);
+    assert.equal(
+      (
+        await apiRequest(
+          plugin,
+          'PATCH',
+          '/api/v1/namespaces/default/pods/app-0',
+          { metadata: { labels: { x: '1' } } },
+          { 'content-type': 'application/merge-patch+json' },
+        )
+      ).status,
+      403,
+    );
+    assert.equal(
+      (
+        await apiRequest(
+          plugin,
+          'PATCH',
+          '/api/v1/namespaces/default/pods/app-0/status',
+          { metadata: { labels: { x: '1' } } },
+          { 'content-type': 'application/merge-patch+json' },
+        )
+      ).status,
+      403,
+    );
+    assert.equal(
+      (
+        await apiRequest(plugin, 'POST', '/api/v1/namespaces/mesh-system/serviceaccounts/mesh-cni-plugin/token', {
+          spec: {},
+        })
+      ).status,
+      403,
+    );
     // The agent may mint for that one account only (resourceNames), and only in its namespace.
-    await assert.rejects(tokenRequestMint(kc, { namespace: 'mesh-system', serviceAccount: 'mesh-cni', expirationSeconds: 3600, audiences: [] })(AbortSignal.timeout(5000)), /HTTP 403/);
-    await assert.rejects(tokenRequestMint(kc, { namespace: 'kube-system', serviceAccount: 'mesh-cni-plugin', expirationSeconds: 3600, audiences: [] })(AbortSignal.timeout(5000)), /HTTP 403/);
+    await assert.rejects(
+      tokenRequestMint(kc, {
+        namespace: 'mesh-system',
+        serviceAccount: 'mesh-cni',
+        expirationSeconds: 3600,
+        audiences: [],
+      })(AbortSignal.timeout(5000)),
+      /HTTP 403/,
+    );
+    await assert.rejects(
+      tokenRequestMint(kc, {
+        namespace: 'kube-system',
+        serviceAccount: 'mesh-cni-plugin',
+        expirationSeconds: 3600,
+        audiences: [],
+      })(AbortSignal.timeout(5000)),
+      /HTTP 403/,
+    );
   });
 
-  it('times the refresh by the lifetime granted, not by the API server\'s clock (a node clock 50 minutes behind)', async () => {
+  it("times the refresh by the lifetime granted, not by the API server's clock (a node clock 50 minutes behind)", async () => {
     const { api, agentToken } = await cluster();
     api.clockSkewMs = 3_000_000;
-    const kc = orchKubeConfig(buildSettings({ orchconfig: api.writeOrchconfig(path.join(await tmp(), 'agent.kc'), { token: agentToken }) }, {}));
-    const t = await tokenRequestMint(kc, { namespace: 'mesh-system', serviceAccount: 'mesh-cni-plugin', expirationSeconds: 3600, audiences: [] })(AbortSignal.timeout(5000));
+    const kc = orchKubeConfig(
+      buildSettings({ orchconfig: api.writeOrchconfig(path.join(await tmp(), 'agent.kc'), { token: agentToken }) }, {}),
+    );
+    const t = await tokenRequestMint(kc, {
+      namespace: 'mesh-system',
+      serviceAccount: 'mesh-cni-plugin',
+      expirationSeconds: 3600,
+      audiences: [],
+    })(AbortSignal.timeout(5000));
     // The token dies 3600 s from now whatever the clocks say; its timestamp would say 6600 s here.
-    assert.ok(Math.abs(t.expiresAt - (Date.now() + 3_600_000)) < 5000, `expires in ${Math.round((t.expiresAt - Date.now()) / 1000)} s`);
+    assert.ok(
+      Math.abs(t.expiresAt - (Date.now() + 3_600_000)) < 5000,
+      `expires in ${Math.round((t.expiresAt - Date.now()) / 1000)} s`,
+    );
   });
 
-  it('asks for the configured audiences and lifetime; refuses a lifetime under the API server\'s 10 minutes', async () => {
+  it("asks for the configured audiences and lifetime; refuses a lifetime under the API server's 10 minutes", async () => {
     const { api, agentToken } = await cluster();
-    const settings = buildSettings({ orchconfig: api.writeOrchconfig(path.join(await tmp(), 'agent.kc'), { token: agentToken }), 'plugin-token-audiences': 'mesh-cni,other', 'plugin-token-expiration': '20m' }, {});
+    const settings = buildSettings(
+      {
+        orchconfig: api.writeOrchconfig(path.join(await tmp(), 'agent.kc'), { token: agentToken }),
+        'plugin-token-audiences': 'mesh-cni,other',
+        'plugin-token-expiration': '20m',
+      },
+      {},
+    );
     assert.equal(settings.install.pluginTokenExpirationMs, 1_200_000);
-    const mint = tokenRequestMint(orchKubeConfig(settings), { namespace: 'mesh-system', serviceAccount: settings.install.pluginServiceAccount, expirationSeconds: settings.install.pluginTokenExpirationMs / 1000, audiences: settings.install.pluginTokenAudiences });
+    const mint = tokenRequestMint(orchKubeConfig(settings), {
+      namespace: 'mesh-system',
+      serviceAccount: settings.install.pluginServiceAccount,
+      expirationSeconds: settings.install.pluginTokenExpirationMs / 1000,
+      audiences: settings.install.pluginTokenAudiences,
+    });
     const t = await mint(AbortSignal.timeout(5000));
     assert.deepEqual(api.issuedTokens().at(-1)?.audiences, ['mesh-cni', 'other']);
     assert.ok(Math.abs(t.expiresAt - (Date.now() + 1_200_000)) < 5000);
     // Why the default is the API server's own audience: a token for another one is no use there.
     api.upsertPod(testPod('aud-0'));
-    assert.equal((await apiRequest({ ...api, token: t.token }, 'GET', '/api/v1/namespaces/default/pods/aud-0')).status, 401);
+    assert.equal(
+      (await apiRequest({ ...api, token: t.token }, 'GET', '/api/v1/namespaces/default/pods/aud-0')).status,
+      401,
+    );
     assert.throws(() => buildSettings({ 'plugin-token-expiration': '5m' }, {}), /--plugin-token-expiration/);
     // A token on the node's disk lives a day at most: 24h is taken, anything longer refused.
     assert.equal(buildSettings({ 'plugin-token-expiration': '24h' }, {}).install.pluginTokenExpirationMs, 86_400_000);
@@ -125,11 +217,20 @@ describe('the plugin\'s token', () => {
 
   it('keeps the old token while refreshing fails, counts the failures, says why on readiness once it is late or expired, and recovers', async () => {
     const { api, agentToken } = await cluster();
-    const kc = orchKubeConfig(buildSettings({ orchconfig: api.writeOrchconfig(path.join(await tmp(), 'agent.kc'), { token: agentToken }) }, {}));
+    const kc = orchKubeConfig(
+      buildSettings({ orchconfig: api.writeOrchconfig(path.join(await tmp(), 'agent.kc'), { token: agentToken }) }, {}),
+    );
     // Tokens of 2 s: refreshed after 1-1.6 s.
     api.tokenMaxSeconds = 2;
-    const minter = new PluginTokenMinter(tokenRequestMint(kc, { namespace: 'mesh-system', serviceAccount: 'mesh-cni-plugin', expirationSeconds: 3600, audiences: [] }),
-      { account: 'service account mesh-system/mesh-cni-plugin', retryBaseMs: 100, retryMaxMs: 200 });
+    const minter = new PluginTokenMinter(
+      tokenRequestMint(kc, {
+        namespace: 'mesh-system',
+        serviceAccount: 'mesh-cni-plugin',
+        expirationSeconds: 3600,
+        audiences: [],
+      }),
+      { account: 'service account mesh-system/mesh-cni-plugin', retryBaseMs: 100, retryMaxMs: 200 },
+    );
     cleanups.push(() => minter.stop());
     let changes = 0;
     minter.onChange(() => changes++);
@@ -144,12 +245,19 @@ describe('the plugin\'s token', () => {
 
     const failuresBefore = await metric('mesh_cni_plugin_token_refresh_failures_total', { reason: 'server_error' });
     api.faults.status = { code: 500, paths: /\/serviceaccounts\/mesh-cni-plugin\/token$/ };
-    const reasons = await waitFor('readiness to say the token is late', () => minter.notReadyReasons().length > 0 && minter.notReadyReasons(), 5000);
+    const reasons = await waitFor(
+      'readiness to say the token is late',
+      () => minter.notReadyReasons().length > 0 && minter.notReadyReasons(),
+      5000,
+    );
     assert.match(reasons[0]!, /plugin's token \(service account mesh-system\/mesh-cni-plugin\) (expires|expired)/);
     assert.match(reasons[0]!, /HTTP 500/);
     assert.deepEqual(await minter.current(), second, 'the old token stays in use');
     await waitFor('readiness to say it expired', () => /expired at/.test(minter.notReadyReasons()[0] ?? ''), 5000);
-    assert.ok((await metric('mesh_cni_plugin_token_refresh_failures_total', { reason: 'server_error' })) - failuresBefore >= 2, 'failures counted');
+    assert.ok(
+      (await metric('mesh_cni_plugin_token_refresh_failures_total', { reason: 'server_error' })) - failuresBefore >= 2,
+      'failures counted',
+    );
 
     delete api.faults.status;
     await waitFor('ready again after a good refresh', () => minter.notReadyReasons().length === 0, 5000);
@@ -162,11 +270,20 @@ describe('the plugin\'s token', () => {
   it('once the old token expired, a failing API server is retried on the backoff alone, not at the retry floor', async () => {
     let clock = Date.now();
     let calls = 0;
-    const minter = new PluginTokenMinter(async () => {
-      calls++;
-      if (calls === 1) return { token: 'short-lived', expiresAt: clock + 1000 };
-      throw new Error('connect ECONNREFUSED');
-    }, { account: 'service account mesh-system/mesh-cni-plugin', now: () => clock, random: () => 1, retryBaseMs: 20, retryMaxMs: 10_000 });
+    const minter = new PluginTokenMinter(
+      async () => {
+        calls++;
+        if (calls === 1) return { token: 'short-lived', expiresAt: clock + 1000 };
+        throw new Error('connect ECONNREFUSED');
+      },
+      {
+        account: 'service account mesh-system/mesh-cni-plugin',
+        now: () => clock,
+        random: () => 1,
+        retryBaseMs: 20,
+        retryMaxMs: 10_000,
+      },
+    );
     cleanups.push(() => minter.stop());
     await minter.start();
     clock += 60_000; // the token expired long ago when the refreshes fail
@@ -177,7 +294,7 @@ describe('the plugin\'s token', () => {
     assert.match(minter.notReadyReasons()[0]!, /expired at .*refreshing failed \d+ time\(s\), last: .*ECONNREFUSED/);
   });
 
-  it('a token file (--plugin-token-file) is used as given, but never the agent\'s own token', async () => {
+  it("a token file (--plugin-token-file) is used as given, but never the agent's own token", async () => {
     const dir = await tmp();
     const own = path.join(dir, 'own-token');
     const given = path.join(dir, 'plugin-token');
@@ -185,18 +302,30 @@ describe('the plugin\'s token', () => {
     await fs.writeFile(given, 'plugin-secret\n');
     assert.deepEqual(await fileTokenSource(given, own).current(), { token: 'plugin-secret' });
     await fs.writeFile(given, 'agent-secret');
-    assert.match(((await fileTokenSource(given, own).current()) as { missing: string }).missing, /holds the agent's own token/);
-    assert.throws(() => buildSettings({ 'plugin-token-file': '/var/run/secrets/kubernetes.io/serviceaccount/token' }, {}), /--plugin-token-file.*agent's own service-account token/);
+    assert.match(
+      ((await fileTokenSource(given, own).current()) as { missing: string }).missing,
+      /holds the agent's own token/,
+    );
+    assert.throws(
+      () => buildSettings({ 'plugin-token-file': '/var/run/secrets/kubernetes.io/serviceaccount/token' }, {}),
+      /--plugin-token-file.*agent's own service-account token/,
+    );
     // Another token of the agent's own account (by its sub claim) is refused as well.
     await fs.writeFile(own, jwt({ sub: 'system:serviceaccount:mesh-system:mesh-cni', n: 1 }));
     await fs.writeFile(given, jwt({ sub: 'system:serviceaccount:mesh-system:mesh-cni', n: 2 }));
-    assert.match(((await fileTokenSource(given, own).current()) as { missing: string }).missing, /a token of the agent's own service account \(mesh-system\/mesh-cni\)/);
+    assert.match(
+      ((await fileTokenSource(given, own).current()) as { missing: string }).missing,
+      /a token of the agent's own service account \(mesh-system\/mesh-cni\)/,
+    );
     await fs.writeFile(given, jwt({ sub: 'system:serviceaccount:mesh-system:mesh-cni-plugin' }));
-    assert.ok('token' in (await fileTokenSource(given, own).current()), 'the plugin\'s account is taken');
+    assert.ok('token' in (await fileTokenSource(given, own).current()), "the plugin's account is taken");
   });
 
   it('the account a token is of is read from its sub claim, and nothing else passes for one', () => {
-    assert.deepEqual(serviceAccountOfToken(jwt({ sub: 'system:serviceaccount:mesh-system:mesh-cni' })), { namespace: 'mesh-system', name: 'mesh-cni' });
+    assert.deepEqual(serviceAccountOfToken(jwt({ sub: 'system:serviceaccount:mesh-system:mesh-cni' })), {
+      namespace: 'mesh-system',
+      name: 'mesh-cni',
+    });
     assert.equal(serviceAccountOfToken(jwt({ sub: 'system:node:node-1' })), null);
     assert.equal(serviceAccountOfToken(jwt({ sub: 'system:serviceaccount:a:b:c' })), null);
     assert.equal(serviceAccountOfToken(jwt({})), null);
@@ -218,45 +347,82 @@ describe('the plugin\'s token', () => {
     await fs.rename(`${file}.new`, file);
     // The periodic pass is an hour away: only a watch of the file's dir can do this.
     await waitFor('the new token in the orchconfig', () => orchToken(orchconfig) === 'plugin-token-2', 3000);
-    assert.deepEqual(await filesHolding(t.netDir, '"token-1"'), [], 'the agent\'s own token (token-1) is not there');
+    assert.deepEqual(await filesHolding(t.netDir, '"token-1"'), [], "the agent's own token (token-1) is not there");
   });
 
   describe('the agent', () => {
-    async function agentOn(api: TestApiServer, agentToken: string, flags: Record<string, string> = {}): Promise<{ a: AgentProcess; t: HostTree }> {
+    async function agentOn(
+      api: TestApiServer,
+      agentToken: string,
+      flags: Record<string, string> = {},
+    ): Promise<{ a: AgentProcess; t: HostTree }> {
       const t = await makeHostTree({ token: agentToken, ca: api.caPem });
       cleanups.push(() => t.remove());
       await fs.writeFile(path.join(t.netDir, '10-bridge.conflist'), BRIDGE_CONFLIST);
-      const a = spawnAgent(t, { 'cleanup-on-exit': 'never', ...flags }, { KUBERNETES_SERVICE_HOST: api.host, KUBERNETES_SERVICE_PORT: String(api.port), POD_NAMESPACE: 'mesh-system', NODE_NAME: 'node-1' });
+      const a = spawnAgent(
+        t,
+        { 'cleanup-on-exit': 'never', ...flags },
+        {
+          KUBERNETES_SERVICE_HOST: api.host,
+          KUBERNETES_SERVICE_PORT: String(api.port),
+          POD_NAMESPACE: 'mesh-system',
+          NODE_NAME: 'node-1',
+        },
+      );
       cleanups.push(() => a.stop('SIGKILL'));
       return { a, t };
     }
 
-    it('writes the plugin\'s minted token into the orchconfig (0600); the agent\'s own token is nowhere on the node\'s disk', async () => {
+    it("writes the plugin's minted token into the orchconfig (0600); the agent's own token is nowhere on the node's disk", async () => {
       const { api, agentToken } = await cluster();
       const { a, t } = await agentOn(api, agentToken);
       await a.waitForLog((r) => r.msg === 'mesh-cni is installed and ready', 'ready');
       const orchconfig = path.join(t.netDir, 'ZZZ-mesh-cni-orchconfig');
       const token = orchToken(orchconfig);
       assert.equal((await fs.stat(orchconfig)).mode & 0o777, 0o600);
-      assert.equal(api.issuedTokens().find((i) => i.token === token)?.serviceAccount, 'mesh-system/mesh-cni-plugin', 'the orchconfig holds a minted plugin token');
-      assert.deepEqual(await filesHolding(t.netDir, agentToken), [], 'no file in the net dir holds the agent\'s token');
-      assert.deepEqual(await filesHolding(t.binDir, agentToken), [], 'no file in the bin dir holds the agent\'s token');
-      assert.deepEqual(api.requests.filter((r) => r.status === 403).map((r) => `${r.method} ${r.path}`), [], 'the agent stays within deploy/\'s rights');
+      assert.equal(
+        api.issuedTokens().find((i) => i.token === token)?.serviceAccount,
+        'mesh-system/mesh-cni-plugin',
+        'the orchconfig holds a minted plugin token',
+      );
+      assert.deepEqual(await filesHolding(t.netDir, agentToken), [], "no file in the net dir holds the agent's token");
+      assert.deepEqual(await filesHolding(t.binDir, agentToken), [], "no file in the bin dir holds the agent's token");
+      assert.deepEqual(
+        api.requests.filter((r) => r.status === 403).map((r) => `${r.method} ${r.path}`),
+        [],
+        "the agent stays within deploy/'s rights",
+      );
       // Every part ready (the pod lookup's watch may list a moment after the installer is done).
       let last = { status: 0, body: '' };
-      await waitFor('/readyz 200', async () => (last = await a.get('/readyz')).status === 200, { timeoutMs: 5000, context: () => last.body });
+      await waitFor('/readyz 200', async () => (last = await a.get('/readyz')).status === 200, {
+        timeoutMs: 5000,
+        context: () => last.body,
+      });
     });
 
-    it('refuses to start when --plugin-service-account is the agent\'s own account (its token\'s sub), and mints nothing', async () => {
+    it("refuses to start when --plugin-service-account is the agent's own account (its token's sub), and mints nothing", async () => {
       const { api } = await cluster();
       // A token shaped as the kubelet projects it (only its claims are read, never verified).
-      const agentJwt = jwt({ sub: 'system:serviceaccount:mesh-system:mesh-cni', aud: ['https://kubernetes.default.svc.cluster.local'] });
-      const { a, t } = await agentOn(api, agentJwt, { 'plugin-service-account': 'mesh-cni', 'reconcile-interval': '1h' });
+      const agentJwt = jwt({
+        sub: 'system:serviceaccount:mesh-system:mesh-cni',
+        aud: ['https://kubernetes.default.svc.cluster.local'],
+      });
+      const { a, t } = await agentOn(api, agentJwt, {
+        'plugin-service-account': 'mesh-cni',
+        'reconcile-interval': '1h',
+      });
       const failed = await a.waitForLog((r) => r.msg === 'install-cni failed', 'the refusal');
-      assert.match(String(failed.error), /--plugin-service-account mesh-cni is the agent's own service account \(mesh-system\/mesh-cni\)/);
+      assert.match(
+        String(failed.error),
+        /--plugin-service-account mesh-cni is the agent's own service account \(mesh-system\/mesh-cni\)/,
+      );
       assert.equal(await a.stop('SIGTERM'), 1);
       assert.deepEqual(api.issuedTokens(), [], 'no token minted');
-      assert.deepEqual(api.requests.filter((r) => r.path.endsWith('/token')), [], 'no TokenRequest sent');
+      assert.deepEqual(
+        api.requests.filter((r) => r.path.endsWith('/token')),
+        [],
+        'no TokenRequest sent',
+      );
       assert.deepEqual(await filesHolding(t.netDir, agentJwt), []);
     });
 
@@ -271,13 +437,20 @@ describe('the plugin\'s token', () => {
       assert.equal((await fs.stat(orchconfig)).mode & 0o777, 0o600);
       api.faults.status = { code: 503, paths: /\/serviceaccounts\/mesh-cni-plugin\/token$/ };
       const held = orchToken(orchconfig);
-      const notReady = await waitFor('/readyz 503 naming the token', async () => {
-        const r = await a.get('/readyz');
-        return r.status === 503 && /plugin's token/.test(r.body) && r.body;
-      }, 8000);
+      const notReady = await waitFor(
+        '/readyz 503 naming the token',
+        async () => {
+          const r = await a.get('/readyz');
+          return r.status === 503 && /plugin's token/.test(r.body) && r.body;
+        },
+        8000,
+      );
       assert.match(notReady, /mesh-system\/mesh-cni-plugin/);
       assert.equal(orchToken(orchconfig), held, 'the old token stays while refreshing fails');
-      assert.match((await a.get('/metrics')).body, /^mesh_cni_plugin_token_refresh_failures_total\{reason="server_error"\} [1-9]/m);
+      assert.match(
+        (await a.get('/metrics')).body,
+        /^mesh_cni_plugin_token_refresh_failures_total\{reason="server_error"\} [1-9]/m,
+      );
       delete api.faults.status;
       await waitFor('/readyz 200 again', async () => (await a.get('/readyz')).status === 200, 8000);
       // The new token is written by the pass its arrival triggers, just after.

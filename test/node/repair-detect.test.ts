@@ -32,14 +32,55 @@ describe('detectBroken', () => {
     { name: 'exited 1', pod: testPod('a', { initExitCode: 1 }), broken: false },
     { name: 'not run yet', pod: testPod('a'), broken: false },
     { name: 'no sidecar annotation', pod: brokenPod('a', { meshed: false }), broken: false },
-    { name: 'another init container exited 126', pod: brokenPod('a', { initContainerName: 'other-init' }), broken: false },
-    { name: 'custom exit code matches', pod: testPod('a', { initExitCode: 7 }), c: { initContainerExitCode: 7 }, broken: true },
-    { name: 'custom init container name', pod: brokenPod('a', { initContainerName: 'check' }), c: { initContainerName: 'check' }, broken: true },
-    { name: 'message filter matches', pod: brokenPod('a', { message: 'traffic not redirected to 15001' }), c: { initContainerTerminationMessage: 'not redirected' }, broken: true },
-    { name: 'message filter does not match', pod: brokenPod('a', { message: 'something else' }), c: { initContainerTerminationMessage: 'not redirected' }, broken: false },
-    { name: 'message filter with no message', pod: brokenPod('a'), c: { initContainerTerminationMessage: 'not redirected' }, broken: false },
-    { name: 'annotation with empty value still counts', pod: (() => { const p = brokenPod('a'); p.metadata!.annotations = { 'sidecar.mesh.io/status': '' }; return p; })(), broken: true },
-    { name: 'no status at all', pod: { metadata: { name: 'a', annotations: { 'sidecar.mesh.io/status': 'x' } } }, broken: false },
+    {
+      name: 'another init container exited 126',
+      pod: brokenPod('a', { initContainerName: 'other-init' }),
+      broken: false,
+    },
+    {
+      name: 'custom exit code matches',
+      pod: testPod('a', { initExitCode: 7 }),
+      c: { initContainerExitCode: 7 },
+      broken: true,
+    },
+    {
+      name: 'custom init container name',
+      pod: brokenPod('a', { initContainerName: 'check' }),
+      c: { initContainerName: 'check' },
+      broken: true,
+    },
+    {
+      name: 'message filter matches',
+      pod: brokenPod('a', { message: 'traffic not redirected to 15001' }),
+      c: { initContainerTerminationMessage: 'not redirected' },
+      broken: true,
+    },
+    {
+      name: 'message filter does not match',
+      pod: brokenPod('a', { message: 'something else' }),
+      c: { initContainerTerminationMessage: 'not redirected' },
+      broken: false,
+    },
+    {
+      name: 'message filter with no message',
+      pod: brokenPod('a'),
+      c: { initContainerTerminationMessage: 'not redirected' },
+      broken: false,
+    },
+    {
+      name: 'annotation with empty value still counts',
+      pod: (() => {
+        const p = brokenPod('a');
+        p.metadata!.annotations = { 'sidecar.mesh.io/status': '' };
+        return p;
+      })(),
+      broken: true,
+    },
+    {
+      name: 'no status at all',
+      pod: { metadata: { name: 'a', annotations: { 'sidecar.mesh.io/status': 'x' } } },
+      broken: false,
+    },
   ];
   for (const tc of cases) {
     it(tc.name, () => {
@@ -51,7 +92,9 @@ describe('detectBroken', () => {
 
   it('other containers exiting 126 do not count', () => {
     const p = testPod('a', { initExitCode: 0 });
-    p.status!.containerStatuses = [{ name: 'app', image: 'x', imageID: '', ready: false, restartCount: 0, state: { terminated: { exitCode: 126 } } }];
+    p.status!.containerStatuses = [
+      { name: 'app', image: 'x', imageID: '', ready: false, restartCount: 0, state: { terminated: { exitCode: 126 } } },
+    ];
     assert.equal(detectBroken(withUid(p), criteria), undefined);
   });
 
@@ -62,18 +105,31 @@ describe('detectBroken', () => {
     const fromList = detectBroken(p, criteria)!.stateKey;
     const fromWatch = detectBroken(JSON.parse(JSON.stringify(p)) as V1Pod, criteria)!.stateKey;
     assert.equal(fromList, fromWatch);
-    assert.notEqual(detectBroken(withUid(brokenPod('a'), 'uid-2'), criteria)!.stateKey, detectBroken(withUid(brokenPod('a')), criteria)!.stateKey);
+    assert.notEqual(
+      detectBroken(withUid(brokenPod('a'), 'uid-2'), criteria)!.stateKey,
+      detectBroken(withUid(brokenPod('a')), criteria)!.stateKey,
+    );
   });
 });
 
 describe('selectors', () => {
   // The parser and matchers themselves: test/node/orch-selectors.test.ts, against Kubernetes' cases.
   it('builds the query: this node first, then the operator selectors', () => {
-    assert.deepEqual(podQuery({ nodeName: 'node-a', fieldSelectors: 'metadata.namespace!=kube-system', labelSelectors: 'app in (a,b)' }), {
-      fieldSelector: 'spec.nodeName=node-a,metadata.namespace!=kube-system',
-      labelSelector: 'app in (a,b)',
+    assert.deepEqual(
+      podQuery({
+        nodeName: 'node-a',
+        fieldSelectors: 'metadata.namespace!=kube-system',
+        labelSelectors: 'app in (a,b)',
+      }),
+      {
+        fieldSelector: 'spec.nodeName=node-a,metadata.namespace!=kube-system',
+        labelSelector: 'app in (a,b)',
+      },
+    );
+    assert.deepEqual(podQuery({ nodeName: '', fieldSelectors: '', labelSelectors: '' }), {
+      fieldSelector: '',
+      labelSelector: '',
     });
-    assert.deepEqual(podQuery({ nodeName: '', fieldSelectors: '', labelSelectors: '' }), { fieldSelector: '', labelSelector: '' });
   });
 
   it('chooses the mode from the flags', () => {
@@ -84,9 +140,19 @@ describe('selectors', () => {
   });
 
   it('rejects a bad selector flag at start-up, naming the flag', async () => {
-    assert.throws(() => buildSettings({ 'repair-label-selectors': 'app in (a' }, {}), (e: unknown) => e instanceof ConfigErrors && /--repair-label-selectors/.test(e.message));
-    assert.throws(() => buildSettings({}, { REPAIR_FIELD_SELECTORS: 'spec.nodename=x' }), (e: unknown) => e instanceof ConfigErrors && /env REPAIR_FIELD_SELECTORS.*field label not supported/.test(e.message));
-    assert.equal(buildSettings({ 'repair-field-selectors': 'status.phase!=Running' }, {}).repair.fieldSelectors, 'status.phase!=Running');
+    assert.throws(
+      () => buildSettings({ 'repair-label-selectors': 'app in (a' }, {}),
+      (e: unknown) => e instanceof ConfigErrors && /--repair-label-selectors/.test(e.message),
+    );
+    assert.throws(
+      () => buildSettings({}, { REPAIR_FIELD_SELECTORS: 'spec.nodename=x' }),
+      (e: unknown) =>
+        e instanceof ConfigErrors && /env REPAIR_FIELD_SELECTORS.*field label not supported/.test(e.message),
+    );
+    assert.equal(
+      buildSettings({ 'repair-field-selectors': 'status.phase!=Running' }, {}).repair.fieldSelectors,
+      'status.phase!=Running',
+    );
     const r = await runBin('install-cni', ['--repair-enabled', '--repair-field-selectors', 'spec.bogus=1']);
     assert.equal(r.code, 2);
     assert.match(r.stderr, /--repair-field-selectors.*field label not supported: "spec.bogus"/);

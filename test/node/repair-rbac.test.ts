@@ -17,7 +17,6 @@ function load(file: string): K8sObject[] {
   return docs.map((d) => d.toJSON() as K8sObject).filter((o) => o !== null);
 }
 
-
 /** What `kubectl apply -f a -f b` leaves: an object of the same kind, namespace and name in a later file replaces the earlier one. */
 function applied(...files: K8sObject[][]): K8sObject[] {
   const byKey = new Map<string, K8sObject>();
@@ -25,18 +24,20 @@ function applied(...files: K8sObject[][]): K8sObject[] {
   return [...byKey.values()];
 }
 
-
 describe('deploy RBAC', () => {
   const main = load('daemonset.yaml');
   const overlay = load('repair-delete-rbac.yaml');
 
   it('has the namespace and the two service accounts', () => {
     assert.ok(main.some((o) => o.kind === 'Namespace' && o.metadata.name === 'mesh-system'));
-    const accounts = main.filter((o) => o.kind === 'ServiceAccount').map((o) => `${o.metadata.namespace}/${o.metadata.name}`).sort();
+    const accounts = main
+      .filter((o) => o.kind === 'ServiceAccount')
+      .map((o) => `${o.metadata.namespace}/${o.metadata.name}`)
+      .sort();
     assert.deepEqual(accounts, ['mesh-system/mesh-cni', 'mesh-system/mesh-cni-plugin']);
   });
 
-  it('the agent: pods read, pods/status patch (labels), events create, its DaemonSet read and the plugin\'s token mint in mesh-system; no pods patch or delete', () => {
+  it("the agent: pods read, pods/status patch (labels), events create, its DaemonSet read and the plugin's token mint in mesh-system; no pods patch or delete", () => {
     assert.deepEqual(rights(main, 'mesh-cni'), DEPLOYED_RIGHTS.agent);
   });
 
@@ -46,9 +47,15 @@ describe('deploy RBAC', () => {
 
   it('no wildcard, secret or non-resource rule anywhere', () => {
     for (const r of [...main, ...overlay].filter((o) => o.kind === 'ClusterRole' || o.kind === 'Role')) {
-      for (const rule of (r.rules ?? []) as { verbs: string[]; resources?: string[]; apiGroups?: string[]; nonResourceURLs?: string[] }[]) {
+      for (const rule of (r.rules ?? []) as {
+        verbs: string[];
+        resources?: string[];
+        apiGroups?: string[];
+        nonResourceURLs?: string[];
+      }[]) {
         assert.equal(rule.nonResourceURLs, undefined);
-        for (const field of [rule.verbs, rule.resources ?? [], rule.apiGroups ?? []]) assert.ok(!field.includes('*'), `${r.metadata.name}: ${JSON.stringify(rule)}`);
+        for (const field of [rule.verbs, rule.resources ?? [], rule.apiGroups ?? []])
+          assert.ok(!field.includes('*'), `${r.metadata.name}: ${JSON.stringify(rule)}`);
         assert.ok(!(rule.resources ?? []).includes('secrets'), `${r.metadata.name} reads no secrets`);
       }
     }
@@ -59,13 +66,23 @@ describe('deploy RBAC', () => {
     assert.deepEqual(rights(both, 'mesh-cni'), DEPLOYED_RIGHTS.agentWithDelete);
     assert.deepEqual(rights(both, 'mesh-cni-plugin'), DEPLOYED_RIGHTS.plugin);
     // It changes the agent's ClusterRole alone: every other object is the main file's.
-    assert.deepEqual(overlay.map((o) => `${o.kind}/${o.metadata.name}`), ['ClusterRole/mesh-cni']);
-    assert.deepEqual(overlay[0]!.metadata, main.find((o) => o.kind === 'ClusterRole' && o.metadata.name === 'mesh-cni')!.metadata);
+    assert.deepEqual(
+      overlay.map((o) => `${o.kind}/${o.metadata.name}`),
+      ['ClusterRole/mesh-cni'],
+    );
+    assert.deepEqual(
+      overlay[0]!.metadata,
+      main.find((o) => o.kind === 'ClusterRole' && o.metadata.name === 'mesh-cni')!.metadata,
+    );
   });
 
-  it('runs the DaemonSet as the agent\'s account', () => {
+  it("runs the DaemonSet as the agent's account", () => {
     for (const ds of main.filter((o) => o.kind === 'DaemonSet')) {
-      assert.equal((ds as { spec?: { template?: { spec?: { serviceAccountName?: string } } } }).spec?.template?.spec?.serviceAccountName, 'mesh-cni');
+      assert.equal(
+        (ds as { spec?: { template?: { spec?: { serviceAccountName?: string } } } }).spec?.template?.spec
+          ?.serviceAccountName,
+        'mesh-cni',
+      );
     }
   });
 });

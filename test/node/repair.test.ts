@@ -72,7 +72,13 @@ describe('repair controller end to end', () => {
 
   before(async () => {
     dir = await mkdtemp(path.join(os.tmpdir(), 'mcni-repair-'));
-    configureLogging({ asJson: false, outputLevels: buildSettings({ log_output_level: 'all:warn,repair:debug' }, {}).logging.outputLevels }, { write: (l) => void logs.push(l) });
+    configureLogging(
+      {
+        asJson: false,
+        outputLevels: buildSettings({ log_output_level: 'all:warn,repair:debug' }, {}).logging.outputLevels,
+      },
+      { write: (l) => void logs.push(l) },
+    );
   });
   after(async () => {
     await rm(dir, { recursive: true, force: true });
@@ -82,12 +88,21 @@ describe('repair controller end to end', () => {
     await s?.close();
   });
 
-  async function start(flags: RawFlags, timing: Partial<RepairTiming> = FAST, token?: string): Promise<RepairController> {
+  async function start(
+    flags: RawFlags,
+    timing: Partial<RepairTiming> = FAST,
+    token?: string,
+  ): Promise<RepairController> {
     const kc = s.writeOrchconfig(path.join(dir, `kc-${Date.now()}-${Math.random()}.json`), { token });
-    const settings = buildSettings({ 'repair-enabled': true, 'repair-node-name': 'node-a', orchconfig: kc, ...flags }, { NODE_NAME: 'node-a', POD_NAME: 'mesh-cni-test' });
+    const settings = buildSettings(
+      { 'repair-enabled': true, 'repair-node-name': 'node-a', orchconfig: kc, ...flags },
+      { NODE_NAME: 'node-a', POD_NAME: 'mesh-cni-test' },
+    );
     const c = launch(settings, timing);
     let timer: NodeJS.Timeout | undefined;
-    const timeout = new Promise<never>((_, reject) => (timer = setTimeout(() => reject(new Error('controller never listed pods')), 10_000)));
+    const timeout = new Promise<never>(
+      (_, reject) => (timer = setTimeout(() => reject(new Error('controller never listed pods')), 10_000)),
+    );
     await Promise.race([c.synced, timeout]).finally(() => clearTimeout(timer));
     return c;
   }
@@ -104,20 +119,39 @@ describe('repair controller end to end', () => {
     const before = await metric('mesh_cni_repair_pods_repaired_total', { type: 'label' });
     const c = await start({ 'repair-label-pods': true });
     assert.equal(c.mode, 'label');
-    await waitFor('4 pods labelled', () => ['web-0', 'web-1', 'web-2'].every((n) => labelled(n)) && labelled('web-last', 'shop'));
+    await waitFor(
+      '4 pods labelled',
+      () => ['web-0', 'web-1', 'web-2'].every((n) => labelled(n)) && labelled('web-last', 'shop'),
+    );
     // A pod that breaks later, as kubelet reports it through the status subresource.
     s.upsertPod(testPod('late-0'));
     const broken = brokenPod('late-0');
-    const st = await apiRequest(s, 'PATCH', '/api/v1/namespaces/default/pods/late-0/status', { status: broken.status }, { 'content-type': 'application/merge-patch+json' });
+    const st = await apiRequest(
+      s,
+      'PATCH',
+      '/api/v1/namespaces/default/pods/late-0/status',
+      { status: broken.status },
+      { 'content-type': 'application/merge-patch+json' },
+    );
     assert.equal(st.status, 200, st.text);
     await waitFor('late pod labelled', () => labelled('late-0'));
     // More updates of the same broken state, a closed watch and a resync change nothing.
-    s.upsertPod({ ...s.getPod('default', 'web-0')!, metadata: { ...s.getPod('default', 'web-0')!.metadata, annotations: { 'sidecar.mesh.io/status': 'x', touched: '1' } } });
+    s.upsertPod({
+      ...s.getPod('default', 'web-0')!,
+      metadata: {
+        ...s.getPod('default', 'web-0')!.metadata,
+        annotations: { 'sidecar.mesh.io/status': 'x', touched: '1' },
+      },
+    });
     const watchesBefore = count(s, 'GET', /\/api\/v1\/pods$/);
     s.closeWatches();
     await waitFor('a new watch', () => count(s, 'GET', /\/api\/v1\/pods$/) > watchesBefore);
     await sleep(300);
-    assert.equal(count(s, 'PATCH', /\/pods\/[^/]+\/status$/), 5 + 1, 'one label patch per broken pod, on the status subresource (+ the kubelet\'s above)');
+    assert.equal(
+      count(s, 'PATCH', /\/pods\/[^/]+\/status$/),
+      5 + 1,
+      "one label patch per broken pod, on the status subresource (+ the kubelet's above)",
+    );
     for (const n of ['elsewhere-0', 'healthy-0', 'plain-0']) {
       const p = s.listPods().find((x) => x.metadata?.name === n)!;
       assert.equal(p.metadata?.labels?.[LABEL], undefined, `${n} untouched`);
@@ -146,14 +180,21 @@ describe('repair controller end to end', () => {
     const c = await start({ 'repair-label-pods': true }, FAST, agentToken);
     await waitFor('rbac-0 labelled', () => labelled('rbac-0'));
     // The Event goes beside the repair, not after it.
-    await waitFor('the Event on rbac-0', () => s.events().some((e) => e.involvedObject.name === 'rbac-0' && e.reason === 'MeshCniRepairLabelled'));
+    await waitFor('the Event on rbac-0', () =>
+      s.events().some((e) => e.involvedObject.name === 'rbac-0' && e.reason === 'MeshCniRepairLabelled'),
+    );
     assert.equal(s.requests.filter((r) => r.status === 403).length, 0, 'no call beyond the granted rights');
     await c.stop('SIGTERM');
     // Delete mode with the base rights is refused (403): deleting is opt-in.
     s.upsertPod(brokenPod('rbac-1'));
     const d = await start({ 'repair-delete-pods': true }, FAST, agentToken);
-    await waitFor('the refused delete of rbac-1', () => s.requests.some((r) => r.method === 'DELETE' && r.path.endsWith('/rbac-1') && r.status === 403));
-    await waitFor('gave up on the refused deletes', () => (d.status() as { counts: { gaveUp: number } }).counts.gaveUp >= 1);
+    await waitFor('the refused delete of rbac-1', () =>
+      s.requests.some((r) => r.method === 'DELETE' && r.path.endsWith('/rbac-1') && r.status === 403),
+    );
+    await waitFor(
+      'gave up on the refused deletes',
+      () => (d.status() as { counts: { gaveUp: number } }).counts.gaveUp >= 1,
+    );
     assert.ok(s.getPod('default', 'rbac-1'));
     await d.stop('SIGTERM');
     s.setRules(agentToken, [...rules, { verbs: ['delete'], apiGroups: [''], resources: ['pods'] }]);
@@ -169,9 +210,14 @@ describe('repair controller end to end', () => {
     s.upsertPod(brokenPod('elsewhere-0', { node: 'node-b' }));
     // The first delete of db-1 fails; meanwhile its controller replaces it with a new, healthy pod.
     s.faults.status = { code: 500, paths: /\/pods\/db-1$/, count: 1 };
-    const c = await start({ 'repair-delete-pods': true }, { ...FAST, actionBackoffBaseMs: 400, actionBackoffMaxMs: 400 });
+    const c = await start(
+      { 'repair-delete-pods': true },
+      { ...FAST, actionBackoffBaseMs: 400, actionBackoffMaxMs: 400 },
+    );
     await waitFor('db-0 deleted', () => s.getPod('default', 'db-0') === undefined);
-    await waitFor('the failed delete of db-1', () => s.requests.some((r) => r.method === 'DELETE' && r.path.endsWith('/db-1') && r.status === 500));
+    await waitFor('the failed delete of db-1', () =>
+      s.requests.some((r) => r.method === 'DELETE' && r.path.endsWith('/db-1') && r.status === 500),
+    );
     const oldUid = s.getPod('default', 'db-1')!.metadata!.uid;
     s.deletePodFromStore('default', 'db-1');
     const fresh = s.upsertPod(testPod('db-1'));
@@ -180,7 +226,10 @@ describe('repair controller end to end', () => {
     await sleep(300);
     assert.equal(s.getPod('default', 'db-1')?.metadata?.uid, fresh.metadata!.uid, 'the new pod survives');
     const retried = s.requests.filter((r) => r.method === 'DELETE' && r.path.endsWith('/db-1'));
-    assert.ok(retried.at(-1)!.status === 409 || retried.at(-1)!.status === 404, `retry answered ${retried.at(-1)!.status}`);
+    assert.ok(
+      retried.at(-1)!.status === 409 || retried.at(-1)!.status === 404,
+      `retry answered ${retried.at(-1)!.status}`,
+    );
     // The recreated db-0 (healthy) is untouched too.
     s.upsertPod(testPod('db-0', { initExitCode: 0 }));
     await sleep(300);
@@ -229,7 +278,11 @@ describe('repair controller end to end', () => {
     await waitFor('reported', () => (c.status() as { counts: { reported: number } }).counts.reported === 2);
     s.expireResourceVersions();
     await waitFor('relist', () => (c.status() as { watch: { lists: number } }).watch.lists >= 2);
-    assert.equal((c.status() as { counts: { reported: number; seenBroken: number } }).counts.seenBroken, 2, 'a relist is not a new broken state');
+    assert.equal(
+      (c.status() as { counts: { reported: number; seenBroken: number } }).counts.seenBroken,
+      2,
+      'a relist is not a new broken state',
+    );
     assert.equal(s.requests.filter((r) => r.method !== 'GET').length, 0);
     assert.ok(logs.some((l) => /\trepair\t.*report only.*rep-0/.test(l)));
   });
@@ -240,7 +293,13 @@ describe('repair controller end to end', () => {
     const c = await start({ 'repair-label-pods': true });
     await waitFor('labelled', () => [0, 1, 2].every((i) => labelled(`gone-${i}`)));
     // An operator takes the label off gone-0 by hand: the same broken state is not labelled again.
-    const un = await apiRequest(s, 'PATCH', '/api/v1/namespaces/default/pods/gone-0', { metadata: { labels: { [LABEL]: null } } }, { 'content-type': 'application/merge-patch+json' });
+    const un = await apiRequest(
+      s,
+      'PATCH',
+      '/api/v1/namespaces/default/pods/gone-0',
+      { metadata: { labels: { [LABEL]: null } } },
+      { 'content-type': 'application/merge-patch+json' },
+    );
     assert.equal(un.status, 200);
     const restartsBefore = await metric('mesh_cni_repair_watch_restarts_total', { reason: 'expired' });
     s.expireResourceVersions();
@@ -293,7 +352,10 @@ describe('repair controller end to end', () => {
     s.faults.status = { code: 500, paths: /^\/api\/v1\/pods$/ };
     const t0 = Date.now();
     const kc = s.writeOrchconfig(path.join(dir, 'storm.json'));
-    const settings = buildSettings({ 'repair-enabled': true, 'repair-label-pods': true, 'repair-node-name': 'node-a', orchconfig: kc }, {});
+    const settings = buildSettings(
+      { 'repair-enabled': true, 'repair-label-pods': true, 'repair-node-name': 'node-a', orchconfig: kc },
+      {},
+    );
     launch(settings, { ...FAST, watchBackoffBaseMs: 100, watchBackoffMaxMs: 1000 });
     await sleep(3000);
     const lists = count(s, 'GET', /^\/api\/v1\/pods$/, t0);
@@ -308,7 +370,10 @@ describe('repair controller end to end', () => {
     s.upsertPod(brokenPod('storm-1'));
     await waitFor('labelled after the 429s', () => labelled('storm-1'), 8000);
     const tries = s.requests.filter((r) => r.method === 'PATCH' && r.path.endsWith('/storm-1/status'));
-    assert.deepEqual(tries.map((r) => r.status), [429, 429, 200]);
+    assert.deepEqual(
+      tries.map((r) => r.status),
+      [429, 429, 200],
+    );
     assert.ok(tries[1]!.time - tries[0]!.time >= 950 && tries[2]!.time - tries[1]!.time >= 950, 'Retry-After honoured');
     assert.ok((await metric('mesh_cni_repair_failures_total', { type: 'label', reason: 'throttled' })) >= 2);
   });
@@ -332,14 +397,41 @@ describe('repair controller end to end', () => {
     const root = await mkdtemp(path.join(dir, 'agent-'));
     for (const d of ['net.d', 'bin', 'src']) await mkdir(path.join(root, d));
     const kc = s.writeOrchconfig(path.join(root, 'kc.json'));
-    const child = spawn(process.execPath, [path.join(ROOT, 'bin', 'install-cni.js'),
-      '--repair-enabled', '--repair-label-pods', '--repair-delete-pods', '--repair-concurrency', '4', '--orchconfig', kc,
-      '--repair-node-name', 'node-a', '--mounted-cni-net-dir', path.join(root, 'net.d'), '--mounted-cni-bin-dir', path.join(root, 'bin'),
-      '--cni-binaries-dir', path.join(root, 'src'), '--monitoring-port', '0', '--ctrlz_port', '0',
-      '--log-uds-address', path.join(root, 'log.sock'), '--pod-lookup-uds-address', path.join(root, 'pods.sock'), '--cleanup-on-exit', 'never'], {
-      env: { PATH: process.env.PATH ?? '/usr/bin:/bin' },
-      stdio: ['ignore', 'pipe', 'pipe'],
-    });
+    const child = spawn(
+      process.execPath,
+      [
+        path.join(ROOT, 'bin', 'install-cni.js'),
+        '--repair-enabled',
+        '--repair-label-pods',
+        '--repair-delete-pods',
+        '--repair-concurrency',
+        '4',
+        '--orchconfig',
+        kc,
+        '--repair-node-name',
+        'node-a',
+        '--mounted-cni-net-dir',
+        path.join(root, 'net.d'),
+        '--mounted-cni-bin-dir',
+        path.join(root, 'bin'),
+        '--cni-binaries-dir',
+        path.join(root, 'src'),
+        '--monitoring-port',
+        '0',
+        '--ctrlz_port',
+        '0',
+        '--log-uds-address',
+        path.join(root, 'log.sock'),
+        '--pod-lookup-uds-address',
+        path.join(root, 'pods.sock'),
+        '--cleanup-on-exit',
+        'never',
+      ],
+      {
+        env: { PATH: process.env.PATH ?? '/usr/bin:/bin' },
+        stdio: ['ignore', 'pipe', 'pipe'],
+      },
+    );
     t.after(() => {
       if (child.exitCode === null && child.signalCode === null) child.kill('SIGKILL');
     });
@@ -350,13 +442,28 @@ describe('repair controller end to end', () => {
     await waitFor('the first label patch', () => count(s, 'PATCH', /term-/) >= 1, 15_000);
     child.kill('SIGTERM');
     let timer: NodeJS.Timeout | undefined;
-    const code = await Promise.race([exited, new Promise<string>((r) => (timer = setTimeout(() => r('timeout'), 20_000)))]).finally(() => clearTimeout(timer));
+    const code = await Promise.race([
+      exited,
+      new Promise<string>((r) => (timer = setTimeout(() => r('timeout'), 20_000))),
+    ]).finally(() => clearTimeout(timer));
     assert.equal(code, 0, `agent exit ${String(code)}:\n${out.slice(-3000)}`);
     assert.match(out, /repair controller stopped/);
-    const patched = s.requests.filter((r) => r.method === 'PATCH').map((r) => r.path.replace(/\/status$/, '').replace(/.*\//, ''));
-    const deleted = s.requests.filter((r) => r.method === 'DELETE' && r.status === 200).map((r) => r.path.replace(/.*\//, ''));
-    assert.ok(patched.length >= 1 && patched.length < 20, `SIGTERM stopped queued work (${patched.length} of 20 started)`);
-    assert.deepEqual([...deleted].sort(), [...patched].sort(), 'every pod that was labelled was also deleted: no half-done repair');
-    for (const p of s.listPods()) assert.equal(p.metadata?.labels?.[LABEL], undefined, `${p.metadata?.name} left labelled but not deleted`);
+    const patched = s.requests
+      .filter((r) => r.method === 'PATCH')
+      .map((r) => r.path.replace(/\/status$/, '').replace(/.*\//, ''));
+    const deleted = s.requests
+      .filter((r) => r.method === 'DELETE' && r.status === 200)
+      .map((r) => r.path.replace(/.*\//, ''));
+    assert.ok(
+      patched.length >= 1 && patched.length < 20,
+      `SIGTERM stopped queued work (${patched.length} of 20 started)`,
+    );
+    assert.deepEqual(
+      [...deleted].sort(),
+      [...patched].sort(),
+      'every pod that was labelled was also deleted: no half-done repair',
+    );
+    for (const p of s.listPods())
+      assert.equal(p.metadata?.labels?.[LABEL], undefined, `${p.metadata?.name} left labelled but not deleted`);
   });
 });

@@ -7,7 +7,16 @@ import assert from 'node:assert/strict';
 import { existsSync, readdirSync, readFileSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 import { after, describe, it } from 'node:test';
-import { applyRules, diffRules, parseRules, reconcileRestore, removeRules, restore, save, type Flavour } from '../../cni-plugin/netns/iptables.ts';
+import {
+  applyRules,
+  diffRules,
+  parseRules,
+  reconcileRestore,
+  removeRules,
+  restore,
+  save,
+  type Flavour,
+} from '../../cni-plugin/netns/iptables.ts';
 import { canonicalAddress, parseCidr, parsePortList } from '../../cni-plugin/redirect/net.ts';
 import { buildFamilyRules } from '../../cni-plugin/redirect/rules.ts';
 import { AnnotationError, specForPod, type PodLike } from '../../cni-plugin/redirect/spec.ts';
@@ -26,18 +35,26 @@ interface Fixture {
   readonly error?: string;
 }
 
-const fixtures: Fixture[] = readdirSync(DIR).filter((f) => f.endsWith('.json')).sort()
-  .map((f) => ({ name: f.replace(/\.json$/, ''), ...(JSON.parse(readFileSync(path.join(DIR, f), 'utf8')) as Omit<Fixture, 'name'>) }));
+const fixtures: Fixture[] = readdirSync(DIR)
+  .filter((f) => f.endsWith('.json'))
+  .sort()
+  .map((f) => ({
+    name: f.replace(/\.json$/, ''),
+    ...(JSON.parse(readFileSync(path.join(DIR, f), 'utf8')) as Omit<Fixture, 'name'>),
+  }));
 
 function podOf(f: Fixture): PodLike {
   return {
     metadata: { name: f.name, namespace: 'default', annotations: { 'sidecar.mesh.io/status': '{}', ...f.annotations } },
     spec: {
-      containers: [{ name: 'app' }, {
-        name: 'mesh-proxy',
-        env: Object.entries(f.proxyEnv ?? {}).map(([name, value]) => ({ name, value })),
-        ...(f.proxySecurityContext ? { securityContext: f.proxySecurityContext } : {}),
-      }],
+      containers: [
+        { name: 'app' },
+        {
+          name: 'mesh-proxy',
+          env: Object.entries(f.proxyEnv ?? {}).map(([name, value]) => ({ name, value })),
+          ...(f.proxySecurityContext ? { securityContext: f.proxySecurityContext } : {}),
+        },
+      ],
     },
   };
 }
@@ -55,7 +72,8 @@ describe('rule builder fixtures', () => {
       it(`${f.name} IPv${fam}: ${f.description}`, () => {
         const file = path.join(DIR, `${f.name}.v${fam}.rules`);
         const r = buildFamilyRules(specForPod(podOf(f)), fam);
-        const text = r.restore + (r.ipBatch.length ? `# ip -${fam} -batch:\n${r.ipBatch.map((l) => `# ${l}`).join('\n')}\n` : '');
+        const text =
+          r.restore + (r.ipBatch.length ? `# ip -${fam} -batch:\n${r.ipBatch.map((l) => `# ${l}`).join('\n')}\n` : '');
         if (process.env.UPDATE_FIXTURES === '1' || !existsSync(file)) writeFileSync(file, text);
         assert.equal(text, readFileSync(file, 'utf8'));
       });
@@ -64,12 +82,18 @@ describe('rule builder fixtures', () => {
 
   for (const f of bad) {
     it(`refuses ${f.name}: ${f.description}`, () => {
-      assert.throws(() => specForPod(podOf(f)), (e: unknown) => {
-        assert.ok(e instanceof AnnotationError, `expected AnnotationError, got ${String(e)}`);
-        assert.ok(e.message.includes(f.error!), `message ${JSON.stringify(e.message)} lacks ${JSON.stringify(f.error)}`);
-        assert.ok(!e.message.includes('\n-A'), 'the message echoes the value JSON-quoted');
-        return true;
-      });
+      assert.throws(
+        () => specForPod(podOf(f)),
+        (e: unknown) => {
+          assert.ok(e instanceof AnnotationError, `expected AnnotationError, got ${String(e)}`);
+          assert.ok(
+            e.message.includes(f.error!),
+            `message ${JSON.stringify(e.message)} lacks ${JSON.stringify(f.error)}`,
+          );
+          assert.ok(!e.message.includes('\n-A'), 'the message echoes the value JSON-quoted');
+          return true;
+        },
+      );
     });
   }
 });
@@ -104,33 +128,74 @@ describe('rule builder values', () => {
       return [s.proxyUids, s.proxyGids];
     };
     it('comes from the mesh-proxy container, not from the pod or the app', () => {
-      assert.deepEqual(ids({ containers: [{ name: 'app', ...sc(1000) }, { name: 'mesh-proxy', ...sc(1000670000, 1000670001) }] }), [['1000670000'], ['1000670001']]);
-      assert.deepEqual(ids({ containers: [{ name: 'app', ...sc(1000, 1000) }, { name: 'mesh-proxy' }] }), [['1337'], ['1337']]);
+      assert.deepEqual(
+        ids({
+          containers: [
+            { name: 'app', ...sc(1000) },
+            { name: 'mesh-proxy', ...sc(1000670000, 1000670001) },
+          ],
+        }),
+        [['1000670000'], ['1000670001']],
+      );
+      assert.deepEqual(ids({ containers: [{ name: 'app', ...sc(1000, 1000) }, { name: 'mesh-proxy' }] }), [
+        ['1337'],
+        ['1337'],
+      ]);
     });
     it('falls back to 1337 for each of uid and gid that is absent or 0', () => {
       assert.deepEqual(ids({ containers: [{ name: 'mesh-proxy', ...sc(0, 0) }] }), [['1337'], ['1337']]);
       assert.deepEqual(ids({ containers: [{ name: 'mesh-proxy', ...sc(1000670000) }] }), [['1000670000'], ['1337']]);
       assert.deepEqual(ids({ containers: [{ name: 'mesh-proxy', ...sc(undefined, 2000) }] }), [['1337'], ['2000']]);
-      assert.deepEqual(ids({ containers: [{ name: 'mesh-proxy', securityContext: { runAsUser: null } as never }] }), [['1337'], ['1337']]);
+      assert.deepEqual(ids({ containers: [{ name: 'mesh-proxy', securityContext: { runAsUser: null } as never }] }), [
+        ['1337'],
+        ['1337'],
+      ]);
     });
     it('reads a native sidecar (mesh-proxy among the init containers), and its env', () => {
-      const spec = specForPod({ metadata: { annotations: {} }, spec: {
-        initContainers: [{ name: 'mesh-validation', ...sc(5) }, { name: 'mesh-proxy', ...sc(1000670000, 1000670001), env: [{ name: 'MESH_META_DNS_CAPTURE', value: 'true' }] }],
-        containers: [{ name: 'app' }],
-      } });
+      const spec = specForPod({
+        metadata: { annotations: {} },
+        spec: {
+          initContainers: [
+            { name: 'mesh-validation', ...sc(5) },
+            {
+              name: 'mesh-proxy',
+              ...sc(1000670000, 1000670001),
+              env: [{ name: 'MESH_META_DNS_CAPTURE', value: 'true' }],
+            },
+          ],
+          containers: [{ name: 'app' }],
+        },
+      });
       assert.deepEqual([spec.proxyUids, spec.proxyGids, spec.captureDns], [['1000670000'], ['1000670001'], true]);
     });
     it('takes the last mesh-proxy with a securityContext (containers after init containers)', () => {
-      assert.deepEqual(ids({ initContainers: [{ name: 'mesh-proxy', ...sc(1111, 1111) }], containers: [{ name: 'mesh-proxy', ...sc(2222) }] }), [['2222'], ['1337']]);
-      assert.deepEqual(ids({ initContainers: [{ name: 'mesh-proxy', ...sc(1111, 1111) }], containers: [{ name: 'mesh-proxy' }] }), [['1111'], ['1111']]);
+      assert.deepEqual(
+        ids({
+          initContainers: [{ name: 'mesh-proxy', ...sc(1111, 1111) }],
+          containers: [{ name: 'mesh-proxy', ...sc(2222) }],
+        }),
+        [['2222'], ['1337']],
+      );
+      assert.deepEqual(
+        ids({ initContainers: [{ name: 'mesh-proxy', ...sc(1111, 1111) }], containers: [{ name: 'mesh-proxy' }] }),
+        [['1111'], ['1111']],
+      );
     });
     it('refuses a value that is no uid, before any rule is built', () => {
       for (const bad of [-1, 1.5, 2 ** 32, '1000' as unknown as number]) {
-        assert.throws(() => ids({ containers: [{ name: 'mesh-proxy', ...sc(bad) }] }), (e: unknown) => e instanceof AnnotationError && /runAsUser/.test(e.message), String(bad));
+        assert.throws(
+          () => ids({ containers: [{ name: 'mesh-proxy', ...sc(bad) }] }),
+          (e: unknown) => e instanceof AnnotationError && /runAsUser/.test(e.message),
+          String(bad),
+        );
       }
     });
-    it('reads the env flags as Go\'s ParseBool does (1, t, T, TRUE, true, True)', () => {
-      const dns = (value: string) => specForPod({ metadata: { annotations: {} }, spec: { containers: [{ name: 'mesh-proxy', env: [{ name: 'MESH_META_DNS_CAPTURE', value }] }] } }).captureDns;
+    it("reads the env flags as Go's ParseBool does (1, t, T, TRUE, true, True)", () => {
+      const dns = (value: string) =>
+        specForPod({
+          metadata: { annotations: {} },
+          spec: { containers: [{ name: 'mesh-proxy', env: [{ name: 'MESH_META_DNS_CAPTURE', value }] }] },
+        }).captureDns;
       for (const v of ['1', 't', 'T', 'TRUE', 'true', 'True']) assert.equal(dns(v), true, v);
       for (const v of ['0', 'false', 'yes', 'tRue', ' true', '']) assert.equal(dns(v), false, v);
     });
@@ -140,9 +205,18 @@ describe('rule builder values', () => {
     const virt = (annotations: Record<string, string>) => specForPod({ metadata: { annotations } }).virtInterfaces;
     assert.deepEqual(virt({ 'traffic.sidecar.mesh.io/kubevirtInterfaces': 'net1' }), ['net1']);
     assert.deepEqual(virt({ 'mesh.io/reroute-virtual-interfaces': 'net2,net3' }), ['net2', 'net3']);
-    assert.deepEqual(virt({ 'mesh.io/reroute-virtual-interfaces': 'net2', 'traffic.sidecar.mesh.io/kubevirtInterfaces': 'net1' }), ['net2']);
-    assert.deepEqual(virt({ 'mesh.io/reroute-virtual-interfaces': '', 'traffic.sidecar.mesh.io/kubevirtInterfaces': 'net1' }), []);
-    assert.throws(() => virt({ 'mesh.io/reroute-virtual-interfaces': 'bad name' }), /annotation mesh\.io\/reroute-virtual-interfaces="bad name"/);
+    assert.deepEqual(
+      virt({ 'mesh.io/reroute-virtual-interfaces': 'net2', 'traffic.sidecar.mesh.io/kubevirtInterfaces': 'net1' }),
+      ['net2'],
+    );
+    assert.deepEqual(
+      virt({ 'mesh.io/reroute-virtual-interfaces': '', 'traffic.sidecar.mesh.io/kubevirtInterfaces': 'net1' }),
+      [],
+    );
+    assert.throws(
+      () => virt({ 'mesh.io/reroute-virtual-interfaces': 'bad name' }),
+      /annotation mesh\.io\/reroute-virtual-interfaces="bad name"/,
+    );
   });
 
   it('always keeps the agent ports out of inbound capture', () => {
@@ -154,7 +228,9 @@ describe('rule builder values', () => {
 // Round trip: what we restore is exactly what iptables-save reads back, in both flavours.
 describe('rule builder round trip through real iptables', () => {
   const namespaces: Netns[] = [];
-  after(() => { for (const n of namespaces) n.remove(); });
+  after(() => {
+    for (const n of namespaces) n.remove();
+  });
 
   for (const flavour of ['nft', 'legacy'] as Flavour[]) {
     it(`${flavour}: every fixture restores and saves back identically, twice in a row`, async () => {

@@ -29,7 +29,10 @@ const PREV = { cniVersion: '1.0.0', interfaces: [{ name: 'eth0' }], ips: [{ addr
 describe('our entry: what install-cni writes is what the plugin reads', () => {
   it('the default template, rendered, parses to the values it was rendered from', () => {
     const entry = renderEntry(DEFAULT_TEMPLATE, FIXTURE_VALUES, 'the default template');
-    const config = parseConfig(JSON.stringify({ cniVersion: '1.0.0', name: 'k8s-pod-network', ...entry, prevResult: PREV }), 'ADD');
+    const config = parseConfig(
+      JSON.stringify({ cniVersion: '1.0.0', name: 'k8s-pod-network', ...entry, prevResult: PREV }),
+      'ADD',
+    );
     assert.equal(config.type, PLUGIN_TYPE);
     assert.equal(config.logLevel, FIXTURE_VALUES.logLevel);
     assert.equal(config.logUdsAddress, FIXTURE_VALUES.logUdsAddress);
@@ -47,8 +50,14 @@ describe('our entry: what install-cni writes is what the plugin reads', () => {
       assert.equal(parseConfig(JSON.stringify({ cniVersion: '1.0.0', ...entry }), 'DEL').logLevel, level);
     }
     assert.throws(() => buildSettings({ 'log-level': 'trace' }, {}), /log-level/);
-    assert.throws(() => parseConfig(JSON.stringify({ cniVersion: '1.0.0', type: PLUGIN_TYPE, log_level: 'trace' }), 'DEL'), /log_level "trace"/);
-    assert.deepEqual(LOG_LEVELS.map((l) => LEVEL_RANK[l]), [0, 1, 2, 3, 4]);
+    assert.throws(
+      () => parseConfig(JSON.stringify({ cniVersion: '1.0.0', type: PLUGIN_TYPE, log_level: 'trace' }), 'DEL'),
+      /log_level "trace"/,
+    );
+    assert.deepEqual(
+      LOG_LEVELS.map((l) => LEVEL_RANK[l]),
+      [0, 1, 2, 3, 4],
+    );
   });
 });
 
@@ -70,7 +79,12 @@ describe('the plugin log socket: the plugin writes PluginLogRecord lines the age
         server.listen(address, listening);
       });
     });
-    const log = new UdsLog(address, 'debug', { command: 'ADD', containerID: 'c0ffee', pod: { namespace: 'shop', name: 'cart-1' } }, 'none');
+    const log = new UdsLog(
+      address,
+      'debug',
+      { command: 'ADD', containerID: 'c0ffee', pod: { namespace: 'shop', name: 'cart-1' } },
+      'none',
+    );
     log.info('rules in place', { attempt: 1 });
     log.warn('a long one', { detail: 'x'.repeat(PLUGIN_LOG_MAX_LINE) });
     await log.flush(2000);
@@ -79,7 +93,16 @@ describe('the plugin log socket: the plugin writes PluginLogRecord lines the age
     assert.equal(lines.length, 2);
     for (const line of lines) assert.ok(Buffer.byteLength(line) <= PLUGIN_LOG_MAX_LINE, `${line.length}`);
     const [first, second] = lines.map((l) => JSON.parse(l) as Record<string, unknown>);
-    assert.deepEqual(Object.keys(first!).sort(), ['attempt', 'command', 'containerID', 'level', 'msg', 'pod', 'scope', 'time']);
+    assert.deepEqual(Object.keys(first!).sort(), [
+      'attempt',
+      'command',
+      'containerID',
+      'level',
+      'msg',
+      'pod',
+      'scope',
+      'time',
+    ]);
     assert.equal(first!.scope, PLUGIN_LOG_SCOPE);
     assert.match(String(first!.time), /^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$/);
     assert.equal(second!.truncated, true);
@@ -92,10 +115,22 @@ describe('the plugin log socket: the plugin writes PluginLogRecord lines the age
   });
 });
 
-describe('durations: one grammar for the agent\'s flags and mesh-validation', () => {
+describe("durations: one grammar for the agent's flags and mesh-validation", () => {
   const cases: [string, number | null][] = [
-    ['500ms', 500], ['5s', 5000], ['1m30s', 90_000], ['1.5s', 1500], ['2h', 7_200_000], ['100us', 0.1],
-    [' 3s ', 3000], ['0', 0], ['', null], ['5', null], ['soon', null], ['5s x', null], ['-1s', null], ['1d', null],
+    ['500ms', 500],
+    ['5s', 5000],
+    ['1m30s', 90_000],
+    ['1.5s', 1500],
+    ['2h', 7_200_000],
+    ['100us', 0.1],
+    [' 3s ', 3000],
+    ['0', 0],
+    ['', null],
+    ['5', null],
+    ['soon', null],
+    ['5s x', null],
+    ['-1s', null],
+    ['1d', null],
   ];
   for (const [text, ms] of cases) {
     it(`${JSON.stringify(text)} -> ${ms}`, () => {
@@ -108,14 +143,18 @@ describe('durations: one grammar for the agent\'s flags and mesh-validation', ()
 
 describe('API Status text', () => {
   const cases: [string, string][] = [
-    ['{"kind":"Status","reason":"Forbidden","message":"pods \\"p\\" is forbidden"}', 'Forbidden: pods "p" is forbidden'],
+    [
+      '{"kind":"Status","reason":"Forbidden","message":"pods \\"p\\" is forbidden"}',
+      'Forbidden: pods "p" is forbidden',
+    ],
     ['{"kind":"Status","message":"only a message"}', 'only a message'],
     ['{"kind":"Status"}', ''],
     ['<html>502 Bad Gateway eyJhbGciOi</html>', ''],
     ['null', ''],
     ['"a string"', ''],
   ];
-  for (const [body, text] of cases) it(JSON.stringify(body.slice(0, 30)), () => assert.equal(statusMessage(body), text));
+  for (const [body, text] of cases)
+    it(JSON.stringify(body.slice(0, 30)), () => assert.equal(statusMessage(body), text));
 });
 
 describe('parse errors: one wording, never the text', () => {
@@ -141,17 +180,34 @@ describe('parse errors: one wording, never the text', () => {
   }
 });
 
-describe('the plugin\'s bundles', () => {
+describe("the plugin's bundles", () => {
   for (const entry of ['cni-plugin/main.ts', 'cni-plugin/validation-main.ts']) {
     it(`${entry} pulls in only cni-plugin/ files and node: built-ins`, async () => {
       const r = await esbuild.build({
-        entryPoints: [path.join(ROOT, entry)], bundle: true, platform: 'node', format: 'cjs', write: false, metafile: true, logLevel: 'silent',
+        entryPoints: [path.join(ROOT, entry)],
+        bundle: true,
+        platform: 'node',
+        format: 'cjs',
+        write: false,
+        metafile: true,
+        logLevel: 'silent',
       });
       const inputs = Object.keys(r.metafile.inputs);
-      assert.ok(inputs.some((f) => f.startsWith('cni-plugin/shared/')), 'uses cni-plugin/shared/');
-      assert.deepEqual(inputs.filter((f) => !f.startsWith('cni-plugin/')), []);
-      const external = Object.values(r.metafile.outputs).flatMap((o) => o.imports.filter((i) => i.external).map((i) => i.path));
-      assert.deepEqual(external.filter((p) => !p.startsWith('node:')), []);
+      assert.ok(
+        inputs.some((f) => f.startsWith('cni-plugin/shared/')),
+        'uses cni-plugin/shared/',
+      );
+      assert.deepEqual(
+        inputs.filter((f) => !f.startsWith('cni-plugin/')),
+        [],
+      );
+      const external = Object.values(r.metafile.outputs).flatMap((o) =>
+        o.imports.filter((i) => i.external).map((i) => i.path),
+      );
+      assert.deepEqual(
+        external.filter((p) => !p.startsWith('node:')),
+        [],
+      );
     });
   }
 });

@@ -16,7 +16,9 @@ describe('the test:unit list', () => {
   });
 
   it('is a part of the suites npm test runs, this one included', () => {
-    const all = readdirSync(dir).filter((f) => f.endsWith('.test.ts')).map((f) => f.slice(0, -'.test.ts'.length));
+    const all = readdirSync(dir)
+      .filter((f) => f.endsWith('.test.ts'))
+      .map((f) => f.slice(0, -'.test.ts'.length));
     assert.ok(UNIT_SUITES.includes('unit-suites'));
     assert.ok(UNIT_SUITES.length < all.length, 'some suites need root: npm test runs those');
   });

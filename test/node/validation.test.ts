@@ -56,12 +56,25 @@ describe('mesh-validation', () => {
     const { ns } = await sandbox();
     // A real server where the probe connects: without the redirect the connection reaches it.
     ns.exec(['ip', 'addr', 'add', '192.0.2.6/32', 'dev', 'lo']);
-    const listener = spawn('ip', ['netns', 'exec', ns.name, process.execPath, '-e',
-      "require('net').createServer((c)=>c.end('hi')).listen(15002,'192.0.2.6',()=>console.log('up'))"], { stdio: ['ignore', 'pipe', 'inherit'] });
+    const listener = spawn(
+      'ip',
+      [
+        'netns',
+        'exec',
+        ns.name,
+        process.execPath,
+        '-e',
+        "require('net').createServer((c)=>c.end('hi')).listen(15002,'192.0.2.6',()=>console.log('up'))",
+      ],
+      { stdio: ['ignore', 'pipe', 'inherit'] },
+    );
     after(() => listener.kill());
     await new Promise<void>((resolve, reject) => {
       const t = setTimeout(() => reject(new Error('listener did not start')), 10_000);
-      listener.stdout.once('data', () => { clearTimeout(t); resolve(); });
+      listener.stdout.once('data', () => {
+        clearTimeout(t);
+        resolve();
+      });
     });
     const term = path.join(tmp.dir, 'termination-log');
     writeFileSync(term, '');
@@ -74,7 +87,12 @@ describe('mesh-validation', () => {
   it('exits 126 when the probe is refused by the network or goes nowhere, and 2 on a bad flag', async () => {
     const { ns } = await sandbox();
     // The (fake) node has no route to the probe address: ICMP unreachable.
-    const unreachable = await validate(ns, ['--probe-timeout', '2s', '--termination-log', path.join(tmp.dir, 'absent', 'log')]);
+    const unreachable = await validate(ns, [
+      '--probe-timeout',
+      '2s',
+      '--termination-log',
+      path.join(tmp.dir, 'absent', 'log'),
+    ]);
     assert.equal(unreachable.code, 126, unreachable.stdout + unreachable.stderr);
     assert.match(unreachable.stderr, /connecting to 192\.0\.2\.6:15002 failed: E(NET|HOST)UNREACH/);
     // Now the node forwards it to a neighbour that never answers: the SYN vanishes.

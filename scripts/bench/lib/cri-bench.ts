@@ -17,7 +17,11 @@
 import { spawnSync } from 'node:child_process';
 import type { TestApiServer } from '../../../test/helpers/apiserver.ts';
 import {
-  bridgePortmap, compileStatic, Containerd, DEBIAN_PLUGINS, type CniCall,
+  bridgePortmap,
+  compileStatic,
+  Containerd,
+  DEBIAN_PLUGINS,
+  type CniCall,
 } from '../../../test/helpers/cri-containerd.ts';
 import { meshPod } from '../../../test/helpers/plugin.ts';
 import { pct } from './stats.ts';
@@ -54,9 +58,14 @@ const ms = (a: bigint, b: bigint) => Number(b - a) / 1e6;
 /** Our plugin entry as install-cni writes it by default (src/install/template.ts). */
 function meshEntry(o: CriBenchOptions): Record<string, unknown> {
   return {
-    type: 'mesh-cni', log_level: 'warn', log_uds_address: o.logUds, pod_lookup_uds_address: o.podLookupSocket,
+    type: 'mesh-cni',
+    log_level: 'warn',
+    log_uds_address: o.logUds,
+    pod_lookup_uds_address: o.podLookupSocket,
     orch: {
-      orchconfig: o.orchconfig, cni_bin_dir: '/opt/cni/bin', exclude_namespaces: ['mesh-system', 'kube-system'],
+      orchconfig: o.orchconfig,
+      cni_bin_dir: '/opt/cni/bin',
+      exclude_namespaces: ['mesh-system', 'kube-system'],
       node_name: o.nodeName,
     },
   };
@@ -66,7 +75,10 @@ async function startPod(net: Network, name: string, uid: string, record: boolean
   const { cri } = net.ctrd;
   const t0 = process.hrtime.bigint();
   const id = await cri.runPodSandbox({
-    name, namespace: 'bench-cri', uid, labels: { 'mesh-bench': 'cri' },
+    name,
+    namespace: 'bench-cri',
+    uid,
+    labels: { 'mesh-bench': 'cri' },
     cgroupParent: `${net.ctrd.cgroupParent}/pod${uid}`,
   });
   for (let i = 0; ; i++) {
@@ -117,17 +129,22 @@ export async function benchCri(o: CriBenchOptions): Promise<Map<string, number>>
       const plugins = bridgePortmap(`mcnicri${k + 1}`, `198.18.${160 + k}.0/24`);
       if (v.mesh) plugins.push(meshEntry(o));
       const ctrd = await Containerd.start({
-        tag: `b${k}`, plugins, pauseBinary: pause, timingShim: shim,
+        tag: `b${k}`,
+        plugins,
+        pauseBinary: pause,
+        timingShim: shim,
         binaries: { ...DEBIAN_PLUGINS, ...(v.mesh ? { 'mesh-cni': v.mesh } : {}) },
       });
       const mesh = v.mesh !== undefined;
       networks.push({ label: v.label, mesh, ctrd, startMs: [], stopMs: [], removeMs: [], ids: [], spans: [] });
     }
     // Every pod in the API server (so in the agent's watch) before any sandbox starts.
-    const pods = networks.map((_, k) => Array.from({ length: o.pods + 1 }, (_, i) => {
-      const t = meshPod('bench-cri', `cri-${k}-${i}`);
-      return o.api.upsertPod({ ...t, spec: { ...t.spec!, nodeName: o.nodeName } });
-    }));
+    const pods = networks.map((_, k) =>
+      Array.from({ length: o.pods + 1 }, (_, i) => {
+        const t = meshPod('bench-cri', `cri-${k}-${i}`);
+        return o.api.upsertPod({ ...t, spec: { ...t.spec!, nodeName: o.nodeName } });
+      }),
+    );
     // Warm-up (not recorded): page cache, each containerd's first sandbox, the flavour cache.
     for (const [k, net] of networks.entries()) {
       await startPod(net, pods[k]![0]!.metadata!.name!, pods[k]![0]!.metadata!.uid!, false);
@@ -154,12 +171,16 @@ export async function benchCri(o: CriBenchOptions): Promise<Map<string, number>>
 function report(networks: readonly Network[], pods: number, runtime: string): Map<string, number> {
   const base = networks[0]!;
   const w = Math.max(...networks.map((n) => n.label.length));
-  console.log(`\npod start under a CRI runtime (${runtime}, runc, cgroupfs), ` +
-    'RunPodSandbox until PodSandboxStatus is ready with an IP, as kubelet sees it; ' +
-    `${pods} pods per network, interleaved; ms`);
-  console.log('(+paired: p50 of the difference to the baseline pod of the same round; ' +
-    'then p50s of its parts: RunPodSandbox sent to the first CNI ADD, the CNI ADDs (first start to last end), ' +
-    'the last ADD to ready; and of StopPodSandbox and RemovePodSandbox)');
+  console.log(
+    `\npod start under a CRI runtime (${runtime}, runc, cgroupfs), ` +
+      'RunPodSandbox until PodSandboxStatus is ready with an IP, as kubelet sees it; ' +
+      `${pods} pods per network, interleaved; ms`,
+  );
+  console.log(
+    '(+paired: p50 of the difference to the baseline pod of the same round; ' +
+      'then p50s of its parts: RunPodSandbox sent to the first CNI ADD, the CNI ADDs (first start to last end), ' +
+      'the last ADD to ready; and of StopPodSandbox and RemovePodSandbox)',
+  );
   const heads = ['p50', 'p90', '+p50', '+p90', '+paired', 'to CNI', 'CNI ADDs', 'to ready', 'stop', 'remove'];
   console.log(cols('network'.padEnd(w), ...heads.map((h) => h.padStart(8))));
   const overhead = new Map<string, number>();
@@ -170,15 +191,42 @@ function report(networks: readonly Network[], pods: number, runtime: string): Ma
     if (n.mesh) overhead.set(n.label, d50);
     const plus = (v: number) => (n === base ? '-'.padStart(8) : `${v >= 0 ? '+' : ''}${v.toFixed(1)}`.padStart(8));
     const parts = phases(n);
-    const paired = p(n.startMs.map((x, i) => x - base.startMs[i]!), 50);
-    console.log(cols(n.label.padEnd(w), f(p(n.startMs, 50)), f(p(n.startMs, 90)), plus(d50), plus(d90), plus(paired),
-      f(p(parts.toCni, 50)), f(p(parts.cni, 50)), f(p(parts.toReady, 50)), f(p(n.stopMs, 50)), f(p(n.removeMs, 50))));
+    const paired = p(
+      n.startMs.map((x, i) => x - base.startMs[i]!),
+      50,
+    );
+    console.log(
+      cols(
+        n.label.padEnd(w),
+        f(p(n.startMs, 50)),
+        f(p(n.startMs, 90)),
+        plus(d50),
+        plus(d90),
+        plus(paired),
+        f(p(parts.toCni, 50)),
+        f(p(parts.cni, 50)),
+        f(p(parts.toReady, 50)),
+        f(p(n.stopMs, 50)),
+        f(p(n.removeMs, 50)),
+      ),
+    );
   }
 
-  console.log('\nCNI calls as containerd ran them (timing shim around each plugin), wall ms; ' +
-    'DEL 1st = on StopPodSandbox (netns there), DEL 2nd = on RemovePodSandbox (netns gone)');
-  console.log(cols('network'.padEnd(w), 'plugin'.padEnd(9), 'call'.padEnd(7), 'n'.padStart(4), 'p50'.padStart(8),
-    'p90'.padStart(8), 'failed'));
+  console.log(
+    '\nCNI calls as containerd ran them (timing shim around each plugin), wall ms; ' +
+      'DEL 1st = on StopPodSandbox (netns there), DEL 2nd = on RemovePodSandbox (netns gone)',
+  );
+  console.log(
+    cols(
+      'network'.padEnd(w),
+      'plugin'.padEnd(9),
+      'call'.padEnd(7),
+      'n'.padStart(4),
+      'p50'.padStart(8),
+      'p90'.padStart(8),
+      'failed',
+    ),
+  );
   for (const n of networks) {
     const ours = new Set(n.ids);
     const calls = n.ctrd.cniCalls().filter((c) => ours.has(c.containerId));
@@ -190,8 +238,17 @@ function report(networks: readonly Network[], pods: number, runtime: string): Ma
         if (xs.length === 0) continue;
         const walls = xs.map((c) => ms(c.startNs, c.endNs));
         const failed = xs.filter((c) => c.code !== 0).length;
-        console.log(cols(n.label.padEnd(w), plugin.padEnd(9), call.padEnd(7), String(xs.length).padStart(4),
-          f(pct(walls, 50)), f(pct(walls, 90)), String(failed)));
+        console.log(
+          cols(
+            n.label.padEnd(w),
+            plugin.padEnd(9),
+            call.padEnd(7),
+            String(xs.length).padStart(4),
+            f(pct(walls, 50)),
+            f(pct(walls, 90)),
+            String(failed),
+          ),
+        );
       }
     }
   }

@@ -4,7 +4,16 @@ import { buildSettings } from '../../../src/config/settings.ts';
 import { Reconciler } from '../../../src/install/reconcile.ts';
 
 const [netDir, binDir, binariesDir, saDir] = process.argv.slice(2) as [string, string, string, string];
-const settings = buildSettings({ 'mesh-owned-cni-config': 'false', 'mounted-cni-net-dir': netDir, 'mounted-cni-bin-dir': binDir, 'cni-binaries-dir': binariesDir, 'service-account-dir': saDir }, { KUBERNETES_SERVICE_HOST: '198.18.96.1', KUBERNETES_SERVICE_PORT: '443' });
+const settings = buildSettings(
+  {
+    'mesh-owned-cni-config': 'false',
+    'mounted-cni-net-dir': netDir,
+    'mounted-cni-bin-dir': binDir,
+    'cni-binaries-dir': binariesDir,
+    'service-account-dir': saDir,
+  },
+  { KUBERNETES_SERVICE_HOST: '198.18.96.1', KUBERNETES_SERVICE_PORT: '443' },
+);
 const reconciler = new Reconciler(settings.install, settings.env);
 let writes = 0;
 const tick = async () => {

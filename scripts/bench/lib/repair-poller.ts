@@ -6,7 +6,10 @@ import { buildSettings } from '../../../src/config/settings.ts';
 import { detectBroken, hasLabel } from '../../../src/repair/detect.ts';
 
 const [orchconfig, node] = process.argv.slice(2) as [string, string];
-const s = buildSettings({ 'repair-enabled': true, 'repair-label-pods': true, 'repair-node-name': node, orchconfig }, {}).repair;
+const s = buildSettings(
+  { 'repair-enabled': true, 'repair-label-pods': true, 'repair-node-name': node, orchconfig },
+  {},
+).repair;
 const kc = new KubeConfig();
 kc.loadFromFile(orchconfig);
 const core = kc.makeApiClient(CoreV1Api);
@@ -17,8 +20,20 @@ const tick = async () => {
       .filter((p) => detectBroken(p, s) && !hasLabel(p, s.labelKey, s.labelValue))
       .map(async (p) => {
         const { name, namespace, uid } = p.metadata as { name: string; namespace: string; uid: string };
-        await core.patchNamespacedPod({ name, namespace, body: { metadata: { labels: { [s.labelKey]: s.labelValue } } } }, setHeaderOptions('Content-Type', PatchStrategy.MergePatch));
-        await core.createNamespacedEvent({ namespace, body: { metadata: { generateName: `${name}.` }, involvedObject: { kind: 'Pod', name, namespace, uid }, reason: 'Repair', message: 'broken', type: 'Warning' } });
+        await core.patchNamespacedPod(
+          { name, namespace, body: { metadata: { labels: { [s.labelKey]: s.labelValue } } } },
+          setHeaderOptions('Content-Type', PatchStrategy.MergePatch),
+        );
+        await core.createNamespacedEvent({
+          namespace,
+          body: {
+            metadata: { generateName: `${name}.` },
+            involvedObject: { kind: 'Pod', name, namespace, uid },
+            reason: 'Repair',
+            message: 'broken',
+            type: 'Warning',
+          },
+        });
       }),
   );
 };

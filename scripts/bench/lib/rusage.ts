@@ -38,7 +38,9 @@ export class RusageDriver {
   async runAll(jobs: readonly Job[]): Promise<{ wallMs: number; results: Measured[] }> {
     const line = await new Promise<string>((resolve) => {
       this.#waiting.push(resolve);
-      this.#child.stdin.write(JSON.stringify({ jobs: jobs.map((j) => ({ argv: j.argv, env: j.env, input: j.input ?? '' })) }) + '\n');
+      this.#child.stdin.write(
+        JSON.stringify({ jobs: jobs.map((j) => ({ argv: j.argv, env: j.env, input: j.input ?? '' })) }) + '\n',
+      );
     });
     const reply = JSON.parse(line) as { error?: string; wallMs: number; results: Measured[] };
     if (reply.error) throw new Error(`rusage driver: ${reply.error} (argv ${jobs[0]?.argv.join(' ')})`);

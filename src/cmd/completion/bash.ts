@@ -20,10 +20,14 @@ export function bashScript(root: CompletionCommand): string {
       if (o.value === 'none') continue;
       const keys = optionNames(o).map((n) => key(cmd, n));
       (o.value === 'required' ? required : optional).push(...keys);
-      const gen = o.choices.length > 0 ? `compgen -W ${sq(o.choices.join(' '))} -- "$3"`
-        : o.hint === 'dir' ? 'compgen -d -- "$3"'
-          : o.hint === 'file' ? 'compgen -f -- "$3"'
-            : '';
+      const gen =
+        o.choices.length > 0
+          ? `compgen -W ${sq(o.choices.join(' '))} -- "$3"`
+          : o.hint === 'dir'
+            ? 'compgen -d -- "$3"'
+            : o.hint === 'file'
+              ? 'compgen -f -- "$3"'
+              : '';
       if (gen === '') continue;
       const filenames = o.choices.length === 0 ? 'compopt -o filenames 2>/dev/null; ' : '';
       values.push(`    ${keys.join(' | ')})\n      ${filenames}mapfile -t COMPREPLY < <(${gen}) ;;`);

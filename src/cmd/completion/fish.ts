@@ -12,8 +12,12 @@ export function fishScript(root: CompletionCommand): string {
   const prefix = `__${identifier(root.name)}`;
   const commands = allCommands(root);
   const key = (cmd: CompletionCommand, word: string): string => fq(`${cmd.path.join(' ')}|${word}`);
-  const required = commands.flatMap((c) => c.options.filter((o) => o.value === 'required').flatMap((o) => optionNames(o).map((n) => key(c, n))));
-  const optional = commands.flatMap((c) => c.options.filter((o) => o.value === 'optional').flatMap((o) => optionNames(o).map((n) => key(c, n))));
+  const required = commands.flatMap((c) =>
+    c.options.filter((o) => o.value === 'required').flatMap((o) => optionNames(o).map((n) => key(c, n))),
+  );
+  const optional = commands.flatMap((c) =>
+    c.options.filter((o) => o.value === 'optional').flatMap((o) => optionNames(o).map((n) => key(c, n))),
+  );
   const subcommands = commands.flatMap((c) => c.commands.map((s) => key(c, s.name)));
 
   const lines: string[] = [];
@@ -21,13 +25,18 @@ export function fishScript(root: CompletionCommand): string {
     const at = `-n ${fq(`${prefix}_is ${fq(cmd.path.join(' '))}`)}`;
     lines.push('', `# ${cmd.path.join(' ')}`);
     for (const sub of cmd.commands) {
-      lines.push(`complete -c ${root.name} -n ${fq(`${prefix}_is ${fq(cmd.path.join(' '))} 0`)} -a ${fq(sub.name)}${describe(sub.description)}`);
+      lines.push(
+        `complete -c ${root.name} -n ${fq(`${prefix}_is ${fq(cmd.path.join(' '))} 0`)} -a ${fq(sub.name)}${describe(sub.description)}`,
+      );
     }
     cmd.args.forEach((arg, i) => {
       // Subcommands are completed above; an argument completes its choices.
       const words = arg.choices;
       // Choices go bare, like option values: the argument's help only lists them again.
-      if (words.length > 0) lines.push(`complete -c ${root.name} -n ${fq(`${prefix}_is ${fq(cmd.path.join(' '))} ${i}`)} -a ${fq(words.join(' '))}`);
+      if (words.length > 0)
+        lines.push(
+          `complete -c ${root.name} -n ${fq(`${prefix}_is ${fq(cmd.path.join(' '))} ${i}`)} -a ${fq(words.join(' '))}`,
+        );
     });
     for (const o of cmd.options) {
       const names = `${o.short ? ` -s ${o.short.slice(1)}` : ''} -l ${o.long.slice(2)}`;
@@ -38,7 +47,9 @@ export function fishScript(root: CompletionCommand): string {
       if (o.value === 'optional' && values) {
         // `--flag value` with an optional value: commander takes the next word unless it starts with -.
         const pending = o.short ? `${o.short} ${o.long}` : o.long;
-        lines.push(`complete -c ${root.name} -n ${fq(`${prefix}_pending ${fq(cmd.path.join(' '))} ${pending}`)} -a ${values}`);
+        lines.push(
+          `complete -c ${root.name} -n ${fq(`${prefix}_pending ${fq(cmd.path.join(' '))} ${pending}`)} -a ${values}`,
+        );
       }
     }
   }

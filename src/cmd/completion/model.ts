@@ -47,7 +47,10 @@ function commandModel(cmd: Command, parent: readonly string[], descriptions: boo
     path,
     name: cmd.name(),
     description: descriptions ? summary(cmd.description()) : '',
-    options: help.visibleOptions(cmd).filter((o) => o.long !== undefined).map((o) => optionModel(o, descriptions)),
+    options: help
+      .visibleOptions(cmd)
+      .filter((o) => o.long !== undefined)
+      .map((o) => optionModel(o, descriptions)),
     commands: help.visibleCommands(cmd).map((c) => commandModel(c, path, descriptions)),
     args: cmd.registeredArguments.map((a) => argumentModel(a, descriptions)),
   };

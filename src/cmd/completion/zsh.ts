@@ -37,7 +37,9 @@ function commandFunction(cmd: CompletionCommand, fn: string): string {
     ${specs.join(' \\\n    ')}
 }`;
   }
-  const items = cmd.commands.map((c) => sq(c.description ? `${escapeDescribe(c.name)}:${c.description}` : escapeDescribe(c.name)));
+  const items = cmd.commands.map((c) =>
+    sq(c.description ? `${escapeDescribe(c.name)}:${c.description}` : escapeDescribe(c.name)),
+  );
   const cases = cmd.commands.map((c) => `      (${c.name}) ${functionName(c)} && ret=0 ;;`);
   return `${fn}() {
   local curcontext=$curcontext state state_descr line ret=1
@@ -64,7 +66,14 @@ function optionSpecs(o: CompletionOption): string[] {
   const names = optionNames(o);
   const exclusion = names.length > 1 ? `(${names.join(' ')})` : '';
   const desc = o.description ? `[${escapeSpec(o.description)}]` : '';
-  const action = o.choices.length > 0 ? choiceAction(o.choices) : o.hint === 'dir' ? '_files -/' : o.hint === 'file' ? '_files' : ' ';
+  const action =
+    o.choices.length > 0
+      ? choiceAction(o.choices)
+      : o.hint === 'dir'
+        ? '_files -/'
+        : o.hint === 'file'
+          ? '_files'
+          : ' ';
   const message = o.long.slice(2);
   return names.map((n) => {
     const long = n.startsWith('--');
