@@ -39,6 +39,7 @@ import { fileURLToPath } from 'node:url';
 import type { V1Pod } from '@kubernetes/client-node';
 import { startTestApiServer, type RequestRecord, type TestApiServer } from '../../test/helpers/apiserver.ts';
 import { waitFor } from '../../test/helpers/poll.ts';
+import { scratchAgentFlags } from '../../test/helpers/agent.ts';
 import { bundleOptions } from '../bundle-options.ts';
 
 const AGENTS = Number(process.env.AGENTS ?? 500);
@@ -318,24 +319,7 @@ async function agentRss(bundle: string, pods: number): Promise<number> {
       bundle,
       '--repair-enabled',
       '--repair-label-pods',
-      '--orchconfig',
-      kc,
-      '--mounted-cni-net-dir',
-      path.join(dir, 'net.d'),
-      '--mounted-cni-bin-dir',
-      path.join(dir, 'bin'),
-      '--cni-binaries-dir',
-      path.join(dir, 'src'),
-      '--monitoring-port',
-      '0',
-      '--ctrlz_port',
-      '0',
-      '--log-uds-address',
-      path.join(dir, 'log.sock'),
-      '--pod-lookup-uds-address',
-      path.join(dir, 'pods.sock'),
-      '--cleanup-on-exit',
-      'never',
+      ...scratchAgentFlags(dir, kc),
       '--log_output_level',
       'all:none',
     ],

@@ -23,6 +23,7 @@ import { startTestApiServer, type TestApiServer } from '../../test/helpers/apise
 import { bundleOptions } from '../bundle-options.ts';
 import { brokenPod, testPod } from '../../test/helpers/pods.ts';
 import { waitFor } from '../../test/helpers/poll.ts';
+import { scratchAgentFlags } from '../../test/helpers/agent.ts';
 
 const PODS = Number(process.env.PODS ?? 1000);
 const REACTIONS = Number(process.env.REACTIONS ?? 200);
@@ -62,24 +63,7 @@ const agent: Contender = {
         '--repair-label-pods',
         '--repair-node-name',
         'node-a',
-        '--orchconfig',
-        kc,
-        '--mounted-cni-net-dir',
-        path.join(dir, 'net.d'),
-        '--mounted-cni-bin-dir',
-        path.join(dir, 'bin'),
-        '--cni-binaries-dir',
-        path.join(dir, 'src'),
-        '--monitoring-port',
-        '0',
-        '--ctrlz_port',
-        '0',
-        '--log-uds-address',
-        path.join(dir, 'log.sock'),
-        '--pod-lookup-uds-address',
-        path.join(dir, 'pods.sock'),
-        '--cleanup-on-exit',
-        'never',
+        ...scratchAgentFlags(dir, kc),
         '--log_output_level',
         'all:none',
       ],

@@ -24,6 +24,25 @@ export interface AgentProcess {
   stop(signal: NodeJS.Signals, ms?: number): Promise<number | string>;
 }
 
+/**
+ * The flags that run an agent in a scratch dir of its own against a test API server: the
+ * orchconfig `kc`, the net, bin and source dirs `net.d`, `bin`, `src` under `dir` (made by the
+ * caller), both sockets there, ports chosen by the kernel, nothing removed on exit. Benchmarks
+ * and tests add what they measure (repair flags, log levels).
+ */
+export function scratchAgentFlags(dir: string, kc: string): string[] {
+  return [
+    ...['--orchconfig', kc],
+    ...['--mounted-cni-net-dir', path.join(dir, 'net.d')],
+    ...['--mounted-cni-bin-dir', path.join(dir, 'bin')],
+    ...['--cni-binaries-dir', path.join(dir, 'src')],
+    ...['--monitoring-port', '0', '--ctrlz_port', '0'],
+    ...['--log-uds-address', path.join(dir, 'log.sock')],
+    ...['--pod-lookup-uds-address', path.join(dir, 'pods.sock')],
+    ...['--cleanup-on-exit', 'never'],
+  ];
+}
+
 /** source: the TypeScript through Node's type stripping; bundle: dist/install-cni.js, what the image runs. */
 export type AgentEntry = 'source' | 'bundle';
 const ENTRY: Record<AgentEntry, string> = { source: 'bin/install-cni.js', bundle: 'dist/install-cni.js' };

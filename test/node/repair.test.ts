@@ -20,6 +20,7 @@ import { apiRequest, startTestApiServer, type TestApiServer } from '../helpers/a
 import { waitFor as pollFor } from '../helpers/poll.ts';
 import { brokenPod, testPod } from '../helpers/pods.ts';
 import { DEPLOY_DIR, kustomize } from '../helpers/podman-daemonset.ts';
+import { scratchAgentFlags } from '../helpers/agent.ts';
 import { rulesFor } from '../helpers/rbac.ts';
 
 const FAST: Partial<RepairTiming> = {
@@ -406,26 +407,9 @@ describe('repair controller end to end', () => {
         '--repair-delete-pods',
         '--repair-concurrency',
         '4',
-        '--orchconfig',
-        kc,
         '--repair-node-name',
         'node-a',
-        '--mounted-cni-net-dir',
-        path.join(root, 'net.d'),
-        '--mounted-cni-bin-dir',
-        path.join(root, 'bin'),
-        '--cni-binaries-dir',
-        path.join(root, 'src'),
-        '--monitoring-port',
-        '0',
-        '--ctrlz_port',
-        '0',
-        '--log-uds-address',
-        path.join(root, 'log.sock'),
-        '--pod-lookup-uds-address',
-        path.join(root, 'pods.sock'),
-        '--cleanup-on-exit',
-        'never',
+        ...scratchAgentFlags(root, kc),
       ],
       {
         env: { PATH: process.env.PATH ?? '/usr/bin:/bin' },
