@@ -147,7 +147,7 @@ export class PodSource {
   /** Another reader of the same watch (one watch per node, not one per reader); gets the cache first. */
   addHandler(handler: PodHandler): void {
     this.#handlers.push(handler);
-    for (const p of this.#cache.values()) handler.upsert(p);
+    for (const p of this.#cache.values()) this.#tell([handler], 'upsert', p);
     if (this.#lists > 0) handler.cacheSize?.(this.#cache.size);
   }
 
@@ -343,18 +343,37 @@ export class PodSource {
     return rv;
   }
 
+  /**
+   * Each reader hears the change. One that throws (a bug, or a pod it cannot take) is logged and
+   * never stops the others or the watch: a throw here failed the list for ever (the watch never
+   * current) or, inside a watch event, escaped the stream's listener and ended the agent.
+   */
+  #tell(readers: readonly PodHandler[], what: 'upsert' | 'remove', pod: V1Pod): void {
+    for (const h of readers) {
+      try {
+        h[what](pod);
+      } catch (e) {
+        this.#log.error('a reader of the pod watch failed on a pod; the watch and the other readers go on', {
+          pod: podKey(pod),
+          event: what,
+          error: e instanceof Error ? e.message : String(e),
+        });
+      }
+    }
+  }
+
   /** The state read (a list, or a watch-list's initial events) replaces the cache; readers hear what changed. */
   #replace(seen: Map<string, V1Pod>, rv: string): void {
     this.#lists++;
     for (const [k, old] of this.#cache) {
       if (!seen.has(k)) {
         this.#cache.delete(k);
-        for (const h of this.#handlers) h.remove(old);
+        this.#tell(this.#handlers, 'remove', old);
       }
     }
     for (const [k, p] of seen) {
       this.#cache.set(k, p);
-      for (const h of this.#handlers) h.upsert(p);
+      this.#tell(this.#handlers, 'upsert', p);
     }
     for (const h of this.#handlers) h.cacheSize?.(this.#cache.size);
     this.#resourceVersion = rv;
@@ -448,10 +467,10 @@ export class PodSource {
         const k = podKey(pod);
         if (type === 'DELETED') {
           this.#cache.delete(k);
-          for (const h of this.#handlers) h.remove(pod);
+          this.#tell(this.#handlers, 'remove', pod);
         } else {
           this.#cache.set(k, pod);
-          for (const h of this.#handlers) h.upsert(pod);
+          this.#tell(this.#handlers, 'upsert', pod);
         }
         for (const h of this.#handlers) h.cacheSize?.(this.#cache.size);
       };
