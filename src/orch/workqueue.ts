@@ -245,7 +245,7 @@ export class WorkQueue<K> {
     if (this.#stopping.signal.aborted || e.attempt >= this.#o.maxAttempts) {
       const why = this.#stopping.signal.aborted ? 'stopping' : 'max_attempts';
       drops.inc({ queue: name, reason: why === 'stopping' ? 'stopped' : 'max_attempts' });
-      this.#o.onGiveUp?.(key, { attempts: e.attempt, why, ...errorField });
+      observe(() => this.#o.onGiveUp?.(key, { attempts: e.attempt, why, ...errorField }));
       this.#finish(key, e);
       return;
     }
@@ -255,7 +255,7 @@ export class WorkQueue<K> {
     // The retry covers an add() made while this attempt ran.
     e.again = false;
     e.state = 'waiting';
-    this.#o.onRetry?.(key, { attempt: e.attempt, delayMs, ...errorField });
+    observe(() => this.#o.onRetry?.(key, { attempt: e.attempt, delayMs, ...errorField }));
     this.#clock.sleep(delayMs, this.#stopping.signal).then(
       () => {
         e.state = 'queued';
@@ -286,5 +286,17 @@ export class WorkQueue<K> {
     );
     this.#beside.add(settled);
     void settled.finally(() => this.#beside.delete(settled));
+  }
+}
+
+/**
+ * Runs an observer hook (onRetry, onGiveUp: logs, metrics). One that throws must not strand its
+ * key (left "waiting" for ever: add() refused) nor end the process with an unhandled rejection.
+ */
+function observe(hook: () => void): void {
+  try {
+    hook();
+  } catch {
+    // An observer's bug is not the queue's: the key goes on as if the hook had returned.
   }
 }

@@ -410,6 +410,44 @@ describe('work queue: concurrency and rate', () => {
   });
 });
 
+describe('work queue: hooks', () => {
+  it('a hook that throws strands no key: the retry still runs, and giving up still forgets the key', async () => {
+    const outcomes: Outcome[] = ['retry', 'done', 'retry', 'retry'];
+    const { q, clock, attempts } = harness<string>(async () => outcomes.shift() ?? 'done', {
+      maxAttempts: 2,
+      onRetry: () => {
+        throw new Error('observer bug');
+      },
+      onGiveUp: () => {
+        throw new Error('observer bug');
+      },
+    });
+    const unhandled: unknown[] = [];
+    const onUnhandled = (e: unknown) => unhandled.push(e);
+    process.on('unhandledRejection', onUnhandled);
+    try {
+      q.add('a');
+      await clock.advance(1000);
+      assert.deepEqual(
+        attempts.map((a) => a.attempt),
+        [1, 2],
+        'the retry ran although onRetry threw',
+      );
+      assert.equal(q.has('a'), false, 'done: the key is forgotten');
+      q.add('b');
+      await clock.advance(1000);
+      assert.equal(q.has('b'), false, 'given up: the key is forgotten although onGiveUp threw');
+      q.add('b');
+      assert.equal(q.has('b'), true, 'and it can be added again');
+      await settle();
+      assert.deepEqual(unhandled, []);
+    } finally {
+      process.off('unhandledRejection', onUnhandled);
+      await q.stop(0);
+    }
+  });
+});
+
 describe('work queue: stop', () => {
   it('lets reconciles under way finish within the grace period; starts nothing more, drops retries', async () => {
     const running = gate();
