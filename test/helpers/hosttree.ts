@@ -101,3 +101,13 @@ export const BRIDGE_CONFLIST = `{
   ]
 }
 `;
+
+/** A host tree removed after the test that made it (see cleanupAfterEach). */
+export async function makeHostTreeFor(
+  defer: (cleanup: () => Promise<unknown>) => void,
+  opts: { token?: string; ca?: string } = {},
+): Promise<HostTree> {
+  const t = await makeHostTree(opts);
+  defer(() => t.remove());
+  return t;
+}

@@ -9,7 +9,7 @@
 import assert from 'node:assert/strict';
 import fs from 'node:fs/promises';
 import path from 'node:path';
-import { afterEach, describe, it } from 'node:test';
+import { describe, it } from 'node:test';
 import { spawnAgent, type AgentProcess } from '../helpers/agent.ts';
 import { startTestApiServer, type TestApiServer } from '../helpers/apiserver.ts';
 import { BRIDGE_CONFLIST, makeHostTree, type HostTree } from '../helpers/hosttree.ts';
@@ -19,28 +19,26 @@ import { ROOT } from '../helpers/cli.ts';
 import { LEFT_OUT } from '../../scripts/slim-client-node.ts';
 import { DEPLOY_DIR, kustomize } from '../helpers/podman-daemonset.ts';
 import { rulesFor } from '../helpers/rbac.ts';
+import { cleanupAfterEach } from '../helpers/cleanup.ts';
 
-const cleanups: (() => Promise<unknown>)[] = [];
-afterEach(async () => {
-  for (const c of cleanups.splice(0).reverse()) await c().catch(() => {});
-});
+const defer = cleanupAfterEach();
 
 async function setUp(): Promise<{ api: TestApiServer; t: HostTree }> {
   const api = await startTestApiServer({ bookmarkIntervalMs: 200 });
-  cleanups.push(() => api.close());
+  defer(() => api.close());
   const rules = [
     ...rulesFor(kustomize(DEPLOY_DIR).objects, 'mesh-system', 'mesh-cni'),
     { verbs: ['delete'], apiGroups: [''], resources: ['pods'] },
   ];
   const t = await makeHostTree({ token: api.serviceAccount('mesh-system', 'mesh-cni', rules), ca: api.caPem });
-  cleanups.push(() => t.remove());
+  defer(() => t.remove());
   await fs.writeFile(path.join(t.netDir, '10-bridge.conflist'), BRIDGE_CONFLIST);
   return { api, t };
 }
 
 function bundled(t: HostTree, flags: Record<string, string>, env: Record<string, string>): AgentProcess {
   const a = spawnAgent(t, flags, env, 'bundle');
-  cleanups.push(() => a.stop('SIGKILL'));
+  defer(() => a.stop('SIGKILL'));
   return a;
 }
 

@@ -6,26 +6,20 @@ import { execFileSync } from 'node:child_process';
 import { closeSync, constants, openSync, readFileSync } from 'node:fs';
 import fs from 'node:fs/promises';
 import path from 'node:path';
-import { afterEach, describe, it } from 'node:test';
+import { describe, it } from 'node:test';
 import { spawnAgent, type AgentProcess } from '../helpers/agent.ts';
 import { startTestApiServer, type TestApiServer } from '../helpers/apiserver.ts';
-import { BRIDGE_CONFLIST, makeHostTree, type HostTree } from '../helpers/hosttree.ts';
+import { BRIDGE_CONFLIST, makeHostTreeFor, type HostTree } from '../helpers/hosttree.ts';
 import { eventually } from '../helpers/poll.ts';
+import { cleanupAfterEach } from '../helpers/cleanup.ts';
 
-const cleanups: (() => Promise<unknown>)[] = [];
-afterEach(async () => {
-  for (const c of cleanups.splice(0).reverse()) await c().catch(() => {});
-});
+const defer = cleanupAfterEach();
 
-async function tree(): Promise<HostTree> {
-  const t = await makeHostTree();
-  cleanups.push(() => t.remove());
-  return t;
-}
+const tree = (): Promise<HostTree> => makeHostTreeFor(defer);
 
 function agent(t: HostTree, flags: Record<string, string> = {}, env: Record<string, string> = {}): AgentProcess {
   const a = spawnAgent(t, flags, env);
-  cleanups.push(() => a.stop('SIGKILL'));
+  defer(() => a.stop('SIGKILL'));
   return a;
 }
 
@@ -155,7 +149,7 @@ describe('install-cni process', () => {
   describe('--cleanup-on-exit=auto', () => {
     async function withApi(): Promise<{ api: TestApiServer; t: HostTree; env: Record<string, string> }> {
       const api = await startTestApiServer();
-      cleanups.push(() => api.close());
+      defer(() => api.close());
       const t = await tree();
       await t.rotate({ token: api.token, 'ca.crt': api.caPem });
       await fs.writeFile(path.join(t.netDir, '10-bridge.conflist'), BRIDGE_CONFLIST);
@@ -231,7 +225,7 @@ describe('install-cni process against hostile files in the net dir', () => {
     await a.waitForLog((r) => r.msg === 'mesh-cni is installed and ready', 'ready');
     const fifo = path.join(t.netDir, '00-x.conflist');
     execFileSync('mkfifo', [fifo]);
-    cleanups.push(async () => {
+    defer(async () => {
       // Releases a reader stuck in open() (the bug this test is about), so the process can go.
       try {
         closeSync(openSync(fifo, constants.O_WRONLY | constants.O_NONBLOCK));
@@ -258,7 +252,7 @@ describe('install-cni process against hostile files in the net dir', () => {
     const tokenFile = t.flags['plugin-token-file']!;
     await fs.rm(tokenFile);
     execFileSync('mkfifo', [tokenFile]);
-    cleanups.push(async () => {
+    defer(async () => {
       try {
         closeSync(openSync(tokenFile, constants.O_WRONLY | constants.O_NONBLOCK));
       } catch {

@@ -10,21 +10,19 @@ import { execFileSync, spawn } from 'node:child_process';
 import { readFileSync, statSync } from 'node:fs';
 import fs from 'node:fs/promises';
 import path from 'node:path';
-import { afterEach, describe, it } from 'node:test';
+import { describe, it } from 'node:test';
 import { buildSettings } from '../../src/config/settings.ts';
 import { Reconciler } from '../../src/install/reconcile.ts';
 import { configureLogging } from '../../src/monitoring/logging.ts';
 import { BRIDGE_CONFLIST, makeHostTree, type HostTree } from '../helpers/hosttree.ts';
+import { cleanupAfterEach } from '../helpers/cleanup.ts';
 
 configureLogging(
   { asJson: true, outputLevels: buildSettings({ log_output_level: 'all:none' }, {}).logging.outputLevels },
   { write: () => {} },
 );
 
-const cleanups: (() => Promise<unknown>)[] = [];
-afterEach(async () => {
-  for (const c of cleanups.splice(0).reverse()) await c().catch(() => {});
-});
+const defer = cleanupAfterEach();
 
 // Exchanges two paths, over and over, until killed: the attacker's half of the race.
 const EXCHANGER_C = `
@@ -49,7 +47,7 @@ const WITH_OURS = JSON.stringify(
 
 async function tree(): Promise<HostTree> {
   const t = await makeHostTree();
-  cleanups.push(() => t.remove());
+  defer(() => t.remove());
   await fs.writeFile(path.join(t.netDir, '10-bridge.conflist'), BRIDGE_CONFLIST);
   await fs.writeFile(path.join(t.binDir, 'host-local'), VICTIM, { mode: 0o755 });
   return t;
@@ -75,9 +73,9 @@ describe('a link in the net dir is written through only into a directory no net-
     const r = reconciler(t);
     await r.reconcile().catch(() => {});
     const dir = await fs.open(path.join(net, 'd'), 'r');
-    cleanups.push(() => dir.close());
+    defer(() => dir.close());
     const swapper = spawn(exe, [path.join(net, 'd'), path.join(net, 'dlink')], { stdio: 'ignore' });
-    cleanups.push(async () => swapper.kill('SIGKILL'));
+    defer(async () => swapper.kill('SIGKILL'));
     const until = Date.now() + 3000;
     let passes = 0;
     while (Date.now() < until) {

@@ -8,7 +8,7 @@ import assert from 'node:assert/strict';
 import { readFileSync, statSync } from 'node:fs';
 import fs from 'node:fs/promises';
 import path from 'node:path';
-import { after, afterEach, describe, it } from 'node:test';
+import { after, describe, it } from 'node:test';
 import { buildSettings } from '../../src/config/settings.ts';
 import { withoutOurEntry } from '../../src/install/cniconfig.ts';
 import { Installer } from '../../src/install/installer.ts';
@@ -17,6 +17,7 @@ import { spawnAgent, type AgentProcess } from '../helpers/agent.ts';
 import { BRIDGE_CONFLIST, makeHostTree, type HostTree } from '../helpers/hosttree.ts';
 import { eventually } from '../helpers/poll.ts';
 import { runtimeView } from '../helpers/runtime-view.ts';
+import { cleanupAfterEach } from '../helpers/cleanup.ts';
 
 configureLogging(
   { asJson: true, outputLevels: buildSettings({ log_output_level: 'all:none' }, {}).logging.outputLevels },
@@ -26,14 +27,11 @@ after(() => configureLogging({ asJson: false, outputLevels: buildSettings({}, {}
 
 const OWNED = '02-mesh-cni.conflist';
 const PRIMARY = '10-bridge.conflist';
-const cleanups: (() => Promise<unknown>)[] = [];
-afterEach(async () => {
-  for (const c of cleanups.splice(0).reverse()) await c().catch(() => {});
-});
+const defer = cleanupAfterEach();
 
 async function tree(): Promise<HostTree> {
   const t = await makeHostTree();
-  cleanups.push(() => t.remove());
+  defer(() => t.remove());
   await fs.writeFile(path.join(t.netDir, PRIMARY), BRIDGE_CONFLIST);
   return t;
 }
@@ -44,7 +42,7 @@ async function installer(t: HostTree): Promise<Installer> {
     buildSettings({ 'reconcile-interval': '1h', ...t.flags, 'mesh-owned-cni-config': 'true' }, t.env),
     { decideCleanup: async () => ({ cleanup: true, why: 'test' }) },
   );
-  cleanups.push(() => i.stop('SIGTERM'));
+  defer(() => i.stop('SIGTERM'));
   await i.start();
   await i.settled();
   assert.deepEqual(i.notReadyReasons(), []);
@@ -122,7 +120,7 @@ describe('owned config under faults', () => {
     const primary = path.join(t.netDir, PRIMARY);
     for (let round = 0; round < 6; round++) {
       const a: AgentProcess = spawnAgent(t, { 'mesh-owned-cni-config': 'true' });
-      cleanups.push(() => a.stop('SIGKILL'));
+      defer(() => a.stop('SIGKILL'));
       await a.waitForLog(
         (r) => r.msg === 'mesh-cni is installed and ready' || (r.msg === 'wrote' && r.kind === 'cni_config'),
         'installed',
@@ -155,7 +153,7 @@ describe('owned config under faults', () => {
       );
     }
     const a = spawnAgent(t, { 'mesh-owned-cni-config': 'true' });
-    cleanups.push(() => a.stop('SIGKILL'));
+    defer(() => a.stop('SIGKILL'));
     await a.waitForLog((r) => r.msg === 'mesh-cni is installed and ready', 'ready after the kills');
     const last = readFileSync(primary, 'utf8');
     await eventually(() => {

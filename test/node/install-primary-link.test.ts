@@ -6,12 +6,13 @@ import assert from 'node:assert/strict';
 import { readFileSync } from 'node:fs';
 import fs from 'node:fs/promises';
 import path from 'node:path';
-import { after, afterEach, describe, it } from 'node:test';
+import { after, describe, it } from 'node:test';
 import { buildSettings } from '../../src/config/settings.ts';
 import { Installer } from '../../src/install/installer.ts';
 import { configureLogging } from '../../src/monitoring/logging.ts';
 import { BRIDGE_CONFLIST, makeHostTree, type HostTree } from '../helpers/hosttree.ts';
 import { eventually } from '../helpers/poll.ts';
+import { cleanupAfterEach } from '../helpers/cleanup.ts';
 
 configureLogging(
   { asJson: true, outputLevels: buildSettings({ log_output_level: 'all:none' }, {}).logging.outputLevels },
@@ -19,10 +20,7 @@ configureLogging(
 );
 after(() => configureLogging({ asJson: false, outputLevels: buildSettings({}, {}).logging.outputLevels }));
 
-const cleanups: (() => Promise<unknown>)[] = [];
-afterEach(async () => {
-  for (const c of cleanups.splice(0).reverse()) await c().catch(() => {});
-});
+const defer = cleanupAfterEach();
 
 const plugins = (f: string) =>
   (JSON.parse(readFileSync(f, 'utf8')) as { plugins: { type: string }[] }).plugins.map((p) => p.type);
@@ -49,7 +47,7 @@ async function linkedPrimary(): Promise<{
   vendor: (d: string) => string;
 }> {
   const tree = await makeHostTree();
-  cleanups.push(() => tree.remove());
+  defer(() => tree.remove());
   const vendor = (d: string) => path.join(tree.root, 'host/var/lib', d);
   for (const d of ['vendor-a', 'vendor-b']) {
     await fs.mkdir(vendor(d), { recursive: true });
@@ -61,7 +59,7 @@ async function linkedPrimary(): Promise<{
   const installer = new Installer(buildSettings({ ...tree.flags, 'reconcile-interval': '60s' }, tree.env), {
     decideCleanup: async () => ({ cleanup: false, why: 'test' }),
   });
-  cleanups.push(() => installer.stop('SIGTERM'));
+  defer(() => installer.stop('SIGTERM'));
   await installer.start();
   await installer.settled();
   assert.deepEqual(installer.notReadyReasons(), []);

@@ -5,25 +5,19 @@ import assert from 'node:assert/strict';
 import fs from 'node:fs/promises';
 import path from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
-import { afterEach, describe, it } from 'node:test';
+import { describe, it } from 'node:test';
 import { buildSettings } from '../../src/config/settings.ts';
 import { PRIMARY_GONE_GRACE_MS } from '../../src/install/owned.ts';
 import { Reconciler } from '../../src/install/reconcile.ts';
 import type { PluginTokenSource } from '../../src/install/tokenrequest.ts';
-import { BRIDGE_CONFLIST, makeHostTree, type HostTree } from '../helpers/hosttree.ts';
+import { BRIDGE_CONFLIST, makeHostTreeFor, type HostTree } from '../helpers/hosttree.ts';
 import { runtimeView } from '../helpers/runtime-view.ts';
+import { cleanupAfterEach } from '../helpers/cleanup.ts';
 
 const OWNED = '02-mesh-cni.conflist';
-const cleanups: (() => Promise<unknown>)[] = [];
-afterEach(async () => {
-  for (const c of cleanups.splice(0).reverse()) await c().catch(() => {});
-});
+const defer = cleanupAfterEach();
 
-async function tree(): Promise<HostTree> {
-  const t = await makeHostTree();
-  cleanups.push(() => t.remove());
-  return t;
-}
+const tree = (): Promise<HostTree> => makeHostTreeFor(defer);
 
 describe('owned mode: the grace for a primary just gone', () => {
   it("counts from when the pass saw it gone, not from the pass's start (a slow orchconfig step before)", async () => {

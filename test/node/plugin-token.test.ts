@@ -9,7 +9,7 @@ import { readFileSync } from 'node:fs';
 import fs from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
-import { after, afterEach, before, describe, it } from 'node:test';
+import { after, before, describe, it } from 'node:test';
 import { buildSettings } from '../../src/config/settings.ts';
 import { configureLogging } from '../../src/monitoring/logging.ts';
 import { registry } from '../../src/monitoring/metrics.ts';
@@ -29,11 +29,9 @@ import { DEPLOY_DIR, kustomize, type K8sObject } from '../helpers/podman-daemons
 import { waitFor } from '../helpers/poll.ts';
 import { testPod } from '../helpers/pods.ts';
 import { rulesFor } from '../helpers/rbac.ts';
+import { cleanupAfterEach } from '../helpers/cleanup.ts';
 
-const cleanups: (() => Promise<unknown>)[] = [];
-afterEach(async () => {
-  for (const c of cleanups.splice(0).reverse()) await c().catch(() => {});
-});
+const defer = cleanupAfterEach();
 
 let manifests: K8sObject[];
 before(() => {
@@ -48,7 +46,7 @@ after(() => configureLogging({ asJson: false, outputLevels: buildSettings({}, {}
 /** A test API server that knows both accounts with exactly deploy/'s rules; returns the agent's token. */
 async function cluster(): Promise<{ api: TestApiServer; agentToken: string }> {
   const api = await startTestApiServer({ bookmarkIntervalMs: 200 });
-  cleanups.push(() => api.close());
+  defer(() => api.close());
   api.serviceAccount('mesh-system', 'mesh-cni-plugin', rulesFor(manifests, 'mesh-system', 'mesh-cni-plugin'));
   const agentToken = api.serviceAccount('mesh-system', 'mesh-cni', rulesFor(manifests, 'mesh-system', 'mesh-cni'));
   return { api, agentToken };
@@ -231,7 +229,7 @@ describe("the plugin's token", () => {
       }),
       { account: 'service account mesh-system/mesh-cni-plugin', retryBaseMs: 100, retryMaxMs: 200 },
     );
-    cleanups.push(() => minter.stop());
+    defer(() => minter.stop());
     let changes = 0;
     minter.onChange(() => changes++);
     await minter.start();
@@ -284,7 +282,7 @@ describe("the plugin's token", () => {
         retryMaxMs: 10_000,
       },
     );
-    cleanups.push(() => minter.stop());
+    defer(() => minter.stop());
     await minter.start();
     clock += 60_000; // the token expired long ago when the refreshes fail
     await waitFor('four failed refreshes', () => (minter.status() as { failures: number }).failures >= 4, 5000);
@@ -335,10 +333,10 @@ describe("the plugin's token", () => {
 
   it('the agent puts a replaced --plugin-token-file into the orchconfig at once (its dir is watched)', async () => {
     const t = await makeHostTree();
-    cleanups.push(() => t.remove());
+    defer(() => t.remove());
     await fs.writeFile(path.join(t.netDir, '10-bridge.conflist'), BRIDGE_CONFLIST);
     const a = spawnAgent(t, { 'reconcile-interval': '1h', 'cleanup-on-exit': 'never' });
-    cleanups.push(() => a.stop('SIGKILL'));
+    defer(() => a.stop('SIGKILL'));
     await a.waitForLog((r) => r.msg === 'mesh-cni is installed and ready', 'ready');
     const orchconfig = path.join(t.netDir, 'ZZZ-mesh-cni-orchconfig');
     assert.equal(orchToken(orchconfig), 'plugin-token-1');
@@ -357,7 +355,7 @@ describe("the plugin's token", () => {
       flags: Record<string, string> = {},
     ): Promise<{ a: AgentProcess; t: HostTree }> {
       const t = await makeHostTree({ token: agentToken, ca: api.caPem });
-      cleanups.push(() => t.remove());
+      defer(() => t.remove());
       await fs.writeFile(path.join(t.netDir, '10-bridge.conflist'), BRIDGE_CONFLIST);
       const a = spawnAgent(
         t,
@@ -369,7 +367,7 @@ describe("the plugin's token", () => {
           NODE_NAME: 'node-1',
         },
       );
-      cleanups.push(() => a.stop('SIGKILL'));
+      defer(() => a.stop('SIGKILL'));
       return { a, t };
     }
 
@@ -467,6 +465,6 @@ function jwt(claims: Record<string, unknown>): string {
 
 async function tmp(): Promise<string> {
   const dir = await fs.mkdtemp(path.join(os.tmpdir(), 'mcni-token-'));
-  cleanups.push(() => fs.rm(dir, { recursive: true, force: true }));
+  defer(() => fs.rm(dir, { recursive: true, force: true }));
   return dir;
 }
