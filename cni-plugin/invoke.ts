@@ -82,7 +82,7 @@ export async function run(env: Env, stdinText: () => string | Promise<string>): 
     }
     const req = parseRequest(env, stdin);
     // DEL of a netns that is gone (a runtime's second DEL, a node after reboot): nothing of ours
-    // can be left, so answer at once. cmdDel checks the same for its other callers.
+    // can be left, so answer at once. cmdDel checks again: the netns may go in between.
     if (command === 'DEL' && !netnsExists(req.netns)) return { code: 0, stdout: '' };
     const [{ UdsLog }, { cmdAdd, cmdCheck, cmdDel }] = await Promise.all([
       import('./log/udslog.ts'),

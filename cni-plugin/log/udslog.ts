@@ -40,28 +40,19 @@ export class UdsLog {
   log(level: Level, msg: string, fields: Record<string, unknown> = {}): void {
     if (RANK[level] > this.#threshold && RANK[level] > this.#stderrLevel) return;
     const { command, containerID, pod } = this.context;
-    const scope = PLUGIN_LOG_SCOPE;
-    let line = JSON.stringify({
+    // One record, one time: the truncated form is the same record with its msg cut and marked.
+    const rec = {
       time: new Date().toISOString(),
       level,
       msg,
-      scope,
+      scope: PLUGIN_LOG_SCOPE,
       command,
       containerID,
       pod,
-      ...fields,
-    } satisfies PluginLogRecord);
+    } satisfies PluginLogRecord;
+    let line = JSON.stringify({ ...rec, ...fields } satisfies PluginLogRecord);
     if (line.length > MAX_LINE) {
-      line = JSON.stringify({
-        time: new Date().toISOString(),
-        level,
-        msg: msg.slice(0, 4096),
-        scope,
-        command,
-        containerID,
-        pod,
-        truncated: true,
-      } satisfies PluginLogRecord);
+      line = JSON.stringify({ ...rec, msg: msg.slice(0, 4096), truncated: true } satisfies PluginLogRecord);
     }
     if (RANK[level] <= this.#stderrLevel)
       process.stderr.write(
