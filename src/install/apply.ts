@@ -10,7 +10,7 @@ import { scope } from '../monitoring/logging.ts';
 import { removeFile, TEMP_MARKER, writeFileAtomic, type WriteOptions } from './atomicfile.ts';
 import type { ErrorReason, Memory, Step, WriteKind } from './plancontext.ts';
 import type { Original } from './records.ts';
-import { readRegularFileIfExists } from './safefile.ts';
+import { readRegularFileIfExists, readRegularTextIfExists } from './safefile.ts';
 
 const log = scope('install');
 
@@ -86,7 +86,7 @@ async function applyOne(step: Step, netDir: string, memory: MutableMemory, out: 
     case 'write': {
       const guard = step.guard;
       const unchanged = guard
-        ? async () => (await readIfExists(file(guard.name)).catch(() => null)) === guard.text
+        ? async () => (await readRegularTextIfExists(file(guard.name)).catch(() => null)) === guard.text
         : undefined;
       const opts: WriteOptions = {
         mode: step.mode,
@@ -140,11 +140,6 @@ async function applyOne(step: Step, netDir: string, memory: MutableMemory, out: 
     default:
       return true;
   }
-}
-
-/** A file's text, null when it does not exist; anything but a regular file of at most 1 MiB is refused. */
-async function readIfExists(file: string): Promise<string | null> {
-  return (await readRegularFileIfExists(file))?.text ?? null;
 }
 
 /**

@@ -9,14 +9,9 @@ import { removeFile, writeFileAtomic } from './atomicfile.ts';
 import type { Write } from './apply.ts';
 import { renderOrchconfig } from './orchconfig.ts';
 import type { ErrorReason } from './plancontext.ts';
-import { readRegularFile, readRegularFileIfExists, UnsafeFileError } from './safefile.ts';
+import { readRegularFile, readRegularFileIfExists, readRegularTextIfExists, UnsafeFileError } from './safefile.ts';
 
 type Fail = (reason: ErrorReason, message: string) => void;
-
-/** A file's text, null when it does not exist; anything but a regular file of at most 1 MiB is refused. */
-async function readIfExists(file: string): Promise<string | null> {
-  return (await readRegularFileIfExists(file))?.text ?? null;
-}
 
 /**
  * The orchconfig in place. `pluginToken`: the plugin's token; without one, the service-account
@@ -54,7 +49,7 @@ export async function syncOrchconfig(
     const caFile = s.orchCaFile || path.join(s.serviceAccountDir, 'ca.crt');
     let ca: string | null;
     try {
-      ca = await readIfExists(caFile);
+      ca = await readRegularTextIfExists(caFile);
     } catch (e) {
       fail(
         e instanceof UnsafeFileError ? 'file_refused' : 'ca_missing',
@@ -113,7 +108,7 @@ async function serviceAccountToken(s: InstallSettings, fail: Fail): Promise<stri
   const tokenFile = path.join(s.serviceAccountDir, 'token');
   let token: string | null;
   try {
-    token = await readIfExists(tokenFile);
+    token = await readRegularTextIfExists(tokenFile);
   } catch (e) {
     fail(
       e instanceof UnsafeFileError ? 'file_refused' : 'token_missing',

@@ -137,6 +137,11 @@ export async function readRegularFileIfExists(
   }
 }
 
+/** A file's text, null when it does not exist; anything but a regular file of at most 1 MiB is refused. */
+export async function readRegularTextIfExists(file: string): Promise<string | null> {
+  return (await readRegularFileIfExists(file))?.text ?? null;
+}
+
 function formatBytes(n: number): string {
   if (n >= 1024 * 1024) return `${(n / (1024 * 1024)).toFixed(n % (1024 * 1024) === 0 ? 0 : 1)} MiB`;
   if (n >= 1024) return `${(n / 1024).toFixed(n % 1024 === 0 ? 0 : 1)} KiB`;
