@@ -16,6 +16,7 @@
 
 import type { V1Pod } from '@kubernetes/client-node';
 import type { LogScope } from '../config/flags.ts';
+import { escapeFieldValue } from '../config/selectors.ts';
 import { scope, type Logger } from '../monitoring/logging.ts';
 import type { PodQuery, OrchApi, WatchEventType, WatchTuning } from './api.ts';
 import { ApiError, statusText, toApiError } from './errors.ts';
@@ -507,7 +508,7 @@ export class PodSource {
 
 /** The pods of this node: what the kubelet of `nodeName` runs. */
 export function nodePodQuery(nodeName: string): PodQuery {
-  return { fieldSelector: `spec.nodeName=${nodeName}`, labelSelector: '' };
+  return { fieldSelector: `spec.nodeName=${escapeFieldValue(nodeName)}`, labelSelector: '' };
 }
 
 /** The node's pod watch (not started), with the default timing. */

@@ -8,7 +8,7 @@ import type { OrchSettings } from '../config/settings.ts';
 import { realClock, TokenBucket, type Clock } from './limits.ts';
 
 /** How the pod source reads the state it then watches from (--orch-list-mode; the list is the flag table's). */
-export { LIST_MODES, type ListMode } from '../config/flags.ts';
+export type { ListMode } from '../config/flags.ts';
 
 /** What one agent's connection to the API server carries besides the orchconfig. */
 export interface OrchContext {
@@ -84,9 +84,6 @@ export class FullJitterBackoff {
   }
   get attempt(): number {
     return this.#attempt;
-  }
-  get capMs(): number {
-    return this.#cap;
   }
   next(retryAfterMs = 0): number {
     const window = Math.min(this.#cap, this.#base * 2 ** Math.min(this.#attempt, 30));

@@ -35,11 +35,6 @@ export interface ApiCall {
   readonly error?: string | undefined;
 }
 
-/** Whether request lines, and bodies, are logged now (so callers keep a body only when they are). */
-export function apiCallLogging(): { readonly requests: boolean; readonly bodies: boolean } {
-  return { requests: klogV(VKLOG_REQUESTS).enabled, bodies: klogV(VKLOG_BODIES).enabled };
-}
-
 function redactValue(key: string, v: unknown): unknown {
   if (typeof v === 'string') return SECRET_KEY.test(key) ? REDACTED : v.replace(JWT, REDACTED);
   if (Array.isArray(v)) return v.map((x) => redactValue(key, x));
