@@ -410,7 +410,7 @@ export function buildSettings(flags: RawFlags, env: Env, cwd: string = process.c
       ),
     );
   }
-  if (install.cniConfName !== '' && install.orchcfgFileName <= install.cniConfName) {
+  if (install.cniConfName !== '' && byteOrder(install.orchcfgFileName, install.cniConfName) <= 0) {
     errors.push(
       new ConfigError(
         '--orchcfg-file-name',
