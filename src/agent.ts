@@ -13,7 +13,7 @@ import type { Component } from './component.ts';
 import type { Settings } from './config/settings.ts';
 import { startInstaller } from './install/index.ts';
 import { DEFAULT_POD_LOOKUP, startPodLookup } from './install/podlookup.ts';
-import { clientNodeApi } from './orch/api.ts';
+import { clientNodeApi, type OrchApi } from './orch/api.ts';
 import { orchKubeConfig } from './orch/client.ts';
 import { nodePodSource, type PodSource } from './orch/podsource.ts';
 import { startPluginToken } from './install/tokenrequest.ts';
@@ -42,9 +42,12 @@ export async function runAgent(settings: Settings): Promise<number> {
   const monitoring = await startMonitoringServer({ port: settings.monitoring.port, readiness });
   try {
     components.push(await startPluginLogServer(settings));
-    const watches = podWatches(settings);
+    // One API client for the agent's watches and repair (one connection pool, one read of the orchconfig).
+    let api: OrchApi | undefined;
+    const orchApi = () => (api ??= clientNodeApi(orchKubeConfig(settings)));
+    const watches = podWatches(settings, orchApi);
     components.push(...watches.components);
-    components.push(watches.repair ? startRepair(settings, watches.repair) : disabledComponent('repair'));
+    components.push(watches.repair ? startRepair(settings, watches.repair, orchApi()) : disabledComponent('repair'));
     components.push(await startPodLookup(settings, DEFAULT_POD_LOOKUP, watches.node));
     // The orchconfig on the node's disk gets the plugin's own short-lived token, minted here;
     // the agent keeps using its own token, which never leaves this pod.
@@ -89,16 +92,20 @@ interface PodWatches {
 }
 
 /** The watches the parts that are on need: the node's once, another only for a reader of other pods. */
-function podWatches(settings: Settings): PodWatches {
+function podWatches(settings: Settings, orchApi: () => OrchApi): PodWatches {
   const node = settings.env.nodeName;
   const lookupReadsNode = settings.install.podLookupUdsAddress !== '' && node !== '';
   const repairReadsNode = settings.repair.enabled && repairWatchesNode(settings);
   // Its messages keep the scope they had before the watch was shared: repair's when repair reads it.
   const nodeWatch =
     lookupReadsNode || repairReadsNode
-      ? nodePodSource(clientNodeApi(orchKubeConfig(settings)), node, repairReadsNode ? 'repair' : 'install')
+      ? nodePodSource(orchApi(), node, repairReadsNode ? 'repair' : 'install')
       : undefined;
-  const repairWatch = !settings.repair.enabled ? undefined : repairReadsNode ? nodeWatch : repairPodSource(settings);
+  const repairWatch = !settings.repair.enabled
+    ? undefined
+    : repairReadsNode
+      ? nodeWatch
+      : repairPodSource(settings, orchApi());
   const components: Component[] = [];
   if (nodeWatch) components.push(watchComponent('node-pod-watch', nodeWatch));
   if (repairWatch && repairWatch !== nodeWatch) components.push(watchComponent('repair-pod-watch', repairWatch));

@@ -115,9 +115,10 @@ async function runFleet(a: FleetArgs): Promise<void> {
     agents.map(async ({ settings }) => {
       // As src/agent.ts: the node's watch once, repair and the lookup reading it.
       const kc = orchKubeConfig(settings);
-      const watch = nodePodSource(clientNodeApi(kc), settings.env.nodeName, 'repair');
+      const api = clientNodeApi(kc);
+      const watch = nodePodSource(api, settings.env.nodeName, 'repair');
       watch.start();
-      const repair = startRepair(settings, watch);
+      const repair = startRepair(settings, watch, api);
       const lookup = await startPodLookup(settings, DEFAULT_POD_LOOKUP, watch);
       running.push({ stop: () => lookup.stop('SIGTERM') });
       running.push({ stop: () => repair.stop('SIGTERM') }, { stop: () => watch.stop() });

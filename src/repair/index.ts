@@ -6,8 +6,7 @@
 // shared with the pod lookup, or repairPodSource's when repair asks for other pods than the node's.
 
 import type { Settings } from '../config/settings.ts';
-import { orchKubeConfig } from '../orch/client.ts';
-import { clientNodeApi } from '../orch/api.ts';
+import type { OrchApi } from '../orch/api.ts';
 import { realClock } from '../orch/limits.ts';
 import { PodSource } from '../orch/podsource.ts';
 import { DEFAULT_TIMING, podQuery, RepairController, type RepairTiming } from './controller.ts';
@@ -23,9 +22,9 @@ export function repairWatchesNode(settings: Settings): boolean {
 }
 
 /** A watch of repair's own (not started): --repair-node-name and the operator's selectors. */
-export function repairPodSource(settings: Settings, timing?: Partial<RepairTiming>): PodSource {
+export function repairPodSource(settings: Settings, api: OrchApi, timing?: Partial<RepairTiming>): PodSource {
   const t = { ...DEFAULT_TIMING, ...timing };
-  return new PodSource(clientNodeApi(orchKubeConfig(settings)), null, {
+  return new PodSource(api, null, {
     query: podQuery(settings.repair),
     pageSize: t.pageSize,
     requestTimeoutMs: t.requestTimeoutMs,
@@ -39,7 +38,12 @@ export function repairPodSource(settings: Settings, timing?: Partial<RepairTimin
 }
 
 /** Starts repair on `pods` (repair.enabled must be set); whoever built the watch runs it. */
-export function startRepair(settings: Settings, pods: PodSource, timing?: Partial<RepairTiming>): RepairController {
+export function startRepair(
+  settings: Settings,
+  pods: PodSource,
+  api: OrchApi,
+  timing?: Partial<RepairTiming>,
+): RepairController {
   if (settings.repair.nodeName === '') {
     // The seed's default, but on a DaemonSet it means every agent repairs every pod.
     log.warn(
@@ -48,7 +52,7 @@ export function startRepair(settings: Settings, pods: PodSource, timing?: Partia
   }
   const controller = new RepairController({
     settings: settings.repair,
-    api: clientNodeApi(orchKubeConfig(settings)),
+    api,
     pods,
     reporter: { host: settings.env.nodeName || settings.repair.nodeName, instance: settings.env.podName || 'mesh-cni' },
     ...(timing ? { timing } : {}),

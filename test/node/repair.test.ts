@@ -14,6 +14,8 @@ import { configureLogging } from '../../src/monitoring/logging.ts';
 import { registry } from '../../src/monitoring/metrics.ts';
 import type { RepairController, RepairTiming } from '../../src/repair/controller.ts';
 import { repairPodSource, startRepair } from '../../src/repair/index.ts';
+import { clientNodeApi } from '../../src/orch/api.ts';
+import { orchKubeConfig } from '../../src/orch/client.ts';
 import type { Settings } from '../../src/config/settings.ts';
 import { ROOT } from '../helpers/cli.ts';
 import { apiRequest, startTestApiServer, type TestApiServer } from '../helpers/apiserver.ts';
@@ -63,10 +65,11 @@ describe('repair controller end to end', () => {
 
   /** Repair on a watch of its own, as the agent runs it (the watch started first, stopped last). */
   function launch(settings: Settings, timing: Partial<RepairTiming>): RepairController {
-    const pods = repairPodSource(settings, timing);
+    const api = clientNodeApi(orchKubeConfig(settings));
+    const pods = repairPodSource(settings, api, timing);
     pods.start();
     running.push({ stop: () => pods.stop() });
-    const c = startRepair(settings, pods, timing);
+    const c = startRepair(settings, pods, api, timing);
     running.push(c);
     return c;
   }
