@@ -12,10 +12,19 @@ const NO_SRC = {
     'Put what both bundles need in cni-plugin/shared/.',
 };
 const ONLY_SHARED = {
-  regex: '(^|/)cni-plugin/(?!shared/)',
+  regex: '(^|/)cni-plugin/(?!shared/|redirect/)',
   message:
-    'src/ imports from cni-plugin/ only cni-plugin/shared/: ' +
+    'src/ imports from cni-plugin/ only cni-plugin/shared/ and cni-plugin/redirect/ (the rule builder): ' +
     'move what the agent needs there (Node built-ins only).',
+};
+// The rule builder (constants, net parsing, spec, rules, the runner-generic iptables code) is
+// what the agent's in-place repair shares with the plugin (issue 16): it stays pure, importing
+// only its own files and cni-plugin/shared/, so src/ importing it pulls in nothing else.
+const REDIRECT_SELF = {
+  regex: '^(?!\\./[^/]+$|\\.\\./shared/[^/]+$)',
+  message:
+    'cni-plugin/redirect/ imports only its own files and cni-plugin/shared/: the agent imports it too, ' +
+    'so it starts no process and reads no file (a runner is passed in).',
 };
 const SHARED_SELF = {
   regex: '^(?!node:|\\./[^/]+$)',
@@ -111,4 +120,5 @@ export default tseslint.config(
   zone(['src/monitoring/**/*.ts'], [ONLY_SHARED, MONITORING_NOT_CMD]),
   zone(['cni-plugin/**/*.ts'], [NO_SRC]),
   zone(['cni-plugin/shared/**/*.ts'], [NO_SRC, SHARED_SELF]),
+  zone(['cni-plugin/redirect/**/*.ts'], [NO_SRC, REDIRECT_SELF]),
 );

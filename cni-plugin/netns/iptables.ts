@@ -1,256 +1,72 @@
-// iptables in a pod netns: pick the flavour the host uses, restore a document in one call per
-// family, read it back. Everything runs through `nsenter --net=<CNI_NETNS>` (the plugin itself
-// stays in the host netns, where the runtime runs it).
+// iptables in a pod netns for the plugin: pick the flavour the host uses, restore a document in
+// one call per family, read it back. Everything runs through `nsenter --net=<CNI_NETNS>` (the
+// plugin itself stays in the host netns, where the runtime runs it). The work itself is
+// redirect/iptables.ts, runner-generic, which the agent's in-place repair runs by fd instead.
 //
 // Flavour detection follows Kubernetes' iptables-wrapper, read-only in the host netns: kubelet's
 // KUBE-IPTABLES-HINT / KUBE-KUBELET-CANARY chains decide when present, else whichever of
 // `iptables-legacy-save` / `iptables-nft-save` (v4 + v6) shows more rules; a tie means nft.
 
-import { OWN_CHAIN_PREFIX, OWNED_TABLES } from '../redirect/constants.ts';
+import * as generic from '../redirect/iptables.ts';
+import type { Detection, Flavour, NetnsRunner } from '../redirect/iptables.ts';
 import type { Family } from '../redirect/net.ts';
-import { exec, execNow, type ExecOptions, type ExecResult } from './exec.ts';
+import { exec, execNow } from './exec.ts';
 
-export type Flavour = 'legacy' | 'nft';
+export {
+  diffRules,
+  NetnsError,
+  parseRules,
+  reconcileRestore,
+  type Detection,
+  type Flavour,
+  type RuleSet,
+} from '../redirect/iptables.ts';
 
-export interface Detection {
-  readonly flavour: Flavour;
-  readonly why: string;
+/** The host's own iptables (the plugin runs in the host netns). */
+const HOST: NetnsRunner = {
+  where: 'on this host',
+  run: (argv, o) =>
+    exec(argv[0]!, argv.slice(1), { timeoutMs: 5000, input: o.input ?? null, stdout: o.stdout ?? true }),
+};
+
+export function detectFlavour(): Promise<Detection> {
+  return generic.detectFlavour(HOST);
 }
 
-const KUBELET_HINTS = [':KUBE-IPTABLES-HINT', ':KUBE-KUBELET-CANARY'];
-
-function ruleCount(text: string): number {
-  let n = 0;
-  for (const line of text.split('\n')) if (line.startsWith('-')) n++;
-  return n;
+/** Runs argv in the netns at `netns` (a path); blocking: execNow (see exec.ts). */
+export function byPath(netns: string): NetnsRunner {
+  return {
+    where: `in ${netns}`,
+    run: (argv, o) => {
+      const args = [`--net=${netns}`, '--', ...argv];
+      const options = { input: o.input ?? null, stdout: o.stdout ?? true };
+      return o.blocking ? execNow('nsenter', args, options) : exec('nsenter', args, options);
+    },
+  };
 }
 
-export async function detectFlavour(): Promise<Detection> {
-  const save = (bin: string) => exec(bin, [], { timeoutMs: 5000 });
-  const [l4, l6, n4, n6] = await Promise.all([
-    save('iptables-legacy-save'),
-    save('ip6tables-legacy-save'),
-    save('iptables-nft-save'),
-    save('ip6tables-nft-save'),
-  ]);
-  const legacyOk = l4.error === null && l4.code === 0;
-  const nftOk = n4.error === null && n4.code === 0;
-  if (!legacyOk && !nftOk) {
-    throw new Error(
-      `neither iptables-legacy-save nor iptables-nft-save runs on this host (${l4.error ?? l4.stderr.trim()}; ${n4.error ?? n4.stderr.trim()}); install iptables >= 1.8`,
-    );
-  }
-  if (!legacyOk) return { flavour: 'nft', why: 'only iptables-nft is installed' };
-  if (!nftOk) return { flavour: 'legacy', why: 'only iptables-legacy is installed' };
-  const hinted = (t: string) => KUBELET_HINTS.some((h) => t.includes(h));
-  if (hinted(n4.stdout) || hinted(n6.stdout)) return { flavour: 'nft', why: 'kubelet hint chains are in nf_tables' };
-  if (hinted(l4.stdout) || hinted(l6.stdout))
-    return { flavour: 'legacy', why: 'kubelet hint chains are in legacy iptables' };
-  const legacy = ruleCount(l4.stdout) + ruleCount(l6.stdout);
-  const nft = ruleCount(n4.stdout) + ruleCount(n6.stdout);
-  return legacy > nft
-    ? { flavour: 'legacy', why: `host has ${legacy} legacy rules and ${nft} nf_tables rules` }
-    : { flavour: 'nft', why: `host has ${nft} nf_tables rules and ${legacy} legacy rules` };
+export function restore(netns: string, flavour: Flavour, family: Family, doc: string, blocking = false): Promise<void> {
+  return generic.restore(byPath(netns), flavour, family, doc, blocking);
 }
 
-function binary(flavour: Flavour, family: Family, what: 'restore' | 'save'): string {
-  return `${family === 6 ? 'ip6tables' : 'iptables'}-${flavour}-${what}`;
-}
-
-export class NetnsError extends Error {}
-
-/** Runs argv in the netns; `blocking`: the caller has nothing else to do meanwhile (see execNow). */
-function nsenter(
-  netns: string,
-  argv: readonly string[],
-  options: ExecOptions,
-  blocking = false,
-): ExecResult | Promise<ExecResult> {
-  const args = [`--net=${netns}`, '--', ...argv];
-  return blocking ? execNow('nsenter', args, options) : exec('nsenter', args, options);
-}
-
-/**
- * One `iptables-restore --noflush` for the whole document: only the chains and rules it names
- * change; whatever else is in the netns (another plugin's, the pod's own) stays as it is.
- */
-export async function restore(
-  netns: string,
-  flavour: Flavour,
-  family: Family,
-  doc: string,
-  blocking = false,
-): Promise<void> {
-  const bin = binary(flavour, family, 'restore');
-  const r = await nsenter(netns, [bin, '--noflush', '-w', '5'], { input: doc, stdout: false }, blocking);
-  if (r.error !== null || r.code !== 0) {
-    throw new NetnsError(`${bin} in ${netns} failed (exit ${r.code}): ${(r.error ?? r.stderr).trim()}`);
-  }
-}
-
-/**
- * Our rules in the netns, whatever of ours is there already. `doc` (rules.ts) makes our chains
- * with -N, so on a netns without them (every first ADD) it is all it takes; when it fails (our
- * chains are there: a second ADD), what is there is read and reconciled in one more restore.
- */
-export async function applyRules(
+export function applyRules(
   netns: string,
   flavour: Flavour,
   family: Family,
   doc: string,
   blocking = false,
 ): Promise<'created' | 'reconciled'> {
-  try {
-    await restore(netns, flavour, family, doc, blocking);
-    return 'created';
-  } catch (first) {
-    let have: RuleSet;
-    try {
-      have = parseRules(await save(netns, flavour, family));
-    } catch {
-      throw first;
-    }
-    // Nothing of ours there: the document itself failed, and its own error says why.
-    if (![...have.values()].some((chains) => [...chains.keys()].some(isOurs))) throw first;
-    const fix = reconcileRestore(parseRules(doc), have);
-    if (fix !== null) await restore(netns, flavour, family, fix);
-    return 'reconciled';
-  }
+  return generic.applyRules(byPath(netns), flavour, family, doc, blocking);
 }
 
-/** DEL: our jumps, then our chains, out of the netns; nothing else. False when there was nothing of ours. */
-export async function removeRules(netns: string, flavour: Flavour, family: Family): Promise<boolean> {
-  const doc = reconcileRestore(null, parseRules(await save(netns, flavour, family)));
-  if (doc === null) return false;
-  await restore(netns, flavour, family, doc);
-  return true;
+export function removeRules(netns: string, flavour: Flavour, family: Family): Promise<boolean> {
+  return generic.removeRules(byPath(netns), flavour, family);
 }
 
-/** `ip -batch`; "File exists" (a rule left by an earlier ADD) is success. */
-export async function ipBatch(netns: string, family: Family, lines: readonly string[]): Promise<void> {
-  if (lines.length === 0) return;
-  const r = await nsenter(netns, ['ip', `-${family}`, '-force', '-batch', '-'], {
-    input: lines.join('\n') + '\n',
-    stdout: false,
-  });
-  if (r.error !== null) throw new NetnsError(`ip -${family} -batch in ${netns}: ${r.error}`);
-  if (r.code !== 0) {
-    const real = r.stderr.split('\n').filter((l) => l.trim() !== '' && !/File exists|^Command failed/.test(l));
-    if (real.length > 0) throw new NetnsError(`ip -${family} -batch in ${netns} failed: ${real.join('; ')}`);
-  }
+export function ipBatch(netns: string, family: Family, lines: readonly string[]): Promise<void> {
+  return generic.ipBatch(byPath(netns), family, lines);
 }
 
-export async function save(netns: string, flavour: Flavour, family: Family): Promise<string> {
-  const bin = binary(flavour, family, 'save');
-  const r = await nsenter(netns, [bin], {});
-  if (r.error !== null || r.code !== 0)
-    throw new NetnsError(`${bin} in ${netns} failed: ${(r.error ?? r.stderr).trim()}`);
-  return r.stdout;
-}
-
-/** table -> chain -> rules (`-A <chain> ...`), for the tables we may use; comments, counters and policies dropped. */
-export type RuleSet = Map<string, Map<string, string[]>>;
-
-/** Our chains are the MESH_* ones (rules.ts); everything else in the netns belongs to someone else. */
-const isOurs = (chain: string): boolean => chain.startsWith(OWN_CHAIN_PREFIX);
-
-/** A rule that jumps (-j) or goes (-g) into one of our chains: one of our jumps when it sits in another chain. */
-function jumpsToOurs(rule: string): boolean {
-  const m = / -[jg] (\S+)/.exec(rule);
-  return m !== null && isOurs(m[1]!);
-}
-
-/**
- * Reads iptables-save output, or one of our restore documents: `-N X` declares a chain like
- * `:X`, and `-I X 1 rule` is read as the rule it puts first in X.
- */
-export function parseRules(text: string): RuleSet {
-  const out: RuleSet = new Map();
-  let chains: Map<string, string[]> | null = null;
-  const chain = (name: string): string[] => chains!.get(name) ?? chains!.set(name, []).get(name)!;
-  for (const raw of text.split('\n')) {
-    const line = raw.trim();
-    if (line.startsWith('*')) {
-      const t = line.slice(1);
-      chains = (OWNED_TABLES as readonly string[]).includes(t) ? new Map() : null;
-      if (chains) out.set(t, chains);
-    } else if (!chains || line === '' || line.startsWith('#') || line === 'COMMIT') {
-      continue;
-    } else if (line.startsWith(':')) {
-      chain(line.slice(1).split(' ')[0]!);
-    } else if (line.startsWith('-N ')) {
-      chain(line.split(' ')[1]!);
-    } else if (line.startsWith('-A ')) {
-      chain(line.split(' ')[1]!).push(line);
-    } else if (line.startsWith('-I ')) {
-      const [, name, pos, ...rest] = line.split(' ');
-      const rule = `-A ${name!} ${(/^\d+$/.test(pos!) ? rest : [pos!, ...rest]).join(' ')}`;
-      chain(name!).unshift(rule);
-    }
-  }
-  return out;
-}
-
-/**
- * Differences between what we meant and what is there, in what is ours only: our chains whole,
- * and in every other chain just the rules that jump into ours. [] when equal.
- */
-export function diffRules(expected: RuleSet, actual: RuleSet): string[] {
-  const problems: string[] = [];
-  for (const table of OWNED_TABLES) {
-    const e = expected.get(table) ?? new Map<string, string[]>();
-    const a = actual.get(table) ?? new Map<string, string[]>();
-    for (const chain of new Set([...e.keys(), ...a.keys()])) {
-      const ours = isOurs(chain);
-      if (ours && e.has(chain) !== a.has(chain)) {
-        problems.push(`${table}: chain ${chain} ${e.has(chain) ? 'missing' : 'unexpected'}`);
-        continue;
-      }
-      const want = ours ? (e.get(chain) ?? []) : (e.get(chain) ?? []).filter(jumpsToOurs);
-      const have = ours ? (a.get(chain) ?? []) : (a.get(chain) ?? []).filter(jumpsToOurs);
-      for (let i = 0; i < Math.max(want.length, have.length); i++) {
-        if (want[i] !== have[i]) {
-          problems.push(
-            `${table} ${chain} ${ours ? 'rule' : 'jump'} ${i + 1}: expected ${want[i] ?? '(none)'}, found ${have[i] ?? '(none)'}`,
-          );
-          break;
-        }
-      }
-    }
-  }
-  return problems;
-}
-
-/**
- * The --noflush document that turns what is there (`have`) into what we want (null: nothing of
- * ours, as DEL wants), touching nothing that is not ours; null when there is nothing to change.
- * Per table, in one commit: our jumps out, every chain of ours declared (created, or flushed if
- * there), the ones no longer wanted deleted, then our rules and our jumps (first in their chain).
- */
-export function reconcileRestore(want: RuleSet | null, have: RuleSet): string | null {
-  const out: string[] = [];
-  for (const table of OWNED_TABLES) {
-    const w = want?.get(table) ?? new Map<string, string[]>();
-    const h = have.get(table) ?? new Map<string, string[]>();
-    const oursWanted = [...w.keys()].filter(isOurs);
-    const oursThere = [...h.keys()].filter(isOurs);
-    const jumpsThere = [...h].filter(([c]) => !isOurs(c)).flatMap(([, rules]) => rules.filter(jumpsToOurs));
-    if (oursWanted.length === 0 && oursThere.length === 0 && jumpsThere.length === 0) continue;
-    out.push(`*${table}`);
-    out.push(...jumpsThere.map((r) => `-D ${r.slice(3)}`));
-    for (const c of [...new Set([...oursWanted, ...oursThere])].sort()) out.push(`:${c} - [0:0]`);
-    for (const c of oursThere.filter((c) => !w.has(c)).sort()) out.push(`-X ${c}`);
-    for (const c of oursWanted.sort()) out.push(...w.get(c)!);
-    for (const [c, rules] of w) {
-      if (!isOurs(c))
-        out.push(
-          ...rules
-            .filter(jumpsToOurs)
-            .reverse()
-            .map((r) => `-I ${c} 1 ${r.slice(4 + c.length)}`),
-        );
-    }
-    out.push('COMMIT');
-  }
-  return out.length === 0 ? null : out.join('\n') + '\n';
+export function save(netns: string, flavour: Flavour, family: Family): Promise<string> {
+  return generic.save(byPath(netns), flavour, family);
 }

@@ -70,6 +70,30 @@ const CASES: [string, string, RegExp | null][] = [
     /src\/ imports from cni-plugin\/ only cni-plugin\/shared\//,
   ],
   ['src/install/zz-probe.ts', "import { isObject } from '../../cni-plugin/shared/json.ts';", null],
+  // ...and the rule builder (issue 16: in-place repair builds the plugin's rules), which stays pure.
+  ['src/repair/zz-probe.ts', "import { specForPod } from '../../cni-plugin/redirect/spec.ts';", null],
+  [
+    'src/repair/zz-probe.ts',
+    "import { byPath } from '../../cni-plugin/netns/iptables.ts';",
+    /src\/ imports from cni-plugin\/ only cni-plugin\/shared\/ and cni-plugin\/redirect\//,
+  ],
+  ['cni-plugin/redirect/zz-probe.ts', "import { PROXY_PORT } from './constants.ts';", null],
+  ['cni-plugin/redirect/zz-probe.ts', "import { durationMs } from '../shared/duration.ts';", null],
+  [
+    'cni-plugin/redirect/zz-probe.ts',
+    "import { exec } from '../netns/exec.ts';",
+    /cni-plugin\/redirect\/ imports only its own files and cni-plugin\/shared\//,
+  ],
+  [
+    'cni-plugin/redirect/zz-probe.ts',
+    "import { spawn } from 'node:child_process';",
+    /cni-plugin\/redirect\/ imports only its own files and cni-plugin\/shared\//,
+  ],
+  [
+    'cni-plugin/redirect/zz-probe.ts',
+    "const m = () => import('../../src/agent.ts');",
+    /cni-plugin\/ imports nothing from src\//,
+  ],
   // Inside the agent.
   [
     'src/orch/zz-probe.ts',

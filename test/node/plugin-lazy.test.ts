@@ -31,6 +31,7 @@ const RULES = [
   'cni-plugin/netns/exec.ts',
   'cni-plugin/netns/flavourcache.ts',
   'cni-plugin/redirect/rules.ts',
+  'cni-plugin/redirect/iptables.ts',
 ];
 const COMMANDS = ['cni-plugin/plugin.ts', 'cni-plugin/log/udslog.ts'];
 const SPAWN_AND_TLS = ['child_process', 'https', 'tls', 'http'];
