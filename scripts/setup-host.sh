@@ -31,6 +31,7 @@ needs=(
   /usr/bin/qemu-x86_64:qemu-user
   cc:gcc
   /usr/include/stdio.h:libc6-dev
+  ipset:ipset
 )
 
 missing=()
