@@ -1,0 +1,119 @@
+// findPodNetns: the running pod's netns, held by fd. The I/O around procscan.ts's pure planning
+// and choosing: stat the host's netns reference, scan /proc, open each candidate netns once, look
+// at its addresses, keep the chosen fd and close every other.
+
+import fsp from 'node:fs/promises';
+import path from 'node:path';
+import { netnsAddresses } from './addresses.ts';
+import { nsKey, openNetns, sameNs, type HeldNetns, type NsId } from './held.ts';
+import {
+  canonicalPodIps,
+  chooseNetns,
+  planCandidates,
+  scanPodProcesses,
+  type Candidate,
+  type Looked,
+  type ScanResult,
+} from './procscan.ts';
+
+export interface PodNetnsOptions {
+  /** --host-proc-dir: the host's /proc (default /host/proc). */
+  readonly hostProcDir: string;
+  /** --host-netns-path: a file of the host's netns (default `${hostProcDir}/1/ns/net`; tests: /proc/self/ns/net). */
+  readonly hostNetnsPath: string;
+}
+export type FindFailure = 'no_netns' | 'ip_mismatch';
+export type FindResult =
+  | { readonly ok: true; readonly netns: HeldNetns }
+  | { readonly ok: false; readonly reason: FindFailure; readonly detail: string };
+
+/** statfs type of a namespace file (NSFS_MAGIC). */
+const NSFS_MAGIC = 0x6e736673n;
+
+/**
+ * The host netns' identity. Never guessed: without it the host netns could be taken for a
+ * pod's and programmed, so an unreadable or wrong reference rejects (fail closed).
+ */
+export async function hostNetnsId(hostNetnsPath: string): Promise<NsId> {
+  const fix =
+    'set --host-netns-path to a file of the host network namespace the agent can read ' +
+    "(/proc/<pid>/ns/net of a process in the host's netns, under --host-proc-dir)";
+  let st;
+  try {
+    st = await fsp.stat(hostNetnsPath, { bigint: true });
+    const fs = await fsp.statfs(hostNetnsPath, { bigint: true });
+    if (fs.type !== NSFS_MAGIC) throw new Error('not a namespace file');
+  } catch (e) {
+    throw new Error(
+      `cannot use ${hostNetnsPath} (--host-netns-path) as the host netns: ${(e as Error).message}; ${fix}`,
+      {
+        cause: e,
+      },
+    );
+  }
+  return { dev: st.dev, ino: st.ino };
+}
+
+/**
+ * Opens a candidate through its processes, oldest first. The fd's identity must be the one the
+ * scan stat'ed: a process that exited (its pid maybe reused) or moved to another netns since is
+ * passed over, never misread. null: none of them still is in it.
+ */
+async function openCandidate(procDir: string, c: Candidate, host: NsId): Promise<HeldNetns | null> {
+  for (const pid of c.pids) {
+    let ns: HeldNetns;
+    try {
+      ns = await openNetns(path.join(procDir, String(pid), 'ns', 'net'), pid);
+    } catch {
+      continue; // gone, or no longer ours to open: the next process of the same netns
+    }
+    if (sameNs(ns, c.netns) && !sameNs(ns, host)) return ns;
+    ns.close();
+  }
+  return null;
+}
+
+const scanSummary = (procDir: string, s: ScanResult, inHost: number): string => {
+  let t = ` (${s.scanned} processes under ${procDir}, ${s.processes.length} of the pod, ${inHost} of them in the host netns`;
+  if (s.vanished) t += `, ${s.vanished} exited during the scan`;
+  if (s.unreadable) t += `, ${s.unreadable} unreadable: ${s.firstErrors.join('; ')}`;
+  return t + ')';
+};
+
+/**
+ * The pod's netns: processes whose cgroup names the pod UID, not in the host netns, whose netns
+ * holds one of podIPs; among several netns the one of the oldest process wins. Rejects only for
+ * what no retry mends: the host netns reference or the proc dir unusable (the message names the flag).
+ */
+export async function findPodNetns(uid: string, podIPs: readonly string[], opts: PodNetnsOptions): Promise<FindResult> {
+  const host = await hostNetnsId(opts.hostNetnsPath);
+  const scan = await scanPodProcesses(opts.hostProcDir, uid.toLowerCase());
+  const { candidates, inHost } = planCandidates(scan.processes, host);
+  const held = new Map<string, HeldNetns>();
+  try {
+    const looked = new Map<string, Looked>();
+    // No IP to look for: nothing is opened or entered.
+    if (canonicalPodIps(podIPs).length > 0) {
+      for (const c of candidates) {
+        const ns = await openCandidate(opts.hostProcDir, c, host);
+        if (ns === null) continue;
+        held.set(nsKey(ns), ns);
+        try {
+          looked.set(nsKey(ns), { pid: ns.pid, addresses: await netnsAddresses(ns) });
+        } catch (e) {
+          looked.set(nsKey(ns), { pid: ns.pid, error: (e as Error).message });
+        }
+      }
+    }
+    const choice = chooseNetns(candidates, looked, podIPs);
+    if (!choice.ok) {
+      const detail = `pod ${uid}: ${choice.detail}${scanSummary(opts.hostProcDir, scan, inHost)}`;
+      return { ok: false, reason: choice.reason, detail };
+    }
+    const netns = held.get(nsKey(choice.netns))!;
+    held.delete(nsKey(choice.netns));
+    return { ok: true, netns };
+  } finally {
+    for (const ns of held.values()) ns.close();
+  }
+}

@@ -1,0 +1,10 @@
+// "Enter a running pod's netns": find it from the host's /proc by pod UID and IP, hold it by fd,
+// run programs in it (nsenter with the fd; the agent's own threads never setns). Used by repair
+// in place (issue 16) and, later, ambient enrollment (issue 17). README: "Finding a running pod's
+// network namespace".
+
+export { podUidFromCgroup } from './cgroup.ts';
+export type { HeldNetns } from './held.ts';
+export { findPodNetns, type FindFailure, type FindResult, type PodNetnsOptions } from './find.ts';
+export { runInNetns, type RunOptions, type RunResult } from './run.ts';
+export { netnsAddresses } from './addresses.ts';
