@@ -1,15 +1,16 @@
 // The manifests an operator applies: `kustomize build deploy/` renders offline, and the
 // rendered objects hold what the agent needs and no more (kinds, RBAC verbs, mounts that match
 // the flags, the probe on the monitoring port, settings install-cni accepts, a template the
-// installer and the plugin both accept), for the base and the repair-delete component; yamllint
-// passes on the sources and on the rendered output.
+// installer and the plugin both accept), for the base and the repair-delete and repair-in-place
+// components (the default stays without capabilities or host /proc); `kubectl kustomize` renders
+// the same; yamllint passes on the sources and on the rendered output.
 
 import assert from 'node:assert/strict';
-import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { after, before, describe, it } from 'node:test';
-import { parse } from 'yaml';
+import { parse, parseAllDocuments } from 'yaml';
 import type { V1ConfigMap, V1Container, V1DaemonSet, V1PolicyRule, V1RoleBinding } from '@kubernetes/client-node';
 import { parseConfig } from '../../cni-plugin/cni/protocol.ts';
 import { FLAGS } from '../../src/config/flags.ts';
@@ -27,6 +28,8 @@ import {
 } from '../helpers/podman-daemonset.ts';
 
 const YAMLLINT_CONFIG = path.join(DEPLOY, '.yamllint.yaml');
+/** What deploy/overlays/repair-in-place adds, in its order: measured in the image (deploy-image.test.ts). */
+const IN_PLACE_CAPABILITIES = ['SYS_ADMIN', 'SYS_PTRACE', 'NET_ADMIN', 'NET_RAW'] as const;
 const pkg = JSON.parse(readFileSync(path.join(ROOT, 'package.json'), 'utf8')) as { version: string };
 
 /** The settings install-cni would build in this container (env + args; downward API values filled in). */
@@ -60,18 +63,27 @@ const DOWNWARD = {
 describe('deploy: kustomize build deploy/', () => {
   let base: ReturnType<typeof kustomize>;
   let withDelete: ReturnType<typeof kustomize>;
+  let withInPlace: ReturnType<typeof kustomize>;
+  let withBoth: ReturnType<typeof kustomize>;
   let opDir: string;
+  /** An operator's own kustomization next to deploy/ using these components, the way the README says. */
+  const operatorDir = (name: string, components: readonly string[]) => {
+    const dir = path.join(opDir, name);
+    mkdirSync(dir);
+    // Paths must be relative.
+    const rel = path.relative(dir, DEPLOY);
+    writeFileSync(
+      path.join(dir, 'kustomization.yaml'),
+      `resources:\n  - ${rel}\ncomponents:\n${components.map((c) => `  - ${rel}/overlays/${c}\n`).join('')}`,
+    );
+    return dir;
+  };
   before(() => {
     base = kustomize(DEPLOY);
-    // The repair-delete component used the way the README says: from an operator's own
-    // kustomization next to deploy/ (paths must be relative).
     opDir = mkdtempSync(path.join(os.tmpdir(), 'mcni-deploy-'));
-    const rel = path.relative(opDir, DEPLOY);
-    writeFileSync(
-      path.join(opDir, 'kustomization.yaml'),
-      `resources:\n  - ${rel}\ncomponents:\n  - ${rel}/overlays/repair-delete\n`,
-    );
-    withDelete = kustomize(opDir);
+    withDelete = kustomize(operatorDir('delete', ['repair-delete']));
+    withInPlace = kustomize(operatorDir('inplace', ['repair-in-place']));
+    withBoth = kustomize(operatorDir('both', ['repair-in-place', 'repair-delete']));
   });
   after(() => rmSync(opDir, { recursive: true, force: true }));
 
@@ -326,12 +338,114 @@ describe('deploy: kustomize build deploy/', () => {
     assert.deepEqual(plain.rules, rendered.rules);
   });
 
-  it('yamllint passes on deploy/ and on both renders', () => {
+  it('the default stays as tight as without repair in place: no capability, no host /proc, no lock, in-place repair off', () => {
+    const ds = one<V1DaemonSet>(base.objects, 'DaemonSet');
+    const spec = ds.spec!.template.spec!;
+    const c = agentContainer(base.objects);
+    assert.deepEqual(c.securityContext?.capabilities, { drop: ['ALL'] }, 'every capability dropped, none added');
+    assert.equal(containerSettings(c).repair.repairPods, false, '--repair-repair-pods is off');
+    assert.ok(!(c.env ?? []).some((e) => e.name === 'REPAIR_REPAIR_PODS' && e.value !== 'false'));
+    // Only the three host dirs it writes; nothing of /proc, /run or /sys of the host.
+    assert.deepEqual((spec.volumes ?? []).flatMap((v) => (v.hostPath ? [v.hostPath.path] : [])).sort(), [
+      '/etc/cni/net.d',
+      '/opt/cni/bin',
+      '/var/run/mesh-cni',
+    ]);
+    assert.ok(
+      !(c.volumeMounts ?? []).some((m) => m.mountPath.startsWith('/host/proc') || m.mountPath.startsWith('/run')),
+    );
+    for (const k of ['hostPID', 'hostIPC', 'shareProcessNamespace'] as const) assert.notEqual(spec[k], true, k);
+    assert.ok(!/SYS_ADMIN|SYS_PTRACE|NET_ADMIN|NET_RAW|\/host\/proc/.test(base.text.replace(/#.*$/gm, '')));
+  });
+
+  it('repair-in-place component: exactly the /host/proc mount (read-only), the xtables lock, REPAIR_REPAIR_PODS and four capabilities', () => {
+    const c = agentContainer(withInPlace.objects);
+    const s = containerSettings(c);
+    assert.deepEqual(
+      [s.repair.enabled, s.repair.repairPods, s.repair.labelPods, s.repair.deletePods],
+      [true, true, true, false],
+    );
+    // Measured in the image: test/node/deploy-image.test.ts drops each and names the step that fails.
+    assert.deepEqual(c.securityContext?.capabilities, { drop: ['ALL'], add: [...IN_PLACE_CAPABILITIES] });
+    const sc = c.securityContext!;
+    assert.deepEqual(
+      [sc.privileged, sc.allowPrivilegeEscalation, sc.readOnlyRootFilesystem, sc.seccompProfile?.type, sc.runAsUser],
+      [false, false, true, 'RuntimeDefault', 0],
+    );
+    const spec = one<V1DaemonSet>(withInPlace.objects, 'DaemonSet').spec!.template.spec!;
+    for (const k of ['hostPID', 'hostIPC', 'shareProcessNamespace'] as const) assert.notEqual(spec[k], true, k);
+    const volumes = new Map((spec.volumes ?? []).map((v) => [v.name, v]));
+    const mountAt = (p: string) => {
+      const m = (c.volumeMounts ?? []).find((x) => x.mountPath === p);
+      assert.ok(m, `something is mounted at ${p}`);
+      return { mount: m, volume: volumes.get(m.name)! };
+    };
+    const proc = mountAt(s.repair.hostProcDir);
+    assert.equal(s.repair.hostProcDir, '/host/proc');
+    assert.deepEqual(proc.volume.hostPath, { path: '/proc', type: 'Directory' });
+    assert.equal(proc.mount.readOnly, true, "the host's /proc is mounted read-only");
+    const lock = mountAt('/run/xtables.lock');
+    assert.deepEqual(lock.volume.hostPath, { path: '/run/xtables.lock', type: 'FileOrCreate' });
+    // Apart from these, the render is the base's (RBAC included: repair in place needs no new right).
+    const strip = (objs: K8sObject[]) =>
+      objs.map((o) => {
+        const x = structuredClone(o) as K8sObject & { spec?: V1DaemonSet['spec'] };
+        if (x.kind === 'DaemonSet') {
+          const t = x.spec!.template.spec!;
+          const ct = t.containers[0]!;
+          ct.env = ct.env!.filter((e) => e.name !== 'REPAIR_REPAIR_PODS');
+          delete ct.securityContext!.capabilities!.add;
+          ct.volumeMounts = ct.volumeMounts!.filter((m) => !['host-proc', 'xtables-lock'].includes(m.name));
+          t.volumes = t.volumes!.filter((v) => !['host-proc', 'xtables-lock'].includes(v.name));
+        }
+        return x;
+      });
+    assert.deepEqual(strip(withInPlace.objects), strip(base.objects));
+  });
+
+  it('repair-in-place and repair-delete together: in place first, delete as the fall-back, with pods delete', () => {
+    const s = containerSettings(agentContainer(withBoth.objects));
+    assert.deepEqual([s.repair.repairPods, s.repair.labelPods, s.repair.deletePods], [true, false, true]);
+    assert.deepEqual(rights(withBoth.objects, 'mesh-cni'), DEPLOYED_RIGHTS.agentWithDelete);
+    assert.deepEqual(agentContainer(withBoth.objects).securityContext?.capabilities?.add, [...IN_PLACE_CAPABILITIES]);
+  });
+
+  it('kubectl kustomize renders base and components as the pinned kustomize does', (t) => {
+    if (run('kubectl', ['version', '--client']).code !== 0) {
+      t.skip('kubectl is not installed');
+      return;
+    }
+    for (const [what, dir, want] of [
+      ['base', DEPLOY, base],
+      ['repair-in-place', path.join(opDir, 'inplace'), withInPlace],
+      ['both components', path.join(opDir, 'both'), withBoth],
+    ] as const) {
+      const r = run('kubectl', ['kustomize', dir]);
+      assert.equal(r.code, 0, `kubectl kustomize of the ${what} failed: ${r.stderr}`);
+      assert.deepEqual(
+        parseAllDocuments(r.stdout).map((d) => d.toJS() as unknown),
+        want.objects,
+        `the ${what} renders the same`,
+      );
+    }
+  });
+
+  it("the README's trust model names what the repair-in-place component grants", () => {
+    const readme = readFileSync(path.join(ROOT, 'README.md'), 'utf8');
+    const section = /^## Security: the trust model\n([\s\S]*?)^## /m.exec(readme)?.[1] ?? '';
+    assert.match(section, /repair-in-place/);
+    for (const cap of IN_PLACE_CAPABILITIES) assert.match(section, new RegExp(cap), `it names ${cap}`);
+    assert.match(section, /environ/, "it says the host's /proc shows every process's environment");
+  });
+
+  it('yamllint passes on deploy/ and on every render', () => {
     const src = run('yamllint', ['-f', 'parsable', '-c', YAMLLINT_CONFIG, DEPLOY]);
     assert.equal(src.code, 0, `yamllint deploy/:\n${src.stdout}${src.stderr}`);
     for (const [what, text] of [
       ['base', base.text],
       ['with repair-delete', withDelete.text],
+      ['with repair-in-place', withInPlace.text],
+      ['with both', withBoth.text],
     ] as const) {
       const r = run('yamllint', ['-f', 'parsable', '-c', YAMLLINT_CONFIG, '-'], text);
       assert.equal(r.code, 0, `yamllint of the ${what} render:\n${r.stdout}${r.stderr}`);
