@@ -9,6 +9,9 @@
 #                                     MESH_PLUGIN_RUNTIME at build), in install-cni's
 #                                     --cni-binaries-dir default: what it copies to the host
 #   /etc/passwd, /etc/group           root and nobody, so user lookups work
+#   /usr/bin/nsenter, /usr/sbin/ip,   the tools repair in place runs in a pod's netns (below):
+#   /usr/sbin/xtables-*-multi + links nsenter, iptables/ip6tables of both flavours, iproute2,
+#   /usr/lib/<triplet>/xtables/       the iptables extensions they dlopen
 # The default user is nobody (65534): `version` and friends need nothing more. The DaemonSet
 # runs it as root with every capability dropped, because the host's CNI dirs belong to root.
 # Saved as an OCI archive (default dist/mesh-cni-image.tar, or $1) named
@@ -37,6 +40,32 @@ for f in dist/install-cni.js dist/mesh-validation.cjs dist/bin/mesh-cni "$NODE_B
   fi
 done
 
+# Repair in place (--repair-repair-pods, the repair-in-place component of deploy/) applies the
+# redirect rules inside a running pod's netns: `nsenter --net=/proc/self/fd/3 -- iptables-...-restore`
+# with the netns fd the agent holds, and `ip -j addr` / `ip rule` / `ip route` there. The image
+# carries its own copies of these tools (this machine's, Debian's) rather than running the host's
+# through `nsenter --mount=/host/proc/1/ns/mnt`: the host may have no iptables or iproute2 at all
+# (Talos, Bottlerocket-like nodes), /proc/1 may be unreadable to the agent, and entering the host's
+# mount namespace would need more capabilities and would run host binaries we never tested. Both
+# iptables flavours, since the pod's rules must go where the host's kernel users put theirs (the
+# plugin picks the flavour; see cni-plugin/netns/iptables.ts). No unflavoured `iptables` link: every
+# caller names its flavour. Extensions: every libxt_/libipt_/libip6t_ one (about 280 KB compressed),
+# not only those our rules use, because iptables-save must also print whatever foreign rules a pod's
+# netns holds; no ebtables/arptables ones (nothing runs those).
+IPT_LEGACY=$(readlink -f "$(PATH=/usr/sbin:/sbin:$PATH command -v xtables-legacy-multi || true)")
+IPT_NFT=$(readlink -f "$(PATH=/usr/sbin:/sbin:$PATH command -v xtables-nft-multi || true)")
+NSENTER=$(readlink -f "$(PATH=/usr/bin:/bin:$PATH command -v nsenter || true)")
+IPROUTE=$(readlink -f "$(PATH=/usr/sbin:/sbin:$PATH command -v ip || true)")
+# libxtables dlopens its extensions from the dir compiled into it (Debian: /usr/lib/<triplet>/xtables).
+XT_STANDARD=$(find /usr/lib -maxdepth 3 -path '*/xtables/libxt_standard.so' -print -quit)
+XT_DIR=$(dirname "${XT_STANDARD:-/nonexistent/xtables/libxt_standard.so}")
+for f in "$IPT_LEGACY" "$IPT_NFT" "$NSENTER" "$IPROUTE" "$XT_DIR/libxt_standard.so"; do
+  if [[ ! -f $f ]]; then
+    echo "image: ${f:-a tool} is missing: install iptables (>= 1.8, both flavours), util-linux and iproute2" >&2
+    exit 1
+  fi
+done
+
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/mcni-image-XXXXXX")
 CTR=
 cleanup() {
@@ -53,9 +82,26 @@ mkdir -p "$FS/usr/bin" "$FS/opt/mesh-cni/bin" "$FS/etc" "$FS/tmp"
 chmod 1777 "$FS/tmp"
 strip -o "$FS/usr/bin/node" "$NODE_BIN"
 chmod 0755 "$FS/usr/bin/node"
-# Every library the runtime and the plugin executable load, at the path the loader looks for it.
+# The repair-in-place tools (see above) and their extensions; symlinks stay symlinks.
+XT_FS=$FS$XT_DIR
+mkdir -p "$XT_FS" "$FS/usr/sbin"
+cp -P "$XT_DIR"/libxt_*.so "$XT_DIR"/libipt_*.so "$XT_DIR"/libip6t_*.so "$XT_FS/"
+install -m 0755 "$IPT_LEGACY" "$FS/usr/sbin/xtables-legacy-multi"
+install -m 0755 "$IPT_NFT" "$FS/usr/sbin/xtables-nft-multi"
+install -m 0755 "$NSENTER" "$FS/usr/bin/nsenter"
+install -m 0755 "$IPROUTE" "$FS/usr/sbin/ip"
+for fam in iptables ip6tables; do
+  for what in '' -restore -save; do
+    ln -s xtables-legacy-multi "$FS/usr/sbin/$fam-legacy$what"
+    ln -s xtables-nft-multi "$FS/usr/sbin/$fam-nft$what"
+  done
+done
+# Every library the runtime, the plugin executable, the tools and the extensions load, at the
+# path the loader looks for it.
 # (ldd prints `name => /path (addr)` for libraries and `/path (addr)` for the loader.)
-libs=$(ldd "$NODE_BIN" dist/bin/mesh-cni | awk '$2 == "=>" && $3 ~ /^\// { print $3 } $1 ~ /^\// && $2 ~ /^\(/ { print $1 }' | sort -u)
+mapfile -t xt_real < <(find "$XT_FS" -type f -name '*.so' -printf "$XT_DIR/%f\n")
+loaded=("$NODE_BIN" dist/bin/mesh-cni "$IPT_LEGACY" "$IPT_NFT" "$NSENTER" "$IPROUTE" "${xt_real[@]}")
+libs=$(ldd "${loaded[@]}" | awk '$2 == "=>" && $3 ~ /^\// { print $3 } $1 ~ /^\// && $2 ~ /^\(/ { print $1 }' | sort -u)
 for lib in $libs; do
   mkdir -p "$FS$(dirname "$lib")"
   cp -L "$lib" "$FS$lib"
@@ -72,6 +118,7 @@ buildah "${STORE[@]}" config \
   --entrypoint '["/usr/bin/node", "/opt/mesh-cni/install-cni.js"]' \
   --cmd '[]' \
   --user 65534:65534 \
+  --env PATH=/usr/sbin:/usr/bin \
   --workingdir / \
   --port 15014/tcp \
   --os linux --arch amd64 \

@@ -338,7 +338,7 @@ describe('deploy: kustomize build deploy/', () => {
     assert.deepEqual(plain.rules, rendered.rules);
   });
 
-  it('the default stays as tight as without repair in place: no capability, no host /proc, no lock, in-place repair off', () => {
+  it('the default stays tight: no capability, no host /proc, no lock mount, in-place repair off', () => {
     const ds = one<V1DaemonSet>(base.objects, 'DaemonSet');
     const spec = ds.spec!.template.spec!;
     const c = agentContainer(base.objects);
@@ -358,7 +358,7 @@ describe('deploy: kustomize build deploy/', () => {
     assert.ok(!/SYS_ADMIN|SYS_PTRACE|NET_ADMIN|NET_RAW|\/host\/proc/.test(base.text.replace(/#.*$/gm, '')));
   });
 
-  it('repair-in-place component: exactly the /host/proc mount (read-only), the xtables lock, REPAIR_REPAIR_PODS and four capabilities', () => {
+  it('repair-in-place component: exactly /host/proc (read-only), the xtables lock, the env and four capabilities', () => {
     const c = agentContainer(withInPlace.objects);
     const s = containerSettings(c);
     assert.deepEqual(
