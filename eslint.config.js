@@ -40,6 +40,12 @@ const CONFIG_NOT_ORCH = {
   regex: '(^\\.\\./|/src/)orch/',
   message: 'src/config/ does not import src/orch/: settings are built before any API client, from flags and env alone.',
 };
+const AMBIENT_NOT_INSTALL_REPAIR = {
+  regex: '(^(\\.\\./)+|/src/)(install|repair)/',
+  message:
+    'src/ambient/ does not import src/install/ or src/repair/: ambient mode talks to ztunnel and pod netns, ' +
+    'beside the installer and repair; what they share goes in a module of its own that each imports.',
+};
 // The bans match the path as written, so a detour they cannot see through (./../install/,
 // ../orch/../install/, ..//install/, /./) is refused in every zone: write the path normalized.
 const NORMALIZED = {
@@ -118,6 +124,7 @@ export default tseslint.config(
   zone(['src/orch/**/*.ts'], [ONLY_SHARED, ORCH_NOT_INSTALL]),
   zone(['src/config/**/*.ts'], [ONLY_SHARED, CONFIG_NOT_ORCH]),
   zone(['src/monitoring/**/*.ts'], [ONLY_SHARED, MONITORING_NOT_CMD]),
+  zone(['src/ambient/**/*.ts'], [ONLY_SHARED, AMBIENT_NOT_INSTALL_REPAIR]),
   zone(['cni-plugin/**/*.ts'], [NO_SRC]),
   zone(['cni-plugin/shared/**/*.ts'], [NO_SRC, SHARED_SELF]),
   zone(['cni-plugin/redirect/**/*.ts'], [NO_SRC, REDIRECT_SELF]),

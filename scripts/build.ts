@@ -12,6 +12,7 @@ import * as esbuild from 'esbuild';
 import { seaModeFrom } from './sea.ts';
 import { buildExecutable, DEFAULT_VALIDATION_RUNTIME, pluginRuntimeFrom } from './plugin-runtime.ts';
 import { bundleOptions } from './bundle-options.ts';
+import { buildNative } from './native.ts';
 
 const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
 const pkg = JSON.parse(readFileSync(path.join(root, 'package.json'), 'utf8')) as { version: string };
@@ -52,6 +53,10 @@ for (const e of entries) {
     throw new Error(`build: ${e.out}: ${result.warnings.length} esbuild warning(s), printed above`);
 }
 console.log(`build: ${entries.map((e) => e.out).join(', ')}`);
+
+// The agent's native addon (SOCK_SEQPACKET + SCM_RIGHTS for ztunnel), compiled with cc when its
+// C source changed; never in the plugin's bundles.
+console.log(`build: dist/native/seqpacket.node${buildNative({ root }) ? '' : ' (up to date)'}`);
 
 // Single executables for the node (no Node.js there): dist/bin/mesh-cni, dist/mesh-validation.
 // Their runtime is a build choice (scripts/plugin-runtime.ts), the bundle is the same:

@@ -32,6 +32,7 @@ needs=(
   cc:gcc
   /usr/include/stdio.h:libc6-dev
   ipset:ipset
+  /usr/include/uv.h:libuv1-dev
 )
 
 missing=()
