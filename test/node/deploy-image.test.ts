@@ -10,6 +10,7 @@
 // Needs root, buildah and podman (scripts/setup-host.sh) and a built dist/ (npm test builds).
 
 import assert from 'node:assert/strict';
+import { spawn, type ChildProcess } from 'node:child_process';
 import { existsSync, readFileSync } from 'node:fs';
 import fs from 'node:fs/promises';
 import net from 'node:net';
@@ -22,9 +23,10 @@ import { BRIDGE_CONFLIST, makeHostTree, type HostTree } from '../helpers/hosttre
 import { startTestApiServer, type TestApiServer } from '../helpers/apiserver.ts';
 import { eventually } from '../helpers/poll.ts';
 import { rulesFor } from '../helpers/rbac.ts';
-import { run } from '../helpers/netns.ts';
+import { Netns, run } from '../helpers/netns.ts';
 import { makePodman, type Podman } from '../helpers/podman.ts';
 import {
+  agentContainer,
   DEPLOY_DIR,
   kustomize,
   one,
@@ -110,6 +112,149 @@ describe('deploy: the container image', { timeout: 300_000 }, () => {
       '--short',
     ]);
     assert.equal(short.trim(), pkg.version);
+  });
+
+  describe('repair in place: the tools, and the capabilities of the repair-in-place component, measured', () => {
+    const POD_IP = '198.18.77.2';
+    const STEPS = ['open', 'setns', 'addr', 'restore-legacy', 'save-legacy', 'restore-nft', 'save-nft', 'validation'];
+    let dir: string;
+    let rendered: Rendered;
+    let ns: Netns;
+    let target: ChildProcess;
+    before(async () => {
+      dir = await fs.mkdtemp(path.join(os.tmpdir(), 'mcni-image-inplace-'));
+      // The component used as the README says: from an operator's kustomization next to deploy/.
+      const rel = path.relative(dir, DEPLOY_DIR);
+      await fs.writeFile(
+        path.join(dir, 'kustomization.yaml'),
+        `resources:\n  - ${rel}\ncomponents:\n  - ${rel}/overlays/repair-in-place\n`,
+      );
+      rendered = kustomize(dir);
+      await fs.writeFile(path.join(dir, 'probe.cjs'), IN_PLACE_PROBE);
+      await fs.writeFile(path.join(dir, 'xtables.lock'), '');
+      for (const d of ['bin', 'net', 'run', 'template']) await fs.mkdir(path.join(dir, d));
+      // The "pod": a process of uid 65535 in a netns of its own, with an address and a default
+      // route (mesh-validation's connect must not fail with ENETUNREACH before any rule acts).
+      ns = new Netns('inplace');
+      ns.exec(['ip', 'link', 'add', 'mcni-p0', 'type', 'veth', 'peer', 'name', 'mcni-p1']);
+      ns.exec(['ip', 'link', 'set', 'mcni-p1', 'up']);
+      ns.exec(['ip', 'addr', 'add', `${POD_IP}/24`, 'dev', 'mcni-p0']);
+      ns.exec(['ip', 'link', 'set', 'mcni-p0', 'up']);
+      ns.exec(['ip', 'route', 'add', 'default', 'via', '198.18.77.1']);
+      target = spawn(
+        'ip',
+        ['netns', 'exec', ns.name, 'setpriv', '--reuid', '65535', '--regid', '65535', '--clear-groups', 'sleep', '600'],
+        { stdio: 'ignore' },
+      );
+      const own = (await fs.stat('/proc/self/ns/net')).ino;
+      await eventually(
+        async () =>
+          (await fs.stat(`/proc/${target.pid}/ns/net`).catch(() => ({ ino: own }))).ino !== own &&
+          /^Uid:\s+65535\b/m.test(await fs.readFile(`/proc/${target.pid}/status`, 'utf8').catch(() => '')),
+        'the target process to run as 65535 in its netns',
+        10_000,
+      );
+    });
+    after(async () => {
+      target?.kill('SIGKILL');
+      ns?.remove();
+      if (dir) await fs.rm(dir, { recursive: true, force: true });
+    });
+
+    /** The probe in the image as the component's DaemonSet runs it, with these capabilities added. */
+    async function probe(caps: readonly string[]): Promise<Map<string, { ok: boolean; detail: string }>> {
+      // Each run starts from a netns without rules: a rule left by an earlier run would make
+      // mesh-validation pass without this run having programmed anything.
+      for (const fl of ['legacy', 'nft']) ns.exec([`iptables-${fl}`, '-t', 'nat', '-F', 'OUTPUT']);
+      const { flags } = podmanRunArgs(rendered.objects, {
+        volumeDirs: {
+          'cni-bin-dir': path.join(dir, 'bin'),
+          'cni-net-dir': path.join(dir, 'net'),
+          'mesh-cni-run': path.join(dir, 'run'),
+          'cni-network-config': path.join(dir, 'template'),
+          'host-proc': '/proc',
+          'xtables-lock': path.join(dir, 'xtables.lock'),
+        },
+        env: {
+          NODE_NAME: 'node-1',
+          HOST_IP: '198.19.250.1',
+          POD_NAME: 'mesh-cni-node-x',
+          POD_NAMESPACE: 'mesh-system',
+        },
+      });
+      const withCaps: string[] = [];
+      for (let i = 0; i < flags.length; i++) {
+        if (flags[i] === '--cap-add') i++;
+        else withCaps.push(flags[i]!);
+      }
+      for (const c of caps) withCaps.push('--cap-add', c);
+      const out = await podman.ok([
+        'run',
+        '--rm',
+        ...withCaps,
+        '--volume',
+        `${path.join(dir, 'probe.cjs')}:/probe.cjs:ro`,
+        '--entrypoint',
+        '/usr/bin/node',
+        IMAGE,
+        '/probe.cjs',
+        String(target.pid),
+        POD_IP,
+      ]);
+      const steps = new Map<string, { ok: boolean; detail: string }>();
+      for (const line of out.trim().split('\n')) {
+        const { step, ok, detail } = JSON.parse(line) as { step: string; ok: boolean; detail: string };
+        steps.set(step, { ok, detail });
+      }
+      return steps;
+    }
+    const failed = (steps: Map<string, { ok: boolean }>) => [...steps].filter(([, v]) => !v.ok).map(([k]) => k);
+
+    it('carries nsenter, iptables of both flavours, and ip', async () => {
+      const version = (bin: string, arg: string) =>
+        podman.ok(['run', '--rm', '--network', 'none', '--entrypoint', bin, IMAGE, arg]);
+      assert.match(await version('iptables-legacy', '-V'), /^iptables v1\.8\.\d+ \(legacy\)/);
+      assert.match(await version('iptables-nft', '-V'), /^iptables v1\.8\.\d+ \(nf_tables\)/);
+      assert.match(await version('ip6tables-legacy-restore', '-V'), /\(legacy\)/);
+      assert.match(await version('ip6tables-nft-save', '-V'), /\(nf_tables\)/);
+      assert.match(await version('nsenter', '--version'), /^nsenter from util-linux/);
+      assert.match(await version('ip', '-V'), /^ip utility, iproute2-/);
+    });
+
+    it("with the component's four capabilities: opens a uid-65535 process's netns through /host/proc, restores a rule of each flavour there through nsenter and fd 3, and mesh-validation passes in it", async () => {
+      const caps = agentContainer(rendered.objects).securityContext?.capabilities?.add ?? [];
+      const steps = await probe(caps);
+      assert.deepEqual([...steps.keys()], STEPS);
+      assert.deepEqual(failed(steps), [], JSON.stringify(Object.fromEntries(steps), null, 1));
+    });
+
+    // The minimum: each capability dropped in turn makes a named step fail (README, "Deploying").
+    const WITHOUT: [string, string[], RegExp][] = [
+      ['SYS_PTRACE', ['open'], /EACCES/],
+      ['SYS_ADMIN', ['setns'], /reassociate to namespace 'ns\/net' failed: Operation not permitted/],
+      [
+        'NET_ADMIN',
+        ['restore-legacy', 'save-legacy', 'restore-nft', 'save-nft', 'validation'],
+        /unable to initialize table 'nat'/,
+      ],
+      ['NET_RAW', ['restore-legacy', 'save-legacy'], /unable to initialize table 'nat'/],
+    ];
+    it('the table covers exactly the capabilities the component adds', () => {
+      assert.deepEqual(
+        [...(agentContainer(rendered.objects).securityContext?.capabilities?.add ?? [])].sort(),
+        WITHOUT.map(([c]) => c).sort(),
+      );
+    });
+    for (const [cap, failing, message] of WITHOUT) {
+      it(`without ${cap}: ${failing.join(', ')} fail`, async () => {
+        const caps = (agentContainer(rendered.objects).securityContext?.capabilities?.add ?? []).filter(
+          (c) => c !== cap,
+        );
+        const steps = await probe(caps);
+        assert.deepEqual(failed(steps), failing, JSON.stringify(Object.fromEntries(steps), null, 1));
+        assert.match(steps.get(failing[0]!)!.detail, message);
+      });
+    }
   });
 
   describe('run as deploy/ runs it, on a sandbox node', () => {
@@ -255,6 +400,40 @@ describe('deploy: the container image', { timeout: 300_000 }, () => {
     });
   });
 });
+
+/**
+ * Run inside the image by node: what repair in place does, step by step, against the netns of
+ * process argv[2] found through the host's /proc at /host/proc; one JSON line per step. The netns
+ * is held by fd and handed to nsenter as its fd 3, as src/podnetns runs programs in a pod's netns.
+ * It stops after the first step when the netns cannot be opened or entered.
+ */
+const IN_PLACE_PROBE = `
+const fs = require('fs');
+const { spawnSync } = require('child_process');
+const say = (step, ok, detail) => console.log(JSON.stringify({ step, ok, detail: String(detail).trim().slice(0, 400) }));
+let fd;
+try { fd = fs.openSync('/host/proc/' + process.argv[2] + '/ns/net', 'r'); say('open', true, ''); }
+catch (e) { say('open', false, e.code); process.exit(0); }
+const inNetns = (argv, input) => {
+  const r = spawnSync('nsenter', ['--net=/proc/self/fd/3', '--', ...argv],
+    { input, encoding: 'utf8', stdio: ['pipe', 'pipe', 'pipe', fd], timeout: 20000 });
+  return { code: r.status, out: r.stdout, err: r.stderr + (r.error ? r.error.message : '') };
+};
+let r = inNetns(['ip', '-j', 'addr']);
+if (/reassociate|setns/.test(r.err)) { say('setns', false, r.err); process.exit(0); }
+say('setns', true, '');
+say('addr', r.code === 0 && JSON.parse(r.out).some((l) => l.addr_info.some((a) => a.local === process.argv[3])), r.err);
+for (const fl of ['legacy', 'nft']) {
+  const doc = '*nat\\n-A OUTPUT -d 192.0.2.6/32 -p tcp -m tcp --dport 15002 -m comment --comment mcni-' + fl +
+    ' -j REDIRECT --to-ports 15002\\nCOMMIT\\n';
+  r = inNetns(['iptables-' + fl + '-restore', '--noflush', '-w', '5'], doc);
+  say('restore-' + fl, r.code === 0, r.err);
+  r = inNetns(['iptables-' + fl + '-save', '-t', 'nat']);
+  say('save-' + fl, r.code === 0 && r.out.includes('--comment mcni-' + fl + ' -j REDIRECT'), r.err);
+}
+r = inNetns(['/usr/bin/node', '/opt/mesh-cni/mesh-validation.cjs', '--probe-timeout', '3s']);
+say('validation', r.code === 0, r.err + r.out);
+`;
 
 /** A TCP port free on this machine now. */
 async function freePort(): Promise<number> {
