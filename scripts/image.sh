@@ -107,6 +107,7 @@ for lib in $libs; do
   cp -L "$lib" "$FS$lib"
 done
 install -m 0644 dist/install-cni.js "$FS/opt/mesh-cni/install-cni.js"
+install -D -m 0644 dist/native/seqpacket.node "$FS/opt/mesh-cni/native/seqpacket.node" # ztunnel socket addon
 install -m 0644 dist/mesh-validation.cjs "$FS/opt/mesh-cni/mesh-validation.cjs"
 install -m 0755 dist/bin/mesh-cni "$FS/opt/mesh-cni/bin/mesh-cni"
 printf 'root:x:0:0:root:/root:/sbin/nologin\nnobody:x:65534:65534:nobody:/nonexistent:/sbin/nologin\n' >"$FS/etc/passwd"
