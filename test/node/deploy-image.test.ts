@@ -5,7 +5,10 @@
 // installs the plugin into a sandbox node, answers /readyz, and on SIGTERM takes it all out
 // again, leaving the primary config byte for byte as it was. Its API server is the test one,
 // with exactly the RBAC deploy/ grants each account: the agent in the image mints the plugin's
-// token, and its own token appears nowhere on the sandbox node's disk.
+// token, and its own token appears nowhere on the sandbox node's disk. Repair in place: the image's
+// nsenter, iptables (both flavours) and ip run; as the repair-in-place component runs the image,
+// a rule of each flavour goes into a uid-65535 process's netns found through /host/proc, and the
+// component's four capabilities are each shown needed (dropped in turn, a named step fails).
 //
 // Needs root, buildah and podman (scripts/setup-host.sh) and a built dist/ (npm test builds).
 
