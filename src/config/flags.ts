@@ -40,8 +40,14 @@ function installFlag(
   return { name, kind, default: def, env: envName(name), help, group: 'install', ...extra };
 }
 
-function repairFlag(name: string, kind: FlagKind, def: string | undefined, help: string): FlagSpec {
-  return { name, kind, default: def, env: envName(name), help, group: 'repair' };
+function repairFlag(
+  name: string,
+  kind: FlagKind,
+  def: string | undefined,
+  help: string,
+  extra: Partial<FlagSpec> = {},
+): FlagSpec {
+  return { name, kind, default: def, env: envName(name), help, group: 'repair', ...extra };
 }
 
 function commonFlag(
@@ -350,6 +356,24 @@ export const FLAGS: readonly FlagSpec[] = [
   repairFlag('repair-qps', 'int', '200', 'Client-side rate limit of repair actions, requests per second.'),
   repairFlag('repair-burst', 'int', '400', 'Client-side burst of repair actions.'),
   repairFlag('repair-concurrency', 'int', '16', 'How many repair actions may be in flight at once.'),
+  // --- in-place repair (issue 16)
+  repairFlag(
+    'repair-repair-pods',
+    'bool',
+    'false',
+    "Repair broken pods in place: program the redirect rules in the running pod's netns and prove them " +
+      'before labelling or deleting (needs /host/proc and CAP_SYS_ADMIN, CAP_SYS_PTRACE, CAP_NET_ADMIN, CAP_NET_RAW).',
+  ),
+  repairFlag('host-proc-dir', 'string', '/host/proc', "The host's /proc as mounted in the agent's container.", {
+    path: 'dir',
+  }),
+  repairFlag(
+    'host-netns-path',
+    'string',
+    undefined,
+    "The host's own netns, which is never a pod's (default: <host-proc-dir>/1/ns/net).",
+    { path: 'file' },
+  ),
   // --- common logging flags of the seed
   commonFlag('log_as_json', 'bool', 'false', 'Emit JSON instead of console format.', 'logging'),
   commonFlag('log_caller', 'string', undefined, 'Comma-separated scopes that include caller info.', 'logging'),

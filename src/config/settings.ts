@@ -1,7 +1,9 @@
 // Flags + env + defaults -> one validated, typed, frozen Settings object. Nothing else in the
 // agent reads process.env: the entry point passes it here once.
 
+import { existsSync } from 'node:fs';
 import path from 'node:path';
+import { fileURLToPath } from 'node:url';
 import {
   CLEANUP_MODES,
   CTRLZ_WRITE_MODES,
@@ -90,6 +92,14 @@ export interface RepairSettings {
   readonly qps: number;
   readonly burst: number;
   readonly concurrency: number;
+  /** --repair-repair-pods: repair in place first (src/repair/inplace.ts). */
+  readonly repairPods: boolean;
+  /** The host's /proc as the agent sees it. */
+  readonly hostProcDir: string;
+  /** The host's own netns (never a pod's); default <hostProcDir>/1/ns/net. */
+  readonly hostNetnsPath: string;
+  /** mesh-validation.cjs, run in a repaired pod's netns to prove the repair; no flag: beside the agent bundle. */
+  readonly validationBundle: string;
 }
 
 /** How the agent itself talks to the API server (README "Fleet scale"). */
@@ -127,6 +137,8 @@ export interface EnvironmentFacts {
   readonly podNamespace: string;
   readonly orchServiceHost: string;
   readonly orchServicePort: string;
+  /** PATH, where in-place repair's start-up check looks for nsenter (its children search the same). */
+  readonly path: string;
 }
 
 export interface Settings {
@@ -297,6 +309,17 @@ function parseOrchconfigMode(flag: string, value: string, allowGroupOtherRead: b
   throw new ConfigError(flag, value, `${problems.join(' and ')}; use 0600 (384) or 0400 (256)${hatch}`);
 }
 
+/**
+ * mesh-validation.cjs, which in-place repair runs in a pod's netns: beside the agent bundle, in
+ * dist/ and in the image (/opt/mesh-cni/); from source (tests), the built one in dist/.
+ */
+function validationBundlePath(): string {
+  const here = path.dirname(fileURLToPath(import.meta.url));
+  const beside = path.join(here, 'mesh-validation.cjs');
+  const built = path.resolve(here, '..', '..', 'dist', 'mesh-validation.cjs');
+  return existsSync(beside) || !existsSync(built) ? beside : built;
+}
+
 /** Builds the settings; throws ConfigErrors listing every bad value (nothing is touched first). */
 export function buildSettings(flags: RawFlags, env: Env, cwd: string = process.cwd()): Settings {
   const errors: ConfigError[] = [];
@@ -444,6 +467,7 @@ export function buildSettings(flags: RawFlags, env: Env, cwd: string = process.c
   }
 
   const nodeName = env.NODE_NAME ?? '';
+  const hostProcDir = abs('host-proc-dir');
   const repair: RepairSettings = {
     enabled: bool('repair-enabled'),
     deletePods: bool('repair-delete-pods'),
@@ -463,6 +487,10 @@ export function buildSettings(flags: RawFlags, env: Env, cwd: string = process.c
     qps: int('repair-qps', 1, 10_000),
     burst: int('repair-burst', 1, 100_000),
     concurrency: int('repair-concurrency', 1, 1000),
+    repairPods: bool('repair-repair-pods'),
+    hostProcDir,
+    hostNetnsPath: absOrEmpty('host-netns-path') || path.join(hostProcDir, '1', 'ns', 'net'),
+    validationBundle: validationBundlePath(),
   };
   if (repair.nodeName !== '') {
     // The watch selects spec.nodeName=<node> and the operator's terms are ANDed to it: one on
@@ -541,6 +569,7 @@ export function buildSettings(flags: RawFlags, env: Env, cwd: string = process.c
       podNamespace: env.POD_NAMESPACE ?? '',
       orchServiceHost: env.KUBERNETES_SERVICE_HOST ?? '',
       orchServicePort: env.KUBERNETES_SERVICE_PORT ?? '',
+      path: env.PATH ?? '',
     },
   };
   if (errors.length > 0) throw new ConfigErrors(errors);

@@ -10,6 +10,22 @@
 // log and on the final DELETED watch event, so whoever looks later sees which pods mesh-cni
 // removed and why; deleting first would lose that.
 //
+// In-place repair (--repair-repair-pods, issue 16; src/repair/inplace.ts) comes first when on:
+// the pod's netns is found on this node, the plugin's rules are programmed in it and proven by
+// the validation check run inside it; the pod keeps running, its init container passes on its
+// next restart. Precedence:
+// 1. in place, retried with the queue's backoff while a retry can help (no IP yet, iptables or
+//    the proof failed), at most the queue's max attempts; a final failure (no netns of the pod
+//    holding its IP, IP mismatch, a bad annotation, the process left its netns mid-repair) falls
+//    through at once: waiting does not bring a gone sandbox back;
+// 2. then the operator's label and/or delete, exactly as without in-place repair;
+// 3. neither configured: a Warning Event, the metric and an error log say the pod stays broken.
+// A pod repaired in place that breaks again (a new failed run of its validation container) is
+// not repaired in place again: it goes straight to 2/3 with reason repair_did_not_hold. Repeated
+// in-place repairs would hide exactly what Istio's users could not see (istio/istio#56587,
+// #57332: "repaired" claimed while validation kept failing). Missing capabilities (checked once
+// at start-up, index.ts) turn in-place repair off for the process: reason no_capability per pod.
+//
 // The watch is not the controller's: the agent's wiring hands it the node's pod watch, or one of
 // its own when --repair-field-selectors/--repair-label-selectors ask for other pods (src/agent.ts).
 
@@ -25,6 +41,7 @@ import { podsRepaired, podsSeenBroken, repairFailures, watchedPods, watchRestart
 import { WATCH_DEFAULTS, type PodSource } from '../orch/podsource.ts';
 import { WorkQueue, type Outcome, type ReconcileContext } from '../orch/workqueue.ts';
 import { escapeFieldValue } from '../config/selectors.ts';
+import type { InPlaceReason, InPlaceResult } from './inplace.ts';
 
 const log = scope('repair');
 
@@ -74,7 +91,18 @@ export interface RepairControllerOptions {
   readonly reporter: { readonly host: string; readonly instance: string };
   readonly timing?: Partial<RepairTiming>;
   readonly clock?: Clock;
+  /**
+   * In-place repair, used when settings.repairPods is on: the repairer, or 'unavailable' when the
+   * start-up check found what it needs missing (every broken pod then falls through, no_capability).
+   */
+  readonly inPlace?: { repair(pod: V1Pod): Promise<InPlaceResult> } | 'unavailable';
 }
+
+/** Where in-place repair stands for one broken state. */
+type InPlaceState = 'off' | 'pending' | 'repaired' | 'failed';
+
+/** An in-place attempt that failed and may do better next time: the queue retries it. */
+class InPlaceRetry extends Error {}
 
 /** What repair knows of one broken pod (by uid); whether it is queued or running is the queue's. */
 interface BrokenPod {
@@ -90,6 +118,9 @@ interface BrokenPod {
   gone: boolean;
   /** The last failed step, for the give-up message. */
   lastError: StepError | undefined;
+  inPlace: InPlaceState;
+  /** Why in-place repair failed (the last attempt's reason when retrying). */
+  inPlaceFailure: { reason: InPlaceReason; detail: string } | undefined;
 }
 
 class StepError extends Error {
@@ -130,6 +161,9 @@ export class RepairController implements Component {
   readonly #mode: RepairMode;
   readonly #queue: WorkQueue<string>;
   readonly #records = new Map<string, BrokenPod>();
+  readonly #inPlace: RepairControllerOptions['inPlace'] | undefined;
+  /** Pods (by uid) whose in-place repair was proven: a later broken state is repair_did_not_hold. */
+  readonly #provenInPlace = new Set<string>();
   #stopping = false;
   #resyncTimer: NodeJS.Timeout | undefined;
   #eventSeq = 0;
@@ -143,6 +177,8 @@ export class RepairController implements Component {
     failedAttempts: 0,
     gaveUp: 0,
     resyncs: 0,
+    repairedInPlace: 0,
+    inPlaceFellThrough: 0,
   };
 
   constructor(o: RepairControllerOptions) {
@@ -153,6 +189,7 @@ export class RepairController implements Component {
     this.#reporter = o.reporter;
     this.#t = { ...DEFAULT_TIMING, ...o.timing };
     this.#mode = repairMode(o.settings);
+    this.#inPlace = o.settings.repairPods ? (o.inPlace ?? 'unavailable') : undefined;
     this.#queue = new WorkQueue<string>({
       name: 'repair',
       reconcile: (uid, ctx) => this.#reconcile(uid, ctx),
@@ -164,11 +201,11 @@ export class RepairController implements Component {
       onRetry: (uid, { attempt, delayMs }) => {
         const rec = this.#records.get(uid);
         if (!rec) return;
-        const error = rec.lastError?.cause.message;
+        const error = rec.lastError?.cause.message ?? rec.inPlaceFailure?.detail;
         const retryInMs = Math.round(delayMs);
         log.warn('repair attempt failed; retrying', {
           ...fields(rec.pod),
-          step: rec.lastError?.step,
+          step: rec.lastError?.step ?? (rec.inPlace === 'pending' ? 'repair' : undefined),
           attempt,
           retryInMs,
           error,
@@ -190,6 +227,7 @@ export class RepairController implements Component {
   start(): void {
     log.info('repair controller starting', {
       mode: this.#mode,
+      inPlace: this.#inPlace === undefined ? 'off' : this.#inPlace === 'unavailable' ? 'unavailable' : 'on',
       fieldSelector: this.query.fieldSelector,
       labelSelector: this.query.labelSelector,
       qps: this.#s.qps,
@@ -221,6 +259,7 @@ export class RepairController implements Component {
     return {
       enabled: true,
       mode: this.#mode,
+      inPlace: this.#inPlace === undefined ? 'off' : this.#inPlace === 'unavailable' ? 'unavailable' : 'on',
       query: this.query,
       watch: this.#pods.status(),
       counts: { ...this.#counts },
@@ -272,9 +311,12 @@ export class RepairController implements Component {
       done: false,
       gone: false,
       lastError: undefined,
+      inPlace: same ? rec.inPlace : 'off',
+      inPlaceFailure: same ? rec.inPlaceFailure : undefined,
     };
     this.#records.set(uid, next);
-    if (this.#mode === 'report') {
+    if (!same && this.#inPlace !== undefined) this.#startInPlace(uid, next, f);
+    if (this.#mode === 'report' && next.inPlace === 'off') {
       next.done = true;
       this.#counts.reported++;
       log.warn(
@@ -283,7 +325,7 @@ export class RepairController implements Component {
       );
       return;
     }
-    if (this.#mode === 'label' && hasLabel(pod, this.#s.labelKey, this.#s.labelValue)) {
+    if (next.inPlace === 'off' && this.#mode === 'label' && hasLabel(pod, this.#s.labelKey, this.#s.labelValue)) {
       next.done = true;
       this.#counts.alreadyDone++;
       log.debug('broken pod already labelled', f);
@@ -297,9 +339,39 @@ export class RepairController implements Component {
     this.#queue.add(uid);
   }
 
+  /**
+   * A new broken state with in-place repair on: pending, or failed at once (did not hold before,
+   * or in-place repair unavailable); failures are counted here, once per pod and state.
+   */
+  #startInPlace(uid: string, rec: BrokenPod, f: Record<string, unknown>): void {
+    if (this.#provenInPlace.has(uid)) {
+      this.#inPlaceFailed(rec, {
+        reason: 'repair_did_not_hold',
+        detail: 'the pod was repaired in place and proven before, and its validation container failed again',
+      });
+      log.warn('pod repaired in place before is broken again; not repairing it in place again', f);
+    } else if (this.#inPlace === 'unavailable') {
+      this.#inPlaceFailed(rec, {
+        reason: 'no_capability',
+        detail: 'in-place repair is off for this agent: what it needs is missing (see the start-up warning)',
+      });
+    } else {
+      rec.inPlace = 'pending';
+    }
+  }
+
+  #inPlaceFailed(rec: BrokenPod, why: { reason: InPlaceReason; detail: string }): void {
+    rec.inPlace = 'failed';
+    rec.inPlaceFailure = why;
+    this.#counts.inPlaceFellThrough++;
+    repairFailures.inc({ type: 'repair', reason: why.reason });
+    podsRepaired.inc({ type: 'repair', result: 'fail' });
+  }
+
   #forget(pod: V1Pod): void {
     const uid = pod.metadata?.uid;
     if (!uid) return;
+    this.#provenInPlace.delete(uid);
     const rec = this.#records.get(uid);
     if (!rec) return;
     // A repair not started yet of a pod that is gone needs no request; one under way finishes on
@@ -318,6 +390,10 @@ export class RepairController implements Component {
       if (rec.gone) this.#records.delete(uid);
       return 'done';
     } catch (e) {
+      if (e instanceof InPlaceRetry) {
+        this.#counts.failedAttempts++;
+        return 'retry';
+      }
       const err = e instanceof StepError ? e : new StepError('label', toApiError('repairing', e));
       rec.lastError = err;
       this.#counts.failedAttempts++;
@@ -337,6 +413,7 @@ export class RepairController implements Component {
     const step = rec.lastError?.step ?? 'label';
     this.#counts.gaveUp++;
     repairFailures.inc({ type: step, reason: 'gave_up' });
+    if (step === 'label' || step === 'delete') podsRepaired.inc({ type: step, result: 'fail' });
     const error = rec.lastError?.cause.message;
     log.error('cannot repair broken pod; giving up until the next resync', {
       ...fields(rec.pod),
@@ -354,6 +431,18 @@ export class RepairController implements Component {
     const f = fields(pod);
     const labelling = this.#mode === 'label' || this.#mode === 'label+delete';
     const deleting = this.#mode === 'delete' || this.#mode === 'label+delete';
+    if (rec.inPlace === 'pending' && (await this.#tryInPlace(rec, ctx, signal))) return;
+    if (rec.inPlace === 'failed' && !rec.evented && this.#mode === 'report') {
+      // Nothing to fall through to: the Event, the metric (counted at the failure) and this log
+      // are what is left, so the pod is never broken and silent.
+      rec.evented = true;
+      log.error(
+        'cannot repair broken pod in place, and neither --repair-label-pods nor --repair-delete-pods is on: it stays broken',
+        { ...f, reason: rec.inPlaceFailure?.reason, error: rec.inPlaceFailure?.detail },
+      );
+      this.#sendEvent(ctx, pod, this.#inPlaceEvent(pod, rec), signal);
+      return;
+    }
     if (labelling && !rec.labelled) {
       if (hasLabel(pod, this.#s.labelKey, this.#s.labelValue)) {
         rec.labelled = true;
@@ -367,24 +456,18 @@ export class RepairController implements Component {
         }
         rec.labelled = true;
         this.#counts.labelled++;
-        podsRepaired.inc({ type: 'label' });
+        podsRepaired.inc({ type: 'label', result: 'success' });
         log.info('labelled broken pod', { ...f, label: `${this.#s.labelKey}=${this.#s.labelValue}` });
       }
     }
     if (!rec.evented) {
-      // Best effort, one try, sent beside the repair: a slow or lost Event must not hold back
-      // the repair itself nor take a concurrency slot from the next broken pod.
       rec.evented = true;
-      ctx.beside(
-        this.#api.createEvent(pod.metadata!.namespace!, this.#event(pod, rec.why, deleting), signal()).then(
-          () => {},
-          (e: unknown) => {
-            const err = toApiError('recording event', e);
-            repairFailures.inc({ type: 'event', reason: err.reason });
-            log.warn('cannot record the repair Event on the pod', { ...f, error: err.message });
-          },
-        ),
-      );
+      const failed = rec.inPlaceFailure;
+      const why =
+        rec.inPlace === 'failed' && failed
+          ? `${rec.why}; in-place repair failed (${failed.reason}: ${failed.detail})`
+          : rec.why;
+      this.#sendEvent(ctx, pod, this.#event(pod, why, deleting), signal);
     }
     if (deleting) {
       try {
@@ -395,9 +478,67 @@ export class RepairController implements Component {
         throw new StepError('delete', err);
       }
       this.#counts.deleted++;
-      podsRepaired.inc({ type: 'delete' });
+      podsRepaired.inc({ type: 'delete', result: 'success' });
       log.info('deleted broken pod so that it is recreated with traffic redirection', f);
     }
+  }
+
+  /**
+   * One in-place attempt. True: repaired and proven, nothing more to do. False: it failed for good
+   * (counted), fall through. Throws InPlaceRetry when another attempt may do better.
+   */
+  async #tryInPlace(rec: BrokenPod, ctx: ReconcileContext, signal: () => AbortSignal): Promise<boolean> {
+    const pod = rec.pod;
+    const f = fields(pod);
+    const repairer = this.#inPlace as Exclude<RepairControllerOptions['inPlace'], 'unavailable' | undefined>;
+    let r: InPlaceResult;
+    try {
+      r = await repairer.repair(pod);
+    } catch (e) {
+      r = { ok: false, reason: 'rules_failed', detail: (e as Error).message, final: false };
+    }
+    if (r.ok) {
+      rec.inPlace = 'repaired';
+      rec.inPlaceFailure = undefined;
+      this.#provenInPlace.add(pod.metadata!.uid!);
+      this.#counts.repairedInPlace++;
+      podsRepaired.inc({ type: 'repair', result: 'success' });
+      log.info('repaired broken pod in place: redirection programmed in its netns and proven', {
+        ...f,
+        detail: r.detail,
+      });
+      if (!rec.evented) {
+        rec.evented = true;
+        this.#sendEvent(ctx, pod, this.#inPlaceEvent(pod, rec, r.detail), signal);
+      }
+      return true;
+    }
+    rec.inPlaceFailure = { reason: r.reason, detail: r.detail };
+    if (!r.final && ctx.attempt < this.#t.maxAttempts) throw new InPlaceRetry(r.detail);
+    this.#inPlaceFailed(rec, rec.inPlaceFailure);
+    log.warn('cannot repair broken pod in place; falling through', {
+      ...f,
+      reason: r.reason,
+      error: r.detail,
+      attempts: ctx.attempt,
+      then: this.#mode,
+    });
+    return false;
+  }
+
+  /** Best effort, one try, sent beside the repair: a slow or lost Event must not hold back the
+   *  repair itself nor take a concurrency slot from the next broken pod. */
+  #sendEvent(ctx: ReconcileContext, pod: V1Pod, event: CoreV1Event, signal: () => AbortSignal): void {
+    ctx.beside(
+      this.#api.createEvent(pod.metadata!.namespace!, event, signal()).then(
+        () => {},
+        (e: unknown) => {
+          const err = toApiError('recording event', e);
+          repairFailures.inc({ type: 'event', reason: err.reason });
+          log.warn('cannot record the repair Event on the pod', { ...fields(pod), error: err.message });
+        },
+      ),
+    );
   }
 
   /** 404: the pod is already gone; 409 on our uid precondition: it was replaced. Both mean done. */
@@ -419,8 +560,6 @@ export class RepairController implements Component {
   }
 
   #event(pod: V1Pod, why: string, deleting: boolean): CoreV1Event {
-    const now = new Date();
-    const name = pod.metadata!.name!;
     const action = deleting ? 'Deleting' : 'Labelled';
     const what =
       this.#mode === 'label+delete'
@@ -428,6 +567,35 @@ export class RepairController implements Component {
         : deleting
           ? 'deleting it so that it is recreated with traffic redirection'
           : `labelled ${this.#s.labelKey}=${this.#s.labelValue}`;
+    return this.#eventOf(pod, `MeshCniRepair${action}`, action, `mesh-cni repair: ${why}; ${what}`, 'Warning');
+  }
+
+  /** In place: Normal when repaired (detail: how), Warning with the reason when it failed (report mode). */
+  #inPlaceEvent(pod: V1Pod, rec: BrokenPod, detail?: string): CoreV1Event {
+    if (rec.inPlace === 'repaired') {
+      return this.#eventOf(
+        pod,
+        'MeshCniRepairedInPlace',
+        'RepairedInPlace',
+        `mesh-cni repair: ${rec.why}; redirection programmed in the pod's network namespace and proven by the ` +
+          `validation check run there (${detail ?? ''}); the next run of ${this.#s.initContainerName} passes`,
+        'Normal',
+      );
+    }
+    const failed = rec.inPlaceFailure;
+    return this.#eventOf(
+      pod,
+      'MeshCniRepairInPlaceFailed',
+      'RepairInPlaceFailed',
+      `mesh-cni repair: ${rec.why}; in-place repair failed (${failed?.reason}: ${failed?.detail}); neither label ` +
+        'nor delete is configured, so the pod stays without traffic redirection: delete it to have it recreated',
+      'Warning',
+    );
+  }
+
+  #eventOf(pod: V1Pod, reason: string, action: string, message: string, type: 'Normal' | 'Warning'): CoreV1Event {
+    const now = new Date();
+    const name = pod.metadata!.name!;
     const id = (BigInt(now.getTime()) * 1_000_000n + BigInt(this.#eventSeq++ % 1_000_000)).toString(16);
     return {
       metadata: { name: `${name}.${id}`, namespace: pod.metadata!.namespace! },
@@ -439,9 +607,9 @@ export class RepairController implements Component {
         uid: pod.metadata!.uid!,
         resourceVersion: pod.metadata?.resourceVersion,
       },
-      reason: `MeshCniRepair${action}`,
-      message: `mesh-cni repair: ${why}; ${what}`,
-      type: 'Warning',
+      reason,
+      message,
+      type,
       source: { component: 'mesh-cni-repair', host: this.#reporter.host },
       reportingComponent: 'mesh-cni-repair',
       reportingInstance: this.#reporter.instance,

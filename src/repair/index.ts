@@ -1,6 +1,6 @@
 // The repair controller (issue 5): finds pods that started before mesh-cni was in place on their
-// node (their validation init container exited 126) and labels or deletes them, as the
-// --repair-* flags say. See controller.ts for the order of actions and the rate limit.
+// node (their validation init container exited 126) and repairs them in place (issue 16,
+// --repair-repair-pods), else labels or deletes them, as the --repair-* flags say. See controller.ts for the order of actions and the rate limit.
 //
 // The pods come from a watch the agent's wiring hands in (src/agent.ts): the node's pod watch,
 // shared with the pod lookup, or repairPodSource's when repair asks for other pods than the node's.
@@ -9,7 +9,16 @@ import type { Settings } from '../config/settings.ts';
 import type { OrchApi } from '../orch/api.ts';
 import { realClock } from '../orch/limits.ts';
 import { PodSource } from '../orch/podsource.ts';
-import { DEFAULT_TIMING, podQuery, RepairController, type RepairTiming } from './controller.ts';
+import { existsSync } from 'node:fs';
+import {
+  DEFAULT_TIMING,
+  podQuery,
+  RepairController,
+  type RepairControllerOptions,
+  type RepairTiming,
+} from './controller.ts';
+import { inPlaceMissing, type InPlaceEnv } from './capabilities.ts';
+import { InPlaceRepairer, podNetnsOf, type PodNetnsModule } from './inplace.ts';
 import { scope } from '../monitoring/logging.ts';
 
 const log = scope('repair');
@@ -37,12 +46,51 @@ export function repairPodSource(settings: Settings, api: OrchApi, timing?: Parti
   });
 }
 
-/** Starts repair on `pods` (repair.enabled must be set); whoever built the watch runs it. */
+/**
+ * In-place repair for this agent's life, decided once at start-up (--repair-repair-pods on):
+ * the repairer over `podNetns` (src/podnetns/), or 'unavailable' after one warning naming what is
+ * missing and what to add. `env` overrides where the check looks (tests).
+ */
+export function inPlaceFor(
+  settings: Settings,
+  podNetns: PodNetnsModule | null,
+  env: Partial<InPlaceEnv> = {},
+): Exclude<RepairControllerOptions['inPlace'], undefined> {
+  const r = settings.repair;
+  const missing = inPlaceMissing({
+    selfStatusPath: '/proc/self/status',
+    hostProcDir: r.hostProcDir,
+    path: settings.env.path,
+    ...env,
+  });
+  if (!existsSync(r.validationBundle))
+    missing.push(
+      `the validation check ${r.validationBundle}, which proves a repair; the image has it beside the agent`,
+    );
+  if (podNetns === null) missing.push('the pod netns module (this build has none)');
+  if (missing.length > 0 || podNetns === null) {
+    log.warn(
+      `in-place repair (--repair-repair-pods) is off for this agent, which lacks: ${missing.join('; ')}. ` +
+        'Broken pods are labelled/deleted as --repair-label-pods/--repair-delete-pods say ' +
+        '(metric mesh_cni_repair_failures_total{type="repair",reason="no_capability"} per pod)',
+    );
+    return 'unavailable';
+  }
+  log.info('in-place repair on', { hostProcDir: r.hostProcDir, hostNetnsPath: r.hostNetnsPath });
+  return new InPlaceRepairer({ netns: podNetnsOf(podNetns, r), validationBundle: r.validationBundle });
+}
+
+/**
+ * Starts repair on `pods` (repair.enabled must be set); whoever built the watch runs it.
+ * `inPlace`: with --repair-repair-pods, inPlaceFor's answer (the agent passes it); absent means
+ * in-place repair is unavailable.
+ */
 export function startRepair(
   settings: Settings,
   pods: PodSource,
   api: OrchApi,
   timing?: Partial<RepairTiming>,
+  inPlace?: RepairControllerOptions['inPlace'],
 ): RepairController {
   if (settings.repair.nodeName === '') {
     // The seed's default, but on a DaemonSet it means every agent repairs every pod.
@@ -56,6 +104,7 @@ export function startRepair(
     pods,
     reporter: { host: settings.env.nodeName || settings.repair.nodeName, instance: settings.env.podName || 'mesh-cni' },
     ...(timing ? { timing } : {}),
+    ...(settings.repair.repairPods ? { inPlace: inPlace ?? inPlaceFor(settings, null) } : {}),
   });
   controller.start();
   return controller;

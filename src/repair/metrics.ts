@@ -5,14 +5,19 @@ import { registry } from '../monitoring/metrics.ts';
 
 export const podsRepaired = new Counter({
   name: 'mesh_cni_repair_pods_repaired_total',
-  help: 'Pods broken by the start-up race that the repair controller fixed, by action (label, delete).',
-  labelNames: ['type'] as const,
+  help:
+    'Pods broken by the start-up race the repair controller acted on, by action (repair: in place, label, delete) ' +
+    'and result (success; fail: the action gave up, or in place fell through to label/delete).',
+  labelNames: ['type', 'result'] as const,
   registers: [registry],
 });
 
 export const repairFailures = new Counter({
   name: 'mesh_cni_repair_failures_total',
-  help: 'Failed repair requests, by action (label, delete, event) and reason (throttled, server_error, client_error, unreachable, gave_up).',
+  help:
+    'Failed repair requests, by action (label, delete, event) and reason (throttled, server_error, client_error, ' +
+    'unreachable, gave_up); failed in-place repairs (type repair) by reason (no_netns, ip_mismatch, rules_failed, ' +
+    'proof_failed, repair_did_not_hold, no_capability).',
   labelNames: ['type', 'reason'] as const,
   registers: [registry],
 });

@@ -1,0 +1,255 @@
+// In-place repair of one broken pod (issue 16): find its running netns on this node, program the
+// rules the plugin would have programmed, and prove them with the validation check run inside
+// that netns. Only a proof (exit 0) counts as repaired: Istio's users saw "repaired" claimed
+// while validation kept failing (istio/istio#56587, #57332); here the claim is the check itself.
+//
+// The netns is entered by fd, never by setns of the agent's own threads: src/podnetns/ finds it
+// from the host's /proc and runs `nsenter --net=/proc/self/fd/3` with the fd handed to the child.
+// The rules are the plugin's own (cni-plugin/redirect/: specForPod, buildFamilyRules, and the
+// runner-generic iptables code), written only where they differ from what is there.
+//
+// What the controller does with a failure (retry, fall through to label/delete) is its call
+// (controller.ts); here each failure gets a reason and whether trying again can help (`final`).
+
+import { execFile } from 'node:child_process';
+import { stat } from 'node:fs/promises';
+import path from 'node:path';
+import type { V1Pod } from '@kubernetes/client-node';
+import {
+  detectFlavour,
+  ensureRules,
+  ipBatch,
+  type Flavour,
+  type NetnsRunner,
+  type RunResult,
+} from '../../cni-plugin/redirect/iptables.ts';
+import type { Family } from '../../cni-plugin/redirect/net.ts';
+import { buildFamilyRules } from '../../cni-plugin/redirect/rules.ts';
+import { AnnotationError, specForPod, type PodLike, type RedirectSpec } from '../../cni-plugin/redirect/spec.ts';
+
+export type InPlaceReason =
+  'no_netns' | 'ip_mismatch' | 'rules_failed' | 'proof_failed' | 'repair_did_not_hold' | 'no_capability';
+
+export type InPlaceResult =
+  | { readonly ok: true; readonly detail: string }
+  | {
+      readonly ok: false;
+      readonly reason: InPlaceReason;
+      readonly detail: string;
+      /** No later attempt at this broken state can do better: fall through now. */
+      readonly final: boolean;
+    };
+
+/** The part of a held netns (src/podnetns HeldNetns) repair uses. */
+export interface HeldNetnsLike {
+  readonly fd: number;
+  readonly dev: bigint;
+  readonly ino: bigint;
+  readonly pid: number;
+  close(): void;
+}
+
+export type FindResultLike =
+  | { readonly ok: true; readonly netns: HeldNetnsLike }
+  | { readonly ok: false; readonly reason: 'no_netns' | 'ip_mismatch'; readonly detail: string };
+
+/**
+ * What in-place repair needs of src/podnetns (INTERFACES.md section 1), injected so the decision
+ * logic is tested with a fake and the real module is wired in by the agent (podNetnsOf).
+ */
+export interface PodNetns {
+  findPodNetns(uid: string, podIPs: readonly string[]): Promise<FindResultLike>;
+  runInNetns(
+    netns: HeldNetnsLike,
+    argv: readonly string[],
+    opts?: { readonly input?: string | null; readonly timeoutMs?: number },
+  ): Promise<RunResult>;
+  /** The process the netns was found through still has it (it did not exit meanwhile). */
+  stillThere(netns: HeldNetnsLike): Promise<boolean>;
+}
+
+/** The real module's functions, as src/podnetns/index.ts exports them. */
+export interface PodNetnsModule {
+  findPodNetns(
+    uid: string,
+    podIPs: readonly string[],
+    opts: { readonly hostProcDir: string; readonly hostNetnsPath: string },
+  ): Promise<FindResultLike>;
+  runInNetns: PodNetns['runInNetns'];
+}
+
+/** PodNetns over the real module and the host's /proc. */
+export function podNetnsOf(mod: PodNetnsModule, opts: { hostProcDir: string; hostNetnsPath: string }): PodNetns {
+  return {
+    findPodNetns: (uid, ips) => mod.findPodNetns(uid, ips, opts),
+    runInNetns: (n, argv, o) => mod.runInNetns(n, argv, o),
+    stillThere: async (n) => {
+      try {
+        const st = await stat(path.join(opts.hostProcDir, String(n.pid), 'ns', 'net'), { bigint: true });
+        return st.dev === n.dev && st.ino === n.ino;
+      } catch {
+        return false;
+      }
+    },
+  };
+}
+
+export interface InPlaceOptions {
+  readonly netns: PodNetns;
+  /** mesh-validation.cjs (settings.repair.validationBundle) and the node binary that runs it. */
+  readonly validationBundle: string;
+  readonly nodeBinary?: string;
+  /** --probe-timeout of the proof: short, the check runs on the repair's path. */
+  readonly probeTimeout?: string;
+  /** The node's iptables flavour, for a netns with no rules of ours yet (detected once). */
+  readonly hostFlavour?: () => Promise<Flavour>;
+  /** Time limit of each program run in the netns. */
+  readonly runTimeoutMs?: number;
+}
+
+/** The pod's IPs as the API server has them (status.podIPs, else status.podIP). */
+export function podIPs(pod: V1Pod): string[] {
+  const ips = (pod.status?.podIPs ?? []).map((p) => p.ip).filter((ip): ip is string => !!ip);
+  if (ips.length === 0 && pod.status?.podIP) ips.push(pod.status.podIP);
+  return ips;
+}
+
+/** The families to program: those of the pod's IPs (the plugin reads the same from its CNI result). */
+export function familiesOf(ips: readonly string[]): Family[] {
+  const v4 = ips.some((ip) => ip.includes('.'));
+  const v6 = ips.some((ip) => ip.includes(':'));
+  return v6 ? (v4 ? [4, 6] : [6]) : [4];
+}
+
+/** The node's flavour as the plugin detects it (Kubernetes' iptables-wrapper rule), in the host netns. */
+export function hostFlavourDetector(): () => Promise<Flavour> {
+  const host: NetnsRunner = {
+    where: 'on this node',
+    run: (argv) =>
+      new Promise((resolve) => {
+        execFile(argv[0]!, argv.slice(1), { timeout: 5000, maxBuffer: 16 << 20 }, (err, stdout, stderr) => {
+          const code = err ? (typeof err.code === 'number' ? err.code : null) : 0;
+          const error = err && typeof err.code !== 'number' ? err.message : null;
+          resolve({ code, stdout, stderr, error });
+        });
+      }),
+  };
+  let once: Promise<Flavour> | undefined;
+  return () => {
+    once ??= detectFlavour(host).then((d) => d.flavour);
+    // A failed detection is tried again by the next pod rather than remembered.
+    once.catch(() => (once = undefined));
+    return once;
+  };
+}
+
+const lastLine = (t: string): string =>
+  t
+    .trim()
+    .split('\n')
+    .filter((l) => l.trim() !== '')
+    .slice(-3)
+    .join(' / ');
+
+export class InPlaceRepairer {
+  readonly #o: Required<InPlaceOptions>;
+
+  constructor(o: InPlaceOptions) {
+    this.#o = {
+      nodeBinary: process.execPath,
+      probeTimeout: '2s',
+      hostFlavour: hostFlavourDetector(),
+      runTimeoutMs: 10_000,
+      ...o,
+    };
+  }
+
+  async repair(pod: V1Pod): Promise<InPlaceResult> {
+    const fail = (reason: InPlaceReason, detail: string, final: boolean): InPlaceResult => ({
+      ok: false,
+      reason,
+      detail,
+      final,
+    });
+    let spec: RedirectSpec;
+    try {
+      spec = specForPod(pod as PodLike);
+    } catch (e) {
+      // The plugin refuses such a pod too (BAD_POD_ANNOTATION): no attempt makes a rule of it.
+      if (e instanceof AnnotationError) return fail('rules_failed', `bad ${e.what}: ${e.message}`, true);
+      throw e;
+    }
+    const uid = pod.metadata?.uid ?? '';
+    const ips = podIPs(pod);
+    // No IP yet: the sandbox may still be coming up; a later attempt may find it.
+    if (ips.length === 0) return fail('no_netns', 'the pod has no IP in its status yet', false);
+    // With the IP known, no netns of this pod holding it on this node will not change by waiting:
+    // the sandbox is gone (or not here), or the pod got another netns. Fall through at once.
+    const found = await this.#o.netns.findPodNetns(uid, ips);
+    if (!found.ok) return fail(found.reason, found.detail, true);
+    const netns = found.netns;
+    try {
+      const where = `in the netns of pod ${pod.metadata?.namespace}/${pod.metadata?.name} (pid ${netns.pid})`;
+      const runner: NetnsRunner = {
+        where,
+        run: (argv, o) =>
+          this.#o.netns.runInNetns(netns, argv, { input: o.input ?? null, timeoutMs: this.#o.runTimeoutMs }),
+      };
+      const families = familiesOf(ips);
+      const done: string[] = [];
+      try {
+        const flavour = await this.#flavour(runner, families[0]!);
+        for (const fam of families) {
+          const r = buildFamilyRules(spec, fam);
+          const how = await ensureRules(runner, flavour.flavour, fam, r.restore);
+          await ipBatch(runner, fam, r.ipBatch);
+          done.push(`IPv${fam} ${how}`);
+        }
+        done.push(`${flavour.flavour} (${flavour.why})`);
+      } catch (e) {
+        return fail('rules_failed', (e as Error).message, false);
+      }
+      const proof = await this.#o.netns.runInNetns(
+        netns,
+        [
+          this.#o.nodeBinary,
+          this.#o.validationBundle,
+          '--probe-timeout',
+          this.#o.probeTimeout,
+          '--termination-log',
+          '/dev/null',
+        ],
+        { timeoutMs: this.#o.runTimeoutMs + 5000 },
+      );
+      if (proof.error !== null || proof.code !== 0) {
+        const text = lastLine(proof.stderr) || lastLine(proof.stdout);
+        return fail('proof_failed', `validation ${where} ${proof.error ?? `exited ${proof.code}`}: ${text}`, false);
+      }
+      // Rules in a netns nobody uses any more prove nothing: the process we found it through
+      // must still be in it (it may have exited, the sandbox torn down, mid-repair).
+      if (!(await this.#o.netns.stillThere(netns))) {
+        return fail('no_netns', `the pod's process ${netns.pid} left its netns during the repair`, true);
+      }
+      return { ok: true, detail: `${done.join(', ')}; validation passed: ${lastLine(proof.stdout)}` };
+    } finally {
+      netns.close();
+    }
+  }
+
+  /**
+   * legacy or nft for this netns: where rules of ours already are (a partial ADD, an earlier
+   * repair), that flavour, so they are replaced and not doubled by a copy in the other; else the
+   * node's, as the plugin picks it, so the pod ends up as the plugin would have left it.
+   */
+  async #flavour(runner: NetnsRunner, fam: Family): Promise<{ flavour: Flavour; why: string }> {
+    const ip = fam === 6 ? 'ip6tables' : 'iptables';
+    const [legacy, nft] = await Promise.all(
+      (['legacy', 'nft'] as const).map((f) => Promise.resolve(runner.run([`${ip}-${f}-save`], { stdout: true }))),
+    );
+    const ours = (r: RunResult | undefined) =>
+      r !== undefined && r.error === null && r.code === 0 && /^:MESH_/m.test(r.stdout);
+    if (ours(nft)) return { flavour: 'nft', why: 'rules of ours are in nf_tables' };
+    if (ours(legacy)) return { flavour: 'legacy', why: 'rules of ours are in legacy iptables' };
+    return { flavour: await this.#o.hostFlavour(), why: "the node's flavour" };
+  }
+}

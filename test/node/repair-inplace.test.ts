@@ -1,0 +1,265 @@
+// In-place repair's place in the repair controller (issue 16): the precedence (in place, then the
+// operator's label/delete, else a report), the did-not-hold rule, the start-up capability check
+// said once, metrics and Events, against the test HTTPS API server with the production
+// controller and watch. The in-place repairer itself is a fake here (its outcome is the input of
+// the decision); repair-inplace-netns.test.ts runs the real rule application in real netns.
+
+import assert from 'node:assert/strict';
+import { mkdtemp, rm, writeFile } from 'node:fs/promises';
+import os from 'node:os';
+import path from 'node:path';
+import { after, afterEach, before, describe, it } from 'node:test';
+import type { V1Pod } from '@kubernetes/client-node';
+import { buildSettings, type RawFlags, type Settings } from '../../src/config/settings.ts';
+import { configureLogging } from '../../src/monitoring/logging.ts';
+import { registry } from '../../src/monitoring/metrics.ts';
+import type { RepairController, RepairTiming } from '../../src/repair/controller.ts';
+import { inPlaceFor, repairPodSource, startRepair } from '../../src/repair/index.ts';
+import type { InPlaceReason, InPlaceResult } from '../../src/repair/inplace.ts';
+import { missingCapabilities } from '../../src/repair/capabilities.ts';
+import { clientNodeApi } from '../../src/orch/api.ts';
+import { orchKubeConfig } from '../../src/orch/client.ts';
+import { startTestApiServer, type TestApiServer } from '../helpers/apiserver.ts';
+import { waitFor as pollFor } from '../helpers/poll.ts';
+import { brokenPod, testPod } from '../helpers/pods.ts';
+
+const FAST: Partial<RepairTiming> = {
+  watchBackoffBaseMs: 50,
+  watchBackoffMaxMs: 400,
+  actionBackoffBaseMs: 20,
+  actionBackoffMaxMs: 50,
+  silenceTimeoutMs: 1500,
+  healthyWatchMs: 1000,
+  requestTimeoutMs: 3000,
+  watchTimeoutSeconds: 30,
+  resyncIntervalMs: 60_000,
+  stopGraceMs: 5000,
+  maxAttempts: 3,
+};
+
+const LABEL = 'cni.mesh.io/uninitialized';
+const logs: string[] = [];
+const waitFor = (what: string, pred: () => boolean, timeoutMs = 10_000) =>
+  pollFor(what, pred, { timeoutMs, context: () => `last log lines:\n${logs.slice(-15).join('')}` });
+const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
+
+async function metric(name: string, labels: Record<string, string>): Promise<number> {
+  const m = (await registry.getMetricsAsJSON()).find((x) => x.name === name);
+  const v = m?.values.find((x) => Object.entries(labels).every(([k, val]) => x.labels[k] === val));
+  return v?.value ?? 0;
+}
+const repaired = (type: string, result: string) => metric('mesh_cni_repair_pods_repaired_total', { type, result });
+const failures = (reason: string) => metric('mesh_cni_repair_failures_total', { type: 'repair', reason });
+
+/** A fake in-place repairer: each call gives the next outcome of the pod's script (the last repeats). */
+class FakeInPlace {
+  readonly calls: string[] = [];
+  readonly #script: Map<string, InPlaceResult[]>;
+  constructor(script: Record<string, InPlaceResult[]>) {
+    this.#script = new Map(Object.entries(script).map(([k, v]) => [k, [...v]]));
+  }
+  async repair(pod: V1Pod): Promise<InPlaceResult> {
+    const name = pod.metadata!.name!;
+    this.calls.push(name);
+    const s = this.#script.get(name) ?? [OK];
+    return s.length > 1 ? s.shift()! : s[0]!;
+  }
+  count(name: string): number {
+    return this.calls.filter((c) => c === name).length;
+  }
+}
+const OK: InPlaceResult = { ok: true, detail: 'IPv4 created, nft; validation passed' };
+const fail = (reason: InPlaceReason, final: boolean): InPlaceResult => ({
+  ok: false,
+  reason,
+  detail: `fake ${reason}`,
+  final,
+});
+
+describe('in-place repair in the repair controller', () => {
+  let dir: string;
+  let s: TestApiServer;
+  const running: { stop(signal: NodeJS.Signals): Promise<void> }[] = [];
+
+  before(async () => {
+    dir = await mkdtemp(path.join(os.tmpdir(), 'mcni-inplace-'));
+    configureLogging(
+      {
+        asJson: false,
+        outputLevels: buildSettings({ log_output_level: 'all:warn,repair:debug' }, {}).logging.outputLevels,
+      },
+      { write: (l) => void logs.push(l) },
+    );
+  });
+  after(async () => {
+    await rm(dir, { recursive: true, force: true });
+  });
+  afterEach(async () => {
+    for (const c of running.splice(0).reverse()) await c.stop('SIGTERM');
+    await s?.close();
+  });
+
+  function settingsFor(flags: RawFlags): Settings {
+    const kc = s.writeOrchconfig(path.join(dir, `kc-${Date.now()}-${Math.random()}.json`), {});
+    return buildSettings(
+      { 'repair-enabled': true, 'repair-node-name': 'node-a', orchconfig: kc, ...flags },
+      { NODE_NAME: 'node-a', POD_NAME: 'mesh-cni-test' },
+    );
+  }
+
+  async function start(settings: Settings, inPlace: FakeInPlace | 'unavailable'): Promise<RepairController> {
+    const api = clientNodeApi(orchKubeConfig(settings));
+    const pods = repairPodSource(settings, api, FAST);
+    pods.start();
+    running.push({ stop: () => pods.stop() });
+    const c = startRepair(settings, pods, api, FAST, inPlace);
+    running.push(c);
+    await c.synced;
+    return c;
+  }
+
+  const labelled = (name: string) => s.getPod('default', name)?.metadata?.labels?.[LABEL] === 'true';
+  const gone = (name: string) => s.getPod('default', name) === undefined;
+  const eventsOf = (name: string) => s.events().filter((e) => e.involvedObject.name === name);
+
+  // [repair-repair-pods, label, delete, the pod's in-place outcomes, what must happen]
+  type Expect = 'repaired' | 'labelled' | 'deleted' | 'labelled+deleted' | 'reported';
+  const TABLE: [boolean, boolean, boolean, InPlaceResult[], Expect, string][] = [
+    [true, false, false, [OK], 'repaired', 'in place, nothing else configured'],
+    [true, true, false, [OK], 'repaired', 'in place wins over label'],
+    [true, false, true, [OK], 'repaired', 'in place wins over delete'],
+    [true, true, true, [fail('proof_failed', false), OK], 'repaired', 'a retry that succeeds'],
+    [true, true, false, [fail('no_netns', true)], 'labelled', 'a final failure falls through to label at once'],
+    [true, false, true, [fail('proof_failed', false)], 'deleted', 'retried up to max attempts, then delete'],
+    [true, true, true, [fail('ip_mismatch', true)], 'labelled+deleted', 'falls through to both'],
+    [true, false, false, [fail('rules_failed', false)], 'reported', 'neither configured: reported, never silent'],
+    [false, true, false, [OK], 'labelled', 'off: label as before, the repairer never called'],
+    [false, false, true, [OK], 'deleted', 'off: delete as before'],
+  ];
+
+  for (const [on, label, del, outcomes, expect, title] of TABLE) {
+    it(`repair ${on ? 'on' : 'off'}, label ${label ? 'on' : 'off'}, delete ${del ? 'on' : 'off'}: ${title}`, async () => {
+      s = await startTestApiServer({ bookmarkIntervalMs: 200 });
+      s.upsertPod(brokenPod('p-0'));
+      const fake = new FakeInPlace({ 'p-0': outcomes });
+      const reason = outcomes.find((o) => !o.ok) as { reason: string } | undefined;
+      const before = {
+        ok: await repaired('repair', 'success'),
+        failed: await repaired('repair', 'fail'),
+        reason: reason ? await failures(reason.reason) : 0,
+      };
+      const flags: RawFlags = {
+        'repair-repair-pods': on ? 'true' : 'false',
+        'repair-label-pods': label ? 'true' : 'false',
+        'repair-delete-pods': del ? 'true' : 'false',
+      };
+      const c = await start(settingsFor(flags), fake);
+      const finalOutcome = outcomes.at(-1)!;
+      if (expect === 'repaired') {
+        await waitFor('repaired in place', () => eventsOf('p-0').some((e) => e.reason === 'MeshCniRepairedInPlace'));
+        const ev = eventsOf('p-0').find((e) => e.reason === 'MeshCniRepairedInPlace')!;
+        assert.equal(ev.type, 'Normal');
+        assert.match(ev.message ?? '', /proven by the validation check/);
+        await sleep(200);
+        assert.ok(!labelled('p-0') && !gone('p-0'), 'neither labelled nor deleted');
+        assert.equal((await repaired('repair', 'success')) - before.ok, 1);
+        assert.equal(fake.count('p-0'), outcomes.length);
+        return;
+      }
+      if (expect === 'labelled') await waitFor('labelled', () => labelled('p-0'));
+      if (expect === 'deleted' || expect === 'labelled+deleted') await waitFor('deleted', () => gone('p-0'));
+      if (expect === 'reported')
+        await waitFor('the report Event', () => eventsOf('p-0').some((e) => e.reason === 'MeshCniRepairInPlaceFailed'));
+      await sleep(200);
+      if (!on) {
+        assert.equal(fake.calls.length, 0, 'no in-place attempt with the flag off');
+        assert.equal((c.status() as { inPlace: string }).inPlace, 'off');
+        return;
+      }
+      const attempts = finalOutcome.ok === false && !finalOutcome.final ? FAST.maxAttempts! : 1;
+      assert.equal(fake.count('p-0'), attempts, 'in-place attempts before falling through');
+      assert.equal((await repaired('repair', 'fail')) - before.failed, 1, 'one fall-through per pod');
+      assert.equal((await failures(reason!.reason)) - before.reason, 1, `failures{reason=${reason!.reason}}`);
+      const evs = eventsOf('p-0');
+      assert.equal(evs.length, 1, JSON.stringify(evs.map((e) => e.reason)));
+      assert.equal(evs[0]!.type, 'Warning');
+      assert.match(evs[0]!.message ?? '', new RegExp(`in-place repair failed \\(${reason!.reason}: fake`));
+      if (expect === 'reported') {
+        assert.ok(!labelled('p-0') && !gone('p-0'));
+        assert.ok(logs.some((l) => /stays broken/.test(l) && l.includes('p-0')));
+      }
+    });
+  }
+
+  it('a pod repaired in place that breaks again is not repaired in place again: repair_did_not_hold', async () => {
+    s = await startTestApiServer({ bookmarkIntervalMs: 200 });
+    s.upsertPod(brokenPod('again-0'));
+    const fake = new FakeInPlace({});
+    const before = await failures('repair_did_not_hold');
+    await start(settingsFor({ 'repair-repair-pods': 'true', 'repair-label-pods': 'true' }), fake);
+    await waitFor('repaired in place', () => eventsOf('again-0').some((e) => e.reason === 'MeshCniRepairedInPlace'));
+    // Updates of the same broken state (the init container now passes; lastState keeps the old
+    // failed run) change nothing.
+    const p = s.getPod('default', 'again-0')!;
+    const st = p.status!.initContainerStatuses![0]!;
+    s.upsertPod({
+      ...p,
+      status: {
+        ...p.status,
+        initContainerStatuses: [
+          { ...st, restartCount: 1, lastState: st.state, state: { terminated: { exitCode: 0, reason: 'Completed' } } },
+        ],
+      },
+    });
+    await sleep(300);
+    assert.equal(fake.count('again-0'), 1);
+    assert.ok(!labelled('again-0'));
+    // A new failed run: the repair did not hold.
+    const broken = brokenPod('again-0');
+    s.upsertPod({ ...s.getPod('default', 'again-0')!, status: broken.status });
+    await waitFor('labelled', () => labelled('again-0'));
+    assert.equal(fake.count('again-0'), 1, 'not repaired in place a second time');
+    assert.equal((await failures('repair_did_not_hold')) - before, 1);
+    const ev = eventsOf('again-0').find((e) => e.reason === 'MeshCniRepairLabelled')!;
+    assert.match(ev.message ?? '', /in-place repair failed \(repair_did_not_hold/);
+  });
+
+  it('missing capabilities: said once at start-up; each broken pod falls through with no_capability', async () => {
+    s = await startTestApiServer({ bookmarkIntervalMs: 200 });
+    for (let i = 0; i < 3; i++) s.upsertPod(brokenPod(`cap-${i}`));
+    s.upsertPod(testPod('fine-0', { initExitCode: 0 }));
+    const statusFile = path.join(dir, 'status');
+    // CAP_NET_ADMIN and CAP_NET_RAW only (bits 12, 13): no SYS_ADMIN, no SYS_PTRACE.
+    await writeFile(statusFile, 'Name:\tnode\nCapInh:\t0000000000000000\nCapEff:\t0000000000003000\n');
+    const settings = settingsFor({
+      'repair-repair-pods': 'true',
+      'repair-label-pods': 'true',
+      'host-proc-dir': dir,
+    });
+    const before = await failures('no_capability');
+    const mark = logs.length;
+    const inPlace = inPlaceFor(settings, null, { selfStatusPath: statusFile, path: dir });
+    assert.equal(inPlace, 'unavailable');
+    const c = await start(settings, inPlace as 'unavailable');
+    await waitFor('all labelled', () => [0, 1, 2].every((i) => labelled(`cap-${i}`)));
+    const warned = logs.slice(mark).filter((l) => /in-place repair \(--repair-repair-pods\) is off/.test(l));
+    assert.equal(warned.length, 1, 'said once');
+    for (const what of ['CAP_SYS_PTRACE', 'CAP_SYS_ADMIN', 'nsenter', `--host-proc-dir`, 'pod netns module'])
+      assert.ok(warned[0]!.includes(what), `names ${what}: ${warned[0]}`);
+    assert.ok(!warned[0]!.includes('CAP_NET_ADMIN'), 'names only what is missing');
+    assert.equal((await failures('no_capability')) - before, 3, 'per pod');
+    assert.equal((c.status() as { inPlace: string }).inPlace, 'unavailable');
+  });
+
+  it('missingCapabilities reads CapEff', () => {
+    assert.deepEqual(missingCapabilities('CapEff:\t000001ffffffffff\n'), []);
+    assert.deepEqual(missingCapabilities('CapEff:\t0000000000000000\n'), [
+      'CAP_NET_ADMIN',
+      'CAP_NET_RAW',
+      'CAP_SYS_PTRACE',
+      'CAP_SYS_ADMIN',
+    ]);
+    assert.deepEqual(missingCapabilities('CapEff:\t0000000000203000\n'), ['CAP_SYS_PTRACE']);
+    assert.equal(missingCapabilities('no such line').length, 4);
+  });
+});
