@@ -103,9 +103,14 @@ export async function applyHost(
   flavour: Flavour,
   families: readonly Family[],
   snat: { readonly v4?: string; readonly v6?: string } = {},
-): Promise<void> {
+): Promise<'unchanged' | 'applied'> {
   await ipset(run, ['restore', '-exist'], probeSetsDocument(families));
-  for (const f of families) await reconcileRules(run, flavour, f, hostRules(f, f === 4 ? snat.v4 : snat.v6));
+  let result: 'unchanged' | 'applied' = 'unchanged';
+  for (const f of families) {
+    if ((await reconcileRules(run, flavour, f, hostRules(f, f === 4 ? snat.v4 : snat.v6))) === 'applied')
+      result = 'applied';
+  }
+  return result;
 }
 
 export async function addProbeIP(run: Runner, ip: string, uid: string): Promise<void> {

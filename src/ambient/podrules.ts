@@ -201,23 +201,14 @@ export function renderRestore(rules: readonly Rule[]): string {
   return out.join('\n') + '\n';
 }
 
-/** `ip` argv (without the leading `ip`) that route ztunnel's marked replies to the pod itself. */
+/** `ip -<family> -batch` lines that route ztunnel's marked replies to the pod itself (table 100). */
 export function inpodRouteCommands(family: Family, op: 'add' | 'del'): string[][] {
-  const f = `-${family}`;
   const any = family === 4 ? '0.0.0.0/0' : '::/0';
   const mark = `${hex(INPOD_TPROXY_MARK)}/${hex(INPOD_TPROXY_MASK)}`;
   const rule = ['rule', op, 'fwmark', mark, 'pref', `${RULE_PRIORITY}`, 'lookup', `${ROUTE_TABLE}`];
   // Istio: RouteReplace on add, so a second add is no error.
   const route = ['route', op === 'add' ? 'replace' : 'del', 'local', any, 'dev', 'lo', 'table', `${ROUTE_TABLE}`];
-  return op === 'add'
-    ? [
-        [f, ...route],
-        [f, ...rule],
-      ]
-    : [
-        [f, ...rule],
-        [f, ...route],
-      ];
+  return op === 'add' ? [route, rule] : [rule, route];
 }
 
 // ---- what is there: iptables-save, read for what is ours ----
@@ -251,32 +242,35 @@ const jumpsToOurs = (line: string): boolean => {
   return m !== null && isOurs(m[1]!);
 };
 
+const BASIC_OPTIONS = ['-s', '-d', '-i', '-o', '-p'];
+
 /**
- * How iptables-save prints a rule we wrote: bare addresses get their prefix length, `--to-port`
- * is `--to-ports`, a port match gets its implicit `-m tcp`/`-m udp`. Only for comparing; a form
- * not covered here costs one needless (atomic, correct) rewrite, never a wrong rule.
+ * How iptables-save prints a rule we wrote: the basic options (-s -d -i -o -p) first, bare
+ * addresses with their prefix length, a port match's implicit `-m tcp`/`-m udp` right after
+ * them, `--to-port` as `--to-ports`. Only for comparing; a form not covered here costs one
+ * needless (atomic, correct) rewrite, never a wrong rule.
  */
 export function canonicalRule(line: string, family: Family): string {
-  const t = line.replace(/^-I (\S+) 1 /, '-A $1 ').split(' ');
-  const hasPort = t.includes('--dport') || t.includes('--sport');
-  const out: string[] = [];
+  const [, chain, ...t] = line.replace(/^-I (\S+) 1 /, '-A $1 ').split(' ');
+  const basic = new Map<string, string[]>();
+  const rest: string[] = [];
   for (let i = 0; i < t.length; i++) {
-    const w = t[i]!;
-    const next = t[i + 1];
-    out.push(w === '--to-port' ? '--to-ports' : w);
-    if ((w === '-s' || w === '-d') && next !== undefined && !next.includes('/')) {
-      out.push(`${next}/${family === 4 ? 32 : 128}`);
-      i++;
-    } else if (w === '-p' && (next === 'tcp' || next === 'udp')) {
-      out.push(next);
-      i++;
-      const explicit = t.some((x, j) => x === '-m' && t[j + 1] === next);
-      if (hasPort && !explicit) out.push('-m', next);
+    const neg = t[i] === '!' && BASIC_OPTIONS.includes(t[i + 1]!);
+    const opt = neg ? t[++i]! : t[i]!;
+    if (BASIC_OPTIONS.includes(opt) && t[i + 1] !== undefined) {
+      let value = t[++i]!;
+      if ((opt === '-s' || opt === '-d') && !value.includes('/')) value += `/${family === 4 ? 32 : 128}`;
+      basic.set(opt, neg ? ['!', opt, value] : [opt, value]);
+    } else {
+      rest.push(opt === '--to-port' ? '--to-ports' : opt);
     }
   }
-  return out.join(' ');
+  const proto = basic.get('-p')?.at(-1);
+  const hasPort = rest.includes('--dport') || rest.includes('--sport');
+  const explicit = rest.some((x, j) => x === '-m' && rest[j + 1] === proto);
+  if ((proto === 'tcp' || proto === 'udp') && hasPort && !explicit) rest.unshift('-m', proto);
+  return ['-A', chain!, ...BASIC_OPTIONS.flatMap((o) => basic.get(o) ?? []), ...rest].join(' ');
 }
-
 /** Ours in a parsed save: our chains whole, and the jumps into them in other chains, canonical. */
 function oursIn(saved: SavedRules, tables: readonly string[], family: Family): string[] {
   const out: string[] = [];
@@ -379,8 +373,9 @@ export async function reconcileRules(
 }
 
 /** `ip -batch` of `commands`; "File exists" (add) and "No such"/"Cannot find" (del) are success. */
-async function ipBatch(run: Runner, commands: readonly string[][]): Promise<void> {
-  const r = await run(['ip', '-force', '-batch', '-'], { input: commands.map((c) => c.join(' ')).join('\n') + '\n' });
+async function ipBatch(run: Runner, family: Family, commands: readonly string[][]): Promise<void> {
+  const input = commands.map((c) => c.join(' ')).join('\n') + '\n';
+  const r = await run(['ip', `-${family}`, '-force', '-batch', '-'], { input });
   if (r.error !== null) throw failed('ip -batch', r);
   const real = r.stderr
     .split('\n')
@@ -397,7 +392,7 @@ export async function applyInpod(
 ): Promise<'unchanged' | 'applied'> {
   let result: 'unchanged' | 'applied' = 'unchanged';
   for (const f of families) {
-    await ipBatch(run, inpodRouteCommands(f, 'add'));
+    await ipBatch(run, f, inpodRouteCommands(f, 'add'));
     if ((await reconcileRules(run, flavour, f, inpodRules(f, opts))) === 'applied') result = 'applied';
   }
   return result;
@@ -407,6 +402,6 @@ export async function applyInpod(
 export async function removeInpod(run: Runner, flavour: Flavour, families: readonly Family[]): Promise<void> {
   for (const f of families) {
     await reconcileRules(run, flavour, f, []);
-    await ipBatch(run, inpodRouteCommands(f, 'del'));
+    await ipBatch(run, f, inpodRouteCommands(f, 'del'));
   }
 }

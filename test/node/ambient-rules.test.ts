@@ -102,12 +102,12 @@ describe('in-pod rules: options', () => {
   });
   it('the ip rule and route to table 100, added and removed', () => {
     assert.deepEqual(inpodRouteCommands(4, 'add'), [
-      ['-4', 'route', 'replace', 'local', '0.0.0.0/0', 'dev', 'lo', 'table', '100'],
-      ['-4', 'rule', 'add', 'fwmark', '0x111/0xfff', 'pref', '32764', 'lookup', '100'],
+      ['route', 'replace', 'local', '0.0.0.0/0', 'dev', 'lo', 'table', '100'],
+      ['rule', 'add', 'fwmark', '0x111/0xfff', 'pref', '32764', 'lookup', '100'],
     ]);
     assert.deepEqual(inpodRouteCommands(6, 'del'), [
-      ['-6', 'rule', 'del', 'fwmark', '0x111/0xfff', 'pref', '32764', 'lookup', '100'],
-      ['-6', 'route', 'del', 'local', '::/0', 'dev', 'lo', 'table', '100'],
+      ['rule', 'del', 'fwmark', '0x111/0xfff', 'pref', '32764', 'lookup', '100'],
+      ['route', 'del', 'local', '::/0', 'dev', 'lo', 'table', '100'],
     ]);
   });
 });
@@ -170,6 +170,14 @@ describe('reconcile documents', () => {
       '-A X -p tcp -m tcp --dport 53 -j REDIRECT --to-ports 1',
     );
     assert.equal(canonicalRule('-I X 1 -j MESH_Y', 6), '-A X -j MESH_Y');
+    assert.equal(
+      canonicalRule('-A X -m owner --socket-exists -p tcp -m set --match-set s dst -j SNAT', 4),
+      '-A X -p tcp -m owner --socket-exists -m set --match-set s dst -j SNAT',
+    );
+    assert.equal(
+      canonicalRule('-A X -p tcp ! --dport 1 ! -d ::1 -j A', 6),
+      '-A X ! -d ::1/128 -p tcp -m tcp ! --dport 1 -j A',
+    );
   });
 });
 
