@@ -26,6 +26,8 @@ export const PROBE_SET_V4 = 'mesh-inpod-probes-v4';
 export const PROBE_SET_V6 = 'mesh-inpod-probes-v6';
 
 export const probeSet = (family: Family): string => (family === 4 ? PROBE_SET_V4 : PROBE_SET_V6);
+/** On the host only MESH_POSTRT is ours: other MESH_* chains there are not the probe path's to touch. */
+const ownsHost = (chain: string): boolean => chain === CHAIN_POSTRT;
 
 /** nat POSTROUTING -> MESH_POSTRT (first, as Istio inserts it) -> SNAT of node sockets to enrolled pods. */
 export function hostRules(family: Family, snatAddress?: string): Rule[] {
@@ -107,7 +109,7 @@ export async function applyHost(
   await ipset(run, ['restore', '-exist'], probeSetsDocument(families));
   let result: 'unchanged' | 'applied' = 'unchanged';
   for (const f of families) {
-    if ((await reconcileRules(run, flavour, f, hostRules(f, f === 4 ? snat.v4 : snat.v6))) === 'applied')
+    if ((await reconcileRules(run, flavour, f, hostRules(f, f === 4 ? snat.v4 : snat.v6), ownsHost)) === 'applied')
       result = 'applied';
   }
   return result;
@@ -137,7 +139,7 @@ export async function removeProbeIP(run: Runner, ip: string, uid: string): Promi
 /** Uninstall: the rule and chain out first (a set in use cannot be destroyed), then the sets. */
 export async function removeHost(run: Runner, flavour: Flavour, families: readonly Family[]): Promise<void> {
   for (const f of families) {
-    await reconcileRules(run, flavour, f, []);
+    await reconcileRules(run, flavour, f, [], ownsHost);
     const r = await run(['ipset', 'destroy', probeSet(f)]);
     if ((r.error !== null || r.code !== 0) && !/does not exist/.test(r.stderr)) {
       throw failed(`ipset destroy ${probeSet(f)}`, r);

@@ -13,7 +13,11 @@ export type Table = 'mangle' | 'nat' | 'raw';
 
 export const CHAIN_PRERT = 'MESH_PRERT';
 export const CHAIN_OUTPUT = 'MESH_OUTPUT';
-/** Our chains are the MESH_* ones; every other chain in a netns belongs to someone else. */
+/**
+ * In a pod's netns every MESH_* chain is ours, as Istio sweeps ISTIO_* leftovers there: a sidecar
+ * mode's chains (same prefix, and a MESH_OUTPUT too) must not stay beside ztunnel's redirection.
+ * Every other chain belongs to someone else.
+ */
 export const OWN_CHAIN_PREFIX = 'MESH_';
 
 /** The mark ztunnel puts on its own sockets (ztunnel's DEFAULT_INPOD_MARK, 1337). */
@@ -168,6 +172,8 @@ export function inpodRules(family: Family, opts: InpodOptions): Rule[] {
 const TABLE_ORDER: readonly Table[] = ['mangle', 'nat', 'raw'];
 const BUILTIN = new Set(['PREROUTING', 'INPUT', 'FORWARD', 'OUTPUT', 'POSTROUTING']);
 export const isOurs = (chain: string): boolean => chain.startsWith(OWN_CHAIN_PREFIX);
+/** Which chains a reconcile owns (rewrites, deletes, and whose jumps it moves). */
+export type Owns = (chain: string) => boolean;
 
 function ruleLine(r: Rule): string {
   return `${r.first ? `-I ${r.chain} 1` : `-A ${r.chain}`} ${r.args.join(' ')}`;
@@ -237,9 +243,9 @@ export function parseSave(text: string): SavedRules {
   return out;
 }
 
-const jumpsToOurs = (line: string): boolean => {
+const jumpsTo = (owns: Owns, line: string): boolean => {
   const m = / -[jg] (\S+)/.exec(line);
-  return m !== null && isOurs(m[1]!);
+  return m !== null && owns(m[1]!);
 };
 
 const BASIC_OPTIONS = ['-s', '-d', '-i', '-o', '-p'];
@@ -272,21 +278,21 @@ export function canonicalRule(line: string, family: Family): string {
   return ['-A', chain!, ...BASIC_OPTIONS.flatMap((o) => basic.get(o) ?? []), ...rest].join(' ');
 }
 /** Ours in a parsed save: our chains whole, and the jumps into them in other chains, canonical. */
-function oursIn(saved: SavedRules, tables: readonly string[], family: Family): string[] {
+function oursIn(saved: SavedRules, tables: readonly string[], family: Family, owns: Owns): string[] {
   const out: string[] = [];
   for (const t of tables) {
     const chains = saved.get(t);
     if (!chains) continue;
     for (const [c, lines] of [...chains].sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0))) {
-      if (isOurs(c)) out.push(`${t} :${c}`, ...lines.map((l) => `${t} ${canonicalRule(l, family)}`));
-      else out.push(...lines.filter(jumpsToOurs).map((l) => `${t} ${canonicalRule(l, family)}`));
+      if (owns(c)) out.push(`${t} :${c}`, ...lines.map((l) => `${t} ${canonicalRule(l, family)}`));
+      else out.push(...lines.filter((l) => jumpsTo(owns, l)).map((l) => `${t} ${canonicalRule(l, family)}`));
     }
   }
   return out;
 }
 
 /** What `rules` would look like in iptables-save, in the same form as oursIn reads it. */
-function wantedAsSaved(rules: readonly Rule[], family: Family): string[] {
+function wantedAsSaved(rules: readonly Rule[], family: Family, owns: Owns): string[] {
   const saved: SavedRules = new Map();
   for (const [t, { chains }] of byTable(rules)) {
     const m = new Map<string, string[]>(chains.map((c) => [c, []]));
@@ -297,7 +303,7 @@ function wantedAsSaved(rules: readonly Rule[], family: Family): string[] {
     }
     saved.set(t, m);
   }
-  return oursIn(saved, TABLE_ORDER, family);
+  return oursIn(saved, TABLE_ORDER, family, owns);
 }
 
 /**
@@ -306,20 +312,25 @@ function wantedAsSaved(rules: readonly Rule[], family: Family): string[] {
  * commit: our jumps out, our chains declared (created, or flushed), the ones not wanted deleted,
  * then our rules and jumps in order.
  */
-export function reconcileDocument(want: readonly Rule[], saveText: string, family: Family): string | null {
+export function reconcileDocument(
+  want: readonly Rule[],
+  saveText: string,
+  family: Family,
+  owns: Owns = isOurs,
+): string | null {
   const have = parseSave(saveText);
   const tables = [...new Set<string>([...TABLE_ORDER, ...have.keys()])];
   const scope = tables.filter((t) => t === 'mangle' || t === 'nat' || t === 'raw' || t === 'filter');
-  const haveOurs = oursIn(have, scope, family);
-  const wantOurs = wantedAsSaved(want, family);
+  const haveOurs = oursIn(have, scope, family, owns);
+  const wantOurs = wantedAsSaved(want, family, owns);
   if (haveOurs.join('\n') === wantOurs.join('\n')) return null;
   const wanted = byTable(want);
   const out: string[] = [];
   for (const t of scope) {
     const h = have.get(t) ?? new Map<string, string[]>();
     const w = wanted.get(t as Table);
-    const thereChains = [...h.keys()].filter(isOurs);
-    const jumps = [...h].filter(([c]) => !isOurs(c)).flatMap(([, lines]) => lines.filter(jumpsToOurs));
+    const thereChains = [...h.keys()].filter(owns);
+    const jumps = [...h].filter(([c]) => !owns(c)).flatMap(([, lines]) => lines.filter((l) => jumpsTo(owns, l)));
     if (!w && thereChains.length === 0 && jumps.length === 0) continue;
     out.push(`*${t}`, ...jumps.map((l) => `-D ${l.slice(3)}`));
     const declared = [...(w?.chains ?? [])];
@@ -363,8 +374,9 @@ export async function reconcileRules(
   flavour: Flavour,
   family: Family,
   want: readonly Rule[],
+  owns: Owns = isOurs,
 ): Promise<'unchanged' | 'applied'> {
-  const doc = reconcileDocument(want, await saveRules(run, flavour, family), family);
+  const doc = reconcileDocument(want, await saveRules(run, flavour, family), family, owns);
   if (doc === null) return 'unchanged';
   const restore = bin(flavour, family, 'restore');
   const r = await run([restore, '--noflush', '-w', '5'], { input: doc });

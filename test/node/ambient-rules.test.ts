@@ -160,6 +160,16 @@ describe('reconcile documents', () => {
     assert.match(doc, /^\*raw\n:MESH_OUTPUT - \[0:0\]\n:MESH_PRERT - \[0:0\]\n-A PREROUTING -j MESH_PRERT\n/m);
     assert.match(doc, /^\*nat\n-D PREROUTING -j MESH_PRERT\n-D OUTPUT -j MESH_OUTPUT\n:MESH_PRERT - \[0:0\]/m);
   });
+  it("in a pod, a sidecar mode's MESH_* leftovers go (as Istio sweeps ISTIO_*); a caller can own less", () => {
+    const leftover = saved.replace(
+      '*nat\n',
+      '*nat\n:MESH_INBOUND - [0:0]\n-A PREROUTING -p tcp -j MESH_INBOUND\n-A MESH_INBOUND -p tcp -j RETURN\n',
+    );
+    const doc = reconcileDocument(inpodRules(4, opts), leftover, 4)!;
+    assert.match(doc, /^-D PREROUTING -p tcp -j MESH_INBOUND\n(.|\n)*^-X MESH_INBOUND$/m);
+    const only = (c: string) => c === 'MESH_PRERT' || c === 'MESH_OUTPUT';
+    assert.equal(reconcileDocument(inpodRules(4, opts), leftover, 4, only), null);
+  });
   it('canonical forms: what iptables-save prints for what we write', () => {
     assert.equal(
       canonicalRule('-A X -s 1.2.3.4 -p tcp -m tcp -j ACCEPT', 4),
