@@ -1,0 +1,405 @@
+// In-place repair end to end (issue 16) with a real container runtime: podman starts a container
+// in a kubelet-shaped cgroup (/kubepods/besteffort/pod<uid>/libpod-<id>) on a bridge network
+// WITHOUT mesh-cni in the chain, so the container runs unredirected, as a pod that raced the
+// plugin does. The test API server holds its pod: the sidecar annotation, the IP the container
+// really got, and the validation init container's last run terminated with 126. The agent
+// (install-cni from source, repair in place on, the host's /proc being this machine's) must find
+// the container's netns through /proc, program the redirect rules there, prove them, and count
+// the pod repaired: no delete, no label. Then the faults: the netns gone, the IP not the
+// container's, iptables failing, the process exiting mid-repair, each with its reason and the
+// fall-through to the operator's label (or delete).
+//
+// The node: a netns made here stands in for the node's host network (podman and the CNI plugins
+// it runs enter it), so the bridge and its routes never touch the machine's own network. The
+// agent runs in the machine's netns and talks to the API server on loopback; its host-netns
+// reference is /proc/self/ns/net (this VM's /proc/1/ns/net cannot be read), which is not the
+// container's, as on a node.
+//
+// mesh-validation runs as the bundle dist/mesh-validation.cjs with this Node through `nsenter
+// --net=<the container's netns>`: the check is about the netns, and the busybox-static container
+// has no Node of its own.
+
+import assert from 'node:assert/strict';
+import { spawnSync } from 'node:child_process';
+import { randomUUID } from 'node:crypto';
+import { existsSync } from 'node:fs';
+import fs from 'node:fs/promises';
+import os from 'node:os';
+import path from 'node:path';
+import { after, before, describe, it } from 'node:test';
+import type { V1Pod } from '@kubernetes/client-node';
+import { spawnAgent, type AgentProcess } from '../helpers/agent.ts';
+import { startTestApiServer, type TestApiServer } from '../helpers/apiserver.ts';
+import { ROOT } from '../helpers/cli.ts';
+import { cleanupAfterEach } from '../helpers/cleanup.ts';
+import { makeHostTree } from '../helpers/hosttree.ts';
+import { podCgroupDirs, removePodCgroups, runPodContainer, type KubepodsContainer } from '../helpers/kubepods.ts';
+import { run, type Run } from '../helpers/netns.ts';
+import { importBusybox, makePodman, type Podman } from '../helpers/podman.ts';
+import { brokenPod } from '../helpers/pods.ts';
+import { waitFor } from '../helpers/poll.ts';
+
+const TAG = `mcni-rip-${process.pid}`;
+const NODE = 'node-1';
+const NETWORK = TAG;
+const SUBNET = '198.19.7.0/24';
+const GATEWAY = '198.19.7.1';
+/** An address of the subnet no container gets (host-local hands them out from .2 up). */
+const NOBODYS_IP = '198.19.7.250';
+const LABEL = 'cni.mesh.io/uninitialized';
+const OUR_CHAIN = /^:MESH_OUTPUT /m;
+/** libcni's result cache: podman 4.3 gives no setting for it, so it is the machine's. */
+const CNI_CACHE = '/var/lib/cni/results';
+
+function sh(file: string, args: readonly string[]): string {
+  const r = spawnSync(file, args, { encoding: 'utf8' });
+  if (r.status !== 0) throw new Error(`${file} ${args.join(' ')} failed (${r.status}): ${r.stderr}`);
+  return r.stdout;
+}
+
+/** Every iptables table in a netns, as both backends see it. */
+function rulesIn(netnsPath: string): string {
+  return ['iptables-nft-save', 'iptables-legacy-save']
+    .map((bin) => {
+      const r = spawnSync('nsenter', [`--net=${netnsPath}`, '--', bin], { encoding: 'utf8' });
+      return r.status === 0 ? r.stdout : '';
+    })
+    .join('\n');
+}
+
+/** mesh-validation, the bundle with this Node, inside the netns: what the init container runs. */
+function validate(netnsPath: string): Promise<Run> {
+  return run(
+    'nsenter',
+    [
+      `--net=${netnsPath}`,
+      '--',
+      process.execPath,
+      path.join(ROOT, 'dist/mesh-validation.cjs'),
+      '--termination-log',
+      '/nonexistent/termination-log',
+    ],
+    { timeoutMs: 30_000 },
+  );
+}
+
+function bridgeConflist(bridge: string, ipamDir: string): string {
+  return JSON.stringify(
+    {
+      cniVersion: '1.0.0',
+      name: NETWORK,
+      plugins: [
+        {
+          type: 'bridge',
+          bridge,
+          isGateway: true,
+          ipMasq: false,
+          ipam: {
+            type: 'host-local',
+            routes: [{ dst: '0.0.0.0/0' }],
+            ranges: [[{ subnet: SUBNET, gateway: GATEWAY }]],
+            dataDir: ipamDir,
+          },
+        },
+      ],
+    },
+    null,
+    2,
+  );
+}
+
+/** Parses one sample of the agent's /metrics text; 0 when absent. */
+function sample(metrics: string, name: string, labels: Record<string, string>): number {
+  for (const line of metrics.split('\n')) {
+    if (!line.startsWith(`${name}{`)) continue;
+    const m = /^[^{]+\{([^}]*)\} (\S+)$/.exec(line);
+    if (!m) continue;
+    const have = Object.fromEntries([...m[1]!.matchAll(/(\w+)="([^"]*)"/g)].map((x) => [x[1], x[2]]));
+    if (Object.entries(labels).every(([k, v]) => have[k] === v)) return Number(m[2]);
+  }
+  return 0;
+}
+
+describe('e2e: in-place repair of a running podman container in a kubelet-shaped cgroup', { timeout: 900_000 }, () => {
+  const hostNetns = `${TAG}-host`;
+  const hostNetnsPath = `/run/netns/${hostNetns}`;
+  const bridge = `mcnir${process.pid % 100000}`.slice(0, 15);
+  const IMAGE = `localhost/${TAG}-busybox:latest`;
+  let api: TestApiServer;
+  let podman: Podman;
+  let scratch: string;
+  const suiteCleanups: (() => unknown)[] = [];
+  const defer = cleanupAfterEach();
+
+  before(async () => {
+    for (const bin of ['dist/mesh-validation.cjs'])
+      assert.ok(existsSync(path.join(ROOT, bin)), `${bin} is missing: run npm run build first`);
+    sh('ip', ['netns', 'add', hostNetns]);
+    suiteCleanups.push(() => spawnSync('ip', ['netns', 'del', hostNetns]));
+    sh('ip', ['-n', hostNetns, 'link', 'set', 'lo', 'up']);
+    scratch = await fs.mkdtemp(path.join(os.tmpdir(), 'mcni-rip-'));
+    suiteCleanups.push(() => fs.rm(scratch, { recursive: true, force: true }));
+    const netDir = path.join(scratch, 'net.d');
+    const ipamDir = path.join(scratch, 'ipam');
+    await fs.mkdir(netDir);
+    await fs.mkdir(ipamDir);
+    // The primary CNI alone: containers started here are never redirected by the plugin.
+    await fs.writeFile(path.join(netDir, '10-rip.conflist'), bridgeConflist(bridge, ipamDir));
+    podman = makePodman({ networkConfigDir: netDir, hostNetns: hostNetnsPath });
+    suiteCleanups.push(async () => {
+      for (const f of await fs.readdir(CNI_CACHE).catch(() => [] as string[]))
+        if (f.startsWith(`${NETWORK}-`)) await fs.rm(path.join(CNI_CACHE, f), { force: true });
+    });
+    suiteCleanups.push(() => podman.remove());
+    await importBusybox(podman, IMAGE);
+  });
+
+  after(async () => {
+    for (const c of suiteCleanups.reverse()) {
+      try {
+        await c();
+      } catch (e) {
+        console.error(`e2e-repair-inplace cleanup: ${(e as Error).message}`);
+      }
+    }
+  });
+
+  /** A container of a new pod, removed (with its cgroup dirs) after the test. */
+  async function startPodContainer(name: string): Promise<KubepodsContainer & { uid: string }> {
+    const uid = randomUUID();
+    // Deferred before the run: a failed run may still have made the container and the dirs.
+    defer(async () => {
+      const left = await removePodCgroups(uid);
+      if (left.length > 0) throw new Error(`cgroup dirs left: ${left.join(', ')}`);
+    });
+    defer(() => podman.run(['rm', '--force', '--time', '0', name]));
+    const c = await runPodContainer(podman, { name, uid, network: NETWORK, image: IMAGE, argv: ['sleep', '600'] });
+    return { ...c, uid };
+  }
+
+  /** The pod as the API server shows it once the kubelet saw the validation init container exit 126. */
+  function brokenPodObject(name: string, uid: string, ip: string): V1Pod {
+    const p = brokenPod(name, { node: NODE, where: 'lastState' });
+    return {
+      ...p,
+      metadata: { ...p.metadata, uid },
+      status: { ...p.status, podIP: ip, podIPs: [{ ip }], hostIP: GATEWAY },
+    };
+  }
+
+  async function startAgent(flags: Record<string, string>, env: Record<string, string> = {}): Promise<AgentProcess> {
+    api = await startTestApiServer({ bookmarkIntervalMs: 1000 });
+    defer(() => api.close());
+    const tree = await makeHostTree({ token: api.token, ca: api.caPem });
+    defer(() => tree.remove());
+    const agent = spawnAgent(
+      tree,
+      {
+        'cni-net-dir': tree.netDir,
+        'cni-bin-dir': tree.binDir,
+        'repair-enabled': 'true',
+        'repair-repair-pods': 'true',
+        'host-proc-dir': '/proc',
+        'host-netns-path': '/proc/self/ns/net',
+        log_output_level: 'default:info,repair:debug',
+        ...flags,
+      },
+      {
+        KUBERNETES_SERVICE_HOST: '127.0.0.1',
+        KUBERNETES_SERVICE_PORT: String(api.port),
+        NODE_NAME: NODE,
+        POD_NAME: 'mesh-cni-node-rip',
+        POD_NAMESPACE: 'mesh-system',
+        ...env,
+      },
+    );
+    defer(() => agent.stop('SIGKILL'));
+    return agent;
+  }
+
+  const metrics = async (agent: AgentProcess) => (await agent.get('/metrics')).body;
+  const repairLogs = (agent: AgentProcess) =>
+    agent.logs
+      .filter((r) => r.scope === 'repair')
+      .slice(-15)
+      .map((r) => JSON.stringify(r))
+      .join('\n');
+  const podRequests = (name: string, method: string) =>
+    api.requests.filter((q) => q.method === method && new RegExp(`/pods/${name}(/status)?$`).test(q.path));
+
+  it('repairs an unredirected running pod in place: validation passes inside it, no delete, no label, once', async () => {
+    const name = `${TAG}-ok`;
+    const c = await startPodContainer(name);
+    assert.ok(podCgroupDirs(c.uid).length > 0, 'podman put the container under kubepods/besteffort/pod<uid>');
+    assert.match(
+      await fs.readFile(`/proc/${c.pid}/cgroup`, 'utf8'),
+      new RegExp(`/kubepods/besteffort/pod${c.uid}/libpod-${c.id}`),
+    );
+    assert.doesNotMatch(rulesIn(c.netnsPath), OUR_CHAIN, 'no redirect rules: the plugin was not in the chain');
+    const before = await validate(c.netnsPath);
+    assert.equal(before.code, 126, `validation before the repair: ${before.stdout}${before.stderr}`);
+
+    const agent = await startAgent({ 'repair-label-pods': 'true' });
+    api.upsertPod(brokenPodObject(name, c.uid, c.ip));
+    const m = await waitFor(
+      'the in-place repair to succeed',
+      async () => {
+        const body = await metrics(agent);
+        return sample(body, 'mesh_cni_repair_pods_repaired_total', { type: 'repair', result: 'success' }) >= 1 && body;
+      },
+      { timeoutMs: 60_000, everyMs: 200, context: () => repairLogs(agent) },
+    );
+    assert.equal(sample(m, 'mesh_cni_repair_pods_repaired_total', { type: 'repair', result: 'success' }), 1);
+    assert.match(rulesIn(c.netnsPath), OUR_CHAIN, 'the redirect chains are in the container netns');
+    const after = await validate(c.netnsPath);
+    assert.equal(after.code, 0, `validation inside the repaired container: ${after.stdout}${after.stderr}`);
+    // The container is the same one, still running: nothing restarted it.
+    assert.equal((await podman.ok(['inspect', '--format', '{{.State.Pid}}', name])).trim(), String(c.pid));
+    await waitFor('an Event on the pod', () => api.events().some((e) => e.involvedObject.uid === c.uid), 10_000);
+
+    // The same broken state again (an unrelated update, then a relist after a closed watch): no
+    // second repair.
+    const cur = api.getPod('default', name)!;
+    api.upsertPod({ ...cur, metadata: { ...cur.metadata, annotations: { ...cur.metadata?.annotations, x: '1' } } });
+    const watches = api.requests.filter((q) => q.method === 'GET' && q.path === '/api/v1/pods').length;
+    api.closeWatches();
+    await waitFor(
+      'the agent to watch again',
+      () => api.requests.filter((q) => q.method === 'GET' && q.path === '/api/v1/pods').length > watches,
+      15_000,
+    );
+    await new Promise((r) => setTimeout(r, 2000));
+    const m2 = await metrics(agent);
+    assert.equal(sample(m2, 'mesh_cni_repair_pods_repaired_total', { type: 'repair', result: 'success' }), 1);
+    assert.equal(
+      agent.logs.filter(
+        (r) => r.scope === 'repair' && r.uid === c.uid && /^repaired broken pod in place/.test(String(r.msg)),
+      ).length,
+      1,
+      `one repair log record:\n${repairLogs(agent)}`,
+    );
+    assert.deepEqual(podRequests(name, 'DELETE'), [], 'the pod was never deleted');
+    assert.deepEqual(podRequests(name, 'PATCH'), [], 'the pod was never labelled');
+    assert.equal(api.getPod('default', name)?.metadata?.labels?.[LABEL], undefined);
+    assert.equal(sample(m2, 'mesh_cni_repair_pods_repaired_total', { type: 'label' }), 0);
+  });
+  /** Failures of in-place repair with `reason`, whatever the type label says. */
+  const failures = (body: string, reason: string) =>
+    body
+      .split('\n')
+      .filter((l) => l.startsWith('mesh_cni_repair_failures_total{') && l.includes(`reason="${reason}"`))
+      .reduce((n, l) => n + Number(l.slice(l.lastIndexOf(' ') + 1)), 0);
+
+  /** A PATH dir whose iptables-*restore run `body` (a shell script) instead of the real ones. */
+  async function shimDir(body: string): Promise<string> {
+    const dir = await fs.mkdtemp(path.join(os.tmpdir(), 'mcni-rip-shim-'));
+    defer(() => fs.rm(dir, { recursive: true, force: true }));
+    for (const fam of ['iptables', 'ip6tables'])
+      for (const flavour of ['', '-legacy', '-nft']) {
+        const exe = `${fam}${flavour}-restore`;
+        await fs.writeFile(path.join(dir, exe), `#!/bin/sh\nREAL=/usr/sbin/${exe}\n${body}\n`, { mode: 0o755 });
+      }
+    return dir;
+  }
+
+  /**
+   * Expects the in-place repair of `name` to fail with `reason` (metric, and the reason in a log
+   * record or the Event), the container's netns to be left without our rules when it still
+   * exists, and the fall-through: `fallThrough` done.
+   */
+  async function expectFailure(
+    agent: AgentProcess,
+    o: { name: string; uid: string; reason: string | RegExp; fallThrough: 'label' | 'delete'; netnsPath?: string },
+  ): Promise<void> {
+    const reasons = ['no_netns', 'ip_mismatch', 'rules_failed', 'proof_failed', 'repair_did_not_hold'];
+    const matching = reasons.filter((r) => (typeof o.reason === 'string' ? r === o.reason : o.reason.test(r)));
+    const body = await waitFor(
+      `a failed in-place repair of ${o.name} (${String(o.reason)})`,
+      async () => {
+        const b = await metrics(agent);
+        return matching.some((r) => failures(b, r) > 0) && b;
+      },
+      { timeoutMs: 60_000, everyMs: 200, context: () => repairLogs(agent) },
+    );
+    const reason = matching.find((r) => failures(body, r) > 0)!;
+    if (o.fallThrough === 'label')
+      await waitFor(
+        `the fall-through label on ${o.name}`,
+        () => api.getPod('default', o.name)?.metadata?.labels?.[LABEL] === 'true',
+        { timeoutMs: 90_000, everyMs: 100, context: () => repairLogs(agent) },
+      );
+    else
+      await waitFor('the fall-through delete of ' + o.name, () => api.getPod('default', o.name) === undefined, {
+        timeoutMs: 90_000,
+        everyMs: 100,
+        context: () => repairLogs(agent),
+      });
+    const said = agent.logs.some((r) => r.scope === 'repair' && r.uid === o.uid && JSON.stringify(r).includes(reason));
+    const told = api.events().some((e) => e.involvedObject.uid === o.uid && (e.message ?? '').includes(reason));
+    assert.ok(said || told, `the reason ${reason} is in a log record or the Event of ${o.name}:\n${repairLogs(agent)}`);
+    const m = await metrics(agent);
+    assert.equal(sample(m, 'mesh_cni_repair_pods_repaired_total', { type: 'repair', result: 'success' }), 0);
+    if (o.netnsPath && existsSync(o.netnsPath))
+      assert.doesNotMatch(rulesIn(o.netnsPath), OUR_CHAIN, 'no half-programmed redirect left counted as done');
+  }
+
+  it('fault: the netns is gone (container removed before the agent acts): no_netns, then delete', async () => {
+    const name = `${TAG}-gone`;
+    const c = await startPodContainer(name);
+    await podman.ok(['rm', '--force', '--time', '0', name]);
+    const agent = await startAgent({ 'repair-delete-pods': 'true' });
+    api.upsertPod(brokenPodObject(name, c.uid, c.ip));
+    await expectFailure(agent, { name, uid: c.uid, reason: 'no_netns', fallThrough: 'delete' });
+    assert.equal(podRequests(name, 'DELETE').length, 1, 'deleted once');
+  });
+
+  it("fault: the IP changed (the API's pod IP is not the container's): ip_mismatch, then label", async () => {
+    const name = `${TAG}-ip`;
+    const c = await startPodContainer(name);
+    const agent = await startAgent({ 'repair-label-pods': 'true' });
+    api.upsertPod(brokenPodObject(name, c.uid, NOBODYS_IP));
+    await expectFailure(agent, {
+      name,
+      uid: c.uid,
+      reason: 'ip_mismatch',
+      fallThrough: 'label',
+      netnsPath: c.netnsPath,
+    });
+    assert.deepEqual(podRequests(name, 'DELETE'), [], 'label only: not deleted');
+  });
+
+  it('fault: iptables fails (failing iptables-*restore on the agent PATH): rules_failed, then label', async () => {
+    const name = `${TAG}-ipt`;
+    const c = await startPodContainer(name);
+    const shims = await shimDir('echo "iptables-restore shim: refused by the e2e test" >&2\nexit 4');
+    const agent = await startAgent({ 'repair-label-pods': 'true' }, { PATH: `${shims}:${process.env.PATH}` });
+    api.upsertPod(brokenPodObject(name, c.uid, c.ip));
+    await expectFailure(agent, {
+      name,
+      uid: c.uid,
+      reason: 'rules_failed',
+      fallThrough: 'label',
+      netnsPath: c.netnsPath,
+    });
+  });
+
+  it('fault: the process exits mid-repair (killed between finding and programming): not repaired, then label', async () => {
+    const name = `${TAG}-exit`;
+    const c = await startPodContainer(name);
+    // The first restore the agent runs kills the container's only process, then does its job:
+    // the netns is found and held, but its pod is gone by the time the rules land.
+    const flag = path.join(scratch, `${name}.killed`);
+    const shims = await shimDir(
+      `if [ ! -e ${flag} ]; then : > ${flag}; kill -9 ${c.pid}; while kill -0 ${c.pid} 2>/dev/null; do sleep 0.05; done; fi\nexec "$REAL" "$@"`,
+    );
+    defer(() => fs.rm(flag, { force: true }));
+    const agent = await startAgent({ 'repair-label-pods': 'true' }, { PATH: `${shims}:${process.env.PATH}` });
+    api.upsertPod(brokenPodObject(name, c.uid, c.ip));
+    // The rules land in a netns held only by the agent's fd. Either podman's clean-up has taken
+    // the container's interface out of it by then (the proof fails: proof_failed, retried) or not
+    // (the proof passes, but the pod's process has left it); either way the next look finds no
+    // process of the pod: not repaired (no_netns, final), and the fall-through labels the pod.
+    await expectFailure(agent, { name, uid: c.uid, reason: 'no_netns', fallThrough: 'label' });
+    assert.ok(existsSync(flag), 'the agent ran iptables-restore (the shim killed the container then)');
+  });
+});
