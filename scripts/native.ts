@@ -57,7 +57,7 @@ export function buildNative(opts: NativeBuild): boolean {
     throw new Error(
       code === 'ENOENT'
         ? `native: no C compiler: ${cc} is not on PATH; ${HOW_TO_GET}`
-        : `native: cannot run ${cc}: ${r.error.message}`,
+        : `native: cannot run ${cc}: ${r.error.message}; ${HOW_TO_GET}`,
     );
   }
   if (r.status !== 0) {

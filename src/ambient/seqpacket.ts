@@ -63,31 +63,31 @@ interface Addon {
 declare const watchBrand: unique symbol;
 type Watch = { readonly [watchBrand]: true };
 
-// Bundled, the agent sits beside native/ (dist/, /opt/mesh-cni/ in the image); from source, the
-// build's output is in dist/native/.
-const ADDON_PATHS = ['./native/seqpacket.node', '../../dist/native/seqpacket.node'].map((p) =>
-  fileURLToPath(new URL(p, import.meta.url)),
+// Bundled, the agent sits beside native/ (dist/, /opt/mesh-cni/ in the image); run from source
+// (tests, scripts), the addon is the build's dist/native/. One place each, nothing searched.
+const ADDON_PATH = fileURLToPath(
+  new URL(
+    import.meta.url.endsWith('.ts') ? '../../dist/native/seqpacket.node' : './native/seqpacket.node',
+    import.meta.url,
+  ),
 );
 let addon: Addon | undefined;
 
 /** Loaded on first use, so an agent that never speaks ZDS never needs the file. */
 function native(): Addon {
   if (addon) return addon;
-  const errors: string[] = [];
-  for (const file of ADDON_PATHS) {
-    const mod = { exports: {} as Addon };
-    try {
-      process.dlopen(mod, file, osConstants.dlopen.RTLD_NOW);
-      addon = mod.exports;
-      return addon;
-    } catch (err) {
-      errors.push(`${file}: ${(err as Error).message}`);
-    }
+  const mod = { exports: {} as Addon };
+  try {
+    process.dlopen(mod, ADDON_PATH, osConstants.dlopen.RTLD_NOW);
+  } catch (err) {
+    throw new Error(
+      `seqpacket: cannot load the native addon ${ADDON_PATH}: ${(err as Error).message}; ` +
+        'npm run build compiles it from src/ambient/native/seqpacket.c',
+      { cause: err },
+    );
   }
-  throw new Error(
-    `seqpacket: cannot load the native addon (${errors.join('; ')}); ` +
-      'npm run build compiles it from src/ambient/native/seqpacket.c',
-  );
+  addon = mod.exports;
+  return addon;
 }
 
 const EAGAIN = -osConstants.errno.EAGAIN;

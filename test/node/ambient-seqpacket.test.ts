@@ -9,6 +9,7 @@ import {
   closeSync,
   copyFileSync,
   fstatSync,
+  mkdirSync,
   mkdtempSync,
   openSync,
   readdirSync,
@@ -79,6 +80,20 @@ describe('ambient seqpacket', () => {
     });
     assert.equal(r.status, 0, r.stderr);
     assert.match(r.stdout, /^v24\./);
+  });
+
+  it('says where the addon should be and how to build it when it is missing', () => {
+    // A copy of the module where no dist/native/ is beside it.
+    const copy = path.join(dir, 'nobuild/src/ambient/seqpacket.ts');
+    mkdirSync(path.dirname(copy), { recursive: true });
+    copyFileSync(path.join(ROOT, 'src/ambient/seqpacket.ts'), copy);
+    const code = `import { listenSeqpacket } from ${JSON.stringify(copy)}; listenSeqpacket('/nonexistent/x.sock');`;
+    const r = spawnSync(process.execPath, ['--input-type=module', '-e', code], { encoding: 'utf8' });
+    assert.notEqual(r.status, 0);
+    assert.match(
+      r.stderr,
+      /seqpacket: cannot load the native addon .*nobuild\/dist\/native\/seqpacket\.node: .*npm run build compiles it/,
+    );
   });
 
   it('listens, connects, accepts; datagrams go both ways whole', async () => {
