@@ -119,7 +119,17 @@ describe('deploy: the container image', { timeout: 300_000 }, () => {
 
   describe('repair in place: the tools, and the capabilities of the repair-in-place component, measured', () => {
     const POD_IP = '198.18.77.2';
-    const STEPS = ['open', 'setns', 'addr', 'restore-legacy', 'save-legacy', 'restore-nft', 'save-nft', 'validation'];
+    const STEPS = [
+      'open',
+      'setns',
+      'addr',
+      'restore-legacy',
+      'save-legacy',
+      'restore-nft',
+      'save-nft',
+      'route',
+      'validation',
+    ];
     let dir: string;
     let rendered: Rendered;
     let ns: Netns;
@@ -165,10 +175,14 @@ describe('deploy: the container image', { timeout: 300_000 }, () => {
     });
 
     /** The probe in the image as the component's DaemonSet runs it, with these capabilities added. */
-    async function probe(caps: readonly string[]): Promise<Map<string, { ok: boolean; detail: string }>> {
+    async function probe(
+      caps: readonly string[],
+      o: { lockMount?: boolean } = {},
+    ): Promise<Map<string, { ok: boolean; detail: string }>> {
       // Each run starts from a netns without rules: a rule left by an earlier run would make
       // mesh-validation pass without this run having programmed anything.
-      for (const fl of ['legacy', 'nft']) ns.exec([`iptables-${fl}`, '-t', 'nat', '-F', 'OUTPUT']);
+      for (const fl of ['legacy', 'nft'])
+        for (const bin of ['iptables', 'ip6tables']) ns.exec([`${bin}-${fl}`, '-t', 'nat', '-F', 'OUTPUT']);
       const { flags } = podmanRunArgs(rendered.objects, {
         volumeDirs: {
           'cni-bin-dir': path.join(dir, 'bin'),
@@ -188,6 +202,7 @@ describe('deploy: the container image', { timeout: 300_000 }, () => {
       const withCaps: string[] = [];
       for (let i = 0; i < flags.length; i++) {
         if (flags[i] === '--cap-add') i++;
+        else if (o.lockMount === false && flags[i] === '--volume' && flags[i + 1]!.endsWith(':/run/xtables.lock')) i++;
         else withCaps.push(flags[i]!);
       }
       for (const c of caps) withCaps.push('--cap-add', c);
@@ -237,7 +252,7 @@ describe('deploy: the container image', { timeout: 300_000 }, () => {
       ['SYS_ADMIN', ['setns'], /reassociate to namespace 'ns\/net' failed: Operation not permitted/],
       [
         'NET_ADMIN',
-        ['restore-legacy', 'save-legacy', 'restore-nft', 'save-nft', 'validation'],
+        ['restore-legacy', 'save-legacy', 'restore-nft', 'save-nft', 'route', 'validation'],
         /unable to initialize table 'nat'/,
       ],
       ['NET_RAW', ['restore-legacy', 'save-legacy'], /unable to initialize table 'nat'/],
@@ -246,6 +261,16 @@ describe('deploy: the container image', { timeout: 300_000 }, () => {
       assert.deepEqual(
         [...(agentContainer(rendered.objects).securityContext?.capabilities?.add ?? [])].sort(),
         WITHOUT.map(([c]) => c).sort(),
+      );
+    });
+    it('without the xtables lock mount: iptables-legacy cannot lock (read-only root), nft is unaffected', async () => {
+      const steps = await probe(agentContainer(rendered.objects).securityContext?.capabilities?.add ?? [], {
+        lockMount: false,
+      });
+      assert.deepEqual(failed(steps), ['restore-legacy', 'save-legacy'], JSON.stringify(Object.fromEntries(steps)));
+      assert.match(
+        steps.get('restore-legacy')!.detail,
+        /can't open lock file \/run\/xtables\.lock: Read-only file system/,
       );
     });
     for (const [cap, failing, message] of WITHOUT) {
@@ -426,14 +451,23 @@ let r = inNetns(['ip', '-j', 'addr']);
 if (/reassociate|setns/.test(r.err)) { say('setns', false, r.err); process.exit(0); }
 say('setns', true, '');
 say('addr', r.code === 0 && JSON.parse(r.out).some((l) => l.addr_info.some((a) => a.local === process.argv[3])), r.err);
+// Both families, as the plugin restores them: one document per family and flavour.
 for (const fl of ['legacy', 'nft']) {
-  const doc = '*nat\\n-A OUTPUT -d 192.0.2.6/32 -p tcp -m tcp --dport 15002 -m comment --comment mcni-' + fl +
-    ' -j REDIRECT --to-ports 15002\\nCOMMIT\\n';
-  r = inNetns(['iptables-' + fl + '-restore', '--noflush', '-w', '5'], doc);
-  say('restore-' + fl, r.code === 0, r.err);
-  r = inNetns(['iptables-' + fl + '-save', '-t', 'nat']);
-  say('save-' + fl, r.code === 0 && r.out.includes('--comment mcni-' + fl + ' -j REDIRECT'), r.err);
+  const rule = (probe, v) => '*nat\\n-A OUTPUT -d ' + probe + ' -p tcp -m tcp --dport 15002' +
+    ' -m comment --comment mcni-' + fl + v + ' -j REDIRECT --to-ports 15002\\nCOMMIT\\n';
+  const docs = [['iptables', rule('192.0.2.6/32', 4), 4], ['ip6tables', rule('2001:db8::6/128', 6), 6]];
+  const restored = docs.map(([bin, doc]) => inNetns([bin + '-' + fl + '-restore', '--noflush', '-w', '5'], doc));
+  say('restore-' + fl, restored.every((x) => x.code === 0), restored.map((x) => x.err).join(''));
+  const saved = docs.map(([bin, , v]) => [inNetns([bin + '-' + fl + '-save', '-t', 'nat']), v]);
+  const shows = ([x, v]) => x.code === 0 && x.out.includes('--comment mcni-' + fl + v + ' -j REDIRECT');
+  say('save-' + fl, saved.every(shows), saved.map(([x]) => x.err).join(''));
 }
+// TPROXY mode's policy routing in the pod's netns (what the plugin adds beside the chains).
+const rule = inNetns(['ip', 'rule', 'add', 'fwmark', '0x539', 'lookup', '133', 'priority', '32764']);
+const route = inNetns(['ip', 'route', 'replace', 'local', 'default', 'dev', 'lo', 'table', '133']);
+const shown = inNetns(['ip', 'rule', 'show']);
+inNetns(['ip', 'rule', 'del', 'priority', '32764']);
+say('route', rule.code === 0 && route.code === 0 && /fwmark 0x539 lookup 133/.test(shown.out), rule.err + route.err);
 r = inNetns(['/usr/bin/node', '/opt/mesh-cni/mesh-validation.cjs', '--probe-timeout', '3s']);
 say('validation', r.code === 0, r.err + r.out);
 `;
