@@ -19,6 +19,7 @@ import {
 } from './controller.ts';
 import { inPlaceMissing, type InPlaceEnv } from './capabilities.ts';
 import { InPlaceRepairer, podNetnsOf, type PodNetnsModule } from './inplace.ts';
+import * as podnetns from '../podnetns/index.ts';
 import { scope } from '../monitoring/logging.ts';
 
 const log = scope('repair');
@@ -82,8 +83,8 @@ export function inPlaceFor(
 
 /**
  * Starts repair on `pods` (repair.enabled must be set); whoever built the watch runs it.
- * `inPlace`: with --repair-repair-pods, inPlaceFor's answer (the agent passes it); absent means
- * in-place repair is unavailable.
+ * `inPlace`: with --repair-repair-pods, the in-place repairer (tests give a fake); absent: the
+ * real one over src/podnetns/ when the start-up check passes (inPlaceFor).
  */
 export function startRepair(
   settings: Settings,
@@ -104,7 +105,7 @@ export function startRepair(
     pods,
     reporter: { host: settings.env.nodeName || settings.repair.nodeName, instance: settings.env.podName || 'mesh-cni' },
     ...(timing ? { timing } : {}),
-    ...(settings.repair.repairPods ? { inPlace: inPlace ?? inPlaceFor(settings, null) } : {}),
+    ...(settings.repair.repairPods ? { inPlace: inPlace ?? inPlaceFor(settings, podnetns) } : {}),
   });
   controller.start();
   return controller;

@@ -25,6 +25,7 @@ import {
 } from '../../cni-plugin/redirect/iptables.ts';
 import type { Family } from '../../cni-plugin/redirect/net.ts';
 import { buildFamilyRules } from '../../cni-plugin/redirect/rules.ts';
+import { MIRROR_ANNOTATION } from '../../cni-plugin/shared/poduid.ts';
 import { AnnotationError, specForPod, type PodLike, type RedirectSpec } from '../../cni-plugin/redirect/spec.ts';
 
 export type InPlaceReason =
@@ -179,13 +180,20 @@ export class InPlaceRepairer {
       if (e instanceof AnnotationError) return fail('rules_failed', `bad ${e.what}: ${e.message}`, true);
       throw e;
     }
-    const uid = pod.metadata?.uid ?? '';
+    // A static pod runs under the kubelet's UID, which its mirror pod carries in an annotation.
+    const uid = pod.metadata?.annotations?.[MIRROR_ANNOTATION] ?? pod.metadata?.uid ?? '';
     const ips = podIPs(pod);
     // No IP yet: the sandbox may still be coming up; a later attempt may find it.
     if (ips.length === 0) return fail('no_netns', 'the pod has no IP in its status yet', false);
     // With the IP known, no netns of this pod holding it on this node will not change by waiting:
     // the sandbox is gone (or not here), or the pod got another netns. Fall through at once.
-    const found = await this.#o.netns.findPodNetns(uid, ips);
+    let found: FindResultLike;
+    try {
+      found = await this.#o.netns.findPodNetns(uid, ips);
+    } catch (e) {
+      // A configuration error (--host-netns-path, --host-proc-dir unusable): no retry mends it.
+      return fail('no_netns', (e as Error).message, true);
+    }
     if (!found.ok) return fail(found.reason, found.detail, true);
     const netns = found.netns;
     try {
