@@ -384,15 +384,21 @@ export async function reconcileRules(
   return 'applied';
 }
 
-/** `ip -batch` of `commands`; "File exists" (add) and "No such"/"Cannot find" (del) are success. */
-async function ipBatch(run: Runner, family: Family, commands: readonly string[][]): Promise<void> {
-  const input = commands.map((c) => c.join(' ')).join('\n') + '\n';
+/**
+ * `ip -batch` of `commands`. What the op wants that is already so is success: "File exists" for
+ * an add, "No such ..." / "Cannot find" for a del (rule: ENOENT, route: ESRCH); anything else fails.
+ */
+async function ipBatch(run: Runner, family: Family, op: 'add' | 'del'): Promise<void> {
+  const input =
+    inpodRouteCommands(family, op)
+      .map((c) => c.join(' '))
+      .join('\n') + '\n';
   const r = await run(['ip', `-${family}`, '-force', '-batch', '-'], { input });
   if (r.error !== null) throw failed('ip -batch', r);
-  const real = r.stderr
-    .split('\n')
-    .filter((l) => l.trim() !== '' && !/File exists|No such|Cannot find|^Command failed/.test(l));
-  if (r.code !== 0 && real.length > 0) throw new AmbientRulesError(`ip -batch failed: ${real.join('; ')}`);
+  const fine = op === 'add' ? /File exists/ : /No such|Cannot find/;
+  const real = r.stderr.split('\n').filter((l) => l.trim() !== '' && !fine.test(l) && !/^Command failed/.test(l));
+  if (r.code !== 0 && real.length > 0)
+    throw new AmbientRulesError(`ip -${family} -batch (${op}) failed: ${real.join('; ')}`);
 }
 
 /** The pod's redirection to ztunnel, whatever of ours is there already (idempotent). */
@@ -404,7 +410,7 @@ export async function applyInpod(
 ): Promise<'unchanged' | 'applied'> {
   let result: 'unchanged' | 'applied' = 'unchanged';
   for (const f of families) {
-    await ipBatch(run, f, inpodRouteCommands(f, 'add'));
+    await ipBatch(run, f, 'add');
     if ((await reconcileRules(run, flavour, f, inpodRules(f, opts))) === 'applied') result = 'applied';
   }
   return result;
@@ -414,6 +420,6 @@ export async function applyInpod(
 export async function removeInpod(run: Runner, flavour: Flavour, families: readonly Family[]): Promise<void> {
   for (const f of families) {
     await reconcileRules(run, flavour, f, []);
-    await ipBatch(run, f, inpodRouteCommands(f, 'del'));
+    await ipBatch(run, f, 'del');
   }
 }
