@@ -1,0 +1,310 @@
+// findPodNetns over a fake /proc tree (test/helpers/podproc.ts) whose `ns/net` links lead to real
+// netns made here (`ip netns add`), with /proc/self/ns/net as the host's: the scan, the host-netns
+// skip by (dev, ino), the IP check run inside each netns with nsenter, the oldest-wins choice, the
+// failures and their messages, and that no fd is left open. Root.
+
+import assert from 'node:assert/strict';
+import { spawnSync } from 'node:child_process';
+import { closeSync, fstatSync, openSync, readdirSync, readlinkSync, statSync } from 'node:fs';
+import path from 'node:path';
+import { describe, it } from 'node:test';
+import { findPodNetns, runInNetns, type FindResult, type PodNetnsOptions } from '../../src/podnetns/index.ts';
+import { cleanupAfterEach } from '../helpers/cleanup.ts';
+import { Netns } from '../helpers/netns.ts';
+import { cgroupV1, cgroupV2, FakeProc, kubepodsPath } from '../helpers/podproc.ts';
+
+const UID = '3c9e2f70-58d1-4b6a-a0e4-9d17c2b85f31';
+const UID_SYSTEMD = UID.replaceAll('-', '_');
+const FOREIGN_UID = 'e81a0b4c-2f6d-4d93-b7c5-60f4a9e3d128';
+const POD_IP = '198.18.40.7';
+const POD_IP6 = 'fd00:198:18:40::7';
+const HOST_NETNS = '/proc/self/ns/net';
+const SANDBOX_CID = 'c4'.repeat(32);
+const APP_CID = '7b'.repeat(32);
+
+const defer = cleanupAfterEach();
+
+/** A real netns with a veth pair inside it carrying `addrs` (IPv6 ones without DAD). */
+function netnsWith(tag: string, addrs: string[]): Netns {
+  const n = new Netns(tag);
+  defer(async () => n.remove());
+  const ip = (...a: string[]) => {
+    const r = spawnSync('ip', ['-n', n.name, ...a], { encoding: 'utf8' });
+    assert.equal(r.status, 0, r.stderr);
+  };
+  ip('link', 'add', 'eth0', 'type', 'veth', 'peer', 'name', 'peer0');
+  for (const a of addrs)
+    ip('addr', 'add', a.includes(':') ? `${a}/64` : `${a}/24`, 'dev', 'eth0', ...(a.includes(':') ? ['nodad'] : []));
+  return n;
+}
+
+function fakeProc(): FakeProc {
+  const p = new FakeProc();
+  defer(async () => p.remove());
+  return p;
+}
+
+const opts = (p: FakeProc): PodNetnsOptions => ({ hostProcDir: p.dir, hostNetnsPath: HOST_NETNS });
+const inode = (file: string) => statSync(file, { bigint: true }).ino;
+const openFds = () => readdirSync('/proc/self/fd').length;
+const show = (r: FindResult) => (r.ok ? `found the netns of pid ${r.netns.pid}` : `${r.reason}: ${r.detail}`);
+
+/** The result, its netns closed after the test. */
+async function find(uid: string, ips: string[], o: PodNetnsOptions): Promise<FindResult> {
+  const r = await findPodNetns(uid, ips, o);
+  if (r.ok) defer(async () => r.netns.close());
+  return r;
+}
+
+describe('findPodNetns over a fake /proc', () => {
+  it('finds the sandbox netns of a pod among its containers, a host-netns process and another pod', async () => {
+    const pod = netnsWith('pod', [POD_IP]);
+    const other = netnsWith('other', ['198.18.41.7']);
+    const p = fakeProc()
+      // CRI-O's conmon: the pod's cgroup, the host netns, the oldest of all.
+      .add({
+        pid: 90,
+        cgroup: cgroupV2(`/kubepods.slice/kubepods-pod${UID_SYSTEMD}.slice/crio-conmon-${SANDBOX_CID}.scope`),
+        starttime: 10,
+        netns: HOST_NETNS,
+        comm: 'conmon',
+      })
+      .add({
+        pid: 120,
+        cgroup: cgroupV1(kubepodsPath(UID, APP_CID)),
+        starttime: 300,
+        netns: pod.path,
+        comm: 'envoy (main)',
+      })
+      .add({ pid: 100, cgroup: cgroupV1(kubepodsPath(UID, SANDBOX_CID)), starttime: 200, netns: pod.path })
+      .add({ pid: 200, cgroup: cgroupV1(kubepodsPath(FOREIGN_UID, SANDBOX_CID)), starttime: 5, netns: other.path })
+      .add({ pid: 1, cgroup: cgroupV2('/init.scope'), starttime: 1, netns: HOST_NETNS, comm: 'systemd' });
+    const before = openFds();
+    const r = await find(UID, [POD_IP], opts(p));
+    assert.ok(r.ok, show(r));
+    assert.equal(r.netns.pid, 100);
+    assert.equal(r.netns.ino, inode(pod.path));
+    assert.equal(fstatSync(r.netns.fd, { bigint: true }).ino, inode(pod.path));
+    assert.equal(openFds(), before + 1, 'only the winner is left open');
+  });
+
+  it("the host's netns never qualifies, even holding the pod IP, and even when a pod's only process is in it", async () => {
+    const p = fakeProc().add({
+      pid: 90,
+      cgroup: cgroupV2(kubepodsPath(UID, SANDBOX_CID)),
+      starttime: 10,
+      netns: HOST_NETNS,
+    });
+    // Whatever the host holds: the agent's loopback address stands for a hostNetwork pod's IP.
+    const r = await find(UID, ['127.0.0.1'], opts(p));
+    assert.ok(!r.ok);
+    assert.equal(r.reason, 'no_netns');
+    assert.match(
+      r.detail,
+      new RegExp(
+        `pod ${UID}: no process of the pod outside the host netns \\(7 processes|1 of the pod, 1 of them in the host netns`,
+      ),
+    );
+  });
+
+  it('the host netns is told by (dev, ino), not by path: another path to it is skipped too', async () => {
+    const p = fakeProc().add({
+      pid: 91,
+      cgroup: cgroupV2(kubepodsPath(UID, SANDBOX_CID)),
+      starttime: 10,
+      netns: `/proc/${process.pid}/ns/net`,
+    });
+    const r = await find(UID, ['127.0.0.1'], opts(p));
+    assert.ok(!r.ok);
+    assert.equal(r.reason, 'no_netns');
+  });
+
+  it('a process of the pod visiting another netns (older, without the pod IP) loses to the sandbox', async () => {
+    const pod = netnsWith('pod', [POD_IP]);
+    const visited = netnsWith('visited', ['198.18.42.7']);
+    const p = fakeProc()
+      .add({
+        pid: 150,
+        cgroup: cgroupV2(kubepodsPath(UID, APP_CID)),
+        starttime: 50,
+        netns: visited.path,
+        comm: 'debug tool',
+      })
+      .add({ pid: 100, cgroup: cgroupV2(kubepodsPath(UID, SANDBOX_CID)), starttime: 200, netns: pod.path });
+    const r = await find(UID, [POD_IP], opts(p));
+    assert.ok(r.ok, show(r));
+    assert.equal(r.netns.ino, inode(pod.path));
+    assert.equal(r.netns.pid, 100);
+  });
+
+  it('two netns holding the pod IP: the oldest process wins', async () => {
+    const a = netnsWith('a', [POD_IP]);
+    const b = netnsWith('b', [POD_IP]);
+    const p = fakeProc()
+      .add({ pid: 100, cgroup: cgroupV2(kubepodsPath(UID, SANDBOX_CID)), starttime: 200, netns: a.path })
+      .add({ pid: 101, cgroup: cgroupV2(kubepodsPath(UID, APP_CID)), starttime: 199, netns: b.path });
+    const r = await find(UID, [POD_IP], opts(p));
+    assert.ok(r.ok);
+    assert.equal(r.netns.ino, inode(b.path));
+    assert.equal(r.netns.pid, 101);
+  });
+
+  it('a wrong IP: ip_mismatch, listing what the netns holds; nothing left open', async () => {
+    const pod = netnsWith('pod', [POD_IP]);
+    const p = fakeProc().add({
+      pid: 100,
+      cgroup: cgroupV2(kubepodsPath(UID, SANDBOX_CID)),
+      starttime: 200,
+      netns: pod.path,
+    });
+    const before = openFds();
+    const r = await find(UID, ['198.18.40.8'], opts(p));
+    assert.ok(!r.ok);
+    assert.equal(r.reason, 'ip_mismatch');
+    assert.match(
+      r.detail,
+      new RegExp(
+        `no netns of the pod holds 198\\.18\\.40\\.8: netns inode ${inode(pod.path)} \\(pid 100\\) holds 127\\.0\\.0\\.1, ::1, ${POD_IP.replaceAll('.', '\\.')}`,
+      ),
+    );
+    assert.equal(openFds(), before);
+  });
+
+  it('a dual-stack pod found by its IPv6 address, written differently from ip', async () => {
+    const pod = netnsWith('pod6', [POD_IP6]);
+    const p = fakeProc().add({
+      pid: 100,
+      cgroup: cgroupV2(kubepodsPath(UID, SANDBOX_CID)),
+      starttime: 200,
+      netns: pod.path,
+    });
+    const r = await find(UID, ['198.18.40.99', 'FD00:198:18:40:0:0:0:7'], opts(p));
+    assert.ok(r.ok, show(r));
+    assert.equal(r.netns.ino, inode(pod.path));
+  });
+
+  it('no IP in the pod status: ip_mismatch and no netns entered', async () => {
+    const pod = netnsWith('pod', [POD_IP]);
+    const p = fakeProc().add({
+      pid: 100,
+      cgroup: cgroupV2(kubepodsPath(UID, SANDBOX_CID)),
+      starttime: 200,
+      netns: pod.path,
+    });
+    const r = await find(UID, [], opts(p));
+    assert.deepEqual([r.ok, !r.ok && r.reason], [false, 'ip_mismatch']);
+    assert.match((r as { detail: string }).detail, /the pod has no IP in its status/);
+  });
+
+  it('the UID given in upper case or the pod named only by its systemd slice still matches', async () => {
+    const pod = netnsWith('pod', [POD_IP]);
+    const p = fakeProc().add({
+      pid: 100,
+      cgroup: cgroupV2(
+        `/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod${UID_SYSTEMD}.slice/cri-containerd-${SANDBOX_CID}.scope`,
+      ),
+      starttime: 200,
+      netns: pod.path,
+    });
+    const r = await find(UID.toUpperCase(), [POD_IP], opts(p));
+    assert.ok(r.ok, show(r));
+  });
+
+  it('processes that vanished mid-scan are skipped quietly; unreadable ones are counted in the message', async () => {
+    const pod = netnsWith('pod', [POD_IP]);
+    const p = fakeProc()
+      .add({ pid: 100, cgroup: cgroupV2(kubepodsPath(UID, SANDBOX_CID)), starttime: 200, netns: null })
+      .add({
+        pid: 101,
+        cgroup: cgroupV2(kubepodsPath(UID, APP_CID)),
+        starttime: 300,
+        netns: '/run/netns/mcni-gone-for-good',
+      })
+      .add({ pid: 102, cgroup: cgroupV2(kubepodsPath(UID, APP_CID)), starttime: 300, netns: pod.path })
+      .write(102, 'stat', '102 (x) S 1')
+      .add({ pid: 103, cgroup: 'x', starttime: 300, netns: pod.path })
+      .write(103, 'cgroup', cgroupV2(kubepodsPath(UID, APP_CID)).repeat(2000));
+    const r = await find(UID, [POD_IP], opts(p));
+    assert.ok(!r.ok);
+    assert.equal(r.reason, 'no_netns');
+    assert.match(r.detail, /0 of the pod, 0 of them in the host netns, 2 exited during the scan, 2 unreadable: /);
+    assert.match(r.detail, /\/102\/stat has no start time \(field 22\)/);
+    assert.match(r.detail, /\/103\/cgroup is longer than 65536 bytes/);
+  });
+
+  it('an unreadable or wrong --host-netns-path rejects, naming the flag (never a guess)', async () => {
+    const pod = netnsWith('pod', [POD_IP]);
+    const p = fakeProc().add({
+      pid: 100,
+      cgroup: cgroupV2(kubepodsPath(UID, SANDBOX_CID)),
+      starttime: 200,
+      netns: pod.path,
+    });
+    const notNs = path.join(p.dir, 'uptime');
+    for (const [hostNetnsPath, why] of [
+      [path.join(p.dir, 'no-such-file'), /ENOENT/],
+      [notNs, /not a namespace file/],
+    ] as const) {
+      await assert.rejects(findPodNetns(UID, [POD_IP], { hostProcDir: p.dir, hostNetnsPath }), (e: Error) => {
+        assert.match(e.message, new RegExp(`cannot use ${hostNetnsPath} \\(--host-netns-path\\) as the host netns`));
+        assert.match(e.message, why);
+        assert.match(e.message, /set --host-netns-path to a file of the host network namespace/);
+        return true;
+      });
+    }
+  });
+
+  it('a --host-proc-dir that cannot be listed rejects, naming the flag', async () => {
+    const p = fakeProc();
+    await assert.rejects(
+      findPodNetns(UID, [POD_IP], { hostProcDir: path.join(p.dir, 'nope'), hostNetnsPath: HOST_NETNS }),
+      /cannot list the host's processes in .*nope \(--host-proc-dir\): ENOENT/,
+    );
+  });
+
+  it('the held netns runs programs inside it, and close() closes its fd once', async () => {
+    const pod = netnsWith('pod', [POD_IP]);
+    const p = fakeProc().add({
+      pid: 100,
+      cgroup: cgroupV2(kubepodsPath(UID, SANDBOX_CID)),
+      starttime: 200,
+      netns: pod.path,
+    });
+    const r = await find(UID, [POD_IP], opts(p));
+    assert.ok(r.ok);
+    const run = await runInNetns(r.netns, ['ip', '-br', 'addr', 'show', 'eth0']);
+    assert.equal(run.code, 0, run.stderr);
+    assert.match(run.stdout, new RegExp(POD_IP.replaceAll('.', '\\.')));
+    const fd = r.netns.fd;
+    r.netns.close();
+    assert.equal(r.netns.fd, -1);
+    assert.throws(() => readlinkSync(`/proc/self/fd/${fd}`), /ENOENT/);
+    // A file opened now takes the lowest free number, the old one: a second close must not close it.
+    const probe = path.join(p.dir, 'uptime');
+    const again = openSync(probe, 'r');
+    defer(async () => closeSync(again));
+    r.netns.close();
+    assert.equal(readlinkSync(`/proc/self/fd/${again}`), probe);
+    const after = await runInNetns(r.netns, ['true']);
+    assert.match(after.error ?? '', /is closed; find it again/);
+  });
+
+  it('1,000 find+close cycles leave the open fd count where it was', async () => {
+    const pod = netnsWith('pod', [POD_IP]);
+    const visited = netnsWith('visited', ['198.18.42.7']);
+    const p = fakeProc()
+      .add({ pid: 150, cgroup: cgroupV2(kubepodsPath(UID, APP_CID)), starttime: 50, netns: visited.path })
+      .add({ pid: 100, cgroup: cgroupV2(kubepodsPath(UID, SANDBOX_CID)), starttime: 200, netns: pod.path })
+      .add({ pid: 90, cgroup: cgroupV2(kubepodsPath(UID, SANDBOX_CID)), starttime: 10, netns: HOST_NETNS });
+    const before = openFds();
+    for (let i = 0; i < 1000; i++) {
+      const r = await findPodNetns(UID, i % 10 === 9 ? ['198.18.40.9'] : [POD_IP], opts(p));
+      assert.equal(r.ok, i % 10 !== 9);
+      if (r.ok) {
+        r.netns.close();
+        r.netns.close();
+      }
+    }
+    assert.equal(openFds(), before);
+  });
+});
