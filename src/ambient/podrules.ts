@@ -210,8 +210,7 @@ export function renderRestore(rules: readonly Rule[]): string {
 /** `ip -<family> -batch` lines that route ztunnel's marked replies to the pod itself (table 100). */
 export function inpodRouteCommands(family: Family, op: 'add' | 'del'): string[][] {
   const any = family === 4 ? '0.0.0.0/0' : '::/0';
-  const mark = `${hex(INPOD_TPROXY_MARK)}/${hex(INPOD_TPROXY_MASK)}`;
-  const rule = ['rule', op, 'fwmark', mark, 'pref', `${RULE_PRIORITY}`, 'lookup', `${ROUTE_TABLE}`];
+  const rule = ['rule', op, 'fwmark', TPROXY_MARK, 'pref', `${RULE_PRIORITY}`, 'lookup', `${ROUTE_TABLE}`];
   // Istio: RouteReplace on add, so a second add is no error.
   const route = ['route', op === 'add' ? 'replace' : 'del', 'local', any, 'dev', 'lo', 'table', `${ROUTE_TABLE}`];
   return op === 'add' ? [route, rule] : [rule, route];
@@ -277,6 +276,7 @@ export function canonicalRule(line: string, family: Family): string {
   if ((proto === 'tcp' || proto === 'udp') && hasPort && !explicit) rest.unshift('-m', proto);
   return ['-A', chain!, ...BASIC_OPTIONS.flatMap((o) => basic.get(o) ?? []), ...rest].join(' ');
 }
+
 /** Ours in a parsed save: our chains whole, and the jumps into them in other chains, canonical. */
 function oursIn(saved: SavedRules, tables: readonly string[], family: Family, owns: Owns): string[] {
   const out: string[] = [];
