@@ -5,9 +5,10 @@
 // libuv's (Debian libuv1-dev, ABI-stable within libuv 1.x). The napi_* and uv_* symbols are left
 // undefined and resolve from the node process at load time.
 //
-// Like make: nothing is done when the output is newer than the source and was built by the same
-// command; otherwise it is compiled to a temp file and renamed in, so a concurrent build or a
-// failed one never leaves a half-written addon. The plugin's bundles never include it.
+// Like make: nothing is done when the output is newer than the source and the headers, and was
+// built by the same command; otherwise it is compiled to a temp file and renamed in, so a
+// concurrent build or a failed one never leaves a half-written addon. The plugin's bundles never
+// include it.
 
 import { spawnSync } from 'node:child_process';
 import { existsSync, mkdirSync, readFileSync, renameSync, rmSync, statSync, writeFileSync } from 'node:fs';
@@ -45,8 +46,13 @@ export function buildNative(opts: NativeBuild): boolean {
 
   const argv = command(cc, headers, source);
   const stamp = `${out}.cmd`;
-  const sourceTime = statSync(source).mtimeMs;
-  if (upToDate(out, stamp, sourceTime, argv.join(' '))) return false;
+  // The inputs: the source and the N-API headers (an upgrade of node-api-headers rebuilds).
+  const inputsTime = Math.max(
+    ...[source, 'node_api.h', 'js_native_api.h', 'js_native_api_types.h', 'node_api_types.h'].map(
+      (f) => statSync(path.resolve(headers, f)).mtimeMs,
+    ),
+  );
+  if (upToDate(out, stamp, inputsTime, argv.join(' '))) return false;
 
   mkdirSync(path.dirname(out), { recursive: true });
   const tmp = `${out}.${process.pid}.tmp`;
@@ -71,9 +77,9 @@ export function buildNative(opts: NativeBuild): boolean {
   return true;
 }
 
-function upToDate(out: string, stamp: string, sourceTime: number, cmd: string): boolean {
+function upToDate(out: string, stamp: string, inputsTime: number, cmd: string): boolean {
   try {
-    return statSync(out).mtimeMs >= sourceTime && readFileSync(stamp, 'utf8') === `${cmd}\n`;
+    return statSync(out).mtimeMs >= inputsTime && readFileSync(stamp, 'utf8') === `${cmd}\n`;
   } catch {
     return false;
   }

@@ -337,7 +337,7 @@ describe('native build (scripts/native.ts)', () => {
   before(() => (dir = mkdtempSync(path.join(os.tmpdir(), 'mcni-native-'))));
   after(() => rmSync(dir, { recursive: true, force: true }));
 
-  it('builds once, does nothing the second time, rebuilds when the C source is touched', () => {
+  it('builds once, does nothing the second time, rebuilds when the C source is touched or cc changes', () => {
     const source = path.join(dir, 'seqpacket.c');
     const out = path.join(dir, 'out/seqpacket.node');
     copyFileSync(path.join(ROOT, 'src/ambient/native/seqpacket.c'), source);
@@ -348,6 +348,9 @@ describe('native build (scripts/native.ts)', () => {
     const later = new Date(Date.now() + 5000);
     utimesSync(source, later, later);
     assert.equal(buildNative({ root: ROOT, source, out }), true);
+    // Another compiler command: built again, then up to date with it.
+    assert.equal(buildNative({ root: ROOT, source, out, cc: 'gcc' }), true);
+    assert.equal(buildNative({ root: ROOT, source, out, cc: 'gcc' }), false);
     assert.deepEqual(
       readdirSync(path.dirname(out)).sort(),
       ['seqpacket.node', 'seqpacket.node.cmd'],
