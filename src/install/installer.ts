@@ -140,6 +140,11 @@ export class Installer implements Component {
       });
   }
 
+  /** How many times an installed binary was read to compare it with its source (binaries.ts). */
+  get binaryCompares(): number {
+    return this.#reconciler.binaryCompares;
+  }
+
   /** Resolves once no pass is running or pending: for tests and benchmarks. */
   async settled(): Promise<void> {
     while (this.#running) await this.#running;

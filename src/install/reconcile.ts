@@ -61,6 +61,11 @@ export class Reconciler {
   readonly #memory: MutableMemory = { ...emptyMemory(), originals: new Map() };
   /** Other config files as last read (filecache.ts): told of changes by the installer's watch. */
   readonly files = new FileCache();
+
+  /** How many times an installed binary was read to compare it with its source: for tests and benchmarks. */
+  get binaryCompares(): number {
+    return this.#binaries.reads;
+  }
   readonly #plan: PlanSettings;
   /** The plugin's token for the orchconfig; without one, the service-account token (run alone, in tests). */
   readonly #pluginToken: PluginTokenSource | undefined;
