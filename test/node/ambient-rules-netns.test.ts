@@ -1,5 +1,6 @@
 // Ambient rules on real iptables, both flavours, in netns this test makes (research/ambient.md
-// §4.1.1): peer <-> node <-> pod, 198.18.89.0/24 and 198.18.88.0/24, forwarding in the node netns,
+// §4.1.1): peer <-> node <-> pod, 198.18.89.0/24 and 198.18.88.0/24 (and 2001:db8:89::/64,
+// 2001:db8:88::/64 for the IPv6 run), forwarding in the node netns,
 // which stands for the host (its ipset and MESH_POSTRT). No ztunnel exists here: a python3
 // listener in the pod netns stands in for it on 15001/15006/15008 (and the app on 8080), and
 // answers each connection with "<listening port> <source address> <SO_ORIGINAL_DST>".
@@ -19,6 +20,7 @@ import {
 } from '../../src/ambient/hostrules.ts';
 import {
   applyInpod,
+  PROBE_SNAT_V6,
   removeInpod,
   type Family,
   type Flavour,
@@ -59,18 +61,25 @@ const LISTENER = `
 import selectors, socket, struct, sys
 sel = selectors.DefaultSelector()
 for p in sys.argv[1:]:
-    s = socket.socket()
-    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    s.bind(('0.0.0.0', int(p)))
-    s.listen(16)
-    sel.register(s, selectors.EVENT_READ)
+    for fam, any in ((socket.AF_INET, '0.0.0.0'), (socket.AF_INET6, '::')):
+        s = socket.socket(fam)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if fam == socket.AF_INET6:
+            s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        s.bind((any, int(p)))
+        s.listen(16)
+        sel.register(s, selectors.EVENT_READ)
 print('ready', flush=True)
 while True:
     for key, _ in sel.select():
         c, addr = key.fileobj.accept()
         try:
-            od = c.getsockopt(socket.SOL_IP, 80, 16)  # SO_ORIGINAL_DST
-            orig = '%s:%d' % (socket.inet_ntoa(od[4:8]), struct.unpack('!H', od[2:4])[0])
+            if c.family == socket.AF_INET:
+                od = c.getsockopt(socket.SOL_IP, 80, 16)  # SO_ORIGINAL_DST
+                orig = '%s:%d' % (socket.inet_ntoa(od[4:8]), struct.unpack('!H', od[2:4])[0])
+            else:
+                od = c.getsockopt(socket.IPPROTO_IPV6, 80, 28)  # IP6T_SO_ORIGINAL_DST
+                orig = '[%s]:%d' % (socket.inet_ntop(socket.AF_INET6, od[8:24]), struct.unpack('!H', od[2:4])[0])
         except OSError:
             orig = '-'
         c.sendall(('%d %s %s\\n' % (key.fileobj.getsockname()[1], addr[0], orig)).encode())
@@ -79,7 +88,7 @@ while True:
 
 const CLIENT = `
 import socket, sys
-s = socket.socket()
+s = socket.socket(socket.AF_INET6 if ':' in sys.argv[1] else socket.AF_INET)
 if int(sys.argv[3]):
     s.setsockopt(socket.SOL_SOCKET, socket.SO_MARK, int(sys.argv[3]))
 s.settimeout(5)
@@ -115,6 +124,9 @@ async function connect(ns: string, host: string, port: number, mark = 0): Promis
 
 const POD = '198.18.88.2';
 const PEER = '198.18.89.2';
+// IPv6: documentation prefixes, only ever inside the netns made here.
+const POD6 = '2001:db8:88::2';
+const PEER6 = '2001:db8:89::2';
 const UID_A = '4f6a1c2e-0000-4000-8000-00000000000a';
 const UID_B = '4f6a1c2e-0000-4000-8000-00000000000b';
 const DEFAULT: InpodOptions = { ingressMode: false, dnsCapture: false, virtualInterfaces: [] };
@@ -134,14 +146,19 @@ async function topology(d: Defer): Promise<Topology> {
   await ip(node, 'addr', 'add', '198.18.89.1/24', 'dev', 'to-peer');
   await ip(node, 'link', 'set', 'to-pod', 'up');
   await ip(node, 'link', 'set', 'to-peer', 'up');
+  await ip(node, 'addr', 'add', '2001:db8:88::1/64', 'dev', 'to-pod', 'nodad');
+  await ip(node, 'addr', 'add', '2001:db8:89::1/64', 'dev', 'to-peer', 'nodad');
   await must(['ip', 'netns', 'exec', node, 'sysctl', '-qw', 'net.ipv4.ip_forward=1']);
-  for (const [ns, addr, gw] of [
-    [pod, `${POD}/24`, '198.18.88.1'],
-    [peer, `${PEER}/24`, '198.18.89.1'],
+  await must(['ip', 'netns', 'exec', node, 'sysctl', '-qw', 'net.ipv6.conf.all.forwarding=1']);
+  for (const [ns, addr, gw, addr6, gw6] of [
+    [pod, `${POD}/24`, '198.18.88.1', `${POD6}/64`, '2001:db8:88::1'],
+    [peer, `${PEER}/24`, '198.18.89.1', `${PEER6}/64`, '2001:db8:89::1'],
   ] as const) {
     await ip(ns, 'addr', 'add', addr, 'dev', 'eth0');
+    await ip(ns, 'addr', 'add', addr6, 'dev', 'eth0', 'nodad');
     await ip(ns, 'link', 'set', 'eth0', 'up');
     await ip(ns, 'route', 'add', 'default', 'via', gw);
+    await ip(ns, '-6', 'route', 'add', 'default', 'via', gw6);
   }
   return { peer, node, pod };
 }
@@ -211,6 +228,21 @@ for (const flavour of ['nft', 'legacy'] as const) {
       // The pod's entry removed: the node's connection is captured again.
       assert.deepEqual(await removeProbeIP(runnerIn(t.node), POD, UID_A), { removed: true });
       assert.equal((await connect(t.node, POD, 8080))[0], '15006');
+    });
+
+    it('traffic matrix over IPv6: the v6 probe address, 15006, 15008, 15001, marked bypasses', async () => {
+      const t = await topology(defer);
+      await listen(t.pod, [8080, 15001, 15006, 15008], defer);
+      await listen(t.peer, [9090], defer);
+      await applyInpod(runnerIn(t.pod), flavour, [4, 6], DEFAULT);
+      await applyHost(runnerIn(t.node), flavour, [4, 6]);
+      await addProbeIP(runnerIn(t.node), POD6, UID_A);
+      assert.deepEqual((await connect(t.node, POD6, 8080)).slice(0, 2), ['8080', PROBE_SNAT_V6], 'node -> pod');
+      assert.deepEqual(await connect(t.peer, POD6, 8080), ['15006', PEER6, `[${POD6}]:8080`], 'peer -> pod');
+      assert.deepEqual((await connect(t.peer, POD6, 15008)).slice(0, 2), ['15008', PEER6], 'peer -> 15008');
+      assert.deepEqual(await connect(t.pod, PEER6, 9090), ['15001', POD6, `[${PEER6}]:9090`], 'pod -> peer');
+      assert.deepEqual((await connect(t.pod, PEER6, 9090, 1337)).slice(0, 2), ['9090', POD6], 'marked: direct');
+      assert.deepEqual((await connect(t.pod, '::1', 8080)).slice(0, 2), ['8080', '::1'], 'pod -> lo');
     });
 
     it('apply twice: no change the second time; an option change reconciled; removal leaves the others', async () => {
