@@ -23,6 +23,7 @@ import * as podnetns from '../podnetns/index.ts';
 import { scope } from '../monitoring/logging.ts';
 
 const log = scope('repair');
+const SBIN_DIRS = ['/usr/local/sbin', '/usr/sbin', '/sbin', '/usr/local/bin', '/usr/bin', '/bin'];
 
 /** Repair watches exactly the pods of this node (so it can read the node's pod watch). */
 export function repairWatchesNode(settings: Settings): boolean {
@@ -61,7 +62,8 @@ export function inPlaceFor(
   const missing = inPlaceMissing({
     selfStatusPath: '/proc/self/status',
     hostProcDir: r.hostProcDir,
-    path: settings.env.path,
+    // runInNetns searches the sbin dirs after PATH (a container's PATH may lack them): so does the check.
+    path: [settings.env.path, ...SBIN_DIRS].filter((d) => d !== '').join(':'),
     ...env,
   });
   if (!existsSync(r.validationBundle))

@@ -251,6 +251,22 @@ describe('in-place repair in the repair controller', () => {
     assert.equal((c.status() as { inPlace: string }).inPlace, 'unavailable');
   });
 
+  it('the flags: default off, paths from the host proc dir, bad values refused in one line', () => {
+    const d = buildSettings({}, {});
+    assert.equal(d.repair.repairPods, false);
+    assert.equal(d.repair.hostProcDir, '/host/proc');
+    assert.equal(d.repair.hostNetnsPath, '/host/proc/1/ns/net');
+    const e = buildSettings({}, { REPAIR_REPAIR_PODS: 'true', HOST_PROC_DIR: '/hp', HOST_NETNS_PATH: '/run/hostns' });
+    assert.equal(e.repair.repairPods, true);
+    assert.equal(e.repair.hostProcDir, '/hp');
+    assert.equal(e.repair.hostNetnsPath, '/run/hostns');
+    assert.equal(buildSettings({ 'host-proc-dir': '/p' }, {}).repair.hostNetnsPath, '/p/1/ns/net');
+    assert.throws(
+      () => buildSettings({ 'repair-repair-pods': 'maybe' }, {}),
+      /invalid value "maybe" for --repair-repair-pods: expected true or false/,
+    );
+  });
+
   it('missingCapabilities reads CapEff', () => {
     assert.deepEqual(missingCapabilities('CapEff:\t000001ffffffffff\n'), []);
     assert.deepEqual(missingCapabilities('CapEff:\t0000000000000000\n'), [
