@@ -46,6 +46,15 @@ const AMBIENT_NOT_INSTALL_REPAIR = {
     'src/ambient/ does not import src/install/ or src/repair/: ambient mode talks to ztunnel and pod netns, ' +
     'beside the installer and repair; what they share goes in a module of its own that each imports.',
 };
+// The pod-netns module (issue 16; ambient, issue 17, reuses it): the /proc scan and the nsenter
+// runner on Node built-ins alone (and the agent's logger), so both users import it and nothing
+// more comes with it.
+const PODNETNS_SELF = {
+  regex: '^(?!node:|\\./[^/]+$|\\.\\./monitoring/logging\\.ts$)',
+  message:
+    'src/podnetns/ imports only node: built-ins, its own files and ../monitoring/logging.ts: repair and ambient ' +
+    'both use it, so it does not import src/orch/, src/repair/ or src/install/ (its caller passes what it needs).',
+};
 // The bans match the path as written, so a detour they cannot see through (./../install/,
 // ../orch/../install/, ..//install/, /./) is refused in every zone: write the path normalized.
 const NORMALIZED = {
@@ -125,6 +134,7 @@ export default tseslint.config(
   zone(['src/config/**/*.ts'], [ONLY_SHARED, CONFIG_NOT_ORCH]),
   zone(['src/monitoring/**/*.ts'], [ONLY_SHARED, MONITORING_NOT_CMD]),
   zone(['src/ambient/**/*.ts'], [ONLY_SHARED, AMBIENT_NOT_INSTALL_REPAIR]),
+  zone(['src/podnetns/**/*.ts'], [ONLY_SHARED, PODNETNS_SELF]),
   zone(['cni-plugin/**/*.ts'], [NO_SRC]),
   zone(['cni-plugin/shared/**/*.ts'], [NO_SRC, SHARED_SELF]),
   zone(['cni-plugin/redirect/**/*.ts'], [NO_SRC, REDIRECT_SELF]),
