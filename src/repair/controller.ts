@@ -23,7 +23,9 @@
 // A pod repaired in place that breaks again (a new failed run of its validation container) is
 // not repaired in place again: it goes straight to 2/3 with reason repair_did_not_hold. Repeated
 // in-place repairs would hide exactly what Istio's users could not see (istio/istio#56587,
-// #57332: "repaired" claimed while validation kept failing). Missing capabilities (checked once
+// #57332: "repaired" claimed while validation kept failing). A pod with restartPolicy Never is not
+// repaired in place at all (will_not_restart): its init container never runs again, so only
+// label/delete can help it (istio/istio#49210). Missing capabilities (checked once
 // at start-up, index.ts) turn in-place repair off for the process: reason no_capability per pod.
 //
 // The watch is not the controller's: the agent's wiring hands it the node's pod watch, or one of
@@ -344,7 +346,15 @@ export class RepairController implements Component {
    * or in-place repair unavailable); failures are counted here, once per pod and state.
    */
   #startInPlace(uid: string, rec: BrokenPod, f: Record<string, unknown>): void {
-    if (this.#provenInPlace.has(uid)) {
+    if (rec.pod.spec?.restartPolicy === 'Never') {
+      // Its failed init container never runs again (the pod is Failed): rules programmed now let
+      // nothing start, and a proof would claim a repair that changes nothing (istio/istio#49210).
+      this.#inPlaceFailed(rec, {
+        reason: 'will_not_restart',
+        detail:
+          'restartPolicy Never: the validation container does not run again, so the pod cannot be repaired in place',
+      });
+    } else if (this.#provenInPlace.has(uid)) {
       this.#inPlaceFailed(rec, {
         reason: 'repair_did_not_hold',
         detail: 'the pod was repaired in place and proven before, and its validation container failed again',

@@ -29,7 +29,13 @@ import { MIRROR_ANNOTATION } from '../../cni-plugin/shared/poduid.ts';
 import { AnnotationError, specForPod, type PodLike, type RedirectSpec } from '../../cni-plugin/redirect/spec.ts';
 
 export type InPlaceReason =
-  'no_netns' | 'ip_mismatch' | 'rules_failed' | 'proof_failed' | 'repair_did_not_hold' | 'no_capability';
+  | 'no_netns'
+  | 'ip_mismatch'
+  | 'rules_failed'
+  | 'proof_failed'
+  | 'repair_did_not_hold'
+  | 'no_capability'
+  | 'will_not_restart';
 
 export type InPlaceResult =
   | { readonly ok: true; readonly detail: string }

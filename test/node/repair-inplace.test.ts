@@ -134,14 +134,18 @@ describe('in-place repair in the repair controller', () => {
     [true, true, true, [fail('ip_mismatch', true)], 'labelled+deleted', 'falls through to both'],
     [true, false, false, [fail('rules_failed', false)], 'reported', 'neither configured: reported, never silent'],
     [false, true, false, [OK], 'labelled', 'off: label as before, the repairer never called'],
+    [true, true, false, [fail('will_not_restart', true)], 'labelled', 'restartPolicy Never: not tried in place'],
     [false, false, true, [OK], 'deleted', 'off: delete as before'],
   ];
 
   for (const [on, label, del, outcomes, expect, title] of TABLE) {
     it(`repair ${on ? 'on' : 'off'}, label ${label ? 'on' : 'off'}, delete ${del ? 'on' : 'off'}: ${title}`, async () => {
       s = await startTestApiServer({ bookmarkIntervalMs: 200 });
-      s.upsertPod(brokenPod('p-0'));
-      const fake = new FakeInPlace({ 'p-0': outcomes });
+      const never = outcomes.some((o) => !o.ok && o.reason === 'will_not_restart');
+      const p = brokenPod('p-0');
+      s.upsertPod(never ? { ...p, spec: { ...p.spec!, restartPolicy: 'Never' } } : p);
+      // A restartPolicy Never pod never reaches the repairer: its script is that it must not be called.
+      const fake = new FakeInPlace({ 'p-0': never ? [] : outcomes });
       const reason = outcomes.find((o) => !o.ok) as { reason: string } | undefined;
       const before = {
         ok: await repaired('repair', 'success'),
@@ -176,14 +180,15 @@ describe('in-place repair in the repair controller', () => {
         assert.equal((c.status() as { inPlace: string }).inPlace, 'off');
         return;
       }
-      const attempts = finalOutcome.ok === false && !finalOutcome.final ? FAST.maxAttempts! : 1;
+      const attempts = never ? 0 : finalOutcome.ok === false && !finalOutcome.final ? FAST.maxAttempts! : 1;
       assert.equal(fake.count('p-0'), attempts, 'in-place attempts before falling through');
       assert.equal((await repaired('repair', 'fail')) - before.failed, 1, 'one fall-through per pod');
       assert.equal((await failures(reason!.reason)) - before.reason, 1, `failures{reason=${reason!.reason}}`);
       const evs = eventsOf('p-0');
       assert.equal(evs.length, 1, JSON.stringify(evs.map((e) => e.reason)));
       assert.equal(evs[0]!.type, 'Warning');
-      assert.match(evs[0]!.message ?? '', new RegExp(`in-place repair failed \\(${reason!.reason}: fake`));
+      const detail = never ? 'restartPolicy Never' : 'fake';
+      assert.match(evs[0]!.message ?? '', new RegExp(`in-place repair failed \\(${reason!.reason}: ${detail}`));
       if (expect === 'reported') {
         assert.ok(!labelled('p-0') && !gone('p-0'));
         assert.ok(logs.some((l) => /stays broken/.test(l) && l.includes('p-0')));
