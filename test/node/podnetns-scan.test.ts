@@ -289,6 +289,25 @@ describe('findPodNetns over a fake /proc', () => {
     assert.match(after.error ?? '', /is closed; find it again/);
   });
 
+  it('a long /proc is read in batches: the event loop turns meanwhile (the agent answers lookups)', async () => {
+    const p = fakeProc();
+    for (let pid = 1000; pid < 1640; pid++)
+      p.add({ pid, cgroup: cgroupV2('/system.slice/x.service'), starttime: pid, netns: null });
+    let turns = 0;
+    let scanning = true;
+    const spin = () => {
+      if (!scanning) return;
+      turns++;
+      setImmediate(spin);
+    };
+    setImmediate(spin);
+    const r = await findPodNetns(UID, [POD_IP], opts(p));
+    scanning = false;
+    assert.equal(r.ok, false);
+    assert.match((r as { detail: string }).detail, /\(640 processes under/);
+    assert.ok(turns >= 9, `the event loop turned ${turns} times during a scan of 640 processes`);
+  });
+
   it('1,000 find+close cycles leave the open fd count where it was', async () => {
     const pod = netnsWith('pod', [POD_IP]);
     const visited = netnsWith('visited', ['198.18.42.7']);
