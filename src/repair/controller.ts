@@ -420,7 +420,7 @@ export class RepairController implements Component {
   #giveUp(uid: string, attempts: number): void {
     const rec = this.#records.get(uid);
     if (!rec) return;
-    const step = rec.lastError?.step ?? 'label';
+    const step = rec.lastError?.step ?? (rec.inPlace === 'pending' ? 'repair' : 'label');
     this.#counts.gaveUp++;
     repairFailures.inc({ type: step, reason: 'gave_up' });
     if (step === 'label' || step === 'delete') podsRepaired.inc({ type: step, result: 'fail' });
@@ -447,7 +447,8 @@ export class RepairController implements Component {
       // are what is left, so the pod is never broken and silent.
       rec.evented = true;
       log.error(
-        'cannot repair broken pod in place, and neither --repair-label-pods nor --repair-delete-pods is on: it stays broken',
+        'cannot repair broken pod in place, and neither --repair-label-pods nor --repair-delete-pods is on: ' +
+          'it stays broken',
         { ...f, reason: rec.inPlaceFailure?.reason, error: rec.inPlaceFailure?.detail },
       );
       this.#sendEvent(ctx, pod, this.#inPlaceEvent(pod, rec), signal);

@@ -139,7 +139,8 @@ describe('in-place repair in the repair controller', () => {
   ];
 
   for (const [on, label, del, outcomes, expect, title] of TABLE) {
-    it(`repair ${on ? 'on' : 'off'}, label ${label ? 'on' : 'off'}, delete ${del ? 'on' : 'off'}: ${title}`, async () => {
+    const onOff = (b: boolean) => (b ? 'on' : 'off');
+    it(`repair ${onOff(on)}, label ${onOff(label)}, delete ${onOff(del)}: ${title}`, async () => {
       s = await startTestApiServer({ bookmarkIntervalMs: 200 });
       const never = outcomes.some((o) => !o.ok && o.reason === 'will_not_restart');
       const p = brokenPod('p-0');
