@@ -41,8 +41,8 @@ export async function hostNetnsId(hostNetnsPath: string): Promise<NsId> {
   let st;
   try {
     st = await fsp.stat(hostNetnsPath, { bigint: true });
-    const fs = await fsp.statfs(hostNetnsPath, { bigint: true });
-    if (fs.type !== NSFS_MAGIC) throw new Error('not a namespace file');
+    const sfs = await fsp.statfs(hostNetnsPath, { bigint: true });
+    if (sfs.type !== NSFS_MAGIC) throw new Error('not a namespace file');
   } catch (e) {
     throw new Error(
       `cannot use ${hostNetnsPath} (--host-netns-path) as the host netns: ${(e as Error).message}; ${fix}`,
@@ -57,20 +57,24 @@ export async function hostNetnsId(hostNetnsPath: string): Promise<NsId> {
 /**
  * Opens a candidate through its processes, oldest first. The fd's identity must be the one the
  * scan stat'ed: a process that exited (its pid maybe reused) or moved to another netns since is
- * passed over, never misread. null: none of them still is in it.
+ * passed over, never misread. null: none of them still is in it; a string: why it could not be
+ * opened, when that was not the process being gone (EACCES without CAP_SYS_PTRACE...).
  */
-async function openCandidate(procDir: string, c: Candidate, host: NsId): Promise<HeldNetns | null> {
+async function openCandidate(procDir: string, c: Candidate, host: NsId): Promise<HeldNetns | string | null> {
+  let why: string | null = null;
   for (const pid of c.pids) {
     let ns: HeldNetns;
     try {
       ns = await openNetns(path.join(procDir, String(pid), 'ns', 'net'), pid);
-    } catch {
-      continue; // gone, or no longer ours to open: the next process of the same netns
+    } catch (e) {
+      const code = (e as NodeJS.ErrnoException).code;
+      if (code !== 'ENOENT' && code !== 'ESRCH') why ??= (e as Error).message;
+      continue; // the next process of the same netns
     }
     if (sameNs(ns, c.netns) && !sameNs(ns, host)) return ns;
     ns.close();
   }
-  return null;
+  return why;
 }
 
 const scanSummary = (procDir: string, s: ScanResult, inHost: number): string => {
@@ -97,6 +101,10 @@ export async function findPodNetns(uid: string, podIPs: readonly string[], opts:
       for (const c of candidates) {
         const ns = await openCandidate(opts.hostProcDir, c, host);
         if (ns === null) continue;
+        if (typeof ns === 'string') {
+          looked.set(nsKey(c.netns), { pid: c.pids[0]!, openError: ns });
+          continue;
+        }
         held.set(nsKey(ns), ns);
         try {
           looked.set(nsKey(ns), { pid: ns.pid, addresses: await netnsAddresses(ns) });

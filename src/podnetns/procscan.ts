@@ -166,9 +166,15 @@ export function planCandidates(
   return { candidates, inHost };
 }
 
-/** What looking inside one candidate netns gave; absent from the map: it could not be opened (gone). */
+/**
+ * What looking inside one candidate netns gave: its addresses, or why they could not be listed,
+ * or why it could not be opened at all (not gone: EACCES without CAP_SYS_PTRACE...). Absent from
+ * the map: gone before it could be opened.
+ */
 export type Looked =
-  { readonly pid: number; readonly addresses: readonly string[] } | { readonly pid: number; readonly error: string };
+  | { readonly pid: number; readonly addresses: readonly string[] }
+  | { readonly pid: number; readonly error: string }
+  | { readonly pid: number; readonly openError: string };
 
 export type Choice =
   | { readonly ok: true; readonly netns: NsId; readonly pid: number }
@@ -197,16 +203,24 @@ export function chooseNetns(
     };
   }
   const seen: string[] = [];
+  const unopened: string[] = [];
   for (const c of candidates) {
     const l = looked.get(nsKey(c.netns));
     if (l === undefined) continue;
     const where = `netns inode ${c.netns.ino} (pid ${l.pid})`;
+    if ('openError' in l) {
+      unopened.push(`${where}: ${l.openError}`);
+      continue;
+    }
     if ('error' in l) {
       seen.push(`${where}: ${l.error}`);
       continue;
     }
     if (l.addresses.some((a) => want.includes(a))) return { ok: true, netns: c.netns, pid: l.pid };
     seen.push(`${where} holds ${l.addresses.length ? l.addresses.join(', ') : 'no address'}`);
+  }
+  if (seen.length === 0 && unopened.length > 0) {
+    return { ok: false, reason: 'no_netns', detail: `the pod's netns could not be opened: ${unopened.join('; ')}` };
   }
   if (seen.length === 0) {
     const detail =

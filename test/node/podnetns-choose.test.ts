@@ -28,7 +28,7 @@ const proc = (pid: number, starttime: number, netns: NsId): PodProcess => ({
 });
 
 /** What is on the interfaces of each netns, by inode; an Error: looking failed; absent: it was gone. */
-type World = Record<number, string[] | Error>;
+type World = Record<number, string[] | Error | { openError: string }>;
 
 /** The whole choice, as findPodNetns makes it, with `world` standing for opening and looking. */
 function decide(processes: PodProcess[], world: World, podIPs: string[]): Choice & { looked?: string[] } {
@@ -36,11 +36,11 @@ function decide(processes: PodProcess[], world: World, podIPs: string[]): Choice
   const looked = new Map<string, Looked>();
   for (const c of candidates) {
     const w = world[Number(c.netns.ino)];
+    const pid = c.pids[0]!;
     if (w === undefined) continue;
-    looked.set(
-      nsKey(c.netns),
-      w instanceof Error ? { pid: c.pids[0]!, error: w.message } : { pid: c.pids[0]!, addresses: w },
-    );
+    if (w instanceof Error) looked.set(nsKey(c.netns), { pid, error: w.message });
+    else if (Array.isArray(w)) looked.set(nsKey(c.netns), { pid, addresses: w });
+    else looked.set(nsKey(c.netns), { pid, openError: w.openError });
   }
   return chooseNetns(candidates, looked, podIPs);
 }
@@ -150,6 +150,20 @@ const TABLE: [
     {},
     [POD_IP],
     { reason: 'no_netns', detail: /the pod's 2 netns were gone before they could be opened/ },
+  ],
+  [
+    'a netns that could not be opened (not gone: no CAP_SYS_PTRACE): no_netns with the error, not ip_mismatch',
+    [proc(300, 800, SANDBOX)],
+    { 2001: { openError: "EACCES: permission denied, open '/host/proc/300/ns/net'" } },
+    [POD_IP],
+    { reason: 'no_netns', detail: /the pod's netns could not be opened: netns inode 2001 \(pid 300\): EACCES/ },
+  ],
+  [
+    'one netns unopenable, another holding the IP: that one',
+    [proc(250, 50, VISITED), proc(300, 800, SANDBOX)],
+    { 2002: { openError: 'EACCES' }, 2001: SANDBOX_ADDRS },
+    [POD_IP],
+    { pid: 300, ino: 2001 },
   ],
   [
     'the oldest netns gone, the next holds the IP: that one',

@@ -6,6 +6,8 @@
 import assert from 'node:assert/strict';
 import { spawnSync } from 'node:child_process';
 import { closeSync, fstatSync, openSync, readdirSync, readlinkSync, statSync } from 'node:fs';
+import { once } from 'node:events';
+import net from 'node:net';
 import path from 'node:path';
 import { describe, it } from 'node:test';
 import { findPodNetns, runInNetns, type FindResult, type PodNetnsOptions } from '../../src/podnetns/index.ts';
@@ -230,6 +232,21 @@ describe('findPodNetns over a fake /proc', () => {
     assert.match(r.detail, /0 of the pod, 0 of them in the host netns, 2 exited during the scan, 2 unreadable: /);
     assert.match(r.detail, /\/102\/stat has no start time \(field 22\)/);
     assert.match(r.detail, /\/103\/cgroup is longer than 65536 bytes/);
+  });
+
+  it('a netns link that stats but cannot be opened (a socket here; EACCES without CAP_SYS_PTRACE): no_netns saying why', async () => {
+    const p = fakeProc();
+    const sock = path.join(p.dir, 'not-a-netns.sock');
+    const server = net.createServer().listen(sock);
+    await once(server, 'listening');
+    defer(async () => server.close());
+    p.add({ pid: 100, cgroup: cgroupV2(kubepodsPath(UID, SANDBOX_CID)), starttime: 200, netns: sock });
+    const before = openFds();
+    const r = await find(UID, [POD_IP], opts(p));
+    assert.ok(!r.ok);
+    assert.equal(r.reason, 'no_netns');
+    assert.match(r.detail, /the pod's netns could not be opened: netns inode \d+ \(pid 100\): ENXIO/);
+    assert.equal(openFds(), before);
   });
 
   it('an unreadable or wrong --host-netns-path rejects, naming the flag (never a guess)', async () => {
