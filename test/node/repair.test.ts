@@ -120,7 +120,7 @@ describe('repair controller end to end', () => {
     s.upsertPod(brokenPod('elsewhere-0', { node: 'node-b' }));
     s.upsertPod(testPod('healthy-0', { initExitCode: 0 }));
     s.upsertPod(brokenPod('plain-0', { meshed: false }));
-    const before = await metric('mesh_cni_repair_pods_repaired_total', { type: 'label' });
+    const before = await metric('mesh_cni_repair_pods_repaired_total', { type: 'label', result: 'success' });
     const c = await start({ 'repair-label-pods': true });
     assert.equal(c.mode, 'label');
     await waitFor(
@@ -169,7 +169,10 @@ describe('repair controller end to end', () => {
     assert.equal(ev.involvedObject.uid, s.getPod('shop', 'web-last')!.metadata!.uid);
     assert.equal(ev.reason, 'MeshCniRepairLabelled');
     assert.match(ev.message ?? '', /mesh-validation.*exit code 126.*labelled cni.mesh.io\/uninitialized=true/);
-    assert.equal((await metric('mesh_cni_repair_pods_repaired_total', { type: 'label' })) - before, 5);
+    assert.equal(
+      (await metric('mesh_cni_repair_pods_repaired_total', { type: 'label', result: 'success' })) - before,
+      5,
+    );
     const st2 = c.status() as { counts: { labelled: number; seenBroken: number } };
     assert.equal(st2.counts.labelled, 5);
     assert.equal(st2.counts.seenBroken, 5);
@@ -191,6 +194,7 @@ describe('repair controller end to end', () => {
     await c.stop('SIGTERM');
     // Delete mode with the base rights is refused (403): deleting is opt-in.
     s.upsertPod(brokenPod('rbac-1'));
+    const failedBefore = await metric('mesh_cni_repair_pods_repaired_total', { type: 'delete', result: 'fail' });
     const d = await start({ 'repair-delete-pods': true }, FAST, agentToken);
     await waitFor('the refused delete of rbac-1', () =>
       s.requests.some((r) => r.method === 'DELETE' && r.path.endsWith('/rbac-1') && r.status === 403),
@@ -200,6 +204,11 @@ describe('repair controller end to end', () => {
       () => (d.status() as { counts: { gaveUp: number } }).counts.gaveUp >= 1,
     );
     assert.ok(s.getPod('default', 'rbac-1'));
+    assert.equal(
+      (await metric('mesh_cni_repair_pods_repaired_total', { type: 'delete', result: 'fail' })) - failedBefore,
+      (d.status() as { counts: { gaveUp: number } }).counts.gaveUp,
+      'each delete given up (rbac-0 and rbac-1) counts as result fail',
+    );
     await d.stop('SIGTERM');
     s.setRules(agentToken, [...rules, { verbs: ['delete'], apiGroups: [''], resources: ['pods'] }]);
     s.upsertPod(brokenPod('rbac-2'));
