@@ -2,9 +2,10 @@
 // files the scan reads, `cgroup`, `stat` and `ns/net`, the last a symbolic link to a real netns
 // file (`ip netns add`'s /run/netns/<name>, or /proc/self/ns/net for "the host's"), so the scan
 // opens and enters real namespaces while every process in the tree is made up.
-// Kubelet-shaped cgroups for real processes: test/helpers/kubepods.ts.
+// A cgroup dir of any shape under one hierarchy for a real process: TestCgroup. Kubelet-shaped
+// dirs in every v1 hierarchy at once (what podman with --cgroup-parent makes): test/helpers/kubepods.ts.
 
-import { mkdirSync, mkdtempSync, rmSync, symlinkSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdirSync, mkdtempSync, rmdirSync, rmSync, symlinkSync, writeFileSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 
@@ -63,5 +64,55 @@ export class FakeProc {
 
   remove(): void {
     rmSync(this.dir, { recursive: true, force: true });
+  }
+}
+
+/**
+ * A cgroup dir made for a test under one hierarchy's mount (`/sys/fs/cgroup/unified` for the v2
+ * line of a hybrid machine, `/sys/fs/cgroup/systemd` for systemd's v1 one...), at `rel` below it:
+ * any shape (a systemd slice path, kubepods), made with every missing parent. remove() takes the
+ * dirs it made away, deepest first, once the processes moved in are gone (rmdir refuses a busy one:
+ * retried for up to `waitMs`); a parent someone else made stays.
+ */
+export class TestCgroup {
+  readonly dir: string;
+  /** The path /proc/<pid>/cgroup shows for a process in it (relative to the hierarchy's root). */
+  readonly cgroupPath: string;
+  readonly #made: string[] = [];
+  constructor(mount: string, rel: string) {
+    this.dir = path.join(mount, rel);
+    this.cgroupPath = '/' + path.relative(mount, this.dir);
+    let d = this.dir;
+    const missing: string[] = [];
+    while (d !== mount && !existsSync(d)) {
+      missing.unshift(d);
+      d = path.dirname(d);
+    }
+    for (const m of missing) {
+      mkdirSync(m);
+      this.#made.push(m);
+    }
+  }
+
+  /** Moves `pid` (all its threads) in. */
+  addPid(pid: number): void {
+    writeFileSync(path.join(this.dir, 'cgroup.procs'), String(pid));
+  }
+
+  async remove(waitMs = 5000): Promise<void> {
+    const deadline = Date.now() + waitMs;
+    for (const d of [...this.#made].reverse()) {
+      for (;;) {
+        try {
+          rmdirSync(d);
+          break;
+        } catch (e) {
+          if ((e as NodeJS.ErrnoException).code === 'ENOENT') break;
+          if (Date.now() > deadline)
+            throw new Error(`cannot remove cgroup dir ${d}: ${(e as Error).message}`, { cause: e });
+          await new Promise((r) => setTimeout(r, 50));
+        }
+      }
+    }
   }
 }

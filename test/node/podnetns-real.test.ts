@@ -8,17 +8,21 @@
 import assert from 'node:assert/strict';
 import { spawn, type ChildProcess } from 'node:child_process';
 import { randomUUID } from 'node:crypto';
-import { statSync } from 'node:fs';
+import { existsSync, readFileSync, statSync } from 'node:fs';
+import path from 'node:path';
 import { describe, it } from 'node:test';
 import { findPodNetns, runInNetns, type PodNetnsOptions } from '../../src/podnetns/index.ts';
 import { cleanupAfterEach } from '../helpers/cleanup.ts';
-import { placeInPodCgroup, podCgroupDirs, removePodCgroups } from '../helpers/kubepods.ts';
+import { cgroupMounts, placeInPodCgroup, podCgroupDirs, removePodCgroups } from '../helpers/kubepods.ts';
 import { Netns } from '../helpers/netns.ts';
+import { TestCgroup } from '../helpers/podproc.ts';
 import { eventually } from '../helpers/poll.ts';
 
 const OPTS: PodNetnsOptions = { hostProcDir: '/proc', hostNetnsPath: '/proc/self/ns/net' };
 const POD_IP = '198.18.60.7';
 const SANDBOX_CID = '5a'.repeat(32);
+/** The top of this suite's own cgroup dirs made outside kubepods (removed after each test). */
+const V2_TOP = `mcni-podnetns-${process.pid}`;
 
 const defer = cleanupAfterEach();
 /** The pod UIDs made here, checked for left-over cgroup dirs at the end. */
@@ -98,8 +102,34 @@ describe('findPodNetns on the real /proc', () => {
     );
   });
 
+  it('finds a process in a systemd-driver slice (containerd, burstable) of the cgroup v2 hierarchy', async () => {
+    const uid = randomUUID();
+    const v2 = cgroupMounts().find((m) => existsSync(path.join(m, 'cgroup.controllers')));
+    assert.ok(v2, 'no cgroup v2 hierarchy mounted');
+    const slice = `kubepods-burstable-pod${uid.replaceAll('-', '_')}.slice`;
+    const cg = new TestCgroup(
+      v2,
+      `${V2_TOP}/kubepods.slice/kubepods-burstable.slice/${slice}/cri-containerd-${SANDBOX_CID}.scope`,
+    );
+    defer(() => cg.remove());
+    const ns = new Netns('real');
+    defer(async () => ns.remove());
+    ns.exec(['ip', 'link', 'add', 'eth0', 'type', 'veth', 'peer', 'name', 'peer0']);
+    ns.exec(['ip', 'addr', 'add', `${POD_IP}/24`, 'dev', 'eth0']);
+    const sandbox = start(['ip', 'netns', 'exec', ns.name, 'sleep', '300']);
+    cg.addPid(sandbox.pid);
+    await eventually(() => nsIno(`/proc/${sandbox.pid}/ns/net`) === nsIno(ns.path), 'the sandbox in its netns');
+    assert.match(readFileSync(`/proc/${sandbox.pid}/cgroup`, 'utf8'), new RegExp(`^0::${cg.cgroupPath}$`, 'm'));
+    const r = await findPodNetns(uid, [POD_IP], OPTS);
+    assert.ok(r.ok, r.ok ? '' : `${r.reason}: ${r.detail}`);
+    defer(async () => r.netns.close());
+    assert.equal(r.netns.pid, sandbox.pid);
+    assert.equal(r.netns.ino, nsIno(ns.path));
+  });
+
   it('no cgroup dir of the pods made here is left in any hierarchy', () => {
     assert.equal(made.length, 2);
     for (const uid of made) assert.deepEqual(podCgroupDirs(uid), [], uid);
+    for (const m of cgroupMounts()) assert.equal(existsSync(path.join(m, V2_TOP)), false, path.join(m, V2_TOP));
   });
 });
