@@ -91,26 +91,26 @@ const scanSummary = (procDir: string, s: ScanResult, inHost: number): string => 
  */
 export async function findPodNetns(uid: string, podIPs: readonly string[], opts: PodNetnsOptions): Promise<FindResult> {
   const host = await hostNetnsId(opts.hostNetnsPath);
+  // No IP to look for (fail closed: ip_mismatch): nothing is scanned, opened or entered.
+  const none = canonicalPodIps(podIPs).length === 0 ? chooseNetns([], new Map(), podIPs) : null;
+  if (none && !none.ok) return { ok: false, reason: none.reason, detail: `pod ${uid}: ${none.detail}` };
   const scan = await scanPodProcesses(opts.hostProcDir, uid.toLowerCase());
   const { candidates, inHost } = planCandidates(scan.processes, host);
   const held = new Map<string, HeldNetns>();
   try {
     const looked = new Map<string, Looked>();
-    // No IP to look for: nothing is opened or entered.
-    if (canonicalPodIps(podIPs).length > 0) {
-      for (const c of candidates) {
-        const ns = await openCandidate(opts.hostProcDir, c, host);
-        if (ns === null) continue;
-        if (typeof ns === 'string') {
-          looked.set(nsKey(c.netns), { pid: c.pids[0]!, openError: ns });
-          continue;
-        }
-        held.set(nsKey(ns), ns);
-        try {
-          looked.set(nsKey(ns), { pid: ns.pid, addresses: await netnsAddresses(ns) });
-        } catch (e) {
-          looked.set(nsKey(ns), { pid: ns.pid, error: (e as Error).message });
-        }
+    for (const c of candidates) {
+      const ns = await openCandidate(opts.hostProcDir, c, host);
+      if (ns === null) continue;
+      if (typeof ns === 'string') {
+        looked.set(nsKey(c.netns), { pid: c.pids[0]!, openError: ns });
+        continue;
+      }
+      held.set(nsKey(ns), ns);
+      try {
+        looked.set(nsKey(ns), { pid: ns.pid, addresses: await netnsAddresses(ns) });
+      } catch (e) {
+        looked.set(nsKey(ns), { pid: ns.pid, error: (e as Error).message });
       }
     }
     const choice = chooseNetns(candidates, looked, podIPs);
