@@ -60,7 +60,7 @@ export async function hostNetnsId(hostNetnsPath: string): Promise<NsId> {
  * passed over, never misread. null: none of them still is in it; a string: why it could not be
  * opened, when that was not the process being gone (EACCES without CAP_SYS_PTRACE...).
  */
-async function openCandidate(procDir: string, c: Candidate, host: NsId): Promise<HeldNetns | string | null> {
+export async function openCandidate(procDir: string, c: Candidate, host: NsId): Promise<HeldNetns | string | null> {
   let why: string | null = null;
   for (const pid of c.pids) {
     let ns: HeldNetns;

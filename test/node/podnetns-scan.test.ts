@@ -10,6 +10,7 @@ import { once } from 'node:events';
 import net from 'node:net';
 import path from 'node:path';
 import { describe, it } from 'node:test';
+import { openCandidate } from '../../src/podnetns/find.ts';
 import { findPodNetns, runInNetns, type FindResult, type PodNetnsOptions } from '../../src/podnetns/index.ts';
 import { cleanupAfterEach } from '../helpers/cleanup.ts';
 import { Netns } from '../helpers/netns.ts';
@@ -247,6 +248,38 @@ describe('findPodNetns over a fake /proc', () => {
     assert.equal(r.reason, 'no_netns');
     assert.match(r.detail, /the pod's netns could not be opened: netns inode \d+ \(pid 100\): ENXIO/);
     assert.equal(openFds(), before);
+  });
+
+  it('a netns swapped after the scan stat it (pid reused, process moved) is passed over, never misread', async () => {
+    const a = netnsWith('a', [POD_IP]);
+    const b = netnsWith('b', [POD_IP]);
+    // The scan saw pid 100 in netns a; by the time it is opened, pid 100's ns/net leads to b.
+    const p = fakeProc().add({
+      pid: 100,
+      cgroup: cgroupV2(kubepodsPath(UID, SANDBOX_CID)),
+      starttime: 200,
+      netns: b.path,
+    });
+    const host = { dev: statSync(HOST_NETNS, { bigint: true }).dev, ino: inode(HOST_NETNS) };
+    const id = { dev: statSync(a.path, { bigint: true }).dev, ino: inode(a.path) };
+    const before = openFds();
+    assert.equal(await openCandidate(p.dir, { netns: id, pids: [100], starttime: 200n }, host), null);
+    assert.equal(openFds(), before, 'the fd opened on b is closed');
+    // The next process of the same netns, still in it, is the one it is held through.
+    p.add({ pid: 101, cgroup: cgroupV2(kubepodsPath(UID, APP_CID)), starttime: 300, netns: a.path });
+    const held = await openCandidate(p.dir, { netns: id, pids: [100, 101], starttime: 200n }, host);
+    assert.ok(held && typeof held !== 'string');
+    defer(async () => held.close());
+    assert.deepEqual([held.pid, held.ino], [101, id.ino]);
+    // A process that moved to the host netns since: passed over too.
+    const hostNow = fakeProc().add({
+      pid: 100,
+      cgroup: cgroupV2(kubepodsPath(UID, SANDBOX_CID)),
+      starttime: 1,
+      netns: HOST_NETNS,
+    });
+    assert.equal(await openCandidate(hostNow.dir, { netns: host, pids: [100], starttime: 1n }, host), null);
+    assert.equal(openFds(), before + 1);
   });
 
   it('an unreadable or wrong --host-netns-path rejects, naming the flag (never a guess)', async () => {
