@@ -4,7 +4,9 @@
 // runs. Root (ip netns add).
 
 import assert from 'node:assert/strict';
-import { closeSync, openSync, readFileSync, readlinkSync, statSync } from 'node:fs';
+import { closeSync, mkdtempSync, openSync, readFileSync, readlinkSync, rmSync, statSync, writeFileSync } from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
 import { describe, it } from 'node:test';
 import { openNetns, type HeldNetns } from '../../src/podnetns/held.ts';
 import { MAX_OUTPUT, runInNetns } from '../../src/podnetns/run.ts';
@@ -51,6 +53,22 @@ describe('runInNetns', () => {
     // (fds the agent itself inherited without close-on-exec, as from a test harness, pass on.)
     const leaked = fds.map(Number).filter((fd) => fd !== 3 && [netns.fd, ...mine].includes(fd));
     assert.deepEqual(leaked, [], 'no other fd of the agent, not even the netns under its own number');
+  });
+
+  it("programs are looked up on the agent's PATH first, then in the sbin dirs", async () => {
+    const { netns } = await held();
+    const shims = mkdtempSync(path.join(os.tmpdir(), 'mcni-podnetns-shim-'));
+    defer(async () => rmSync(shims, { recursive: true, force: true }));
+    writeFileSync(path.join(shims, 'ip'), '#!/bin/sh\necho shim "$@"\n', { mode: 0o755 });
+    const saved = process.env.PATH;
+    defer(async () => void (process.env.PATH = saved));
+    process.env.PATH = `${shims}:${saved ?? ''}`;
+    assert.equal((await runInNetns(netns, ['ip', 'link'])).stdout, 'shim link\n');
+    // A PATH without the sbin dirs (a container's): ip and nsenter are still found.
+    process.env.PATH = '/nonexistent';
+    const r = await runInNetns(netns, ['ip', '-br', 'link', 'show', 'eth0']);
+    assert.equal(r.code, 0, r.stderr + (r.error ?? ''));
+    assert.match(r.stdout, /^eth0@peer0 /);
   });
 
   it('input goes to stdin; stdout and stderr come back; a non-zero exit is a result, not a throw', async () => {
