@@ -102,6 +102,27 @@ export interface RepairSettings {
   readonly validationBundle: string;
 }
 
+/**
+ * Ambient mode's node dataplane (issue 17, src/ambient/dataplane.ts). Defaults only for now: the
+ * flags come with the agent's ambient wiring (--ambient-enabled is still refused above).
+ */
+export interface AmbientSettings {
+  readonly enabled: boolean;
+  /** --ztunnel-uds-address: the ZDS socket ztunnel connects to. */
+  readonly ztunnelUdsAddress: string;
+  /** --ambient-dns-capture: DNS to ztunnel in every ambient pod (a pod annotation may override). */
+  readonly dnsCapture: boolean;
+  /** --ambient-reconcile-pod-rules-on-startup: re-program the in-pod rules of enrolled pods at start. */
+  readonly reconcilePodRulesOnStartup: boolean;
+  /** --host-probe-snat-ip(v6): the node's probes to enrolled pods are SNATed to these. */
+  readonly hostProbeSnatIp: string;
+  readonly hostProbeSnatIpv6: string;
+  /** Host probe rules and ipset for IPv6 too. */
+  readonly ipv6: boolean;
+  /** Where the host's / is mounted: the plugin's CNI netns path is opened under it. */
+  readonly hostRoot: string;
+}
+
 /** How the agent itself talks to the API server (README "Fleet scale"). */
 export interface OrchSettings {
   /** Client-side rate limit of the agent's list, watch, GET and TokenRequest calls (one bucket per agent). */
@@ -144,6 +165,7 @@ export interface EnvironmentFacts {
 export interface Settings {
   readonly install: InstallSettings;
   readonly repair: RepairSettings;
+  readonly ambient: AmbientSettings;
   readonly logging: LoggingSettings;
   readonly orch: OrchSettings;
   readonly monitoring: { readonly port: number };
@@ -553,6 +575,16 @@ export function buildSettings(flags: RawFlags, env: Env, cwd: string = process.c
   const settings: Settings = {
     install,
     repair,
+    ambient: {
+      enabled: false,
+      ztunnelUdsAddress: '/var/run/ztunnel/ztunnel.sock',
+      dnsCapture: false,
+      reconcilePodRulesOnStartup: true,
+      hostProbeSnatIp: '169.254.7.127',
+      hostProbeSnatIpv6: 'fd16:9254:7127:1337:ffff:ffff:ffff:ffff',
+      ipv6: true,
+      hostRoot: '/host',
+    },
     orch,
     logging,
     monitoring: { port: int('monitoring-port', 0, 65535) },
