@@ -6,7 +6,7 @@
 //   reaction REACTIONS times, one pod's status turns broken: time until its label patch arrives
 //   idle     RSS with WATCHED pods watched
 //   in-place INPLACE_PODS broken pods that run (netns + a process in a kubelet-shaped cgroup,
-//            lib/netns-pods.ts): time until the agent repaired them all in place
+//            test/helpers/kubepods.ts): time until the agent repaired them all in place
 //            (--repair-repair-pods) and its CPU time (/proc/<pid>/stat, its own and its
 //            children's: nsenter, iptables, the proof), against the same agent deleting the same
 //            pods (--repair-delete-pods); the floor is one pod's iptables-save + iptables-restore +
@@ -23,7 +23,7 @@ import * as esbuild from 'esbuild';
 import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
 import { copyFileSync, existsSync, readFileSync } from 'node:fs';
 import { mkdtemp, mkdir, rm } from 'node:fs/promises';
-import os from 'node:os';
+import os, { availableParallelism } from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { startTestApiServer, type TestApiServer } from '../../test/helpers/apiserver.ts';
@@ -35,7 +35,7 @@ import { createServer } from 'node:net';
 import { detectFlavour } from '../../cni-plugin/netns/iptables.ts';
 import { buildFamilyRules } from '../../cni-plugin/redirect/rules.ts';
 import { specForPod } from '../../cni-plugin/redirect/spec.ts';
-import { makeNetnsPods, type NetnsPods } from './lib/netns-pods.ts';
+import { makeNetnsPods, type NetnsPods } from '../../test/helpers/kubepods.ts';
 import { RusageDriver } from './lib/rusage.ts';
 
 const PODS = Number(process.env.PODS ?? 1000);
@@ -433,6 +433,10 @@ if (PARTS.includes('inplace')) {
     }
   }
   const n = INPLACE_PODS;
+  // The floor's wall time for n pods, 16 at once: at least ceil(n / 16) pods one after the other,
+  // and at least their CPU spread over this machine's CPUs (16 at once do not fit on 2 CPUs).
+  const cpus = availableParallelism();
+  const floorWallS = Math.max(Math.ceil(n / 16) * floor.wallMs, (n * floor.cpuMs) / cpus) / 1000;
   const rows = results.map(({ mode, r }) => [
     mode === 'in place'
       ? 'mesh-cni repair in place (--repair-repair-pods, concurrency 16)'
@@ -445,7 +449,7 @@ if (PARTS.includes('inplace')) {
   ]);
   rows.push([
     `floor: ${floor.flavour} save + restore + mesh-validation per pod, alone (mean of ${floor.rounds})`,
-    `>= ${((Math.ceil(n / 16) * floor.wallMs) / 1000).toFixed(2)} s (${floor.wallMs.toFixed(0)} ms a pod, 16 at once)`,
+    `>= ${floorWallS.toFixed(2)} s (${floor.wallMs.toFixed(0)} ms a pod; 16 at once, ${cpus} CPUs)`,
     '-',
     `${(floor.cpuMs * n).toFixed(0)} ms`,
     `${floor.cpuMs.toFixed(1)} ms`,
@@ -459,8 +463,7 @@ if (PARTS.includes('inplace')) {
   const beyond = (ip.selfMs + ip.childrenMs) / n - floor.cpuMs;
   console.log(
     `in place beyond the floor: ${beyond.toFixed(1)} ms CPU per pod (${((beyond / floor.cpuMs) * 100).toFixed(0)}% of the floor); ` +
-      `wall ${(ip.ms / 1000).toFixed(2)} s against the floor's ${((Math.ceil(n / 16) * floor.wallMs) / 1000).toFixed(2)} s ` +
-      `(${n} pods, 16 at once, each ${floor.wallMs.toFixed(0)} ms)`,
+      `wall ${(ip.ms / 1000).toFixed(2)} s against the floor's ${floorWallS.toFixed(2)} s`,
   );
 }
 await rm(bundleDir, { recursive: true, force: true });

@@ -33,7 +33,13 @@ import { startTestApiServer, type TestApiServer } from '../helpers/apiserver.ts'
 import { ROOT } from '../helpers/cli.ts';
 import { cleanupAfterEach } from '../helpers/cleanup.ts';
 import { makeHostTree } from '../helpers/hosttree.ts';
-import { podCgroupDirs, removePodCgroups, runPodContainer, type KubepodsContainer } from '../helpers/kubepods.ts';
+import {
+  makeNetnsPods,
+  podCgroupDirs,
+  removePodCgroups,
+  runPodContainer,
+  type KubepodsContainer,
+} from '../helpers/kubepods.ts';
 import { run, type Run } from '../helpers/netns.ts';
 import { importBusybox, makePodman, type Podman } from '../helpers/podman.ts';
 import { brokenPod } from '../helpers/pods.ts';
@@ -236,6 +242,15 @@ describe('e2e: in-place repair of a running podman container in a kubelet-shaped
       new RegExp(`/kubepods/besteffort/pod${c.uid}/libpod-${c.id}`),
     );
     assert.doesNotMatch(rulesIn(c.netnsPath), OUR_CHAIN, 'no redirect rules: the plugin was not in the chain');
+    // Another component's rule in the pod netns (in both flavours: whichever the agent writes to).
+    for (const bin of ['iptables-nft', 'iptables-legacy'])
+      sh('nsenter', [
+        `--net=${c.netnsPath}`,
+        '--',
+        bin,
+        ...['-t', 'filter', '-A', 'INPUT', '-p', 'tcp', '--dport', '9'],
+        ...['-m', 'comment', '--comment', 'other-component', '-j', 'ACCEPT'],
+      ]);
     const before = await validate(c.netnsPath);
     assert.equal(before.code, 126, `validation before the repair: ${before.stdout}${before.stderr}`);
 
@@ -255,7 +270,18 @@ describe('e2e: in-place repair of a running podman container in a kubelet-shaped
     assert.equal(after.code, 0, `validation inside the repaired container: ${after.stdout}${after.stderr}`);
     // The container is the same one, still running: nothing restarted it.
     assert.equal((await podman.ok(['inspect', '--format', '{{.State.Pid}}', name])).trim(), String(c.pid));
-    await waitFor('an Event on the pod', () => api.events().some((e) => e.involvedObject.uid === c.uid), 10_000);
+    const ev = await waitFor(
+      'the Event on the pod',
+      () => api.events().find((e) => e.involvedObject.uid === c.uid),
+      10_000,
+    );
+    assert.equal(ev.reason, 'MeshCniRepairedInPlace');
+    assert.equal(ev.type, 'Normal');
+    assert.match(
+      rulesIn(c.netnsPath),
+      /other-component/,
+      "another component's rule in the pod netns survived the repair",
+    );
 
     // The same broken state again (an unrelated update, then a relist after a closed watch): no
     // second repair.
@@ -334,9 +360,22 @@ describe('e2e: in-place repair of a running podman container in a kubelet-shaped
         everyMs: 100,
         context: () => repairLogs(agent),
       });
-    const said = agent.logs.some((r) => r.scope === 'repair' && r.uid === o.uid && JSON.stringify(r).includes(reason));
-    const told = api.events().some((e) => e.involvedObject.uid === o.uid && (e.message ?? '').includes(reason));
-    assert.ok(said || told, `the reason ${reason} is in a log record or the Event of ${o.name}:\n${repairLogs(agent)}`);
+    const said = agent.logs.some(
+      (r) => r.scope === 'repair' && r.uid === o.uid && r.reason === reason && typeof r.error === 'string',
+    );
+    assert.ok(said, `a log record of ${o.name} gives the reason ${reason} and the detail:\n${repairLogs(agent)}`);
+    // The fall-through's Event says why in-place repair did not do, for whoever looks at the pod.
+    const told = await waitFor(
+      `the Event on ${o.name} naming ${reason}`,
+      () =>
+        api
+          .events()
+          .find(
+            (e) => e.involvedObject.uid === o.uid && (e.message ?? '').includes(`in-place repair failed (${reason}`),
+          ),
+      10_000,
+    );
+    assert.equal(told.type, 'Warning');
     const m = await metrics(agent);
     assert.equal(sample(m, 'mesh_cni_repair_pods_repaired_total', { type: 'repair', result: 'success' }), 0);
     if (o.netnsPath && existsSync(o.netnsPath))
@@ -401,5 +440,35 @@ describe('e2e: in-place repair of a running podman container in a kubelet-shaped
     // process of the pod: not repaired (no_netns, final), and the fall-through labels the pod.
     await expectFailure(agent, { name, uid: c.uid, reason: 'no_netns', fallThrough: 'label' });
     assert.ok(existsSync(flag), 'the agent ran iptables-restore (the shim killed the container then)');
+  });
+
+  it('fault: the process exits mid-repair and its netns stays (pinned): rules land and prove, yet it is not counted', async () => {
+    // A pod without podman: a netns pinned by `ip netns add`, a sleep in it in the pod's cgroup.
+    // Killing the sleep leaves the netns whole (address, route), so the proof passes in it: only
+    // the check that the pod's process is still there refuses the claim (no_netns, final).
+    const fleet = makeNetnsPods(`${TAG}-kept`, 1, '198.18.70');
+    defer(async () => fleet.remove());
+    const p = fleet.pods[0]!;
+    const name = `${TAG}-kept`;
+    const flag = path.join(scratch, `${name}.killed`);
+    const pid = p.sleeper.pid!;
+    const shims = await shimDir(
+      `if [ ! -e ${flag} ]; then : > ${flag}; kill -9 ${pid}; while kill -0 ${pid} 2>/dev/null; do sleep 0.05; done; fi\nexec "$REAL" "$@"`,
+    );
+    defer(() => fs.rm(flag, { force: true }));
+    const agent = await startAgent({ 'repair-label-pods': 'true' }, { PATH: `${shims}:${process.env.PATH}` });
+    api.upsertPod(brokenPodObject(name, p.uid, p.ip));
+    await expectFailure(agent, { name, uid: p.uid, reason: 'no_netns', fallThrough: 'label' });
+    assert.ok(existsSync(flag), 'the agent ran iptables-restore (the shim killed the pod process then)');
+    assert.ok(
+      agent.logs.some(
+        (r) =>
+          r.scope === 'repair' && r.uid === p.uid && r.reason === 'no_netns' && /left its netns/.test(String(r.error)),
+      ),
+      `the log says the pod's process left its netns during the repair:\n${repairLogs(agent)}`,
+    );
+    assert.match(rulesIn(p.netnsPath), OUR_CHAIN, 'the rules were programmed in the held netns');
+    const proof = await validate(p.netnsPath);
+    assert.equal(proof.code, 0, `validation passes in that netns: ${proof.stdout}${proof.stderr}`);
   });
 });
