@@ -21,7 +21,7 @@
 
 import * as esbuild from 'esbuild';
 import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
-import { copyFileSync, existsSync, readFileSync } from 'node:fs';
+import { copyFileSync, existsSync, readFileSync, rmSync } from 'node:fs';
 import { mkdtemp, mkdir, rm } from 'node:fs/promises';
 import os, { availableParallelism } from 'node:os';
 import path from 'node:path';
@@ -53,6 +53,7 @@ interface Contender {
 }
 
 const bundleDir = await mkdtemp(path.join(os.tmpdir(), 'mcni-repair-bundle-'));
+process.once('exit', () => rmSync(bundleDir, { recursive: true, force: true }));
 async function bundle(entry: string, name: string): Promise<string> {
   const outfile = path.join(bundleDir, `${name}.mjs`);
   await esbuild.build({
@@ -288,6 +289,8 @@ async function inPlaceRun(mode: InPlaceMode, fleet: NetnsPods) {
   for (const d of ['net.d', 'bin', 'src']) await mkdir(path.join(dir, d));
   const kc = server.writeOrchconfig(path.join(dir, 'kc.json'));
   const port = await freePort();
+  const rmDir = () => rmSync(dir, { recursive: true, force: true });
+  process.once('exit', rmDir);
   const child = spawn(
     process.execPath,
     [
@@ -309,6 +312,9 @@ async function inPlaceRun(mode: InPlaceMode, fleet: NetnsPods) {
     ],
     { stdio: ['ignore', 'ignore', 'inherit'], env: { PATH: process.env.PATH ?? '/usr/bin:/bin' } },
   );
+  // Interrupted (the fleet's handlers re-raise the signal): the agent goes too.
+  const killAgent = () => child.kill('SIGKILL');
+  process.once('exit', killAgent);
   try {
     await until(
       'the first pod list',
@@ -371,6 +377,8 @@ async function inPlaceRun(mode: InPlaceMode, fleet: NetnsPods) {
       requests: server.requests.length - before,
     };
   } finally {
+    process.off('exit', killAgent);
+    process.off('exit', rmDir);
     child.kill('SIGTERM');
     if (child.exitCode === null) await new Promise((r) => child.once('close', r));
     await server.close();

@@ -13,6 +13,7 @@
 import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
 import { randomUUID } from 'node:crypto';
 import { mkdirSync, readdirSync, readFileSync, rmdirSync, writeFileSync } from 'node:fs';
+import { constants } from 'node:os';
 import path from 'node:path';
 import type { Podman } from './podman.ts';
 
@@ -239,6 +240,9 @@ export function makeNetnsPods(prefix: string, count: number, net: string): Netns
   const remove = () => {
     if (removed) return;
     removed = true;
+    process.off('exit', remove);
+    process.off('SIGINT', onSignal);
+    process.off('SIGTERM', onSignal);
     for (const p of pods) if (p.sleeper.exitCode === null) p.sleeper.kill('SIGKILL');
     for (const n of made) spawnSync('ip', ['netns', 'del', n]);
     // A killed process leaves its cgroup as it exits (before it is reaped).
@@ -257,9 +261,11 @@ export function makeNetnsPods(prefix: string, count: number, net: string): Netns
         }
       }
   };
+  // Exits as the signal would (128 + its number), through process.exit so that the caller's own
+  // exit handlers (its child processes, its temp dirs) run too.
   const onSignal = (sig: NodeJS.Signals) => {
     remove();
-    process.kill(process.pid, sig);
+    process.exit(128 + (constants.signals[sig] ?? 0));
   };
   process.once('exit', remove);
   process.once('SIGINT', onSignal);
