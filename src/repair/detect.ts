@@ -24,6 +24,10 @@ export function detectBroken(pod: V1Pod, c: BrokenCriteria): Broken | undefined 
   if (!annotations || !Object.hasOwn(annotations, c.sidecarAnnotation)) return undefined;
   const status = pod.status?.initContainerStatuses?.find((s) => s.name === c.initContainerName);
   if (!status) return undefined;
+  // Its newest run passed: redirection is in place now (repaired, in place or otherwise). The old
+  // failed run stays in lastState for the pod's life; acting on it again after an agent restart
+  // would re-repair, re-count or even delete a healthy pod. (Istio's matchesFilter skips it too.)
+  if (status.state?.terminated?.exitCode === 0) return undefined;
   // The current state first: it is the newest failure; the last state covers a container that
   // kubelet already restarted and that is now waiting or running again.
   for (const [where, t] of [

@@ -29,6 +29,26 @@ describe('detectBroken', () => {
     { name: 'current state exited 126', pod: brokenPod('a'), broken: true },
     { name: 'last state exited 126 (kubelet restarted it)', pod: brokenPod('a', { where: 'lastState' }), broken: true },
     { name: 'exited 0', pod: testPod('a', { initExitCode: 0 }), broken: false },
+    {
+      // Its last run passed (repaired in place, or fixed otherwise); lastState keeps the old 126
+      // for the pod's life. An agent restart (rolling upgrade) must not act on it again.
+      name: 'exited 0 after a run that exited 126 (state passed, lastState 126)',
+      pod: (() => {
+        const p = brokenPod('a', { where: 'lastState' });
+        p.status!.initContainerStatuses![0]!.state = { terminated: { exitCode: 0, reason: 'Completed' } };
+        return p;
+      })(),
+      broken: false,
+    },
+    {
+      name: 'running again after a run that exited 126 (lastState 126): still broken until it passes',
+      pod: (() => {
+        const p = brokenPod('a', { where: 'lastState' });
+        p.status!.initContainerStatuses![0]!.state = { running: { startedAt: new Date() } };
+        return p;
+      })(),
+      broken: true,
+    },
     { name: 'exited 1', pod: testPod('a', { initExitCode: 1 }), broken: false },
     { name: 'not run yet', pod: testPod('a'), broken: false },
     { name: 'no sidecar annotation', pod: brokenPod('a', { meshed: false }), broken: false },

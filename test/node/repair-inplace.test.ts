@@ -204,8 +204,8 @@ describe('in-place repair in the repair controller', () => {
     const before = await failures('repair_did_not_hold');
     await start(settingsFor({ 'repair-repair-pods': 'true', 'repair-label-pods': 'true' }), fake);
     await waitFor('repaired in place', () => eventsOf('again-0').some((e) => e.reason === 'MeshCniRepairedInPlace'));
-    // Updates of the same broken state (the init container now passes; lastState keeps the old
-    // failed run) change nothing.
+    // The init container now passes (lastState keeps the old failed run): not broken any more
+    // (detect.ts), so nothing happens.
     const p = s.getPod('default', 'again-0')!;
     const st = p.status!.initContainerStatuses![0]!;
     s.upsertPod({
