@@ -144,8 +144,7 @@ describe('deploy: the container image', { timeout: 300_000 }, () => {
       );
       rendered = kustomize(dir);
       await fs.writeFile(path.join(dir, 'probe.cjs'), IN_PLACE_PROBE);
-      await fs.writeFile(path.join(dir, 'xtables.lock'), '');
-      for (const d of ['bin', 'net', 'run', 'template']) await fs.mkdir(path.join(dir, d));
+      for (const d of ['bin', 'net', 'run', 'template', 'lock']) await fs.mkdir(path.join(dir, d));
       // The "pod": a process of uid 65535 in a netns of its own, with an address and a default
       // route (mesh-validation's connect must not fail with ENETUNREACH before any rule acts).
       ns = new Netns('inplace');
@@ -190,7 +189,7 @@ describe('deploy: the container image', { timeout: 300_000 }, () => {
           'mesh-cni-run': path.join(dir, 'run'),
           'cni-network-config': path.join(dir, 'template'),
           'host-proc': '/proc',
-          'xtables-lock': path.join(dir, 'xtables.lock'),
+          'xtables-lock': path.join(dir, 'lock'), // the component's private emptyDir at /run
         },
         env: {
           NODE_NAME: 'node-1',
@@ -202,7 +201,7 @@ describe('deploy: the container image', { timeout: 300_000 }, () => {
       const withCaps: string[] = [];
       for (let i = 0; i < flags.length; i++) {
         if (flags[i] === '--cap-add') i++;
-        else if (o.lockMount === false && flags[i] === '--volume' && flags[i + 1]!.endsWith(':/run/xtables.lock')) i++;
+        else if (o.lockMount === false && flags[i] === '--volume' && flags[i + 1]!.endsWith(':/run')) i++;
         else withCaps.push(flags[i]!);
       }
       for (const c of caps) withCaps.push('--cap-add', c);
@@ -263,7 +262,7 @@ describe('deploy: the container image', { timeout: 300_000 }, () => {
         WITHOUT.map(([c]) => c).sort(),
       );
     });
-    it('without the xtables lock mount: iptables-legacy cannot lock (read-only root), nft is unaffected', async () => {
+    it('without the private /run: iptables-legacy cannot lock (read-only root), nft is unaffected', async () => {
       const steps = await probe(agentContainer(rendered.objects).securityContext?.capabilities?.add ?? [], {
         lockMount: false,
       });

@@ -358,7 +358,7 @@ describe('deploy: kustomize build deploy/', () => {
     assert.ok(!/SYS_ADMIN|SYS_PTRACE|NET_ADMIN|NET_RAW|\/host\/proc/.test(base.text.replace(/#.*$/gm, '')));
   });
 
-  it('repair-in-place component: exactly /host/proc (read-only), the xtables lock, the env and four capabilities', () => {
+  it('repair-in-place component: exactly /host/proc (read-only), a private /run for the xtables lock, the env and four capabilities', () => {
     const c = agentContainer(withInPlace.objects);
     const s = containerSettings(c);
     assert.deepEqual(
@@ -384,8 +384,22 @@ describe('deploy: kustomize build deploy/', () => {
     assert.equal(s.repair.hostProcDir, '/host/proc');
     assert.deepEqual(proc.volume.hostPath, { path: '/proc', type: 'Directory' });
     assert.equal(proc.mount.readOnly, true, "the host's /proc is mounted read-only");
-    const lock = mountAt('/run/xtables.lock');
-    assert.deepEqual(lock.volume.hostPath, { path: '/run/xtables.lock', type: 'FileOrCreate' });
+    // iptables-legacy's lock (/run/xtables.lock, opened with O_CREAT even without -w) in a private
+    // dir of the pod, never the host's file: a pod's netns has tables of its own, so the host's lock
+    // serializes nothing there, and holding it would let the agent stall kube-proxy's and the plugin's
+    // legacy writes (and wait behind them: our -w 5 would time out behind a long kube-proxy restore).
+    const lock = mountAt('/run');
+    assert.equal(lock.mount.readOnly, undefined);
+    assert.deepEqual(lock.volume.emptyDir, { medium: 'Memory', sizeLimit: '1Mi' });
+    const hostPaths = (objs: K8sObject[]) =>
+      (one<V1DaemonSet>(objs, 'DaemonSet').spec!.template.spec!.volumes ?? [])
+        .flatMap((v) => (v.hostPath ? [v.hostPath.path] : []))
+        .sort();
+    assert.deepEqual(
+      hostPaths(withInPlace.objects),
+      [...hostPaths(base.objects), '/proc'].sort(),
+      "only the host's /proc",
+    );
     // Apart from these, the render is the base's (RBAC included: repair in place needs no new right).
     const strip = (objs: K8sObject[]) =>
       objs.map((o) => {
@@ -436,6 +450,9 @@ describe('deploy: kustomize build deploy/', () => {
     assert.match(section, /repair-in-place/);
     for (const cap of IN_PLACE_CAPABILITIES) assert.match(section, new RegExp(cap), `it names ${cap}`);
     assert.match(section, /environ/, "it says the host's /proc shows every process's environment");
+    // NET_ADMIN and NET_RAW act in the node's own netns without any setns: the agent is on the host network.
+    assert.match(section, /node's own network namespace[^.]*\(`hostNetwork`\): it can rewrite the node's firewall/);
+    assert.match(section, /not the host's `\/run\/xtables\.lock`/);
   });
 
   it('yamllint passes on deploy/ and on every render', () => {
