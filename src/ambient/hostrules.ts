@@ -49,10 +49,23 @@ export function hostRules(family: Family, snatAddress?: string): Rule[] {
 // A pod UID (RFC 4122 text) or at least something that cannot break out of ipset's quoted comment.
 const UID = /^[A-Za-z0-9][A-Za-z0-9-]{0,62}$/;
 
-function ipFamily(ip: string): Family {
-  if (isIPv4(ip)) return 4;
-  if (isIPv6(ip)) return 6;
-  throw new AmbientRulesError(`"${ip}" is not an IP address`);
+/**
+ * One spelling per address, as Istio compares netip.Addr values (Unmap()ed): IPv6 in RFC 5952 form
+ * (lower case, zeros compressed), an IPv4-mapped IPv6 address as the IPv4 one (its set, where the
+ * SNAT rule matches it). `ipset save` prints its own spelling; a removal must find the entry
+ * whatever spelling it was given, or the entry would outlive the pod.
+ */
+export function canonicalIP(ip: string): { family: Family; text: string } {
+  if (isIPv4(ip)) return { family: 4, text: ip };
+  // a zone (fe80::1%eth0) names no pod address; URL below would throw on it
+  if (!isIPv6(ip) || ip.includes('%')) throw new AmbientRulesError(`"${ip}" is not an IP address`);
+  const text = new URL(`http://[${ip}]/`).hostname.slice(1, -1);
+  const mapped = /^::ffff:([0-9a-f]{1,4}):([0-9a-f]{1,4})$/.exec(text);
+  if (mapped) {
+    const [hi, lo] = [parseInt(mapped[1]!, 16), parseInt(mapped[2]!, 16)];
+    return { family: 4, text: [hi >> 8, hi & 0xff, lo >> 8, lo & 0xff].join('.') };
+  }
+  return { family: 6, text };
 }
 
 function checkUid(uid: string): void {
@@ -72,15 +85,16 @@ export function probeSetsDocument(families: readonly Family[]): string {
 /** `ipset` argv that adds (or re-owns: `-exist` replaces the comment) the pod's IP. */
 export function addProbeCommand(ip: string, uid: string): string[] {
   checkUid(uid);
-  return ['add', probeSet(ipFamily(ip)), ip, 'comment', uid, '-exist'];
+  const { family, text } = canonicalIP(ip);
+  return ['add', probeSet(family), text, 'comment', uid, '-exist'];
 }
 
-/** The entries of `ipset save <set>`: IP -> the UID comment ('' for none). */
+/** The entries of `ipset save <set>`: IP (canonicalIP's spelling) -> the UID comment ('' for none). */
 export function parseProbeSet(saveText: string): Map<string, string> {
   const out = new Map<string, string>();
   for (const line of saveText.split('\n')) {
     const m = /^add \S+ (\S+)(?: .*?comment "([^"]*)")?/.exec(line.trim());
-    if (m) out.set(m[1]!, m[2] ?? '');
+    if (m) out.set(isIPv4(m[1]!) || isIPv6(m[1]!) ? canonicalIP(m[1]!).text : m[1]!, m[2] ?? '');
   }
   return out;
 }
@@ -88,6 +102,17 @@ export function parseProbeSet(saveText: string): Map<string, string> {
 export type ProbeRemoval = { readonly removed: true } | { readonly removed: false; readonly owner: string | null };
 
 // ---- applying ----
+
+// Every change to the probe sets, one at a time. A removal is a list, then a delete when the entry
+// is still the pod's (ipset has no compare-and-delete): an add of the same IP for a new pod landing
+// in between would be deleted with it, and the new pod's probes would go to ztunnel. Only this
+// agent writes these sets, so ordering its own calls here closes that window whatever the caller does.
+let setQueue: Promise<unknown> = Promise.resolve();
+function oneAtATime<T>(fn: () => Promise<T>): Promise<T> {
+  const next = setQueue.then(fn, fn);
+  setQueue = next.catch(() => undefined);
+  return next;
+}
 
 function failed(what: string, r: RunResult): AmbientRulesError {
   return new AmbientRulesError(`${what} failed (exit ${r.code}): ${(r.error ?? r.stderr).trim() || 'no output'}`);
@@ -106,7 +131,7 @@ export async function applyHost(
   families: readonly Family[],
   snat: { readonly v4?: string; readonly v6?: string } = {},
 ): Promise<'unchanged' | 'applied'> {
-  await ipset(run, ['restore', '-exist'], probeSetsDocument(families));
+  await oneAtATime(() => ipset(run, ['restore', '-exist'], probeSetsDocument(families)));
   let result: 'unchanged' | 'applied' = 'unchanged';
   for (const f of families) {
     if ((await reconcileRules(run, flavour, f, hostRules(f, f === 4 ? snat.v4 : snat.v6), ownsHost)) === 'applied')
@@ -116,31 +141,34 @@ export async function applyHost(
 }
 
 export async function addProbeIP(run: Runner, ip: string, uid: string): Promise<void> {
-  await ipset(run, addProbeCommand(ip, uid));
+  const argv = addProbeCommand(ip, uid);
+  await oneAtATime(() => ipset(run, argv));
 }
 
 /**
  * Removes the pod's IP only if the entry is still the pod's (same UID): when the IP went to a
  * newer pod, the entry stays and its owner is returned. Istio does the same list-then-delete;
- * the agent serializes a node's enrollments, so nothing adds in between.
+ * here no add of ours runs in between (oneAtATime).
  */
 export async function removeProbeIP(run: Runner, ip: string, uid: string): Promise<ProbeRemoval> {
   checkUid(uid);
-  const set = probeSet(ipFamily(ip));
-  const entries = parseProbeSet((await ipset(run, ['save', set])).stdout);
-  const owner = entries.get(ip);
-  if (owner === undefined) return { removed: false, owner: null };
-  if (owner !== uid) return { removed: false, owner };
-  // -exist: gone meanwhile is fine, what was asked holds
-  await ipset(run, ['del', set, ip, '-exist']);
-  return { removed: true };
+  const { family, text } = canonicalIP(ip);
+  const set = probeSet(family);
+  return oneAtATime(async (): Promise<ProbeRemoval> => {
+    const owner = parseProbeSet((await ipset(run, ['save', set])).stdout).get(text);
+    if (owner === undefined) return { removed: false, owner: null };
+    if (owner !== uid) return { removed: false, owner };
+    // -exist: gone meanwhile is fine, what was asked holds
+    await ipset(run, ['del', set, text, '-exist']);
+    return { removed: true };
+  });
 }
 
 /** Uninstall: the rule and chain out first (a set in use cannot be destroyed), then the sets. */
 export async function removeHost(run: Runner, flavour: Flavour, families: readonly Family[]): Promise<void> {
   for (const f of families) {
     await reconcileRules(run, flavour, f, [], ownsHost);
-    const r = await run(['ipset', 'destroy', probeSet(f)]);
+    const r = await oneAtATime(() => run(['ipset', 'destroy', probeSet(f)]));
     if ((r.error !== null || r.code !== 0) && !/does not exist/.test(r.stderr)) {
       throw failed(`ipset destroy ${probeSet(f)}`, r);
     }

@@ -15,6 +15,7 @@ import {
   applyHost,
   parseProbeSet,
   PROBE_SET_V4,
+  PROBE_SET_V6,
   removeHost,
   removeProbeIP,
 } from '../../src/ambient/hostrules.ts';
@@ -321,5 +322,47 @@ describe('host probe set', () => {
     assert.deepEqual(await removeProbeIP(run, POD, UID_B), { removed: true });
     assert.deepEqual([...(await entries())], []);
     assert.deepEqual(await removeProbeIP(run, POD, UID_B), { removed: false, owner: null });
+  });
+});
+
+describe('host probe set: races and spellings', () => {
+  const entriesOf = (node: string, set: string) =>
+    must(['ip', 'netns', 'exec', node, 'ipset', 'save', set]).then(parseProbeSet);
+
+  it("a new pod's add of a reused IP that lands between a removal's list and its delete is kept", async () => {
+    const node = await netns('node', defer);
+    const plain = runnerIn(node);
+    await applyHost(plain, 'nft', [4]);
+    await addProbeIP(plain, POD, UID_A);
+    // The runner of the late removal of pod A: right after its `ipset save` the IP goes to pod B
+    // (another enrollment of the same agent, not awaited), and A's delete comes 300 ms later.
+    let added: Promise<void> | null = null;
+    const slow: Runner = async (argv, opts) => {
+      const r = await plain(argv, opts);
+      if (argv[1] === 'save' && added === null) {
+        added = addProbeIP(plain, POD, UID_B);
+        await new Promise((res) => setTimeout(res, 300));
+      }
+      return r;
+    };
+    const removal = await removeProbeIP(slow, POD, UID_A);
+    await added;
+    assert.deepEqual([...(await entriesOf(node, PROBE_SET_V4))], [[POD, UID_B]], "pod B's entry survives");
+    // One after the other: A's entry went first, then B's add.
+    assert.deepEqual(removal, { removed: true });
+  });
+
+  it('an IPv6 address in another spelling, or IPv4-mapped, is the same entry', async () => {
+    const node = await netns('node', defer);
+    const run = runnerIn(node);
+    await applyHost(run, 'nft', [4, 6]);
+    await addProbeIP(run, POD6, UID_A);
+    assert.deepEqual(await removeProbeIP(run, '2001:DB8:88:0:0::2', UID_A), { removed: true });
+    assert.deepEqual([...(await entriesOf(node, PROBE_SET_V6))], []);
+    // An IPv4 pod's address written IPv4-mapped goes into the IPv4 set, where the SNAT rule matches it.
+    await addProbeIP(run, `::ffff:${POD}`, UID_A);
+    assert.deepEqual([...(await entriesOf(node, PROBE_SET_V4))], [[POD, UID_A]]);
+    assert.deepEqual(await removeProbeIP(run, `::ffff:${POD}`, UID_A), { removed: true });
+    assert.deepEqual([...(await entriesOf(node, PROBE_SET_V4))], []);
   });
 });
