@@ -43,10 +43,11 @@ function isCloexec(fd: number): boolean {
   return (parseInt(flags, 8) & 0o2000000) !== 0;
 }
 
-/** A server, a client and the accepted side, in `dir`. */
+let pairs = 0;
+/** A server, a client and the accepted side, in `dir` (a socket name of its own: a failed test's is left). */
 async function pair(
   dir: string,
-  name = 'zds.sock',
+  name = `zds-${++pairs}.sock`,
 ): Promise<{ srv: SeqpacketServer; a: SeqpacketConn; b: SeqpacketConn }> {
   const srv = listenSeqpacket(path.join(dir, name));
   const accepted = srv.accept();
@@ -59,7 +60,8 @@ function closeAll(...xs: { close(): void }[]): void {
   for (const x of xs) x.close();
 }
 
-describe('ambient seqpacket', () => {
+// A promise that never settles is a failure here, not a hung suite.
+describe('ambient seqpacket', { timeout: 60_000 }, () => {
   let dir: string;
   before(() => {
     buildNative({ root: ROOT });
