@@ -25,8 +25,10 @@
 // in-place repairs would hide exactly what Istio's users could not see (istio/istio#56587,
 // #57332: "repaired" claimed while validation kept failing). A pod with restartPolicy Never is not
 // repaired in place at all (will_not_restart): its init container never runs again, so only
-// label/delete can help it (istio/istio#49210). Missing capabilities (checked once
-// at start-up, index.ts) turn in-place repair off for the process: reason no_capability per pod.
+// label/delete can help it (istio/istio#49210). A hostNetwork pod is refused by the repairer
+// before any scan (host_network, final: inplace.ts): its netns is the node's. Missing
+// capabilities (checked once at start-up, index.ts) turn in-place repair off for the process:
+// reason no_capability per pod.
 //
 // The watch is not the controller's: the agent's wiring hands it the node's pod watch, or one of
 // its own when --repair-field-selectors/--repair-label-selectors ask for other pods (src/agent.ts).

@@ -35,7 +35,8 @@ export type InPlaceReason =
   | 'proof_failed'
   | 'repair_did_not_hold'
   | 'no_capability'
-  | 'will_not_restart';
+  | 'will_not_restart'
+  | 'host_network';
 
 export type InPlaceResult =
   | { readonly ok: true; readonly detail: string }
@@ -178,6 +179,15 @@ export class InPlaceRepairer {
       detail,
       final,
     });
+    // A hostNetwork pod's netns is the node's: never program it, whatever a /proc scan would
+    // say (the scan's own host-netns guard rests on --host-netns-path being right).
+    if (pod.spec?.hostNetwork === true) {
+      return fail(
+        'host_network',
+        "the pod uses hostNetwork: its network namespace is the node's, which is never repaired in place",
+        true,
+      );
+    }
     let spec: RedirectSpec;
     try {
       spec = specForPod(pod as PodLike);

@@ -17,7 +17,7 @@ export const repairFailures = new Counter({
   help:
     'Failed repair requests, by action (label, delete, event) and reason (throttled, server_error, client_error, ' +
     'unreachable, gave_up); failed in-place repairs (type repair) by reason (no_netns, ip_mismatch, rules_failed, ' +
-    'proof_failed, repair_did_not_hold, no_capability, will_not_restart).',
+    'proof_failed, repair_did_not_hold, no_capability, will_not_restart, host_network).',
   labelNames: ['type', 'reason'] as const,
   registers: [registry],
 });

@@ -15,7 +15,7 @@ import { configureLogging } from '../../src/monitoring/logging.ts';
 import { registry } from '../../src/monitoring/metrics.ts';
 import type { RepairController, RepairTiming } from '../../src/repair/controller.ts';
 import { inPlaceFor, repairPodSource, startRepair } from '../../src/repair/index.ts';
-import type { InPlaceReason, InPlaceResult } from '../../src/repair/inplace.ts';
+import { InPlaceRepairer, type InPlaceReason, type InPlaceResult } from '../../src/repair/inplace.ts';
 import { missingCapabilities } from '../../src/repair/capabilities.ts';
 import { clientNodeApi } from '../../src/orch/api.ts';
 import { orchKubeConfig } from '../../src/orch/client.ts';
@@ -283,5 +283,37 @@ describe('in-place repair in the repair controller', () => {
     ]);
     assert.deepEqual(missingCapabilities('CapEff:\t0000000000203000\n'), ['CAP_SYS_PTRACE']);
     assert.equal(missingCapabilities('no such line').length, 4);
+  });
+});
+
+describe('in-place repair never enters a hostNetwork pod', () => {
+  it('a hostNetwork pod is host_network (final) before any netns is looked for or entered', async () => {
+    const calls: string[] = [];
+    const repairer = new InPlaceRepairer({
+      netns: {
+        // Were it asked, it would hand out a netns: the refusal must not depend on the scan
+        // (a --host-netns-path naming the wrong netns would let the node's own through).
+        findPodNetns: async () => {
+          calls.push('find');
+          return { ok: true, netns: { fd: 99, dev: 1n, ino: 2n, pid: 1, close: () => calls.push('close') } };
+        },
+        runInNetns: async (_n, argv) => {
+          calls.push(argv[0]!);
+          return { code: 0, stdout: '', stderr: '', error: null };
+        },
+        stillThere: async () => true,
+      },
+      validationBundle: '/nonexistent/mesh-validation.cjs',
+      hostFlavour: async () => 'nft',
+    });
+    const p = brokenPod('hostnet-0');
+    p.spec = { ...p.spec!, hostNetwork: true };
+    p.status = { ...p.status, podIP: '198.18.7.1', podIPs: [{ ip: '198.18.7.1' }] };
+    const r = await repairer.repair(p);
+    assert.ok(!r.ok);
+    assert.equal(r.reason, 'host_network');
+    assert.equal(r.final, true);
+    assert.match(r.detail, /hostNetwork/);
+    assert.deepEqual(calls, [], 'nothing looked for, opened or run');
   });
 });
