@@ -28,7 +28,7 @@ import os from 'node:os';
 import path from 'node:path';
 import { after, before, describe, it } from 'node:test';
 import type { V1Pod } from '@kubernetes/client-node';
-import { spawnAgent, type AgentProcess } from '../helpers/agent.ts';
+import { spawnAgent, type AgentEntry, type AgentProcess } from '../helpers/agent.ts';
 import { startTestApiServer, type TestApiServer } from '../helpers/apiserver.ts';
 import { ROOT } from '../helpers/cli.ts';
 import { cleanupAfterEach } from '../helpers/cleanup.ts';
@@ -193,7 +193,11 @@ describe('e2e: in-place repair of a running podman container in a kubelet-shaped
     };
   }
 
-  async function startAgent(flags: Record<string, string>, env: Record<string, string> = {}): Promise<AgentProcess> {
+  async function startAgent(
+    flags: Record<string, string>,
+    env: Record<string, string> = {},
+    entry: AgentEntry = 'source',
+  ): Promise<AgentProcess> {
     api = await startTestApiServer({ bookmarkIntervalMs: 1000 });
     defer(() => api.close());
     const tree = await makeHostTree({ token: api.token, ca: api.caPem });
@@ -218,6 +222,7 @@ describe('e2e: in-place repair of a running podman container in a kubelet-shaped
         POD_NAMESPACE: 'mesh-system',
         ...env,
       },
+      entry,
     );
     defer(() => agent.stop('SIGKILL'));
     return agent;
@@ -233,8 +238,14 @@ describe('e2e: in-place repair of a running podman container in a kubelet-shaped
   const podRequests = (name: string, method: string) =>
     api.requests.filter((q) => q.method === method && new RegExp(`/pods/${name}(/status)?$`).test(q.path));
 
-  it('repairs an unredirected running pod in place: validation passes inside it, no delete, no label, once', async () => {
-    const name = `${TAG}-ok`;
+  // From source, and as the bundle the image runs (dist/install-cni.js, which finds
+  // dist/mesh-validation.cjs beside it as the image has /opt/mesh-cni/mesh-validation.cjs).
+  for (const entry of ['source', 'bundle'] as const)
+    it(`repairs an unredirected running pod in place (${entry}): validation passes inside, no delete, no label, once`, () =>
+      repairsInPlace(entry));
+
+  async function repairsInPlace(entry: AgentEntry): Promise<void> {
+    const name = `${TAG}-ok-${entry}`;
     const c = await startPodContainer(name);
     assert.ok(podCgroupDirs(c.uid).length > 0, 'podman put the container under kubepods/besteffort/pod<uid>');
     assert.match(
@@ -254,7 +265,7 @@ describe('e2e: in-place repair of a running podman container in a kubelet-shaped
     const before = await validate(c.netnsPath);
     assert.equal(before.code, 126, `validation before the repair: ${before.stdout}${before.stderr}`);
 
-    const agent = await startAgent({ 'repair-label-pods': 'true' });
+    const agent = await startAgent({ 'repair-label-pods': 'true' }, {}, entry);
     api.upsertPod(brokenPodObject(name, c.uid, c.ip));
     const m = await waitFor(
       'the in-place repair to succeed',
@@ -308,7 +319,33 @@ describe('e2e: in-place repair of a running podman container in a kubelet-shaped
     assert.deepEqual(podRequests(name, 'PATCH'), [], 'the pod was never labelled');
     assert.equal(api.getPod('default', name)?.metadata?.labels?.[LABEL], undefined);
     assert.equal(sample(m2, 'mesh_cni_repair_pods_repaired_total', { type: 'label' }), 0);
-  });
+
+    // Broken again (a new failed run of its validation container): a repair that did not hold is
+    // not tried in place again; the operator's fall-through (label) takes over and says why.
+    api.upsertPod(brokenPodObject(name, c.uid, c.ip));
+    await waitFor(
+      'the label after the second breakage',
+      () => api.getPod('default', name)?.metadata?.labels?.[LABEL] === 'true',
+      { timeoutMs: 30_000, everyMs: 100, context: () => repairLogs(agent) },
+    );
+    const m3 = await metrics(agent);
+    assert.equal(failures(m3, 'repair_did_not_hold'), 1);
+    assert.equal(sample(m3, 'mesh_cni_repair_pods_repaired_total', { type: 'repair', result: 'success' }), 1);
+    await waitFor(
+      'the Event naming repair_did_not_hold',
+      () =>
+        api
+          .events()
+          .some(
+            (e) =>
+              e.involvedObject.uid === c.uid &&
+              (e.message ?? '').includes('in-place repair failed (repair_did_not_hold'),
+          ),
+      10_000,
+    );
+    assert.deepEqual(podRequests(name, 'DELETE'), [], 'label only: never deleted');
+  }
+
   /** Failures of in-place repair with `reason`, whatever the type label says. */
   const failures = (body: string, reason: string) =>
     body
