@@ -23,7 +23,7 @@ export interface FlagSpec {
   /** For completion: the value is a path to a file (or socket) or to a directory. */
   readonly path?: 'file' | 'dir';
   /** Group shown in help and README. */
-  readonly group: 'install' | 'repair' | 'logging' | 'ctrlz' | 'monitoring';
+  readonly group: 'install' | 'repair' | 'ambient' | 'logging' | 'ctrlz' | 'monitoring';
 }
 
 function envName(name: string): string {
@@ -48,6 +48,16 @@ function repairFlag(
   extra: Partial<FlagSpec> = {},
 ): FlagSpec {
   return { name, kind, default: def, env: envName(name), help, group: 'repair', ...extra };
+}
+
+function ambientFlag(
+  name: string,
+  kind: FlagKind,
+  def: string | undefined,
+  help: string,
+  extra: Partial<FlagSpec> = {},
+): FlagSpec {
+  return { name, kind, default: def, env: envName(name), help, group: 'ambient', ...extra };
 }
 
 function commonFlag(
@@ -105,7 +115,8 @@ export const FLAGS: readonly FlagSpec[] = [
     'ambient-enabled',
     'bool',
     'false',
-    'Whether ambient mode is enabled (not implemented yet: turning it on fails at start-up).',
+    "Ambient mode: enroll the node's ambient pods (--ambient-enablement-selector) into the node proxy, ztunnel, " +
+      'instead of a sidecar (needs NODE_NAME; README "Ambient mode").',
   ),
   installFlag(
     'chained-cni-plugin',
@@ -155,7 +166,7 @@ export const FLAGS: readonly FlagSpec[] = [
     'ebpf-enabled',
     'bool',
     'false',
-    'Whether eBPF redirection is enabled (not implemented yet: turning it on fails at start-up).',
+    'eBPF redirection: always refused (Istio removed it in 1.21 and ztunnel no longer consumes it); kept for compatibility.',
   ),
   installFlag(
     'orch-ca-file',
@@ -373,6 +384,60 @@ export const FLAGS: readonly FlagSpec[] = [
     undefined,
     "The host's own netns, which is never a pod's (default: <host-proc-dir>/1/ns/net).",
     { path: 'file' },
+  ),
+  // --- ambient mode (issue 17)
+  ambientFlag(
+    'ztunnel-uds-address',
+    'string',
+    '/var/run/ztunnel/ztunnel.sock',
+    'Unix socket (SOCK_SEQPACKET) the agent listens on for ztunnel, which receives the enrolled pods over it.',
+    { path: 'file' },
+  ),
+  ambientFlag(
+    'ambient-enablement-selector',
+    'string',
+    undefined,
+    'Which pods are ambient: a YAML or JSON list of {podSelector, namespaceSelector} label selectors, one pair ' +
+      'matching is enough (empty: pod label mesh.io/dataplane-mode=ambient, or that namespace label with the ' +
+      "pod's not none).",
+  ),
+  ambientFlag(
+    'ambient-dns-capture',
+    'bool',
+    'false',
+    "Send ambient pods' DNS to ztunnel (port 15053); the pod annotation ambient.mesh.io/dns-capture overrides it.",
+  ),
+  ambientFlag(
+    'ambient-reconcile-pod-rules-on-startup',
+    'bool',
+    'true',
+    'At start-up, re-program the in-pod rules of enrolled pods that differ from what this version writes.',
+  ),
+  ambientFlag(
+    'ambient-ipv6',
+    'bool',
+    'true',
+    'Host probe rules and ipset for IPv6 too (turn off on a node without ip6tables).',
+  ),
+  ambientFlag(
+    'host-probe-snat-ip',
+    'string',
+    '169.254.7.127',
+    "The IPv4 address the node's probes (kubelet) to ambient pods are SNATed to, which their rules let through.",
+  ),
+  ambientFlag(
+    'host-probe-snat-ipv6',
+    'string',
+    'fd16:9254:7127:1337:ffff:ffff:ffff:ffff',
+    'The IPv6 address of --host-probe-snat-ip.',
+  ),
+  ambientFlag(
+    'host-root',
+    'string',
+    '/host',
+    "Where the host's / is mounted in the agent's container: a pod netns path from the CNI plugin " +
+      '(/var/run/netns/...) is opened under it (/ when the agent runs on the host).',
+    { path: 'dir' },
   ),
   // --- common logging flags of the seed
   commonFlag('log_as_json', 'bool', 'false', 'Emit JSON instead of console format.', 'logging'),

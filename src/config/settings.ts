@@ -2,8 +2,10 @@
 // agent reads process.env: the entry point passes it here once.
 
 import { existsSync } from 'node:fs';
+import { isIPv4, isIPv6 } from 'node:net';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
+import { parse as parseYaml } from 'yaml';
 import {
   CLEANUP_MODES,
   CTRLZ_WRITE_MODES,
@@ -35,6 +37,11 @@ import {
   parseList,
 } from './parse.ts';
 import { isLabelKey, isLabelValue, parseFieldSelector, parseLabelSelector } from './selectors.ts';
+import {
+  DEFAULT_ENABLEMENT_SELECTORS,
+  parseEnablementSelectors,
+  type EnablementSelector,
+} from '../../cni-plugin/shared/enablement.ts';
 
 export interface InstallSettings {
   readonly chained: boolean;
@@ -102,12 +109,12 @@ export interface RepairSettings {
   readonly validationBundle: string;
 }
 
-/**
- * Ambient mode's node dataplane (issue 17, src/ambient/dataplane.ts). Defaults only for now: the
- * flags come with the agent's ambient wiring (--ambient-enabled is still refused above).
- */
+/** Ambient mode (issue 17): the node dataplane (src/ambient/dataplane.ts) and which pods are ambient. */
 export interface AmbientSettings {
+  /** --ambient-enabled; refused without NODE_NAME (the informer watches this node's pods). */
   readonly enabled: boolean;
+  /** --ambient-enablement-selector: a pod is ambient when one pair matches (cni-plugin/shared/enablement.ts). */
+  readonly enablementSelectors: readonly EnablementSelector[];
   /** --ztunnel-uds-address: the ZDS socket ztunnel connects to. */
   readonly ztunnelUdsAddress: string;
   /** --ambient-dns-capture: DNS to ztunnel in every ambient pod (a pod annotation may override). */
@@ -380,22 +387,21 @@ export function buildSettings(flags: RawFlags, env: Env, cwd: string = process.c
   const abs = (name: string) => pathFlag(name, false);
   const absOrEmpty = (name: string) => pathFlag(name, true);
 
-  const unimplemented = (name: string, what: string) =>
-    get(
-      name,
-      (s, v) => {
-        if (parseBool(s, v))
-          throw new ConfigError(
-            s,
-            v,
-            `${what} is not implemented in this release; remove the setting or set it to false`,
-          );
-        return false;
-      },
-      false,
-    );
-  unimplemented('ambient-enabled', 'ambient mode');
-  unimplemented('ebpf-enabled', 'eBPF redirection');
+  // The flag keeps its place (Istio's install-cni has it), but there is nothing to turn on.
+  get(
+    'ebpf-enabled',
+    (s, v) => {
+      if (parseBool(s, v))
+        throw new ConfigError(
+          s,
+          v,
+          'eBPF redirection was removed from Istio in 1.21 and ztunnel no longer consumes it; ' +
+            'ambient mode (--ambient-enabled) redirects with in-pod iptables rules: remove the setting or set it to false',
+        );
+      return false;
+    },
+    false,
+  );
 
   const cniConfName = get('cni-conf-name', (s, v) => parseFileName(s, v, true), '');
   const ownedSpec = byName.get('mesh-owned-cni-config-filename')!;
@@ -538,6 +544,29 @@ export function buildSettings(flags: RawFlags, env: Env, cwd: string = process.c
     );
   }
 
+  const ambient: AmbientSettings = {
+    enabled: bool('ambient-enabled'),
+    enablementSelectors: get('ambient-enablement-selector', parseSelectorsFlag, DEFAULT_ENABLEMENT_SELECTORS),
+    ztunnelUdsAddress: abs('ztunnel-uds-address'),
+    dnsCapture: bool('ambient-dns-capture'),
+    reconcilePodRulesOnStartup: bool('ambient-reconcile-pod-rules-on-startup'),
+    hostProbeSnatIp: get('host-probe-snat-ip', (s, v) => parseAddress(s, v, 4), '169.254.7.127'),
+    hostProbeSnatIpv6: get(
+      'host-probe-snat-ipv6',
+      (s, v) => parseAddress(s, v, 6),
+      'fd16:9254:7127:1337:ffff:ffff:ffff:ffff',
+    ),
+    ipv6: bool('ambient-ipv6'),
+    hostRoot: abs('host-root'),
+  };
+  if (ambient.enabled && nodeName === '') {
+    const { value, source } = raw(byName.get('ambient-enabled')!);
+    const why =
+      'needs NODE_NAME (the node this agent runs on, from the downward API: spec.nodeName): ' +
+      "ambient mode watches this node's pods";
+    errors.push(new ConfigError(source, value, why));
+  }
+
   const logging: LoggingSettings = {
     asJson: bool('log_as_json'),
     caller: get('log_caller', parseScopes, []),
@@ -575,16 +604,7 @@ export function buildSettings(flags: RawFlags, env: Env, cwd: string = process.c
   const settings: Settings = {
     install,
     repair,
-    ambient: {
-      enabled: false,
-      ztunnelUdsAddress: '/var/run/ztunnel/ztunnel.sock',
-      dnsCapture: false,
-      reconcilePodRulesOnStartup: true,
-      hostProbeSnatIp: '169.254.7.127',
-      hostProbeSnatIpv6: 'fd16:9254:7127:1337:ffff:ffff:ffff:ffff',
-      ipv6: true,
-      hostRoot: '/host',
-    },
+    ambient,
     orch,
     logging,
     monitoring: { port: int('monitoring-port', 0, 65535) },
@@ -628,6 +648,52 @@ function parseLabelValue(flag: string, value: string): string {
     );
   }
   return value;
+}
+
+/**
+ * --ambient-enablement-selector: YAML (JSON is YAML) list of {podSelector, namespaceSelector};
+ * empty: the default. Label keys and values are checked as the API server checks them.
+ */
+function parseSelectorsFlag(flag: string, value: string): readonly EnablementSelector[] {
+  if (value.trim() === '') return DEFAULT_ENABLEMENT_SELECTORS;
+  let doc: unknown;
+  try {
+    doc = parseYaml(value);
+  } catch (e) {
+    throw new ConfigError(flag, value, `not YAML or JSON: ${(e as Error).message.split('\n')[0]}`);
+  }
+  let selectors: EnablementSelector[];
+  try {
+    selectors = parseEnablementSelectors(doc);
+  } catch (e) {
+    throw new ConfigError(flag, value, (e as Error).message);
+  }
+  selectors.forEach((sel, i) => {
+    for (const [part, ls] of [
+      ['podSelector', sel.podSelector],
+      ['namespaceSelector', sel.namespaceSelector],
+    ] as const) {
+      const keys = [
+        ...Object.entries(ls?.matchLabels ?? {}).map(([k, v]) => [k, [v]] as const),
+        ...(ls?.matchExpressions ?? []).map((e) => [e.key, e.values ?? []] as const),
+      ];
+      for (const [k, values] of keys) {
+        if (!isLabelKey(k))
+          throw new ConfigError(flag, value, `[${i}].${part}: ${JSON.stringify(k)} is not a label key`);
+        const bad = values.find((v) => !isLabelValue(v));
+        if (bad !== undefined)
+          throw new ConfigError(flag, value, `[${i}].${part}: ${JSON.stringify(bad)} is not a label value (${k})`);
+      }
+    }
+  });
+  return selectors;
+}
+
+/** An IP address of the family, in its canonical text form. */
+function parseAddress(flag: string, value: string, family: 4 | 6): string {
+  const ok = family === 4 ? isIPv4(value) : isIPv6(value);
+  if (!ok) throw new ConfigError(flag, value, `expected an IPv${family} address`);
+  return family === 4 ? value : new URL(`http://[${value}]/`).hostname.slice(1, -1);
 }
 
 function checkSelector(flag: string, value: string, parse: (v: string) => unknown): string {

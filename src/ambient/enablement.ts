@@ -1,0 +1,102 @@
+// Which of the node's pods are ambient, and what the agent reads off a pod to decide: the
+// enablement rules shared with the plugin (cni-plugin/shared/enablement.ts), the redirection
+// annotation the agent writes, terminal phases and IPs. Pure.
+
+import type { V1Pod } from '@kubernetes/client-node';
+import {
+  isAmbientPod as isAmbientPodShared,
+  REDIRECTION_ANNOTATION,
+  type AmbientRules,
+  type EnablementSelector,
+} from '../../cni-plugin/shared/enablement.ts';
+import type { Settings } from '../config/settings.ts';
+
+export {
+  DATAPLANE_MODE_AMBIENT,
+  DATAPLANE_MODE_LABEL,
+  DATAPLANE_MODE_NONE,
+  DEFAULT_ENABLEMENT_SELECTORS,
+  labelSelectorMatches,
+  namespaceSelected,
+  REDIRECTION_ANNOTATION,
+  type AmbientRules,
+  type EnablementSelector,
+  type LabelSelector,
+} from '../../cni-plugin/shared/enablement.ts';
+
+/** The static pod's kubelet UID (its cgroup is named by it, not by the API's mirror pod UID). */
+export const MIRROR_ANNOTATION = 'kubernetes.io/config.mirror';
+
+/** INTERFACES.md §3's AmbientPod: what the dataplane needs of a pod. */
+export interface AmbientPodInfo {
+  readonly uid: string;
+  readonly namespace: string;
+  readonly name: string;
+  readonly serviceAccount: string;
+  readonly ips: readonly string[];
+  readonly annotations: Readonly<Record<string, string>>;
+  readonly mirrorUid?: string;
+}
+
+/** The pod decision (INTERFACES §3): not hostNetwork, no sidecar, not labelled none, a selector matches. */
+export function isAmbientPod(
+  pod: V1Pod,
+  namespaceLabels: Readonly<Record<string, string>> | undefined,
+  selectors: readonly EnablementSelector[],
+  rules?: AmbientRules,
+): boolean {
+  return isAmbientPodShared(pod, namespaceLabels, selectors, rules);
+}
+
+/** The rules of these settings: the sidecar annotation of repair, the namespaces the plugin leaves alone. */
+export function ambientRules(settings: Settings): AmbientRules {
+  return {
+    sidecarAnnotation: settings.repair.sidecarAnnotation,
+    excludeNamespaces: settings.install.excludeNamespaces,
+  };
+}
+
+export type Redirection = 'enabled' | 'pending';
+
+/** What the agent wrote on the pod: enabled (in ztunnel), pending (rules in, ztunnel not yet), or nothing. */
+export function redirectionOf(pod: V1Pod | undefined): Redirection | undefined {
+  const v = pod?.metadata?.annotations?.[REDIRECTION_ANNOTATION];
+  return v === 'enabled' || v === 'pending' ? v : undefined;
+}
+
+/** Succeeded or Failed: its processes are gone for good (Istio's CheckPodTerminal). */
+export function isTerminal(pod: V1Pod): boolean {
+  const phase = pod.status?.phase;
+  return phase === 'Succeeded' || phase === 'Failed';
+}
+
+/** status.podIPs, else status.podIP; none while the pod has no address yet. */
+export function podIPs(pod: V1Pod | undefined): string[] {
+  const many = (pod?.status?.podIPs ?? []).map((p) => p.ip).filter((ip): ip is string => !!ip);
+  if (many.length > 0) return many;
+  const one = pod?.status?.podIP;
+  return one ? [one] : [];
+}
+
+/** Same addresses in any order. */
+export function sameIPs(a: readonly string[], b: readonly string[]): boolean {
+  return a.length === b.length && [...a].sort().join(',') === [...b].sort().join(',');
+}
+
+export function ambientPodOf(pod: V1Pod): AmbientPodInfo {
+  const mirror = pod.metadata?.annotations?.[MIRROR_ANNOTATION];
+  return {
+    uid: pod.metadata?.uid ?? '',
+    namespace: pod.metadata?.namespace ?? '',
+    name: pod.metadata?.name ?? '',
+    serviceAccount: pod.spec?.serviceAccountName || 'default',
+    ips: podIPs(pod),
+    annotations: { ...(pod.metadata?.annotations ?? {}) },
+    ...(mirror ? { mirrorUid: mirror } : {}),
+  };
+}
+
+/** The start-up snapshot: the pods the agent enrolled before (annotated enabled) that still run. */
+export function enabledPods(pods: readonly V1Pod[]): V1Pod[] {
+  return pods.filter((p) => redirectionOf(p) === 'enabled' && !isTerminal(p));
+}

@@ -1,0 +1,139 @@
+// Ambient mode's settings (issue 17, A1): the flags, their env settings and defaults, and the
+// one-line refusals of bad values; --ebpf-enabled stays refused with the reason.
+
+import assert from 'node:assert/strict';
+import { describe, it } from 'node:test';
+import { DEFAULT_ENABLEMENT_SELECTORS } from '../../cni-plugin/shared/enablement.ts';
+import { ConfigErrors } from '../../src/config/parse.ts';
+import { buildSettings } from '../../src/config/settings.ts';
+
+const NODE = { NODE_NAME: 'node-1' };
+
+describe('ambient settings', () => {
+  it('has the defaults of the brief', () => {
+    const a = buildSettings({}, NODE).ambient;
+    assert.equal(a.enabled, false);
+    assert.equal(a.ztunnelUdsAddress, '/var/run/ztunnel/ztunnel.sock');
+    assert.deepEqual(a.enablementSelectors, DEFAULT_ENABLEMENT_SELECTORS);
+    assert.equal(a.dnsCapture, false);
+    assert.equal(a.reconcilePodRulesOnStartup, true);
+    assert.equal(a.hostProbeSnatIp, '169.254.7.127');
+    assert.equal(a.hostProbeSnatIpv6, 'fd16:9254:7127:1337:ffff:ffff:ffff:ffff');
+    assert.equal(a.ipv6, true);
+    assert.equal(a.hostRoot, '/host');
+  });
+
+  it('takes every flag, and its env setting named like it', () => {
+    const selector = '[{"podSelector":{"matchLabels":{"team":"blue"}}}]';
+    const flags = {
+      'ambient-enabled': 'true',
+      'ztunnel-uds-address': '/run/zt/zt.sock',
+      'ambient-enablement-selector': selector,
+      'ambient-dns-capture': 'true',
+      'ambient-reconcile-pod-rules-on-startup': 'false',
+      'ambient-ipv6': 'false',
+      'host-probe-snat-ip': '169.254.9.9',
+      'host-probe-snat-ipv6': 'FD00:0:0::9',
+      'host-root': '/',
+    };
+    const env = {
+      AMBIENT_ENABLED: 'true',
+      ZTUNNEL_UDS_ADDRESS: '/run/zt/zt.sock',
+      AMBIENT_ENABLEMENT_SELECTOR: selector,
+      AMBIENT_DNS_CAPTURE: 'true',
+      AMBIENT_RECONCILE_POD_RULES_ON_STARTUP: 'false',
+      AMBIENT_IPV6: 'false',
+      HOST_PROBE_SNAT_IP: '169.254.9.9',
+      HOST_PROBE_SNAT_IPV6: 'FD00:0:0::9',
+      HOST_ROOT: '/',
+    };
+    const want = {
+      enabled: true,
+      enablementSelectors: [{ podSelector: { matchLabels: { team: 'blue' } } }],
+      ztunnelUdsAddress: '/run/zt/zt.sock',
+      dnsCapture: true,
+      reconcilePodRulesOnStartup: false,
+      hostProbeSnatIp: '169.254.9.9',
+      hostProbeSnatIpv6: 'fd00::9',
+      ipv6: false,
+      hostRoot: '/',
+    };
+    assert.deepEqual({ ...buildSettings(flags, NODE).ambient }, want);
+    assert.deepEqual({ ...buildSettings({}, { ...NODE, ...env }).ambient }, want);
+  });
+
+  it('reads the selector as YAML too, with matchExpressions', () => {
+    const yaml = [
+      '- podSelector:',
+      '    matchExpressions:',
+      '      - {key: app, operator: In, values: [cart, shop]}',
+      '  namespaceSelector:',
+      '    matchLabels: {mesh.io/dataplane-mode: ambient}',
+      '- namespaceSelector:',
+      '    matchExpressions: [{key: legacy, operator: DoesNotExist}]',
+    ].join('\n');
+    const a = buildSettings({ 'ambient-enablement-selector': yaml }, NODE).ambient;
+    assert.deepEqual(a.enablementSelectors, [
+      {
+        podSelector: { matchExpressions: [{ key: 'app', operator: 'In', values: ['cart', 'shop'] }] },
+        namespaceSelector: { matchLabels: { 'mesh.io/dataplane-mode': 'ambient' } },
+      },
+      { namespaceSelector: { matchExpressions: [{ key: 'legacy', operator: 'DoesNotExist' }] } },
+    ]);
+  });
+
+  const bad: [Record<string, string>, Record<string, string>, RegExp][] = [
+    // Ambient mode watches the node's pods: without NODE_NAME it cannot.
+    [{ 'ambient-enabled': 'true' }, {}, /^invalid value "true" for --ambient-enabled: needs NODE_NAME/m],
+    [{}, { AMBIENT_ENABLED: 'yes please' }, /env AMBIENT_ENABLED/],
+    [{ 'ebpf-enabled': 'true' }, NODE, /--ebpf-enabled.*removed from Istio in 1\.21 and ztunnel no longer consumes it/],
+    [{}, { ...NODE, EBPF_ENABLED: 'true' }, /env EBPF_ENABLED.*Istio in 1\.21/],
+    [{ 'ambient-enablement-selector': '{podSelector: {}}' }, NODE, /--ambient-enablement-selector.*expected a list/],
+    [{ 'ambient-enablement-selector': '[' }, NODE, /--ambient-enablement-selector.*not YAML or JSON/],
+    [
+      { 'ambient-enablement-selector': '[{podSelecter: {}}]' },
+      NODE,
+      /--ambient-enablement-selector.*\[0\]: unknown field "podSelecter"/,
+    ],
+    [
+      { 'ambient-enablement-selector': '[{podSelector: {matchExpressions: [{key: a, operator: Has}]}}]' },
+      NODE,
+      /\[0\]\.podSelector\.matchExpressions\[0\]\.operator: expected one of In, NotIn, Exists, DoesNotExist/,
+    ],
+    [
+      { 'ambient-enablement-selector': '[{podSelector: {matchExpressions: [{key: a, operator: In}]}}]' },
+      NODE,
+      /In needs at least one value/,
+    ],
+    [
+      { 'ambient-enablement-selector': '[{namespaceSelector: {matchLabels: {"bad key!": x}}}]' },
+      NODE,
+      /\[0\]\.namespaceSelector: "bad key!" is not a label key/,
+    ],
+    [
+      { 'ambient-enablement-selector': '[{podSelector: {matchLabels: {a: "-x-"}}}]' },
+      NODE,
+      /"-x-" is not a label value/,
+    ],
+    [{ 'host-probe-snat-ip': '169.254.7' }, NODE, /"169\.254\.7" for --host-probe-snat-ip: expected an IPv4 address/],
+    [{ 'host-probe-snat-ip': 'fd00::1' }, NODE, /--host-probe-snat-ip.*IPv4/],
+    [{}, { ...NODE, HOST_PROBE_SNAT_IPV6: '169.254.7.127' }, /env HOST_PROBE_SNAT_IPV6.*IPv6/],
+    [{ 'ambient-dns-capture': 'maybe' }, NODE, /--ambient-dns-capture/],
+  ];
+  for (const [flags, env, re] of bad) {
+    it(`refuses ${JSON.stringify({ ...flags, ...env })} in one line`, () => {
+      assert.throws(
+        () => buildSettings(flags, env),
+        (e: unknown) => {
+          assert.ok(e instanceof ConfigErrors, String(e));
+          assert.match(e.message, re);
+          return true;
+        },
+      );
+    });
+  }
+
+  it('is off and refuses nothing without NODE_NAME when not enabled', () => {
+    assert.equal(buildSettings({}, {}).ambient.enabled, false);
+  });
+});
