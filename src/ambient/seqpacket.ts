@@ -119,8 +119,8 @@ function check(rc: number, syscall: string, what: string, path?: string): number
 }
 
 /**
- * One fd and its one readiness watch (libuv allows one per fd): `wait` registers interest in
- * readable or writable, and the watch runs only while someone waits.
+ * One fd and its one readiness watch (libuv allows one per fd): `want` sets the interest
+ * (readable, writable, none), so the watch runs only while someone waits.
  */
 class Pollable {
   readonly fd: number;
@@ -231,11 +231,7 @@ class Conn implements SeqpacketConn {
     if (this.#closed) return;
     if (status < 0) {
       const err = sysError(status, 'uv_poll', 'the connection is unusable');
-      for (const w of this.#recvs.splice(0)) {
-        clearTimeout(w.timer);
-        w.reject(err);
-      }
-      for (const w of this.#sends.splice(0)) w.reject(err);
+      this.#failAll(() => err);
       this.#rearm();
       return;
     }
