@@ -207,13 +207,28 @@ export function renderRestore(rules: readonly Rule[]): string {
   return out.join('\n') + '\n';
 }
 
-/** `ip -<family> -batch` lines that route ztunnel's marked replies to the pod itself (table 100). */
-export function inpodRouteCommands(family: Family, op: 'add' | 'del'): string[][] {
+/**
+ * `ip -<family> -batch` lines that route ztunnel's marked replies to the pod itself (table 100).
+ * `loRoute: false` leaves out the local route: the pod's lo has IPv6 off, where the kernel refuses
+ * it ("IPv6 is disabled on nexthop device"); Istio skips it there too.
+ */
+export function inpodRouteCommands(family: Family, op: 'add' | 'del', loRoute = true): string[][] {
   const any = family === 4 ? '0.0.0.0/0' : '::/0';
   const rule = ['rule', op, 'fwmark', TPROXY_MARK, 'pref', `${RULE_PRIORITY}`, 'lookup', `${ROUTE_TABLE}`];
   // Istio: RouteReplace on add, so a second add is no error.
   const route = ['route', op === 'add' ? 'replace' : 'del', 'local', any, 'dev', 'lo', 'table', `${ROUTE_TABLE}`];
+  if (!loRoute) return [rule];
   return op === 'add' ? [route, rule] : [rule, route];
+}
+
+/**
+ * Whether the pod's lo carries IPv6 (Istio reads net.ipv6.conf.lo.disable_ipv6; the image has no
+ * cat or sysctl to read it in the pod's netns, and lo loses ::1 exactly when IPv6 is off on it).
+ */
+async function loHasIPv6(run: Runner): Promise<boolean> {
+  const r = await run(['ip', '-6', '-o', 'addr', 'show', 'dev', 'lo']);
+  if (r.error !== null || r.code !== 0) throw failed('ip -6 addr show dev lo', r);
+  return r.stdout.trim() !== '';
 }
 
 // ---- what is there: iptables-save, read for what is ours ----
@@ -389,8 +404,9 @@ export async function reconcileRules(
  * an add, "No such ..." / "Cannot find" for a del (rule: ENOENT, route: ESRCH); anything else fails.
  */
 async function ipBatch(run: Runner, family: Family, op: 'add' | 'del'): Promise<void> {
+  const loRoute = family === 4 || op === 'del' || (await loHasIPv6(run));
   const input =
-    inpodRouteCommands(family, op)
+    inpodRouteCommands(family, op, loRoute)
       .map((c) => c.join(' '))
       .join('\n') + '\n';
   const r = await run(['ip', `-${family}`, '-force', '-batch', '-'], { input });

@@ -366,3 +366,21 @@ describe('host probe set: races and spellings', () => {
     assert.deepEqual([...(await entriesOf(node, PROBE_SET_V4))], []);
   });
 });
+
+describe('in-pod rules: a pod whose loopback has IPv6 off', () => {
+  for (const flavour of ['nft', 'legacy'] as const) {
+    it(`iptables-${flavour}: both families' rules, the IPv6 local route skipped (as Istio), removal clean`, async () => {
+      const pod = await netns('pod', defer);
+      await must(['ip', 'netns', 'exec', pod, 'sysctl', '-qw', 'net.ipv6.conf.lo.disable_ipv6=1']);
+      const run = runnerIn(pod);
+      assert.equal(await applyInpod(run, flavour, [4, 6], DEFAULT), 'applied');
+      assert.match(await rulesOf(pod, flavour, 6), /-A MESH_OUTPUT .*-j REDIRECT --to-ports 15001/);
+      assert.match(await must(['ip', '-n', pod, '-4', 'route', 'show', 'table', '100']), /local default dev lo/);
+      assert.match(await must(['ip', '-n', pod, '-6', 'rule']), /fwmark 0x111\/0xfff lookup 100/);
+      assert.equal(await applyInpod(run, flavour, [4, 6], DEFAULT), 'unchanged');
+      await removeInpod(run, flavour, [4, 6]);
+      assert.doesNotMatch(await rulesOf(pod, flavour, 6), /MESH_/);
+      assert.doesNotMatch(await must(['ip', '-n', pod, '-6', 'rule']), /lookup 100/);
+    });
+  }
+});
