@@ -1,5 +1,5 @@
 // Ambient rule builders (src/ambient/podrules.ts, hostrules.ts) against our fixtures in
-// test/fixtures/ambient/: per case, pod annotations in (cases.json), one iptables-restore
+// test/node/fixtures/ambient/: per case, pod annotations in (cases.json), one iptables-restore
 // document per family out. UPDATE_FIXTURES=1 rewrites the expected files (review the diff!).
 //
 // The fixtures are the test. That they say what Istio says is shown by the second part: each of
@@ -34,7 +34,7 @@ import {
 } from '../../src/ambient/podrules.ts';
 import { ROOT } from '../helpers/cli.ts';
 
-const DIR = path.join(ROOT, 'test/fixtures/ambient');
+const DIR = path.join(ROOT, 'test/node/fixtures/ambient');
 const UPDATE = process.env.UPDATE_FIXTURES === '1';
 
 interface Case {
