@@ -5,11 +5,14 @@
 // - CAP_SYS_ADMIN: nsenter's setns into that netns;
 // - CAP_NET_ADMIN: iptables-restore/-save, both flavours;
 // - CAP_NET_RAW: iptables-legacy-restore/-save (nft does without, but the flavour is the node's).
-// Plus the host's /proc mounted and readable, and nsenter on PATH. Whatever is missing is named
+// Plus the host's /proc mounted and readable, nsenter on PATH, --host-netns-path a namespace file
+// (src/podnetns refuses every scan without it: fail closed), and iptables-legacy's lock file
+// creatable (it opens it with O_CREAT even without -w: on a read-only /run every legacy restore
+// fails). Whatever is missing is named
 // once with what to add; in-place repair is then off for the life of the process and broken pods
 // go straight to label/delete (metric reason no_capability, per pod).
 
-import { accessSync, constants, readdirSync, readFileSync } from 'node:fs';
+import { accessSync, closeSync, constants, openSync, readdirSync, readFileSync, statfsSync } from 'node:fs';
 import path from 'node:path';
 
 export const IN_PLACE_CAPABILITIES: readonly (readonly [name: string, bit: number])[] = [
@@ -33,7 +36,14 @@ export interface InPlaceEnv {
   readonly hostProcDir: string;
   /** PATH as the agent runs its children (nsenter is looked up on it). */
   readonly path: string;
+  /** --host-netns-path: the host's netns, which the scan tells apart from pods' by (dev, ino). */
+  readonly hostNetnsPath: string;
+  /** iptables-legacy's lock file (its default; the component gives /run as an emptyDir). */
+  readonly xtablesLock: string;
 }
+
+/** statfs type of a namespace file (NSFS_MAGIC). */
+const NSFS_MAGIC = 0x6e736673;
 
 /** Each thing in-place repair lacks, as "what; what to do". Empty: everything is there. */
 export function inPlaceMissing(env: InPlaceEnv): string[] {
@@ -74,5 +84,22 @@ export function inPlaceMissing(env: InPlaceEnv): string[] {
       }
     });
   if (nsenter === undefined) out.push(`nsenter, not found on PATH ${env.path}; install util-linux in the image`);
+  try {
+    if (statfsSync(env.hostNetnsPath).type !== NSFS_MAGIC) throw new Error('not a namespace file');
+  } catch (e) {
+    out.push(
+      `--host-netns-path ${env.hostNetnsPath}: ${(e as Error).message}; set it to a file of the host's network ` +
+        "namespace the agent can read (/proc/<pid>/ns/net of a process in the host's netns, under --host-proc-dir)",
+    );
+  }
+  try {
+    // As iptables-legacy opens it: read-only, created when missing.
+    closeSync(openSync(env.xtablesLock, constants.O_RDONLY | constants.O_CREAT, 0o600));
+  } catch (e) {
+    out.push(
+      `iptables-legacy's lock file ${env.xtablesLock}: ${(e as Error).message}; give the agent a writable /run ` +
+        '(deploy/overlays/repair-in-place mounts an emptyDir there)',
+    );
+  }
   return out;
 }

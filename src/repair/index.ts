@@ -65,6 +65,8 @@ export function inPlaceFor(
     hostProcDir: r.hostProcDir,
     // runInNetns searches the sbin dirs after PATH (a container's PATH may lack them): so does the check.
     path: [settings.env.path, ...SBIN_DIRS].filter((d) => d !== '').join(':'),
+    hostNetnsPath: r.hostNetnsPath,
+    xtablesLock: '/run/xtables.lock',
     ...env,
   });
   if (!existsSync(r.validationBundle))

@@ -16,7 +16,7 @@ import { registry } from '../../src/monitoring/metrics.ts';
 import type { RepairController, RepairTiming } from '../../src/repair/controller.ts';
 import { inPlaceFor, repairPodSource, startRepair } from '../../src/repair/index.ts';
 import { InPlaceRepairer, type InPlaceReason, type InPlaceResult } from '../../src/repair/inplace.ts';
-import { missingCapabilities } from '../../src/repair/capabilities.ts';
+import { inPlaceMissing, missingCapabilities } from '../../src/repair/capabilities.ts';
 import { clientNodeApi } from '../../src/orch/api.ts';
 import { orchKubeConfig } from '../../src/orch/client.ts';
 import { startTestApiServer, type TestApiServer } from '../helpers/apiserver.ts';
@@ -315,5 +315,46 @@ describe('in-place repair never enters a hostNetwork pod', () => {
     assert.equal(r.final, true);
     assert.match(r.detail, /hostNetwork/);
     assert.deepEqual(calls, [], 'nothing looked for, opened or run');
+  });
+});
+
+describe('the start-up check of in-place repair: what every repair would fail on is said once', () => {
+  let tmp: string;
+  let fullCaps: string;
+  before(async () => {
+    tmp = await mkdtemp(path.join(os.tmpdir(), 'mcni-inplace-check-'));
+    fullCaps = path.join(tmp, 'status');
+    await writeFile(fullCaps, 'Name:\tnode\nCapEff:\t000001ffffffffff\n');
+  });
+  after(async () => {
+    await rm(tmp, { recursive: true, force: true });
+  });
+  const env = (o: { hostNetnsPath: string; xtablesLock: string }) => ({
+    selfStatusPath: fullCaps,
+    hostProcDir: '/proc',
+    path: '/usr/local/sbin:/usr/sbin:/sbin:/usr/local/bin:/usr/bin:/bin',
+    ...o,
+  });
+
+  it('a usable host netns and a lock the agent can create: nothing missing', () => {
+    const lock = path.join(tmp, 'xtables.lock');
+    assert.deepEqual(inPlaceMissing(env({ hostNetnsPath: '/proc/self/ns/net', xtablesLock: lock })), []);
+  });
+
+  it('--host-netns-path that is no namespace file (each scan would refuse it) is named with what to set', async () => {
+    const notNs = path.join(tmp, 'not-a-netns');
+    await writeFile(notNs, '');
+    for (const bad of [notNs, path.join(tmp, 'missing')]) {
+      const missing = inPlaceMissing(env({ hostNetnsPath: bad, xtablesLock: path.join(tmp, 'l1') }));
+      assert.equal(missing.length, 1, JSON.stringify(missing));
+      assert.match(missing[0]!, new RegExp(`--host-netns-path ${bad}.*set it to`));
+    }
+  });
+
+  it("iptables-legacy's lock file that cannot be created (a read-only /run) is named with what to mount", () => {
+    const lock = path.join(tmp, 'no-such-dir', 'xtables.lock');
+    const missing = inPlaceMissing(env({ hostNetnsPath: '/proc/self/ns/net', xtablesLock: lock }));
+    assert.equal(missing.length, 1, JSON.stringify(missing));
+    assert.match(missing[0]!, new RegExp(`${lock}.*ENOENT.*writable /run`));
   });
 });
