@@ -136,9 +136,12 @@ describe('ambient seqpacket', { timeout: 60_000 }, () => {
 
   it('passes a netns fd: the receiver holds the same netns inode', async () => {
     const ns = new Netns('seqp');
-    const { srv, a, b } = await pair(dir);
-    const fd = openSync(ns.path, 'r');
+    let fd: number | undefined;
+    const socks: { close(): void }[] = [];
     try {
+      const { srv, a, b } = await pair(dir);
+      socks.push(a, b, srv);
+      fd = openSync(ns.path, 'r');
       await a.send(Buffer.from('add'), [fd]);
       const m = await b.recv(1000);
       assert.ok(m);
@@ -149,8 +152,8 @@ describe('ambient seqpacket', { timeout: 60_000 }, () => {
       assert.equal(ns.exec(['readlink', '/proc/self/ns/net']).trim(), `net:[${ino}]`);
       closeSync(got);
     } finally {
-      closeSync(fd);
-      closeAll(a, b, srv);
+      if (fd !== undefined) closeSync(fd);
+      closeAll(...socks);
       ns.remove();
     }
   });
