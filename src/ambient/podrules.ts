@@ -257,8 +257,13 @@ export function parseSave(text: string): SavedRules {
   return out;
 }
 
+/**
+ * Whether a saved rule jumps (-j/-g) into a chain `owns` claims. Quoted strings (comments; iptables-save
+ * writes \" inside them) are blanked first: a rule of another's that merely mentions our chain in its
+ * comment is not ours to delete.
+ */
 const jumpsTo = (owns: Owns, line: string): boolean => {
-  const m = / -[jg] (\S+)/.exec(line);
+  const m = / -[jg] (\S+)/.exec(line.replace(/"(?:[^"\\]|\\.)*"/g, '""'));
   return m !== null && owns(m[1]!);
 };
 

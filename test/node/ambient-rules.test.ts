@@ -170,6 +170,17 @@ describe('reconcile documents', () => {
     const only = (c: string) => c === 'MESH_PRERT' || c === 'MESH_OUTPUT';
     assert.equal(reconcileDocument(inpodRules(4, opts), leftover, 4, only), null);
   });
+  it("another component's rule that names our chain only in a comment is not ours: kept, and no rewrite", () => {
+    // iptables-save quotes comments (with \" inside); the target is the -j/-g outside them.
+    const commented = saved.replace(
+      '-A PREROUTING -p udp -m udp --dport 9999 -j ACCEPT',
+      '-A PREROUTING -p udp -m udp --dport 9999 -m comment --comment "sends \\"-j MESH_PRERT\\" elsewhere" -j ACCEPT\n' +
+        '-A PREROUTING -m comment --comment "before -j MESH_PRERT" -j OTHER',
+    );
+    assert.equal(reconcileDocument(inpodRules(4, opts), commented, 4), null, 'nothing of ours changed');
+    const removal = reconcileDocument([], commented, 4)!;
+    assert.doesNotMatch(removal, /comment/, "removal names no rule of another's");
+  });
   it('canonical forms: what iptables-save prints for what we write', () => {
     assert.equal(
       canonicalRule('-A X -s 1.2.3.4 -p tcp -m tcp -j ACCEPT', 4),
