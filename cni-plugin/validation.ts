@@ -14,12 +14,23 @@ export interface ProbeOptions {
 export type ProbeResult =
   { readonly ok: true; readonly detail: string } | { readonly ok: false; readonly detail: string };
 
-function listen(host: string, port: number): Promise<net.Server | null> {
+/** Between two tries of a probe port another check holds. */
+const BUSY_RETRY_MS = 50;
+
+/**
+ * Listens on host:port. A port in use is tried again until `deadline`: another run of this very
+ * check may hold it for a moment (the agent's proof of an in-place repair runs it in the pod's
+ * netns while kubelet may be restarting this init container); failing at once would exit 126 and
+ * read as "the repair did not hold".
+ */
+function listen(host: string, port: number, deadline: number): Promise<net.Server | null> {
   return new Promise((resolve, reject) => {
     const s = net.createServer();
     s.once('error', (e: NodeJS.ErrnoException) => {
       // No IPv6 loopback in this netns: IPv4 alone decides.
       if (host === '::1' && (e.code === 'EADDRNOTAVAIL' || e.code === 'EAFNOSUPPORT')) resolve(null);
+      else if (e.code === 'EADDRINUSE' && Date.now() + BUSY_RETRY_MS < deadline)
+        setTimeout(() => listen(host, port, deadline).then(resolve, reject), BUSY_RETRY_MS);
       else
         reject(
           new Error(`cannot listen on ${host.includes(':') ? `[${host}]` : host}:${port}: ${e.code ?? e.message}`),
@@ -37,7 +48,7 @@ export async function probe(opts: ProbeOptions): Promise<ProbeResult> {
   const waiters = new Map<number, () => void>();
   const sockets = new Set<net.Socket>();
   // Settled, not all: when one listen fails, the one that succeeded is closed again.
-  const listening = await Promise.allSettled([listen('127.0.0.1', port), listen('::1', port)]);
+  const listening = await Promise.allSettled([listen('127.0.0.1', port, deadline), listen('::1', port, deadline)]);
   const servers = listening.flatMap((r) => (r.status === 'fulfilled' && r.value !== null ? [r.value] : []));
   const failed = listening.find((r) => r.status === 'rejected');
   if (failed) {

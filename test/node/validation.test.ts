@@ -52,6 +52,40 @@ describe('mesh-validation', () => {
     assert.match(r.stdout, /redirect works: a connection to 192\.0\.2\.6:15002 arrived at the local listener/);
   });
 
+  it("waits for the probe port while another check holds it (the agent's in-place proof in the same netns)", async () => {
+    // The repair controller proves an in-place repair by running this check in the pod's netns;
+    // kubelet may restart the pod's own mesh-validation meanwhile. A listen that fails with
+    // EADDRINUSE then exited 126: a new failed run, read as "the repair did not hold" (label or
+    // delete of a pod just repaired). The port is free again in well under the probe timeout.
+    const { ns, chain, prev } = await sandbox();
+    const orchconfig = api.writeOrchconfig(path.join(tmp.dir, 'orchconfig-busy'));
+    const add = await meshCni('ADD', chain, pluginConfig({ cniVersion: '1.0.0', orchconfig }, prev));
+    assert.equal(add.code, 0, add.stdout + add.stderr);
+    const holder = spawn(
+      'ip',
+      [
+        'netns',
+        'exec',
+        ns.name,
+        process.execPath,
+        '-e',
+        "const s=require('net').createServer().listen(15002,'127.0.0.1',()=>{console.log('up');setTimeout(()=>s.close(),700)})",
+      ],
+      { stdio: ['ignore', 'pipe', 'inherit'] },
+    );
+    after(() => holder.kill());
+    await new Promise<void>((resolve, reject) => {
+      const t = setTimeout(() => reject(new Error('holder did not start')), 10_000);
+      holder.stdout.once('data', () => {
+        clearTimeout(t);
+        resolve();
+      });
+    });
+    const r = await validate(ns, ['--probe-timeout', '3s']);
+    assert.equal(r.code, 0, r.stdout + r.stderr);
+    assert.match(r.stdout, /redirect works/);
+  });
+
   it('exits 126 with a termination message when the plugin never ran, even with a real listener at the probe address', async () => {
     const { ns } = await sandbox();
     // A real server where the probe connects: without the redirect the connection reaches it.
