@@ -66,9 +66,9 @@ export function podOptions(annotations: Readonly<Record<string, string>>, global
   const bool = (key: string): boolean | null => {
     const v = annotations[key];
     if (v === undefined) return null;
-    const t = v.trim().toLowerCase();
-    if (t === 'true' || t === '1') return true;
-    if (t === 'false' || t === '0') return false;
+    // Exactly Go's strconv.ParseBool, as Istio reads these: the same manifest means the same here.
+    if (['1', 't', 'T', 'TRUE', 'true', 'True'].includes(v)) return true;
+    if (['0', 'f', 'F', 'FALSE', 'false', 'False'].includes(v)) return false;
     throw new AmbientRulesError(`annotation ${key}="${v}" is not a boolean; write "true" or "false"`);
   };
   const virtualInterfaces = (annotations[ANNOTATION_VIRTUAL_INTERFACES] ?? '')

@@ -86,6 +86,17 @@ describe('in-pod rules: options', () => {
     );
     assert.throws(() => podOptions({ 'ambient.mesh.io/dns-capture': '' }, false), /dns-capture="" is not a boolean/);
   });
+  it("reads booleans as Istio's strconv.ParseBool does (1 t T TRUE true True and the false ones), refuses the rest", () => {
+    const key = 'ambient.mesh.io/bypass-inbound-capture';
+    for (const v of ['1', 't', 'T', 'TRUE', 'true', 'True'])
+      assert.equal(podOptions({ [key]: v }, false).ingressMode, true, v);
+    for (const v of ['0', 'f', 'F', 'FALSE', 'false', 'False'])
+      assert.equal(podOptions({ [key]: v }, false).ingressMode, false, v);
+    // Istio ignores these (inbound captured); taking them as true would bypass ztunnel where Istio does not.
+    for (const v of ['TrUe', ' true', 'true ', 'yes'])
+      assert.throws(() => podOptions({ [key]: v }, false), /is not a boolean/, JSON.stringify(v));
+    assert.equal(podOptions({ 'ambient.mesh.io/dns-capture': 'F' }, true).dnsCapture, false);
+  });
   it('refuses an interface name that is not one interface (wildcard, option, too long)', () => {
     for (const bad of ['eth+', '-j ACCEPT', 'a'.repeat(16), 'a b', '!eth0']) {
       assert.throws(
