@@ -11,6 +11,7 @@ import {
   chooseNetns,
   planCandidates,
   scanPodProcesses,
+  scanPodsProcesses,
   type Candidate,
   type Looked,
   type ScanResult,
@@ -92,15 +93,91 @@ const scanSummary = (procDir: string, s: ScanResult, inHost: number): string => 
 export async function findPodNetns(uid: string, podIPs: readonly string[], opts: PodNetnsOptions): Promise<FindResult> {
   const host = await hostNetnsId(opts.hostNetnsPath);
   // No IP to look for (fail closed: ip_mismatch): nothing is scanned, opened or entered.
-  const none = canonicalPodIps(podIPs).length === 0 ? chooseNetns([], new Map(), podIPs) : null;
-  if (none && !none.ok) return { ok: false, reason: none.reason, detail: `pod ${uid}: ${none.detail}` };
+  const none = noIpResult(uid, podIPs);
+  if (none !== null) return none;
   const scan = await scanPodProcesses(opts.hostProcDir, uid.toLowerCase());
+  return choosePodNetns(uid, podIPs, scan, host, opts.hostProcDir);
+}
+
+/** A pod to look for with findPodsNetns. */
+export interface PodToFind {
+  readonly uid: string;
+  readonly ips: readonly string[];
+}
+
+/** How many pods' netns are looked into at once (each look runs `ip` in the netns). */
+const LOOK_CONCURRENCY = 8;
+
+/**
+ * findPodNetns for many pods with ONE walk of /proc (the agent's start-up: hundreds of pods).
+ * The result has an entry per distinct UID given; each ok netns is the caller's to close. A
+ * netns already given to a pod of the list is not given to another (the first in list order keeps it).
+ * Rejects as findPodNetns does, with nothing left open.
+ */
+export async function findPodsNetns(
+  pods: readonly PodToFind[],
+  opts: PodNetnsOptions,
+): Promise<Map<string, FindResult>> {
+  const host = await hostNetnsId(opts.hostNetnsPath);
+  const out = new Map<string, FindResult>();
+  const wanted = new Map<string, PodToFind>();
+  for (const p of pods) {
+    if (out.has(p.uid) || wanted.has(p.uid)) continue;
+    const none = noIpResult(p.uid, p.ips);
+    if (none !== null) out.set(p.uid, none);
+    else wanted.set(p.uid, p);
+  }
+  if (wanted.size === 0) return out;
+  const scan = await scanPodsProcesses(opts.hostProcDir, new Set([...wanted.keys()].map((u) => u.toLowerCase())));
+  const queue = [...wanted.values()];
+  const results = new Map<string, FindResult>();
+  const worker = async () => {
+    for (let p = queue.shift(); p !== undefined; p = queue.shift()) {
+      const { byUid, ...rest } = scan;
+      const one: ScanResult = { processes: byUid.get(p.uid.toLowerCase()) ?? [], ...rest };
+      results.set(p.uid, await choosePodNetns(p.uid, p.ips, one, host, opts.hostProcDir));
+    }
+  };
+  try {
+    await Promise.all(Array.from({ length: Math.min(LOOK_CONCURRENCY, queue.length) }, worker));
+  } catch (e) {
+    for (const r of results.values()) if (r.ok) r.netns.close();
+    throw e;
+  }
+  const given = new Set<string>();
+  for (const p of wanted.values()) {
+    const r = results.get(p.uid)!;
+    if (r.ok && given.has(nsKey(r.netns))) {
+      r.netns.close();
+      const detail = `pod ${p.uid}: its netns (inode ${r.netns.ino}) is another pod's of the same lookup`;
+      out.set(p.uid, { ok: false, reason: 'no_netns', detail });
+      continue;
+    }
+    if (r.ok) given.add(nsKey(r.netns));
+    out.set(p.uid, r);
+  }
+  return out;
+}
+
+function noIpResult(uid: string, podIPs: readonly string[]): FindResult | null {
+  const none = canonicalPodIps(podIPs).length === 0 ? chooseNetns([], new Map(), podIPs) : null;
+  return none && !none.ok ? { ok: false, reason: none.reason, detail: `pod ${uid}: ${none.detail}` } : null;
+}
+
+/** The scan's processes of one pod -> its netns: each candidate opened once, the chosen fd kept. */
+async function choosePodNetns(
+  uid: string,
+  podIPs: readonly string[],
+  scan: ScanResult,
+  host: NsId,
+  procDir: string,
+): Promise<FindResult> {
   const { candidates, inHost } = planCandidates(scan.processes, host);
   const held = new Map<string, HeldNetns>();
   try {
     const looked = new Map<string, Looked>();
     for (const c of candidates) {
-      const ns = await openCandidate(opts.hostProcDir, c, host);
+      const ns = await openCandidate(procDir, c, host);
       if (ns === null) continue;
       if (typeof ns === 'string') {
         looked.set(nsKey(c.netns), { pid: c.pids[0]!, openError: ns });
@@ -115,7 +192,7 @@ export async function findPodNetns(uid: string, podIPs: readonly string[], opts:
     }
     const choice = chooseNetns(candidates, looked, podIPs);
     if (!choice.ok) {
-      const detail = `pod ${uid}: ${choice.detail}${scanSummary(opts.hostProcDir, scan, inHost)}`;
+      const detail = `pod ${uid}: ${choice.detail}${scanSummary(procDir, scan, inHost)}`;
       return { ok: false, reason: choice.reason, detail };
     }
     const netns = held.get(nsKey(choice.netns))!;

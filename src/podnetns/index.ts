@@ -4,7 +4,15 @@
 // network namespace".
 
 export { podUidFromCgroup } from './cgroup.ts';
-export type { HeldNetns } from './held.ts';
-export { findPodNetns, type FindFailure, type FindResult, type PodNetnsOptions } from './find.ts';
+export { openNetns, type HeldNetns, type NsId } from './held.ts';
+export {
+  findPodNetns,
+  findPodsNetns,
+  hostNetnsId,
+  type FindFailure,
+  type FindResult,
+  type PodNetnsOptions,
+  type PodToFind,
+} from './find.ts';
 export { runInNetns, type RunOptions, type RunResult } from './run.ts';
 export { netnsAddresses } from './addresses.ts';

@@ -88,6 +88,21 @@ export function parseStarttime(text: string): bigint | null {
  * Rejects only when `procDir` itself cannot be listed.
  */
 export async function scanPodProcesses(procDir: string, uid: string): Promise<ScanResult> {
+  const { byUid, ...rest } = await scanPodsProcesses(procDir, new Set([uid]));
+  return { processes: byUid.get(uid) ?? [], ...rest };
+}
+
+/** One walk of /proc for many pods: their processes by UID (absent: none found). */
+export interface MultiScanResult extends Omit<ScanResult, 'processes'> {
+  readonly byUid: Map<string, PodProcess[]>;
+}
+
+/**
+ * The processes of every pod in `uids` (canonical) with ONE walk of `procDir`: the agent's
+ * start-up finds hundreds of pods, and a walk per pod would read /proc hundreds of times.
+ * Rejects only when `procDir` itself cannot be listed.
+ */
+export async function scanPodsProcesses(procDir: string, uids: ReadonlySet<string>): Promise<MultiScanResult> {
   let names: string[];
   try {
     names = (await fsp.readdir(procDir)).filter((n) => /^[1-9]\d*$/.test(n));
@@ -98,7 +113,7 @@ export async function scanPodProcesses(procDir: string, uid: string): Promise<Sc
       { cause: e },
     );
   }
-  const processes: PodProcess[] = [];
+  const byUid = new Map<string, PodProcess[]>();
   const firstErrors: string[] = [];
   let vanished = 0;
   let unreadable = 0;
@@ -107,11 +122,14 @@ export async function scanPodProcesses(procDir: string, uid: string): Promise<Sc
     const dir = path.join(procDir, name);
     try {
       const cgroup = readBounded(path.join(dir, 'cgroup'), buf, MAX_CGROUP_BYTES);
-      if (podUidFromCgroup(cgroup) !== uid) return;
+      const uid = podUidFromCgroup(cgroup);
+      if (uid === null || !uids.has(uid)) return;
       const starttime = parseStarttime(readBounded(path.join(dir, 'stat'), buf, MAX_STAT_BYTES));
       if (starttime === null) throw new Error(`${path.join(dir, 'stat')} has no start time (field 22)`);
       const st = fs.statSync(path.join(dir, 'ns', 'net'), { bigint: true });
-      processes.push({ pid: Number(name), starttime, netns: { dev: st.dev, ino: st.ino } });
+      const list = byUid.get(uid) ?? [];
+      list.push({ pid: Number(name), starttime, netns: { dev: st.dev, ino: st.ino } });
+      byUid.set(uid, list);
     } catch (e) {
       if (gone(e)) {
         vanished++;
@@ -125,7 +143,7 @@ export async function scanPodProcesses(procDir: string, uid: string): Promise<Sc
     if (i > 0 && i % BATCH === 0) await new Promise((r) => setImmediate(r));
     one(names[i]!);
   }
-  return { processes, scanned: names.length, vanished, unreadable, firstErrors };
+  return { byUid, scanned: names.length, vanished, unreadable, firstErrors };
 }
 
 /** A netns some of the pod's processes are in: the place to look for the pod's IPs. */

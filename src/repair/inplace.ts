@@ -11,12 +11,10 @@
 // What the controller does with a failure (retry, fall through to label/delete) is its call
 // (controller.ts); here each failure gets a reason and whether trying again can help (`final`).
 
-import { execFile } from 'node:child_process';
 import { stat } from 'node:fs/promises';
 import path from 'node:path';
 import type { V1Pod } from '@kubernetes/client-node';
 import {
-  detectFlavour,
   ensureRules,
   ipBatch,
   type Flavour,
@@ -25,6 +23,7 @@ import {
 } from '../../cni-plugin/redirect/iptables.ts';
 import type { Family } from '../../cni-plugin/redirect/net.ts';
 import { buildFamilyRules } from '../../cni-plugin/redirect/rules.ts';
+import { hostFlavourDetector } from '../hostnet/flavour.ts';
 import { MIRROR_ANNOTATION } from '../../cni-plugin/shared/poduid.ts';
 import { AnnotationError, specForPod, type PodLike, type RedirectSpec } from '../../cni-plugin/redirect/spec.ts';
 
@@ -127,28 +126,6 @@ export function familiesOf(ips: readonly string[]): Family[] {
   const v4 = ips.some((ip) => ip.includes('.'));
   const v6 = ips.some((ip) => ip.includes(':'));
   return v6 ? (v4 ? [4, 6] : [6]) : [4];
-}
-
-/** The node's flavour as the plugin detects it (Kubernetes' iptables-wrapper rule), in the host netns. */
-export function hostFlavourDetector(): () => Promise<Flavour> {
-  const host: NetnsRunner = {
-    where: 'on this node',
-    run: (argv) =>
-      new Promise((resolve) => {
-        execFile(argv[0]!, argv.slice(1), { timeout: 5000, maxBuffer: 16 << 20 }, (err, stdout, stderr) => {
-          const code = err ? (typeof err.code === 'number' ? err.code : null) : 0;
-          const error = err && typeof err.code !== 'number' ? err.message : null;
-          resolve({ code, stdout, stderr, error });
-        });
-      }),
-  };
-  let once: Promise<Flavour> | undefined;
-  return () => {
-    once ??= detectFlavour(host).then((d) => d.flavour);
-    // A failed detection is tried again by the next pod rather than remembered.
-    once.catch(() => (once = undefined));
-    return once;
-  };
 }
 
 const lastLine = (t: string): string =>
