@@ -101,9 +101,14 @@ export class ZtunnelError extends Error {
   }
 }
 
-/** What the server reports, for logs above it and for tests to wait on. */
+/**
+ * What the server reports, for the caller and for tests to wait on. Emitted synchronously, in
+ * this order per connection: `connected` (before the snapshot is read: hold its fds open from
+ * here), then `snapshot` once SnapshotSent was acked, `disconnected` whenever it goes (also during
+ * the snapshot, and on close()); a connection that never said a valid Hello only gets `refused`.
+ */
 export interface ZdsServerEvents {
-  /** A connection sent a valid Hello: it counts from now on. */
+  /** A connection sent a valid Hello: it counts from now on; the snapshot is read next. */
   connected: [id: number];
   /** A connection's snapshot was acked (pods: how many, Adds and Keeps). */
   snapshot: [id: number, pods: number];
