@@ -190,9 +190,13 @@ export type RuleSet = Map<string, Map<string, string[]>>;
 /** Our chains are the MESH_* ones (rules.ts); everything else in the netns belongs to someone else. */
 const isOurs = (chain: string): boolean => chain.startsWith(OWN_CHAIN_PREFIX);
 
-/** A rule that jumps (-j) or goes (-g) into one of our chains: one of our jumps when it sits in another chain. */
+/**
+ * A rule that jumps (-j) or goes (-g) into one of our chains: one of our jumps when it sits in
+ * another chain. Quoted strings (comments; iptables-save writes \" inside them) are blanked
+ * first: another's rule that only names our chain in its comment is not ours to delete.
+ */
 function jumpsToOurs(rule: string): boolean {
-  const m = / -[jg] (\S+)/.exec(rule);
+  const m = / -[jg] (\S+)/.exec(rule.replace(/"(?:[^"\\]|\\.)*"/g, '""'));
   return m !== null && isOurs(m[1]!);
 }
 

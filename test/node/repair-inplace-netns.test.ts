@@ -185,6 +185,35 @@ describe('in-place repair: rules by fd in a real netns', () => {
     });
   }
 
+  for (const flavour of FLAVOURS) {
+    it(`${flavour}: a foreign rule whose comment names our jump is not ours: kept, and right rules stay unchanged`, async () => {
+      const ns = new Netns('inplc');
+      const held = await openNetns(ns.path, 0);
+      try {
+        // Another component's rule that mentions our chain only in its comment (iptables-save
+        // keeps the quotes): taken for a jump of ours, it was deleted by every reconcile, and
+        // right rules never read as unchanged.
+        ns.exec(
+          [`iptables-${flavour}-restore`, '--noflush'],
+          '*nat\n:FOREIGN_KEEP - [0:0]\n' +
+            '-A OUTPUT -d 198.18.9.8/32 -m comment --comment "runs before -j MESH_OUTPUT" -j FOREIGN_KEEP\n' +
+            'COMMIT\n',
+        );
+        const r = recording(held);
+        const doc = buildFamilyRules(specForPod(pod('cmt-0')), 4).restore;
+        assert.equal(await ensureRules(r, flavour, 4, doc), 'created');
+        assert.equal(await ensureRules(r, flavour, 4, doc), 'unchanged');
+        assert.match(
+          await save(r, flavour, 4),
+          /-A OUTPUT -d 198\.18\.9\.8\/32 .*runs before -j MESH_OUTPUT.* -j FOREIGN_KEEP/,
+        );
+      } finally {
+        held.close();
+        ns.remove();
+      }
+    });
+  }
+
   it('a validation check that does not pass is proof_failed, with its text', async () => {
     const ns = new Netns('inplf');
     const held = await openNetns(ns.path, 0);
