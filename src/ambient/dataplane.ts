@@ -1,0 +1,469 @@
+// Ambient mode's node dataplane (issue 17): enrolls pods into the node proxy, ztunnel. After
+// Istio's cni/pkg/nodeagent (meshdataplane_linux.go, net_linux.go), our code:
+// - a pod is added in a fixed order: its netns held -> in-pod rules -> ztunnel told (AddWorkload
+//   + the netns fd, acked) -> its IPs in the node's probe ipset -> annotated `enabled`. Rules go in
+//   before ztunnel hears of the pod, so no packet of an enrolled pod bypasses it; the annotation
+//   comes last, since once it says enabled the pod counts as enrolled for good;
+// - removal goes the other way: probe ipset -> rules out of the netns (unless the pod is being
+//   deleted) -> ztunnel told to let go (every connection) -> annotation removed;
+// - start(): the node's probe rule and sets, the pods enrolled before this start found again
+//   (snapshot.ts), then the ZDS socket opens and each ztunnel that connects gets the snapshot.
+// The pieces: podrules.ts / hostrules.ts (rules), src/podnetns/ (netns by fd, nsenter),
+// ztunnelserver.ts (ZDS), podcache.ts (the held netns), hostprobes.ts (the ipset sync).
+
+import { lstat, rm, stat, statfs } from 'node:fs/promises';
+import path from 'node:path';
+import type { Settings } from '../config/settings.ts';
+import { hostFlavourDetector } from '../hostnet/flavour.ts';
+import { runOnHost } from '../hostnet/run.ts';
+import { scope } from '../monitoring/logging.ts';
+import {
+  findPodNetns,
+  findPodsNetns,
+  hostNetnsId,
+  openNetns,
+  runInNetns,
+  type HeldNetns,
+  type NsId,
+  type PodNetnsOptions,
+} from '../podnetns/index.ts';
+import { addProbeIP, applyHost, removeHost, removeProbeIP } from './hostrules.ts';
+import { PodCache } from './podcache.ts';
+import { applyInpod, podOptions, removeInpod, type Family, type Flavour, type Runner } from './podrules.ts';
+import { buildStartupState, type StartupPod } from './snapshot.ts';
+import type { WorkloadInfo } from './zds.ts';
+import { ZtunnelError, ZtunnelServer, type ZdsTimings } from './ztunnelserver.ts';
+
+const log = scope('ambient');
+
+export interface AmbientPod {
+  readonly uid: string;
+  readonly namespace: string;
+  readonly name: string;
+  readonly serviceAccount: string;
+  /** status.podIPs, or the ADD's prevResult IPs. */
+  readonly ips: readonly string[];
+  readonly annotations: Readonly<Record<string, string>>;
+  /** The kubelet UID of a static pod (its cgroups carry it), if any. */
+  readonly mirrorUid?: string;
+}
+
+export type EnrollReason = 'netns' | 'rules' | 'ztunnel' | 'ipset' | 'annotate';
+
+/** An enrollment step that failed; the message names it (ztunnel, rules, netns...) and the pod. */
+export class EnrollError extends Error {
+  readonly reason: EnrollReason;
+  /** Istio's split: netns and rules failures are not retried (the pod must be re-created), the rest are. */
+  readonly retryable: boolean;
+  constructor(reason: EnrollReason, message: string, opts?: { cause?: unknown }) {
+    super(message, opts);
+    this.name = 'EnrollError';
+    this.reason = reason;
+    this.retryable = reason !== 'netns' && reason !== 'rules';
+  }
+}
+
+/** A merge patch of the pod's redirection annotation on pods/status (null: removed). */
+export interface PodAnnotator {
+  setRedirection(
+    pod: { namespace: string; name: string; uid: string },
+    value: 'enabled' | 'pending' | null,
+  ): Promise<void>;
+}
+
+export interface MeshDataplane {
+  start(pods: readonly AmbientPod[]): Promise<void>;
+  addPodToMesh(pod: AmbientPod, netnsPath: string | null): Promise<void>;
+  removePodFromMesh(pod: AmbientPod, isDelete: boolean): Promise<void>;
+  syncHostProbeIPs(pod: AmbientPod): Promise<void>;
+  isEnrolled(uid: string): boolean;
+  notReadyReasons(): string[];
+  status(): DataplaneStatus;
+  stop(cleanup: boolean): Promise<void>;
+}
+
+export interface DataplaneStatus {
+  readonly started: boolean;
+  readonly socket: string;
+  readonly listening: boolean;
+  /** ztunnel connections that said Hello. */
+  readonly connections: number;
+  /** Pods enrolled (added, or found enrolled at start-up). */
+  readonly enrolledPods: number;
+  /** Pods known whose netns is not held (sent to ztunnel as Keep). */
+  readonly podsWithoutNetns: readonly string[];
+}
+
+/** Test seams; the agent passes only the annotator. */
+export interface DataplaneDeps {
+  readonly annotator: PodAnnotator;
+  /** Runs a program on the node (probe ipset, MESH_POSTRT); default: directly (the agent is in the host netns). */
+  readonly host?: Runner;
+  /** The node's iptables flavour; default: detected once, as the plugin does. */
+  readonly flavour?: () => Promise<Flavour>;
+  readonly zdsTimings?: Partial<ZdsTimings>;
+}
+
+/** statfs type of a namespace file (NSFS_MAGIC). */
+const NSFS_MAGIC = 0x6e736673n;
+const NOT_READY = 'ambient: snapshot not built yet';
+
+const familiesOfIps = (ips: readonly string[]): Family[] => {
+  const v4 = ips.some((ip) => ip.includes('.'));
+  const v6 = ips.some((ip) => ip.includes(':'));
+  return v6 ? (v4 ? [4, 6] : [6]) : [4];
+};
+const podName = (p: { namespace: string; name: string }) => `${p.namespace}/${p.name}`;
+const workload = (p: AmbientPod): WorkloadInfo => ({
+  name: p.name,
+  namespace: p.namespace,
+  serviceAccount: p.serviceAccount,
+});
+const runnerIn =
+  (netns: HeldNetns): Runner =>
+  (argv, opts) =>
+    runInNetns(netns, argv, { input: opts?.input ?? null });
+
+/**
+ * The plugin's CNI netns path, opened under the host root: it must be a namespace file and not
+ * the host's own netns (a wrong path there would program the node's rules into the node).
+ */
+export async function openCniNetns(hostRoot: string, netnsPath: string, host: NsId): Promise<HeldNetns> {
+  if (!path.isAbsolute(netnsPath) || netnsPath.split('/').includes('..')) {
+    throw new Error(`the CNI netns path "${netnsPath}" is not an absolute path without ..`);
+  }
+  const where = path.join(hostRoot, netnsPath);
+  let ns: HeldNetns;
+  try {
+    ns = await openNetns(where, 0);
+  } catch (e) {
+    throw new Error(
+      `cannot open the pod's netns ${where} (CNI netns ${netnsPath} under the host root ${hostRoot}): ` +
+        `${(e as Error).message}; the host's ${path.dirname(netnsPath)} must be mounted under ${hostRoot}`,
+      { cause: e },
+    );
+  }
+  try {
+    // The fd's own file system, through its /proc link: the path may have changed since the open.
+    const fs = await statfs(`/proc/self/fd/${ns.fd}`, { bigint: true });
+    if (fs.type !== NSFS_MAGIC) throw new Error(`${where} is not a network namespace file`);
+    if (ns.dev === host.dev && ns.ino === host.ino) throw new Error(`${where} is the host's netns, not a pod's`);
+  } catch (e) {
+    ns.close();
+    throw e;
+  }
+  return ns;
+}
+
+class Dataplane implements MeshDataplane {
+  readonly #s: Settings['ambient'];
+  readonly #nsOpts: PodNetnsOptions;
+  readonly #annotator: PodAnnotator;
+  readonly #host: Runner;
+  readonly #flavour: () => Promise<Flavour>;
+  readonly #timings: Partial<ZdsTimings> | undefined;
+  readonly #hostFamilies: Family[];
+  readonly #cache = new PodCache();
+  readonly #enrolled = new Set<string>();
+  /** Per pod UID, the tail of its operations: one at a time per pod, in call order. */
+  readonly #tails = new Map<string, Promise<unknown>>();
+  #server: ZtunnelServer | null = null;
+  #started = false;
+  #stopped = false;
+  readonly #snapshotHolds = new Map<number, () => void>();
+
+  constructor(settings: Settings, deps: DataplaneDeps) {
+    this.#s = settings.ambient;
+    this.#nsOpts = { hostProcDir: settings.repair.hostProcDir, hostNetnsPath: settings.repair.hostNetnsPath };
+    this.#annotator = deps.annotator;
+    this.#host = deps.host ?? ((argv, opts) => runOnHost(argv, { input: opts?.input ?? null }));
+    this.#flavour = deps.flavour ?? hostFlavourDetector();
+    this.#timings = deps.zdsTimings;
+    this.#hostFamilies = this.#s.ipv6 ? [4, 6] : [4];
+  }
+
+  /** Runs `fn` after every earlier operation on the same pod has settled. */
+  #serial<T>(uid: string, fn: () => Promise<T>): Promise<T> {
+    const prev = this.#tails.get(uid) ?? Promise.resolve();
+    const run = prev.then(fn, fn);
+    const tail = run.catch(() => {});
+    this.#tails.set(uid, tail);
+    void tail.then(() => {
+      if (this.#tails.get(uid) === tail) this.#tails.delete(uid);
+    });
+    return run;
+  }
+
+  #podOptions(pod: AmbientPod) {
+    return {
+      ...podOptions(pod.annotations, this.#s.dnsCapture),
+      probeSnatV4: this.#s.hostProbeSnatIp,
+      probeSnatV6: this.#s.hostProbeSnatIpv6,
+    };
+  }
+
+  async #programRules(pod: AmbientPod, netns: HeldNetns): Promise<void> {
+    const opts = this.#podOptions(pod);
+    const flavour = await this.#flavour();
+    await applyInpod(runnerIn(netns), flavour, familiesOfIps(pod.ips), opts);
+  }
+
+  /** The pod's netns: from the CNI path, else the one held, else a /proc scan. Cached. */
+  async #netnsOf(pod: AmbientPod, netnsPath: string | null): Promise<HeldNetns> {
+    const info = workload(pod);
+    if (netnsPath !== null && netnsPath !== '') {
+      const host = await hostNetnsId(this.#nsOpts.hostNetnsPath);
+      return this.#cache.upsert(pod.uid, info, await openCniNetns(this.#s.hostRoot, netnsPath, host));
+    }
+    const held = this.#cache.get(pod.uid)?.netns;
+    if (held) return held;
+    const r = await findPodNetns(pod.mirrorUid ?? pod.uid, pod.ips, this.#nsOpts);
+    if (!r.ok) throw new Error(`${r.reason}: ${r.detail}`);
+    return this.#cache.upsert(pod.uid, info, r.netns);
+  }
+
+  addPodToMesh(pod: AmbientPod, netnsPath: string | null): Promise<void> {
+    return this.#serial(pod.uid, () => this.#add(pod, netnsPath));
+  }
+
+  async #add(pod: AmbientPod, netnsPath: string | null): Promise<void> {
+    const name = podName(pod);
+    log.info('adding pod to the mesh', { pod: name, uid: pod.uid });
+    this.#cache.ensure(pod.uid, workload(pod));
+    let netns: HeldNetns;
+    try {
+      netns = await this.#netnsOf(pod, netnsPath);
+    } catch (e) {
+      this.#cache.release(this.#cache.take(pod.uid));
+      throw new EnrollError('netns', `cannot find the netns of pod ${name}: ${(e as Error).message}`, { cause: e });
+    }
+    try {
+      await this.#programRules(pod, netns);
+    } catch (e) {
+      this.#cache.release(this.#cache.take(pod.uid));
+      throw new EnrollError('rules', `cannot program the in-pod rules of pod ${name}: ${(e as Error).message}`, {
+        cause: e,
+      });
+    }
+    try {
+      if (this.#server === null) {
+        throw new ZtunnelError(
+          'no_connection',
+          `no ztunnel connection: the agent's ZDS server on ${this.#s.ztunnelUdsAddress} is not listening yet`,
+        );
+      }
+      await this.#server.podAdded(pod.uid, workload(pod), netns.fd);
+    } catch (e) {
+      // Rules stay: the pod must not run unredirected. `pending` tells the informer to retry.
+      let also = '';
+      try {
+        await this.#annotator.setRedirection(pod, 'pending');
+      } catch (ae) {
+        also = ` (and marking it pending failed: ${(ae as Error).message})`;
+      }
+      log.error('ztunnel did not take the pod: it stays pending', { pod: name, error: (e as Error).message });
+      const msg = (e as Error).message;
+      throw new EnrollError(
+        'ztunnel',
+        `${/ztunnel/i.test(msg) ? msg : `ztunnel: ${msg}`}; pod ${name} is pending${also}`,
+        { cause: e },
+      );
+    }
+    try {
+      for (const ip of pod.ips) await addProbeIP(this.#host, ip, pod.uid);
+    } catch (e) {
+      throw new EnrollError('ipset', `cannot add pod ${name} to the probe ipset: ${(e as Error).message}`, {
+        cause: e,
+      });
+    }
+    try {
+      await this.#annotator.setRedirection(pod, 'enabled');
+    } catch (e) {
+      throw new EnrollError('annotate', `cannot annotate pod ${name} enabled: ${(e as Error).message}`, { cause: e });
+    }
+    this.#enrolled.add(pod.uid);
+  }
+
+  removePodFromMesh(pod: AmbientPod, isDelete: boolean): Promise<void> {
+    return this.#serial(pod.uid, () => this.#remove(pod, isDelete));
+  }
+
+  async #remove(pod: AmbientPod, isDelete: boolean): Promise<void> {
+    const name = podName(pod);
+    log.info('removing pod from the mesh', { pod: name, uid: pod.uid, deleted: isDelete });
+    try {
+      for (const ip of pod.ips) {
+        const r = await removeProbeIP(this.#host, ip, pod.uid);
+        if (!r.removed && r.owner !== null) {
+          log.warn('probe ipset entry kept: the IP is now another pod', { pod: name, ip, owner: r.owner });
+        }
+      }
+    } catch (e) {
+      throw new EnrollError('ipset', `cannot remove pod ${name} from the probe ipset: ${(e as Error).message}`, {
+        cause: e,
+      });
+    }
+    this.#enrolled.delete(pod.uid);
+    const netns = this.#cache.take(pod.uid);
+    try {
+      if (!isDelete && netns !== null) {
+        try {
+          await removeInpod(runnerIn(netns), await this.#flavour(), familiesOfIps(pod.ips));
+        } catch (e) {
+          throw new EnrollError('rules', `cannot remove the in-pod rules of pod ${name}: ${(e as Error).message}`, {
+            cause: e,
+          });
+        }
+      } else if (!isDelete) {
+        log.warn("the pod's netns is not held: its in-pod rules are not removed", { pod: name });
+      }
+    } finally {
+      this.#cache.release(netns);
+    }
+    try {
+      await this.#server?.podDeleted(pod.uid);
+    } catch (e) {
+      throw new EnrollError('ztunnel', `ztunnel did not let pod ${name} go: ${(e as Error).message}`, { cause: e });
+    }
+    try {
+      await this.#annotator.setRedirection(pod, null);
+    } catch (e) {
+      if (!isDelete) {
+        throw new EnrollError('annotate', `cannot remove the annotation of pod ${name}: ${(e as Error).message}`, {
+          cause: e,
+        });
+      }
+      log.debug('annotation of a deleted pod not removed', { pod: name, error: (e as Error).message });
+    }
+  }
+
+  syncHostProbeIPs(pod: AmbientPod): Promise<void> {
+    return this.#serial(pod.uid, async () => {
+      try {
+        for (const ip of pod.ips) await addProbeIP(this.#host, ip, pod.uid);
+      } catch (e) {
+        throw new EnrollError('ipset', `cannot add pod ${podName(pod)} to the probe ipset: ${(e as Error).message}`, {
+          cause: e,
+        });
+      }
+    });
+  }
+
+  isEnrolled(uid: string): boolean {
+    return this.#enrolled.has(uid);
+  }
+
+  notReadyReasons(): string[] {
+    if (this.#stopped) return ['ambient: stopped'];
+    return this.#started ? [] : [NOT_READY];
+  }
+
+  status(): DataplaneStatus {
+    return {
+      started: this.#started,
+      socket: this.#s.ztunnelUdsAddress,
+      listening: this.#server !== null,
+      connections: this.#server?.connections ?? 0,
+      enrolledPods: this.#enrolled.size,
+      podsWithoutNetns: this.#cache.withoutNetns(),
+    };
+  }
+
+  async start(pods: readonly AmbientPod[]): Promise<void> {
+    if (this.#started || this.#server !== null) throw new Error('the ambient dataplane was started already');
+    const flavour = await this.#flavour();
+    const snat = { v4: this.#s.hostProbeSnatIp, v6: this.#s.hostProbeSnatIpv6 };
+    try {
+      await applyHost(this.#host, flavour, this.#hostFamilies, snat);
+    } catch (e) {
+      throw new Error(`cannot set up ambient's host probe rules (${flavour}): ${(e as Error).message}`, { cause: e });
+    }
+    const startup: StartupPod[] = pods.map((p) => ({
+      uid: p.uid,
+      namespace: p.namespace,
+      name: p.name,
+      ips: p.ips,
+      info: workload(p),
+      ...(p.mirrorUid ? { cgroupUid: p.mirrorUid } : {}),
+    }));
+    const byUid = new Map(pods.map((p) => [p.uid, p]));
+    const r = await buildStartupState(startup, {
+      cache: this.#cache,
+      host: this.#host,
+      hostFamilies: this.#hostFamilies,
+      findMany: (list) => findPodsNetns(list, this.#nsOpts),
+      reconcile: this.#s.reconcilePodRulesOnStartup ? (p, netns) => this.#programRules(byUid.get(p.uid)!, netns) : null,
+    });
+    for (const p of pods) this.#enrolled.add(p.uid);
+    this.#server = await this.#listen();
+    this.#started = true;
+    log.info('ambient dataplane started', {
+      pods: pods.length,
+      withNetns: r.withNetns,
+      withoutNetns: r.withoutNetns.size,
+      rulesReconciled: r.reconciled,
+      rulesFailed: r.reconcileFailed.size,
+      probeIPs: r.probes.added,
+      probePruned: r.probes.pruned,
+      socket: this.#s.ztunnelUdsAddress,
+    });
+  }
+
+  async #listen(): Promise<ZtunnelServer> {
+    const sock = this.#s.ztunnelUdsAddress;
+    const dir = path.dirname(sock);
+    try {
+      if (!(await stat(dir)).isDirectory()) throw new Error('not a directory');
+    } catch (e) {
+      throw new Error(
+        `cannot listen for ztunnel on ${sock} (--ztunnel-uds-address): its directory ${dir} is not there ` +
+          `(${(e as Error).message}); mount ztunnel's socket directory there`,
+        { cause: e },
+      );
+    }
+    // A socket left by an agent that did not stop cleanly: ours to replace (Istio unlinks it too).
+    // Anything else at that path is not ours: refused.
+    try {
+      const st = await lstat(sock);
+      if (!st.isSocket()) {
+        throw new Error(`cannot listen for ztunnel on ${sock}: something other than a socket is there; remove it`);
+      }
+      await rm(sock, { force: true });
+    } catch (e) {
+      if ((e as NodeJS.ErrnoException).code !== 'ENOENT') throw e;
+    }
+    const server = new ZtunnelServer({
+      path: sock,
+      snapshot: () => this.#cache.snapshot(),
+      ...(this.#timings ? { timings: this.#timings } : {}),
+    });
+    // The fds of a snapshot stay open until that connection's snapshot is sent or the connection is gone.
+    server.on('connected', (id) => this.#snapshotHolds.set(id, this.#cache.hold()));
+    const done = (id: number) => {
+      this.#snapshotHolds.get(id)?.();
+      this.#snapshotHolds.delete(id);
+    };
+    server.on('snapshot', (id) => done(id));
+    server.on('disconnected', (id) => done(id));
+    return server;
+  }
+
+  async stop(cleanup: boolean): Promise<void> {
+    this.#stopped = true;
+    const server = this.#server;
+    this.#server = null;
+    await server?.close();
+    for (const release of this.#snapshotHolds.values()) release();
+    this.#snapshotHolds.clear();
+    if (cleanup) {
+      // Uninstall: the node's probe rule and sets go. Running pods keep their in-pod rules (as
+      // Istio: unlabel first, README), so their traffic never leaves ztunnel's path unasked.
+      await removeHost(this.#host, await this.#flavour(), this.#hostFamilies);
+    }
+    this.#cache.clear();
+  }
+}
+
+export function createDataplane(settings: Settings, deps: DataplaneDeps): MeshDataplane {
+  return new Dataplane(settings, deps);
+}

@@ -1,0 +1,86 @@
+// The node side of ambient's probe path at start-up: the probe ipset brought to the enrolled
+// pods' IPs (hostrules.ts builds and applies the rule and the sets; this decides what is in them).
+// As Istio's syncHostAddrSets: every enrolled pod's IPs added with its UID, then whatever else is
+// in the sets removed, unless some enrolled pod has no IP yet (right after a node or kubelet
+// restart): then nothing is removed, since its entry cannot be told from a stale one, and the
+// informer adds its IPs when they appear (syncHostProbeIPs).
+
+import { isIPv4 } from 'node:net';
+import { scope } from '../monitoring/logging.ts';
+import { addProbeIP, parseProbeSet, probeSet } from './hostrules.ts';
+import type { Family, Runner } from './podrules.ts';
+
+const log = scope('ambient');
+
+export interface ProbePod {
+  readonly uid: string;
+  readonly namespace: string;
+  readonly name: string;
+  readonly ips: readonly string[];
+}
+
+export interface ProbeSync {
+  /** IPs added (or re-owned). */
+  readonly added: number;
+  /** Stale entries removed. */
+  readonly pruned: number;
+  /** Set when the prune was skipped: why. */
+  readonly pruneSkipped: string | null;
+  /** Pods whose IPs could not all be added (a message each). */
+  readonly failed: readonly string[];
+}
+
+/** Adds every pod's IPs, then prunes the rest of `families`' sets (unless a pod has no IP). */
+export async function syncProbeSets(
+  run: Runner,
+  families: readonly Family[],
+  pods: readonly ProbePod[],
+): Promise<ProbeSync> {
+  const expected = new Set<string>();
+  const failed: string[] = [];
+  const withoutIp: string[] = [];
+  let added = 0;
+  for (const pod of pods) {
+    if (pod.ips.length === 0) {
+      withoutIp.push(`${pod.namespace}/${pod.name}`);
+      continue;
+    }
+    for (const ip of pod.ips) {
+      try {
+        await addProbeIP(run, ip, pod.uid);
+        expected.add(ip);
+        added++;
+      } catch (e) {
+        // Istio logs and goes on: this pod's probes fail, the others' work.
+        failed.push(`${pod.namespace}/${pod.name} ${ip}: ${(e as Error).message}`);
+        log.error("cannot add an enrolled pod's IP to the probe ipset; its kubelet probes will fail", {
+          pod: `${pod.namespace}/${pod.name}`,
+          ip,
+          error: (e as Error).message,
+        });
+      }
+    }
+  }
+  if (withoutIp.length > 0) {
+    const why = `enrolled pods without an IP yet: ${withoutIp.join(', ')}`;
+    log.warn('probe ipset not pruned at start-up', { reason: why });
+    return { added, pruned: 0, pruneSkipped: why, failed };
+  }
+  let pruned = 0;
+  for (const f of families) {
+    const set = probeSet(f);
+    const saved = await run(['ipset', 'save', set]);
+    if (saved.error !== null || saved.code !== 0) {
+      throw new Error(`ipset save ${set} failed (exit ${saved.code}): ${(saved.error ?? saved.stderr).trim()}`);
+    }
+    for (const ip of parseProbeSet(saved.stdout).keys()) {
+      if (expected.has(ip) || (f === 4) !== isIPv4(ip)) continue;
+      const r = await run(['ipset', 'del', set, ip, '-exist']);
+      if (r.error !== null || r.code !== 0) {
+        throw new Error(`ipset del ${set} ${ip} failed (exit ${r.code}): ${(r.error ?? r.stderr).trim()}`);
+      }
+      pruned++;
+    }
+  }
+  return { added, pruned, pruneSkipped: null, failed };
+}

@@ -1,0 +1,520 @@
+// The ambient dataplane (src/ambient/dataplane.ts) on real things: a test netns stands for the
+// node (its probe ipset and MESH_POSTRT), pods are `ip netns add` netns holding an address in
+// 198.18.0.0/15 (and, for the start-up snapshot, a `sleep` in a kubelet-shaped cgroup, found by
+// the /proc scan), the in-pod rules are real iptables of both flavours, and ztunnel is the fake
+// ztunnel on a real SOCK_SEQPACKET socket. The annotator is a fake that records its calls.
+// Every netns, process, cgroup dir and socket made is removed after each test. Root.
+
+import assert from 'node:assert/strict';
+import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
+import { randomUUID } from 'node:crypto';
+import { existsSync, mkdtempSync, readdirSync, rmSync, statSync, writeFileSync } from 'node:fs';
+import fsp from 'node:fs/promises';
+import os from 'node:os';
+import path from 'node:path';
+import { describe, it as nodeIt, mock } from 'node:test';
+import {
+  createDataplane,
+  EnrollError,
+  type AmbientPod,
+  type MeshDataplane,
+  type PodAnnotator,
+} from '../../src/ambient/dataplane.ts';
+import { parseProbeSet, PROBE_SET_V4 } from '../../src/ambient/hostrules.ts';
+import type { Flavour } from '../../src/ambient/podrules.ts';
+import type { ZdsTimings } from '../../src/ambient/ztunnelserver.ts';
+import { buildSettings, type Settings } from '../../src/config/settings.ts';
+import { openNetns, runInNetns } from '../../src/podnetns/index.ts';
+import { cleanupAfterEach } from '../helpers/cleanup.ts';
+import { FakeZtunnel } from '../helpers/fake-ztunnel.ts';
+import { placeInPodCgroup, removePodCgroups } from '../helpers/kubepods.ts';
+import { Netns } from '../helpers/netns.ts';
+
+const defer = cleanupAfterEach();
+const it = (name: string, fn: () => Promise<void>) => nodeIt(name, { timeout: 60_000 }, fn);
+
+const FAST: Partial<ZdsTimings> = {
+  acceptsPerSecond: 1000,
+  helloTimeoutMs: 2000,
+  writeTimeoutMs: 2000,
+  ackTimeoutMs: 2000,
+  keepaliveIntervalMs: 50,
+  keepaliveReadMs: 10,
+};
+
+type Call = { uid: string; value: 'enabled' | 'pending' | null };
+class FakeAnnotator implements PodAnnotator {
+  readonly calls: Call[] = [];
+  fail: string | null = null;
+  async setRedirection(pod: { uid: string }, value: 'enabled' | 'pending' | null): Promise<void> {
+    if (this.fail !== null) throw new Error(this.fail);
+    this.calls.push({ uid: pod.uid, value });
+  }
+}
+
+function sh(argv: string[]): { code: number | null; out: string } {
+  const r = spawnSync(argv[0]!, argv.slice(1), { encoding: 'utf8' });
+  return { code: r.status, out: r.stdout + r.stderr };
+}
+
+/** A pod netns with `ip` on a veth (both ends inside) and a default route. */
+function podNetns(tag: string, ip: string): Netns {
+  const n = new Netns(tag);
+  defer(async () => n.remove());
+  for (const a of [
+    ['link', 'add', 'eth0', 'type', 'veth', 'peer', 'name', 'peer0'],
+    ['addr', 'add', `${ip}/24`, 'dev', 'eth0'],
+    ['link', 'set', 'peer0', 'up'],
+    ['link', 'set', 'eth0', 'up'],
+    ['route', 'add', 'default', 'dev', 'eth0'],
+  ]) {
+    const r = sh(['ip', '-n', n.name, ...a]);
+    assert.equal(r.code, 0, r.out);
+  }
+  return n;
+}
+
+/** The test's node: a netns the host runner runs in, by fd as the agent's pod runner does. */
+async function nodeNetns() {
+  const n = new Netns('node');
+  defer(async () => n.remove());
+  const held = await openNetns(n.path, 0);
+  defer(async () => held.close());
+  return {
+    ns: n,
+    run: (argv: readonly string[], o?: { input?: string }) => runInNetns(held, argv, { input: o?.input ?? null }),
+  };
+}
+
+function settingsFor(sock: string, over: Partial<Settings['ambient']> = {}): Settings {
+  const base = buildSettings({}, {});
+  return {
+    ...base,
+    ambient: { ...base.ambient, ztunnelUdsAddress: sock, hostRoot: '/', ...over },
+    repair: { ...base.repair, hostProcDir: '/proc', hostNetnsPath: '/proc/self/ns/net' },
+  };
+}
+
+function socketPath(): string {
+  const dir = mkdtempSync(path.join(os.tmpdir(), 'mcni-ambdp-'));
+  defer(async () => rmSync(dir, { recursive: true, force: true }));
+  return path.join(dir, 'ztunnel.sock');
+}
+
+type Node = Awaited<ReturnType<typeof nodeNetns>>;
+
+function dataplane(
+  sock: string,
+  ann: FakeAnnotator,
+  node: Node,
+  flavour: Flavour,
+  over: Partial<Settings['ambient']> = {},
+): MeshDataplane {
+  const dp = createDataplane(settingsFor(sock, over), {
+    annotator: ann,
+    host: node.run,
+    flavour: async () => flavour,
+    zdsTimings: FAST,
+  });
+  defer(() => dp.stop(false));
+  return dp;
+}
+
+function fakeZtunnel(sock: string): FakeZtunnel {
+  const z = new FakeZtunnel({ path: sock });
+  defer(() => z.stop());
+  return z;
+}
+
+const ambientPod = (ip: string | null, over: Partial<AmbientPod> = {}): AmbientPod => ({
+  uid: randomUUID(),
+  namespace: 'shop',
+  name: `cart-${ip ?? 'noip'}`,
+  serviceAccount: 'cart',
+  ips: ip === null ? [] : [ip],
+  annotations: {},
+  ...over,
+});
+
+/** Whether our in-pod chains are in the netns (nat table). */
+const inpodRules = (ns: Netns, flavour: Flavour): boolean =>
+  sh(['ip', 'netns', 'exec', ns.name, `iptables-${flavour}-save`, '-t', 'nat']).out.includes(':MESH_PRERT');
+/** The node's v4 probe set (IP -> UID), or null when the set does not exist. */
+function probeEntries(node: Netns): Map<string, string> | null {
+  const r = sh(['ip', 'netns', 'exec', node.name, 'ipset', 'save', PROBE_SET_V4]);
+  return r.code === 0 ? parseProbeSet(r.out) : null;
+}
+const hostRule = (node: Netns, flavour: Flavour): boolean =>
+  sh(['ip', 'netns', 'exec', node.name, `iptables-${flavour}-save`, '-t', 'nat']).out.includes(
+    '-A POSTROUTING -j MESH_POSTRT',
+  );
+const inode = (p: string) => statSync(p, { bigint: true }).ino;
+const openFds = () => readdirSync('/proc/self/fd').length;
+
+async function rejection(p: Promise<unknown>): Promise<EnrollError> {
+  try {
+    await p;
+  } catch (e) {
+    assert.ok(e instanceof EnrollError, `an EnrollError, got ${String(e)}`);
+    return e;
+  }
+  assert.fail('expected a rejection');
+}
+
+/** A `sleep` in `ns`, in a kubelet-shaped cgroup of pod `uid`: what the /proc scan finds. */
+function runningPod(uid: string, ns: Netns): ChildProcess {
+  const p = spawn('ip', ['netns', 'exec', ns.name, 'sleep', '300'], { stdio: 'ignore' });
+  defer(async () => {
+    p.kill('SIGKILL');
+    await removePodCgroups(uid);
+  });
+  placeInPodCgroup(uid, p.pid!, 'sandbox');
+  return p;
+}
+
+for (const flavour of ['nft', 'legacy'] as const) {
+  describe(`ambient dataplane, iptables-${flavour}`, () => {
+    it('adds in order: rules in the netns before ztunnel sees Add, the probe ipset after its ack, annotation last', async () => {
+      const node = await nodeNetns();
+      const ns = podNetns('pod', '198.18.50.2');
+      const sock = socketPath();
+      const ann = new FakeAnnotator();
+      const dp = dataplane(sock, ann, node, flavour);
+      assert.deepEqual(dp.notReadyReasons(), ['ambient: snapshot not built yet']);
+      await dp.start([]);
+      assert.deepEqual(dp.notReadyReasons(), []);
+      assert.equal(hostRule(node.ns, flavour), true, 'MESH_POSTRT in the node');
+      const zt = fakeZtunnel(sock);
+      await zt.waitForNth('snapshot_sent', 1);
+      zt.ackDelayMs = 300;
+      const pod = ambientPod('198.18.50.2');
+      const atAdd = zt
+        .waitFor((r) => r.kind === 'add')
+        .then((r) => ({
+          ino: r.kind === 'add' ? r.netnsIno : null,
+          rules: inpodRules(ns, flavour),
+          probe: probeEntries(node.ns)?.get('198.18.50.2') ?? null,
+          annotations: ann.calls.length,
+        }));
+      await dp.addPodToMesh(pod, ns.path);
+      assert.deepEqual(await atAdd, { ino: inode(ns.path), rules: true, probe: null, annotations: 0 });
+      assert.equal(probeEntries(node.ns)?.get('198.18.50.2'), pod.uid, 'the probe ipset entry after the ack');
+      assert.deepEqual(ann.calls, [{ uid: pod.uid, value: 'enabled' }]);
+      assert.equal(dp.isEnrolled(pod.uid), true);
+      assert.deepEqual(dp.status(), {
+        started: true,
+        socket: sock,
+        listening: true,
+        connections: 1,
+        enrolledPods: 1,
+        podsWithoutNetns: [],
+      });
+      assert.equal(zt.openFds, 0);
+    });
+
+    it('ztunnel down or nacking: the pod is annotated pending, the error names ztunnel and is retryable', async () => {
+      const node = await nodeNetns();
+      const ns = podNetns('pod', '198.18.50.3');
+      const sock = socketPath();
+      const ann = new FakeAnnotator();
+      const dp = dataplane(sock, ann, node, flavour);
+      await dp.start([]);
+      const pod = ambientPod('198.18.50.3');
+      const down = await rejection(dp.addPodToMesh(pod, ns.path));
+      assert.equal(down.reason, 'ztunnel');
+      assert.equal(down.retryable, true);
+      assert.match(down.message, /ztunnel/);
+      assert.deepEqual(ann.calls, [{ uid: pod.uid, value: 'pending' }]);
+      assert.equal(inpodRules(ns, flavour), true, 'the rules stay: the pod never runs unredirected');
+      assert.equal(probeEntries(node.ns)?.has('198.18.50.3'), false);
+      assert.equal(dp.isEnrolled(pod.uid), false);
+
+      const zt = fakeZtunnel(sock);
+      await zt.waitForNth('snapshot_sent', 1);
+      // The pending pod stays known with its netns: a (re)connecting ztunnel gets it in its snapshot.
+      assert.deepEqual(
+        zt.of('add').map((r) => [r.uid, r.netnsIno]),
+        [[pod.uid, inode(ns.path)]],
+      );
+      zt.nackUids.set(pod.uid, 'failed to start the proxy');
+      const nack = await rejection(dp.addPodToMesh(pod, ns.path));
+      assert.equal(nack.reason, 'ztunnel');
+      assert.match(nack.message, /ztunnel refused .*failed to start the proxy/);
+      zt.nackUids.delete(pod.uid);
+      await dp.addPodToMesh(pod, ns.path);
+      assert.deepEqual(
+        ann.calls.map((c) => c.value),
+        ['pending', 'pending', 'enabled'],
+      );
+      assert.equal(dp.isEnrolled(pod.uid), true);
+    });
+
+    it('netns gone, not a netns, or the host netns: not retryable, the pod out of the cache, nothing programmed', async () => {
+      const node = await nodeNetns();
+      const sock = socketPath();
+      const ann = new FakeAnnotator();
+      const dp = dataplane(sock, ann, node, flavour);
+      await dp.start([]);
+      const zt = fakeZtunnel(sock);
+      await zt.waitForNth('snapshot_sent', 1);
+      const file = path.join(path.dirname(sock), 'not-a-netns');
+      writeFileSync(file, '');
+      for (const [where, why] of [
+        ['/run/netns/mcni-no-such-netns', /cannot open the pod's netns/],
+        [file, /not a network namespace file/],
+        ['/proc/self/ns/net', /host's netns/],
+        ['relative/path', /not an absolute path/],
+      ] as const) {
+        const pod = ambientPod('198.18.50.4');
+        const e = await rejection(dp.addPodToMesh(pod, where));
+        assert.equal(e.reason, 'netns', e.message);
+        assert.equal(e.retryable, false);
+        assert.match(e.message, why);
+        assert.match(e.message, /netns of pod shop\/cart-198\.18\.50\.4/);
+        assert.equal(dp.status().podsWithoutNetns.includes(pod.uid), false, 'out of the cache');
+      }
+      assert.deepEqual(ann.calls, []);
+      assert.deepEqual(zt.of('add'), []);
+      assert.equal(probeEntries(node.ns)?.size, 0);
+    });
+
+    it('a bad annotation is a rules failure: not retryable, nothing sent to ztunnel', async () => {
+      const node = await nodeNetns();
+      const ns = podNetns('pod', '198.18.50.5');
+      const sock = socketPath();
+      const ann = new FakeAnnotator();
+      const dp = dataplane(sock, ann, node, flavour);
+      await dp.start([]);
+      const zt = fakeZtunnel(sock);
+      await zt.waitForNth('snapshot_sent', 1);
+      const pod = ambientPod('198.18.50.5', { annotations: { 'ambient.mesh.io/dns-capture': 'maybe' } });
+      const e = await rejection(dp.addPodToMesh(pod, ns.path));
+      assert.equal(e.reason, 'rules');
+      assert.equal(e.retryable, false);
+      assert.match(e.message, /in-pod rules of pod shop\/cart-198\.18\.50\.5.*dns-capture/);
+      assert.deepEqual(zt.of('add'), []);
+      assert.deepEqual(ann.calls, []);
+      assert.deepEqual(dp.status().podsWithoutNetns, []);
+    });
+
+    it('removes in order: probe ipset, rules out of the netns, ztunnel Del, annotation last', async () => {
+      const node = await nodeNetns();
+      const ns = podNetns('pod', '198.18.50.6');
+      const sock = socketPath();
+      const ann = new FakeAnnotator();
+      const dp = dataplane(sock, ann, node, flavour);
+      await dp.start([]);
+      const zt = fakeZtunnel(sock);
+      await zt.waitForNth('snapshot_sent', 1);
+      const pod = ambientPod('198.18.50.6');
+      await dp.addPodToMesh(pod, ns.path);
+      zt.ackDelayMs = 300;
+      const atDel = zt
+        .waitFor((r) => r.kind === 'del')
+        .then(() => ({
+          rules: inpodRules(ns, flavour),
+          probe: probeEntries(node.ns)?.has('198.18.50.6'),
+          annotations: ann.calls.map((c) => c.value),
+        }));
+      await dp.removePodFromMesh(pod, false);
+      assert.deepEqual(await atDel, { rules: false, probe: false, annotations: ['enabled'] });
+      assert.deepEqual(
+        ann.calls.map((c) => c.value),
+        ['enabled', null],
+      );
+      assert.equal(dp.isEnrolled(pod.uid), false);
+      assert.equal(dp.status().enrolledPods, 0);
+    });
+
+    it('a deleted pod: its netns is left alone, a failed un-annotation is ignored; a reused IP keeps its new owner', async () => {
+      const node = await nodeNetns();
+      const ns = podNetns('pod', '198.18.50.7');
+      const sock = socketPath();
+      const ann = new FakeAnnotator();
+      const dp = dataplane(sock, ann, node, flavour);
+      await dp.start([]);
+      const zt = fakeZtunnel(sock);
+      await zt.waitForNth('snapshot_sent', 1);
+      const old = ambientPod('198.18.50.7');
+      await dp.addPodToMesh(old, ns.path);
+      // The IP went to a new pod before the old one's late delete.
+      const reused = ambientPod('198.18.50.7');
+      await dp.syncHostProbeIPs(reused);
+      ann.fail = 'pods "cart" not found';
+      await dp.removePodFromMesh(old, true);
+      assert.equal(inpodRules(ns, flavour), true, "a deleted pod's netns is not entered");
+      assert.deepEqual(
+        zt.of('del').map((r) => r.uid),
+        [old.uid],
+      );
+      assert.equal(probeEntries(node.ns)?.get('198.18.50.7'), reused.uid);
+      ann.fail = 'the API server is down';
+      const e = await rejection(dp.removePodFromMesh(reused, false));
+      assert.equal(e.reason, 'annotate', 'not being deleted: the annotation failure counts');
+    });
+
+    it('start-up: the probe ipset and the netns of running pods from ONE /proc scan, rules reconciled, snapshot Add/Keep then SnapshotSent', async () => {
+      const node = await nodeNetns();
+      const nsA = podNetns('a', '198.18.51.2');
+      const nsB = podNetns('b', '198.18.51.3');
+      const a = ambientPod('198.18.51.2');
+      const b = ambientPod('198.18.51.3');
+      const gone = ambientPod('198.18.51.4'); // enrolled, but no process of it runs any more
+      runningPod(a.uid, nsA);
+      runningPod(b.uid, nsB);
+      const sock = socketPath();
+      const ann = new FakeAnnotator();
+      const dp = dataplane(sock, ann, node, flavour);
+      const readdir = mock.method(fsp, 'readdir');
+      defer(async () => readdir.mock.restore());
+      await dp.start([a, gone, b]);
+      assert.equal(readdir.mock.calls.filter((c) => c.arguments[0] === '/proc').length, 1, 'one walk of /proc');
+      readdir.mock.restore();
+      assert.equal(inpodRules(nsA, flavour), true, 'rules reconciled in the running pods');
+      assert.equal(inpodRules(nsB, flavour), true);
+      assert.deepEqual(
+        [...(probeEntries(node.ns) ?? [])].sort(),
+        [
+          ['198.18.51.2', a.uid],
+          ['198.18.51.3', b.uid],
+          ['198.18.51.4', gone.uid],
+        ].sort(),
+      );
+      assert.deepEqual(dp.status().podsWithoutNetns, [gone.uid]);
+      assert.equal(dp.isEnrolled(a.uid) && dp.isEnrolled(gone.uid), true);
+      const zt = fakeZtunnel(sock);
+      await zt.waitForNth('snapshot_sent', 1);
+      assert.deepEqual(
+        zt.records.filter((r) => r.kind !== 'connected'),
+        [
+          {
+            kind: 'add',
+            conn: 1,
+            uid: a.uid,
+            info: { name: a.name, namespace: 'shop', serviceAccount: 'cart' },
+            netnsIno: inode(nsA.path),
+            acked: true,
+          },
+          { kind: 'keep', conn: 1, uid: gone.uid, acked: true },
+          {
+            kind: 'add',
+            conn: 1,
+            uid: b.uid,
+            info: { name: b.name, namespace: 'shop', serviceAccount: 'cart' },
+            netnsIno: inode(nsB.path),
+            acked: true,
+          },
+          { kind: 'snapshot_sent', conn: 1, acked: true },
+        ],
+      );
+      // A new pod without a CNI netns path (the informer's add) is found by the /proc scan.
+      const nsC = podNetns('c', '198.18.51.5');
+      const c = ambientPod('198.18.51.5');
+      runningPod(c.uid, nsC);
+      await dp.addPodToMesh(c, null);
+      assert.equal(zt.of('add').at(-1)?.netnsIno, inode(nsC.path));
+      assert.deepEqual(ann.calls, [{ uid: c.uid, value: 'enabled' }]);
+    });
+
+    it('start-up with --ambient-reconcile-pod-rules-on-startup=false leaves running pods rules alone; a pod without an IP skips the prune', async () => {
+      const node = await nodeNetns();
+      const nsA = podNetns('a', '198.18.52.2');
+      const a = ambientPod('198.18.52.2');
+      runningPod(a.uid, nsA);
+      const sock = socketPath();
+      // A stale entry the flush at start removes; the prune would too, but it is skipped.
+      const dp = dataplane(sock, new FakeAnnotator(), node, flavour, { reconcilePodRulesOnStartup: false });
+      await dp.start([a, ambientPod(null)]);
+      assert.equal(inpodRules(nsA, flavour), false);
+      assert.deepEqual([...(probeEntries(node.ns) ?? [])], [['198.18.52.2', a.uid]]);
+    });
+
+    it('upgrade stop keeps the host rule, the ipset and the pods rules; uninstall stop removes the host rule and ipset', async () => {
+      const node = await nodeNetns();
+      const ns = podNetns('pod', '198.18.53.2');
+      const sock = socketPath();
+      const ann = new FakeAnnotator();
+      const pod = ambientPod('198.18.53.2');
+      const first = createDataplane(settingsFor(sock), {
+        annotator: ann,
+        host: node.run,
+        flavour: async () => flavour,
+        zdsTimings: FAST,
+      });
+      await first.start([]);
+      const zt = fakeZtunnel(sock);
+      await zt.waitForNth('snapshot_sent', 1);
+      await first.addPodToMesh(pod, ns.path);
+      await first.stop(false);
+      assert.equal(existsSync(sock), false, 'the ZDS socket is gone');
+      assert.equal(hostRule(node.ns, flavour), true);
+      assert.equal(probeEntries(node.ns)?.get('198.18.53.2'), pod.uid);
+      assert.equal(inpodRules(ns, flavour), true);
+      // The new agent of the upgrade: the pod found again, ztunnel reconnects and gets it.
+      const second = createDataplane(settingsFor(sock), {
+        annotator: ann,
+        host: node.run,
+        flavour: async () => flavour,
+        zdsTimings: FAST,
+      });
+      runningPod(pod.uid, ns);
+      await second.start([pod]);
+      await zt.waitForNth('snapshot_sent', 2);
+      assert.equal(zt.of('add', 2).at(0)?.uid, pod.uid);
+      await second.stop(true);
+      assert.equal(hostRule(node.ns, flavour), false, 'uninstall: MESH_POSTRT gone');
+      assert.equal(probeEntries(node.ns), null, 'uninstall: the probe set destroyed');
+      assert.equal(inpodRules(ns, flavour), true, 'running pods keep their rules (unlabel first)');
+      assert.deepEqual(second.notReadyReasons(), ['ambient: stopped']);
+    });
+  });
+}
+
+describe('ambient dataplane: the ZDS socket', () => {
+  it('a stale socket is replaced; something else there, or no directory, is a clear error', async () => {
+    const node = await nodeNetns();
+    const sock = socketPath();
+    // A socket left by a crashed agent (bound, never unlinked).
+    const py = spawnSync('python3', [
+      '-c',
+      `import socket; socket.socket(socket.AF_UNIX).bind(${JSON.stringify(sock)})`,
+    ]);
+    assert.equal(py.status, 0, String(py.stderr));
+    const dp = dataplane(sock, new FakeAnnotator(), node, 'nft');
+    await dp.start([]);
+    const zt = fakeZtunnel(sock);
+    await zt.waitForNth('snapshot_sent', 1);
+    await dp.stop(true);
+
+    const file = socketPath();
+    writeFileSync(file, 'mine');
+    const other = dataplane(file, new FakeAnnotator(), node, 'nft');
+    await assert.rejects(other.start([]), /something other than a socket is there/);
+    assert.equal(existsSync(file), true, 'not removed');
+    const nodir = dataplane('/nonexistent-mcni-dir/ztunnel.sock', new FakeAnnotator(), node, 'nft');
+    await assert.rejects(
+      nodir.start([]),
+      /directory \/nonexistent-mcni-dir is not there.*--ztunnel-uds-address|--ztunnel-uds-address.*not there/s,
+    );
+  });
+
+  it('no fd left after 50 add/remove cycles through ztunnel', async () => {
+    const node = await nodeNetns();
+    const ns = podNetns('pod', '198.18.54.2');
+    const sock = socketPath();
+    const dp = dataplane(sock, new FakeAnnotator(), node, 'nft');
+    await dp.start([]);
+    const zt = fakeZtunnel(sock);
+    await zt.waitForNth('snapshot_sent', 1);
+    const pod = ambientPod('198.18.54.2');
+    await dp.addPodToMesh(pod, ns.path);
+    await dp.removePodFromMesh(pod, false);
+    const before = openFds();
+    for (let i = 0; i < 50; i++) {
+      await dp.addPodToMesh(pod, ns.path);
+      await dp.removePodFromMesh(pod, i % 2 === 0);
+    }
+    assert.equal(openFds(), before);
+    assert.equal(zt.openFds, 0);
+  });
+});
