@@ -470,7 +470,8 @@ if (PARTS.includes('inplace')) {
   const ip = results.find((x) => x.mode === 'in place')!.r;
   const beyond = (ip.selfMs + ip.childrenMs) / n - floor.cpuMs;
   console.log(
-    `in place beyond the floor: ${beyond.toFixed(1)} ms CPU per pod (${((beyond / floor.cpuMs) * 100).toFixed(0)}% of the floor); ` +
+    `in place beyond the floor: ${beyond.toFixed(1)} ms CPU per pod ` +
+      `(${((beyond / floor.cpuMs) * 100).toFixed(0)}% of the floor); ` +
       `wall ${(ip.ms / 1000).toFixed(2)} s against the floor's ${floorWallS.toFixed(2)} s`,
   );
 }

@@ -175,7 +175,12 @@ export async function runPodContainer(
     o.image,
     ...o.argv,
   ]);
-  const fmt = `{{.Id}} {{.State.Pid}} {{.NetworkSettings.SandboxKey}} {{(index .NetworkSettings.Networks "${o.network}").IPAddress}}`;
+  const fmt = [
+    '{{.Id}}',
+    '{{.State.Pid}}',
+    '{{.NetworkSettings.SandboxKey}}',
+    `{{(index .NetworkSettings.Networks "${o.network}").IPAddress}}`,
+  ].join(' ');
   const [id, pid, netnsPath, ip] = (await podman.ok(['inspect', '--format', fmt, o.name])).trim().split(' ');
   if (!id || !pid || !netnsPath?.startsWith('/run/netns/') || !ip)
     throw new Error(`podman inspect of ${o.name} gave no id/pid/netns/ip: ${id} ${pid} ${netnsPath} ${ip}`);

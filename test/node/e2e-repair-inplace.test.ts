@@ -241,7 +241,7 @@ describe('e2e: in-place repair of a running podman container in a kubelet-shaped
   // From source, and as the bundle the image runs (dist/install-cni.js, which finds
   // dist/mesh-validation.cjs beside it as the image has /opt/mesh-cni/mesh-validation.cjs).
   for (const entry of ['source', 'bundle'] as const)
-    it(`repairs an unredirected running pod in place (${entry}): validation passes inside, no delete, no label, once`, () =>
+    it(`repairs a running unredirected pod in place (${entry}): validation passes, no delete, no label, once`, () =>
       repairsInPlace(entry));
 
   async function repairsInPlace(entry: AgentEntry): Promise<void> {
@@ -365,6 +365,16 @@ describe('e2e: in-place repair of a running podman container in a kubelet-shaped
     return dir;
   }
 
+  /** Shim body: the first call kills `pid` and waits until it is gone; every call runs the real one. */
+  const killThenRestore = (flag: string, pid: number) =>
+    [
+      `if [ ! -e ${flag} ]; then`,
+      `  : > ${flag}; kill -9 ${pid}`,
+      `  while kill -0 ${pid} 2>/dev/null; do sleep 0.05; done`,
+      'fi',
+      'exec "$REAL" "$@"',
+    ].join('\n');
+
   /**
    * Expects the in-place repair of `name` to fail with `reason` (metric, and the reason in a log
    * record or the Event), the container's netns to be left without our rules when it still
@@ -459,15 +469,13 @@ describe('e2e: in-place repair of a running podman container in a kubelet-shaped
     });
   });
 
-  it('fault: the process exits mid-repair (killed between finding and programming): not repaired, then label', async () => {
+  it('fault: the process exits mid-repair (killed by the first restore): not repaired, then label', async () => {
     const name = `${TAG}-exit`;
     const c = await startPodContainer(name);
     // The first restore the agent runs kills the container's only process, then does its job:
     // the netns is found and held, but its pod is gone by the time the rules land.
     const flag = path.join(scratch, `${name}.killed`);
-    const shims = await shimDir(
-      `if [ ! -e ${flag} ]; then : > ${flag}; kill -9 ${c.pid}; while kill -0 ${c.pid} 2>/dev/null; do sleep 0.05; done; fi\nexec "$REAL" "$@"`,
-    );
+    const shims = await shimDir(killThenRestore(flag, c.pid));
     defer(() => fs.rm(flag, { force: true }));
     const agent = await startAgent({ 'repair-label-pods': 'true' }, { PATH: `${shims}:${process.env.PATH}` });
     api.upsertPod(brokenPodObject(name, c.uid, c.ip));
@@ -479,7 +487,7 @@ describe('e2e: in-place repair of a running podman container in a kubelet-shaped
     assert.ok(existsSync(flag), 'the agent ran iptables-restore (the shim killed the container then)');
   });
 
-  it('fault: the process exits mid-repair and its netns stays (pinned): rules land and prove, yet it is not counted', async () => {
+  it('fault: the process exits mid-repair, its netns pinned: rules land and prove, yet not counted', async () => {
     // A pod without podman: a netns pinned by `ip netns add`, a sleep in it in the pod's cgroup.
     // Killing the sleep leaves the netns whole (address, route), so the proof passes in it: only
     // the check that the pod's process is still there refuses the claim (no_netns, final).
@@ -489,9 +497,7 @@ describe('e2e: in-place repair of a running podman container in a kubelet-shaped
     const name = `${TAG}-kept`;
     const flag = path.join(scratch, `${name}.killed`);
     const pid = p.sleeper.pid!;
-    const shims = await shimDir(
-      `if [ ! -e ${flag} ]; then : > ${flag}; kill -9 ${pid}; while kill -0 ${pid} 2>/dev/null; do sleep 0.05; done; fi\nexec "$REAL" "$@"`,
-    );
+    const shims = await shimDir(killThenRestore(flag, pid));
     defer(() => fs.rm(flag, { force: true }));
     const agent = await startAgent({ 'repair-label-pods': 'true' }, { PATH: `${shims}:${process.env.PATH}` });
     api.upsertPod(brokenPodObject(name, p.uid, p.ip));
