@@ -11,6 +11,7 @@
 import { isIPv4, isIPv6 } from 'node:net';
 import {
   AmbientRulesError,
+  ipv6Text,
   PROBE_SNAT_V4,
   PROBE_SNAT_V6,
   reconcileRules,
@@ -31,9 +32,10 @@ const ownsHost = (chain: string): boolean => chain === CHAIN_POSTRT;
 
 /** nat POSTROUTING -> MESH_POSTRT (first, as Istio inserts it) -> SNAT of node sockets to enrolled pods. */
 export function hostRules(family: Family, snatAddress?: string): Rule[] {
-  const snat = snatAddress ?? (family === 4 ? PROBE_SNAT_V4 : PROBE_SNAT_V6);
-  if (!(family === 4 ? isIPv4(snat) : isIPv6(snat)))
-    throw new AmbientRulesError(`probe SNAT address "${snat}" is not an IPv${family} address`);
+  const given = snatAddress ?? (family === 4 ? PROBE_SNAT_V4 : PROBE_SNAT_V6);
+  if (!(family === 4 ? isIPv4(given) : isIPv6(given) && !given.includes('%')))
+    throw new AmbientRulesError(`probe SNAT address "${given}" is not an IPv${family} address`);
+  const snat = family === 4 ? given : ipv6Text(given);
   return [
     { table: 'nat', chain: 'POSTROUTING', args: ['-j', CHAIN_POSTRT], first: true },
     {
@@ -59,7 +61,7 @@ export function canonicalIP(ip: string): { family: Family; text: string } {
   if (isIPv4(ip)) return { family: 4, text: ip };
   // a zone (fe80::1%eth0) names no pod address; URL below would throw on it
   if (!isIPv6(ip) || ip.includes('%')) throw new AmbientRulesError(`"${ip}" is not an IP address`);
-  const text = new URL(`http://[${ip}]/`).hostname.slice(1, -1);
+  const text = ipv6Text(ip);
   const mapped = /^::ffff:([0-9a-f]{1,4}):([0-9a-f]{1,4})$/.exec(text);
   if (mapped) {
     const [hi, lo] = [parseInt(mapped[1]!, 16), parseInt(mapped[2]!, 16)];

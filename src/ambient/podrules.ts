@@ -93,9 +93,15 @@ function validate(opts: InpodOptions): void {
   }
   if (opts.probeSnatV4 !== undefined && !isIPv4(opts.probeSnatV4))
     throw new AmbientRulesError(`probe SNAT address "${opts.probeSnatV4}" is not an IPv4 address`);
-  if (opts.probeSnatV6 !== undefined && !isIPv6(opts.probeSnatV6))
+  if (opts.probeSnatV6 !== undefined && (!isIPv6(opts.probeSnatV6) || opts.probeSnatV6.includes('%')))
     throw new AmbientRulesError(`probe SNAT address "${opts.probeSnatV6}" is not an IPv6 address`);
 }
+
+/**
+ * An IPv6 address as iptables-save prints it (lower case, the longest zero run compressed), so that
+ * what we write compares equal to what we read back and a second apply changes nothing.
+ */
+export const ipv6Text = (ip: string): string => new URL(`http://[${ip}]/`).hostname.slice(1, -1);
 
 /** One rule: appended to `chain` of `table`, or inserted first when `first`. */
 export interface Rule {
@@ -113,7 +119,7 @@ const TPROXY_MARK = `${hex(INPOD_TPROXY_MARK)}/${hex(INPOD_TPROXY_MASK)}`;
 export function inpodRules(family: Family, opts: InpodOptions): Rule[] {
   validate(opts);
   const local = family === 4 ? '127.0.0.1/32' : '::1/128';
-  const probe = family === 4 ? (opts.probeSnatV4 ?? PROBE_SNAT_V4) : (opts.probeSnatV6 ?? PROBE_SNAT_V6);
+  const probe = family === 4 ? (opts.probeSnatV4 ?? PROBE_SNAT_V4) : ipv6Text(opts.probeSnatV6 ?? PROBE_SNAT_V6);
   const rules: Rule[] = [];
   const add = (table: Table, chain: string, ...args: string[]) => rules.push({ table, chain, args });
 

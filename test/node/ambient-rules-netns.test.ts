@@ -384,3 +384,18 @@ describe('in-pod rules: a pod whose loopback has IPv6 off', () => {
     });
   }
 });
+
+describe('a probe address spelled otherwise than iptables-save prints it', () => {
+  for (const flavour of ['nft', 'legacy'] as const) {
+    it(`iptables-${flavour}: the second apply (pod and node) changes nothing`, async () => {
+      const ns = await netns('pod', defer);
+      const run = runnerIn(ns);
+      const v6 = 'FD16:9254:7127:1337:0:0:0:7';
+      const opts = { ...DEFAULT, probeSnatV6: v6 };
+      assert.equal(await applyInpod(run, flavour, [6], opts), 'applied');
+      assert.equal(await applyInpod(run, flavour, [6], opts), 'unchanged');
+      assert.equal(await applyHost(run, flavour, [6], { v6 }), 'applied');
+      assert.equal(await applyHost(run, flavour, [6], { v6 }), 'unchanged');
+    });
+  }
+});
