@@ -6,7 +6,7 @@
 // and models cost ~25 MB of resident memory on every node for five calls
 // (scripts/slim-client-node.ts), and its Watch drops the body and Retry-After of an error answer.
 
-import type { CoreV1Event, V1Pod } from '@kubernetes/client-node';
+import type { CoreV1Event, V1Namespace, V1Pod } from '@kubernetes/client-node';
 import type { KubeConfig } from '@kubernetes/client-node/dist/config.js';
 import { apiRequest, apiWatch } from './request.ts';
 import { orchContext, type ListMode } from './ratelimit.ts';
@@ -20,6 +20,11 @@ export interface PodList {
 export interface PodQuery {
   readonly fieldSelector: string;
   readonly labelSelector: string;
+}
+
+export interface NamespaceList {
+  readonly items: V1Namespace[];
+  readonly resourceVersion: string;
 }
 
 export type WatchEventType = 'ADDED' | 'MODIFIED' | 'DELETED' | 'BOOKMARK' | 'ERROR';
@@ -59,6 +64,25 @@ export interface OrchApi {
   labelPod(pod: V1Pod, key: string, value: string, signal: AbortSignal): Promise<void>;
   deletePod(pod: V1Pod, signal: AbortSignal): Promise<void>;
   createEvent(namespace: string, event: CoreV1Event, signal: AbortSignal): Promise<void>;
+  /** Namespaces (ambient mode reads their labels): a list from the watch cache (resourceVersion=0). */
+  listNamespaces?(signal: AbortSignal): Promise<NamespaceList>;
+  /** A watch of namespaces from `resourceVersion`; as watchPods. */
+  watchNamespaces?(
+    q: { resourceVersion: string; timeoutSeconds: number },
+    onEvent: (type: WatchEventType, object: unknown) => void,
+    done: (err: unknown) => void,
+    signal?: AbortSignal,
+  ): Promise<AbortController>;
+  /**
+   * Sets (or with null removes) one annotation of a pod through pods/status, a merge patch that
+   * keeps its other annotations, with the uid as precondition (ambient's redirection annotation).
+   */
+  annotatePod?(
+    pod: { readonly namespace: string; readonly name: string; readonly uid: string },
+    key: string,
+    value: string | null,
+    signal: AbortSignal,
+  ): Promise<void>;
   /** The agent's list mode and re-watch timing, if its settings say. */
   readonly tuning?: WatchTuning;
 }
@@ -130,6 +154,43 @@ export function clientNodeApi(kc: KubeConfig): OrchApi {
       // in the patch is a precondition: a new pod that took the name is never labelled.
       await apiRequest(kc, 'PATCH', `${podPath(pod)}/status`, `labelling ${name(pod)}`, {
         body: { metadata: { uid: pod.metadata!.uid, labels: { [key]: value } } },
+        contentType: 'application/merge-patch+json',
+        signal,
+        unlimited: true,
+      });
+    },
+    async listNamespaces(signal) {
+      const list = await apiRequest<{ items?: V1Namespace[]; metadata?: { resourceVersion?: string } }>(
+        kc,
+        'GET',
+        '/api/v1/namespaces',
+        'listing namespaces',
+        { query: { resourceVersion: '0' }, signal },
+      );
+      return { items: list.items ?? [], resourceVersion: list.metadata?.resourceVersion ?? '' };
+    },
+    async watchNamespaces(q, onEvent, done, signal) {
+      const query = {
+        resourceVersion: q.resourceVersion || undefined,
+        allowWatchBookmarks: true,
+        timeoutSeconds: q.timeoutSeconds,
+      };
+      const controller = new AbortController();
+      try {
+        const forward = (e: { type?: unknown; object?: unknown }) => onEvent(e.type as WatchEventType, e.object);
+        const opening = signal ? AbortSignal.any([controller.signal, signal]) : controller.signal;
+        const what = 'watching namespaces';
+        const stream = await apiWatch(kc, '/api/v1/namespaces', what, query, forward, done, opening);
+        controller.signal.addEventListener('abort', () => stream.abort(), { once: true });
+      } catch (e) {
+        done(e);
+      }
+      return controller;
+    },
+    async annotatePod(pod, key, value, signal) {
+      const path = `/api/v1/namespaces/${encodeURIComponent(pod.namespace)}/pods/${encodeURIComponent(pod.name)}/status`;
+      await apiRequest(kc, 'PATCH', path, `annotating pod ${pod.namespace}/${pod.name}`, {
+        body: { metadata: { uid: pod.uid, annotations: { [key]: value } } },
         contentType: 'application/merge-patch+json',
         signal,
         unlimited: true,

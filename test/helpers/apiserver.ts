@@ -8,7 +8,7 @@
 // watches that turn objects leaving the selector into DELETED, Status objects for errors, Table
 // output for kubectl, chunked watch streams with bookmarks and timeoutSeconds.
 
-import type { CoreV1Event, V1DaemonSet, V1Pod } from '@kubernetes/client-node';
+import type { CoreV1Event, V1DaemonSet, V1Namespace, V1Pod } from '@kubernetes/client-node';
 import { randomUUID } from 'node:crypto';
 import { writeFileSync } from 'node:fs';
 import https from 'node:https';
@@ -50,6 +50,11 @@ export interface TestApiServer {
   getPod(namespace: string, name: string): V1Pod | undefined;
   deletePodFromStore(namespace: string, name: string): void;
   listPods(): V1Pod[];
+  /** Namespaces (list, watch, get; labels are what ambient mode reads). */
+  upsertNamespace(ns: V1Namespace): V1Namespace;
+  deleteNamespaceFromStore(name: string): void;
+  /** How many namespace watch streams are open now (not counted in openWatches). */
+  openNamespaceWatches(): number;
   upsertDaemonSet(ds: V1DaemonSet): V1DaemonSet;
   deleteDaemonSetFromStore(namespace: string, name: string): void;
   events(): CoreV1Event[];
@@ -426,6 +431,10 @@ export async function startTestApiServer(opts: TestApiServerOptions = {}): Promi
 
   const pods = new Map<string, V1Pod>();
   const daemonSets = new Map<string, V1DaemonSet>();
+  // Namespaces: a store, their own history and watches (the pod machinery stays pods-only).
+  const namespaces = new Map<string, V1Namespace>();
+  const nsHistory: { rv: number; type: EventType; obj: V1Namespace }[] = [];
+  const nsWatches = new Set<{ res: ServerResponse; timers: NodeJS.Timeout[] }>();
   const events: CoreV1Event[] = [];
   const history: HistoryEntry[] = [];
   const watches = new Set<Watch>();
@@ -1018,6 +1027,15 @@ export async function startTestApiServer(opts: TestApiServerOptions = {}): Promi
       if (p === '/api/v1') return { code: 200, body: d.coreV1 };
       if (p === '/apis/apps/v1') return { code: 200, body: d.appsV1 };
     }
+    if (p === '/api/v1/namespaces' && method === 'GET') return namespaceRoutes(req, res, q, rec);
+    const nsGet = /^\/api\/v1\/namespaces\/([^/]+)$/.exec(p);
+    if (nsGet && method === 'GET') {
+      const name = decodeURIComponent(nsGet[1]!);
+      const n = namespaces.get(name);
+      if (!n) throw new HttpError(404, 'NotFound', `namespaces "${name}" not found`);
+      rec.objectsRead = 1;
+      return { code: 200, body: clone(n) };
+    }
     let m = /^\/api\/v1(?:\/namespaces\/([^/]+))?\/pods$/.exec(p);
     if (m) {
       const ns = m[1] === undefined ? undefined : decodeURIComponent(m[1]);
@@ -1197,6 +1215,84 @@ export async function startTestApiServer(opts: TestApiServerOptions = {}): Promi
 
   function closeWatches(): void {
     for (const w of [...watches]) endWatch(w);
+    for (const w of [...nsWatches]) endNsWatch(w);
+  }
+
+  function endNsWatch(w: { res: ServerResponse; timers: NodeJS.Timeout[] }): void {
+    for (const t of w.timers) clearTimeout(t);
+    nsWatches.delete(w);
+    if (!w.res.writableEnded) w.res.end();
+  }
+
+  function writeNs(res: ServerResponse, type: string, object: unknown): void {
+    if (!res.writableEnded && !res.destroyed) res.write(JSON.stringify({ type, object }) + '\n');
+  }
+
+  function recordNs(type: EventType, obj: V1Namespace): void {
+    const h = { rv: Number(obj.metadata!.resourceVersion), type, obj: clone(obj) };
+    nsHistory.push(h);
+    for (const w of nsWatches) writeNs(w.res, type, h.obj);
+  }
+
+  function upsertNamespace(ns: V1Namespace): V1Namespace {
+    const n = clone(ns);
+    n.metadata ??= {};
+    if (!n.metadata.name) throw new Error('upsertNamespace: metadata.name is required');
+    const old = namespaces.get(n.metadata.name);
+    n.apiVersion ??= 'v1';
+    n.kind ??= 'Namespace';
+    n.metadata.uid ??= old?.metadata?.uid ?? randomUUID();
+    n.metadata.resourceVersion = String(nextRv());
+    n.status ??= { phase: 'Active' };
+    namespaces.set(n.metadata.name, n);
+    recordNs(old ? 'MODIFIED' : 'ADDED', n);
+    return clone(n);
+  }
+
+  function removeNamespace(name: string): void {
+    const old = namespaces.get(name);
+    if (!old) return;
+    namespaces.delete(name);
+    const gone = clone(old);
+    gone.metadata!.resourceVersion = String(nextRv());
+    recordNs('DELETED', gone);
+  }
+
+  function namespaceRoutes(req: IncomingMessage, res: ServerResponse, q: URLSearchParams, rec: RequestRecord) {
+    const list = () => [...namespaces.values()].sort((a, b) => (a.metadata!.name! < b.metadata!.name! ? -1 : 1));
+    if (q.get('watch') !== 'true' && q.get('watch') !== '1') {
+      checkRv(q.get('resourceVersion'), 'list', q.get('resourceVersionMatch') === 'NotOlderThan');
+      rec.objectsRead = namespaces.size;
+      const metadata = { resourceVersion: String(rv) };
+      return { code: 200, body: { kind: 'NamespaceList', apiVersion: 'v1', metadata, items: list() } };
+    }
+    res.writeHead(200, { 'content-type': 'application/json', 'cache-control': 'no-cache, private' });
+    res.flushHeaders();
+    rec.status = 200;
+    const w = { res, timers: [] as NodeJS.Timeout[] };
+    nsWatches.add(w);
+    res.on('close', () => endNsWatch(w));
+    let from: number | undefined;
+    try {
+      from = checkRv(q.get('resourceVersion'), 'watch');
+    } catch (e) {
+      const err = e as HttpError;
+      writeNs(res, 'ERROR', statusObject(err.code, err.message, err.reason));
+      endNsWatch(w);
+      return undefined;
+    }
+    if (from === undefined) for (const n of list()) writeNs(res, 'ADDED', n);
+    else for (const h of nsHistory) if (h.rv > from) writeNs(res, h.type, h.obj);
+    if (q.get('allowWatchBookmarks') === 'true') {
+      const tick = () => {
+        writeNs(res, 'BOOKMARK', { kind: 'Namespace', apiVersion: 'v1', metadata: { resourceVersion: String(rv) } });
+        w.timers.push(setTimeout(tick, bookmarkIntervalMs).unref());
+      };
+      w.timers.push(setTimeout(tick, bookmarkIntervalMs).unref());
+    }
+    const timeout = Number(q.get('timeoutSeconds') ?? '0');
+    if (timeout > 0) w.timers.push(setTimeout(() => endNsWatch(w), timeout * 1000).unref());
+    return undefined;
   }
 
   async function stop(): Promise<void> {
@@ -1228,6 +1324,9 @@ export async function startTestApiServer(opts: TestApiServerOptions = {}): Promi
     },
     deletePodFromStore: (ns, name) => void removePod(ns, name),
     listPods: () => [...pods.values()].map(clone),
+    upsertNamespace,
+    deleteNamespaceFromStore: (name) => removeNamespace(name),
+    openNamespaceWatches: () => nsWatches.size,
     upsertDaemonSet: (ds) => {
       const d = clone(ds);
       d.metadata ??= {};
@@ -1258,6 +1357,10 @@ export async function startTestApiServer(opts: TestApiServerOptions = {}): Promi
     expireResourceVersions: () => {
       // Everything handed out so far is now too old; open watches learn it the way real ones do.
       oldestValidRv = nextRv();
+      for (const w of [...nsWatches]) {
+        writeNs(w.res, 'ERROR', statusObject(410, `too old resource version (${oldestValidRv})`, 'Expired'));
+        endNsWatch(w);
+      }
       for (const w of [...watches]) {
         writeEvent(
           w,

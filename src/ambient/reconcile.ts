@@ -1,0 +1,287 @@
+// The ambient informer: the node's pod watch and the namespace watch feed one work queue
+// (`ambient`), whose reconcile keeps each pod's enrollment as its labels, its namespace's labels
+// and its phase say (Istio's nodeagent/informers.go, research/ambient.md §1.5):
+// - an added pod is left alone: the plugin's ADD (or the start-up snapshot) enrolls it;
+// - an update re-reads the pod from the watch's cache, then: enrolled (or pending) and now
+//   terminal -> removed, with the pod as it was before (a terminal status may come without IPs,
+//   kubernetes#125370); enrolled, still wanted and its IPs changed -> the probe ipset follows;
+//   wanted but not enrolled (or pending) and has IPs -> enrolled; enrolled but no longer wanted
+//   -> removed;
+// - a deleted pod that was enrolled, pending or selected -> removed (isDelete).
+// A namespace added, or relabelled so that it flips a selector, queues all its pods as updates.
+// The queue retries without end, backing off 5 ms -> 5 s per pod, as Istio's does (ztunnel may
+// connect at any time), and drops a failure that says no retry helps (netns, rules).
+//
+// The decision is a pure function (decide); the queue, the pending events and the metric are
+// the Reconciler around it.
+
+import type { V1Namespace, V1Pod } from '@kubernetes/client-node';
+import { Counter } from 'prom-client';
+import type { PodHandler } from '../orch/podsource.ts';
+import type { NamespaceHandler } from '../orch/namespacesource.ts';
+import { WorkQueue, type Outcome } from '../orch/workqueue.ts';
+import type { Clock } from '../orch/limits.ts';
+import { registry } from '../monitoring/metrics.ts';
+import { scope } from '../monitoring/logging.ts';
+import {
+  ambientPodOf,
+  isTerminal,
+  namespaceSelected,
+  podIPs,
+  redirectionOf,
+  sameIPs,
+  type AmbientPodInfo,
+  type EnablementSelector,
+} from './enablement.ts';
+
+const log = scope('ambient');
+
+export type PodEventType = 'add' | 'update' | 'delete';
+
+export type Action =
+  | { readonly kind: 'none'; readonly why: string }
+  | { readonly kind: 'add'; readonly pod: V1Pod }
+  | { readonly kind: 'remove'; readonly pod: V1Pod; readonly isDelete: boolean }
+  | { readonly kind: 'syncProbeIPs'; readonly pod: V1Pod };
+
+export interface DecisionInput {
+  readonly event: PodEventType;
+  /** The pod before the first change not yet reconciled (update), for a terminal pod's IPs. */
+  readonly old: V1Pod | undefined;
+  /** The pod as the last event had it (a delete: its last state). */
+  readonly latest: V1Pod;
+  /** The pod in the watch's cache now (same UID), undefined when it is gone. */
+  readonly current: V1Pod | undefined;
+  /** The enablement decision for a pod (its namespace's labels and the selectors applied). */
+  readonly shouldBeEnabled: (pod: V1Pod) => boolean;
+}
+
+/** What to do for one pod event; pure (research/ambient.md §1.5). */
+export function decide(i: DecisionInput): Action {
+  if (i.event === 'add') return { kind: 'none', why: 'added: the plugin or the start-up snapshot enrolls it' };
+  if (i.event === 'delete') {
+    const was = redirectionOf(i.latest) !== undefined || i.shouldBeEnabled(i.latest);
+    return was
+      ? { kind: 'remove', pod: i.latest, isDelete: true }
+      : { kind: 'none', why: 'deleted, was not in the mesh' };
+  }
+  const cur = i.current;
+  if (!cur) return { kind: 'none', why: 'gone from the watch: its delete follows' };
+  const redirection = redirectionOf(cur);
+  const enrolled = redirection === 'enabled';
+  const partial = redirection === 'pending';
+  const terminal = isTerminal(cur);
+  if ((enrolled || partial) && terminal) return { kind: 'remove', pod: i.old ?? cur, isDelete: true };
+  if (terminal) return { kind: 'none', why: 'terminal' };
+  const should = i.shouldBeEnabled(cur);
+  if (enrolled && should) {
+    const ips = podIPs(cur);
+    if (ips.length > 0 && !sameIPs(ips, podIPs(i.old))) return { kind: 'syncProbeIPs', pod: cur };
+    return { kind: 'none', why: 'enrolled as wanted' };
+  }
+  if (!should) {
+    return enrolled || partial
+      ? { kind: 'remove', pod: cur, isDelete: false }
+      : { kind: 'none', why: 'not ambient, not enrolled' };
+  }
+  if (podIPs(cur).length === 0) return { kind: 'none', why: 'no IP yet' };
+  return { kind: 'add', pod: cur };
+}
+
+/** What the reconcile asks of the dataplane (INTERFACES §3 MeshDataplane, in part). */
+export interface ReconcileDataplane {
+  addPodToMesh(pod: AmbientPodInfo, netnsPath: string | null): Promise<void>;
+  removePodFromMesh(pod: AmbientPodInfo, isDelete: boolean): Promise<void>;
+  syncHostProbeIPs(pod: AmbientPodInfo): Promise<void>;
+}
+
+/** An EnrollError (dataplane.ts) that says retrying cannot help (netns, rules). */
+function nonRetryable(e: unknown): boolean {
+  return e instanceof Error && e.name === 'EnrollError' && (e as { retryable?: unknown }).retryable === false;
+}
+
+const events = new Counter({
+  name: 'mesh_cni_ambient_reconcile_events_total',
+  help: 'Pod events the ambient informer reconciled, by type (add, update, delete); retries count again.',
+  labelNames: ['type'] as const,
+  registers: [registry],
+});
+for (const type of ['add', 'update', 'delete'] satisfies PodEventType[]) events.inc({ type }, 0);
+
+interface Pending {
+  event: PodEventType;
+  old: V1Pod | undefined;
+  latest: V1Pod;
+}
+
+/** A later event for the same pod (UID) folded into the one waiting. */
+function merge(prev: Pending | undefined, next: Pending): Pending {
+  if (!prev) return next;
+  if (next.event === 'delete' || prev.event === 'delete')
+    return { event: 'delete', old: prev.old, latest: next.event === 'delete' ? next.latest : prev.latest };
+  if (next.event === 'update')
+    return { event: 'update', old: prev.event === 'add' ? prev.latest : prev.old, latest: next.latest };
+  return { ...prev, latest: next.latest };
+}
+
+export interface ReconcilerDeps {
+  /** The node's pod watch's cache. */
+  readonly pods: { get(namespace: string, name: string): V1Pod | undefined; pods(): V1Pod[] };
+  /** Namespace labels; undefined while the namespace is not known. */
+  readonly namespaceLabels: (name: string) => Readonly<Record<string, string>> | undefined;
+  readonly selectors: readonly EnablementSelector[];
+  /** isAmbientPod with the agent's rules and selectors. */
+  readonly isAmbient: (pod: V1Pod, namespaceLabels: Readonly<Record<string, string>> | undefined) => boolean;
+  readonly dataplane: ReconcileDataplane;
+  readonly clock?: Clock;
+}
+
+/** Istio's informer queue: unbounded retries, 5 ms -> 5 s per key, 10 qps with a burst of 100. */
+export const AMBIENT_QUEUE = {
+  concurrency: 1,
+  rate: { qps: 10, burst: 100 },
+  backoff: { baseMs: 5, maxMs: 5000 },
+} as const;
+
+export class Reconciler {
+  readonly #d: ReconcilerDeps;
+  /** The last state seen of each pod, by UID (a watch upsert says no old state). */
+  readonly #known = new Map<string, V1Pod>();
+  readonly #pending = new Map<string, Pending>();
+  readonly #queue: WorkQueue<string>;
+  #started = false;
+
+  constructor(deps: ReconcilerDeps) {
+    this.#d = deps;
+    this.#queue = new WorkQueue<string>({
+      name: 'ambient',
+      reconcile: (uid) => this.#reconcile(uid),
+      ...AMBIENT_QUEUE,
+      maxAttempts: Number.POSITIVE_INFINITY,
+      ...(deps.clock ? { clock: deps.clock } : {}),
+      onRetry: (uid, info) =>
+        log.debug('ambient reconcile retried', { uid, attempt: info.attempt, delayMs: Math.round(info.delayMs) }),
+    });
+  }
+
+  /** The pod watch's reader: events are kept until start(), then queued. */
+  readonly podHandler: PodHandler = {
+    upsert: (pod) => {
+      const uid = pod.metadata?.uid ?? '';
+      const old = this.#known.get(uid);
+      this.#known.set(uid, pod);
+      this.#enqueue(uid, { event: old ? 'update' : 'add', old, latest: pod });
+    },
+    remove: (pod) => {
+      const uid = pod.metadata?.uid ?? '';
+      const last = this.#known.get(uid) ?? pod;
+      this.#known.delete(uid);
+      // The last state we saw carries the annotation the delete's object may lack (a re-list).
+      const latest = redirectionOf(pod) ? pod : last;
+      this.#enqueue(uid, { event: 'delete', old: last, latest });
+    },
+  };
+
+  /** The namespace watch's reader: a new namespace, or a relabel that flips a selector, re-checks its pods. */
+  readonly namespaceHandler: NamespaceHandler = {
+    upsert: (ns: V1Namespace, old: V1Namespace | undefined) => {
+      const name = ns.metadata?.name ?? '';
+      const flipped =
+        !old ||
+        namespaceSelected(this.#d.selectors, old.metadata?.labels) !==
+          namespaceSelected(this.#d.selectors, ns.metadata?.labels);
+      if (flipped) this.enqueueNamespace(name);
+    },
+    remove: () => {},
+  };
+
+  /** Queues every known pod of the namespace as an update (nothing changed in the pod itself). */
+  enqueueNamespace(name: string): number {
+    let n = 0;
+    for (const pod of this.#known.values()) {
+      if (pod.metadata?.namespace !== name) continue;
+      this.#enqueue(pod.metadata?.uid ?? '', { event: 'update', old: pod, latest: pod });
+      n++;
+    }
+    return n;
+  }
+
+  /**
+   * Starts the queue (after the dataplane's start-up snapshot): what came meanwhile is queued,
+   * and every pod once as an update, so a pod relabelled while the agent was down is caught up.
+   */
+  start(): void {
+    this.#started = true;
+    for (const pod of this.#known.values()) {
+      const uid = pod.metadata?.uid ?? '';
+      this.#pending.set(uid, merge(this.#pending.get(uid), { event: 'update', old: pod, latest: pod }));
+    }
+    for (const uid of this.#pending.keys()) this.#queue.add(uid);
+  }
+
+  async stop(graceMs: number): Promise<void> {
+    await this.#queue.stop(graceMs);
+  }
+
+  status() {
+    return { ...this.#queue.status(), pendingEvents: this.#pending.size, knownPods: this.#known.size };
+  }
+
+  #enqueue(uid: string, p: Pending): void {
+    if (uid === '') return;
+    this.#pending.set(uid, merge(this.#pending.get(uid), p));
+    if (this.#started) this.#queue.add(uid);
+  }
+
+  async #reconcile(uid: string): Promise<Outcome> {
+    const p = this.#pending.get(uid);
+    if (!p) return 'done';
+    this.#pending.delete(uid);
+    events.inc({ type: p.event });
+    const ns = p.latest.metadata?.namespace ?? '';
+    const cached = this.#d.pods.get(ns, p.latest.metadata?.name ?? '');
+    const current = cached?.metadata?.uid === uid ? cached : undefined;
+    const nsLabels = this.#d.namespaceLabels(ns);
+    if (p.event === 'update' && current && nsLabels === undefined) {
+      // Its namespace not seen yet (the namespace watch is behind): decide once it is.
+      this.#pending.set(uid, merge(p, this.#pending.get(uid) ?? p));
+      return 'retry';
+    }
+    const action = decide({
+      event: p.event,
+      old: p.old,
+      latest: p.latest,
+      current,
+      shouldBeEnabled: (pod) => this.#d.isAmbient(pod, nsLabels),
+    });
+    const pod = `${ns}/${p.latest.metadata?.name ?? ''}`;
+    if (action.kind === 'none') {
+      log.debug('ambient pod event: nothing to do', { pod, event: p.event, why: action.why });
+      return 'done';
+    }
+    try {
+      const info = ambientPodOf(action.pod);
+      if (action.kind === 'add') await this.#d.dataplane.addPodToMesh(info, null);
+      else if (action.kind === 'remove') await this.#d.dataplane.removePodFromMesh(info, action.isDelete);
+      else await this.#d.dataplane.syncHostProbeIPs(info);
+      log.info(
+        `ambient: ${action.kind === 'add' ? 'enrolled' : action.kind === 'remove' ? 'removed' : 'probe IPs synced'}`,
+        {
+          pod,
+          uid,
+        },
+      );
+      return 'done';
+    } catch (e) {
+      const error = e instanceof Error ? e.message : String(e);
+      if (action.kind === 'add' && nonRetryable(e)) {
+        log.error('cannot enroll the pod into ambient mode; not retrying (the pod must be re-created)', { pod, error });
+        return 'drop';
+      }
+      log.warn(`ambient ${action.kind} failed; retrying`, { pod, error });
+      // A newer event meanwhile is folded in; else this one is tried again.
+      this.#pending.set(uid, merge(p, this.#pending.get(uid) ?? p));
+      return 'retry';
+    }
+  }
+}

@@ -1,0 +1,239 @@
+// List-then-watch of the cluster's namespaces, for their labels: ambient mode selects pods by
+// their namespace's labels too (--ambient-enablement-selector), and a relabel re-checks the
+// namespace's pods. Small beside the pod watch (podsource.ts), with the same failure handling:
+// 410 Gone -> list again; a closed watch -> watch again from its last resourceVersion; errors ->
+// full-jitter backoff, never a silent stop; a watch silent for too long is restarted. The list
+// comes from the API server's watch cache (resourceVersion=0); requests wait on the agent's rate
+// limit (request.ts). Namespaces are few and change rarely: no watch-list, no pages.
+
+import type { V1Namespace } from '@kubernetes/client-node';
+import { scope } from '../monitoring/logging.ts';
+import type { OrchApi, WatchEventType } from './api.ts';
+import { ApiError, statusText, toApiError } from './errors.ts';
+import { realClock, type Clock } from './limits.ts';
+import { FullJitterBackoff } from './ratelimit.ts';
+
+const log = scope('ambient');
+
+export interface NamespaceHandler {
+  /** Added or changed; `old` is the namespace as cached before (undefined: new to the cache). */
+  upsert(ns: V1Namespace, old: V1Namespace | undefined): void;
+  remove(ns: V1Namespace): void;
+}
+
+export interface NamespaceSourceOptions {
+  readonly clock: Clock;
+  readonly backoff: { readonly baseMs: number; readonly maxMs: number };
+  readonly requestTimeoutMs: number;
+  readonly watchTimeoutSeconds: number;
+  readonly silenceTimeoutMs: number;
+  readonly random: () => number;
+}
+
+export const NAMESPACE_WATCH_DEFAULTS: NamespaceSourceOptions = {
+  clock: realClock,
+  backoff: { baseMs: 1000, maxMs: 30_000 },
+  requestTimeoutMs: 30_000,
+  watchTimeoutSeconds: 300,
+  silenceTimeoutMs: 120_000,
+  random: Math.random,
+};
+
+type End = {
+  readonly reason: 'closed' | 'expired' | 'error' | 'stopped';
+  readonly delivered: boolean;
+  error?: ApiError;
+};
+
+export class NamespaceSource {
+  readonly #api: OrchApi;
+  readonly #o: NamespaceSourceOptions;
+  readonly #cache = new Map<string, V1Namespace>();
+  readonly #handlers: NamespaceHandler[] = [];
+  readonly #stop = new AbortController();
+  #loop: Promise<void> | undefined;
+  #rv = '';
+  #lists = 0;
+  #restarts = 0;
+  #lastError = '';
+  #state: 'starting' | 'listing' | 'watching' | 'backoff' | 'stopped' = 'starting';
+  #synced!: () => void;
+  /** Resolves after the first complete list. */
+  readonly synced = new Promise<void>((r) => (this.#synced = r));
+
+  constructor(api: OrchApi, o: Partial<NamespaceSourceOptions> = {}) {
+    if (!api.listNamespaces || !api.watchNamespaces)
+      throw new Error('internal: this API client cannot list namespaces');
+    this.#api = api;
+    this.#o = { ...NAMESPACE_WATCH_DEFAULTS, ...o };
+  }
+
+  start(): void {
+    this.#loop ??= this.#run();
+  }
+
+  async stop(): Promise<void> {
+    this.#stop.abort(new Error('namespace watch stopping'));
+    await this.#loop;
+    this.#state = 'stopped';
+  }
+
+  /** Another reader; it hears the cached namespaces first. */
+  addHandler(h: NamespaceHandler): void {
+    this.#handlers.push(h);
+    for (const ns of this.#cache.values()) this.#tell('upsert', ns, undefined, [h]);
+  }
+
+  /** The namespace's labels; undefined while it is not known. */
+  labels(name: string): Readonly<Record<string, string>> | undefined {
+    const ns = this.#cache.get(name);
+    return ns ? (ns.metadata?.labels ?? {}) : undefined;
+  }
+
+  status() {
+    return {
+      state: this.#state,
+      resourceVersion: this.#rv,
+      cachedNamespaces: this.#cache.size,
+      lists: this.#lists,
+      watchRestarts: this.#restarts,
+      lastError: this.#lastError,
+    };
+  }
+
+  #tell(what: 'upsert' | 'remove', ns: V1Namespace, old?: V1Namespace, to = this.#handlers): void {
+    for (const h of to) {
+      try {
+        if (what === 'upsert') h.upsert(ns, old);
+        else h.remove(ns);
+      } catch (e) {
+        log.error('a reader of the namespace watch failed; the watch goes on', {
+          namespace: ns.metadata?.name,
+          error: e instanceof Error ? e.message : String(e),
+        });
+      }
+    }
+  }
+
+  async #run(): Promise<void> {
+    const backoff = new FullJitterBackoff({ ...this.#o.backoff, random: this.#o.random });
+    let delay = 0;
+    while (!this.#stop.signal.aborted) {
+      if (delay > 0) {
+        this.#state = 'backoff';
+        await this.#o.clock.sleep(delay, this.#stop.signal).catch(() => {});
+        if (this.#stop.signal.aborted) break;
+      }
+      try {
+        if (this.#rv === '') {
+          this.#state = 'listing';
+          await this.#list();
+        }
+        this.#state = 'watching';
+        const end = await this.#watch();
+        if (end.reason === 'stopped') break;
+        if (end.reason === 'expired') this.#rv = '';
+        if (end.delivered) backoff.reset();
+        this.#restarts++;
+        delay = end.reason === 'closed' ? 0 : backoff.next(end.error?.retryAfterMs);
+        if (end.error) {
+          this.#lastError = end.error.message;
+          log.warn('namespace watch ended; watching again', {
+            reason: end.reason,
+            relist: this.#rv === '',
+            retryInMs: Math.round(delay),
+            error: end.error.message,
+          });
+        }
+      } catch (e) {
+        if (this.#stop.signal.aborted) break;
+        const err = toApiError('listing namespaces', e);
+        if (err.code === 410) this.#rv = '';
+        this.#lastError = err.message;
+        delay = backoff.next(err.retryAfterMs);
+        log.warn('cannot list namespaces; retrying', { error: err.message, retryInMs: Math.round(delay) });
+      }
+    }
+    this.#state = 'stopped';
+  }
+
+  async #list(): Promise<void> {
+    const signal = AbortSignal.any([this.#stop.signal, AbortSignal.timeout(this.#o.requestTimeoutMs)]);
+    const list = await this.#api.listNamespaces!(signal);
+    const seen = new Map(list.items.map((ns) => [ns.metadata?.name ?? '', ns] as const));
+    for (const [name, old] of this.#cache) {
+      if (!seen.has(name)) {
+        this.#cache.delete(name);
+        this.#tell('remove', old);
+      }
+    }
+    for (const [name, ns] of seen) {
+      const old = this.#cache.get(name);
+      this.#cache.set(name, ns);
+      this.#tell('upsert', ns, old);
+    }
+    this.#rv = list.resourceVersion;
+    this.#lists++;
+    this.#synced();
+  }
+
+  #watch(): Promise<End> {
+    return new Promise<End>((resolve) => {
+      let finished = false;
+      let delivered = false;
+      let controller: AbortController | undefined;
+      const opening = new AbortController();
+      const finish = (reason: End['reason'], error?: ApiError) => {
+        if (finished) return;
+        finished = true;
+        clearTimeout(silence);
+        this.#stop.signal.removeEventListener('abort', onStop);
+        opening.abort();
+        controller?.abort();
+        resolve({ reason, delivered, ...(error ? { error } : {}) });
+      };
+      const onStop = () => finish('stopped');
+      this.#stop.signal.addEventListener('abort', onStop, { once: true });
+      const why = `no event or bookmark for ${this.#o.silenceTimeoutMs} ms`;
+      const silence = setTimeout(
+        () => finish('error', new ApiError('watching namespaces', undefined, why)),
+        this.#o.silenceTimeoutMs,
+      );
+      const onEvent = (type: WatchEventType, obj: unknown) => {
+        if (finished) return;
+        silence.refresh();
+        if (type === 'ERROR') {
+          const st = obj as { code?: number; message?: string; reason?: string };
+          const err = new ApiError('watching namespaces', st.code ?? 500, statusText(st));
+          finish(st.code === 410 ? 'expired' : 'error', err);
+          return;
+        }
+        const ns = obj as V1Namespace;
+        if (ns.metadata?.resourceVersion) this.#rv = ns.metadata.resourceVersion;
+        if (type === 'BOOKMARK') return;
+        delivered = true;
+        const name = ns.metadata?.name ?? '';
+        if (type === 'DELETED') {
+          this.#cache.delete(name);
+          this.#tell('remove', ns);
+        } else {
+          const old = this.#cache.get(name);
+          this.#cache.set(name, ns);
+          this.#tell('upsert', ns, old);
+        }
+      };
+      const done = (err: unknown) => {
+        if (!err) return finish('closed');
+        const e = toApiError('watching namespaces', err);
+        finish(e.code === 410 ? 'expired' : 'error', e);
+      };
+      const timeoutSeconds = Math.round(this.#o.watchTimeoutSeconds * (1 + this.#o.random()));
+      this.#api.watchNamespaces!({ resourceVersion: this.#rv, timeoutSeconds }, onEvent, done, opening.signal)
+        .then((c) => {
+          controller = c;
+          if (finished) c.abort();
+        })
+        .catch(done);
+    });
+  }
+}

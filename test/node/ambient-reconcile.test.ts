@@ -1,0 +1,380 @@
+// The ambient informer (issue 17, A3): the decision table of research/ambient.md §1.5 as a pure
+// function, and the Reconciler around it (pending events per pod, the namespace relabel, the
+// queue's retries and drops) with a fake dataplane that records its calls.
+
+import assert from 'node:assert/strict';
+import { describe, it } from 'node:test';
+import type { V1Namespace, V1Pod } from '@kubernetes/client-node';
+import { DEFAULT_ENABLEMENT_SELECTORS, isAmbientPod, type AmbientPodInfo } from '../../src/ambient/enablement.ts';
+import { decide, Reconciler, type Action, type DecisionInput } from '../../src/ambient/reconcile.ts';
+import { registry } from '../../src/monitoring/metrics.ts';
+import { eventually } from '../helpers/poll.ts';
+
+const MODE = 'mesh.io/dataplane-mode';
+const REDIRECTION = 'ambient.mesh.io/redirection';
+
+function pod(
+  o: {
+    name?: string;
+    uid?: string;
+    ns?: string;
+    labels?: Record<string, string>;
+    redirection?: 'enabled' | 'pending';
+    phase?: string;
+    ips?: string[];
+  } = {},
+): V1Pod {
+  return {
+    metadata: {
+      name: o.name ?? 'cart-1',
+      namespace: o.ns ?? 'shop',
+      uid: o.uid ?? 'uid-1',
+      labels: o.labels ?? {},
+      annotations: o.redirection ? { [REDIRECTION]: o.redirection } : {},
+    },
+    spec: { containers: [{ name: 'app' }], serviceAccountName: 'cart' },
+    status: { phase: o.phase ?? 'Running', podIPs: (o.ips ?? ['198.18.0.5']).map((ip) => ({ ip })) },
+  };
+}
+
+const ambient = { [MODE]: 'ambient' };
+// Namespace labels {} everywhere: the pod's own label decides.
+const shouldBeEnabled = (p: V1Pod) => isAmbientPod(p, {}, DEFAULT_ENABLEMENT_SELECTORS);
+
+describe('the reconcile decision (pure)', () => {
+  const enrolled = pod({ labels: ambient, redirection: 'enabled' });
+  const table: [string, Omit<DecisionInput, 'shouldBeEnabled'>, Action['kind'], V1Pod?, boolean?][] = [
+    ['add events are ignored', { event: 'add', old: undefined, latest: enrolled, current: enrolled }, 'none'],
+    [
+      'add of a labelled, unenrolled pod is ignored too (the plugin enrolls it)',
+      { event: 'add', old: undefined, latest: pod({ labels: ambient }), current: pod({ labels: ambient }) },
+      'none',
+    ],
+    [
+      'update: enrolled and terminated -> remove the OLD pod (its IPs), as a delete',
+      {
+        event: 'update',
+        old: enrolled,
+        latest: pod({ labels: ambient, redirection: 'enabled', phase: 'Succeeded', ips: [] }),
+        current: pod({ labels: ambient, redirection: 'enabled', phase: 'Succeeded', ips: [] }),
+      },
+      'remove',
+      enrolled,
+      true,
+    ],
+    [
+      'update: pending and terminated -> remove',
+      {
+        event: 'update',
+        old: pod({ labels: ambient, redirection: 'pending' }),
+        latest: pod({ labels: ambient, redirection: 'pending', phase: 'Failed' }),
+        current: pod({ labels: ambient, redirection: 'pending', phase: 'Failed' }),
+      },
+      'remove',
+      pod({ labels: ambient, redirection: 'pending' }),
+      true,
+    ],
+    [
+      'update: terminated, never enrolled -> nothing (not even when labelled)',
+      {
+        event: 'update',
+        old: pod({ labels: ambient }),
+        latest: pod({ labels: ambient, phase: 'Succeeded' }),
+        current: pod({ labels: ambient, phase: 'Succeeded' }),
+      },
+      'none',
+    ],
+    [
+      'update: enrolled, still wanted, IPs changed -> sync the probe ipset',
+      {
+        event: 'update',
+        old: pod({ labels: ambient, redirection: 'enabled', ips: [] }),
+        latest: enrolled,
+        current: enrolled,
+      },
+      'syncProbeIPs',
+      enrolled,
+    ],
+    [
+      'update: enrolled, still wanted, same IPs in another order -> nothing',
+      {
+        event: 'update',
+        old: pod({ labels: ambient, redirection: 'enabled', ips: ['fd00::5', '198.18.0.5'] }),
+        latest: pod({ labels: ambient, redirection: 'enabled', ips: ['198.18.0.5', 'fd00::5'] }),
+        current: pod({ labels: ambient, redirection: 'enabled', ips: ['198.18.0.5', 'fd00::5'] }),
+      },
+      'none',
+    ],
+    [
+      'update: enrolled, IPs gone (no IP now) -> nothing (never a sync to no address)',
+      {
+        event: 'update',
+        old: enrolled,
+        latest: enrolled,
+        current: pod({ labels: ambient, redirection: 'enabled', ips: [] }),
+      },
+      'none',
+    ],
+    [
+      'update: enrolled, unlabelled -> remove (not a delete: its rules come out)',
+      {
+        event: 'update',
+        old: enrolled,
+        latest: pod({ redirection: 'enabled' }),
+        current: pod({ redirection: 'enabled' }),
+      },
+      'remove',
+      pod({ redirection: 'enabled' }),
+      false,
+    ],
+    [
+      'update: pending, labelled none -> remove',
+      {
+        event: 'update',
+        old: enrolled,
+        latest: pod({ labels: { [MODE]: 'none' }, redirection: 'pending' }),
+        current: pod({ labels: { [MODE]: 'none' }, redirection: 'pending' }),
+      },
+      'remove',
+      pod({ labels: { [MODE]: 'none' }, redirection: 'pending' }),
+      false,
+    ],
+    [
+      'update: should be, not enrolled, has IPs -> add',
+      { event: 'update', old: pod(), latest: pod({ labels: ambient }), current: pod({ labels: ambient }) },
+      'add',
+      pod({ labels: ambient }),
+    ],
+    [
+      'update: pending and still wanted -> add again (ztunnel may be back)',
+      {
+        event: 'update',
+        old: pod({ labels: ambient, redirection: 'pending' }),
+        latest: pod({ labels: ambient, redirection: 'pending' }),
+        current: pod({ labels: ambient, redirection: 'pending' }),
+      },
+      'add',
+      pod({ labels: ambient, redirection: 'pending' }),
+    ],
+    [
+      'update: should be, no IP yet -> nothing',
+      {
+        event: 'update',
+        old: pod(),
+        latest: pod({ labels: ambient, ips: [] }),
+        current: pod({ labels: ambient, ips: [] }),
+      },
+      'none',
+    ],
+    [
+      'update: neither wanted nor enrolled -> nothing',
+      { event: 'update', old: pod(), latest: pod(), current: pod() },
+      'none',
+    ],
+    [
+      'update: the pod is gone from the cache -> nothing (its delete follows)',
+      { event: 'update', old: pod(), latest: pod({ labels: ambient }), current: undefined },
+      'none',
+    ],
+    [
+      'update: the cache is newer than the event: the current pod decides',
+      { event: 'update', old: pod(), latest: pod(), current: pod({ labels: ambient }) },
+      'add',
+      pod({ labels: ambient }),
+    ],
+    [
+      'delete: enrolled -> remove as a delete',
+      { event: 'delete', old: enrolled, latest: enrolled, current: undefined },
+      'remove',
+      enrolled,
+      true,
+    ],
+    [
+      'delete: pending -> remove',
+      { event: 'delete', old: undefined, latest: pod({ redirection: 'pending' }), current: undefined },
+      'remove',
+      pod({ redirection: 'pending' }),
+      true,
+    ],
+    [
+      'delete: matching but never annotated (the ADD may have half-run) -> remove',
+      { event: 'delete', old: undefined, latest: pod({ labels: ambient }), current: undefined },
+      'remove',
+      pod({ labels: ambient }),
+      true,
+    ],
+    ['delete: neither -> nothing', { event: 'delete', old: undefined, latest: pod(), current: undefined }, 'none'],
+  ];
+  for (const [name, input, kind, withPod, isDelete] of table) {
+    it(name, () => {
+      const a = decide({ ...input, shouldBeEnabled });
+      assert.equal(a.kind, kind, JSON.stringify(a));
+      if (withPod && a.kind !== 'none') assert.deepEqual(a.pod, withPod);
+      if (isDelete !== undefined && a.kind === 'remove') assert.equal(a.isDelete, isDelete);
+    });
+  }
+});
+
+type Call = { op: 'add' | 'remove' | 'sync'; uid: string; ips: readonly string[]; isDelete?: boolean };
+
+/** A dataplane that records calls; `fail` decides a throw per call. */
+function fakeDataplane(fail: (c: Call) => Error | undefined = () => undefined) {
+  const calls: Call[] = [];
+  const record = async (c: Call) => {
+    calls.push(c);
+    const e = fail(c);
+    if (e) throw e;
+  };
+  return {
+    calls,
+    addPodToMesh: (p: AmbientPodInfo) => record({ op: 'add', uid: p.uid, ips: p.ips }),
+    removePodFromMesh: (p: AmbientPodInfo, isDelete: boolean) =>
+      record({ op: 'remove', uid: p.uid, ips: p.ips, isDelete }),
+    syncHostProbeIPs: (p: AmbientPodInfo) => record({ op: 'sync', uid: p.uid, ips: p.ips }),
+  };
+}
+
+class EnrollError extends Error {
+  readonly retryable: boolean;
+  constructor(message: string, retryable: boolean) {
+    super(message);
+    this.name = 'EnrollError';
+    this.retryable = retryable;
+  }
+}
+
+/** A pod cache and namespace labels the test changes, and a Reconciler reading them. */
+function harness(dp = fakeDataplane()) {
+  const cache = new Map<string, V1Pod>();
+  const nsLabels = new Map<string, Record<string, string>>([['shop', {}]]);
+  const r = new Reconciler({
+    pods: { get: (ns, name) => cache.get(`${ns}/${name}`), pods: () => [...cache.values()] },
+    namespaceLabels: (n) => nsLabels.get(n),
+    selectors: DEFAULT_ENABLEMENT_SELECTORS,
+    isAmbient: (p, labels) => isAmbientPod(p, labels, DEFAULT_ENABLEMENT_SELECTORS),
+    dataplane: dp,
+  });
+  const upsert = (p: V1Pod) => {
+    cache.set(`${p.metadata!.namespace}/${p.metadata!.name}`, p);
+    r.podHandler.upsert(p);
+  };
+  const remove = (p: V1Pod) => {
+    cache.delete(`${p.metadata!.namespace}/${p.metadata!.name}`);
+    r.podHandler.remove(p);
+  };
+  const idle = () => eventually(() => r.status().queued + r.status().inFlight + r.status().waiting === 0, 'queue idle');
+  return { r, dp, cache, nsLabels, upsert, remove, idle };
+}
+
+async function metric(type: string): Promise<number> {
+  const m = await registry.getSingleMetric('mesh_cni_ambient_reconcile_events_total')!.get();
+  return m.values.find((v) => v.labels.type === type)?.value ?? 0;
+}
+
+describe('the Reconciler', () => {
+  it('holds events until started, then catches every pod up once (labelled while the agent was down)', async () => {
+    const h = harness();
+    h.upsert(pod({ uid: 'a', name: 'a', labels: ambient }));
+    h.upsert(pod({ uid: 'b', name: 'b' }));
+    h.upsert(pod({ uid: 'c', name: 'c', labels: ambient, redirection: 'enabled' }));
+    await new Promise((r) => setTimeout(r, 20));
+    assert.deepEqual(h.dp.calls, [], 'nothing before start');
+    h.r.start();
+    await h.idle();
+    assert.deepEqual(h.dp.calls, [{ op: 'add', uid: 'a', ips: ['198.18.0.5'] }]);
+    await h.r.stop(100);
+  });
+
+  it('an unlabel removes, a relabel enrolls, a termination removes with the old IPs, a delete removes', async () => {
+    const h = harness();
+    h.r.start();
+    const before = await metric('update');
+    const p = pod({ uid: 'u', labels: ambient, redirection: 'enabled' });
+    h.upsert(p); // add: ignored
+    await h.idle();
+    h.upsert(pod({ uid: 'u', redirection: 'enabled' })); // unlabelled
+    await h.idle();
+    h.upsert(pod({ uid: 'u' })); // un-annotated by the dataplane
+    await h.idle();
+    h.upsert(pod({ uid: 'u', labels: ambient })); // labelled again
+    await h.idle();
+    h.upsert(pod({ uid: 'u', labels: ambient, redirection: 'enabled' }));
+    await h.idle();
+    h.upsert(pod({ uid: 'u', labels: ambient, redirection: 'enabled', phase: 'Succeeded', ips: [] }));
+    await h.idle();
+    h.remove(pod({ uid: 'u', labels: ambient, redirection: 'enabled', phase: 'Succeeded', ips: [] }));
+    await h.idle();
+    assert.deepEqual(h.dp.calls, [
+      { op: 'remove', uid: 'u', ips: ['198.18.0.5'], isDelete: false },
+      { op: 'add', uid: 'u', ips: ['198.18.0.5'] },
+      { op: 'remove', uid: 'u', ips: ['198.18.0.5'], isDelete: true },
+      { op: 'remove', uid: 'u', ips: [], isDelete: true },
+    ]);
+    assert.ok((await metric('update')) - before >= 5, 'update events counted');
+    await h.r.stop(100);
+  });
+
+  it('a namespace relabelled to ambient enqueues all its pods (and only its own)', async () => {
+    const h = harness();
+    h.nsLabels.set('other', {});
+    h.r.start();
+    const shop = [1, 2, 3].map((i) => pod({ uid: `s${i}`, name: `s${i}` }));
+    const other = pod({ uid: 'o1', name: 'o1', ns: 'other' });
+    for (const p of [...shop, other]) h.upsert(p);
+    await h.idle();
+    assert.equal(h.dp.calls.length, 0);
+    const ns = (labels: Record<string, string>): V1Namespace => ({ metadata: { name: 'shop', labels } });
+    h.nsLabels.set('shop', ambient);
+    h.r.namespaceHandler.upsert(ns(ambient), ns({}));
+    await h.idle();
+    assert.deepEqual(h.dp.calls.map((c) => `${c.op} ${c.uid}`).sort(), ['add s1', 'add s2', 'add s3']);
+    // A relabel that flips nothing (another label) queues nothing.
+    h.dp.calls.length = 0;
+    h.r.namespaceHandler.upsert(ns({ ...ambient, team: 'x' }), ns(ambient));
+    assert.equal(h.r.status().queued + h.r.status().inFlight, 0);
+    await h.r.stop(100);
+  });
+
+  it('retries a ztunnel failure until it works (5 ms backoff upward), drops a netns failure', async () => {
+    let ztunnelDown = 3;
+    const dp = fakeDataplane((c) => {
+      if (c.uid === 'z' && ztunnelDown-- > 0) return new EnrollError('ztunnel is not connected', true);
+      if (c.uid === 'n') return new EnrollError('netns of pod not found', false);
+      return undefined;
+    });
+    const h = harness(dp);
+    h.r.start();
+    h.upsert(pod({ uid: 'z', name: 'z' }));
+    h.upsert(pod({ uid: 'n', name: 'n' }));
+    h.upsert(pod({ uid: 'z', name: 'z', labels: ambient }));
+    h.upsert(pod({ uid: 'n', name: 'n', labels: ambient }));
+    await h.idle();
+    const count = (uid: string) => dp.calls.filter((c) => c.op === 'add' && c.uid === uid).length;
+    assert.equal(count('z'), 4, 'three ztunnel failures retried, then enrolled');
+    assert.equal(count('n'), 1, 'a netns failure is not retried');
+    await h.r.stop(100);
+  });
+
+  it('folds events that came while waiting: add then update is one update from the added state', async () => {
+    const h = harness();
+    h.upsert(pod({ uid: 'f', labels: ambient, redirection: 'enabled', ips: [] }));
+    h.upsert(pod({ uid: 'f', labels: ambient, redirection: 'enabled', ips: ['198.18.0.9'] }));
+    h.r.start();
+    await h.idle();
+    assert.deepEqual(h.dp.calls, [{ op: 'sync', uid: 'f', ips: ['198.18.0.9'] }]);
+    await h.r.stop(100);
+  });
+
+  it('a pod whose namespace is not known yet waits for it (no decision on missing labels)', async () => {
+    const h = harness();
+    h.r.start();
+    h.upsert(pod({ uid: 'w', ns: 'late' }));
+    h.upsert(pod({ uid: 'w', ns: 'late', labels: { team: 'x' } }));
+    await new Promise((r) => setTimeout(r, 50));
+    assert.deepEqual(h.dp.calls, []);
+    h.nsLabels.set('late', ambient);
+    await h.idle();
+    assert.deepEqual(h.dp.calls, [{ op: 'add', uid: 'w', ips: ['198.18.0.5'] }]);
+    await h.r.stop(100);
+  });
+});
