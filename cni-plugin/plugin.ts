@@ -12,6 +12,7 @@ import { OrchconfigError, readOrchconfig, type OrchAccess } from './orch/orchcon
 import { ANNOTATION, OWN_INIT_CONTAINER_NAME, PROXY_CONTAINER_NAME } from './redirect/constants.ts';
 import type { Family } from './redirect/net.ts';
 import { AnnotationError, goBool, proxyInfo, specForPod, type PodLike, type RedirectSpec } from './redirect/spec.ts';
+import type { FoundPod } from './ambient.ts';
 
 /**
  * Why a pod gets no rules (logged), or null when it must be redirected: Istio's checks in its
@@ -55,9 +56,14 @@ function skipWithoutLookup(req: CniRequest): string | null {
   return null;
 }
 
-/** Pod lookup + skip logic + annotations, shared by ADD and CHECK (after skipWithoutLookup). */
-async function decide(req: CniRequest, pod: NonNullable<CniRequest['pod']>, log: UdsLog): Promise<Decision> {
-  const found = await lookupPod(req, pod, log);
+/** Pod lookup (unless ADD's ambient branch did it) + skip logic + annotations, shared by ADD and CHECK. */
+async function decide(
+  req: CniRequest,
+  pod: NonNullable<CniRequest['pod']>,
+  log: UdsLog,
+  read?: PodLike,
+): Promise<Decision> {
+  const found = read ?? (await lookupPod(req, pod, log)).pod;
   const why = skipReason(found);
   if (why !== null) return { skip: why };
   try {
@@ -79,8 +85,11 @@ async function decide(req: CniRequest, pod: NonNullable<CniRequest['pod']>, log:
 const iptables = () => import('./netns/iptables.ts');
 const ruleBuilder = () => import('./redirect/rules.ts');
 
-/** The pod from the agent's watch when it has it, else from the API server (fail closed). */
-async function lookupPod(req: CniRequest, pod: NonNullable<CniRequest['pod']>, log: UdsLog): Promise<PodLike> {
+/**
+ * The pod from the agent's watch when it has it (with its namespace's labels in ambient mode),
+ * else from the API server (fail closed).
+ */
+async function lookupPod(req: CniRequest, pod: NonNullable<CniRequest['pod']>, log: UdsLog): Promise<FoundPod> {
   if (req.config.podLookupUdsAddress !== '') {
     const { podFromAgent } = await import('./orch/agentlookup.ts');
     const started = Date.now();
@@ -91,7 +100,7 @@ async function lookupPod(req: CniRequest, pod: NonNullable<CniRequest['pod']>, l
     );
     if ('pod' in answer) {
       log.debug('pod read from the agent', { elapsedMs: Date.now() - started });
-      return answer.pod;
+      return answer;
     }
     log.debug('the agent could not answer; asking the API server', { reason: answer.miss });
   }
@@ -129,7 +138,7 @@ async function lookupPod(req: CniRequest, pod: NonNullable<CniRequest['pod']>, l
     );
   }
   log.debug('pod read from the API server', { elapsedMs: Date.now() - started });
-  return found;
+  return { pod: found };
 }
 
 function families(result: Record<string, unknown>): Family[] {
@@ -188,7 +197,18 @@ export async function cmdAdd(req: CniRequest, log: UdsLog): Promise<Record<strin
   flavourP.catch(() => {
     /* awaited below when needed */
   });
-  const d = await decide(req, req.pod!, log);
+  let read: PodLike | undefined;
+  if (req.config.ambientEnabled) {
+    // Ambient mode (cni-plugin/ambient.ts): an ambient pod is the agent's; the others go on to
+    // the sidecar decision with the pod already read.
+    const [found, { ambientAdd }] = await Promise.all([lookupPod(req, req.pod!, log), import('./ambient.ts')]);
+    if (await ambientAdd(req, found, result, log)) {
+      await flavourP.catch(() => {});
+      return result;
+    }
+    read = found.pod;
+  }
+  const d = await decide(req, req.pod!, log, read);
   if ('skip' in d) {
     // A detection under way finishes and is remembered, rather than orphaned at our exit.
     await flavourP.catch(() => {});

@@ -42,6 +42,11 @@ export interface PluginConfig {
   readonly podLookupTimeoutMs: number;
   readonly podLookupAttemptTimeoutMs: number;
   readonly iptablesFlavour: IptablesFlavour;
+  /** Ambient mode: `ambient_enabled`, the agent's `pluginevent_uds_address` (non-empty when enabled). */
+  readonly ambientEnabled: boolean;
+  readonly pluginEventUdsAddress: string;
+  /** `enablement_selectors` as found (undefined: the default); checked by the ambient branch when it runs. */
+  readonly enablementSelectors: unknown;
   readonly prevResult: Record<string, unknown> | undefined;
 }
 
@@ -221,6 +226,22 @@ export function parseConfig(stdin: string, command: Command): PluginConfig {
       'expected auto, legacy or nft',
     );
   }
+  const ambient = raw.ambient_enabled ?? false;
+  if (typeof ambient !== 'boolean') {
+    throw new CniError(
+      CNI_ERROR.INVALID_CONFIG,
+      'invalid network config: ambient_enabled must be true or false',
+      `got ${JSON.stringify(ambient)}`,
+    );
+  }
+  const pluginEventUds = str(raw, 'pluginevent_uds_address', '', '');
+  if (ambient && pluginEventUds === '') {
+    throw new CniError(
+      CNI_ERROR.INVALID_CONFIG,
+      'invalid network config: ambient_enabled is true but pluginevent_uds_address is empty',
+      "install-cni writes the agent's plugin event socket there; ambient pods cannot be enrolled without it",
+    );
+  }
   const needsOrch = command === 'ADD' || command === 'CHECK';
   const orchconfig = str(orch, 'orchconfig', 'orch.', needsOrch ? undefined : '');
   if (needsOrch && orchconfig === '') {
@@ -260,6 +281,9 @@ export function parseConfig(stdin: string, command: Command): PluginConfig {
     podLookupTimeoutMs: num(raw, 'pod_lookup_timeout_ms', 10_000),
     podLookupAttemptTimeoutMs: num(raw, 'pod_lookup_attempt_timeout_ms', 2_000),
     iptablesFlavour: flavour as IptablesFlavour,
+    ambientEnabled: ambient,
+    pluginEventUdsAddress: pluginEventUds,
+    enablementSelectors: raw.enablement_selectors,
     prevResult: prev as Record<string, unknown> | undefined,
   });
 }

@@ -37,12 +37,13 @@ export function podFromAgent(address: string, ref: PodLookupRequest, timeoutMs: 
         const nl = data.indexOf('\n');
         if (nl < 0) return;
         try {
-          const reply = JSON.parse(data.slice(0, nl)) as { pod?: PodLike; miss?: string };
+          const reply = JSON.parse(data.slice(0, nl)) as { pod?: PodLike; miss?: string; namespaceLabels?: unknown };
           if (reply.pod && typeof reply.pod === 'object') {
             const uid = JSON.stringify(reply.pod.metadata?.uid ?? null);
+            const nsLabels = stringMap(reply.namespaceLabels);
             finish(
               samePod(reply.pod, ref)
-                ? { pod: reply.pod }
+                ? { pod: reply.pod, ...(nsLabels ? { namespaceLabels: nsLabels } : {}) }
                 : { miss: `the agent answered with another pod (uid ${uid})` },
             );
           } else finish({ miss: typeof reply.miss === 'string' ? reply.miss : 'the agent sent no pod' });
@@ -59,4 +60,11 @@ export function podFromAgent(address: string, ref: PodLookupRequest, timeoutMs: 
 function samePod(pod: PodLike, ref: PodLookupRequest): boolean {
   const m = pod.metadata;
   return m?.namespace === ref.namespace && m?.name === ref.name && isPodWithUid(pod, ref.uid);
+}
+
+/** The namespace's labels when the agent sent a map of strings (ambient mode); anything else: none. */
+function stringMap(v: unknown): Record<string, string> | undefined {
+  if (typeof v !== 'object' || v === null || Array.isArray(v)) return undefined;
+  const entries = Object.entries(v);
+  return entries.every(([, x]) => typeof x === 'string') ? Object.fromEntries(entries) : undefined;
 }

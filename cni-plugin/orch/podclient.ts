@@ -32,10 +32,10 @@ const MAX_NOT_FOUND = 5;
 /** GETs one pod start sends at most, the retry after a rotated token included: the documented worst case. */
 export const MAX_POD_GET_ATTEMPTS = 6;
 /** The wait before retry n is drawn from 0..min(CAP, BASE * 2^(n-1)): at most 3.1 s in all. */
-const RETRY_BASE_MS = 100;
-const RETRY_CAP_MS = 1600;
+export const RETRY_BASE_MS = 100;
+export const RETRY_CAP_MS = 1600;
 /** A Retry-After longer than this is not waited for (the pod start would time out first). */
-const RETRY_AFTER_CAP_MS = 2000;
+export const RETRY_AFTER_CAP_MS = 2000;
 
 export interface LookupOptions {
   readonly timeoutMs: number;
@@ -48,13 +48,14 @@ export interface LookupOptions {
   readonly random?: () => number;
 }
 
-interface Reply {
+export interface Reply {
   readonly status: number;
   readonly body: string;
   readonly retryAfterMs: number | null;
 }
 
-function getOnce(
+/** One GET (the namespace client, nsclient.ts, shares it). */
+export function getOnce(
   https: Https,
   access: OrchAccess,
   agent: https.Agent,
@@ -103,7 +104,7 @@ function getOnce(
 
 // Loaded on first use: keeps node:https (and its HTTP parser) out of the startup snapshot and off
 // the path of commands that never call the API server.
-type Https = typeof import('node:https');
+export type Https = typeof import('node:https');
 
 const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms));
 

@@ -4,6 +4,7 @@
 // installer writes its entry from the plugin's own config type: a key renamed on one side and
 // not the other does not compile. The runtime adds cniVersion, name and prevResult.
 
+import type { EnablementSelector } from './enablement.ts';
 import type { LogLevel } from './loglevels.ts';
 
 /** Our entry's "type": the plugin binary's name in the CNI bin dir. */
@@ -41,6 +42,12 @@ export interface MeshNetConf {
   readonly pod_lookup_attempt_timeout_ms?: number;
   /** Default auto. */
   readonly iptables_flavour?: IptablesFlavour;
+  /** Ambient mode (--ambient-enabled): an ambient pod is handed to the agent, no sidecar rules. Default false. */
+  readonly ambient_enabled?: boolean;
+  /** The agent's plugin event socket (pluginevent.ts); needed when ambient_enabled. */
+  readonly pluginevent_uds_address?: string;
+  /** --ambient-enablement-selector as the agent has it; absent: the default selectors. */
+  readonly enablement_selectors?: readonly EnablementSelector[];
   readonly orch?: MeshOrchConf;
 }
 
