@@ -402,6 +402,37 @@ describe('ambient ZDS server: connections that fail', () => {
     assert.equal(gone.args[1], 'ztunnel protocol error: its answer to the SnapshotSent holds no Ack');
   });
 
+  it('an answer over 1024 bytes is refused (truncated) and drops the connection', async () => {
+    const { server, events } = startServer();
+    const conn = await connectSeqpacket(server.path);
+    defer(async () => conn.close());
+    await conn.send(encodeZdsHello({ version: 1 }));
+    await conn.recv(5000);
+    // An Ack whose error is 2000 bytes: 0a d3 0f (Ack of 2003 bytes) 0a d0 0f (error of 2000) x...: 2006 bytes.
+    await conn.send(encodeWorkloadResponse({ ack: { error: 'x'.repeat(2000) } }));
+    const gone = await events.nth('disconnected', 1);
+    assert.match(gone.args[1], /^reading the ack of the SnapshotSent from ztunnel: .*larger than 1024 bytes/);
+  });
+
+  it('an answer carrying an fd is a protocol error; the agent closes the fd it got', async () => {
+    const { server, events } = startServer();
+    const conn = await connectSeqpacket(server.path);
+    defer(async () => conn.close());
+    await conn.send(encodeZdsHello({ version: 1 }));
+    await conn.recv(5000);
+    const devnull = openSync('/dev/null', 'r');
+    defer(async () => closeSync(devnull));
+    const before = openFds();
+    await conn.send(encodeWorkloadResponse({ ack: { error: '' } }), [devnull]);
+    const gone = await events.nth('disconnected', 1);
+    assert.equal(gone.args[1], 'ztunnel protocol error: the ack of the SnapshotSent came with 1 fds');
+    // Its socket is closed too: one fewer than before.
+    assert.deepEqual(
+      openFds().filter((f) => f.endsWith('/dev/null')),
+      before.filter((f) => f.endsWith('/dev/null')),
+    );
+  });
+
   it('close() fails what waits, with an error naming ztunnel, and the gauge is back to 0', async () => {
     const ns = heldNetns();
     const { server, events } = startServer();
