@@ -329,7 +329,8 @@ export class RepairController implements Component {
       );
       return;
     }
-    if (next.inPlace === 'off' && this.#mode === 'label' && hasLabel(pod, this.#s.labelKey, this.#s.labelValue)) {
+    // Already labelled, and in place is not to be tried for this state: done, as without in-place.
+    if (next.inPlace !== 'pending' && this.#labelledAlready(pod)) {
       next.done = true;
       this.#counts.alreadyDone++;
       log.debug('broken pod already labelled', f);
@@ -348,28 +349,44 @@ export class RepairController implements Component {
    * or in-place repair unavailable); failures are counted here, once per pod and state.
    */
   #startInPlace(uid: string, rec: BrokenPod, f: Record<string, unknown>): void {
+    const failed = (why: { reason: InPlaceReason; detail: string }) => {
+      // A pod labelled before (an earlier state fell through) that fails again is done as without
+      // in-place repair: no second count, Event or log for each later failed run of its check.
+      if (this.#labelledAlready(rec.pod)) {
+        rec.inPlace = 'failed';
+        rec.inPlaceFailure = why;
+        return;
+      }
+      this.#inPlaceFailed(rec, why);
+      if (why.reason === 'repair_did_not_hold')
+        log.warn('pod repaired in place before is broken again; not repairing it in place again', f);
+    };
     if (rec.pod.spec?.restartPolicy === 'Never') {
       // Its failed init container never runs again (the pod is Failed): rules programmed now let
       // nothing start, and a proof would claim a repair that changes nothing (istio/istio#49210).
-      this.#inPlaceFailed(rec, {
+      failed({
         reason: 'will_not_restart',
         detail:
           'restartPolicy Never: the validation container does not run again, so the pod cannot be repaired in place',
       });
     } else if (this.#provenInPlace.has(uid)) {
-      this.#inPlaceFailed(rec, {
+      failed({
         reason: 'repair_did_not_hold',
         detail: 'the pod was repaired in place and proven before, and its validation container failed again',
       });
-      log.warn('pod repaired in place before is broken again; not repairing it in place again', f);
     } else if (this.#inPlace === 'unavailable') {
-      this.#inPlaceFailed(rec, {
+      failed({
         reason: 'no_capability',
         detail: 'in-place repair is off for this agent: what it needs is missing (see the start-up warning)',
       });
     } else {
       rec.inPlace = 'pending';
     }
+  }
+
+  /** Label mode only, and the pod carries our label already (label+delete still deletes it). */
+  #labelledAlready(pod: V1Pod): boolean {
+    return this.#mode === 'label' && hasLabel(pod, this.#s.labelKey, this.#s.labelValue);
   }
 
   #inPlaceFailed(rec: BrokenPod, why: { reason: InPlaceReason; detail: string }): void {

@@ -358,3 +358,50 @@ describe('the start-up check of in-place repair: what every repair would fail on
     assert.match(missing[0]!, new RegExp(`${lock}.*ENOENT.*writable /run`));
   });
 });
+
+describe('in-place repair: a labelled pod that keeps failing is not acted on or counted again', () => {
+  let s: TestApiServer;
+  let dir: string;
+  const running: { stop(signal: NodeJS.Signals): Promise<void> }[] = [];
+  before(async () => {
+    dir = await mkdtemp(path.join(os.tmpdir(), 'mcni-inplace-loop-'));
+  });
+  after(async () => {
+    for (const c of running.splice(0).reverse()) await c.stop('SIGTERM');
+    await s?.close();
+    await rm(dir, { recursive: true, force: true });
+  });
+
+  it('repair_did_not_hold: labelled with one Event and counted once, not again on each later failed run', async () => {
+    s = await startTestApiServer({ bookmarkIntervalMs: 200 });
+    s.upsertPod(brokenPod('loop-0'));
+    const kc = s.writeOrchconfig(path.join(dir, 'kc.json'), {});
+    const settings = buildSettings(
+      { 'repair-enabled': true, 'repair-node-name': 'node-a', orchconfig: kc },
+      { NODE_NAME: 'node-a', POD_NAME: 'mesh-cni-test', REPAIR_REPAIR_PODS: 'true', REPAIR_LABEL_PODS: 'true' },
+    );
+    const api = clientNodeApi(orchKubeConfig(settings));
+    const pods = repairPodSource(settings, api, FAST);
+    pods.start();
+    running.push({ stop: () => pods.stop() });
+    const fake = new FakeInPlace({});
+    const c = startRepair(settings, pods, api, FAST, fake);
+    running.push(c);
+    await c.synced;
+    const events = () => s.events().filter((e) => e.involvedObject.name === 'loop-0');
+    const isLabelled = () => s.getPod('default', 'loop-0')?.metadata?.labels?.[LABEL] === 'true';
+    await waitFor('repaired in place', () => events().some((e) => e.reason === 'MeshCniRepairedInPlace'));
+    const before = { held: await failures('repair_did_not_hold'), fell: await repaired('repair', 'fail') };
+    // The pod's validation container fails again (a new run), and again, and again.
+    for (let run = 0; run < 3; run++) {
+      s.upsertPod({ ...s.getPod('default', 'loop-0')!, status: brokenPod('loop-0').status });
+      if (run === 0) await waitFor('labelled', isLabelled);
+      await sleep(300);
+    }
+    assert.equal(fake.count('loop-0'), 1, 'one in-place repair');
+    const warnings = events().filter((e) => e.reason === 'MeshCniRepairLabelled');
+    assert.equal(warnings.length, 1, JSON.stringify(events().map((e) => e.reason)));
+    assert.equal((await failures('repair_did_not_hold')) - before.held, 1, 'did_not_hold counted once');
+    assert.equal((await repaired('repair', 'fail')) - before.fell, 1, 'fell through once');
+  });
+});
