@@ -74,6 +74,16 @@ export function inPlaceFor(
       `the validation check ${r.validationBundle}, which proves a repair; the image has it beside the agent`,
     );
   if (podNetns === null) missing.push('the pod netns module (this build has none)');
+  // Only the agent on a pod's node can find its netns. Watching other nodes' pods (every node's,
+  // with no node name), agents would find no netns for them (final) and label/delete them at once,
+  // before the pod's own agent repaired it in place.
+  const node = settings.env.nodeName;
+  if (r.nodeName === '' || (node !== '' && r.nodeName !== node))
+    missing.push(
+      `the pods of this agent's node only (--repair-node-name ${JSON.stringify(r.nodeName)}, NODE_NAME ` +
+        `${JSON.stringify(node)}): set NODE_NAME from the downward API (spec.nodeName) and leave --repair-node-name ` +
+        'empty or equal to it',
+    );
   if (missing.length > 0 || podNetns === null) {
     log.warn(
       `in-place repair (--repair-repair-pods) is off for this agent, which lacks: ${missing.join('; ')}. ` +

@@ -351,6 +351,28 @@ describe('the start-up check of in-place repair: what every repair would fail on
     }
   });
 
+  it("in place only for this node's pods: none with every node's pods watched, or another node's", () => {
+    // Every agent would try every broken pod; those on other nodes find no netns (final) and
+    // fall through to label/delete at once, before the pod's own agent has repaired it.
+    const module = {
+      findPodNetns: async () => ({ ok: false as const, reason: 'no_netns' as const, detail: 'fake' }),
+      runInNetns: async () => ({ code: 0, stdout: '', stderr: '', error: null }),
+    };
+    const check = { ...env({ hostNetnsPath: '/proc/self/ns/net', xtablesLock: path.join(tmp, 'l2') }) };
+    const flags = { 'repair-enabled': true, 'repair-repair-pods': 'true', 'host-netns-path': '/proc/self/ns/net' };
+    const mark = logs.length;
+    assert.notEqual(inPlaceFor(buildSettings(flags, { NODE_NAME: 'node-a' }), module, check), 'unavailable');
+    for (const [extra, envv] of [
+      [{}, {}],
+      [{ 'repair-node-name': 'node-a' }, { NODE_NAME: 'node-b' }],
+    ] as const) {
+      assert.equal(inPlaceFor(buildSettings({ ...flags, ...extra }, envv), module, check), 'unavailable');
+    }
+    const warned = logs.slice(mark).filter((l) => /in-place repair \(--repair-repair-pods\) is off/.test(l));
+    assert.equal(warned.length, 2, warned.join(''));
+    for (const w of warned) assert.match(w, /--repair-node-name/);
+  });
+
   it("iptables-legacy's lock file that cannot be created (a read-only /run) is named with what to mount", () => {
     const lock = path.join(tmp, 'no-such-dir', 'xtables.lock');
     const missing = inPlaceMissing(env({ hostNetnsPath: '/proc/self/ns/net', xtablesLock: lock }));
