@@ -46,6 +46,19 @@ export interface FakeZtunnelOptions {
   readonly reconnect?: boolean;
   /** Backoff cap in ms (ztunnel's is 15 s); default 100. */
   readonly maxBackoffMs?: number;
+  /**
+   * Ztunnel's proxies (test/helpers/ztunnel-listeners.ts): `add` gets each Add's netns fd while
+   * the fake still holds it (it may hand it to a child; the fake closes it after) and `del` each
+   * Del's UID, both before the ack, as ztunnel acks once the proxy started or stopped. A failing
+   * `add` is nacked with its message (a proxy start failure), the connection kept.
+   */
+  readonly workloads?: FakeWorkloads;
+}
+
+/** What starts and stops ztunnel's proxies of a workload (see FakeZtunnelOptions.workloads). */
+export interface FakeWorkloads {
+  add(uid: string, netnsFd: number): Promise<void>;
+  del(uid: string): Promise<void>;
 }
 
 export class FakeZtunnel {
@@ -56,7 +69,8 @@ export class FakeZtunnel {
   ackDelayMs = 0;
   /** Open fds received and not yet closed: always 0 between messages. */
   openFds = 0;
-  readonly #o: Required<FakeZtunnelOptions>;
+  readonly #o: Required<Omit<FakeZtunnelOptions, 'workloads'>>;
+  readonly #workloads: FakeWorkloads | undefined;
   #conn: SeqpacketConn | null = null;
   /** Ends the current connection's ack delay (drop, stop). */
   #connAbort: AbortController | null = null;
@@ -66,7 +80,9 @@ export class FakeZtunnel {
   readonly #running: Promise<void>;
 
   constructor(opts: FakeZtunnelOptions) {
-    this.#o = { version: ZDS_VERSION_V1, reconnect: true, maxBackoffMs: 100, ...opts };
+    const { workloads, ...rest } = opts;
+    this.#o = { version: ZDS_VERSION_V1, reconnect: true, maxBackoffMs: 100, ...rest };
+    this.#workloads = workloads;
     this.#running = this.#run();
   }
 
@@ -154,8 +170,13 @@ export class FakeZtunnel {
       this.openFds += msg.fds.length;
       // First the fds, so nothing below can leak one (ztunnel's maybe_get_fd does the same).
       let netnsIno: bigint | null = null;
+      let proxyError: string | undefined;
       try {
-        if (msg.fds.length === 1) netnsIno = fstatSync(msg.fds[0]!, { bigint: true }).ino;
+        if (msg.fds.length === 1) {
+          netnsIno = fstatSync(msg.fds[0]!, { bigint: true }).ino;
+          const add = this.#workloads ? decodedAdd(msg.data) : null;
+          if (add) await this.#workloads!.add(add, msg.fds[0]!).catch((e: Error) => (proxyError = e.message));
+        }
       } finally {
         for (const fd of msg.fds) closeSync(fd);
         this.openFds -= msg.fds.length;
@@ -180,7 +201,8 @@ export class FakeZtunnel {
         if (snapshotSent) return protocolError('pod snapshot received already');
         snapshotSent = true;
       }
-      const nack = req.kind === 'snapshot_sent' ? undefined : this.nackUids.get(req.uid);
+      if (req.kind === 'del') await this.#workloads?.del(req.uid);
+      const nack = req.kind === 'snapshot_sent' ? undefined : (this.nackUids.get(req.uid) ?? proxyError);
       const acked = nack === undefined;
       if (req.kind === 'add') this.#record({ ...req, conn: id, netnsIno: netnsIno!, acked });
       else if (req.kind === 'snapshot_sent') this.#record({ kind: 'snapshot_sent', conn: id, acked });
@@ -195,5 +217,15 @@ export class FakeZtunnel {
       }
       await conn.send(encodeWorkloadResponse({ ack: { error: nack ?? '' } }));
     }
+  }
+}
+
+/** The UID of an Add request with workload info, else null (the checks below judge the rest). */
+function decodedAdd(data: Buffer): string | null {
+  try {
+    const req = decodeWorkloadRequest(data);
+    return req.kind === 'add' && req.info !== null ? req.uid : null;
+  } catch {
+    return null;
   }
 }

@@ -30,9 +30,9 @@ import {
 } from '../../src/ambient/podrules.ts';
 import { cleanupAfterEach, type Defer } from '../helpers/cleanup.ts';
 import { run } from '../helpers/netns.ts';
+import { CLIENT, LISTENER, PYTHON } from '../helpers/ztunnel-listeners.ts';
 
 const defer = cleanupAfterEach();
-const PYTHON = '/usr/bin/python3';
 let counter = 0;
 
 async function must(argv: readonly string[], input?: string): Promise<string> {
@@ -57,45 +57,6 @@ function runnerIn(ns: string): Runner {
     return { ...r, error: null };
   };
 }
-
-const LISTENER = `
-import selectors, socket, struct, sys
-sel = selectors.DefaultSelector()
-for p in sys.argv[1:]:
-    for fam, any in ((socket.AF_INET, '0.0.0.0'), (socket.AF_INET6, '::')):
-        s = socket.socket(fam)
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        if fam == socket.AF_INET6:
-            s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
-        s.bind((any, int(p)))
-        s.listen(16)
-        sel.register(s, selectors.EVENT_READ)
-print('ready', flush=True)
-while True:
-    for key, _ in sel.select():
-        c, addr = key.fileobj.accept()
-        try:
-            if c.family == socket.AF_INET:
-                od = c.getsockopt(socket.SOL_IP, 80, 16)  # SO_ORIGINAL_DST
-                orig = '%s:%d' % (socket.inet_ntoa(od[4:8]), struct.unpack('!H', od[2:4])[0])
-            else:
-                od = c.getsockopt(socket.IPPROTO_IPV6, 80, 28)  # IP6T_SO_ORIGINAL_DST
-                orig = '[%s]:%d' % (socket.inet_ntop(socket.AF_INET6, od[8:24]), struct.unpack('!H', od[2:4])[0])
-        except OSError:
-            orig = '-'
-        c.sendall(('%d %s %s\\n' % (key.fileobj.getsockname()[1], addr[0], orig)).encode())
-        c.close()
-`;
-
-const CLIENT = `
-import socket, sys
-s = socket.socket(socket.AF_INET6 if ':' in sys.argv[1] else socket.AF_INET)
-if int(sys.argv[3]):
-    s.setsockopt(socket.SOL_SOCKET, socket.SO_MARK, int(sys.argv[3]))
-s.settimeout(5)
-s.connect((sys.argv[1], int(sys.argv[2])))
-print(s.recv(200).decode().strip())
-`;
 
 /** Listeners on `ports` inside `ns` until the test ends (killed by the pid we started). */
 async function listen(ns: string, ports: number[], d: Defer): Promise<void> {
