@@ -57,6 +57,12 @@ export interface PodLookupOptions {
   readonly maxConnections: number;
   /** The request line must be complete this soon after connecting. */
   readonly requestTimeoutMs: number;
+  /**
+   * Ambient mode: the labels of a namespace as the agent's namespace watch holds them, sent with
+   * a hit so the plugin decides without the API server; undefined (not known, not synced): none
+   * sent, and the plugin reads the namespace itself.
+   */
+  readonly namespaceLabels?: (namespace: string) => Readonly<Record<string, string>> | undefined;
 }
 
 export const DEFAULT_POD_LOOKUP: PodLookupOptions = { waitMs: 250, maxConnections: 256, requestTimeoutMs: 1000 };
@@ -191,7 +197,10 @@ export async function startPodLookup(
           answer({ miss: 'bad request: expected {"namespace","name","uid"}' });
           return;
         }
-        void pods.lookup(req, opts.waitMs).then((reply) => {
+        void pods.lookup(req, opts.waitMs).then((found) => {
+          let reply = found;
+          const nsLabels = 'pod' in reply ? opts.namespaceLabels?.(req.namespace) : undefined;
+          if ('pod' in reply && nsLabels) reply = { pod: reply.pod, namespaceLabels: nsLabels };
           lookups.inc({ result: 'pod' in reply ? 'hit' : 'miss' });
           if ('miss' in reply)
             log.debug('pod lookup miss', { pod: `${req.namespace}/${req.name}`, uid: req.uid, reason: reply.miss });

@@ -8,6 +8,7 @@ import { isObject } from '../../cni-plugin/shared/json.ts';
 import { PLUGIN_TYPE, type MeshNetConf } from '../../cni-plugin/shared/netconf.ts';
 import { CniConfigError, type JsonObject } from './cniconfig.ts';
 import { describeParseError } from '../../cni-plugin/shared/parseerror.ts';
+import type { EnablementSelector } from '../../cni-plugin/shared/enablement.ts';
 
 /** A config with a placeholder for each value; a key the plugin does not read does not compile. */
 type Placeholders<T> = {
@@ -49,6 +50,15 @@ export interface TemplateValues {
   readonly cniNetDir: string;
   readonly cniBinDir: string;
   readonly excludeNamespaces: readonly string[];
+  /** Ambient mode (--ambient-enabled): absent when off. */
+  readonly ambient?: AmbientEntryValues;
+}
+
+/** What the plugin's ambient branch reads from the entry (cni-plugin/ambient.ts). */
+export interface AmbientEntryValues {
+  /** The agent's plugin event socket (src/ambient/cmdadd.ts). */
+  readonly pluginEventUdsAddress: string;
+  readonly enablementSelectors: readonly EnablementSelector[];
 }
 
 /** Placeholder -> text put in its place. String values are JSON-escaped (they sit inside quotes). */
@@ -67,6 +77,9 @@ function substitutions(v: TemplateValues): [string, string][] {
     ['__CNI_NET_DIR__', str(v.cniNetDir)],
     ['__CNI_BIN_DIR__', str(v.cniBinDir)],
     ['__EXCLUDE_NAMESPACES__', JSON.stringify(v.excludeNamespaces)],
+    ['__AMBIENT_ENABLED__', JSON.stringify(v.ambient !== undefined)],
+    ['__PLUGINEVENT_UDS_ADDRESS__', str(v.ambient?.pluginEventUdsAddress ?? '')],
+    ['__AMBIENT_ENABLEMENT_SELECTORS__', JSON.stringify(v.ambient?.enablementSelectors ?? [])],
   ];
 }
 
@@ -103,5 +116,13 @@ export function renderEntry(template: string, values: TemplateValues, source: st
       );
     return v;
   });
-  return JSON.parse(strict) as JsonObject;
+  const out = JSON.parse(strict) as JsonObject;
+  // Ambient mode: the entry always says so, whatever the template holds: a template without the
+  // keys (or with ambient_enabled false) would start ambient pods with no redirection at all.
+  if (values.ambient) {
+    out.ambient_enabled = true;
+    out.pluginevent_uds_address = values.ambient.pluginEventUdsAddress;
+    out.enablement_selectors = JSON.parse(JSON.stringify(values.ambient.enablementSelectors)) as JsonObject[];
+  }
+  return out;
 }
