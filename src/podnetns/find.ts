@@ -164,7 +164,17 @@ function noIpResult(uid: string, podIPs: readonly string[]): FindResult | null {
   return none && !none.ok ? { ok: false, reason: none.reason, detail: `pod ${uid}: ${none.detail}` } : null;
 }
 
-/** The scan's processes of one pod -> its netns: each candidate opened once, the chosen fd kept. */
+/**
+ * Netns of one pod looked into (an `ip` run each) before giving up: a pod's processes share one
+ * netns, but one able to unshare(CLONE_NEWNET) can make any number of them.
+ */
+export const MAX_LOOKS = 16;
+
+/**
+ * The scan's processes of one pod -> its netns, oldest candidate first: each opened once, looked
+ * into, closed at once unless it holds a pod IP; the first that does is the choice (chooseNetns
+ * picks the oldest holding one), so at most one fd is kept and nothing younger is looked into.
+ */
 async function choosePodNetns(
   uid: string,
   podIPs: readonly string[],
@@ -173,26 +183,42 @@ async function choosePodNetns(
   procDir: string,
 ): Promise<FindResult> {
   const { candidates, inHost } = planCandidates(scan.processes, host);
+  const want = canonicalPodIps(podIPs);
   const held = new Map<string, HeldNetns>();
   try {
     const looked = new Map<string, Looked>();
-    for (const c of candidates) {
+    let looks = 0;
+    let skipped = 0;
+    for (const [i, c] of candidates.entries()) {
+      if (looks === MAX_LOOKS) {
+        skipped = candidates.length - i;
+        break;
+      }
       const ns = await openCandidate(procDir, c, host);
       if (ns === null) continue;
+      looks++;
       if (typeof ns === 'string') {
         looked.set(nsKey(c.netns), { pid: c.pids[0]!, openError: ns });
         continue;
       }
       held.set(nsKey(ns), ns);
       try {
-        looked.set(nsKey(ns), { pid: ns.pid, addresses: await netnsAddresses(ns) });
+        const addresses = await netnsAddresses(ns);
+        looked.set(nsKey(ns), { pid: ns.pid, addresses });
+        if (addresses.some((a) => want.includes(a))) break;
       } catch (e) {
         looked.set(nsKey(ns), { pid: ns.pid, error: (e as Error).message });
       }
+      held.delete(nsKey(ns));
+      ns.close();
     }
     const choice = chooseNetns(candidates, looked, podIPs);
     if (!choice.ok) {
-      const detail = `pod ${uid}: ${choice.detail}${scanSummary(procDir, scan, inHost)}`;
+      const more =
+        skipped > 0
+          ? `; the ${skipped} younger of the pod's ${candidates.length} netns were not looked into (at most ${MAX_LOOKS})`
+          : '';
+      const detail = `pod ${uid}: ${choice.detail}${more}${scanSummary(procDir, scan, inHost)}`;
       return { ok: false, reason: choice.reason, detail };
     }
     const netns = held.get(nsKey(choice.netns))!;

@@ -5,7 +5,20 @@
 
 import assert from 'node:assert/strict';
 import { spawnSync } from 'node:child_process';
-import { closeSync, fstatSync, openSync, readdirSync, readlinkSync, statSync } from 'node:fs';
+import {
+  closeSync,
+  existsSync,
+  fstatSync,
+  mkdtempSync,
+  openSync,
+  readdirSync,
+  readFileSync,
+  readlinkSync,
+  rmSync,
+  statSync,
+  writeFileSync,
+} from 'node:fs';
+import os from 'node:os';
 import { once } from 'node:events';
 import net from 'node:net';
 import path from 'node:path';
@@ -374,6 +387,69 @@ describe('findPodNetns over a fake /proc', () => {
         r.netns.close();
       }
     }
+    assert.equal(openFds(), before);
+  });
+});
+
+describe('findPodNetns: bounded work however many netns a pod makes', () => {
+  /** `ip` runs (one per netns looked into), counted by a shim first on PATH (runInNetns keeps PATH's order). */
+  function countIpRuns(): () => number {
+    const shims = mkdtempSync(path.join(os.tmpdir(), 'mcni-ipshim-'));
+    const log = path.join(shims, 'runs');
+    writeFileSync(log, '');
+    writeFileSync(path.join(shims, 'ip'), `#!/bin/sh\necho x >> ${log}\nexec ${REAL_IP} "$@"\n`, { mode: 0o755 });
+    const saved = process.env.PATH;
+    process.env.PATH = `${shims}:${saved ?? ''}`;
+    defer(async () => {
+      process.env.PATH = saved;
+      rmSync(shims, { recursive: true, force: true });
+    });
+    return () =>
+      readFileSync(log, 'utf8')
+        .split('\n')
+        .filter((l) => l === 'x').length;
+  }
+  const REAL_IP = ['/usr/sbin/ip', '/sbin/ip', '/usr/bin/ip', '/bin/ip'].find((f) => existsSync(f))!;
+  const EXTRA = 30;
+
+  // A pod process able to unshare(CLONE_NEWNET) (Kubernetes' default seccomp is Unconfined) can
+  // make any number of netns: each was opened and kept open until the end, and `ip` run in each.
+  it('stops at the oldest netns holding the pod IP: one look, one fd, however many younger netns', async () => {
+    const sandbox = netnsWith('sbx', [POD_IP]);
+    const p = fakeProc().add({
+      pid: 100,
+      cgroup: cgroupV2(kubepodsPath(UID, SANDBOX_CID)),
+      starttime: 200,
+      netns: sandbox.path,
+    });
+    for (let i = 0; i < EXTRA; i++) {
+      const n = new Netns('many');
+      defer(async () => n.remove());
+      p.add({ pid: 1000 + i, cgroup: cgroupV2(kubepodsPath(UID, APP_CID)), starttime: 300 + i, netns: n.path });
+    }
+    const runs = countIpRuns();
+    const before = openFds();
+    const r = await find(UID, [POD_IP], opts(p));
+    assert.ok(r.ok, show(r));
+    assert.equal(r.netns.pid, 100);
+    assert.equal(runs(), 1, 'ip run in the sandbox netns only');
+    assert.equal(openFds(), before + 1);
+  });
+
+  it('none holding the pod IP: at most 16 netns looked into, the rest named in the detail', async () => {
+    const p = fakeProc();
+    for (let i = 0; i < EXTRA; i++) {
+      const n = new Netns('many');
+      defer(async () => n.remove());
+      p.add({ pid: 1000 + i, cgroup: cgroupV2(kubepodsPath(UID, APP_CID)), starttime: 300 + i, netns: n.path });
+    }
+    const runs = countIpRuns();
+    const before = openFds();
+    const r = await find(UID, [POD_IP], opts(p));
+    assert.ok(!r.ok);
+    assert.equal(r.reason, 'ip_mismatch');
+    assert.equal(runs(), 16);
+    assert.match(r.detail, new RegExp(`the ${EXTRA - 16} younger of the pod's ${EXTRA} netns were not looked into`));
     assert.equal(openFds(), before);
   });
 });
