@@ -5,12 +5,13 @@
 // restart): then nothing is removed, since its entry cannot be told from a stale one, and the
 // informer adds its IPs when they appear (syncHostProbeIPs).
 
-import { isIPv4 } from 'node:net';
 import { scope } from '../monitoring/logging.ts';
-import { addProbeIP, parseProbeSet, probeSet } from './hostrules.ts';
+import { addProbeIP, canonicalIP, parseProbeSet, probeSet, removeProbeIP } from './hostrules.ts';
 import type { Family, Runner } from './podrules.ts';
 
 const log = scope('ambient');
+/** What hostrules takes for a pod UID (an entry's comment). */
+const UID = /^[A-Za-z0-9][A-Za-z0-9-]{0,62}$/;
 
 export interface ProbePod {
   readonly uid: string;
@@ -48,7 +49,8 @@ export async function syncProbeSets(
     for (const ip of pod.ips) {
       try {
         await addProbeIP(run, ip, pod.uid);
-        expected.add(ip);
+        // As ipset prints it (and parseProbeSet reads it): another spelling would look stale.
+        expected.add(canonicalIP(ip).text);
         added++;
       } catch (e) {
         // Istio logs and goes on: this pod's probes fail, the others' work.
@@ -73,8 +75,14 @@ export async function syncProbeSets(
     if (saved.error !== null || saved.code !== 0) {
       throw new Error(`ipset save ${set} failed (exit ${saved.code}): ${(saved.error ?? saved.stderr).trim()}`);
     }
-    for (const ip of parseProbeSet(saved.stdout).keys()) {
-      if (expected.has(ip) || (f === 4) !== isIPv4(ip)) continue;
+    for (const [ip, owner] of parseProbeSet(saved.stdout)) {
+      if (expected.has(ip)) continue;
+      // Through removeProbeIP when the entry has an owner: serialized with every other change of
+      // the sets, and only if it is still that owner's (a pod enrolled meanwhile keeps its entry).
+      if (UID.test(owner)) {
+        if ((await removeProbeIP(run, ip, owner)).removed) pruned++;
+        continue;
+      }
       const r = await run(['ipset', 'del', set, ip, '-exist']);
       if (r.error !== null || r.code !== 0) {
         throw new Error(`ipset del ${set} ${ip} failed (exit ${r.code}): ${(r.error ?? r.stderr).trim()}`);

@@ -20,7 +20,7 @@ import {
   type MeshDataplane,
   type PodAnnotator,
 } from '../../src/ambient/dataplane.ts';
-import { parseProbeSet, PROBE_SET_V4 } from '../../src/ambient/hostrules.ts';
+import { parseProbeSet, PROBE_SET_V4, PROBE_SET_V6 } from '../../src/ambient/hostrules.ts';
 import type { Flavour } from '../../src/ambient/podrules.ts';
 import type { ZdsTimings } from '../../src/ambient/ztunnelserver.ts';
 import { buildSettings, type Settings } from '../../src/config/settings.ts';
@@ -139,9 +139,9 @@ const ambientPod = (ip: string | null, over: Partial<AmbientPod> = {}): AmbientP
 /** Whether our in-pod chains are in the netns (nat table). */
 const inpodRules = (ns: Netns, flavour: Flavour): boolean =>
   sh(['ip', 'netns', 'exec', ns.name, `iptables-${flavour}-save`, '-t', 'nat']).out.includes(':MESH_PRERT');
-/** The node's v4 probe set (IP -> UID), or null when the set does not exist. */
-function probeEntries(node: Netns): Map<string, string> | null {
-  const r = sh(['ip', 'netns', 'exec', node.name, 'ipset', 'save', PROBE_SET_V4]);
+/** The node's probe set (IP -> UID), or null when the set does not exist. */
+function probeEntries(node: Netns, family: 4 | 6 = 4): Map<string, string> | null {
+  const r = sh(['ip', 'netns', 'exec', node.name, 'ipset', 'save', family === 4 ? PROBE_SET_V4 : PROBE_SET_V6]);
   return r.code === 0 ? parseProbeSet(r.out) : null;
 }
 const hostRule = (node: Netns, flavour: Flavour): boolean =>
@@ -169,6 +169,9 @@ function runningPod(uid: string, ns: Netns): ChildProcess {
     await removePodCgroups(uid);
   });
   placeInPodCgroup(uid, p.pid!, 'sandbox');
+  // ip netns exec enters the netns, then execs sleep: until then the scan would see the host's.
+  const want = statSync(ns.path).ino;
+  for (let i = 0; i < 500 && statSync(`/proc/${p.pid}/ns/net`).ino !== want; i++) spawnSync('sleep', ['0.01']);
   return p;
 }
 
@@ -427,6 +430,17 @@ for (const flavour of ['nft', 'legacy'] as const) {
       await dp.start([a, ambientPod(null)]);
       assert.equal(inpodRules(nsA, flavour), false);
       assert.deepEqual([...(probeEntries(node.ns) ?? [])], [['198.18.52.2', a.uid]]);
+    });
+
+    it('start-up keeps the probe entries of pods whose IPs are spelled otherwise than ipset prints them', async () => {
+      const node = await nodeNetns();
+      const sock = socketPath();
+      const v6 = ambientPod('FD00:198:18:56:0:0:0:2');
+      const mapped = ambientPod('::ffff:198.18.56.3');
+      const dp = dataplane(sock, new FakeAnnotator(), node, flavour);
+      await dp.start([v6, mapped]);
+      assert.deepEqual([...(probeEntries(node.ns) ?? [])], [['198.18.56.3', mapped.uid]]);
+      assert.deepEqual([...(probeEntries(node.ns, 6) ?? [])], [['fd00:198:18:56::2', v6.uid]]);
     });
 
     it('upgrade stop keeps the host rule, the ipset and the pods rules; uninstall stop removes the host rule and ipset', async () => {
