@@ -464,12 +464,14 @@ export class ZtunnelServer extends EventEmitter<ZdsServerEvents> {
         sc = await Promise.race([this.#listener.accept(), closed]);
       } catch (err) {
         if (signal.aborted) return;
-        // accept() rejects for good once the listener is unusable: the agent's health says so.
-        log.error('the ZDS server cannot accept ztunnel connections', {
+        // One failed accept (EMFILE, ENFILE, ENOMEM: the node short of something for a moment)
+        // must not end the server: ztunnel could then never connect until the agent restarts,
+        // and every ambient pod would fail its ADD. Tried again at the accept rate, as Istio does.
+        log.error('the ZDS server cannot accept a ztunnel connection; trying again', {
           path: this.path,
           error: (err as Error).message,
         });
-        return;
+        continue;
       }
       if (sc === null) return;
       if (signal.aborted) {

@@ -4,7 +4,8 @@
 // Timings are injected small; the tests wait for events, never for a time.
 
 import assert from 'node:assert/strict';
-import { closeSync, fstatSync, mkdtempSync, openSync, readdirSync, readlinkSync, rmSync } from 'node:fs';
+import { spawn } from 'node:child_process';
+import { closeSync, fstatSync, mkdtempSync, openSync, readdirSync, readlinkSync, rmSync, writeFileSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { describe, it as nodeIt } from 'node:test';
@@ -22,6 +23,7 @@ import type { Clock } from '../../src/orch/limits.ts';
 import { cleanupAfterEach } from '../helpers/cleanup.ts';
 import { FakeZtunnel } from '../helpers/fake-ztunnel.ts';
 import { Netns } from '../helpers/netns.ts';
+import { ROOT } from '../helpers/cli.ts';
 
 const defer = cleanupAfterEach();
 /** A test waits for events; one that never comes fails it after 20 s instead of hanging the file. */
@@ -498,6 +500,58 @@ describe('ambient ZDS server: accept rate', () => {
     sleep.wake();
     await events.nth('snapshot', 2);
     assert.equal(server.connections, 2);
+  });
+});
+
+describe('ambient ZDS server: accept errors', () => {
+  it('a failed accept (EMFILE) is not the end: ztunnel is taken once fds are free again', async () => {
+    // The server in a child that uses up its fds; this process connects the fake to it.
+    const dir = mkdtempSync(path.join(os.tmpdir(), 'mcni-zds-emfile-'));
+    defer(async () => rmSync(dir, { recursive: true, force: true }));
+    const sock = path.join(dir, 'ztunnel.sock');
+    const script = path.join(dir, 'server.ts');
+    writeFileSync(
+      script,
+      [
+        "import { closeSync, openSync } from 'node:fs';",
+        `import { ZtunnelServer } from ${JSON.stringify(path.join(ROOT, 'src/ambient/ztunnelserver.ts'))};`,
+        `const server = new ZtunnelServer({ path: ${JSON.stringify(sock)}, snapshot: () => [],`,
+        '  timings: { acceptsPerSecond: 50 } });',
+        "server.on('connected', () => console.log('CONNECTED'));",
+        "server.on('snapshot', () => { void server.close(); process.stdin.destroy(); });",
+        'const held: number[] = [];',
+        // stdin first: made after the fds are gone, it could not read.
+        "process.stdin.once('data', () => { for (const fd of held) closeSync(fd); console.log('FREED'); });",
+        'try { for (;;) held.push(openSync("/dev/null", "r")); }',
+        "catch (e) { console.log('EXHAUSTED', (e as NodeJS.ErrnoException).code); }",
+      ].join('\n'),
+    );
+    // A low fd limit, so using them up is quick.
+    const child = spawn('bash', ['-c', 'ulimit -n 200 && exec "$0" "$1"', process.execPath, script], {
+      stdio: ['pipe', 'pipe', 'inherit'],
+    });
+    defer(async () => void child.kill('SIGKILL'));
+    let out = '';
+    const seen = (text: string) =>
+      new Promise<void>((resolve) => {
+        const check = () => {
+          if (out.includes(text)) {
+            child.stdout.off('data', check);
+            resolve();
+          }
+        };
+        child.stdout.on('data', check);
+        check();
+      });
+    child.stdout.on('data', (d: Buffer) => (out += d.toString()));
+    await seen('EXHAUSTED EMFILE');
+    const fake = new FakeZtunnel({ path: sock });
+    defer(() => fake.stop());
+    await seen('cannot accept');
+    assert.match(out, /cannot accept.*EMFILE/);
+    child.stdin.write('go\n');
+    await seen('CONNECTED');
+    await fake.waitForNth('snapshot_sent', 1);
   });
 });
 
