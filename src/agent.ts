@@ -5,9 +5,11 @@
 // server).
 //
 // The node's pod watch (spec.nodeName=NODE_NAME) is built here, once, before the components that
-// read it (pod lookup and repair; in-place repair and ambient next) and stopped after them: one
-// watch per node, whichever are on. A reader that needs other pods gets a watch of its own, here
-// too: repair with --repair-field-selectors/--repair-label-selectors or another --repair-node-name.
+// read it (pod lookup, repair, ambient mode) and stopped after them: one watch per node, whichever
+// are on. A reader that needs other pods gets a watch of its own, here too: repair with
+// --repair-field-selectors/--repair-label-selectors or another --repair-node-name. Ambient mode
+// (src/ambient/) starts before the installer, as Istio's does, and stops after it, with the
+// installer's --cleanup-on-exit decision.
 
 import type { Component } from './component.ts';
 import type { Settings } from './config/settings.ts';
@@ -23,6 +25,8 @@ import { startPluginLogServer } from './monitoring/logserver.ts';
 import { startMonitoringServer, type Readiness } from './monitoring/server.ts';
 import { repairPodSource, repairWatchesNode, startRepair } from './repair/index.ts';
 import { disabledComponent } from './component.ts';
+import { startAmbient, type AmbientComponent } from './ambient/index.ts';
+import { decideCleanup } from './install/uninstall.ts';
 
 const log = scope('default');
 
@@ -48,7 +52,13 @@ export async function runAgent(settings: Settings): Promise<number> {
     const watches = podWatches(settings, orchApi);
     components.push(...watches.components);
     components.push(watches.repair ? startRepair(settings, watches.repair, orchApi()) : disabledComponent('repair'));
-    components.push(await startPodLookup(settings, DEFAULT_POD_LOOKUP, watches.node));
+    const ambient = ambientPart(settings, watches.node, orchApi);
+    components.push(ambient ?? disabledComponent('ambient'));
+    // With ambient on, a lookup hit carries the pod's namespace labels (the plugin's ambient decision).
+    const lookupOptions = ambient
+      ? { ...DEFAULT_POD_LOOKUP, namespaceLabels: ambient.namespaceLabels }
+      : DEFAULT_POD_LOOKUP;
+    components.push(await startPodLookup(settings, lookupOptions, watches.node));
     // The orchconfig on the node's disk gets the plugin's own short-lived token, minted here;
     // the agent keeps using its own token, which never leaves this pod.
     const pluginToken = await startPluginToken(settings);
@@ -96,9 +106,11 @@ function podWatches(settings: Settings, orchApi: () => OrchApi): PodWatches {
   const node = settings.env.nodeName;
   const lookupReadsNode = settings.install.podLookupUdsAddress !== '' && node !== '';
   const repairReadsNode = settings.repair.enabled && repairWatchesNode(settings);
+  // Ambient mode needs it even with the lookup off (settings refuse ambient without NODE_NAME).
+  const ambientReadsNode = settings.ambient.enabled && node !== '';
   // Its messages keep the scope they had before the watch was shared: repair's when repair reads it.
   const nodeWatch =
-    lookupReadsNode || repairReadsNode
+    lookupReadsNode || repairReadsNode || ambientReadsNode
       ? nodePodSource(orchApi(), node, repairReadsNode ? 'repair' : 'install')
       : undefined;
   const repairWatch = !settings.repair.enabled
@@ -110,6 +122,17 @@ function podWatches(settings: Settings, orchApi: () => OrchApi): PodWatches {
   if (nodeWatch) components.push(watchComponent('node-pod-watch', nodeWatch));
   if (repairWatch && repairWatch !== nodeWatch) components.push(watchComponent('repair-pod-watch', repairWatch));
   return { node: nodeWatch, repair: repairWatch, components };
+}
+
+/** Ambient mode on the node's pod watch, when --ambient-enabled; it stops with the installer's cleanup decision. */
+function ambientPart(
+  settings: Settings,
+  nodeWatch: PodSource | undefined,
+  orchApi: () => OrchApi,
+): AmbientComponent | undefined {
+  if (!settings.ambient.enabled) return undefined;
+  if (!nodeWatch) throw new Error('internal: ambient mode without the node pod watch');
+  return startAmbient(settings, { pods: nodeWatch, api: orchApi(), decideCleanup: () => decideCleanup(settings) });
 }
 
 /** A watch as a part of the agent: started now, stopped after its readers (components stop in reverse). */

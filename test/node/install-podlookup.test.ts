@@ -248,16 +248,18 @@ describe('one watch of the node pods per agent', () => {
     for (const c of cleanups.reverse()) await c().catch(() => {});
   });
 
-  async function agentWith(flags: Record<string, string>) {
+  async function agentWith(flags: Record<string, string>, env: Record<string, string> = {}) {
     const api = await startTestApiServer();
     cleanups.push(() => api.close());
     api.upsertPod(onNode('shop', 'cart-1', 'node-1'));
+    api.upsertNamespace({ metadata: { name: 'shop' } });
     const tree = await makeHostTree({ token: api.token, ca: api.caPem });
     cleanups.push(() => tree.remove());
     const agent = spawnAgent(tree, flags, {
       KUBERNETES_SERVICE_HOST: api.host,
       KUBERNETES_SERVICE_PORT: String(api.port),
       NODE_NAME: 'node-1',
+      ...env,
     });
     cleanups.push(() => agent.stop('SIGKILL'));
     const started = await agent.waitForLog((r) => r.msg === 'install-cni started', 'the agent started', 20_000);
@@ -308,12 +310,17 @@ describe('one watch of the node pods per agent', () => {
   }
 
   const node = 'fields=spec.nodeName=node-1 labels=';
+  // The real dataplane programs the node (MESH_POSTRT, ipsets): here it finds no iptables or ipset
+  // on an empty PATH, so its start fails and is retried, touching nothing; the watches are up before.
+  const AMBIENT_ENV = { PATH: '/nonexistent-mesh-cni-test' };
   const table: {
     name: string;
     flags: Record<string, string>;
     lookup: boolean;
     watches: string[];
     components: string[];
+    /** Ambient mode on: its namespace watch is up too (its dataplane cannot start: see AMBIENT_ENV). */
+    ambient?: boolean;
   }[] = [
     {
       name: 'pod lookup and repair read the one node watch',
@@ -321,6 +328,22 @@ describe('one watch of the node pods per agent', () => {
       lookup: true,
       watches: [node],
       components: ['node-pod-watch', 'repair', 'pod-lookup'],
+    },
+    {
+      name: 'ambient mode, pod lookup and repair read the one node watch',
+      flags: { 'ambient-enabled': 'true', 'repair-enabled': 'true', 'repair-label-pods': 'true' },
+      lookup: true,
+      watches: [node],
+      components: ['node-pod-watch', 'repair', 'ambient', 'pod-lookup'],
+      ambient: true,
+    },
+    {
+      name: 'ambient mode alone builds the node watch (lookup and repair off)',
+      flags: { 'ambient-enabled': 'true', 'pod-lookup-uds-address': '' },
+      lookup: false,
+      watches: [node],
+      components: ['node-pod-watch', 'ambient'],
+      ambient: true,
     },
     {
       name: 'pod lookup alone',
@@ -354,9 +377,10 @@ describe('one watch of the node pods per agent', () => {
   ];
   for (const c of table) {
     it(c.name, async () => {
-      const { api, socket, components, agent } = await agentWith(c.flags);
+      const { api, socket, components, agent } = await agentWith(c.flags, c.ambient ? AMBIENT_ENV : {});
       if (c.lookup) assert.ok('pod' in (await cartFromAgent(api, socket)));
       assert.deepEqual((await expectWatches(api, c.watches.length)).sort(), [...c.watches].sort());
+      if (c.ambient) await eventually(() => api.openNamespaceWatches() === 1, "ambient's namespace watch");
       // The watches start before their readers (and so stop after them: components stop in reverse).
       assert.deepEqual(
         components.filter((n) => c.components.includes(n)),

@@ -1,0 +1,157 @@
+// Ambient mode as a part of the agent (--ambient-enabled): the namespace watch, the dataplane
+// (src/ambient/dataplane.ts) and the informer (reconcile.ts) on the node's one pod watch, in
+// Istio's order (research/ambient.md §1.1): wait for the pod and namespace caches, build the
+// dataplane's start-up state from the pods annotated enabled, then start the informer queue.
+// /readyz says not ready until then. The start runs in the background, retried with backoff,
+// so the agent's other parts (the pod lookup, the installer) come up meanwhile: an ambient pod's
+// ADD before then fails (no enrollment, the plugin's error) and the kubelet retries it.
+//
+// Stop: the informer stops, then the dataplane, told by the agent's --cleanup-on-exit decision
+// whether this is an upgrade (keep the host rule, the ipset and every pod's rules: ztunnel keeps
+// its proxies) or an uninstall (host rule and ipset removed too).
+
+import type { V1Pod } from '@kubernetes/client-node';
+import type { Component } from '../component.ts';
+import type { Settings } from '../config/settings.ts';
+import { scope } from '../monitoring/logging.ts';
+import type { OrchApi } from '../orch/api.ts';
+import { realClock, type Clock } from '../orch/limits.ts';
+import { NamespaceSource } from '../orch/namespacesource.ts';
+import type { PodSource } from '../orch/podsource.ts';
+import { FullJitterBackoff } from '../orch/ratelimit.ts';
+import { apiAnnotator } from './annotator.ts';
+import { createDataplane, type MeshDataplane } from './dataplane.ts';
+import { ambientPodOf, ambientRules, enabledPods, isAmbientPod } from './enablement.ts';
+import { Reconciler } from './reconcile.ts';
+
+const log = scope('ambient');
+
+/** Uninstall or upgrade (the installer's --cleanup-on-exit decision, src/install/uninstall.ts). */
+export type CleanupDecider = () => Promise<{ readonly cleanup: boolean; readonly why: string }>;
+
+export interface AmbientDeps {
+  /** The node's pod watch (never a second one). */
+  readonly pods: PodSource;
+  readonly api: OrchApi;
+  readonly decideCleanup: CleanupDecider;
+  /** Tests: a fake; else createDataplane with the API annotator. */
+  readonly dataplane?: MeshDataplane;
+  /** Tests: a namespace watch of their own timing; else one with the defaults. */
+  readonly namespaces?: NamespaceSource;
+  readonly clock?: Clock;
+  /** How long the queue's reconciles under way get at stop. */
+  readonly stopGraceMs?: number;
+}
+
+export interface AmbientComponent extends Component {
+  /** A namespace's labels from the namespace watch (the pod lookup answers the plugin with them). */
+  namespaceLabels(name: string): Readonly<Record<string, string>> | undefined;
+  /** The agent's own decision for a pod of this node. */
+  isAmbient(pod: V1Pod): boolean;
+  /** Resolves once the dataplane started and the informer runs (tests). */
+  readonly started: Promise<void>;
+}
+
+type State = 'waiting_for_caches' | 'starting_dataplane' | 'running' | 'stopped';
+
+export function startAmbient(settings: Settings, deps: AmbientDeps): AmbientComponent {
+  const clock = deps.clock ?? realClock;
+  const namespaces = deps.namespaces ?? new NamespaceSource(deps.api);
+  const dataplane = deps.dataplane ?? createDataplane(settings, { annotator: apiAnnotator(deps.api) });
+  const selectors = settings.ambient.enablementSelectors;
+  const rules = ambientRules(settings);
+  const isAmbient = (pod: V1Pod, labels = namespaces.labels(pod.metadata?.namespace ?? '')) =>
+    isAmbientPod(pod, labels, selectors, rules);
+  const reconciler = new Reconciler({
+    pods: deps.pods,
+    namespaceLabels: (n) => namespaces.labels(n),
+    selectors,
+    isAmbient,
+    dataplane,
+    clock,
+  });
+  deps.pods.addHandler(reconciler.podHandler);
+  namespaces.addHandler(reconciler.namespaceHandler);
+  namespaces.start();
+
+  const stopping = new AbortController();
+  let state: State = 'waiting_for_caches';
+  let lastError = '';
+  let startFailures = 0;
+  const until = <T>(p: Promise<T>) =>
+    Promise.race([
+      p,
+      new Promise<never>((_, reject) => {
+        if (stopping.signal.aborted) reject(new Error('stopping'));
+        stopping.signal.addEventListener('abort', () => reject(new Error('stopping')), { once: true });
+      }),
+    ]);
+
+  const run = async (): Promise<void> => {
+    await until(Promise.all([deps.pods.synced, namespaces.synced]));
+    state = 'starting_dataplane';
+    const backoff = new FullJitterBackoff({ baseMs: 1000, maxMs: 30_000 });
+    for (;;) {
+      // The pods enrolled before (this agent's previous run): their netns from /proc, rules
+      // reconciled, the ipset rebuilt, then ztunnel's snapshot.
+      const snapshot = enabledPods(deps.pods.pods()).map(ambientPodOf);
+      try {
+        // Not cut short by stop: stop waits for it, then stops what it started.
+        await dataplane.start(snapshot);
+        break;
+      } catch (e) {
+        if (stopping.signal.aborted) throw e;
+        startFailures++;
+        lastError = e instanceof Error ? e.message : String(e);
+        const delay = backoff.next();
+        log.error('cannot start ambient mode; retrying', { error: lastError, retryInMs: Math.round(delay) });
+        await until(clock.sleep(delay, stopping.signal));
+      }
+    }
+    reconciler.start();
+    state = 'running';
+    log.info('ambient mode started', { enrolledAtStart: enabledPods(deps.pods.pods()).length });
+  };
+  const started = run();
+  started.catch(() => {});
+
+  return {
+    name: 'ambient',
+    started,
+    namespaceLabels: (n) => namespaces.labels(n),
+    isAmbient: (pod) => isAmbient(pod),
+    notReadyReasons() {
+      if (state === 'waiting_for_caches') return ['ambient: waiting for the pod and namespace watches'];
+      if (state === 'starting_dataplane') {
+        const why = dataplane.notReadyReasons();
+        const failed = lastError ? [`ambient: start failed ${startFailures} time(s): ${lastError}`] : [];
+        return [...(why.length > 0 ? why : ['ambient: starting the dataplane']), ...failed];
+      }
+      return state === 'running' ? dataplane.notReadyReasons() : [];
+    },
+    status: () => ({
+      enabled: true,
+      state,
+      lastError,
+      dataplane: dataplane.status(),
+      informer: reconciler.status(),
+      namespaces: namespaces.status(),
+    }),
+    async stop(signal) {
+      stopping.abort();
+      await started.catch(() => {});
+      await reconciler.stop(deps.stopGraceMs ?? 5000);
+      const decision = await deps.decideCleanup();
+      log.info(decision.cleanup ? 'ambient: uninstall, removing the host rules' : 'ambient: keeping the node as is', {
+        signal,
+        why: decision.why,
+      });
+      try {
+        await dataplane.stop(decision.cleanup);
+      } finally {
+        await namespaces.stop();
+        state = 'stopped';
+      }
+    },
+  };
+}

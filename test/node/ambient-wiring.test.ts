@@ -1,0 +1,232 @@
+// Ambient mode wired into the agent (issue 17, A3/A9/A10): startAmbient on the node's one pod
+// watch and a namespace watch, against the test HTTPS API server, with a fake dataplane (the real
+// one programs the node; it has tests of its own). The readiness gate, the start-up snapshot, a
+// namespace relabel, one pod list/watch shared with the pod lookup, the stop decision; and the
+// redirection annotator on pods/status.
+
+import assert from 'node:assert/strict';
+import path from 'node:path';
+import { after, before, describe, it } from 'node:test';
+import type { V1Pod } from '@kubernetes/client-node';
+import type { AmbientPod, DataplaneStatus, MeshDataplane } from '../../src/ambient/dataplane.ts';
+import { apiAnnotator } from '../../src/ambient/annotator.ts';
+import { startAmbient, type AmbientComponent } from '../../src/ambient/index.ts';
+import type { Component } from '../../src/component.ts';
+import { buildSettings, type Settings } from '../../src/config/settings.ts';
+import { DEFAULT_POD_LOOKUP, startPodLookup } from '../../src/install/podlookup.ts';
+import { configureLogging } from '../../src/monitoring/logging.ts';
+import { registry } from '../../src/monitoring/metrics.ts';
+import { clientNodeApi, type OrchApi } from '../../src/orch/api.ts';
+import { orchKubeConfig } from '../../src/orch/client.ts';
+import { nodePodSource, type PodSource } from '../../src/orch/podsource.ts';
+import { startTestApiServer, type TestApiServer } from '../helpers/apiserver.ts';
+import { tempDir } from '../helpers/plugin.ts';
+import { eventually } from '../helpers/poll.ts';
+
+configureLogging(
+  { asJson: true, outputLevels: buildSettings({ log_output_level: 'all:none' }, {}).logging.outputLevels },
+  { write: () => {} },
+);
+
+const MODE = 'mesh.io/dataplane-mode';
+const REDIRECTION = 'ambient.mesh.io/redirection';
+
+function nodePod(
+  ns: string,
+  name: string,
+  o: {
+    labels?: Record<string, string>;
+    annotations?: Record<string, string>;
+    phase?: string;
+    node?: string;
+    ip?: string;
+  } = {},
+): V1Pod {
+  return {
+    metadata: { name, namespace: ns, labels: o.labels ?? {}, annotations: o.annotations ?? {} },
+    spec: { nodeName: o.node ?? 'node-1', containers: [{ name: 'app', image: 'app' }], serviceAccountName: name },
+    status: { phase: o.phase ?? 'Running', podIPs: [{ ip: o.ip ?? '198.18.0.10' }], podIP: o.ip ?? '198.18.0.10' },
+  };
+}
+
+/** A dataplane that records what it is asked; its start waits until released. */
+function fakeDataplane() {
+  let release!: () => void;
+  const gate = new Promise<void>((r) => (release = r));
+  let started = false;
+  const calls: { op: string; pod?: string; arg?: unknown }[] = [];
+  const startedWith: AmbientPod[][] = [];
+  const dp: MeshDataplane = {
+    async start(pods) {
+      startedWith.push([...pods]);
+      await gate;
+      started = true;
+    },
+    async addPodToMesh(pod, netnsPath) {
+      calls.push({ op: 'add', pod: `${pod.namespace}/${pod.name}`, arg: netnsPath });
+    },
+    async removePodFromMesh(pod, isDelete) {
+      calls.push({ op: 'remove', pod: `${pod.namespace}/${pod.name}`, arg: isDelete });
+    },
+    async syncHostProbeIPs(pod) {
+      calls.push({ op: 'sync', pod: `${pod.namespace}/${pod.name}` });
+    },
+    isEnrolled: () => false,
+    notReadyReasons: () => (started ? [] : ['fake dataplane: snapshot not built yet']),
+    status: () => ({ started }) as unknown as DataplaneStatus,
+    async stop(cleanup) {
+      calls.push({ op: 'stop', arg: cleanup });
+    },
+  };
+  return { dp, calls, startedWith, release };
+}
+
+describe('ambient mode in the agent', () => {
+  const tmp = tempDir();
+  let api: TestApiServer;
+  let settings: Settings;
+  let orch: OrchApi;
+  let pods: PodSource;
+  let lookup: Component | undefined;
+  let ambient: AmbientComponent | undefined;
+  const fake = fakeDataplane();
+
+  before(async () => {
+    api = await startTestApiServer();
+    api.upsertNamespace({ metadata: { name: 'shop', labels: {} } });
+    api.upsertNamespace({ metadata: { name: 'mesh-system', labels: {} } });
+    api.upsertPod(
+      nodePod('shop', 'enrolled', { labels: { [MODE]: 'ambient' }, annotations: { [REDIRECTION]: 'enabled' } }),
+    );
+    api.upsertPod(nodePod('shop', 'plain-1', { ip: '198.18.0.11' }));
+    api.upsertPod(nodePod('shop', 'plain-2', { ip: '198.18.0.12' }));
+    api.upsertPod(nodePod('shop', 'done', { annotations: { [REDIRECTION]: 'enabled' }, phase: 'Succeeded' }));
+    api.upsertPod(nodePod('shop', 'elsewhere', { node: 'node-2' }));
+    const orchconfig = api.writeOrchconfig(path.join(tmp.dir, 'agent-orchconfig'));
+    settings = buildSettings(
+      {
+        orchconfig,
+        'ambient-enabled': 'true',
+        'pod-lookup-uds-address': path.join(tmp.dir, 'run/pods.sock'),
+        'orch-qps': '1000',
+        'orch-burst': '1000',
+      },
+      { NODE_NAME: 'node-1' },
+    );
+    orch = clientNodeApi(orchKubeConfig(settings));
+    pods = nodePodSource(orch, 'node-1', 'install');
+    pods.start();
+  });
+  after(async () => {
+    await ambient?.stop('SIGTERM').catch(() => {});
+    await lookup?.stop('SIGTERM');
+    await pods?.stop();
+    await api?.close();
+    tmp.remove();
+  });
+
+  it('stays not ready until the caches are read and the dataplane started, then starts the informer', async () => {
+    ambient = startAmbient(settings, {
+      pods,
+      api: orch,
+      dataplane: fake.dp,
+      decideCleanup: async () => ({ cleanup: false, why: 'the test: an upgrade' }),
+    });
+    lookup = await startPodLookup(settings, { ...DEFAULT_POD_LOOKUP, namespaceLabels: ambient.namespaceLabels }, pods);
+    assert.notDeepEqual(ambient.notReadyReasons(), [], 'not ready at once');
+    await eventually(() => fake.startedWith.length === 1, 'the dataplane asked to start', 15_000);
+    // The start-up snapshot: enabled and still running; not the finished pod, not the unannotated.
+    assert.deepEqual(
+      fake.startedWith[0]!.map((p) => `${p.namespace}/${p.name} ${p.ips.join(',')}`),
+      ['shop/enrolled 198.18.0.10'],
+    );
+    await new Promise((r) => setTimeout(r, 100));
+    assert.deepEqual(ambient.notReadyReasons(), ['fake dataplane: snapshot not built yet'], 'the dataplane says why');
+    fake.release();
+    await ambient.started;
+    assert.deepEqual(ambient.notReadyReasons(), []);
+    assert.equal((ambient.status() as { state: string }).state, 'running');
+    // The informer's first pass: the finished pod still annotated enabled is taken out (as a delete).
+    await eventually(() => fake.calls.length > 0, 'the catch-up pass');
+    await new Promise((r) => setTimeout(r, 100));
+    assert.deepEqual(fake.calls, [{ op: 'remove', pod: 'shop/done', arg: true }]);
+    fake.calls.length = 0;
+  });
+
+  it('a namespace labelled ambient enrolls its pods (and an excluded namespace never)', async () => {
+    api.upsertPod(nodePod('mesh-system', 'ztunnel-x', { ip: '198.18.0.20' }));
+    await eventually(() => pods.get('mesh-system', 'ztunnel-x') !== undefined, 'the watch has ztunnel-x');
+    await new Promise((r) => setTimeout(r, 100));
+    assert.equal(fake.calls.length, 0, 'nothing to do before the relabel');
+    api.upsertNamespace({ metadata: { name: 'shop', labels: { [MODE]: 'ambient' } } });
+    api.upsertNamespace({ metadata: { name: 'mesh-system', labels: { [MODE]: 'ambient' } } });
+    await eventually(() => fake.calls.length >= 2, 'the namespace pods enrolled', 10_000);
+    await new Promise((r) => setTimeout(r, 200));
+    assert.deepEqual(fake.calls.map((c) => `${c.op} ${c.pod} ${String(c.arg)}`).sort(), [
+      'add shop/plain-1 null',
+      'add shop/plain-2 null',
+      // Again: the fake dataplane does not take the annotation off, as the real one does.
+      'remove shop/done true',
+    ]);
+    const metrics = await registry.metrics();
+    assert.match(metrics, /^mesh_cni_ambient_reconcile_events_total\{type="update"\} [1-9]/m);
+  });
+
+  it('the lookup answers with the namespace labels from the same watches', async () => {
+    assert.deepEqual(ambient!.namespaceLabels('shop'), { [MODE]: 'ambient' });
+    assert.equal(ambient!.namespaceLabels('nowhere'), undefined);
+  });
+
+  it('one pod list/watch for the node (ambient and the pod lookup share it), one namespace watch', async () => {
+    const podCalls = api.requests.filter((r) => r.method === 'GET' && r.path === '/api/v1/pods');
+    const watches = podCalls.filter((r) => new URLSearchParams(r.query).get('watch') === 'true');
+    assert.equal(watches.length, 1, JSON.stringify(podCalls.map((r) => r.query)));
+    assert.ok(podCalls.length - watches.length <= 1, 'one list at most');
+    assert.equal(api.openWatches(), 1);
+    assert.equal(api.openNamespaceWatches(), 1);
+  });
+
+  it('stop: the informer, then the dataplane told the cleanup decision, then the namespace watch', async () => {
+    fake.calls.length = 0;
+    await ambient!.stop('SIGTERM');
+    assert.deepEqual(fake.calls, [{ op: 'stop', arg: false }]);
+    await eventually(() => api.openNamespaceWatches() === 0, 'the namespace watch closed');
+    ambient = undefined;
+  });
+});
+
+describe('the redirection annotator (pods/status merge patch)', () => {
+  let api: TestApiServer;
+  const tmp = tempDir();
+  before(async () => {
+    api = await startTestApiServer();
+  });
+  after(async () => {
+    await api.close();
+    tmp.remove();
+  });
+
+  it('sets and removes the annotation, keeping the others; a replaced pod (new uid) is never annotated', async () => {
+    const p = api.upsertPod(nodePod('shop', 'cart', { annotations: { keep: 'me', 'sidecar.example/x': '1' } }));
+    const settings = buildSettings({ orchconfig: api.writeOrchconfig(path.join(tmp.dir, 'oc')) }, {});
+    const annotator = apiAnnotator(clientNodeApi(orchKubeConfig(settings)));
+    const ref = { namespace: 'shop', name: 'cart', uid: p.metadata!.uid! };
+    await annotator.setRedirection(ref, 'pending');
+    assert.deepEqual(api.getPod('shop', 'cart')!.metadata!.annotations, {
+      keep: 'me',
+      'sidecar.example/x': '1',
+      [REDIRECTION]: 'pending',
+    });
+    await annotator.setRedirection(ref, 'enabled');
+    assert.equal(api.getPod('shop', 'cart')!.metadata!.annotations![REDIRECTION], 'enabled');
+    await annotator.setRedirection(ref, null);
+    assert.deepEqual(api.getPod('shop', 'cart')!.metadata!.annotations, { keep: 'me', 'sidecar.example/x': '1' });
+    const patches = api.requests.filter((r) => r.method === 'PATCH');
+    assert.ok(
+      patches.every((r) => r.path === '/api/v1/namespaces/shop/pods/cart/status'),
+      'pods/status only',
+    );
+    await assert.rejects(annotator.setRedirection({ ...ref, uid: 'another-uid' }, 'enabled'), /409|uid|UID/i);
+    assert.equal(api.getPod('shop', 'cart')!.metadata!.annotations![REDIRECTION], undefined);
+  });
+});
