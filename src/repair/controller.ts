@@ -527,6 +527,9 @@ export class RepairController implements Component {
     } catch (e) {
       r = { ok: false, reason: 'rules_failed', detail: (e as Error).message, final: false };
     }
+    // The detail quotes what ran in the pod's netns (addresses, iptables, validation output), which
+    // the pod can make as long as it likes: cut before it goes into logs and Events.
+    r = { ...r, detail: clip(r.detail) };
     if (r.ok) {
       rec.inPlace = 'repaired';
       rec.inPlaceFailure = undefined;
@@ -649,6 +652,15 @@ export class RepairController implements Component {
       count: 1,
     };
   }
+}
+
+/** Characters of an in-place detail kept for logs and Events. */
+const MAX_DETAIL = 1000;
+
+function clip(text: string): string {
+  return text.length <= MAX_DETAIL
+    ? text
+    : `${text.slice(0, MAX_DETAIL)}... (${text.length - MAX_DETAIL} more characters)`;
 }
 
 function fields(pod: V1Pod): { pod: string; uid: string | undefined } {

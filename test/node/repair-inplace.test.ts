@@ -427,3 +427,45 @@ describe('in-place repair: a labelled pod that keeps failing is not acted on or 
     assert.equal((await repaired('repair', 'fail')) - before.fell, 1, 'fell through once');
   });
 });
+
+describe('in-place repair: what a pod netns prints cannot blow up an Event or a log line', () => {
+  let s: TestApiServer;
+  let dir: string;
+  const running: { stop(signal: NodeJS.Signals): Promise<void> }[] = [];
+  before(async () => {
+    dir = await mkdtemp(path.join(os.tmpdir(), 'mcni-inplace-long-'));
+  });
+  after(async () => {
+    for (const c of running.splice(0).reverse()) await c.stop('SIGTERM');
+    await s?.close();
+    await rm(dir, { recursive: true, force: true });
+  });
+
+  it('a 200 kB failure detail (a netns with thousands of addresses) is cut in the Event and the log', async () => {
+    s = await startTestApiServer({ bookmarkIntervalMs: 200 });
+    s.upsertPod(brokenPod('long-0'));
+    const kc = s.writeOrchconfig(path.join(dir, 'kc.json'), {});
+    const settings = buildSettings(
+      { 'repair-enabled': true, 'repair-node-name': 'node-a', orchconfig: kc },
+      { NODE_NAME: 'node-a', POD_NAME: 'mesh-cni-test', REPAIR_REPAIR_PODS: 'true', REPAIR_LABEL_PODS: 'true' },
+    );
+    const api = clientNodeApi(orchKubeConfig(settings));
+    const pods = repairPodSource(settings, api, FAST);
+    pods.start();
+    running.push({ stop: () => pods.stop() });
+    const huge = `no netns of the pod holds 198.18.7.1: netns inode 1 holds ${'198.18.9.9, '.repeat(17_000)}`;
+    const fake = new FakeInPlace({ 'long-0': [{ ok: false, reason: 'ip_mismatch', detail: huge, final: true }] });
+    const mark = logs.length;
+    const c = startRepair(settings, pods, api, FAST, fake);
+    running.push(c);
+    await c.synced;
+    const events = () => s.events().filter((e) => e.involvedObject.name === 'long-0');
+    await waitFor('the Event', () => events().length > 0);
+    const msg = events()[0]!.message ?? '';
+    assert.match(msg, /in-place repair failed \(ip_mismatch: no netns of the pod holds 198\.18\.7\.1/);
+    assert.ok(msg.length <= 2048, `Event message of ${msg.length} characters`);
+    assert.match(msg, /\d+ more characters/);
+    const longest = Math.max(...logs.slice(mark).map((l) => l.length));
+    assert.ok(longest <= 4096, `a log line of ${longest} characters`);
+  });
+});
