@@ -438,6 +438,30 @@ describe('ambient ZDS server: connections that fail', () => {
     );
   });
 
+  it('a ztunnel that stops reading: the write deadline drops the connection, the add fails as a timeout', async () => {
+    const ns = heldNetns();
+    const { server, events } = startServer(() => [], { writeTimeoutMs: 100, keepaliveIntervalMs: 60_000 });
+    const conn = await connectSeqpacket(server.path);
+    defer(async () => conn.close());
+    await conn.send(encodeZdsHello({ version: 1 }));
+    await conn.recv(5000);
+    await conn.send(encodeWorkloadResponse({ ack: { error: '' } }));
+    await events.nth('snapshot', 1);
+    // Acks sent ahead, requests never read: the agent's datagrams pile up in this socket until the
+    // kernel's buffer is full and its next send cannot be written.
+    const ack = encodeWorkloadResponse({ ack: { error: '' } });
+    for (let i = 0; i < 5000; i++) conn.send(ack).catch(() => {});
+    let failure: unknown = null;
+    for (let i = 0; i < 5000 && failure === null; i++) {
+      await server.podAdded(`uid-${i}`, INFO, ns.fd).catch((e: unknown) => (failure = e));
+    }
+    assert.ok(failure instanceof ZtunnelError, String(failure));
+    assert.equal(failure.reason, 'timeout');
+    assert.match(failure.message, /^ztunnel did not ack the add of pod uid-\d+: writing the add .* took over 100 ms$/);
+    const gone = await events.nth('disconnected', 1);
+    assert.match(gone.args[1], /took over 100 ms/);
+  });
+
   it('close() fails what waits, with an error naming ztunnel, and the gauge is back to 0', async () => {
     const ns = heldNetns();
     const { server, events } = startServer();
