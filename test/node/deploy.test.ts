@@ -2,8 +2,10 @@
 // rendered objects hold what the agent needs and no more (kinds, RBAC verbs, mounts that match
 // the flags, the probe on the monitoring port, settings install-cni accepts, a template the
 // installer and the plugin both accept), for the base and the repair-delete and repair-in-place
-// components (the default stays without capabilities or host /proc); `kubectl kustomize` renders
-// the same; yamllint passes on the sources and on the rendered output.
+// components (the default stays without capabilities or host /proc), and the ambient component
+// (its env, mounts, capabilities and roles exactly, the least RBAC enumerated, one /host/proc with
+// repair-in-place; the default has nothing of it); `kubectl kustomize` renders the same; yamllint
+// passes on the sources and on the rendered output.
 
 import assert from 'node:assert/strict';
 import { mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
@@ -65,6 +67,9 @@ describe('deploy: kustomize build deploy/', () => {
   let withDelete: ReturnType<typeof kustomize>;
   let withInPlace: ReturnType<typeof kustomize>;
   let withBoth: ReturnType<typeof kustomize>;
+  let withAmbient: ReturnType<typeof kustomize>;
+  let withAmbientInPlace: ReturnType<typeof kustomize>;
+  let withAmbientDelete: ReturnType<typeof kustomize>;
   let opDir: string;
   /** An operator's own kustomization next to deploy/ using these components, the way the README says. */
   const operatorDir = (name: string, components: readonly string[]) => {
@@ -84,6 +89,10 @@ describe('deploy: kustomize build deploy/', () => {
     withDelete = kustomize(operatorDir('delete', ['repair-delete']));
     withInPlace = kustomize(operatorDir('inplace', ['repair-in-place']));
     withBoth = kustomize(operatorDir('both', ['repair-in-place', 'repair-delete']));
+    withAmbient = kustomize(operatorDir('ambient', ['ambient']));
+    // Either order: a later component's capability list replaces the earlier's (no merge key).
+    withAmbientInPlace = kustomize(operatorDir('ambient-inplace', ['repair-in-place', 'ambient']));
+    withAmbientDelete = kustomize(operatorDir('ambient-all', ['ambient', 'repair-in-place', 'repair-delete']));
   });
   after(() => rmSync(opDir, { recursive: true, force: true }));
 
@@ -424,6 +433,174 @@ describe('deploy: kustomize build deploy/', () => {
     assert.deepEqual(agentContainer(withBoth.objects).securityContext?.capabilities?.add, [...IN_PLACE_CAPABILITIES]);
   });
 
+  // --- ambient mode (issue 17, A11): deploy/overlays/ambient grants what it needs, only where it is used.
+
+  /** The rules of one role, as rendered. */
+  const rulesOf = (objs: readonly K8sObject[], kind: string, name: string) =>
+    one<K8sObject & { rules: V1PolicyRule[] }>(objs, kind, name).rules;
+  const AMBIENT_RBAC = ['mesh-cni-ambient', 'mesh-cni-plugin-ambient'];
+
+  it('the default has nothing of ambient: no env, mount, capability, namespaces right or ambient role', () => {
+    const c = agentContainer(base.objects);
+    assert.equal(containerSettings(c).ambient.enabled, false, '--ambient-enabled is off');
+    assert.ok(!(c.env ?? []).some((e) => e.name.startsWith('AMBIENT_') || e.name === 'HOST_ROOT'));
+    assert.ok(
+      !(c.volumeMounts ?? []).some((m) =>
+        /^\/(host\/(proc|var\/run\/netns)|var\/run\/ztunnel|run)\b/.test(m.mountPath),
+      ),
+      'no host /proc, netns dir, ztunnel dir or /run',
+    );
+    assert.deepEqual(c.securityContext?.capabilities, { drop: ['ALL'] });
+    for (const sa of ['mesh-cni', 'mesh-cni-plugin'])
+      assert.ok(!rights(base.objects, sa).some((r) => r.includes('namespaces')), `${sa} has no namespaces right`);
+    assert.ok(!base.objects.some((o) => AMBIENT_RBAC.includes(o.metadata.name)));
+    assert.ok(!/ztunnel|\/var\/run\/netns|HostToContainer|AMBIENT/.test(base.text.replace(/#.*$/gm, '')));
+  });
+
+  it('ambient component: the env, the host /proc, netns dir and ztunnel dir where the settings look, a private /run, the four capabilities', () => {
+    const c = agentContainer(withAmbient.objects);
+    const s = containerSettings(c);
+    assert.equal(s.ambient.enabled, true);
+    assert.equal(s.repair.repairPods, false, 'ambient does not turn in-place repair on');
+    assert.deepEqual(c.securityContext?.capabilities, { drop: ['ALL'], add: [...IN_PLACE_CAPABILITIES] });
+    const sc = c.securityContext!;
+    assert.deepEqual(
+      [sc.privileged, sc.allowPrivilegeEscalation, sc.readOnlyRootFilesystem, sc.seccompProfile?.type, sc.runAsUser],
+      [false, false, true, 'RuntimeDefault', 0],
+    );
+    const spec = one<V1DaemonSet>(withAmbient.objects, 'DaemonSet').spec!.template.spec!;
+    for (const k of ['hostPID', 'hostIPC', 'shareProcessNamespace'] as const) assert.notEqual(spec[k], true, k);
+    const volumes = new Map((spec.volumes ?? []).map((v) => [v.name, v]));
+    const mountAt = (p: string) => {
+      const m = (c.volumeMounts ?? []).find((x) => x.mountPath === p);
+      assert.ok(m, `something is mounted at ${p}`);
+      return { mount: m, volume: volumes.get(m.name)! };
+    };
+    // Pods running at start-up: found through the host's /proc, read-only.
+    const proc = mountAt(s.repair.hostProcDir);
+    assert.deepEqual([proc.volume.hostPath, proc.mount.readOnly], [{ path: '/proc', type: 'Directory' }, true]);
+    assert.ok(s.repair.hostNetnsPath.startsWith(`${s.repair.hostProcDir}/`), 'the host netns reference is in it');
+    // A new pod's CNI netns (/var/run/netns/cni-...) is opened as <host root>/var/run/netns/...; a netns
+    // mounted on the host after the agent started must appear (HostToContainer); opening needs no write.
+    const netns = mountAt(path.join(s.ambient.hostRoot, '/var/run/netns'));
+    assert.deepEqual(netns.volume.hostPath, { path: '/var/run/netns', type: 'DirectoryOrCreate' });
+    assert.equal(netns.mount.mountPropagation, 'HostToContainer');
+    assert.equal(netns.mount.readOnly, true);
+    // ztunnel's socket: the agent listens there, ztunnel's pod mounts the same host dir.
+    const zt = mountAt(path.dirname(s.ambient.ztunnelUdsAddress));
+    assert.deepEqual(zt.volume.hostPath, { path: '/var/run/ztunnel', type: 'DirectoryOrCreate' });
+    assert.notEqual(zt.mount.readOnly, true, 'the agent creates its socket there');
+    assert.equal(zt.mount.mountPropagation, undefined);
+    // /cmdadd's socket: the plugin on the host dials it at the same path, in the base's run dir.
+    const pluginEvent =
+      (s.ambient as { pluginEventUdsAddress?: string }).pluginEventUdsAddress ?? '/var/run/mesh-cni/pluginevent.sock';
+    const run = mountAt(path.dirname(pluginEvent));
+    assert.equal(run.volume.hostPath?.path, path.dirname(pluginEvent), 'the same path inside and on the host');
+    // iptables-legacy's lock: the private /run of repair-in-place.
+    assert.deepEqual(mountAt('/run').volume.emptyDir, { medium: 'Memory', sizeLimit: '1Mi' });
+    // Apart from these and the ambient roles, the render is the base's.
+    const strip = (objs: K8sObject[]) =>
+      objs
+        .filter((o) => !AMBIENT_RBAC.includes(o.metadata.name))
+        .map((o) => {
+          const x = structuredClone(o) as K8sObject & { spec?: V1DaemonSet['spec'] };
+          if (x.kind === 'DaemonSet') {
+            const t = x.spec!.template.spec!;
+            const ct = t.containers[0]!;
+            const mine = ['host-proc', 'xtables-lock', 'host-netns', 'ztunnel-socket'];
+            ct.env = ct.env!.filter((e) => e.name !== 'AMBIENT_ENABLED');
+            delete ct.securityContext!.capabilities!.add;
+            ct.volumeMounts = ct.volumeMounts!.filter((m) => !mine.includes(m.name));
+            t.volumes = t.volumes!.filter((v) => !mine.includes(v.name));
+          }
+          return x;
+        });
+    assert.deepEqual(strip(withAmbient.objects), strip(base.objects));
+    assert.deepEqual(
+      withAmbient.objects
+        .filter((o) => AMBIENT_RBAC.includes(o.metadata.name))
+        .map((o) => `${o.kind} ${o.metadata.name}`)
+        .sort(),
+      [
+        'ClusterRole mesh-cni-ambient',
+        'ClusterRole mesh-cni-plugin-ambient',
+        'ClusterRoleBinding mesh-cni-ambient',
+        'ClusterRoleBinding mesh-cni-plugin-ambient',
+      ],
+    );
+  });
+
+  it('ambient component: the least RBAC, in roles of its own (namespaces list/watch and pods/status patch; the plugin namespaces get)', () => {
+    // Every rule, enumerated: no get of namespaces for the agent (it reads them from its watch),
+    // no nodes, no pods patch, no DaemonSet right beyond the base's get in mesh-system.
+    assert.deepEqual(rulesOf(withAmbient.objects, 'ClusterRole', 'mesh-cni-ambient'), [
+      { apiGroups: [''], resources: ['namespaces'], verbs: ['list', 'watch'] },
+      { apiGroups: [''], resources: ['pods/status'], verbs: ['patch'] },
+    ]);
+    assert.deepEqual(rulesOf(withAmbient.objects, 'ClusterRole', 'mesh-cni-plugin-ambient'), [
+      { apiGroups: [''], resources: ['namespaces'], verbs: ['get'] },
+    ]);
+    const ambientAgent = ['list core/namespaces', 'patch core/pods/status', 'watch core/namespaces'];
+    assert.deepEqual(rights(withAmbient.objects, 'mesh-cni'), [...DEPLOYED_RIGHTS.agent, ...ambientAgent].sort());
+    assert.deepEqual(rights(withAmbient.objects, 'mesh-cni-plugin'), ['get core/namespaces', 'get core/pods']);
+    // The base roles are untouched: taking the component away takes exactly these rights away.
+    for (const name of ['mesh-cni', 'mesh-cni-plugin'])
+      assert.deepEqual(rulesOf(withAmbient.objects, 'ClusterRole', name), rulesOf(base.objects, 'ClusterRole', name));
+    // --cleanup-on-exit=auto's upgrade question (src/install/uninstall.ts) reads its pod and its
+    // DaemonSet: both are the base's rights already.
+    assert.ok(rights(base.objects, 'mesh-cni').includes('get apps/daemonsets in mesh-system'));
+    assert.ok(rights(base.objects, 'mesh-cni').includes('get core/pods'));
+  });
+
+  it('ambient with repair-in-place (either order) renders one /host/proc, one /run and one capability list', () => {
+    for (const [what, r] of [
+      ['repair-in-place then ambient', withAmbientInPlace],
+      ['ambient, repair-in-place, repair-delete', withAmbientDelete],
+    ] as const) {
+      const c = agentContainer(r.objects);
+      const spec = one<V1DaemonSet>(r.objects, 'DaemonSet').spec!.template.spec!;
+      const s = containerSettings(c);
+      assert.deepEqual([s.ambient.enabled, s.repair.repairPods], [true, true], what);
+      assert.deepEqual(c.securityContext?.capabilities, { drop: ['ALL'], add: [...IN_PLACE_CAPABILITIES] }, what);
+      const paths = (c.volumeMounts ?? []).map((m) => m.mountPath);
+      const names = (spec.volumes ?? []).map((v) => v.name);
+      assert.deepEqual(
+        paths.filter((p, i) => paths.indexOf(p) !== i),
+        [],
+        `${what}: no mount path twice`,
+      );
+      assert.deepEqual(
+        names.filter((n, i) => names.indexOf(n) !== i),
+        [],
+        `${what}: no volume twice`,
+      );
+      assert.equal(paths.filter((p) => p === '/host/proc').length, 1, what);
+      assert.equal((spec.volumes ?? []).filter((v) => v.hostPath?.path === '/proc').length, 1, what);
+      assert.equal(paths.filter((p) => p === '/run').length, 1, what);
+    }
+    // With repair-delete too: the base's pods/status patch goes, the ambient role's keeps the annotation.
+    assert.deepEqual(
+      rights(withAmbientDelete.objects, 'mesh-cni'),
+      [
+        ...DEPLOYED_RIGHTS.agentWithDelete,
+        'list core/namespaces',
+        'patch core/pods/status',
+        'watch core/namespaces',
+      ].sort(),
+    );
+    const s = containerSettings(agentContainer(withAmbientDelete.objects));
+    assert.deepEqual([s.repair.labelPods, s.repair.deletePods], [false, true]);
+  });
+
+  it("the README's trust model names what the ambient component grants, and that pods/status is cluster-wide", () => {
+    const readme = readFileSync(path.join(ROOT, 'README.md'), 'utf8');
+    const section = /^## Security: the trust model\n([\s\S]*?)^## /m.exec(readme)?.[1] ?? '';
+    assert.match(section, /overlays\/ambient/);
+    for (const what of ['/var/run/ztunnel', '/host/var/run/netns', 'namespaces', 'pods/status'])
+      assert.ok(section.includes(what), `it names ${what}`);
+    assert.match(section, /cannot (limit|restrict)\s[^.]*pods\/status[^.]*to\s+(the\s+pods\s+of\s+)?(its|this)\s+node/);
+  });
+
   it('kubectl kustomize renders base and components as the pinned kustomize does', (t) => {
     if (run('kubectl', ['version', '--client']).code !== 0) {
       t.skip('kubectl is not installed');
@@ -433,6 +610,9 @@ describe('deploy: kustomize build deploy/', () => {
       ['base', DEPLOY, base],
       ['repair-in-place', path.join(opDir, 'inplace'), withInPlace],
       ['both components', path.join(opDir, 'both'), withBoth],
+      ['ambient', path.join(opDir, 'ambient'), withAmbient],
+      ['ambient with repair-in-place', path.join(opDir, 'ambient-inplace'), withAmbientInPlace],
+      ['ambient with both repair components', path.join(opDir, 'ambient-all'), withAmbientDelete],
     ] as const) {
       const r = run('kubectl', ['kustomize', dir]);
       assert.equal(r.code, 0, `kubectl kustomize of the ${what} failed: ${r.stderr}`);
@@ -463,6 +643,9 @@ describe('deploy: kustomize build deploy/', () => {
       ['with repair-delete', withDelete.text],
       ['with repair-in-place', withInPlace.text],
       ['with both', withBoth.text],
+      ['with ambient', withAmbient.text],
+      ['with ambient and repair-in-place', withAmbientInPlace.text],
+      ['with ambient and both repair components', withAmbientDelete.text],
     ] as const) {
       const r = run('yamllint', ['-f', 'parsable', '-c', YAMLLINT_CONFIG, '-'], text);
       assert.equal(r.code, 0, `yamllint of the ${what} render:\n${r.stdout}${r.stderr}`);
