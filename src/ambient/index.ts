@@ -20,6 +20,7 @@ import { NamespaceSource } from '../orch/namespacesource.ts';
 import type { PodSource } from '../orch/podsource.ts';
 import { FullJitterBackoff } from '../orch/ratelimit.ts';
 import { apiAnnotator } from './annotator.ts';
+import { startCmdAddServer, type CmdAddServer } from './cmdadd.ts';
 import { createDataplane, type MeshDataplane } from './dataplane.ts';
 import { ambientPodOf, ambientRules, enabledPods, isAmbientPod } from './enablement.ts';
 import { Reconciler } from './reconcile.ts';
@@ -52,7 +53,7 @@ export interface AmbientComponent extends Component {
   readonly started: Promise<void>;
 }
 
-type State = 'waiting_for_caches' | 'starting_dataplane' | 'running' | 'stopped';
+type State = 'waiting_for_caches' | 'starting_dataplane' | 'starting_cmdadd' | 'running' | 'stopped';
 
 export function startAmbient(settings: Settings, deps: AmbientDeps): AmbientComponent {
   const clock = deps.clock ?? realClock;
@@ -78,6 +79,7 @@ export function startAmbient(settings: Settings, deps: AmbientDeps): AmbientComp
   let state: State = 'waiting_for_caches';
   let lastError = '';
   let startFailures = 0;
+  let cmdAdd: CmdAddServer | undefined;
   const until = <T>(p: Promise<T>) =>
     Promise.race([
       p,
@@ -108,6 +110,26 @@ export function startAmbient(settings: Settings, deps: AmbientDeps): AmbientComp
         await until(clock.sleep(delay, stopping.signal));
       }
     }
+    state = 'starting_cmdadd';
+    // The plugin's ADDs of new ambient pods: only now, with the dataplane up (before, they fail
+    // closed: the plugin cannot reach the socket and the kubelet retries).
+    for (;;) {
+      try {
+        cmdAdd = await startCmdAddServer(settings.ambient.pluginEventUdsAddress, {
+          pods: deps.pods,
+          dataplane,
+          isAmbient: (pod) => isAmbient(pod),
+          toEnrollPod: ambientPodOf,
+        });
+        break;
+      } catch (e) {
+        startFailures++;
+        lastError = e instanceof Error ? e.message : String(e);
+        const delay = backoff.next();
+        log.error('cannot serve the plugin event socket; retrying', { error: lastError, retryInMs: Math.round(delay) });
+        await until(clock.sleep(delay, stopping.signal));
+      }
+    }
     reconciler.start();
     state = 'running';
     log.info('ambient mode started', { enrolledAtStart: enabledPods(deps.pods.pods()).length });
@@ -121,18 +143,27 @@ export function startAmbient(settings: Settings, deps: AmbientDeps): AmbientComp
     namespaceLabels: (n) => namespaces.labels(n),
     isAmbient: (pod) => isAmbient(pod),
     notReadyReasons() {
-      if (state === 'waiting_for_caches') return ['ambient: waiting for the pod and namespace watches'];
-      if (state === 'starting_dataplane') {
-        const why = dataplane.notReadyReasons();
-        const failed = lastError ? [`ambient: start failed ${startFailures} time(s): ${lastError}`] : [];
-        return [...(why.length > 0 ? why : ['ambient: starting the dataplane']), ...failed];
+      const failed = lastError ? [`ambient: start failed ${startFailures} time(s): ${lastError}`] : [];
+      switch (state) {
+        case 'waiting_for_caches':
+          return ['ambient: waiting for the pod and namespace watches'];
+        case 'starting_dataplane': {
+          const why = dataplane.notReadyReasons();
+          return [...(why.length > 0 ? why : ['ambient: starting the dataplane']), ...failed];
+        }
+        case 'starting_cmdadd':
+          return ['ambient: the plugin event socket is not served yet', ...failed];
+        case 'running':
+          return dataplane.notReadyReasons();
+        default:
+          return [];
       }
-      return state === 'running' ? dataplane.notReadyReasons() : [];
     },
     status: () => ({
       enabled: true,
       state,
       lastError,
+      pluginEventSocket: cmdAdd?.address ?? '',
       dataplane: dataplane.status(),
       informer: reconciler.status(),
       namespaces: namespaces.status(),
@@ -140,6 +171,7 @@ export function startAmbient(settings: Settings, deps: AmbientDeps): AmbientComp
     async stop(signal) {
       stopping.abort();
       await started.catch(() => {});
+      await cmdAdd?.close();
       await reconciler.stop(deps.stopGraceMs ?? 5000);
       const decision = await deps.decideCleanup();
       log.info(decision.cleanup ? 'ambient: uninstall, removing the host rules' : 'ambient: keeping the node as is', {

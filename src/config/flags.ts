@@ -394,6 +394,13 @@ export const FLAGS: readonly FlagSpec[] = [
     { path: 'file' },
   ),
   ambientFlag(
+    'pluginevent-uds-address',
+    'string',
+    '/var/run/mesh-cni/pluginevent.sock',
+    "Unix socket where the agent takes the CNI plugin's ADD of an ambient pod (POST /cmdadd) and enrolls it.",
+    { path: 'file' },
+  ),
+  ambientFlag(
     'ambient-enablement-selector',
     'string',
     undefined,

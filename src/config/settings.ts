@@ -115,6 +115,8 @@ export interface AmbientSettings {
   readonly enabled: boolean;
   /** --ambient-enablement-selector: a pod is ambient when one pair matches (cni-plugin/shared/enablement.ts). */
   readonly enablementSelectors: readonly EnablementSelector[];
+  /** --pluginevent-uds-address: where the plugin POSTs an ambient pod's ADD (src/ambient/cmdadd.ts). */
+  readonly pluginEventUdsAddress: string;
   /** --ztunnel-uds-address: the ZDS socket ztunnel connects to. */
   readonly ztunnelUdsAddress: string;
   /** --ambient-dns-capture: DNS to ztunnel in every ambient pod (a pod annotation may override). */
@@ -547,6 +549,7 @@ export function buildSettings(flags: RawFlags, env: Env, cwd: string = process.c
   const ambient: AmbientSettings = {
     enabled: bool('ambient-enabled'),
     enablementSelectors: get('ambient-enablement-selector', parseSelectorsFlag, DEFAULT_ENABLEMENT_SELECTORS),
+    pluginEventUdsAddress: abs('pluginevent-uds-address'),
     ztunnelUdsAddress: abs('ztunnel-uds-address'),
     dnsCapture: bool('ambient-dns-capture'),
     reconcilePodRulesOnStartup: bool('ambient-reconcile-pod-rules-on-startup'),

@@ -14,6 +14,7 @@ describe('ambient settings', () => {
     const a = buildSettings({}, NODE).ambient;
     assert.equal(a.enabled, false);
     assert.equal(a.ztunnelUdsAddress, '/var/run/ztunnel/ztunnel.sock');
+    assert.equal(a.pluginEventUdsAddress, '/var/run/mesh-cni/pluginevent.sock');
     assert.deepEqual(a.enablementSelectors, DEFAULT_ENABLEMENT_SELECTORS);
     assert.equal(a.dnsCapture, false);
     assert.equal(a.reconcilePodRulesOnStartup, true);
@@ -28,6 +29,7 @@ describe('ambient settings', () => {
     const flags = {
       'ambient-enabled': 'true',
       'ztunnel-uds-address': '/run/zt/zt.sock',
+      'pluginevent-uds-address': '/run/m/pe.sock',
       'ambient-enablement-selector': selector,
       'ambient-dns-capture': 'true',
       'ambient-reconcile-pod-rules-on-startup': 'false',
@@ -39,6 +41,7 @@ describe('ambient settings', () => {
     const env = {
       AMBIENT_ENABLED: 'true',
       ZTUNNEL_UDS_ADDRESS: '/run/zt/zt.sock',
+      PLUGINEVENT_UDS_ADDRESS: '/run/m/pe.sock',
       AMBIENT_ENABLEMENT_SELECTOR: selector,
       AMBIENT_DNS_CAPTURE: 'true',
       AMBIENT_RECONCILE_POD_RULES_ON_STARTUP: 'false',
@@ -50,6 +53,7 @@ describe('ambient settings', () => {
     const want = {
       enabled: true,
       enablementSelectors: [{ podSelector: { matchLabels: { team: 'blue' } } }],
+      pluginEventUdsAddress: '/run/m/pe.sock',
       ztunnelUdsAddress: '/run/zt/zt.sock',
       dnsCapture: true,
       reconcilePodRulesOnStartup: false,

@@ -5,6 +5,7 @@
 // redirection annotator on pods/status.
 
 import assert from 'node:assert/strict';
+import { existsSync, lstatSync } from 'node:fs';
 import path from 'node:path';
 import { after, before, describe, it } from 'node:test';
 import type { V1Pod } from '@kubernetes/client-node';
@@ -108,6 +109,7 @@ describe('ambient mode in the agent', () => {
         orchconfig,
         'ambient-enabled': 'true',
         'pod-lookup-uds-address': path.join(tmp.dir, 'run/pods.sock'),
+        'pluginevent-uds-address': path.join(tmp.dir, 'run/pluginevent.sock'),
         'orch-qps': '1000',
         'orch-burst': '1000',
       },
@@ -136,6 +138,7 @@ describe('ambient mode in the agent', () => {
     assert.notDeepEqual(ambient.notReadyReasons(), [], 'not ready at once');
     await eventually(() => fake.startedWith.length === 1, 'the dataplane asked to start', 15_000);
     // The start-up snapshot: enabled and still running; not the finished pod, not the unannotated.
+    assert.equal(existsSync(path.join(tmp.dir, 'run/pluginevent.sock')), false, 'no plugin socket before the start');
     assert.deepEqual(
       fake.startedWith[0]!.map((p) => `${p.namespace}/${p.name} ${p.ips.join(',')}`),
       ['shop/enrolled 198.18.0.10'],
@@ -146,6 +149,8 @@ describe('ambient mode in the agent', () => {
     await ambient.started;
     assert.deepEqual(ambient.notReadyReasons(), []);
     assert.equal((ambient.status() as { state: string }).state, 'running');
+    // The plugin's ADDs are taken once the dataplane is up, not before.
+    assert.equal(lstatSync(path.join(tmp.dir, 'run/pluginevent.sock')).isSocket(), true);
     // The informer's first pass: the finished pod still annotated enabled is taken out (as a delete).
     await eventually(() => fake.calls.length > 0, 'the catch-up pass');
     await new Promise((r) => setTimeout(r, 100));
@@ -191,6 +196,7 @@ describe('ambient mode in the agent', () => {
     await ambient!.stop('SIGTERM');
     assert.deepEqual(fake.calls, [{ op: 'stop', arg: false }]);
     await eventually(() => api.openNamespaceWatches() === 0, 'the namespace watch closed');
+    assert.equal(existsSync(path.join(tmp.dir, 'run/pluginevent.sock')), false, 'the plugin socket removed');
     ambient = undefined;
   });
 });
