@@ -16,6 +16,8 @@ import type { Family, Runner } from './podrules.ts';
 import type { WorkloadInfo } from './zds.ts';
 
 const log = scope('ambient');
+/** Pods whose rules are reconciled at once at start-up. */
+const RECONCILE_CONCURRENCY = 4;
 
 export interface StartupPod {
   readonly uid: string;
@@ -73,18 +75,26 @@ export async function buildStartupState(pods: readonly StartupPod[], d: StartupD
   let reconciled = 0;
   const reconcileFailed = new Map<string, string>();
   if (d.reconcile !== null) {
-    for (const [pod, netns] of held) {
-      try {
-        await d.reconcile(pod, netns);
-        reconciled++;
-      } catch (e) {
-        reconcileFailed.set(pod.uid, (e as Error).message);
-        log.error(
-          "cannot reconcile a running pod's in-pod rules at start-up; restart the pod, or take it out of the mesh and back",
-          { pod: `${pod.namespace}/${pod.name}`, uid: pod.uid, error: (e as Error).message },
-        );
+    const reconcile = d.reconcile;
+    // A few pods at a time: each is a few programs in its own netns (a node of 250 pods would
+    // otherwise wait for 250 in a row); the iptables lock (-w) orders the legacy writes.
+    const queue = [...held];
+    const worker = async () => {
+      for (let next = queue.shift(); next !== undefined; next = queue.shift()) {
+        const [pod, netns] = next;
+        try {
+          await reconcile(pod, netns);
+          reconciled++;
+        } catch (e) {
+          reconcileFailed.set(pod.uid, (e as Error).message);
+          log.error(
+            "cannot reconcile a running pod's in-pod rules at start-up; restart the pod, or take it out of the mesh and back",
+            { pod: `${pod.namespace}/${pod.name}`, uid: pod.uid, error: (e as Error).message },
+          );
+        }
       }
-    }
+    };
+    await Promise.all(Array.from({ length: Math.min(RECONCILE_CONCURRENCY, queue.length) }, worker));
   }
   return { probes, withNetns: held.length, withoutNetns, reconciled, reconcileFailed };
 }

@@ -443,6 +443,17 @@ for (const flavour of ['nft', 'legacy'] as const) {
       assert.deepEqual([...(probeEntries(node.ns, 6) ?? [])], [['fd00:198:18:56::2', v6.uid]]);
     });
 
+    it('start-up: an IP the batch add refuses (no IPv6 set) fails alone, the other pods get their entries', async () => {
+      const node = await nodeNetns();
+      const sock = socketPath();
+      const v6 = ambientPod('fd00:198:18:57::2');
+      const v4 = ambientPod('198.18.57.3');
+      const dp = dataplane(sock, new FakeAnnotator(), node, flavour, { ipv6: false });
+      await dp.start([v6, v4]);
+      assert.deepEqual([...(probeEntries(node.ns) ?? [])], [['198.18.57.3', v4.uid]]);
+      assert.equal(probeEntries(node.ns, 6), null, 'no IPv6 set with --ambient-ipv6=false');
+    });
+
     it('upgrade stop keeps the host rule, the ipset and the pods rules; uninstall stop removes the host rule and ipset', async () => {
       const node = await nodeNetns();
       const ns = podNetns('pod', '198.18.53.2');
