@@ -5,6 +5,7 @@
 #   /lib/..., /lib64/...              the shared libraries it links (from ldd) and the loader
 #   /opt/mesh-cni/install-cni.js      the bundled agent (entrypoint)
 #   /opt/mesh-cni/mesh-validation.cjs  the validation check, for an init container using this image
+#   /opt/mesh-cni/native/seqpacket.node  the SOCK_SEQPACKET + SCM_RIGHTS addon (ambient: ztunnel's socket)
 #   /opt/mesh-cni/bin/mesh-cni        the plugin executable (its runtime embedded: Bun by default,
 #                                     MESH_PLUGIN_RUNTIME at build), in install-cni's
 #                                     --cni-binaries-dir default: what it copies to the host
@@ -12,6 +13,7 @@
 #   /usr/bin/nsenter, /usr/sbin/ip,   the tools repair in place runs in a pod's netns (below):
 #   /usr/sbin/xtables-*-multi + links nsenter, iptables/ip6tables of both flavours, iproute2,
 #   /usr/lib/<triplet>/xtables/       the iptables extensions they dlopen
+#   /usr/sbin/ipset                   ambient mode's probe set on the node (libipset from ldd)
 # The default user is nobody (65534): `version` and friends need nothing more. The DaemonSet
 # runs it as root with every capability dropped, because the host's CNI dirs belong to root.
 # Saved as an OCI archive (default dist/mesh-cni-image.tar, or $1) named
@@ -33,7 +35,7 @@ IMAGE=localhost/mesh-cni:$VERSION
 NODE_BIN=$(readlink -f node_modules/node/bin/node)
 COMMIT=$(git rev-parse HEAD 2>/dev/null || echo unknown)
 
-for f in dist/install-cni.js dist/mesh-validation.cjs dist/bin/mesh-cni "$NODE_BIN"; do
+for f in dist/install-cni.js dist/mesh-validation.cjs dist/bin/mesh-cni dist/native/seqpacket.node "$NODE_BIN"; do
   if [[ ! -f $f ]]; then
     echo "image: $f is missing; run npm run build first (npm run image does)" >&2
     exit 1
@@ -56,12 +58,15 @@ IPT_LEGACY=$(readlink -f "$(PATH=/usr/sbin:/sbin:$PATH command -v xtables-legacy
 IPT_NFT=$(readlink -f "$(PATH=/usr/sbin:/sbin:$PATH command -v xtables-nft-multi || true)")
 NSENTER=$(readlink -f "$(PATH=/usr/bin:/bin:$PATH command -v nsenter || true)")
 IPROUTE=$(readlink -f "$(PATH=/usr/sbin:/sbin:$PATH command -v ip || true)")
+# Ambient mode (the ambient component of deploy/) keeps the node's kubelet-probe set
+# (mesh-inpod-probes-v4/-v6, hash:ip with the pod UID as comment) with ipset; NET_ADMIN is all it needs.
+IPSET=$(readlink -f "$(PATH=/usr/sbin:/sbin:$PATH command -v ipset || true)")
 # libxtables dlopens its extensions from the dir compiled into it (Debian: /usr/lib/<triplet>/xtables).
 XT_STANDARD=$(find /usr/lib -maxdepth 3 -path '*/xtables/libxt_standard.so' -print -quit)
 XT_DIR=$(dirname "${XT_STANDARD:-/nonexistent/xtables/libxt_standard.so}")
-for f in "$IPT_LEGACY" "$IPT_NFT" "$NSENTER" "$IPROUTE" "$XT_DIR/libxt_standard.so"; do
+for f in "$IPT_LEGACY" "$IPT_NFT" "$NSENTER" "$IPROUTE" "$IPSET" "$XT_DIR/libxt_standard.so"; do
   if [[ ! -f $f ]]; then
-    echo "image: ${f:-a tool} is missing: install iptables (>= 1.8, both flavours), util-linux and iproute2" >&2
+    echo "image: ${f:-a tool} is missing: install iptables (>= 1.8, both flavours), util-linux, iproute2 and ipset" >&2
     exit 1
   fi
 done
@@ -90,6 +95,7 @@ install -m 0755 "$IPT_LEGACY" "$FS/usr/sbin/xtables-legacy-multi"
 install -m 0755 "$IPT_NFT" "$FS/usr/sbin/xtables-nft-multi"
 install -m 0755 "$NSENTER" "$FS/usr/bin/nsenter"
 install -m 0755 "$IPROUTE" "$FS/usr/sbin/ip"
+install -m 0755 "$IPSET" "$FS/usr/sbin/ipset"
 for fam in iptables ip6tables; do
   for what in '' -restore -save; do
     ln -s xtables-legacy-multi "$FS/usr/sbin/$fam-legacy$what"
@@ -100,7 +106,8 @@ done
 # path the loader looks for it.
 # (ldd prints `name => /path (addr)` for libraries and `/path (addr)` for the loader.)
 mapfile -t xt_real < <(find "$XT_FS" -type f -name '*.so' -printf "$XT_DIR/%f\n")
-loaded=("$NODE_BIN" dist/bin/mesh-cni "$IPT_LEGACY" "$IPT_NFT" "$NSENTER" "$IPROUTE" "${xt_real[@]}")
+loaded=("$NODE_BIN" dist/bin/mesh-cni dist/native/seqpacket.node
+  "$IPT_LEGACY" "$IPT_NFT" "$NSENTER" "$IPROUTE" "$IPSET" "${xt_real[@]}")
 libs=$(ldd "${loaded[@]}" | awk '$2 == "=>" && $3 ~ /^\// { print $3 } $1 ~ /^\// && $2 ~ /^\(/ { print $1 }' | sort -u)
 for lib in $libs; do
   mkdir -p "$FS$(dirname "$lib")"

@@ -9,6 +9,11 @@
 // nsenter, iptables (both flavours) and ip run; as the repair-in-place component runs the image,
 // a rule of each flavour goes into a uid-65535 process's netns found through /host/proc, and the
 // component's four capabilities are each shown needed (dropped in turn, a named step fails).
+// Ambient: `ipset version`; as the ambient component runs the image (in a test netns standing for
+// the node), a hash:ip comment set is made, filled and destroyed with NET_ADMIN alone (and not
+// without it); the seqpacket addon listens on ztunnel's socket in its mounted dir (0600, root's:
+// uid 65534 is refused, root gets a message with a netns fd), and a netns made after the start
+// appears under /host/var/run/netns (read-only, HostToContainer) and is entered through fd 3.
 //
 // Needs root, buildah and podman (scripts/setup-host.sh) and a built dist/ (npm test builds).
 
@@ -284,6 +289,170 @@ describe('deploy: the container image', { timeout: 300_000 }, () => {
     }
   });
 
+  describe('ambient: ipset, the netns dir, the ztunnel socket, with the ambient component as it runs the image', () => {
+    const POD_IP = '198.18.78.2';
+    const SET_IP = '198.18.78.5';
+    let dir: string;
+    let rendered: Rendered;
+    /** Stands for the node: the container's network namespace, as hostNetwork makes it the node's. */
+    let node: Netns;
+    /** The pod's netns, made by `ip netns add` (as a runtime does) after the container started. */
+    const podNs = `mcni-amb-pod-${process.pid}`;
+    const name = `mcni-image-ambient-${process.pid}`;
+    before(async () => {
+      dir = await fs.mkdtemp(path.join(os.tmpdir(), 'mcni-image-ambient-'));
+      await fs.chmod(dir, 0o755);
+      const rel = path.relative(dir, DEPLOY_DIR);
+      await fs.writeFile(
+        path.join(dir, 'kustomization.yaml'),
+        `resources:\n  - ${rel}\ncomponents:\n  - ${rel}/overlays/ambient\n`,
+      );
+      rendered = kustomize(dir);
+      await fs.writeFile(path.join(dir, 'probe.cjs'), AMBIENT_PROBE);
+      // The host's side of the socket checks, with the build's addon (copied: a rebuild may replace dist/).
+      await fs.copyFile(path.join(ROOT, 'dist/native/seqpacket.node'), path.join(dir, 'seqpacket.node'));
+      await fs.writeFile(path.join(dir, 'peer.cjs'), ZTUNNEL_PEER);
+      for (const f of ['seqpacket.node', 'peer.cjs', 'probe.cjs']) await fs.chmod(path.join(dir, f), 0o644);
+      for (const d of ['bin', 'net', 'run', 'template', 'lock']) await fs.mkdir(path.join(dir, d));
+      // The kubelet's DirectoryOrCreate makes the ztunnel dir 0755, root's.
+      await fs.mkdir(path.join(dir, 'ztunnel'), { mode: 0o755 });
+      node = new Netns('ambnode');
+    });
+    after(async () => {
+      await podman.run(['rm', '--force', '--time', '0', name]);
+      await run('ip', ['netns', 'del', podNs]);
+      node?.remove();
+      if (dir) await fs.rm(dir, { recursive: true, force: true });
+    });
+
+    /** `podman run` flags of the ambient render, in the node netns, with these capabilities. */
+    function runFlags(caps: readonly string[]): string[] {
+      const { flags } = podmanRunArgs(rendered.objects, {
+        volumeDirs: {
+          'cni-bin-dir': path.join(dir, 'bin'),
+          'cni-net-dir': path.join(dir, 'net'),
+          'mesh-cni-run': path.join(dir, 'run'),
+          'cni-network-config': path.join(dir, 'template'),
+          'host-proc': '/proc',
+          'xtables-lock': path.join(dir, 'lock'),
+          'host-netns': '/run/netns',
+          'ztunnel-socket': path.join(dir, 'ztunnel'),
+        },
+        env: {
+          NODE_NAME: 'node-1',
+          HOST_IP: '198.19.250.1',
+          POD_NAME: 'mesh-cni-node-y',
+          POD_NAMESPACE: 'mesh-system',
+        },
+        network: `ns:${node.path}`,
+      });
+      const out: string[] = [];
+      for (let i = 0; i < flags.length; i++) {
+        if (flags[i] === '--cap-add') i++;
+        // mountPropagation: HostToContainer is a slave mount (podman's rslave).
+        else if (flags[i] === '--volume' && flags[i + 1]!.endsWith(':/host/var/run/netns:ro'))
+          out.push(flags[i]!, `${flags[++i]!},rslave`);
+        else out.push(flags[i]!);
+      }
+      for (const c of caps) out.push('--cap-add', c);
+      return out;
+    }
+    const probeArgs = ['--volume', '', '--entrypoint', '/usr/bin/node', IMAGE, '/probe.cjs'];
+    const withProbe = (args: string[]) => {
+      const a = [...probeArgs];
+      a[1] = `${path.join(dir, 'probe.cjs')}:/probe.cjs:ro`;
+      return [...args, ...a];
+    };
+    const steps = (out: string) =>
+      new Map(
+        out
+          .trim()
+          .split('\n')
+          .filter((l) => l.startsWith('{'))
+          .map((l) => {
+            const { step, ok, detail } = JSON.parse(l) as { step: string; ok: boolean; detail: string };
+            return [step, { ok, detail }] as const;
+          }),
+      );
+    const ambientCaps = () => agentContainer(rendered.objects).securityContext?.capabilities?.add ?? [];
+
+    it('carries ipset, which runs (`ipset version` asks the kernel: root with NET_ADMIN alone)', async () => {
+      const base = ['run', '--rm', '--network', 'none', '--user', '0:0', '--cap-drop', 'ALL'];
+      const v = await podman.ok([...base, '--cap-add', 'NET_ADMIN', '--entrypoint', 'ipset', IMAGE, 'version']);
+      assert.match(v, /^ipset v\d+\.\d+, protocol version: \d+/);
+      const none = await podman.run([...base, '--entrypoint', 'ipset', IMAGE, 'version']);
+      assert.match(none.stderr, /Kernel error received: Operation not permitted/);
+    });
+
+    it('ipset needs NET_ADMIN and nothing more: a hash:ip comment set is made, filled and destroyed in the node netns', async () => {
+      const only = steps(await podman.ok(['run', '--rm', ...withProbe(runFlags(['NET_ADMIN'])), 'ipset', SET_IP]));
+      assert.deepEqual(Object.fromEntries(only), { ipset: { ok: true, detail: '' } });
+      assert.equal(node.exec(['ipset', 'list', '-n']).trim(), '', 'the set is gone from the node netns');
+      const without = steps(
+        await podman.ok([
+          'run',
+          '--rm',
+          ...withProbe(runFlags(ambientCaps().filter((c) => c !== 'NET_ADMIN'))),
+          'ipset',
+          SET_IP,
+        ]),
+      );
+      assert.equal(without.get('ipset')?.ok, false);
+      assert.match(without.get('ipset')!.detail, /Operation not permitted|permission/i);
+    });
+
+    it("with the component's capabilities: ipset, a netns the runtime made after the start opened read-only and entered, a 0600 ztunnel socket only root reaches, a netns fd sent over it", async () => {
+      await podman.ok([
+        'run',
+        '--detach',
+        '--name',
+        name,
+        ...withProbe(runFlags(ambientCaps())),
+        'all',
+        SET_IP,
+        podNs,
+        POD_IP,
+      ]);
+      const logs = async () => {
+        const r = await podman.run(['logs', name]);
+        return r.stdout + r.stderr;
+      };
+      await eventually(async () => (await logs()).includes('"step":"listen"'), 'the agent side to listen', 30_000);
+      const sock = path.join(dir, 'ztunnel', 'ztunnel.sock');
+      const st = await fs.lstat(sock);
+      assert.ok(st.isSocket());
+      assert.deepEqual([st.mode & 0o7777, st.uid], [0o600, 0], 'the socket is 0600, root');
+      // Any other user on the node is refused by the socket's mode (ztunnel's pod runs as uid 0).
+      const peerArgs = [path.join(dir, 'peer.cjs'), path.join(dir, 'seqpacket.node'), sock];
+      const peer = (user: string[]) =>
+        user.length ? run('setpriv', [...user, process.execPath, ...peerArgs]) : run(process.execPath, peerArgs);
+      const nobody = await peer(['--reuid', '65534', '--regid', '65534', '--clear-groups', '--']);
+      assert.match(nobody.stdout, /^connect -13\b/m, `uid 65534: ${nobody.stdout}${nobody.stderr}`);
+      // The pod's netns appears after the agent started: HostToContainer brings it in.
+      for (const argv of [
+        ['netns', 'add', podNs],
+        ['-n', podNs, 'link', 'add', 'mcni-a0', 'type', 'veth', 'peer', 'name', 'mcni-a1'],
+        ['-n', podNs, 'addr', 'add', `${POD_IP}/24`, 'dev', 'mcni-a0'],
+      ]) {
+        const r = await run('ip', argv);
+        assert.equal(r.code, 0, `ip ${argv.join(' ')}: ${r.stderr}`);
+      }
+      const root = await peer([]);
+      const want = (await fs.stat(`/run/netns/${podNs}`)).ino;
+      // It ends after the send, or at the first step that failed (then named by the check below).
+      await eventually(async () => /"step":"accept-send"|"ok":false/.test(await logs()), 'the agent side', 40_000);
+      await podman.ok(['wait', name], { timeoutMs: 60_000 });
+      const s = steps(await logs());
+      assert.deepEqual(
+        [...s].filter(([, v]) => !v.ok).map(([k, v]) => `${k}: ${v.detail}`),
+        [],
+      );
+      assert.match(root.stdout, new RegExp(`^got 5 hello netns ${want}$`, 'm'), `root: ${root.stdout}${root.stderr}`);
+      assert.deepEqual([...s.keys()], ['ipset', 'listen', 'netns-open', 'netns-enter', 'accept-send']);
+      assert.equal(node.exec(['ipset', 'list', '-n']).trim(), '');
+    });
+  });
+
   describe('run as deploy/ runs it, on a sandbox node', () => {
     let rendered: Rendered;
     let tree: HostTree;
@@ -469,6 +638,89 @@ inNetns(['ip', 'rule', 'del', 'priority', '32764']);
 say('route', rule.code === 0 && route.code === 0 && /fwmark 0x539 lookup 133/.test(shown.out), rule.err + route.err);
 r = inNetns(['/usr/bin/node', '/opt/mesh-cni/mesh-validation.cjs', '--probe-timeout', '3s']);
 say('validation', r.code === 0, r.err + r.out);
+`;
+
+/**
+ * Run inside the image by node, as the ambient component runs it: argv mode ('ipset' | 'all'), the
+ * IP for the probe set, the pod's netns name and IP. One JSON line per step. ipset in the
+ * container's netns (the node's); then, with 'all': the addon listens on the ztunnel socket, the
+ * pod's netns (made after the start) is opened under /host/var/run/netns and entered through fd 3,
+ * and its fd is sent to the first peer that connects.
+ */
+const AMBIENT_PROBE = `
+const fs = require('fs');
+const { spawnSync } = require('child_process');
+const say = (step, ok, detail) => console.log(JSON.stringify({ step, ok, detail: String(detail).trim().slice(0, 400) }));
+const sleep = (ms) => Atomics.wait(new Int32Array(new SharedArrayBuffer(4)), 0, 0, ms);
+const [mode, setIp, podNs, podIp] = process.argv.slice(2);
+const sh = (argv, fd) => {
+  const stdio = ['ignore', 'pipe', 'pipe', ...(fd === undefined ? [] : [fd])];
+  const r = spawnSync(argv[0], argv.slice(1), { encoding: 'utf8', timeout: 20000, stdio });
+  return { code: r.status, out: r.stdout || '', err: (r.stderr || '') + (r.error ? r.error.message : '') };
+};
+const set = 'mcni-amb-probes-v4';
+const made = sh(['ipset', 'create', set, 'hash:ip', 'comment']);
+if (made.code !== 0) say('ipset', false, made.err);
+else {
+  const added = sh(['ipset', 'add', set, setIp, 'comment', 'pod-uid-1']);
+  const saved = sh(['ipset', 'save', set]);
+  const gone = sh(['ipset', 'destroy', set]);
+  const listed = saved.out.includes('add ' + set + ' ' + setIp + ' comment "pod-uid-1"');
+  say('ipset', added.code === 0 && listed && gone.code === 0, added.err + saved.err + gone.err + (listed ? '' : saved.out));
+}
+if (mode === 'ipset') process.exit(0);
+const m = { exports: {} };
+process.dlopen(m, '/opt/mesh-cni/native/seqpacket.node');
+const n = m.exports;
+const sock = '/var/run/ztunnel/ztunnel.sock';
+const l = n.socket();
+const b = n.bind(l, sock, 0o600);
+const li = n.listen(l, 8);
+say('listen', l >= 0 && b === 0 && li === 0, [l, b, li].join(' '));
+let fd;
+const until = Date.now() + 30000;
+for (;;) {
+  try { fd = fs.openSync('/host/var/run/netns/' + podNs, 'r'); break; }
+  catch (e) { if (Date.now() > until) { say('netns-open', false, e.code); process.exit(0); } sleep(100); }
+}
+say('netns-open', true, '');
+// The test gives the pod its address right after ip netns add: wait for it.
+let a;
+const until1 = Date.now() + 10000;
+do {
+  a = sh(['nsenter', '--net=/proc/self/fd/3', '--', 'ip', '-j', 'addr'], fd);
+} while (a.code === 0 && !a.out.includes('"local":"' + podIp + '"') && Date.now() < until1 && sleep(100) !== 'x');
+say('netns-enter', a.code === 0 && a.out.includes('"local":"' + podIp + '"'), a.err + a.out);
+let c = -11;
+const until2 = Date.now() + 30000;
+while (c < 0 && Date.now() < until2) { c = n.accept(l); if (c < 0) sleep(50); }
+const s = c >= 0 ? n.send(c, Buffer.from('hello'), [fd]) : c;
+say('accept-send', c >= 0 && s === 5, c + ' ' + s);
+n.close(l);
+fs.unlinkSync(sock);
+`;
+
+/** ztunnel's side, on the host: connect to the socket (argv: addon, socket), print the errno or what came. */
+const ZTUNNEL_PEER = `
+const m = { exports: {} };
+process.dlopen(m, process.argv[2]);
+const n = m.exports;
+const fd = n.socket();
+const c = n.connect(fd, process.argv[3]);
+console.log('connect', c);
+if (c !== 0) process.exit(0);
+const buf = Buffer.alloc(64);
+const until = Date.now() + 30000;
+let r;
+for (;;) {
+  r = n.recv(fd, buf);
+  if (Array.isArray(r) || r !== -11 || Date.now() > until) break;
+  Atomics.wait(new Int32Array(new SharedArrayBuffer(4)), 0, 0, 50);
+}
+if (!Array.isArray(r)) { console.log('recv', r); process.exit(0); }
+const [bytes, , ...fds] = r;
+const ino = fds.length === 1 ? require('fs').fstatSync(fds[0]).ino : -1;
+console.log('got', bytes, buf.subarray(0, bytes).toString(), 'netns', ino);
 `;
 
 /** A TCP port free on this machine now. */
