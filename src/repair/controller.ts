@@ -18,7 +18,8 @@
 //    the proof failed), at most the queue's max attempts; a final failure (no netns of the pod
 //    holding its IP, IP mismatch, a bad annotation, the process left its netns mid-repair) falls
 //    through at once: waiting does not bring a gone sandbox back;
-// 2. then the operator's label and/or delete, exactly as without in-place repair;
+// 2. then the operator's label and/or delete, exactly as without in-place repair (so, label mode:
+//    a pod already carrying the label is left alone, not tried in place again);
 // 3. neither configured: a Warning Event, the metric and an error log say the pod stays broken.
 // A pod repaired in place that breaks again (a new failed run of its validation container) is
 // not repaired in place again: it goes straight to 2/3 with reason repair_did_not_hold. Repeated
@@ -319,7 +320,11 @@ export class RepairController implements Component {
       inPlaceFailure: same ? rec.inPlaceFailure : undefined,
     };
     this.#records.set(uid, next);
-    if (!same && this.#inPlace !== undefined) this.#startInPlace(uid, next, f);
+    // Label mode: a pod that carries our label already was handed over (an earlier state fell
+    // through, or it was labelled before in-place repair was on): not tried in place again, as a
+    // labelled pod is not acted on again without in-place repair; a repair in place would also
+    // leave a healthy pod labelled broken for whatever acts on the label.
+    if (!same && this.#inPlace !== undefined && !this.#labelledAlready(pod)) this.#startInPlace(uid, next, f);
     if (this.#mode === 'report' && next.inPlace === 'off') {
       next.done = true;
       this.#counts.reported++;
@@ -329,7 +334,7 @@ export class RepairController implements Component {
       );
       return;
     }
-    // Already labelled, and in place is not to be tried for this state: done, as without in-place.
+    // Already labelled (label mode), and in place is not under way for this state: done.
     if (next.inPlace !== 'pending' && this.#labelledAlready(pod)) {
       next.done = true;
       this.#counts.alreadyDone++;
@@ -350,13 +355,6 @@ export class RepairController implements Component {
    */
   #startInPlace(uid: string, rec: BrokenPod, f: Record<string, unknown>): void {
     const failed = (why: { reason: InPlaceReason; detail: string }) => {
-      // A pod labelled before (an earlier state fell through) that fails again is done as without
-      // in-place repair: no second count, Event or log for each later failed run of its check.
-      if (this.#labelledAlready(rec.pod)) {
-        rec.inPlace = 'failed';
-        rec.inPlaceFailure = why;
-        return;
-      }
       this.#inPlaceFailed(rec, why);
       if (why.reason === 'repair_did_not_hold')
         log.warn('pod repaired in place before is broken again; not repairing it in place again', f);

@@ -426,6 +426,34 @@ describe('in-place repair: a labelled pod that keeps failing is not acted on or 
     assert.equal((await failures('repair_did_not_hold')) - before.held, 1, 'did_not_hold counted once');
     assert.equal((await repaired('repair', 'fail')) - before.fell, 1, 'fell through once');
   });
+
+  it('labelled after a failed in-place repair: later failed runs are not tried in place again (the label hands it over)', async () => {
+    // A server of its own: the first test's controller still watches its server.
+    const s = await startTestApiServer({ bookmarkIntervalMs: 200 });
+    running.push({ stop: () => s.close() });
+    s.upsertPod(brokenPod('loop-1'));
+    const fake = new FakeInPlace({ 'loop-1': [fail('no_netns', true)] });
+    const kc = s.writeOrchconfig(path.join(dir, 'kc1.json'), {});
+    const settings = buildSettings(
+      { 'repair-enabled': true, 'repair-node-name': 'node-a', orchconfig: kc },
+      { NODE_NAME: 'node-a', POD_NAME: 'mesh-cni-test', REPAIR_REPAIR_PODS: 'true', REPAIR_LABEL_PODS: 'true' },
+    );
+    const api = clientNodeApi(orchKubeConfig(settings));
+    const pods = repairPodSource(settings, api, FAST);
+    pods.start();
+    running.push({ stop: () => pods.stop() });
+    const c = startRepair(settings, pods, api, FAST, fake);
+    running.push(c);
+    await c.synced;
+    const events = () => s.events().filter((e) => e.involvedObject.name === 'loop-1');
+    await waitFor('labelled', () => s.getPod('default', 'loop-1')?.metadata?.labels?.[LABEL] === 'true');
+    for (let run = 0; run < 2; run++) {
+      s.upsertPod({ ...s.getPod('default', 'loop-1')!, status: brokenPod('loop-1').status });
+      await sleep(300);
+    }
+    assert.equal(fake.count('loop-1'), 1, 'one in-place attempt');
+    assert.equal(events().length, 1, JSON.stringify(events().map((e) => e.reason)));
+  });
 });
 
 describe('in-place repair: what a pod netns prints cannot blow up an Event or a log line', () => {
