@@ -171,6 +171,8 @@ class Dataplane implements MeshDataplane {
   #started = false;
   #stopped = false;
   readonly #snapshotHolds = new Map<number, () => void>();
+  /** The pods the last start() put in the cache. */
+  #startupUids = new Set<string>();
 
   constructor(settings: Settings, deps: DataplaneDeps) {
     this.#s = settings.ambient;
@@ -371,6 +373,11 @@ class Dataplane implements MeshDataplane {
 
   async start(pods: readonly AmbientPod[]): Promise<void> {
     if (this.#started || this.#server !== null) throw new Error('the ambient dataplane was started already');
+    // A start that failed is retried with the pods enrolled now: those of the failed attempt that
+    // are no longer among them must not reach ztunnel's snapshot.
+    const now = new Set(pods.map((p) => p.uid));
+    for (const uid of this.#startupUids) if (!now.has(uid)) this.#cache.release(this.#cache.take(uid));
+    this.#startupUids = now;
     const flavour = await this.#flavour();
     const snat = { v4: this.#s.hostProbeSnatIp, v6: this.#s.hostProbeSnatIpv6 };
     try {
@@ -394,8 +401,8 @@ class Dataplane implements MeshDataplane {
       findMany: (list) => findPodsNetns(list, this.#nsOpts),
       reconcile: this.#s.reconcilePodRulesOnStartup ? (p, netns) => this.#programRules(byUid.get(p.uid)!, netns) : null,
     });
-    for (const p of pods) this.#enrolled.add(p.uid);
     this.#server = await this.#listen();
+    for (const p of pods) this.#enrolled.add(p.uid);
     this.#started = true;
     log.info('ambient dataplane started', {
       pods: pods.length,

@@ -8,7 +8,7 @@
 import assert from 'node:assert/strict';
 import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
 import { randomUUID } from 'node:crypto';
-import { existsSync, mkdtempSync, readdirSync, rmSync, statSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdirSync, mkdtempSync, readdirSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import fsp from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
@@ -521,6 +521,27 @@ describe('ambient dataplane: the ZDS socket', () => {
       nodir.start([]),
       /directory \/nonexistent-mcni-dir is not there.*--ztunnel-uds-address|--ztunnel-uds-address.*not there/s,
     );
+  });
+
+  it('a start that failed can be retried: pods of the failed attempt no longer enrolled are not in the snapshot', async () => {
+    const node = await nodeNetns();
+    const dir = path.dirname(socketPath());
+    const sock = path.join(dir, 'later', 'ztunnel.sock');
+    const dp = dataplane(sock, new FakeAnnotator(), node, 'nft');
+    const stays = ambientPod('198.18.58.2');
+    const left = ambientPod('198.18.58.3');
+    await assert.rejects(dp.start([stays, left]), /is not there/);
+    assert.deepEqual(dp.notReadyReasons(), ['ambient: snapshot not built yet']);
+    mkdirSync(path.dirname(sock));
+    await dp.start([stays]);
+    const zt = fakeZtunnel(sock);
+    await zt.waitForNth('snapshot_sent', 1);
+    assert.deepEqual(
+      zt.records.filter((r) => r.kind === 'keep' || r.kind === 'add').map((r) => (r as { uid: string }).uid),
+      [stays.uid],
+    );
+    assert.equal(dp.isEnrolled(left.uid), false);
+    await assert.rejects(dp.start([stays]), /started already/);
   });
 
   it('no fd left after 50 add/remove cycles through ztunnel', async () => {
