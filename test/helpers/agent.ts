@@ -5,6 +5,7 @@ import { spawn, type ChildProcess } from 'node:child_process';
 import path from 'node:path';
 import { ROOT } from './cli.ts';
 import { type HostTree } from './hosttree.ts';
+import { run } from './netns.ts';
 import { eventually } from './poll.ts';
 
 export interface AgentProcess {
@@ -47,11 +48,21 @@ export function scratchAgentFlags(dir: string, kc: string): string[] {
 export type AgentEntry = 'source' | 'bundle';
 const ENTRY: Record<AgentEntry, string> = { source: 'bin/install-cni.js', bundle: 'dist/install-cni.js' };
 
+/**
+ * `netnsPath`: the agent runs inside that netns (nsenter --net, which execs: the pid is the
+ * agent's), as on a node whose host network a netns of the test stands for; get() then asks from
+ * there too (curl in that netns), since its monitoring port is on that netns's loopback.
+ */
+export interface SpawnAgentOptions {
+  readonly netnsPath?: string;
+}
+
 export function spawnAgent(
   tree: HostTree,
   flags: Record<string, string> = {},
   env: Record<string, string> = {},
   entry: AgentEntry = 'source',
+  opts: SpawnAgentOptions = {},
 ): AgentProcess {
   const args = Object.entries({
     'monitoring-port': '0',
@@ -62,7 +73,13 @@ export function spawnAgent(
     ...tree.flags,
     ...flags,
   }).map(([k, v]) => `--${k}=${v}`);
-  const child = spawn(process.execPath, [path.join(ROOT, ENTRY[entry]), ...args], {
+  const argv = [
+    ...(opts.netnsPath ? ['nsenter', `--net=${opts.netnsPath}`, '--'] : []),
+    process.execPath,
+    path.join(ROOT, ENTRY[entry]),
+    ...args,
+  ];
+  const child = spawn(argv[0]!, argv.slice(1), {
     env: { PATH: process.env.PATH ?? '/usr/bin:/bin', ...tree.env, ...env },
     stdio: ['ignore', 'pipe', 'pipe'],
   });
@@ -106,6 +123,13 @@ export function spawnAgent(
     stderr: () => stderr,
     monitoringPort,
     async get(pathname) {
+      if (opts.netnsPath) {
+        const url = `http://127.0.0.1:${await monitoringPort()}${pathname}`;
+        const r = await run('nsenter', [`--net=${opts.netnsPath}`, '--', 'curl', '-sS', '-w', '\n%{http_code}', url]);
+        if (r.code !== 0) throw new Error(`GET ${pathname} in ${opts.netnsPath} failed (${r.code}): ${r.stderr}`);
+        const at = r.stdout.lastIndexOf('\n');
+        return { status: Number(r.stdout.slice(at + 1)), body: r.stdout.slice(0, at) };
+      }
       const res = await fetch(`http://127.0.0.1:${await monitoringPort()}${pathname}`);
       return { status: res.status, body: await res.text() };
     },

@@ -1,0 +1,370 @@
+// Ambient mode's costs (issue 17), each against its baseline measured in the same run:
+//   ADD        the plugin's ADD of an ambient pod (lookup, POST /cmdadd; the agent: netns, in-pod
+//              rules, ztunnel Add acked by a fake ztunnel, probe ipset, the annotation) from spawn
+//              to exit and its CPU (wait4, lib/rusage-driver.py), interleaved with the ADD of a
+//              sidecar pod (the plugin's own rules) by the same executable against the same agent,
+//              and the executable's VERSION (the runtime's start: the floor of any call).
+//   snapshot   the agent's start with PODS (250) running ambient pods (netns + a sleep in a
+//              kubelet-shaped cgroup, test/helpers/kubepods.ts makeNetnsPods) annotated enabled:
+//              from its spawn, and from ztunnel's connection, until SnapshotSent reaches the fake
+//              ztunnel; against the same start with no ambient pod (the floor: the agent's own
+//              start, the watches, an empty snapshot).
+//   RSS        the agent's resident memory with the PODS pods enrolled, against sidecar mode
+//              (ambient off) with the same pods in its watch, both 2 s after they settled.
+// The agent runs from dist/install-cni.js (what the image runs) inside a netns made here that
+// stands for the node's host network (its host probe rule and ipset go there, never into the
+// machine's own), reaching the test API server on its loopback (forwarded). The fake ztunnel
+// (test/helpers/fake-ztunnel.ts, one-in-flight check off) runs in this process.
+//   npm run bench -- ambient      (PODS=n, ADDS=n, ROUNDS=n)
+// Interrupted (SIGINT/SIGTERM) or not, everything made here goes: the pods' netns, sleeps and
+// cgroup dirs (makeNetnsPods's handlers), every process in the node netns (agent, forwarder),
+// the netns of the ADDs, the node netns and the scratch dir.
+
+import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
+import { randomUUID } from 'node:crypto';
+import { mkdirSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import type { V1Pod } from '@kubernetes/client-node';
+import { scratchAgentFlags } from '../../test/helpers/agent.ts';
+import { startTestApiServer, type TestApiServer } from '../../test/helpers/apiserver.ts';
+import { ROOT } from '../../test/helpers/cli.ts';
+import { FakeZtunnel } from '../../test/helpers/fake-ztunnel.ts';
+import { makeNetnsPods, type NetnsPods } from '../../test/helpers/kubepods.ts';
+import { cniEnv, Netns } from '../../test/helpers/netns.ts';
+import { k8sArgs, meshPod, pluginConfig } from '../../test/helpers/plugin.ts';
+import { forwardLoopback } from '../../test/helpers/podman.ts';
+import { waitFor } from '../../test/helpers/poll.ts';
+import { pct } from './lib/stats.ts';
+import { RusageDriver, type Measured } from './lib/rusage.ts';
+
+const PODS = Number(process.env.PODS ?? 250);
+const ADDS = Number(process.env.ADDS ?? 20);
+const ROUNDS = Number(process.env.ROUNDS ?? 3);
+const NODE = 'node-1';
+const NS = 'demo';
+const PATH_ENV = '/usr/sbin:/usr/bin:/sbin:/bin';
+const TAG = `mcni-ambb-${process.pid}`;
+const nodeNetns = `${TAG}-node`;
+const nodeNetnsPath = `/run/netns/${nodeNetns}`;
+
+const build = spawnSync(process.execPath, [path.join(ROOT, 'scripts/build.ts')], { cwd: ROOT, stdio: 'inherit' });
+if (build.status !== 0) process.exit(1);
+const agentJs = path.join(ROOT, 'dist/install-cni.js');
+const pluginExe = path.join(ROOT, 'dist/bin/mesh-cni');
+
+const tmp = mkdtempSync(path.join(os.tmpdir(), 'mcni-amb-bench-'));
+const addNetns: Netns[] = [];
+/** Synchronous, so it runs from the exit handler too (makeNetnsPods's signal handlers exit through it). */
+function cleanup(): void {
+  const pids = spawnSync('ip', ['netns', 'pids', nodeNetns], { encoding: 'utf8' }).stdout.split('\n');
+  for (const pid of pids.filter((p) => /^\d+$/.test(p))) {
+    try {
+      process.kill(Number(pid), 'SIGKILL');
+    } catch {
+      // gone already
+    }
+  }
+  spawnSync('ip', ['netns', 'del', nodeNetns]);
+  for (const ns of addNetns.splice(0)) ns.remove();
+  rmSync(tmp, { recursive: true, force: true });
+}
+process.once('exit', cleanup);
+
+const sh = (args: string[]) => {
+  const r = spawnSync(args[0]!, args.slice(1), { encoding: 'utf8' });
+  if (r.status !== 0) throw new Error(`${args.join(' ')} failed (${r.status}): ${r.stderr}`);
+};
+sh(['ip', 'netns', 'add', nodeNetns]);
+sh(['ip', '-n', nodeNetns, 'link', 'set', 'lo', 'up']);
+
+const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
+
+function procKb(pid: number, field: 'VmRSS'): number {
+  const m = new RegExp(`^${field}:\\s+(\\d+) kB`, 'm').exec(readFileSync(`/proc/${pid}/status`, 'utf8'));
+  return m ? Number(m[1]) : NaN;
+}
+
+function table(head: string[], rows: string[][]): void {
+  const widths = head.map((h, i) => Math.max(h.length, ...rows.map((r) => r[i]!.length)));
+  const line = (r: string[]) => r.map((c, i) => c.padEnd(widths[i]!)).join(' | ');
+  console.log(line(head));
+  console.log(widths.map((w) => '-'.repeat(w)).join('-|-'));
+  for (const r of rows) console.log(line(r));
+}
+
+/** An API server holding namespace demo (ambient) and `pods`, reachable in the node netns too. */
+async function apiWith(pods: readonly V1Pod[]): Promise<{ api: TestApiServer; kc: string; close(): Promise<void> }> {
+  const api = await startTestApiServer({ bookmarkIntervalMs: 60_000 });
+  api.upsertNamespace({ metadata: { name: NS, labels: { 'mesh.io/dataplane-mode': 'ambient' } } });
+  api.upsertNamespace({ metadata: { name: 'default' } });
+  for (const p of pods) api.upsertPod(p);
+  const forward = await forwardLoopback(nodeNetnsPath, api.port);
+  const kc = api.writeOrchconfig(path.join(tmp, `kc-${api.port}.json`));
+  return {
+    api,
+    kc,
+    async close() {
+      await forward.close();
+      await api.close();
+    },
+  };
+}
+
+interface Agent {
+  readonly child: ChildProcess;
+  readonly dir: string;
+  readonly zds: string;
+  readonly events: string;
+  stop(): Promise<void>;
+}
+
+let agents = 0;
+/** The agent (ambient on or off) in the node netns, in a scratch dir of its own. */
+function startAgent(kc: string, ambient: boolean): Agent {
+  const dir = path.join(tmp, `agent-${++agents}`);
+  for (const d of ['net.d', 'bin', 'src', 'run', 'ztunnel']) mkdirSync(path.join(dir, d), { recursive: true });
+  const zds = path.join(dir, 'ztunnel/ztunnel.sock');
+  const events = path.join(dir, 'run/pluginevent.sock');
+  const child = spawn(
+    'nsenter',
+    [
+      `--net=${nodeNetnsPath}`,
+      '--',
+      process.execPath,
+      '--no-deprecation',
+      agentJs,
+      ...scratchAgentFlags(dir, kc),
+      ...['--repair-enabled=false', '--log_output_level', 'all:none'],
+      ...(ambient
+        ? [
+            '--ambient-enabled',
+            ...['--ztunnel-uds-address', zds, '--pluginevent-uds-address', events],
+            ...['--host-proc-dir', '/proc', '--host-netns-path', '/proc/self/ns/net', '--host-root', '/'],
+          ]
+        : []),
+    ],
+    { stdio: ['ignore', 'ignore', 'inherit'], env: { PATH: process.env.PATH ?? PATH_ENV, NODE_NAME: NODE } },
+  );
+  return {
+    child,
+    dir,
+    zds,
+    events,
+    async stop() {
+      if (child.exitCode === null && child.signalCode === null) {
+        const gone = new Promise((r) => child.once('exit', r));
+        child.kill('SIGKILL');
+        await gone;
+      }
+    },
+  };
+}
+
+/** A running pod of the fleet as the API server has it: demo, on this node, annotated enabled. */
+function fleetPod(p: NetnsPods['pods'][number]): V1Pod {
+  return {
+    metadata: {
+      name: p.name,
+      namespace: NS,
+      uid: p.uid,
+      annotations: { 'ambient.mesh.io/redirection': 'enabled' },
+    },
+    spec: { nodeName: NODE, serviceAccountName: 'bench', containers: [{ name: 'app', image: 'bench' }] },
+    status: { phase: 'Running', podIP: p.ip, podIPs: [{ ip: p.ip }] },
+  };
+}
+
+interface SnapshotRun {
+  readonly spawnToSentMs: number;
+  readonly connectedToSentMs: number;
+  readonly adds: number;
+}
+
+/** One agent start with `kc`'s pods: a fake ztunnel waiting for the socket, then the agent. */
+async function snapshotRun(kc: string, expectAdds: number, keep = false): Promise<SnapshotRun & { agent: Agent }> {
+  const agent = startAgent(kc, true);
+  const fake = new FakeZtunnel({ path: agent.zds, maxBackoffMs: 2, checkOneInFlight: false });
+  const t0 = performance.now();
+  try {
+    const connected = fake.waitFor((r) => r.kind === 'connected').then(() => performance.now());
+    await Promise.race([
+      fake.waitForNth('snapshot_sent', 1),
+      new Promise((_, reject) => {
+        agent.child.once('exit', (c) => reject(new Error(`the agent exited (${c}) before its snapshot`)));
+        setTimeout(() => reject(new Error('no snapshot in 120 s')), 120_000).unref();
+      }),
+    ]);
+    const t1 = performance.now();
+    const adds = fake.of('add').length;
+    if (adds !== expectAdds) throw new Error(`the snapshot had ${adds} Adds, ${expectAdds} expected`);
+    return { spawnToSentMs: t1 - t0, connectedToSentMs: t1 - (await connected), adds, agent };
+  } finally {
+    if (!keep) {
+      await fake.stop();
+      await agent.stop();
+    } else {
+      keepFake = fake;
+    }
+  }
+}
+let keepFake: FakeZtunnel | null = null;
+
+const ms = (x: number) => `${x.toFixed(1)} ms`;
+const median = (xs: readonly number[]) => pct(xs, 50);
+
+// --- snapshot and RSS --------------------------------------------------------------------------
+const fleet = makeNetnsPods(TAG, PODS, '198.18.66');
+const full = await apiWith(fleet.pods.map(fleetPod));
+const empty = await apiWith([]);
+const snapRows: { what: string; runs: SnapshotRun[] }[] = [
+  { what: 'agent start, no ambient pod (floor)', runs: [] },
+  { what: `agent start, ${PODS} running ambient pods`, runs: [] },
+];
+for (let r = 0; r < ROUNDS; r++) {
+  snapRows[0]!.runs.push(await snapshotRun(empty.kc, 0));
+  snapRows[1]!.runs.push(await snapshotRun(full.kc, PODS));
+}
+
+// RSS: sidecar mode with the same pods in its watch, then ambient with them enrolled (kept for the ADDs).
+const sidecar = startAgent(full.kc, false);
+const listed = full.api.requests.length;
+await waitFor(
+  'the sidecar-mode agent to list the pods',
+  () =>
+    full.api.requests.slice(listed).some((q) => q.method === 'GET' && q.path === '/api/v1/pods' && q.status === 200),
+  { timeoutMs: 60_000 },
+);
+await sleep(2000);
+const rssSidecar = procKb(sidecar.child.pid!, 'VmRSS') / 1024;
+await sidecar.stop();
+const last = await snapshotRun(full.kc, PODS, true);
+const ambientAgent = last.agent;
+await sleep(2000);
+const rssAmbient = procKb(ambientAgent.child.pid!, 'VmRSS') / 1024;
+
+// --- ADD: ambient vs sidecar, interleaved --------------------------------------------------------
+const driver = new RusageDriver();
+const samples = new Map<string, Measured[]>();
+const record = (k: string, m: Measured) => (samples.get(k) ?? samples.set(k, []).get(k)!).push(m);
+const logUds = path.join(ambientAgent.dir, 'run/log.sock');
+const lookupUds = path.join(ambientAgent.dir, 'run/pods.sock');
+
+function stdin(prev: unknown): string {
+  return JSON.stringify(
+    pluginConfig(
+      {
+        cniVersion: '1.0.0',
+        orchconfig: full.kc,
+        extra: {
+          log_level: 'warn',
+          log_uds_address: logUds,
+          pod_lookup_uds_address: lookupUds,
+          iptables_flavour: 'nft',
+          ambient_enabled: true,
+          pluginevent_uds_address: ambientAgent.events,
+        },
+      },
+      prev,
+    ),
+  );
+}
+
+const addPods: { kind: 'ambient' | 'sidecar'; pod: V1Pod; ip: string }[] = [];
+for (let i = 0; i < ADDS; i++) {
+  const uid = randomUUID();
+  const ambient: V1Pod = {
+    metadata: { name: `${TAG}-add-${i}`, namespace: NS, uid },
+    spec: { nodeName: NODE, serviceAccountName: 'bench', containers: [{ name: 'app', image: 'bench' }] },
+    status: { phase: 'Pending' },
+  };
+  const side = meshPod('default', `${TAG}-side-${i}`);
+  side.metadata = { ...side.metadata, uid: randomUUID() };
+  side.spec = { ...side.spec!, nodeName: NODE };
+  full.api.upsertPod(ambient);
+  full.api.upsertPod(side);
+  addPods.push({ kind: 'ambient', pod: ambient, ip: `198.18.67.${i + 2}` });
+  addPods.push({ kind: 'sidecar', pod: side, ip: `198.18.68.${i + 2}` });
+}
+await sleep(1000); // the agent's watch has them (the /cmdadd server reads the pod from it)
+
+for (let i = 0; i < ADDS; i++) {
+  const pair = [addPods[2 * i]!, addPods[2 * i + 1]!];
+  if (i % 2 === 1) pair.reverse();
+  const version = await driver.run({
+    argv: [pluginExe],
+    env: { CNI_COMMAND: 'VERSION' },
+    input: '{"cniVersion":"1.0.0"}',
+  });
+  record('mesh-cni VERSION (floor: the runtime starts)', version);
+  for (const { kind, pod, ip } of pair) {
+    const ns = new Netns(kind[0]);
+    addNetns.push(ns);
+    const id = `${TAG}-${kind}-${i}`;
+    const chain = { containerId: id, netns: ns.path, ifname: 'eth0', args: k8sArgs(pod, id) };
+    const prev = {
+      cniVersion: '1.0.0',
+      interfaces: [{ name: 'eth0', sandbox: ns.path }],
+      ips: [{ address: `${ip}/24`, interface: 0 }],
+    };
+    const m = await driver.run({
+      argv: [pluginExe],
+      env: cniEnv('ADD', chain, { PATH: PATH_ENV }),
+      input: stdin(prev),
+    });
+    if (m.code !== 0) throw new Error(`${kind} ADD failed (${m.code}): ${m.stdout} ${m.stderr}`);
+    record(
+      kind === 'ambient' ? 'ADD, ambient pod (/cmdadd, ztunnel Add)' : 'ADD, sidecar pod (rules by the plugin)',
+      m,
+    );
+  }
+}
+const ambientAdds = keepFake!.of('add').filter((r) => r.conn === 1).length - PODS;
+driver.close();
+await keepFake!.stop();
+await ambientAgent.stop();
+await full.close();
+await empty.close();
+fleet.remove();
+
+console.log(`\nADD, spawn to exit (${ADDS} each, interleaved; plugin ${path.relative(ROOT, pluginExe)}, nft)`);
+table(
+  ['call', 'p50 wall', 'p99 wall', 'p50 CPU (user+sys, children incl.)'],
+  [...samples].map(([k, xs]) => [
+    k,
+    ms(median(xs.map((m) => m.wallMs))),
+    ms(
+      pct(
+        xs.map((m) => m.wallMs),
+        99,
+      ),
+    ),
+    ms(median(xs.map((m) => m.userMs + m.sysMs))),
+  ]),
+);
+console.log(`(the fake ztunnel got ${ambientAdds} Adds from the ${ADDS} ambient ADDs)`);
+
+console.log(
+  `\nStart-up snapshot, median of ${ROUNDS} runs (fake ztunnel waiting for the socket; later runs find the rules in place)`,
+);
+table(
+  ['start', 'first run (rules applied)', 'spawn -> SnapshotSent', 'ztunnel connected -> SnapshotSent', 'Adds'],
+  snapRows.map(({ what, runs }) => [
+    what,
+    ms(runs[0]?.spawnToSentMs ?? NaN),
+    ms(median(runs.map((r) => r.spawnToSentMs))),
+    ms(median(runs.map((r) => r.connectedToSentMs))),
+    String(runs[0]?.adds ?? 0),
+  ]),
+);
+
+console.log(`\nAgent RSS, ${PODS} pods on the node, 2 s after settling`);
+table(
+  ['mode', 'RSS'],
+  [
+    ['sidecar mode (ambient off), pods in the watch', `${rssSidecar.toFixed(1)} MB`],
+    [`ambient, ${PODS} pods enrolled (netns fds held)`, `${rssAmbient.toFixed(1)} MB`],
+    ['difference', `${(rssAmbient - rssSidecar).toFixed(1)} MB`],
+  ],
+);
+process.exit(0);
