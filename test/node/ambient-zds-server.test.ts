@@ -221,6 +221,27 @@ describe('ambient ZDS server: adds and deletes', () => {
     await server.podDeleted('uid-early');
   });
 
+  it('a request over the 1024 bytes ztunnel reads is refused before sending; the connection stays', async () => {
+    const ns = heldNetns();
+    const { server } = startServer();
+    const fake = startFake(server);
+    await fake.waitForNth('snapshot_sent', 1);
+    const long = 'u'.repeat(1100);
+    await assert.rejects(server.podAdded(long, INFO, ns.fd), (e: unknown) => {
+      assert.ok(e instanceof ZtunnelError);
+      assert.equal(e.reason, 'too_large');
+      // uid: 0a cc08 + 1100 = 1103; info: 12 19 + 25 = 27; Add: 0a ea08 + 1130 = 1133 bytes.
+      assert.match(
+        e.message,
+        /^ZDS add of pod u+ is 1133 bytes, over the 1024 ztunnel reads in one message; not sent$/,
+      );
+      return true;
+    });
+    await assert.rejects(server.podDeleted(long), { reason: 'too_large' });
+    assert.deepEqual(fake.of('add'), []);
+    await server.podAdded('uid-fits', INFO, ns.fd);
+  });
+
   it('concurrent requests go one at a time: each waits for the ack of the one before', async () => {
     const ns = heldNetns();
     const { server } = startServer();
