@@ -285,6 +285,8 @@ describe('ambient ZDS codec: malformed input is refused', () => {
     ['wire type 6', decodeWorkloadResponse, '0e', /wire type 6 \(field 1\) does not exist at byte 0$/],
     ['wire type 7', decodeWorkloadResponse, '0f', /wire type 7 \(field 1\) does not exist/],
     ['field number 0', decodeWorkloadResponse, '00 01', /field number 0 is not allowed at byte 0$/],
+    // tag 2^32 = field 2^29 (one past the largest, 2^29-1), varint 80 80 80 80 10
+    ['a field number past 2^29-1', decodeWorkloadResponse, '8080808010 00', /field number 536870912 is out of range/],
     ['an end-group without its start', decodeWorkloadResponse, '0c', /end-group for field 1 without its start-group/],
     ['a group that never ends', decodeWorkloadResponse, '63 08 05', /group 12 has no end-group/],
     ['a group ended by another field', decodeWorkloadResponse, '63 6c', /end-group for field 13 inside group 12/],
