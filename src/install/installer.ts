@@ -61,7 +61,14 @@ export class Installer implements Component {
 
   constructor(settings: Settings, opts: InstallerOptions = {}) {
     this.#settings = settings;
-    this.#reconciler = new Reconciler(settings.install, settings.env, opts.pluginToken);
+    // With ambient mode on, our entry tells the plugin so, and where the agent takes its ADDs.
+    const ambient = settings.ambient.enabled
+      ? {
+          pluginEventUdsAddress: settings.ambient.pluginEventUdsAddress,
+          enablementSelectors: settings.ambient.enablementSelectors,
+        }
+      : undefined;
+    this.#reconciler = new Reconciler(settings.install, settings.env, opts.pluginToken, ambient);
     // A new token goes into the orchconfig at once.
     opts.pluginToken?.onChange(() => this.schedule('token'));
     this.#decide = opts.decideCleanup ?? decideCleanup;

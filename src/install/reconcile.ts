@@ -29,7 +29,7 @@ import {
   type Skipped,
 } from './plancontext.ts';
 import { readRegularFile } from './safefile.ts';
-import { DEFAULT_TEMPLATE, renderEntry } from './template.ts';
+import { DEFAULT_TEMPLATE, renderEntry, type AmbientEntryValues } from './template.ts';
 
 export type { ErrorReason, Problem, Skipped, Write };
 export { STANDALONE_CONF_NAME, unspellableConfigNames };
@@ -69,11 +69,19 @@ export class Reconciler {
   readonly #plan: PlanSettings;
   /** The plugin's token for the orchconfig; without one, the service-account token (run alone, in tests). */
   readonly #pluginToken: PluginTokenSource | undefined;
+  /** Ambient mode's keys of our entry (the plugin's ambient branch); undefined: ambient off. */
+  readonly #ambient: AmbientEntryValues | undefined;
 
-  constructor(settings: InstallSettings, env: EnvironmentFacts, pluginToken?: PluginTokenSource) {
+  constructor(
+    settings: InstallSettings,
+    env: EnvironmentFacts,
+    pluginToken?: PluginTokenSource,
+    ambient?: AmbientEntryValues,
+  ) {
     this.#s = settings;
     this.#env = env;
     this.#pluginToken = pluginToken;
+    this.#ambient = ambient;
     this.#plan = {
       netDir: settings.mountedCniNetDir,
       chained: settings.chained,
@@ -220,6 +228,7 @@ export class Reconciler {
         cniNetDir: this.#s.cniNetDir,
         cniBinDir: this.#s.cniBinDir,
         excludeNamespaces: this.#s.excludeNamespaces,
+        ...(this.#ambient ? { ambient: this.#ambient } : {}),
       },
       source,
     );

@@ -4,16 +4,20 @@
 // when the agent knows them, so the plugin decides without the API server.
 
 import assert from 'node:assert/strict';
+import { readFileSync } from 'node:fs';
+import fs from 'node:fs/promises';
 import path from 'node:path';
 import { after, before, describe, it } from 'node:test';
 import { podFromAgent } from '../../cni-plugin/orch/agentlookup.ts';
 import { DEFAULT_ENABLEMENT_SELECTORS, parseEnablementSelectors } from '../../cni-plugin/shared/enablement.ts';
 import type { Component } from '../../src/component.ts';
 import { buildSettings } from '../../src/config/settings.ts';
+import { Installer } from '../../src/install/installer.ts';
 import { startPodLookup } from '../../src/install/podlookup.ts';
 import { DEFAULT_TEMPLATE, renderEntry } from '../../src/install/template.ts';
 import { configureLogging } from '../../src/monitoring/logging.ts';
 import { startTestApiServer, type TestApiServer } from '../helpers/apiserver.ts';
+import { BRIDGE_CONFLIST, makeHostTree } from '../helpers/hosttree.ts';
 import { FIXTURE_VALUES } from '../helpers/install-fixtures.ts';
 import { eventually } from '../helpers/poll.ts';
 import { meshPod, tempDir } from '../helpers/plugin.ts';
@@ -60,6 +64,44 @@ describe("the plugin entry in ambient mode (installer's template)", () => {
       pluginevent_uds_address: '',
       enablement_selectors: [],
     });
+  });
+});
+
+describe('the installer writes the ambient keys from the settings', () => {
+  /** Our entry in the bridge conflist after one installer pass with these flags. */
+  async function entryWith(flags: Record<string, string>): Promise<Record<string, unknown>> {
+    const tree = await makeHostTree();
+    try {
+      await fs.writeFile(path.join(tree.netDir, '10-bridge.conflist'), BRIDGE_CONFLIST);
+      const settings = buildSettings(
+        { 'reconcile-interval': '1h', ...tree.flags, ...flags },
+        { ...tree.env, NODE_NAME: 'node-1' },
+      );
+      const installer = new Installer(settings, { decideCleanup: async () => ({ cleanup: true, why: 'test' }) });
+      await installer.start();
+      await installer.settled();
+      const conf = JSON.parse(readFileSync(path.join(tree.netDir, '10-bridge.conflist'), 'utf8')) as {
+        plugins: Record<string, unknown>[];
+      };
+      await installer.stop('SIGTERM');
+      return conf.plugins.find((p) => p.type === 'mesh-cni') ?? {};
+    } finally {
+      await tree.remove();
+    }
+  }
+
+  it('ambient on: ambient_enabled, the plugin event socket and the selectors; off: none of them', async () => {
+    const on = await entryWith({
+      'ambient-enabled': 'true',
+      'pluginevent-uds-address': '/var/run/mesh-cni/pe.sock',
+      'ambient-enablement-selector': '[{"podSelector": {"matchLabels": {"team": "a"}}}]',
+    });
+    assert.equal(on.ambient_enabled, true, JSON.stringify(on));
+    assert.equal(on.pluginevent_uds_address, '/var/run/mesh-cni/pe.sock');
+    assert.deepEqual(on.enablement_selectors, [{ podSelector: { matchLabels: { team: 'a' } } }]);
+    const off = await entryWith({});
+    assert.equal(off.type, 'mesh-cni');
+    assert.ok(!('ambient_enabled' in off) && !('pluginevent_uds_address' in off), JSON.stringify(off));
   });
 });
 
