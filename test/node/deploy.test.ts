@@ -492,8 +492,7 @@ describe('deploy: kustomize build deploy/', () => {
     assert.notEqual(zt.mount.readOnly, true, 'the agent creates its socket there');
     assert.equal(zt.mount.mountPropagation, undefined);
     // /cmdadd's socket: the plugin on the host dials it at the same path, in the base's run dir.
-    const pluginEvent =
-      (s.ambient as { pluginEventUdsAddress?: string }).pluginEventUdsAddress ?? '/var/run/mesh-cni/pluginevent.sock';
+    const pluginEvent = s.ambient.pluginEventUdsAddress;
     const run = mountAt(path.dirname(pluginEvent));
     assert.equal(run.volume.hostPath?.path, path.dirname(pluginEvent), 'the same path inside and on the host');
     // iptables-legacy's lock: the private /run of repair-in-place.
@@ -528,6 +527,49 @@ describe('deploy: kustomize build deploy/', () => {
         'ClusterRoleBinding mesh-cni-plugin-ambient',
       ],
     );
+  });
+
+  it("ambient component: the ConfigMap's template gives the plugin an ambient entry whose socket is in the mounted run dir", () => {
+    const c = agentContainer(withAmbient.objects);
+    const s = containerSettings(c);
+    const cm = one<V1ConfigMap>(withAmbient.objects, 'ConfigMap');
+    assert.deepEqual(cm, one<V1ConfigMap>(base.objects, 'ConfigMap'), 'the template is the base one');
+    const entry = renderEntry(
+      cm.data![path.basename(s.install.cniNetworkConfigFile)]!,
+      {
+        kubeconfigFilepath: '/etc/cni/net.d/ZZZ-mesh-cni-orchconfig',
+        logLevel: s.install.pluginLogLevel,
+        logUdsAddress: s.install.logUdsAddress,
+        podLookupUdsAddress: s.install.podLookupUdsAddress,
+        orchServiceHost: '10.96.0.1',
+        orchServicePort: '443',
+        nodeName: 'node-1',
+        hostIp: '192.0.2.10',
+        cniNetDir: s.install.cniNetDir,
+        cniBinDir: s.install.cniBinDir,
+        excludeNamespaces: s.install.excludeNamespaces,
+        ambient: {
+          pluginEventUdsAddress: s.ambient.pluginEventUdsAddress,
+          enablementSelectors: s.ambient.enablementSelectors,
+        },
+      },
+      'the ConfigMap',
+    );
+    const conf = parseConfig(
+      JSON.stringify({
+        cniVersion: '1.0.0',
+        name: 'k8s-pod-network',
+        ...entry,
+        prevResult: { cniVersion: '1.0.0', interfaces: [], ips: [] },
+      }),
+      'ADD',
+    );
+    assert.equal(conf.ambientEnabled, true);
+    assert.equal(conf.pluginEventUdsAddress, '/var/run/mesh-cni/pluginevent.sock');
+    // The plugin runs on the host and dials that path: the host dir mounted at the same path.
+    const spec = one<V1DaemonSet>(withAmbient.objects, 'DaemonSet').spec!.template.spec!;
+    const m = (c.volumeMounts ?? []).find((x) => x.mountPath === path.dirname(conf.pluginEventUdsAddress));
+    assert.equal(spec.volumes?.find((v) => v.name === m?.name)?.hostPath?.path, '/var/run/mesh-cni');
   });
 
   it('ambient component: the least RBAC, in roles of its own (namespaces list/watch and pods/status patch; the plugin namespaces get)', () => {
