@@ -55,11 +55,11 @@ export class EnrollError extends Error {
   readonly reason: EnrollReason;
   /** Istio's split: netns and rules failures are not retried (the pod must be re-created), the rest are. */
   readonly retryable: boolean;
-  constructor(reason: EnrollReason, message: string, opts?: { cause?: unknown }) {
-    super(message, opts);
+  constructor(reason: EnrollReason, message: string, opts?: { cause?: unknown; retryable?: boolean }) {
+    super(message, opts?.cause === undefined ? undefined : { cause: opts.cause });
     this.name = 'EnrollError';
     this.reason = reason;
-    this.retryable = reason !== 'netns' && reason !== 'rules';
+    this.retryable = opts?.retryable ?? (reason !== 'netns' && reason !== 'rules');
   }
 }
 
@@ -305,23 +305,25 @@ class Dataplane implements MeshDataplane {
         cause: e,
       });
     }
-    this.#enrolled.delete(pod.uid);
+    const cached = this.#cache.get(pod.uid);
     const netns = this.#cache.take(pod.uid);
-    try {
-      if (!isDelete && netns !== null) {
-        try {
-          await removeInpod(runnerIn(netns), await this.#flavour(), familiesOfIps(pod.ips));
-        } catch (e) {
-          throw new EnrollError('rules', `cannot remove the in-pod rules of pod ${name}: ${(e as Error).message}`, {
-            cause: e,
-          });
-        }
-      } else if (!isDelete) {
-        log.warn("the pod's netns is not held: its in-pod rules are not removed", { pod: name });
+    if (!isDelete && netns !== null) {
+      try {
+        await removeInpod(runnerIn(netns), await this.#flavour(), familiesOfIps(pod.ips));
+      } catch (e) {
+        // Back in the cache: the retry needs the netns to take the rules out (Istio drops it
+        // here, and a retry then leaves the rules in a pod ztunnel no longer serves).
+        this.#cache.upsert(pod.uid, cached!.info, netns);
+        throw new EnrollError('rules', `cannot remove the in-pod rules of pod ${name}: ${(e as Error).message}`, {
+          cause: e,
+          retryable: true,
+        });
       }
-    } finally {
-      this.#cache.release(netns);
+    } else if (!isDelete) {
+      log.warn("the pod's netns is not held: its in-pod rules are not removed", { pod: name });
     }
+    this.#cache.release(netns);
+    this.#enrolled.delete(pod.uid);
     try {
       await this.#server?.podDeleted(pod.uid);
     } catch (e) {

@@ -329,6 +329,40 @@ for (const flavour of ['nft', 'legacy'] as const) {
       assert.equal(dp.status().enrolledPods, 0);
     });
 
+    it('a removal whose rules could not be taken out is retried with the netns still held', async () => {
+      const node = await nodeNetns();
+      const ns = podNetns('pod', '198.18.50.8');
+      const sock = socketPath();
+      let broken = false;
+      const dp = createDataplane(settingsFor(sock), {
+        annotator: new FakeAnnotator(),
+        host: node.run,
+        flavour: async () => {
+          if (broken) throw new Error('iptables lock held');
+          return flavour;
+        },
+        zdsTimings: FAST,
+      });
+      defer(() => dp.stop(false));
+      await dp.start([]);
+      const zt = fakeZtunnel(sock);
+      await zt.waitForNth('snapshot_sent', 1);
+      const pod = ambientPod('198.18.50.8');
+      await dp.addPodToMesh(pod, ns.path);
+      broken = true;
+      const e = await rejection(dp.removePodFromMesh(pod, false));
+      assert.equal(e.reason, 'rules');
+      assert.equal(e.retryable, true);
+      assert.deepEqual(zt.of('del'), [], 'ztunnel keeps the pod until its rules are out');
+      broken = false;
+      await dp.removePodFromMesh(pod, false);
+      assert.equal(inpodRules(ns, flavour), false, 'the retry took the rules out');
+      assert.deepEqual(
+        zt.of('del').map((r) => r.uid),
+        [pod.uid],
+      );
+    });
+
     it('a deleted pod: its netns is left alone, a failed un-annotation is ignored; a reused IP keeps its new owner', async () => {
       const node = await nodeNetns();
       const ns = podNetns('pod', '198.18.50.7');
