@@ -19,6 +19,7 @@ import { configureLogging } from '../../src/monitoring/logging.ts';
 import { registry } from '../../src/monitoring/metrics.ts';
 import { clientNodeApi, type OrchApi } from '../../src/orch/api.ts';
 import { orchKubeConfig } from '../../src/orch/client.ts';
+import { NamespaceSource } from '../../src/orch/namespacesource.ts';
 import { nodePodSource, type PodSource } from '../../src/orch/podsource.ts';
 import { startTestApiServer, type TestApiServer } from '../helpers/apiserver.ts';
 import { tempDir } from '../helpers/plugin.ts';
@@ -234,5 +235,60 @@ describe('the redirection annotator (pods/status merge patch)', () => {
     );
     await assert.rejects(annotator.setRedirection({ ...ref, uid: 'another-uid' }, 'enabled'), /409|uid|UID/i);
     assert.equal(api.getPod('shop', 'cart')!.metadata!.annotations![REDIRECTION], undefined);
+  });
+});
+
+describe('the namespace watch (src/orch/namespacesource.ts)', () => {
+  let api: TestApiServer;
+  const tmp = tempDir();
+  before(async () => {
+    api = await startTestApiServer({ bookmarkIntervalMs: 50 });
+  });
+  after(async () => {
+    await api.close();
+    tmp.remove();
+  });
+
+  it('lists, follows relabels and deletes, lists again after 410 Gone, and resumes a closed watch', async () => {
+    api.upsertNamespace({ metadata: { name: 'a', labels: { x: '1' } } });
+    const settings = buildSettings({ orchconfig: api.writeOrchconfig(path.join(tmp.dir, 'oc')) }, {});
+    const seen: string[] = [];
+    const source = new NamespaceSource(clientNodeApi(orchKubeConfig(settings)), {
+      backoff: { baseMs: 10, maxMs: 50 },
+    });
+    source.addHandler({
+      upsert: (ns, old) =>
+        seen.push(`${old ? 'update' : 'add'} ${ns.metadata!.name} ${JSON.stringify(ns.metadata!.labels ?? {})}`),
+      remove: (ns) => seen.push(`remove ${ns.metadata!.name}`),
+    });
+    source.start();
+    try {
+      await source.synced;
+      assert.deepEqual(source.labels('a'), { x: '1' });
+      await eventually(() => api.openNamespaceWatches() === 1, 'watching');
+      api.upsertNamespace({ metadata: { name: 'a', labels: { x: '2' } } });
+      api.upsertNamespace({ metadata: { name: 'b' } });
+      await eventually(() => source.labels('b') !== undefined && source.labels('a')?.x === '2', 'the changes');
+      api.deleteNamespaceFromStore('b');
+      await eventually(() => source.labels('b') === undefined, 'the delete');
+      // Compacted: the watch ends with 410, the source lists again and sees what changed meanwhile.
+      api.expireResourceVersions();
+      api.upsertNamespace({ metadata: { name: 'c', labels: { y: '1' } } });
+      await eventually(() => source.labels('c') !== undefined, 'c after the relist', 10_000);
+      assert.ok(source.status().lists >= 2, JSON.stringify(source.status()));
+      // Cut: watched again from where it was (no list).
+      const lists = source.status().lists;
+      api.closeWatches();
+      await eventually(() => api.openNamespaceWatches() === 1, 'watching again');
+      api.upsertNamespace({ metadata: { name: 'c', labels: { y: '2' } } });
+      await eventually(() => source.labels('c')?.y === '2', 'c relabelled after the cut');
+      assert.equal(source.status().lists, lists, 'a closed watch resumes without a list');
+      assert.deepEqual(seen.slice(0, 4), ['add a {"x":"1"}', 'update a {"x":"2"}', 'add b {}', 'remove b']);
+      // The relist tells every namespace again (a as an update), and c as new.
+      assert.ok(seen.includes('add c {"y":"1"}') && seen.includes('update c {"y":"2"}'), JSON.stringify(seen));
+    } finally {
+      await source.stop();
+    }
+    await eventually(() => api.openNamespaceWatches() === 0, 'the watch closed by stop');
   });
 });
