@@ -578,6 +578,33 @@ describe('ambient dataplane: the ZDS socket', () => {
     await assert.rejects(dp.start([stays]), /started already/);
   });
 
+  it("a static pod is found by its kubelet UID (the mirror pod's config.mirror), at start-up and on add", async () => {
+    const node = await nodeNetns();
+    const sock = socketPath();
+    const nsA = podNetns('a', '198.18.59.2');
+    const nsB = podNetns('b', '198.18.59.3');
+    const kubeletA = randomUUID();
+    const kubeletB = randomUUID();
+    runningPod(kubeletA, nsA);
+    runningPod(kubeletB, nsB);
+    const a = ambientPod('198.18.59.2', { mirrorUid: kubeletA });
+    const b = ambientPod('198.18.59.3', { mirrorUid: kubeletB });
+    const dp = dataplane(sock, new FakeAnnotator(), node, 'nft');
+    await dp.start([a]);
+    assert.deepEqual(dp.status().podsWithoutNetns, []);
+    const zt = fakeZtunnel(sock);
+    await zt.waitForNth('snapshot_sent', 1);
+    await dp.addPodToMesh(b, null);
+    assert.deepEqual(
+      zt.of('add').map((r) => [r.uid, r.netnsIno]),
+      [
+        [a.uid, inode(nsA.path)],
+        [b.uid, inode(nsB.path)],
+      ],
+      'ztunnel knows the pods by their API UID',
+    );
+  });
+
   it('no fd left after 50 add/remove cycles through ztunnel', async () => {
     const node = await nodeNetns();
     const ns = podNetns('pod', '198.18.54.2');
