@@ -70,6 +70,9 @@ function cleanup(): void {
   rmSync(tmp, { recursive: true, force: true });
 }
 process.once('exit', cleanup);
+// Exits as the signal would, through process.exit so that the exit handlers (this cleanup, the
+// fleet's) run; kept for the whole run (the fleet's own handlers go when it is removed).
+for (const sig of ['SIGINT', 'SIGTERM'] as const) process.on(sig, () => process.exit(128 + os.constants.signals[sig]));
 
 const sh = (args: string[]) => {
   const r = spawnSync(args[0]!, args.slice(1), { encoding: 'utf8' });
