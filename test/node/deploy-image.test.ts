@@ -13,7 +13,8 @@
 // the node), a hash:ip comment set is made, filled and destroyed with NET_ADMIN alone (and not
 // without it); the seqpacket addon listens on ztunnel's socket in its mounted dir (0600, root's:
 // uid 65534 is refused, root gets a message with a netns fd), and a netns made after the start
-// appears under /host/var/run/netns (read-only, HostToContainer) and is entered through fd 3.
+// appears under /host/var/run/netns (read-only, HostToContainer) and is entered through fd 3;
+// and the agent itself runs ambient mode so, with the component's RBAC on the test API server.
 //
 // Needs root, buildah and podman (scripts/setup-host.sh) and a built dist/ (npm test builds).
 
@@ -32,7 +33,7 @@ import { startTestApiServer, type TestApiServer } from '../helpers/apiserver.ts'
 import { eventually } from '../helpers/poll.ts';
 import { rulesFor } from '../helpers/rbac.ts';
 import { Netns, run } from '../helpers/netns.ts';
-import { makePodman, type Podman } from '../helpers/podman.ts';
+import { forwardLoopback, makePodman, type Podman } from '../helpers/podman.ts';
 import {
   agentContainer,
   DEPLOY_DIR,
@@ -326,7 +327,14 @@ describe('deploy: the container image', { timeout: 300_000 }, () => {
     });
 
     /** `podman run` flags of the ambient render, in the node netns, with these capabilities. */
-    function runFlags(caps: readonly string[]): string[] {
+    function runFlags(
+      caps: readonly string[],
+      o: {
+        volumeDirs?: Record<string, string>;
+        env?: Record<string, string>;
+        extraMounts?: (readonly [string, string])[];
+      } = {},
+    ): string[] {
       const { flags } = podmanRunArgs(rendered.objects, {
         volumeDirs: {
           'cni-bin-dir': path.join(dir, 'bin'),
@@ -337,14 +345,17 @@ describe('deploy: the container image', { timeout: 300_000 }, () => {
           'xtables-lock': path.join(dir, 'lock'),
           'host-netns': '/run/netns',
           'ztunnel-socket': path.join(dir, 'ztunnel'),
+          ...o.volumeDirs,
         },
         env: {
           NODE_NAME: 'node-1',
           HOST_IP: '198.19.250.1',
           POD_NAME: 'mesh-cni-node-y',
           POD_NAMESPACE: 'mesh-system',
+          ...o.env,
         },
         network: `ns:${node.path}`,
+        ...(o.extraMounts ? { extraMounts: o.extraMounts } : {}),
       });
       const out: string[] = [];
       for (let i = 0; i < flags.length; i++) {
@@ -450,6 +461,98 @@ describe('deploy: the container image', { timeout: 300_000 }, () => {
       assert.match(root.stdout, new RegExp(`^got 5 hello netns ${want}$`, 'm'), `root: ${root.stdout}${root.stderr}`);
       assert.deepEqual([...s.keys()], ['ipset', 'listen', 'netns-open', 'netns-enter', 'accept-send']);
       assert.equal(node.exec(['ipset', 'list', '-n']).trim(), '');
+    });
+
+    it('the agent in the image runs ambient mode with exactly what the component grants: ready, both sockets, the host rule and probe set in the node netns, no 403; SIGTERM (uninstall) takes them out', async () => {
+      const agentName = `${name}-agent`;
+      const api = await startTestApiServer();
+      let tree: HostTree | undefined;
+      let forward: { close(): Promise<void> } | undefined;
+      try {
+        for (const sa of ['mesh-cni', 'mesh-cni-plugin'])
+          api.serviceAccount('mesh-system', sa, rulesFor(rendered.objects, 'mesh-system', sa));
+        const agentToken = api.serviceAccount('mesh-system', 'mesh-cni');
+        api.upsertNamespace({ metadata: { name: 'default' } });
+        tree = await makeHostTree({ token: agentToken, ca: api.caPem });
+        await fs.rm(path.join(tree.binariesDir, 'mesh-cni'));
+        await fs.writeFile(path.join(tree.netDir, '10-bridge.conflist'), BRIDGE_CONFLIST);
+        const runDir = path.join(tree.root, 'var-run-mesh-cni');
+        const templateDir = path.join(tree.root, 'configmap');
+        const ztunnelDir = path.join(tree.root, 'var-run-ztunnel');
+        for (const d of [runDir, templateDir, ztunnelDir]) await fs.mkdir(d, { mode: 0o755 });
+        const cm = one<V1ConfigMap>(rendered.objects, 'ConfigMap');
+        for (const [k, v] of Object.entries(cm.data ?? {})) await fs.writeFile(path.join(templateDir, k), v);
+        // The API server listens on this machine's loopback; the container is in the node netns.
+        forward = await forwardLoopback(node.path, api.port);
+        const primary = await fs.readFile(path.join(tree.netDir, '10-bridge.conflist'));
+        const flags = runFlags(ambientCaps(), {
+          volumeDirs: {
+            'cni-bin-dir': tree.binDir,
+            'cni-net-dir': tree.netDir,
+            'mesh-cni-run': runDir,
+            'cni-network-config': templateDir,
+            'ztunnel-socket': ztunnelDir,
+          },
+          env: {
+            KUBERNETES_SERVICE_HOST: '127.0.0.1',
+            KUBERNETES_SERVICE_PORT: String(api.port),
+            CLEANUP_ON_EXIT: 'always',
+            REPAIR_ENABLED: 'false',
+            // Here even root cannot open /proc/1/ns/net (a quirk of this machine's sandbox): the
+            // agent's own netns, the node netns of this test, stands for the host's.
+            HOST_NETNS_PATH: '/proc/self/ns/net',
+          },
+          extraMounts: [[tree.saDir, `${SERVICE_ACCOUNT_MOUNT}:ro`]],
+        });
+        await podman.ok(['run', '--detach', '--name', agentName, ...flags, IMAGE, '--ctrlz_port=0']);
+        const readyz = () =>
+          podman.run([
+            'exec',
+            agentName,
+            '/usr/bin/node',
+            '-e',
+            "fetch('http://127.0.0.1:15014/readyz').then(async r=>{console.log(r.status, await r.text());process.exit(r.status===200?0:1)},()=>process.exit(2))",
+          ]);
+        await eventually(
+          async () => (await readyz()).code === 0,
+          '/readyz of the ambient agent to answer 200',
+          60_000,
+        ).catch(async (e: Error) => {
+          const logs = await podman.run(['logs', agentName]);
+          throw new Error(`${e.message}; /readyz: ${(await readyz()).stdout}; logs:\n${logs.stdout}${logs.stderr}`);
+        });
+        const zds = await fs.lstat(path.join(ztunnelDir, 'ztunnel.sock'));
+        assert.ok(zds.isSocket(), 'the ZDS socket is in the host dir');
+        assert.deepEqual([zds.mode & 0o7777, zds.uid], [0o600, 0]);
+        assert.ok((await fs.lstat(path.join(runDir, 'pluginevent.sock'))).isSocket(), "the plugin's /cmdadd socket");
+        const conf = JSON.parse(await fs.readFile(path.join(tree.netDir, '10-bridge.conflist'), 'utf8')) as {
+          plugins: { type: string; ambient_enabled?: boolean; pluginevent_uds_address?: string }[];
+        };
+        assert.equal(conf.plugins[1]?.ambient_enabled, true);
+        assert.equal(conf.plugins[1]?.pluginevent_uds_address, '/var/run/mesh-cni/pluginevent.sock');
+        const nodeRules = () =>
+          ['iptables-legacy-save', 'iptables-nft-save'].map((b) => node.exec([b, '-t', 'nat'])).join('');
+        assert.match(nodeRules(), /-A POSTROUTING -j MESH_POSTRT/, "the probe SNAT rule in the node's netns");
+        assert.match(node.exec(['ipset', 'list', '-n']), /^mesh-inpod-probes-v4$/m);
+        assert.deepEqual(
+          api.requests.filter((r) => r.status === 403).map((r) => `${r.method} ${r.path}`),
+          [],
+          'the agent stays within the rights of deploy/ with the ambient component',
+        );
+        await podman.ok(['stop', '--time', '25', agentName], { timeoutMs: 60_000 });
+        const state = JSON.parse(await podman.ok(['inspect', '--format', '{{json .State}}', agentName])) as {
+          ExitCode: number;
+        };
+        assert.equal(state.ExitCode, 0);
+        assert.doesNotMatch(nodeRules(), /MESH_POSTRT/, 'the uninstall removed the host rule');
+        assert.doesNotMatch(node.exec(['ipset', 'list', '-n']), /mesh-inpod-probes/, 'and the probe sets');
+        assert.deepEqual(await fs.readFile(path.join(tree.netDir, '10-bridge.conflist')), primary);
+      } finally {
+        await podman.run(['rm', '--force', '--time', '0', agentName]);
+        await forward?.close();
+        await tree?.remove();
+        await api.close();
+      }
     });
   });
 
