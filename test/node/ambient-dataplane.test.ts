@@ -605,6 +605,27 @@ describe('ambient dataplane: the ZDS socket', () => {
     );
   });
 
+  it("a pod removed while ztunnel's snapshot is being sent: its fd stays open until the snapshot is sent", async () => {
+    const node = await nodeNetns();
+    const sock = socketPath();
+    const nsA = podNetns('a', '198.18.60.2');
+    const nsB = podNetns('b', '198.18.60.3');
+    const a = ambientPod('198.18.60.2');
+    const b = ambientPod('198.18.60.3');
+    const dp = dataplane(sock, new FakeAnnotator(), node, 'nft');
+    await dp.start([]);
+    // No ztunnel yet: both pending, both held in the cache for the next snapshot.
+    await assert.rejects(dp.addPodToMesh(a, nsA.path), /ztunnel/);
+    await assert.rejects(dp.addPodToMesh(b, nsB.path), /ztunnel/);
+    const zt = fakeZtunnel(sock);
+    zt.ackDelayMs = 300;
+    await zt.waitFor((r) => r.kind === 'add' && r.uid === a.uid);
+    await dp.removePodFromMesh(b, true); // returns after B's Del, queued behind the snapshot
+    const conn1 = zt.records.filter((r) => r.conn === 1 && r.kind !== 'connected').map((r) => r.kind);
+    assert.deepEqual(conn1, ['add', 'add', 'snapshot_sent', 'del'], 'one connection, no drop');
+    assert.equal(zt.of('add', 1).find((r) => r.uid === b.uid)?.netnsIno, inode(nsB.path), "B's own netns");
+  });
+
   it('no fd left after 50 add/remove cycles through ztunnel', async () => {
     const node = await nodeNetns();
     const ns = podNetns('pod', '198.18.54.2');
