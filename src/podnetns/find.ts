@@ -78,6 +78,12 @@ export async function openCandidate(procDir: string, c: Candidate, host: NsId): 
   return why;
 }
 
+/** The netns this process runs in. */
+async function agentNetnsId(): Promise<NsId> {
+  const st = await fsp.stat('/proc/self/ns/net', { bigint: true });
+  return { dev: st.dev, ino: st.ino };
+}
+
 const scanSummary = (procDir: string, s: ScanResult, inHost: number): string => {
   let t = ` (${s.scanned} processes under ${procDir}, ${s.processes.length} of the pod, ${inHost} of them in the host netns`;
   if (s.vanished) t += `, ${s.vanished} exited during the scan`;
@@ -182,7 +188,12 @@ async function choosePodNetns(
   host: NsId,
   procDir: string,
 ): Promise<FindResult> {
-  const { candidates, inHost } = planCandidates(scan.processes, host);
+  const planned = planCandidates(scan.processes, host);
+  // Nor the agent's own netns: with hostNetwork it is the node's, whatever --host-netns-path says
+  // (a wrong one would let the node's netns through); without, it is the agent's pod's.
+  const self = await agentNetnsId();
+  const candidates = planned.candidates.filter((c) => !sameNs(c.netns, self));
+  const inHost = planned.candidates.reduce((n, c) => n + (sameNs(c.netns, self) ? c.pids.length : 0), planned.inHost);
   const want = canonicalPodIps(podIPs);
   const held = new Map<string, HeldNetns>();
   try {

@@ -453,3 +453,21 @@ describe('findPodNetns: bounded work however many netns a pod makes', () => {
     assert.equal(openFds(), before);
   });
 });
+
+describe("findPodNetns: the agent's own netns never qualifies either", () => {
+  it('with --host-netns-path naming another netns, a pod process in the netns the agent runs in is still skipped', async () => {
+    // The agent runs with hostNetwork: its own netns IS the node's. A --host-netns-path that names
+    // some other netns (a wrong pid, a stale path) must not let the node's netns through.
+    const elsewhere = netnsWith('notahost', ['198.18.42.7']);
+    const p = fakeProc().add({
+      pid: 90,
+      cgroup: cgroupV2(kubepodsPath(UID, SANDBOX_CID)),
+      starttime: 10,
+      netns: HOST_NETNS,
+    });
+    // The agent's loopback address stands for an address the node holds.
+    const r = await find(UID, ['127.0.0.1'], { hostProcDir: p.dir, hostNetnsPath: elsewhere.path });
+    assert.ok(!r.ok, show(r));
+    assert.equal(r.reason, 'no_netns');
+  });
+});
