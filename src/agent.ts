@@ -26,7 +26,7 @@ import { startMonitoringServer, type Readiness } from './monitoring/server.ts';
 import { repairPodSource, repairWatchesNode, startRepair } from './repair/index.ts';
 import { disabledComponent } from './component.ts';
 import { startAmbient, type AmbientComponent } from './ambient/index.ts';
-import { decideCleanup } from './install/uninstall.ts';
+import { decideCleanup, type CleanupDecision } from './install/uninstall.ts';
 
 const log = scope('default');
 
@@ -52,7 +52,12 @@ export async function runAgent(settings: Settings): Promise<number> {
     const watches = podWatches(settings, orchApi);
     components.push(...watches.components);
     components.push(watches.repair ? startRepair(settings, watches.repair, orchApi()) : disabledComponent('repair'));
-    const ambient = ambientPart(settings, watches.node, orchApi);
+    // One uninstall-or-upgrade decision on stop, for the installer and ambient mode alike (Istio's
+    // ShouldStopCleanup): asked once, so the two never disagree (one keeping the plugin entry for an
+    // upgrade while the other removes the node's probe rule).
+    let decision: Promise<CleanupDecision> | undefined;
+    const decide = (s: Settings) => (decision ??= decideCleanup(s));
+    const ambient = ambientPart(settings, watches.node, orchApi, () => decide(settings));
     components.push(ambient ?? disabledComponent('ambient'));
     // With ambient on, a lookup hit carries the pod's namespace labels (the plugin's ambient decision).
     const lookupOptions = ambient
@@ -63,7 +68,7 @@ export async function runAgent(settings: Settings): Promise<number> {
     // the agent keeps using its own token, which never leaves this pod.
     const pluginToken = await startPluginToken(settings);
     components.push(pluginToken);
-    components.push(await startInstaller(settings, pluginToken));
+    components.push(await startInstaller(settings, pluginToken, decide));
     components.push(await startControlz(settings, { components: () => components }));
     started = true;
     log.info('install-cni started', { components: components.map((c) => c.name) });
@@ -129,10 +134,11 @@ function ambientPart(
   settings: Settings,
   nodeWatch: PodSource | undefined,
   orchApi: () => OrchApi,
+  decide: () => Promise<CleanupDecision>,
 ): AmbientComponent | undefined {
   if (!settings.ambient.enabled) return undefined;
   if (!nodeWatch) throw new Error('internal: ambient mode without the node pod watch');
-  return startAmbient(settings, { pods: nodeWatch, api: orchApi(), decideCleanup: () => decideCleanup(settings) });
+  return startAmbient(settings, { pods: nodeWatch, api: orchApi(), decideCleanup: decide });
 }
 
 /** A watch as a part of the agent: started now, stopped after its readers (components stop in reverse). */

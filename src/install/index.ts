@@ -12,11 +12,18 @@
 import type { Component } from '../component.ts';
 import type { Settings } from '../config/settings.ts';
 import type { PluginTokenSource } from './tokenrequest.ts';
-import { Installer } from './installer.ts';
+import { Installer, type InstallerOptions } from './installer.ts';
 
-/** The orchconfig gets `pluginToken`: the plugin's own token, never the agent's. */
-export async function startInstaller(settings: Settings, pluginToken: PluginTokenSource): Promise<Component> {
-  const installer = new Installer(settings, { pluginToken });
+/**
+ * The orchconfig gets `pluginToken`: the plugin's own token, never the agent's. `decideCleanup`:
+ * the agent's one uninstall-or-upgrade decision, shared with ambient mode (else asked here).
+ */
+export async function startInstaller(
+  settings: Settings,
+  pluginToken: PluginTokenSource,
+  decideCleanup?: InstallerOptions['decideCleanup'],
+): Promise<Component> {
+  const installer = new Installer(settings, { pluginToken, ...(decideCleanup ? { decideCleanup } : {}) });
   await installer.start();
   return installer;
 }

@@ -6,6 +6,7 @@
 
 import assert from 'node:assert/strict';
 import { existsSync, lstatSync } from 'node:fs';
+import { writeFile } from 'node:fs/promises';
 import path from 'node:path';
 import { after, before, describe, it } from 'node:test';
 import type { V1Pod } from '@kubernetes/client-node';
@@ -21,7 +22,9 @@ import { clientNodeApi, type OrchApi } from '../../src/orch/api.ts';
 import { orchKubeConfig } from '../../src/orch/client.ts';
 import { NamespaceSource } from '../../src/orch/namespacesource.ts';
 import { nodePodSource, type PodSource } from '../../src/orch/podsource.ts';
+import { spawnAgent } from '../helpers/agent.ts';
 import { startTestApiServer, type TestApiServer } from '../helpers/apiserver.ts';
+import { BRIDGE_CONFLIST, makeHostTree } from '../helpers/hosttree.ts';
 import { tempDir } from '../helpers/plugin.ts';
 import { eventually } from '../helpers/poll.ts';
 
@@ -290,5 +293,54 @@ describe('the namespace watch (src/orch/namespacesource.ts)', () => {
       await source.stop();
     }
     await eventually(() => api.openNamespaceWatches() === 0, 'the watch closed by stop');
+  });
+});
+
+// Istio decides once (ShouldStopCleanup) for the installer and the dataplane: two questions could
+// get two answers (the API server unreachable for one), one part keeping the node for an upgrade
+// while the other uninstalls.
+describe('the agent with ambient mode on, stopping', () => {
+  it('asks once whether this is an upgrade, and tells the installer and ambient mode the same', async () => {
+    const api = await startTestApiServer();
+    const tree = await makeHostTree({ token: api.token, ca: api.caPem });
+    try {
+      await writeFile(path.join(tree.netDir, '10-bridge.conflist'), BRIDGE_CONFLIST);
+      api.upsertNamespace({ metadata: { name: 'mesh-system' } });
+      api.upsertDaemonSet({ metadata: { name: 'mesh-cni-node', namespace: 'mesh-system' } });
+      const owner = { apiVersion: 'apps/v1', kind: 'DaemonSet', name: 'mesh-cni-node', uid: 'u1', controller: true };
+      api.upsertPod({
+        metadata: { name: 'mesh-cni-node-abcde', namespace: 'mesh-system', ownerReferences: [owner] },
+        spec: { nodeName: 'node-1', containers: [{ name: 'install-cni' }] },
+      });
+      const agent = spawnAgent(
+        tree,
+        { 'cleanup-on-exit': 'auto', 'ambient-enabled': 'true' },
+        {
+          KUBERNETES_SERVICE_HOST: api.host,
+          KUBERNETES_SERVICE_PORT: String(api.port),
+          NODE_NAME: 'node-1',
+          POD_NAME: 'mesh-cni-node-abcde',
+          POD_NAMESPACE: 'mesh-system',
+          // No iptables or ipset to find: the real dataplane cannot start, so it touches nothing here.
+          PATH: '/nonexistent-mesh-cni-test',
+        },
+      );
+      try {
+        await agent.waitForLog((r) => r.msg === 'mesh-cni is installed and ready', 'installed', 20_000);
+        assert.equal(await agent.stop('SIGTERM'), 0);
+      } finally {
+        await agent.stop('SIGKILL').catch(() => {});
+      }
+      const asks = api.requests.filter(
+        (r) => r.path === '/apis/apps/v1/namespaces/mesh-system/daemonsets/mesh-cni-node',
+      );
+      assert.equal(asks.length, 1, 'one question for both');
+      const kept = agent.logs.find((r) => r.msg === 'ambient: keeping the node as is');
+      assert.match(String(kept?.why), /DaemonSet mesh-system\/mesh-cni-node still exists/);
+      assert.ok(agent.logs.some((r) => r.msg === 'leaving mesh-cni installed'));
+    } finally {
+      await tree.remove();
+      await api.close();
+    }
   });
 });
