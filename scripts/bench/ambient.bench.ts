@@ -54,6 +54,9 @@ const agentJs = path.join(ROOT, 'dist/install-cni.js');
 const pluginExe = path.join(ROOT, 'dist/bin/mesh-cni');
 
 const tmp = mkdtempSync(path.join(os.tmpdir(), 'mcni-amb-bench-'));
+// What the helpers make in the temp dir (the loopback forwarders' socket dirs) goes in ours, so an
+// interrupted run leaves none of it.
+process.env.TMPDIR = tmp;
 const addNetns: Netns[] = [];
 /** Synchronous, so it runs from the exit handler too (makeNetnsPods's signal handlers exit through it). */
 function cleanup(): void {
