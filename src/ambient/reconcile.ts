@@ -102,7 +102,9 @@ function nonRetryable(e: unknown): boolean {
 
 const events = new Counter({
   name: 'mesh_cni_ambient_reconcile_events_total',
-  help: 'Pod events the ambient informer reconciled, by type (add, update, delete); retries count again.',
+  help:
+    'Pod events the ambient informer reconciled, by type (add: counted as they come, nothing to do; ' +
+    'update, delete: each attempt, retries again).',
   labelNames: ['type'] as const,
   registers: [registry],
 });
@@ -195,15 +197,27 @@ export class Reconciler {
     remove: () => {},
   };
 
-  /** Queues every known pod of the namespace as an update (nothing changed in the pod itself). */
+  /**
+   * Queues the known pods of the namespace as updates (nothing changed in the pod itself), those
+   * the decision would act on now: a namespace list at start names every namespace, and most pods
+   * need nothing; whatever changes later brings its own event.
+   */
   enqueueNamespace(name: string): number {
     let n = 0;
     for (const pod of this.#known.values()) {
-      if (pod.metadata?.namespace !== name) continue;
+      if (pod.metadata?.namespace !== name || !this.#actionable(pod)) continue;
       this.#enqueue(pod.metadata?.uid ?? '', { event: 'update', old: pod, latest: pod });
       n++;
     }
     return n;
+  }
+
+  /** Whether an update of the pod as it is would do something (or cannot be decided yet). */
+  #actionable(pod: V1Pod): boolean {
+    const labels = this.#d.namespaceLabels(pod.metadata?.namespace ?? '');
+    if (labels === undefined) return true;
+    const shouldBeEnabled = (p: V1Pod) => this.#d.isAmbient(p, labels);
+    return decide({ event: 'update', old: pod, latest: pod, current: pod, shouldBeEnabled }).kind !== 'none';
   }
 
   /**
@@ -213,6 +227,7 @@ export class Reconciler {
   start(): void {
     this.#started = true;
     for (const pod of this.#known.values()) {
+      if (!this.#actionable(pod)) continue;
       const uid = pod.metadata?.uid ?? '';
       this.#pending.set(uid, merge(this.#pending.get(uid), { event: 'update', old: pod, latest: pod }));
     }
@@ -229,6 +244,12 @@ export class Reconciler {
 
   #enqueue(uid: string, p: Pending): void {
     if (uid === '') return;
+    if (p.event === 'add' && !this.#pending.has(uid)) {
+      // Nothing to do for an added pod (the plugin's ADD enrolls it): counted, never queued. A
+      // later update of it finds the added state as its old one (#known).
+      events.inc({ type: 'add' });
+      return;
+    }
     this.#pending.set(uid, merge(this.#pending.get(uid), p));
     if (this.#started) this.#queue.add(uid);
   }

@@ -279,9 +279,12 @@ describe('the Reconciler', () => {
     h.upsert(pod({ uid: 'c', name: 'c', labels: ambient, redirection: 'enabled' }));
     await new Promise((r) => setTimeout(r, 20));
     assert.deepEqual(h.dp.calls, [], 'nothing before start');
+    const before = (await metric('add')) + (await metric('update'));
     h.r.start();
     await h.idle();
     assert.deepEqual(h.dp.calls, [{ op: 'add', uid: 'a', ips: ['198.18.0.5'] }]);
+    // Only the pod with something to do went through the queue (b and c need nothing).
+    assert.equal((await metric('add')) + (await metric('update')) - before, 1);
     await h.r.stop(100);
   });
 
