@@ -351,7 +351,8 @@ table(
 console.log(`(the fake ztunnel got ${ambientAdds} Adds from the ${ADDS} ambient ADDs)`);
 
 console.log(
-  `\nStart-up snapshot, median of ${ROUNDS} runs (fake ztunnel waiting for the socket; later runs find the rules in place)`,
+  `\nStart-up snapshot, median of ${ROUNDS} runs ` +
+    '(fake ztunnel waiting for the socket; later runs find the rules in place)',
 );
 table(
   ['start', 'first run (rules applied)', 'spawn -> SnapshotSent', 'ztunnel connected -> SnapshotSent', 'Adds'],
