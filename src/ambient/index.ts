@@ -107,7 +107,7 @@ export function startAmbient(settings: Settings, deps: AmbientDeps): AmbientComp
         lastError = e instanceof Error ? e.message : String(e);
         const delay = backoff.next();
         log.error('cannot start ambient mode; retrying', { error: lastError, retryInMs: Math.round(delay) });
-        await until(clock.sleep(delay, stopping.signal));
+        await clock.sleep(delay, stopping.signal);
       }
     }
     state = 'starting_cmdadd';
@@ -127,7 +127,7 @@ export function startAmbient(settings: Settings, deps: AmbientDeps): AmbientComp
         lastError = e instanceof Error ? e.message : String(e);
         const delay = backoff.next();
         log.error('cannot serve the plugin event socket; retrying', { error: lastError, retryInMs: Math.round(delay) });
-        await until(clock.sleep(delay, stopping.signal));
+        await clock.sleep(delay, stopping.signal);
       }
     }
     reconciler.start();

@@ -20,6 +20,7 @@ import { configureLogging } from '../../src/monitoring/logging.ts';
 import { registry } from '../../src/monitoring/metrics.ts';
 import { clientNodeApi, type OrchApi } from '../../src/orch/api.ts';
 import { orchKubeConfig } from '../../src/orch/client.ts';
+import { realClock } from '../../src/orch/limits.ts';
 import { NamespaceSource } from '../../src/orch/namespacesource.ts';
 import { nodePodSource, type PodSource } from '../../src/orch/podsource.ts';
 import { spawnAgent } from '../helpers/agent.ts';
@@ -341,6 +342,65 @@ describe('the agent with ambient mode on, stopping', () => {
     } finally {
       await tree.remove();
       await api.close();
+    }
+  });
+});
+
+describe('a dataplane that cannot start', () => {
+  it('is retried with backoff; /readyz names the failure until it starts', async () => {
+    const api = await startTestApiServer();
+    const tmp = tempDir();
+    const orchconfig = api.writeOrchconfig(path.join(tmp.dir, 'oc'));
+    const settings = buildSettings(
+      {
+        orchconfig,
+        'ambient-enabled': 'true',
+        'pluginevent-uds-address': path.join(tmp.dir, 'run/pluginevent.sock'),
+      },
+      { NODE_NAME: 'node-1' },
+    );
+    const orch = clientNodeApi(orchKubeConfig(settings));
+    const pods = nodePodSource(orch, 'node-1', 'install');
+    pods.start();
+    let attempts = 0;
+    let release!: () => void;
+    const third = new Promise<void>((r) => (release = r));
+    const fake = fakeDataplane();
+    fake.release();
+    const dataplane: MeshDataplane = {
+      ...fake.dp,
+      async start(list) {
+        attempts++;
+        if (attempts < 3) throw new Error(`ztunnel socket dir /var/run/ztunnel is missing (attempt ${attempts})`);
+        await third;
+        return fake.dp.start(list);
+      },
+    };
+    // The backoff's waits, shortened (the sleeps still happen, and stop still cuts them).
+    const clock = { now: () => performance.now(), sleep: (_ms: number, s?: AbortSignal) => realClock.sleep(5, s) };
+    const amb = startAmbient(settings, {
+      pods,
+      api: orch,
+      dataplane,
+      clock,
+      decideCleanup: async () => ({ cleanup: true, why: 'test' }),
+    });
+    try {
+      await eventually(() => attempts === 3, 'three attempts', 10_000);
+      assert.ok(
+        amb.notReadyReasons().some((r) => /start failed 2 time\(s\): ztunnel socket dir .* \(attempt 2\)/.test(r)),
+        JSON.stringify(amb.notReadyReasons()),
+      );
+      release();
+      await amb.started;
+      assert.deepEqual(amb.notReadyReasons(), []);
+      await amb.stop('SIGTERM');
+      assert.deepEqual(fake.calls, [{ op: 'stop', arg: true }], 'an uninstall told to the dataplane');
+    } finally {
+      await amb.stop('SIGTERM').catch(() => {});
+      await pods.stop();
+      await api.close();
+      tmp.remove();
     }
   });
 });
