@@ -95,6 +95,13 @@ export interface ReconcileDataplane {
   syncHostProbeIPs(pod: AmbientPodInfo): Promise<void>;
 }
 
+/** The log line of each action done (the e2e test waits for them). */
+const DONE = {
+  add: 'ambient: enrolled',
+  remove: 'ambient: removed',
+  syncProbeIPs: 'ambient: probe IPs synced',
+} as const;
+
 /** An EnrollError (dataplane.ts) that says retrying cannot help (netns, rules). */
 function nonRetryable(e: unknown): boolean {
   return e instanceof Error && e.name === 'EnrollError' && (e as { retryable?: unknown }).retryable === false;
@@ -285,13 +292,7 @@ export class Reconciler {
       if (action.kind === 'add') await this.#d.dataplane.addPodToMesh(info, null);
       else if (action.kind === 'remove') await this.#d.dataplane.removePodFromMesh(info, action.isDelete);
       else await this.#d.dataplane.syncHostProbeIPs(info);
-      log.info(
-        `ambient: ${action.kind === 'add' ? 'enrolled' : action.kind === 'remove' ? 'removed' : 'probe IPs synced'}`,
-        {
-          pod,
-          uid,
-        },
-      );
+      log.info(DONE[action.kind], { pod, uid });
       return 'done';
     } catch (e) {
       const error = e instanceof Error ? e.message : String(e);
