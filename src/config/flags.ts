@@ -375,9 +375,13 @@ export const FLAGS: readonly FlagSpec[] = [
     "Repair broken pods in place: program the redirect rules in the running pod's netns and prove them " +
       'before labelling or deleting (needs /host/proc and CAP_SYS_ADMIN, CAP_SYS_PTRACE, CAP_NET_ADMIN, CAP_NET_RAW).',
   ),
-  repairFlag('host-proc-dir', 'string', '/host/proc', "The host's /proc as mounted in the agent's container.", {
-    path: 'dir',
-  }),
+  repairFlag(
+    'host-proc-dir',
+    'string',
+    '/host/proc',
+    "The host's /proc as mounted in the agent's container, where in-place repair and ambient mode find pods' netns.",
+    { path: 'dir' },
+  ),
   repairFlag(
     'host-netns-path',
     'string',
