@@ -21,6 +21,7 @@ import type { PodLike } from './redirect/spec.ts';
 import {
   DEFAULT_ENABLEMENT_SELECTORS,
   isAmbientPod,
+  labelSelectorMatches,
   parseEnablementSelectors,
   type AmbientRules,
   type EnablementSelector,
@@ -76,7 +77,18 @@ export async function ambientAdd(
     log.debug('not ambient: host network, a sidecar or labelled out');
     return false;
   }
-  const nsLabels = found.namespaceLabels ?? (await namespaceLabelsFromApi(req, log));
+  // No selector takes the pod's labels: no namespace can make it ambient, none is read.
+  if (!selectors.some((s) => labelSelectorMatches(s.podSelector, pod.metadata?.labels))) {
+    log.debug('not ambient: no enablement selector matches the pod');
+    return false;
+  }
+  let nsLabels = found.namespaceLabels ?? (await namespaceLabelsFromApi(req, log));
+  if (!isAmbientPod(pod, nsLabels, selectors, rules) && found.namespaceLabels !== undefined) {
+    // The agent's namespace watch may be behind a relabel (backing off, relisting, slow): its
+    // "not ambient" would start an ambient pod unredirected until the informer catches up. A
+    // "no" is confirmed with the API server; a "yes" needs no check (the agent decides again).
+    nsLabels = await namespaceLabelsFromApi(req, log);
+  }
   if (!isAmbientPod(pod, nsLabels, selectors, rules)) {
     log.debug('not ambient: no enablement selector matches');
     return false;

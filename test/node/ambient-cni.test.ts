@@ -319,6 +319,77 @@ describe('mesh-cni ambient branch (bridge + host-local + mesh-cni, test API serv
     }
   });
 
+  /** A stand-in pod lookup socket answering `pod` with `namespaceLabels` (the agent's namespace watch). */
+  async function lookupAnswering(
+    pod: V1Pod,
+    namespaceLabels: Record<string, string>,
+  ): Promise<[string, () => Promise<void>]> {
+    const lookup = path.join(tmp.dir, `pods-${++n}.sock`);
+    const srv = net.createServer((c) => c.once('data', () => c.end(JSON.stringify({ pod, namespaceLabels }) + '\n')));
+    await new Promise<void>((r) => srv.listen(lookup, r));
+    return [lookup, () => new Promise<void>((r) => srv.close(() => r()))];
+  }
+
+  it("the agent's namespace labels say not ambient, the API server's namespace says ambient: the GET decides, POSTed", async () => {
+    // The agent's namespace watch is behind a relabel (backing off, relisting, or slow): a "not
+    // ambient" from it would start an ambient pod unredirected until the informer catches up.
+    const pod = api.upsertPod(plainPod('amb', 'stale-watch'));
+    const [lookup, close] = await lookupAnswering(pod, {});
+    try {
+      const { chain, prev } = await podSandbox(pod);
+      const from = mark();
+      const before = api.requests.length;
+      const add = await meshCni('ADD', chain, conf(prev, { pod_lookup_uds_address: lookup }));
+      assert.equal(add.code, 0, add.stdout + add.stderr);
+      assert.equal(postsSince(from).length, 1, 'the pod went to the agent');
+      assert.deepEqual(
+        api.requests.slice(before).map((r) => `${r.method} ${r.path}`),
+        ['GET /api/v1/namespaces/amb'],
+        'only the namespace was read',
+      );
+    } finally {
+      await close();
+    }
+  });
+
+  it("the agent's namespace labels say not ambient and so does the API server: sidecar path, no POST", async () => {
+    const pod = api.upsertPod(plainPod('plain', 'confirmed-plain'));
+    const [lookup, close] = await lookupAnswering(pod, {});
+    try {
+      const { ns, chain, prev } = await podSandbox(pod);
+      const from = mark();
+      const add = await meshCni('ADD', chain, conf(prev, { pod_lookup_uds_address: lookup }));
+      assert.equal(add.code, 0, add.stdout + add.stderr);
+      assert.equal(postsSince(from).length, 0);
+      assert.doesNotMatch(rulesIn(ns), /MESH_/);
+    } finally {
+      await close();
+    }
+  });
+
+  it('no selector can match the pod whatever its namespace says: no namespace read at all', async () => {
+    const selectors = [
+      { podSelector: { matchLabels: { team: 'blue' } }, namespaceSelector: { matchLabels: { x: 'y' } } },
+    ];
+    const pod = api.upsertPod(plainPod('amb', 'team-red', { team: 'red' }));
+    const [lookup, close] = await lookupAnswering(pod, {});
+    try {
+      const { chain, prev } = await podSandbox(pod);
+      const from = mark();
+      const before = api.requests.length;
+      const add = await meshCni(
+        'ADD',
+        chain,
+        conf(prev, { pod_lookup_uds_address: lookup, enablement_selectors: selectors }),
+      );
+      assert.equal(add.code, 0, add.stdout + add.stderr);
+      assert.equal(postsSince(from).length, 0);
+      assert.deepEqual(api.requests.slice(before), [], 'no API request at all');
+    } finally {
+      await close();
+    }
+  });
+
   it('ambient_enabled without pluginevent_uds_address, or a bad selector: config errors (7)', async () => {
     const pod = api.upsertPod(plainPod('amb', 'bad-config'));
     const { chain, prev } = await podSandbox(pod);
