@@ -88,7 +88,7 @@ export interface PodLike {
 }
 
 export interface AmbientRules {
-  /** A pod with this annotation has a sidecar: never ambient too. */
+  /** A pod with this annotation has a sidecar: never ambient (as one with sidecar.mesh.io/status). */
   readonly sidecarAnnotation?: string;
   /** Namespaces never enrolled (--exclude-namespaces). */
   readonly excludeNamespaces?: readonly string[];
@@ -107,7 +107,11 @@ export function isAmbientPod(
 ): boolean {
   if (pod.spec?.hostNetwork === true) return false;
   const annotations = pod.metadata?.annotations ?? {};
-  if (Object.hasOwn(annotations, rules.sidecarAnnotation ?? DEFAULT_SIDECAR_ANNOTATION)) return false;
+  // The injector's status annotation always counts, whatever --repair-sidecar-annotation says:
+  // the plugin's sidecar path reads it, and the agent must not enroll a pod the plugin gave
+  // sidecar rules (nor the plugin hand over one the agent refuses).
+  if (Object.hasOwn(annotations, DEFAULT_SIDECAR_ANNOTATION)) return false;
+  if (rules.sidecarAnnotation !== undefined && Object.hasOwn(annotations, rules.sidecarAnnotation)) return false;
   const labels = pod.metadata?.labels ?? {};
   if (labels[DATAPLANE_MODE_LABEL] === DATAPLANE_MODE_NONE) return false;
   if ((rules.excludeNamespaces ?? []).includes(pod.metadata?.namespace ?? '')) return false;

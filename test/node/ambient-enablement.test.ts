@@ -81,12 +81,14 @@ describe('isAmbientPod with the default selectors', () => {
     it(`${name}: ${want}`, () => assert.equal(isAmbientPod(p, ns, DEFAULT_ENABLEMENT_SELECTORS, rules), want));
   }
 
-  it('the sidecar annotation is the one of --repair-sidecar-annotation', () => {
+  it('a sidecar is the annotation of --repair-sidecar-annotation, and sidecar.mesh.io/status whatever it says', () => {
     const r = ambientRules(buildSettings({ 'repair-sidecar-annotation': 'inject.example/done' }, {}));
-    const p = pod({ annotations: { 'inject.example/done': 'x', 'sidecar.mesh.io/status': 'x' } });
+    const p = pod({ annotations: { 'inject.example/done': 'x' } });
     assert.equal(isAmbientPod(p, AMBIENT_NS, DEFAULT_ENABLEMENT_SELECTORS, r), false);
+    // The plugin knows only sidecar.mesh.io/status (its sidecar path reads it): such a pod gets the
+    // plugin's sidecar rules, so the agent must not enroll it into ztunnel on top of them.
     const q = pod({ annotations: { 'sidecar.mesh.io/status': 'x' } });
-    assert.equal(isAmbientPod(q, AMBIENT_NS, DEFAULT_ENABLEMENT_SELECTORS, r), true);
+    assert.equal(isAmbientPod(q, AMBIENT_NS, DEFAULT_ENABLEMENT_SELECTORS, r), false);
   });
 });
 
