@@ -42,12 +42,8 @@ import { waitFor } from '../helpers/poll.ts';
 import { connectFrom, listenIn, ZtunnelListeners, type Listening } from '../helpers/ztunnel-listeners.ts';
 import { DEFAULT_TEMPLATE } from '../../src/install/template.ts';
 
-const TAG = `mcni-amb-${process.pid}`;
 const NODE = 'node-1';
-const NETWORK = TAG;
 const NS = 'demo';
-const SUBNET = '198.19.9.0/24';
-const GATEWAY = '198.19.9.1';
 const MODE_LABEL = 'mesh.io/dataplane-mode';
 const REDIRECTION = 'ambient.mesh.io/redirection';
 const PROBE_SET = 'mesh-inpod-probes-v4';
@@ -75,11 +71,11 @@ function rulesIn(netnsPath: string): string {
     .join('\n');
 }
 
-function primaryConflist(bridge: string, ipamDir: string): string {
+function primaryConflist(network: string, subnet: string, bridge: string, ipamDir: string): string {
   // What a primary CNI would write: indented its own way, with a field we do not know.
   return `{
     "cniVersion": "1.0.0",
-    "name": "${NETWORK}",
+    "name": "${network}",
     "x-vendor-note": "written by the ambient e2e test as the primary CNI",
     "plugins": [
         {
@@ -91,7 +87,7 @@ function primaryConflist(bridge: string, ipamDir: string): string {
             "ipam": {
                 "type": "host-local",
                 "routes": [{ "dst": "0.0.0.0/0" }],
-                "ranges": [[{ "subnet": "${SUBNET}", "gateway": "${GATEWAY}" }]],
+                "ranges": [[{ "subnet": "${subnet}.0/24", "gateway": "${subnet}.1" }]],
                 "dataDir": "${ipamDir}"
             }
         }
@@ -117,423 +113,462 @@ interface PodContainer extends KubepodsContainer {
   readonly uid: string;
 }
 
-describe('e2e: ambient mode on one node (podman, install-cni, mesh-cni, a fake ztunnel)', { timeout: 900_000 }, () => {
-  const hostNetns = `${TAG}-host`;
-  const hostNetnsPath = `/run/netns/${hostNetns}`;
-  const bridge = `mcnia${process.pid % 100000}`.slice(0, 15);
-  const IMAGE = `localhost/${TAG}-busybox:latest`;
-  let api: TestApiServer;
-  let tree: HostTree;
-  let podman: Podman;
-  let primaryFile: string;
-  let primaryBytes: Buffer;
-  let zdsDir: string;
-  let zdsSocket: string;
-  let agent: AgentProcess | undefined;
-  let fake: FakeZtunnel | undefined;
-  const proxies = new ZtunnelListeners();
-  const cleanups: (() => unknown)[] = [];
-  const pods = new Map<string, PodContainer>();
+/**
+ * The whole story on a node whose iptables flavour is `flavour` (the agent detects it as the
+ * plugin does: a legacy hint chain in the node netns makes it legacy), on subnet `<subnet>.0/24`.
+ */
+function ambientSuite(flavour: 'nft' | 'legacy', subnet: string): void {
+  describe(
+    `e2e: ambient mode on one node, iptables-${flavour} (podman, install-cni, mesh-cni, a fake ztunnel)`,
+    { timeout: 900_000 },
+    () => {
+      const TAG = `mcni-amb-${process.pid}-${flavour[0]}`;
+      const NETWORK = TAG;
+      const GATEWAY = `${subnet}.1`;
+      const hostNetns = `${TAG}-host`;
+      const hostNetnsPath = `/run/netns/${hostNetns}`;
+      const bridge = `mcnia${flavour[0]}${process.pid % 100000}`.slice(0, 15);
+      const IMAGE = `localhost/${TAG}-busybox:latest`;
+      let api: TestApiServer;
+      let tree: HostTree;
+      let podman: Podman;
+      let primaryFile: string;
+      let primaryBytes: Buffer;
+      let zdsDir: string;
+      let zdsSocket: string;
+      let agent: AgentProcess | undefined;
+      let fake: FakeZtunnel | undefined;
+      const proxies = new ZtunnelListeners();
+      const cleanups: (() => unknown)[] = [];
+      const pods = new Map<string, PodContainer>();
 
-  const inNode = (args: readonly string[]) => sh('nsenter', [`--net=${hostNetnsPath}`, '--', ...args]);
-  const probeSet = (): string[] => {
-    const r = spawnSync('nsenter', [`--net=${hostNetnsPath}`, '--', 'ipset', 'save', PROBE_SET], { encoding: 'utf8' });
-    if (r.status !== 0) return [];
-    return r.stdout
-      .split('\n')
-      .filter((l) => l.startsWith('add '))
-      .map((l) => l.split(' ')[2]!);
-  };
-  const hasProbeSet = () =>
-    spawnSync('nsenter', [`--net=${hostNetnsPath}`, '--', 'ipset', 'list', '-n'], { encoding: 'utf8' })
-      .stdout.split('\n')
-      .includes(PROBE_SET);
-  const nodeNat = () => inNode(['iptables-nft-save', '-t', 'nat']) + inNode(['iptables-legacy-save', '-t', 'nat']);
-  const redirection = (name: string) => api.getPod(NS, name)?.metadata?.annotations?.[REDIRECTION];
-  const agentLogs = () =>
-    (agent?.logs ?? [])
-      .filter((r) => ['ambient', 'cni', 'install'].includes(String(r.scope)))
-      .slice(-20)
-      .map((r) => JSON.stringify(r))
-      .join('\n');
-  const metrics = async () => (await agent!.get('/metrics')).body;
+      const inNode = (args: readonly string[]) => sh('nsenter', [`--net=${hostNetnsPath}`, '--', ...args]);
+      const probeSet = (): string[] => {
+        const r = spawnSync('nsenter', [`--net=${hostNetnsPath}`, '--', 'ipset', 'save', PROBE_SET], {
+          encoding: 'utf8',
+        });
+        if (r.status !== 0) return [];
+        return r.stdout
+          .split('\n')
+          .filter((l) => l.startsWith('add '))
+          .map((l) => l.split(' ')[2]!);
+      };
+      const hasProbeSet = () =>
+        spawnSync('nsenter', [`--net=${hostNetnsPath}`, '--', 'ipset', 'list', '-n'], { encoding: 'utf8' })
+          .stdout.split('\n')
+          .includes(PROBE_SET);
+      const nodeNat = () => inNode(['iptables-nft-save', '-t', 'nat']) + inNode(['iptables-legacy-save', '-t', 'nat']);
+      const redirection = (name: string) => api.getPod(NS, name)?.metadata?.annotations?.[REDIRECTION];
+      const agentLogs = () =>
+        (agent?.logs ?? [])
+          .filter((r) => ['ambient', 'cni', 'install'].includes(String(r.scope)))
+          .slice(-20)
+          .map((r) => JSON.stringify(r))
+          .join('\n');
+      const metrics = async () => (await agent!.get('/metrics')).body;
 
-  /** The pod object the kubelet would have: in `demo`, on this node, no sidecar. */
-  const podObject = (name: string, uid: string, labels: Record<string, string> = {}): V1Pod => ({
-    metadata: { name, namespace: NS, uid, labels, annotations: {} },
-    spec: { nodeName: NODE, serviceAccountName: 'demo-sa', containers: [{ name: 'app', image: IMAGE }] },
-    status: { phase: 'Pending' },
-  });
-  /** The kubelet's part once the sandbox is up: the pod runs with the IP the runtime gave it. */
-  const kubeletReports = (name: string, ip: string, extra: Record<string, string> = {}) => {
-    const cur = api.getPod(NS, name)!;
-    api.upsertPod({
-      ...cur,
-      metadata: { ...cur.metadata, annotations: { ...cur.metadata?.annotations, ...extra } },
-      status: { ...cur.status, phase: 'Running', podIP: ip, podIPs: [{ ip }], hostIP: GATEWAY },
-    });
-  };
+      /** The pod object the kubelet would have: in `demo`, on this node, no sidecar. */
+      const podObject = (name: string, uid: string, labels: Record<string, string> = {}): V1Pod => ({
+        metadata: { name, namespace: NS, uid, labels, annotations: {} },
+        spec: { nodeName: NODE, serviceAccountName: 'demo-sa', containers: [{ name: 'app', image: IMAGE }] },
+        status: { phase: 'Pending' },
+      });
+      /** The kubelet's part once the sandbox is up: the pod runs with the IP the runtime gave it. */
+      const kubeletReports = (name: string, ip: string, extra: Record<string, string> = {}) => {
+        const cur = api.getPod(NS, name)!;
+        api.upsertPod({
+          ...cur,
+          metadata: { ...cur.metadata, annotations: { ...cur.metadata?.annotations, ...extra } },
+          status: { ...cur.status, phase: 'Running', podIP: ip, podIPs: [{ ip }], hostIP: GATEWAY },
+        });
+      };
 
-  /** `podman run` of a container of pod `uid` (the caller made the pod object); removed in `after`. */
-  async function startPod(name: string, uid: string): Promise<PodContainer> {
-    cleanups.push(async () => {
-      await podman.run(['rm', '--force', '--time', '0', name]);
-      const left = await removePodCgroups(uid);
-      if (left.length > 0) throw new Error(`cgroup dirs left: ${left.join(', ')}`);
-    });
-    const c = await runPodContainer(podman, { name, uid, network: NETWORK, image: IMAGE, argv: ['sleep', '600'] });
-    const p = { ...c, uid };
-    pods.set(name, p);
-    return p;
-  }
-
-  function startAgent(): AgentProcess {
-    const a = spawnAgent(
-      tree,
-      {
-        'cni-net-dir': tree.netDir,
-        'cni-bin-dir': tree.binDir,
-        'cleanup-on-exit': 'auto',
-        'log-level': 'info',
-        'repair-enabled': 'false',
-        'ambient-enabled': 'true',
-        'ztunnel-uds-address': zdsSocket,
-        'host-proc-dir': '/proc',
-        'host-netns-path': '/proc/self/ns/net',
-        'host-root': '/',
-        'pluginevent-uds-address': path.join(tree.root, 'run/pluginevent.sock'),
-        log_output_level: 'default:info,install:debug,cni:debug,ambient:debug',
-        // podman names no namespace; this test's pods live in demo, so the plugin is told to assume it.
-        'cni-network-config': DEFAULT_TEMPLATE.replace(
-          '"orch": {',
-          `"orch": {\n    "assume_namespace_when_missing": "${NS}",`,
-        ),
-      },
-      {
-        KUBERNETES_SERVICE_HOST: '127.0.0.1',
-        KUBERNETES_SERVICE_PORT: String(api.port),
-        NODE_NAME: NODE,
-        POD_NAME: SELF.name,
-        POD_NAMESPACE: SELF.namespace,
-        HOST_IP: GATEWAY,
-      },
-      'source',
-      { netnsPath: hostNetnsPath },
-    );
-    agent = a;
-    return a;
-  }
-
-  /** A fake ztunnel whose proxies are `proxies`; it connects (with backoff) to the agent's ZDS socket. */
-  function startFake(): FakeZtunnel {
-    fake = new FakeZtunnel({ path: zdsSocket, workloads: proxies });
-    return fake;
-  }
-  async function stopFake(): Promise<void> {
-    await fake?.stop();
-    fake = undefined;
-    await proxies.stopAll();
-  }
-
-  before(async () => {
-    for (const bin of ['dist/bin/mesh-cni'])
-      assert.ok(existsSync(path.join(ROOT, bin)), `${bin} is missing: run npm run build first`);
-    sh('ip', ['netns', 'add', hostNetns]);
-    cleanups.push(() => spawnSync('ip', ['netns', 'del', hostNetns]));
-    sh('ip', ['-n', hostNetns, 'link', 'set', 'lo', 'up']);
-
-    api = await startTestApiServer({ bookmarkIntervalMs: 1000 });
-    cleanups.push(() => api.close());
-    const forward = await forwardLoopback(hostNetnsPath, api.port);
-    cleanups.push(() => forward.close());
-
-    tree = await makeHostTree({ token: api.token, ca: api.caPem });
-    cleanups.push(() => tree.remove());
-    const exe = path.join(tree.binariesDir, 'mesh-cni');
-    await fs.rm(exe);
-    try {
-      linkSync(path.join(ROOT, 'dist/bin/mesh-cni'), exe);
-    } catch {
-      copyFileSync(path.join(ROOT, 'dist/bin/mesh-cni'), exe);
-    }
-    const ipamDir = path.join(tree.root, 'ipam');
-    await fs.mkdir(ipamDir);
-    primaryFile = path.join(tree.netDir, '10-mcni-amb.conflist');
-    await fs.writeFile(primaryFile, primaryConflist(bridge, ipamDir));
-    primaryBytes = await fs.readFile(primaryFile);
-    // ztunnel's socket dir (the DaemonSet's /var/run/ztunnel): made once the agent is running, so
-    // that its start-up is seen failing, not ready, until then.
-    zdsDir = path.join(tree.root, 'ztunnel');
-    zdsSocket = path.join(zdsDir, 'ztunnel.sock');
-
-    podman = makePodman({
-      cniPluginDirs: [tree.binDir, '/usr/lib/cni'],
-      networkConfigDir: tree.netDir,
-      hostNetns: hostNetnsPath,
-    });
-    cleanups.push(async () => {
-      for (const f of await fs.readdir(CNI_CACHE).catch(() => [] as string[]))
-        if (f.startsWith(`${NETWORK}-`)) await fs.rm(path.join(CNI_CACHE, f), { force: true });
-    });
-    cleanups.push(() => podman.remove());
-    await importBusybox(podman, IMAGE);
-
-    api.upsertNamespace({ metadata: { name: NS, labels: { [MODE_LABEL]: 'ambient' } } });
-    api.upsertNamespace({ metadata: { name: SELF.namespace } });
-    // The plugin's account as the ambient component grants it: podman passes no K8S_POD_UID, so the
-    // plugin cannot ask the agent (a lookup needs the uid) and reads the pod and its namespace itself.
-    api.serviceAccount(PLUGIN_SERVICE_ACCOUNT.namespace, PLUGIN_SERVICE_ACCOUNT.name, [
-      { verbs: ['get'], apiGroups: [''], resources: ['pods'] },
-      { verbs: ['get'], apiGroups: [''], resources: ['namespaces'] },
-    ]);
-    // Our own pod, owned by a DaemonSet the API server has: a restart is an upgrade until the
-    // DaemonSet goes (the uninstall step).
-    api.upsertDaemonSet({ metadata: { name: DAEMONSET, namespace: SELF.namespace, uid: 'ds-uid' } });
-    api.upsertPod({
-      metadata: {
-        ...SELF,
-        ownerReferences: [
-          { apiVersion: 'apps/v1', kind: 'DaemonSet', name: DAEMONSET, uid: 'ds-uid', controller: true },
-        ],
-      },
-      spec: { nodeName: NODE, hostNetwork: true, containers: [{ name: 'install-cni', image: 'mesh-cni' }] },
-    });
-  });
-
-  after(async () => {
-    await agent?.stop('SIGKILL');
-    await stopFake().catch(() => undefined);
-    for (const c of cleanups.reverse()) {
-      try {
-        await c();
-      } catch (e) {
-        console.error(`e2e-ambient cleanup: ${(e as Error).message}`);
+      /** `podman run` of a container of pod `uid` (the caller made the pod object); removed in `after`. */
+      async function startPod(name: string, uid: string): Promise<PodContainer> {
+        cleanups.push(async () => {
+          await podman.run(['rm', '--force', '--time', '0', name]);
+          const left = await removePodCgroups(uid);
+          if (left.length > 0) throw new Error(`cgroup dirs left: ${left.join(', ')}`);
+        });
+        const c = await runPodContainer(podman, { name, uid, network: NETWORK, image: IMAGE, argv: ['sleep', '600'] });
+        const p = { ...c, uid };
+        pods.set(name, p);
+        return p;
       }
-    }
-  });
 
-  it('pre-existing pod: enrolled at start-up (not ready before), Add with its netns, SnapshotSent', async () => {
-    const uidA = randomUUID();
-    api.upsertPod(podObject(`${TAG}-a`, uidA));
-    // Before the agent: the chain is the primary plugin alone; the pod runs unredirected.
-    const a = await startPod(`${TAG}-a`, uidA);
-    assert.doesNotMatch(rulesIn(a.netnsPath), IN_POD_CHAIN);
-    // As a previous agent would have left it: enrolled.
-    kubeletReports(a.name, a.ip, { [REDIRECTION]: 'enabled' });
+      function startAgent(): AgentProcess {
+        const a = spawnAgent(
+          tree,
+          {
+            'cni-net-dir': tree.netDir,
+            'cni-bin-dir': tree.binDir,
+            'cleanup-on-exit': 'auto',
+            'log-level': 'info',
+            'repair-enabled': 'false',
+            'ambient-enabled': 'true',
+            'ztunnel-uds-address': zdsSocket,
+            'host-proc-dir': '/proc',
+            'host-netns-path': '/proc/self/ns/net',
+            'host-root': '/',
+            'pluginevent-uds-address': path.join(tree.root, 'run/pluginevent.sock'),
+            log_output_level: 'default:info,install:debug,cni:debug,ambient:debug',
+            // podman names no namespace; this test's pods live in demo, so the plugin is told to assume it.
+            'cni-network-config': DEFAULT_TEMPLATE.replace(
+              '"orch": {',
+              `"orch": {\n    "assume_namespace_when_missing": "${NS}",`,
+            ),
+          },
+          {
+            KUBERNETES_SERVICE_HOST: '127.0.0.1',
+            KUBERNETES_SERVICE_PORT: String(api.port),
+            NODE_NAME: NODE,
+            POD_NAME: SELF.name,
+            POD_NAMESPACE: SELF.namespace,
+            HOST_IP: GATEWAY,
+          },
+          'source',
+          { netnsPath: hostNetnsPath },
+        );
+        agent = a;
+        return a;
+      }
 
-    const ag = startAgent();
-    // The ZDS socket's dir is not there yet: ambient cannot start, and /readyz must say so.
-    let last = '';
-    const notReady = await waitFor(
-      'install-cni to say ambient is not ready (no ztunnel socket dir yet)',
-      async () => {
-        const r = await ag.get('/readyz');
-        last = `${r.status} ${r.body}`;
-        return (r.status === 503 && /ambient/.test(r.body)) || (ag.logs.filter(startFailed).length >= 3 && 'never');
-      },
-      { timeoutMs: 30_000, everyMs: 100, context: agentLogs },
-    );
-    await fs.mkdir(zdsDir, { mode: 0o750 });
-    await waitFor('install-cni to be ready', async () => (await ag.get('/readyz')).status === 200, {
-      timeoutMs: 30_000,
-      everyMs: 100,
-      context: agentLogs,
-    });
-    const z = startFake();
-    const conf = JSON.parse(await fs.readFile(primaryFile, 'utf8')) as { plugins: Record<string, unknown>[] };
-    assert.deepEqual(
-      conf.plugins.map((p) => p.type),
-      ['bridge', 'mesh-cni'],
-    );
+      /** A fake ztunnel whose proxies are `proxies`; it connects (with backoff) to the agent's ZDS socket. */
+      function startFake(): FakeZtunnel {
+        fake = new FakeZtunnel({ path: zdsSocket, workloads: proxies });
+        return fake;
+      }
+      async function stopFake(): Promise<void> {
+        await fake?.stop();
+        fake = undefined;
+        await proxies.stopAll();
+      }
 
-    const add = await waitFor('Add(uidA) at the fake ztunnel', () => z.of('add').find((r) => r.uid === uidA), {
-      timeoutMs: 30_000,
-      context: agentLogs,
-    });
-    assert.equal(add.netnsIno, statSync(`/proc/${a.pid}/ns/net`, { bigint: true }).ino, "the container's netns");
-    assert.deepEqual(add.info, { name: a.name, namespace: NS, serviceAccount: 'demo-sa' });
-    await z.waitForNth('snapshot_sent', 1);
-    assert.deepEqual(
-      z.records.filter((r) => r.conn === 1 && r.kind !== 'connected').map((r) => r.kind),
-      ['add', 'snapshot_sent'],
-    );
-    assert.equal(z.openFds, 0);
-    assert.match(rulesIn(a.netnsPath), IN_POD_CHAIN, "the in-pod rules are in uidA's netns");
-    assert.deepEqual(probeSet(), [a.ip], 'the probe ipset holds its IP');
-    assert.match(nodeNat(), HOST_RULE, 'the host probe rule');
-    await waitFor(
-      'mesh_cni_ztunnel_connections 1',
-      async () => sample(await metrics(), 'mesh_cni_ztunnel_connections') === 1,
-    );
-    assert.equal(redirection(a.name), 'enabled');
-    assert.equal(conf.plugins[1]!.ambient_enabled, true, 'the entry says ambient');
-    assert.notEqual(notReady, 'never', `/readyz while ambient could not start: ${last}`);
-  });
+      before(async () => {
+        for (const bin of ['dist/bin/mesh-cni'])
+          assert.ok(existsSync(path.join(ROOT, bin)), `${bin} is missing: run npm run build first`);
+        sh('ip', ['netns', 'add', hostNetns]);
+        cleanups.push(() => spawnSync('ip', ['netns', 'del', hostNetns]));
+        sh('ip', ['-n', hostNetns, 'link', 'set', 'lo', 'up']);
+        // Kubernetes' flavour hint (iptables-wrapper): a node whose kubelet uses iptables-legacy.
+        if (flavour === 'legacy') inNode(['iptables-legacy', '-t', 'mangle', '-N', 'KUBE-IPTABLES-HINT']);
 
-  it('new pod: /cmdadd 200, Add(uidB) before `podman run` returns, annotated enabled', async () => {
-    const uidB = randomUUID();
-    const name = `${TAG}-b`;
-    api.upsertPod(podObject(name, uidB));
-    const before200 = sample(await metrics(), 'mesh_cni_plugin_requests_total', { response_code: '200' });
-    const b = await startPod(name, uidB);
-    // podman run has returned: the Add must be there already (the ADD waited for ztunnel's ack).
-    const add = fake!.of('add').find((r) => r.uid === uidB);
-    assert.ok(add, `Add(uidB) before podman run returned:\n${agentLogs()}`);
-    assert.equal(add.netnsIno, statSync(`/proc/${b.pid}/ns/net`, { bigint: true }).ino);
-    assert.ok(add.acked);
-    assert.equal(
-      sample(await metrics(), 'mesh_cni_plugin_requests_total', { response_code: '200' }),
-      before200 + 1,
-      'the plugin POSTed /cmdadd once, answered 200',
-    );
-    kubeletReports(name, b.ip);
-    await waitFor('the annotation enabled on pod B', () => redirection(name) === 'enabled', { context: agentLogs });
-    assert.match(rulesIn(b.netnsPath), IN_POD_CHAIN);
-    await waitFor('B in the probe ipset', () => probeSet().includes(b.ip));
-    assert.deepEqual(proxies.uids.sort(), [pods.get(`${TAG}-a`)!.uid, uidB].sort());
-  });
+        api = await startTestApiServer({ bookmarkIntervalMs: 1000 });
+        cleanups.push(() => api.close());
+        const forward = await forwardLoopback(hostNetnsPath, api.port);
+        cleanups.push(() => forward.close());
 
-  it('traffic (nft): probe SNAT, inbound to 15006, 15008 direct, outbound to 15001, marked bypasses', async () => {
-    const b = pods.get(`${TAG}-b`)!;
-    // A peer pod in demo that opted out (label none): no redirection, a plain server on 9090.
-    const uidP = randomUUID();
-    const peerName = `${TAG}-peer`;
-    api.upsertPod(podObject(peerName, uidP, { [MODE_LABEL]: 'none' }));
-    const peer = await startPod(peerName, uidP);
-    kubeletReports(peerName, peer.ip);
-    assert.doesNotMatch(rulesIn(peer.netnsPath), IN_POD_CHAIN, 'the opted-out pod has no in-pod rules');
-    assert.equal(fake!.of('add').filter((r) => r.uid === uidP).length, 0, 'and no Add');
-    const listening: Listening[] = [];
-    cleanups.push(async () => {
-      for (const l of listening) await l.stop();
-    });
-    listening.push(await listenIn(b.netnsPath, [8080]), await listenIn(peer.netnsPath, [9090]));
+        tree = await makeHostTree({ token: api.token, ca: api.caPem });
+        cleanups.push(() => tree.remove());
+        const exe = path.join(tree.binariesDir, 'mesh-cni');
+        await fs.rm(exe);
+        try {
+          linkSync(path.join(ROOT, 'dist/bin/mesh-cni'), exe);
+        } catch {
+          copyFileSync(path.join(ROOT, 'dist/bin/mesh-cni'), exe);
+        }
+        const ipamDir = path.join(tree.root, 'ipam');
+        await fs.mkdir(ipamDir);
+        primaryFile = path.join(tree.netDir, '10-mcni-amb.conflist');
+        await fs.writeFile(primaryFile, primaryConflist(NETWORK, subnet, bridge, ipamDir));
+        primaryBytes = await fs.readFile(primaryFile);
+        // ztunnel's socket dir (the DaemonSet's /var/run/ztunnel): made once the agent is running, so
+        // that its start-up is seen failing, not ready, until then.
+        zdsDir = path.join(tree.root, 'ztunnel');
+        zdsSocket = path.join(zdsDir, 'ztunnel.sock');
 
-    const [port, source] = await connectFrom(hostNetnsPath, b.ip, 8080);
-    assert.deepEqual([port, source], ['8080', PROBE_SNAT], 'node -> pod: the app sees the probe address');
-    assert.deepEqual(await connectFrom(peer.netnsPath, b.ip, 8080), ['15006', peer.ip, `${b.ip}:8080`], 'inbound');
-    assert.deepEqual((await connectFrom(peer.netnsPath, b.ip, 15008)).slice(0, 2), ['15008', peer.ip], '15008 direct');
-    assert.deepEqual(await connectFrom(b.netnsPath, peer.ip, 9090), ['15001', b.ip, `${peer.ip}:9090`], 'outbound');
-    assert.deepEqual((await connectFrom(b.netnsPath, peer.ip, 9090, 1337)).slice(0, 2), ['9090', b.ip], 'marked');
-    // What ztunnel's proxies of B saw, with the original destinations.
-    assert.deepEqual(
-      proxies.connections(b.uid).map((c) => [c.port, c.source, c.originalDst]),
-      [
-        [15006, peer.ip, `${b.ip}:8080`],
-        [15008, peer.ip, `${b.ip}:15008`],
-        [15001, b.ip, `${peer.ip}:9090`],
-      ],
-    );
-  });
+        podman = makePodman({
+          cniPluginDirs: [tree.binDir, '/usr/lib/cni'],
+          networkConfigDir: tree.netDir,
+          hostNetns: hostNetnsPath,
+        });
+        cleanups.push(async () => {
+          for (const f of await fs.readdir(CNI_CACHE).catch(() => [] as string[]))
+            if (f.startsWith(`${NETWORK}-`)) await fs.rm(path.join(CNI_CACHE, f), { force: true });
+        });
+        cleanups.push(() => podman.remove());
+        await importBusybox(podman, IMAGE);
 
-  it('ztunnel down: ADD fails (code 11, names ztunnel), pod pending; ztunnel back: a new snapshot', async () => {
-    await stopFake();
-    await waitFor(
-      'mesh_cni_ztunnel_connections 0',
-      async () => sample(await metrics(), 'mesh_cni_ztunnel_connections') === 0,
-    );
-    const uidC = randomUUID();
-    const name = `${TAG}-c`;
-    api.upsertPod(podObject(name, uidC));
-    cleanups.push(async () => {
-      await podman.run(['rm', '--force', '--time', '0', name]);
-      await removePodCgroups(uidC);
-    });
-    const r = await podman.run([
-      ...['run', '--detach', '--name', name, '--cgroup-parent', podCgroupParent(uidC)],
-      ...['--network', NETWORK, IMAGE, 'sleep', '600'],
-    ]);
-    assert.notEqual(r.code, 0, 'podman run fails: the pod never starts unredirected');
-    assert.match(r.stderr, /ztunnel/, `the runtime's error names ztunnel: ${r.stderr}`);
-    const said = await agent!.waitForLog(
-      (l) => l.scope === 'cni' && l.level === 'error' && /ztunnel/.test(JSON.stringify(l)),
-      "the plugin's error record naming ztunnel",
-      10_000,
-    );
-    assert.equal(said.code, 11, `CNI error 11 (try again later): ${JSON.stringify(said)}`);
-    await waitFor('pod C annotated pending', () => redirection(name) === 'pending', { context: agentLogs });
-    assert.ok(sample(await metrics(), 'mesh_cni_plugin_requests_total', { response_code: '500' }) >= 1);
-    // The runtime gave up on the sandbox (podman removed it); the pod goes from the API too, and
-    // the agent lets go of the netns it held for the retry (the removal of a pending pod).
-    await podman.run(['rm', '--force', '--time', '0', name]);
-    api.deletePodFromStore(NS, name);
-    await agent!.waitForLog(
-      (l) => l.scope === 'ambient' && l.msg === 'ambient: removed' && l.uid === uidC,
-      'the agent to remove pod C',
-      15_000,
-    );
+        api.upsertNamespace({ metadata: { name: NS, labels: { [MODE_LABEL]: 'ambient' } } });
+        api.upsertNamespace({ metadata: { name: SELF.namespace } });
+        // The plugin's account as the ambient component grants it: podman passes no K8S_POD_UID, so the
+        // plugin cannot ask the agent (a lookup needs the uid) and reads the pod and its namespace itself.
+        api.serviceAccount(PLUGIN_SERVICE_ACCOUNT.namespace, PLUGIN_SERVICE_ACCOUNT.name, [
+          { verbs: ['get'], apiGroups: [''], resources: ['pods'] },
+          { verbs: ['get'], apiGroups: [''], resources: ['namespaces'] },
+        ]);
+        // Our own pod, owned by a DaemonSet the API server has: a restart is an upgrade until the
+        // DaemonSet goes (the uninstall step).
+        api.upsertDaemonSet({ metadata: { name: DAEMONSET, namespace: SELF.namespace, uid: 'ds-uid' } });
+        api.upsertPod({
+          metadata: {
+            ...SELF,
+            ownerReferences: [
+              { apiVersion: 'apps/v1', kind: 'DaemonSet', name: DAEMONSET, uid: 'ds-uid', controller: true },
+            ],
+          },
+          spec: { nodeName: NODE, hostNetwork: true, containers: [{ name: 'install-cni', image: 'mesh-cni' }] },
+        });
+      });
 
-    // ztunnel back: it gets every enrolled pod again (A and B, not C), then SnapshotSent.
-    const z = startFake();
-    await z.waitForNth('snapshot_sent', 1);
-    const adds = z.of('add').map((r) => r.uid);
-    assert.deepEqual(adds.sort(), [pods.get(`${TAG}-a`)!.uid, pods.get(`${TAG}-b`)!.uid].sort());
-    assert.equal(z.of('keep').length, 0);
-  });
+      after(async () => {
+        await agent?.stop('SIGKILL');
+        await stopFake().catch(() => undefined);
+        for (const c of cleanups.reverse()) {
+          try {
+            await c();
+          } catch (e) {
+            console.error(`e2e-ambient cleanup: ${(e as Error).message}`);
+          }
+        }
+      });
 
-  it('unlabel: pod B labelled none: Del(uidB), its rules, ipset entry and annotation gone', async () => {
-    const b = pods.get(`${TAG}-b`)!;
-    const cur = api.getPod(NS, b.name)!;
-    api.upsertPod({ ...cur, metadata: { ...cur.metadata, labels: { ...cur.metadata?.labels, [MODE_LABEL]: 'none' } } });
-    await fake!.waitFor((r) => r.kind === 'del' && r.uid === b.uid);
-    await waitFor('the annotation removed from B', () => redirection(b.name) === undefined, { context: agentLogs });
-    assert.doesNotMatch(rulesIn(b.netnsPath), /MESH_/, "no rules of ours left in B's netns");
-    assert.ok(!probeSet().includes(b.ip), 'B out of the probe ipset');
-    assert.ok(!proxies.uids.includes(b.uid));
-  });
+      it('pre-existing pod: enrolled at start-up (not ready before), Add with its netns, SnapshotSent', async () => {
+        const uidA = randomUUID();
+        api.upsertPod(podObject(`${TAG}-a`, uidA));
+        // Before the agent: the chain is the primary plugin alone; the pod runs unredirected.
+        const a = await startPod(`${TAG}-a`, uidA);
+        assert.doesNotMatch(rulesIn(a.netnsPath), IN_POD_CHAIN);
+        // As a previous agent would have left it: enrolled.
+        kubeletReports(a.name, a.ip, { [REDIRECTION]: 'enabled' });
 
-  it('delete: pod A removed (podman rm, then the API delete): Del(uidA), ipset entry gone', async () => {
-    const a = pods.get(`${TAG}-a`)!;
-    await podman.ok(['rm', '--force', '--time', '0', a.name]);
-    api.deletePodFromStore(NS, a.name);
-    await fake!.waitFor((r) => r.kind === 'del' && r.uid === a.uid);
-    await waitFor('A out of the probe ipset', () => !probeSet().includes(a.ip), { context: agentLogs });
-  });
+        const ag = startAgent();
+        // The ZDS socket's dir is not there yet: ambient cannot start, and /readyz must say so.
+        let last = '';
+        const notReady = await waitFor(
+          'install-cni to say ambient is not ready (no ztunnel socket dir yet)',
+          async () => {
+            const r = await ag.get('/readyz');
+            last = `${r.status} ${r.body}`;
+            return (r.status === 503 && /ambient/.test(r.body)) || (ag.logs.filter(startFailed).length >= 3 && 'never');
+          },
+          { timeoutMs: 30_000, everyMs: 100, context: agentLogs },
+        );
+        await fs.mkdir(zdsDir, { mode: 0o750 });
+        await waitFor('install-cni to be ready', async () => (await ag.get('/readyz')).status === 200, {
+          timeoutMs: 30_000,
+          everyMs: 100,
+          context: agentLogs,
+        });
+        const z = startFake();
+        const conf = JSON.parse(await fs.readFile(primaryFile, 'utf8')) as { plugins: Record<string, unknown>[] };
+        assert.deepEqual(
+          conf.plugins.map((p) => p.type),
+          ['bridge', 'mesh-cni'],
+        );
 
-  it('upgrade restart (DaemonSet present): host rule and ipset stay, the snapshot is sent again', async () => {
-    // B back in the mesh first, so there is an enrolled pod to keep.
-    const b = pods.get(`${TAG}-b`)!;
-    const cur = api.getPod(NS, b.name)!;
-    const labels = { ...cur.metadata?.labels };
-    delete labels[MODE_LABEL];
-    api.upsertPod({ ...cur, metadata: { ...cur.metadata, labels } });
-    await waitFor('B enrolled again', () => redirection(b.name) === 'enabled' && probeSet().includes(b.ip), {
-      context: agentLogs,
-    });
-    const rulesBefore = rulesIn(b.netnsPath);
-    const connsBefore = fake!.connections;
+        const add = await waitFor('Add(uidA) at the fake ztunnel', () => z.of('add').find((r) => r.uid === uidA), {
+          timeoutMs: 30_000,
+          context: agentLogs,
+        });
+        assert.equal(add.netnsIno, statSync(`/proc/${a.pid}/ns/net`, { bigint: true }).ino, "the container's netns");
+        assert.deepEqual(add.info, { name: a.name, namespace: NS, serviceAccount: 'demo-sa' });
+        await z.waitForNth('snapshot_sent', 1);
+        assert.deepEqual(
+          z.records.filter((r) => r.conn === 1 && r.kind !== 'connected').map((r) => r.kind),
+          ['add', 'snapshot_sent'],
+        );
+        assert.equal(z.openFds, 0);
+        assert.match(rulesIn(a.netnsPath), IN_POD_CHAIN, "the in-pod rules are in uidA's netns");
+        assert.match(
+          sh('nsenter', [`--net=${a.netnsPath}`, '--', `iptables-${flavour}-save`]),
+          IN_POD_CHAIN,
+          `written with iptables-${flavour}, the node's flavour`,
+        );
+        assert.deepEqual(probeSet(), [a.ip], 'the probe ipset holds its IP');
+        assert.match(nodeNat(), HOST_RULE, 'the host probe rule');
+        await waitFor(
+          'mesh_cni_ztunnel_connections 1',
+          async () => sample(await metrics(), 'mesh_cni_ztunnel_connections') === 1,
+        );
+        assert.equal(redirection(a.name), 'enabled');
+        assert.equal(conf.plugins[1]!.ambient_enabled, true, 'the entry says ambient');
+        assert.notEqual(notReady, 'never', `/readyz while ambient could not start: ${last}`);
+      });
 
-    assert.equal(await agent!.stop('SIGTERM', 30_000), 0);
-    agent = undefined;
-    assert.match(nodeNat(), HOST_RULE, 'the host rule stays');
-    assert.deepEqual(probeSet(), [b.ip], 'the ipset and its entry stay');
-    assert.equal(rulesIn(b.netnsPath), rulesBefore, "B's in-pod rules untouched");
+      it('new pod: /cmdadd 200, Add(uidB) before `podman run` returns, annotated enabled', async () => {
+        const uidB = randomUUID();
+        const name = `${TAG}-b`;
+        api.upsertPod(podObject(name, uidB));
+        const before200 = sample(await metrics(), 'mesh_cni_plugin_requests_total', { response_code: '200' });
+        const b = await startPod(name, uidB);
+        // podman run has returned: the Add must be there already (the ADD waited for ztunnel's ack).
+        const add = fake!.of('add').find((r) => r.uid === uidB);
+        assert.ok(add, `Add(uidB) before podman run returned:\n${agentLogs()}`);
+        assert.equal(add.netnsIno, statSync(`/proc/${b.pid}/ns/net`, { bigint: true }).ino);
+        assert.ok(add.acked);
+        assert.equal(
+          sample(await metrics(), 'mesh_cni_plugin_requests_total', { response_code: '200' }),
+          before200 + 1,
+          'the plugin POSTed /cmdadd once, answered 200',
+        );
+        kubeletReports(name, b.ip);
+        await waitFor('the annotation enabled on pod B', () => redirection(name) === 'enabled', { context: agentLogs });
+        assert.match(rulesIn(b.netnsPath), IN_POD_CHAIN);
+        await waitFor('B in the probe ipset', () => probeSet().includes(b.ip));
+        assert.deepEqual(proxies.uids.sort(), [pods.get(`${TAG}-a`)!.uid, uidB].sort());
+      });
 
-    const ag = startAgent();
-    await waitFor('install-cni to be ready again', async () => (await ag.get('/readyz')).status === 200, {
-      timeoutMs: 30_000,
-      everyMs: 100,
-      context: agentLogs,
-    });
-    const z = fake!;
-    const sent = await z.waitFor((r) => r.kind === 'snapshot_sent' && r.conn > connsBefore);
-    assert.deepEqual(
-      z.of('add', sent.conn).map((r) => r.uid),
-      [b.uid],
-      'the new agent sends B (netns found again from /proc)',
-    );
-    assert.equal(z.of('add', sent.conn)[0]!.netnsIno, statSync(`/proc/${b.pid}/ns/net`, { bigint: true }).ino);
-    assert.match(nodeNat(), HOST_RULE);
-    assert.deepEqual(probeSet(), [b.ip]);
-    assert.match(rulesIn(b.netnsPath), IN_POD_CHAIN);
-  });
+      it(`traffic (${flavour}): probe SNAT, inbound 15006, 15008 direct, outbound 15001, marked direct`, async () => {
+        const b = pods.get(`${TAG}-b`)!;
+        // A peer pod in demo that opted out (label none): no redirection, a plain server on 9090.
+        const uidP = randomUUID();
+        const peerName = `${TAG}-peer`;
+        api.upsertPod(podObject(peerName, uidP, { [MODE_LABEL]: 'none' }));
+        const peer = await startPod(peerName, uidP);
+        kubeletReports(peerName, peer.ip);
+        assert.doesNotMatch(rulesIn(peer.netnsPath), IN_POD_CHAIN, 'the opted-out pod has no in-pod rules');
+        assert.equal(fake!.of('add').filter((r) => r.uid === uidP).length, 0, 'and no Add');
+        const listening: Listening[] = [];
+        cleanups.push(async () => {
+          for (const l of listening) await l.stop();
+        });
+        listening.push(await listenIn(b.netnsPath, [8080]), await listenIn(peer.netnsPath, [9090]));
 
-  it('uninstall (DaemonSet gone): host rule and ipset removed, the primary conflist byte for byte', async () => {
-    api.deleteDaemonSetFromStore(SELF.namespace, DAEMONSET);
-    assert.equal(await agent!.stop('SIGTERM', 30_000), 0);
-    agent = undefined;
-    assert.doesNotMatch(nodeNat(), /MESH_POSTRT/, 'the host rule is gone');
-    assert.ok(!hasProbeSet(), 'the probe ipset is gone');
-    assert.deepEqual(await fs.readFile(primaryFile), primaryBytes, 'the primary config is byte for byte the original');
-  });
-});
+        const [port, source] = await connectFrom(hostNetnsPath, b.ip, 8080);
+        assert.deepEqual([port, source], ['8080', PROBE_SNAT], 'node -> pod: the app sees the probe address');
+        assert.deepEqual(await connectFrom(peer.netnsPath, b.ip, 8080), ['15006', peer.ip, `${b.ip}:8080`], 'inbound');
+        assert.deepEqual(
+          (await connectFrom(peer.netnsPath, b.ip, 15008)).slice(0, 2),
+          ['15008', peer.ip],
+          '15008 direct',
+        );
+        assert.deepEqual(await connectFrom(b.netnsPath, peer.ip, 9090), ['15001', b.ip, `${peer.ip}:9090`], 'outbound');
+        assert.deepEqual((await connectFrom(b.netnsPath, peer.ip, 9090, 1337)).slice(0, 2), ['9090', b.ip], 'marked');
+        // What ztunnel's proxies of B saw, with the original destinations.
+        assert.deepEqual(
+          proxies.connections(b.uid).map((c) => [c.port, c.source, c.originalDst]),
+          [
+            [15006, peer.ip, `${b.ip}:8080`],
+            [15008, peer.ip, `${b.ip}:15008`],
+            [15001, b.ip, `${peer.ip}:9090`],
+          ],
+        );
+      });
+
+      it('ztunnel down: ADD fails (code 11, names ztunnel), pod pending; ztunnel back: a new snapshot', async () => {
+        await stopFake();
+        await waitFor(
+          'mesh_cni_ztunnel_connections 0',
+          async () => sample(await metrics(), 'mesh_cni_ztunnel_connections') === 0,
+        );
+        const uidC = randomUUID();
+        const name = `${TAG}-c`;
+        api.upsertPod(podObject(name, uidC));
+        cleanups.push(async () => {
+          await podman.run(['rm', '--force', '--time', '0', name]);
+          await removePodCgroups(uidC);
+        });
+        const r = await podman.run([
+          ...['run', '--detach', '--name', name, '--cgroup-parent', podCgroupParent(uidC)],
+          ...['--network', NETWORK, IMAGE, 'sleep', '600'],
+        ]);
+        assert.notEqual(r.code, 0, 'podman run fails: the pod never starts unredirected');
+        assert.match(r.stderr, /ztunnel/, `the runtime's error names ztunnel: ${r.stderr}`);
+        const said = await agent!.waitForLog(
+          (l) => l.scope === 'cni' && l.level === 'error' && /ztunnel/.test(JSON.stringify(l)),
+          "the plugin's error record naming ztunnel",
+          10_000,
+        );
+        assert.equal(said.code, 11, `CNI error 11 (try again later): ${JSON.stringify(said)}`);
+        await waitFor('pod C annotated pending', () => redirection(name) === 'pending', { context: agentLogs });
+        assert.ok(sample(await metrics(), 'mesh_cni_plugin_requests_total', { response_code: '500' }) >= 1);
+        // The runtime gave up on the sandbox (podman removed it); the pod goes from the API too, and
+        // the agent lets go of the netns it held for the retry (the removal of a pending pod).
+        await podman.run(['rm', '--force', '--time', '0', name]);
+        api.deletePodFromStore(NS, name);
+        await agent!.waitForLog(
+          (l) => l.scope === 'ambient' && l.msg === 'ambient: removed' && l.uid === uidC,
+          'the agent to remove pod C',
+          15_000,
+        );
+
+        // ztunnel back: it gets every enrolled pod again (A and B, not C), then SnapshotSent.
+        const z = startFake();
+        await z.waitForNth('snapshot_sent', 1);
+        const adds = z.of('add').map((r) => r.uid);
+        assert.deepEqual(adds.sort(), [pods.get(`${TAG}-a`)!.uid, pods.get(`${TAG}-b`)!.uid].sort());
+        assert.equal(z.of('keep').length, 0);
+      });
+
+      it('unlabel: pod B labelled none: Del(uidB), its rules, ipset entry and annotation gone', async () => {
+        const b = pods.get(`${TAG}-b`)!;
+        const cur = api.getPod(NS, b.name)!;
+        api.upsertPod({
+          ...cur,
+          metadata: { ...cur.metadata, labels: { ...cur.metadata?.labels, [MODE_LABEL]: 'none' } },
+        });
+        await fake!.waitFor((r) => r.kind === 'del' && r.uid === b.uid);
+        await waitFor('the annotation removed from B', () => redirection(b.name) === undefined, { context: agentLogs });
+        assert.doesNotMatch(rulesIn(b.netnsPath), /MESH_/, "no rules of ours left in B's netns");
+        assert.ok(!probeSet().includes(b.ip), 'B out of the probe ipset');
+        assert.ok(!proxies.uids.includes(b.uid));
+      });
+
+      it('delete: pod A removed (podman rm, then the API delete): Del(uidA), ipset entry gone', async () => {
+        const a = pods.get(`${TAG}-a`)!;
+        await podman.ok(['rm', '--force', '--time', '0', a.name]);
+        api.deletePodFromStore(NS, a.name);
+        await fake!.waitFor((r) => r.kind === 'del' && r.uid === a.uid);
+        await waitFor('A out of the probe ipset', () => !probeSet().includes(a.ip), { context: agentLogs });
+      });
+
+      it('upgrade restart (DaemonSet present): host rule and ipset stay, the snapshot is sent again', async () => {
+        // B back in the mesh first, so there is an enrolled pod to keep.
+        const b = pods.get(`${TAG}-b`)!;
+        const cur = api.getPod(NS, b.name)!;
+        const labels = { ...cur.metadata?.labels };
+        delete labels[MODE_LABEL];
+        api.upsertPod({ ...cur, metadata: { ...cur.metadata, labels } });
+        await waitFor('B enrolled again', () => redirection(b.name) === 'enabled' && probeSet().includes(b.ip), {
+          context: agentLogs,
+        });
+        const rulesBefore = rulesIn(b.netnsPath);
+        const connsBefore = fake!.connections;
+        const delsBefore = fake!.of('del').length;
+
+        assert.equal(await agent!.stop('SIGTERM', 30_000), 0);
+        agent = undefined;
+        assert.match(nodeNat(), HOST_RULE, 'the host rule stays');
+        assert.deepEqual(probeSet(), [b.ip], 'the ipset and its entry stay');
+        assert.equal(rulesIn(b.netnsPath), rulesBefore, "B's in-pod rules untouched");
+
+        const ag = startAgent();
+        await waitFor('install-cni to be ready again', async () => (await ag.get('/readyz')).status === 200, {
+          timeoutMs: 30_000,
+          everyMs: 100,
+          context: agentLogs,
+        });
+        const z = fake!;
+        const sent = await z.waitFor((r) => r.kind === 'snapshot_sent' && r.conn > connsBefore);
+        assert.deepEqual(
+          z.of('add', sent.conn).map((r) => r.uid),
+          [b.uid],
+          'the new agent sends B (netns found again from /proc)',
+        );
+        assert.equal(z.of('add', sent.conn)[0]!.netnsIno, statSync(`/proc/${b.pid}/ns/net`, { bigint: true }).ino);
+        assert.match(nodeNat(), HOST_RULE);
+        assert.deepEqual(probeSet(), [b.ip]);
+        assert.match(rulesIn(b.netnsPath), IN_POD_CHAIN);
+        assert.equal(fake!.of('del').length, delsBefore, 'ztunnel was told to drop nothing');
+        assert.equal(redirection(b.name), 'enabled');
+      });
+
+      it('uninstall (DaemonSet gone): host rule and ipset removed, the primary conflist byte for byte', async () => {
+        api.deleteDaemonSetFromStore(SELF.namespace, DAEMONSET);
+        assert.equal(await agent!.stop('SIGTERM', 30_000), 0);
+        agent = undefined;
+        assert.doesNotMatch(nodeNat(), /MESH_POSTRT/, 'the host rule is gone');
+        assert.ok(!hasProbeSet(), 'the probe ipset is gone');
+        assert.deepEqual(
+          await fs.readFile(primaryFile),
+          primaryBytes,
+          'the primary config is byte for byte the original',
+        );
+      });
+    },
+  );
+}
+
+ambientSuite('nft', '198.19.9');
+ambientSuite('legacy', '198.19.10');
