@@ -146,6 +146,11 @@ class Pollable {
     this.#events = events;
   }
 
+  /** libuv stopped the watch itself (it does on POLLERR): the next want() starts it again. */
+  stopped(): void {
+    this.#events = 0;
+  }
+
   /** Stops watching and closes the fd (the watch first: libuv must not poll a closed fd). */
   close(): void {
     const n = native();
@@ -230,9 +235,18 @@ class Conn implements SeqpacketConn {
   #ready(status: number, _events: number): void {
     if (this.#closed) return;
     if (status < 0) {
-      const err = sysError(status, 'uv_poll', 'the connection is unusable');
-      this.#failAll(() => err);
-      this.#rearm();
+      // libuv reports POLLERR as EBADF and stops the watch. On a Unix socket POLLERR is the peer's
+      // reset (it closed with our datagrams unread: a ztunnel that crashed before reading an Add),
+      // so the calls themselves say what happened (ECONNRESET, EPIPE, then the peer's close); the
+      // poll's status is only for what they leave waiting (never seen: no busy loop either way).
+      this.#p.stopped();
+      this.#drainRecvs();
+      this.#flushSends();
+      if (this.#recvs.length > 0 || this.#sends.length > 0) {
+        const err = sysError(status, 'uv_poll', 'the connection is unusable');
+        this.#failAll(() => err);
+        this.#rearm();
+      }
       return;
     }
     this.#flushSends();

@@ -234,6 +234,41 @@ describe('ambient seqpacket', { timeout: 60_000 }, () => {
     }
   });
 
+  it("a peer that goes with our datagrams unread: what waits says ECONNRESET / EPIPE, not the poll's EBADF", async () => {
+    // The kernel then flags our socket with an error (POLLERR), which libuv reports as EBADF: a ztunnel
+    // that crashed with an Add unread would read as a bad fd in the agent's logs.
+    const { srv, a, b } = await pair(dir);
+    try {
+      // b fills a's queue until a send has to wait; a never reads.
+      const sends: Promise<unknown>[] = [];
+      let waiting: Promise<unknown> | undefined;
+      for (let i = 0; i < 100_000 && waiting === undefined; i++) {
+        const s = b.send(Buffer.alloc(MAX_MESSAGE, 7)).then(
+          () => 'sent',
+          (e: unknown) => e,
+        );
+        sends.push(s);
+        const first = await Promise.race([s, sleep(0).then(() => 'waiting')]);
+        if (first === 'waiting') waiting = s;
+      }
+      assert.ok(waiting, 'a send that waits for room');
+      const recv = b.recv(5000).then(
+        () => assert.fail('no message'),
+        (e: unknown) => e,
+      );
+      a.close();
+      const [recvErr, sendErr] = (await Promise.all([recv, waiting])) as NodeJS.ErrnoException[];
+      assert.equal(recvErr?.code, 'ECONNRESET', recvErr?.message);
+      assert.equal(recvErr?.syscall, 'recvmsg');
+      assert.equal(sendErr?.code, 'EPIPE', sendErr?.message);
+      // Then it reads as the peer's close.
+      await assert.rejects(b.recv(1000), { code: 'ERR_SEQPACKET_CLOSED', message: /closed by the peer/ });
+      await Promise.all(sends);
+    } finally {
+      closeAll(a, b, srv);
+    }
+  });
+
   it('close is idempotent; it rejects what waits and what comes after', async () => {
     const { srv, a, b } = await pair(dir);
     const pending = b.recv(5000);
