@@ -91,6 +91,15 @@ function procKb(pid: number, field: 'VmRSS'): number {
   return m ? Number(m[1]) : NaN;
 }
 
+const CLK_TCK = Number(spawnSync('getconf', ['CLK_TCK'], { encoding: 'utf8' }).stdout.trim()) || 100;
+/** The process's CPU with its reaped children's (nsenter, iptables, ipset), in ms. */
+function cpuMs(pid: number): number {
+  const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
+  const f = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
+  // fields 14-17 (utime stime cutime cstime) are 12-15 after the comm
+  return ((Number(f[11]) + Number(f[12]) + Number(f[13]) + Number(f[14])) * 1000) / CLK_TCK;
+}
+
 function table(head: string[], rows: string[][]): void {
   const widths = head.map((h, i) => Math.max(h.length, ...rows.map((r) => r[i]!.length)));
   const line = (r: string[]) => r.map((c, i) => c.padEnd(widths[i]!)).join(' | ');
@@ -294,6 +303,8 @@ for (let i = 0; i < ADDS; i++) {
 }
 await sleep(1000); // the agent's watch has them (the /cmdadd server reads the pod from it)
 
+const agentCpuAmbient: number[] = [];
+const agentCpuSidecar: number[] = [];
 for (let i = 0; i < ADDS; i++) {
   const pair = [addPods[2 * i]!, addPods[2 * i + 1]!];
   if (i % 2 === 1) pair.reverse();
@@ -313,11 +324,13 @@ for (let i = 0; i < ADDS; i++) {
       interfaces: [{ name: 'eth0', sandbox: ns.path }],
       ips: [{ address: `${ip}/24`, interface: 0 }],
     };
+    const cpu0 = cpuMs(ambientAgent.child.pid!);
     const m = await driver.run({
       argv: [pluginExe],
       env: cniEnv('ADD', chain, { PATH: PATH_ENV }),
       input: stdin(prev),
     });
+    (kind === 'ambient' ? agentCpuAmbient : agentCpuSidecar).push(cpuMs(ambientAgent.child.pid!) - cpu0);
     if (m.code !== 0) throw new Error(`${kind} ADD failed (${m.code}): ${m.stdout} ${m.stderr}`);
     record(
       kind === 'ambient' ? 'ADD, ambient pod (/cmdadd, ztunnel Add)' : 'ADD, sidecar pod (rules by the plugin)',
@@ -349,6 +362,10 @@ table(
   ]),
 );
 console.log(`(the fake ztunnel got ${ambientAdds} Adds from the ${ADDS} ambient ADDs)`);
+console.log(
+  `the agent's CPU while the ADD ran (its children incl., ${CLK_TCK} Hz ticks), p50: ambient ` +
+    `${ms(median(agentCpuAmbient))}, sidecar ${ms(median(agentCpuSidecar))} (the plugin's CPU above excludes it)`,
+);
 
 console.log(
   `\nStart-up snapshot, median of ${ROUNDS} runs ` +
