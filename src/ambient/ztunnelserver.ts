@@ -184,6 +184,9 @@ class Connection {
   async run(): Promise<void> {
     try {
       await this.#hello();
+      // close() may have dropped it while its Hello was being read: never counted then (counted,
+      // it would stay in the gauge and among the connections, and hold the snapshot's fds for good).
+      if (this.#dropped !== null) throw new Dropped(this.#dropped, 'closed');
       this.#counted = true;
       this.#server.connectionUp(this);
       await this.#snapshot();
@@ -278,6 +281,8 @@ class Connection {
     }
     const nack = await this.#exchange({ kind: 'snapshot_sent' }, encode({ kind: 'snapshot_sent' }), []);
     if (nack !== null) log.warn('ztunnel refused SnapshotSent', { conn: this.id, error: nack });
+    // Dropped since the ack came (close()): it said 'disconnected' already, which ends its events.
+    if (this.#dropped !== null) throw new Dropped(this.#dropped, 'closed');
     this.#server.emit('snapshot', this.id, pods.length);
   }
 

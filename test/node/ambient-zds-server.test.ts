@@ -551,6 +551,61 @@ describe('ambient ZDS server: accept rate', () => {
   });
 });
 
+describe('ambient ZDS server: close() while a Hello is being read', () => {
+  it('a connection dropped by close() between reading its Hello and counting it is never counted', async () => {
+    // The Hello is queued before the accept, so it is read at once; close() then runs in the next
+    // microtasks (from the accept loop's wait for its next token), before the connection counts.
+    let closing: Promise<void> | undefined;
+    const ref: { server?: ZtunnelServer } = {};
+    const clock: Clock = {
+      now: () => 0,
+      sleep: (_ms, signal) => {
+        closing ??= ref.server!.close();
+        return new Promise<void>((_resolve, reject) => {
+          if (signal?.aborted) reject(signal.reason as Error);
+          signal?.addEventListener('abort', () => reject(signal.reason as Error));
+        });
+      },
+    };
+    const started = startServer(() => [], { acceptsPerSecond: 5 }, clock);
+    const server = (ref.server = started.server);
+    const conn = await connectSeqpacket(server.path);
+    defer(async () => conn.close());
+    await conn.send(encodeZdsHello({ version: 1 }));
+    await started.events.nth('refused', 1);
+    await closing;
+    await new Promise((r) => setImmediate(r));
+    assert.deepEqual(
+      started.events.seen.map((e) => e.type),
+      ['refused'],
+    );
+    assert.equal(server.connections, 0);
+    assert.equal(await gauge(), 0);
+  });
+
+  it("close() at any point of a snapshot: 'disconnected' ends a connection's events, never 'snapshot' after it", async () => {
+    // The peer sends its Hello and the SnapshotSent's ack at once, so the whole (empty) snapshot runs
+    // in the microtasks after 'connected'; close() is called k microtasks after 'connected', for
+    // every k, so one lands between the ack being read and the snapshot being reported.
+    for (let k = 0; k < 40; k++) {
+      const { server, events } = startServer();
+      server.on('connected', () => {
+        let p = Promise.resolve();
+        for (let i = 0; i < k; i++) p = p.then(() => {});
+        void p.then(() => server.close());
+      });
+      const conn = await connectSeqpacket(server.path);
+      await conn.send(encodeZdsHello({ version: 1 }));
+      await conn.send(encodeWorkloadResponse({ ack: { error: '' } }));
+      await events.nth('disconnected', 1);
+      await server.close();
+      conn.close();
+      const types = events.seen.map((e) => e.type);
+      assert.equal(types.at(-1), 'disconnected', `close() ${k} microtasks after 'connected': ${types.join(', ')}`);
+    }
+  });
+});
+
 describe('ambient ZDS server: accept errors', () => {
   it('a failed accept (EMFILE) is not the end: ztunnel is taken once fds are free again', async () => {
     // The server in a child that uses up its fds; this process connects the fake to it.
