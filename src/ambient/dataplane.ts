@@ -306,23 +306,31 @@ class Dataplane implements MeshDataplane {
       });
     }
     const cached = this.#cache.get(pod.uid);
-    const netns = this.#cache.take(pod.uid);
+    const held = this.#cache.take(pod.uid);
+    // A running pod whose netns is not held (not found at start-up, or let go after a failed
+    // add) may still have its rules: found now, or they would send its traffic to a ztunnel
+    // that is about to let it go (Istio leaves them).
+    const found = !isDelete && held === null ? await this.#findForRemoval(pod) : null;
+    const netns = held ?? found;
     if (!isDelete && netns !== null) {
       try {
         await removeInpod(runnerIn(netns), await this.#flavour(), familiesOfIps(pod.ips));
       } catch (e) {
         // Back in the cache: the retry needs the netns to take the rules out (Istio drops it
         // here, and a retry then leaves the rules in a pod ztunnel no longer serves).
-        this.#cache.upsert(pod.uid, cached!.info, netns);
+        if (held !== null) this.#cache.upsert(pod.uid, cached!.info, held);
+        else {
+          found?.close(); // never handed out; the retry finds it again
+          if (cached) this.#cache.ensure(pod.uid, cached.info);
+        }
         throw new EnrollError('rules', `cannot remove the in-pod rules of pod ${name}: ${(e as Error).message}`, {
           cause: e,
           retryable: true,
         });
       }
-    } else if (!isDelete) {
-      log.warn("the pod's netns is not held: its in-pod rules are not removed", { pod: name });
     }
-    this.#cache.release(netns);
+    if (found !== null) found.close();
+    else this.#cache.release(held);
     this.#enrolled.delete(pod.uid);
     try {
       await this.#server?.podDeleted(pod.uid);
@@ -339,6 +347,26 @@ class Dataplane implements MeshDataplane {
       }
       log.debug('annotation of a deleted pod not removed', { pod: name, error: (e as Error).message });
     }
+  }
+
+  /** The netns of a running pod being removed that the agent does not hold; null: not found (logged). */
+  async #findForRemoval(pod: AmbientPod): Promise<HeldNetns | null> {
+    const name = podName(pod);
+    try {
+      const r = await findPodNetns(pod.mirrorUid ?? pod.uid, pod.ips, this.#nsOpts);
+      if (r.ok) return r.netns;
+      log.warn("the pod's netns is not held and not found: its in-pod rules are not removed", {
+        pod: name,
+        reason: r.reason,
+        detail: r.detail,
+      });
+    } catch (e) {
+      log.warn("the pod's netns is not held and cannot be looked for: its in-pod rules are not removed", {
+        pod: name,
+        error: (e as Error).message,
+      });
+    }
+    return null;
   }
 
   syncHostProbeIPs(pod: AmbientPod): Promise<void> {

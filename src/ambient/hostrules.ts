@@ -74,13 +74,16 @@ function checkUid(uid: string): void {
   if (!UID.test(uid)) throw new AmbientRulesError(`pod UID "${uid}" is not a UID (letters, digits and -)`);
 }
 
-/** `ipset restore` input that makes our sets (kept if there, same type) and empties them: the start state. */
+/**
+ * `ipset restore` input that makes our sets, keeping a set that is there (same type) and its
+ * entries, as Istio's create-if-absent: the start-up sync adds the enrolled pods and prunes the
+ * rest. Emptied here, every enrolled pod's probes would miss the SNAT until then, for as long as
+ * a start failing after this kept failing, and a pod without an IP yet (the prune skipped for it)
+ * would lose its entry anyway.
+ */
 export function probeSetsDocument(families: readonly Family[]): string {
   const lines: string[] = [];
-  for (const f of families) {
-    lines.push(`create ${probeSet(f)} hash:ip family ${f === 4 ? 'inet' : 'inet6'} comment`);
-    lines.push(`flush ${probeSet(f)}`);
-  }
+  for (const f of families) lines.push(`create ${probeSet(f)} hash:ip family ${f === 4 ? 'inet' : 'inet6'} comment`);
   return lines.join('\n') + '\n';
 }
 
@@ -126,7 +129,7 @@ async function ipset(run: Runner, args: readonly string[], input?: string): Prom
   return r;
 }
 
-/** Start-up: our sets made and emptied (the pods are added again as they are enrolled), then the SNAT rule. */
+/** Start-up: our sets made (kept with their entries when there), then the SNAT rule. */
 export async function applyHost(
   run: Runner,
   flavour: Flavour,

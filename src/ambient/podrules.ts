@@ -423,9 +423,14 @@ async function ipBatch(run: Runner, family: Family, op: 'add' | 'del'): Promise<
   const r = await run(['ip', `-${family}`, '-force', '-batch', '-'], { input });
   if (r.error !== null) throw failed('ip -batch', r);
   const fine = op === 'add' ? /File exists/ : /No such|Cannot find/;
-  const real = r.stderr.split('\n').filter((l) => l.trim() !== '' && !fine.test(l) && !/^Command failed/.test(l));
-  if (r.code !== 0 && real.length > 0)
-    throw new AmbientRulesError(`ip -${family} -batch (${op}) failed: ${real.join('; ')}`);
+  const said = r.stderr.split('\n').filter((l) => l.trim() !== '');
+  const real = said.filter((l) => !fine.test(l) && !/^Command failed/.test(l));
+  // A failure is excused only by a line saying what the op wants is so: a non-zero exit that
+  // says nothing (or nothing but "Command failed") left the rule or route unknown.
+  if (r.code !== 0 && (real.length > 0 || !said.some((l) => fine.test(l))))
+    throw new AmbientRulesError(
+      `ip -${family} -batch (${op}) failed (exit ${r.code}): ${real.join('; ') || said.join('; ') || 'no output'}`,
+    );
 }
 
 /** The pod's redirection to ztunnel, whatever of ours is there already (idempotent). */

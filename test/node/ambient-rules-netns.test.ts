@@ -240,7 +240,7 @@ for (const flavour of ['nft', 'legacy'] as const) {
       await removeInpod(run, flavour, [4, 6]); // nothing of ours left: no error
     });
 
-    it('host: idempotent, flushes the set at start, removal leaves the others and no set', async () => {
+    it('host: idempotent, keeps the set entries at start, removal leaves the others and no set', async () => {
       const node = await netns('node', defer);
       const run = runnerIn(node);
       await othersRules(node, flavour, 4);
@@ -252,12 +252,13 @@ for (const flavour of ['nft', 'legacy'] as const) {
       const once = await rulesOf(node, flavour, 4);
       assert.match(once, /-A POSTROUTING -j MESH_POSTRT\n/);
       await addProbeIP(run, POD, UID_A);
-      // A restart: the set is emptied (pods are added again as enrolled), the rule is left as it is.
+      // A restart: the set keeps its entries (the dataplane's start-up sync prunes the stale
+      // ones), the rule is left as it is.
       assert.equal(await applyHost(run, flavour, [4, 6]), 'unchanged');
       assert.equal(await rulesOf(node, flavour, 4), once);
       assert.deepEqual(
         [...parseProbeSet(await must(['ip', 'netns', 'exec', node, 'ipset', 'save', PROBE_SET_V4]))],
-        [],
+        [[POD, UID_A]],
       );
       // Ours is first in POSTROUTING, before the others' rule there (Istio inserts it first).
       assert.match(once, /\*nat[^*]*-A POSTROUTING -j MESH_POSTRT\n-A POSTROUTING -p tcp/);

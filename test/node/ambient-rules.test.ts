@@ -214,11 +214,11 @@ describe('reconcile documents', () => {
 });
 
 describe('host probe set', () => {
-  it('the start document makes both sets with comments and empties them', () => {
+  it('the start document makes both sets with comments and keeps their entries (the start-up sync prunes)', () => {
     assert.equal(
       probeSetsDocument([4, 6]),
-      'create mesh-inpod-probes-v4 hash:ip family inet comment\nflush mesh-inpod-probes-v4\n' +
-        'create mesh-inpod-probes-v6 hash:ip family inet6 comment\nflush mesh-inpod-probes-v6\n',
+      'create mesh-inpod-probes-v4 hash:ip family inet comment\n' +
+        'create mesh-inpod-probes-v6 hash:ip family inet6 comment\n',
     );
   });
   it('adds carry the UID and -exist, into the set of the address family', () => {
