@@ -62,7 +62,11 @@ export interface CmdAddOptions {
   /** Reads of the watch for a pod it does not hold (yet), and the wait between them (Istio: 10 x 10 ms). */
   readonly podReadAttempts: number;
   readonly podReadDelayMs: number;
-  /** Connections held at once; one more closes the oldest (a runtime starts a few pods at a time). */
+  /**
+   * Connections held at once; one more closes the oldest. Each ADD holds one while its pod is
+   * enrolled, and after a reboot the runtime starts all of the node's pods together (kubelet's
+   * default is 110 pods, 250 a common maximum): a cap below that cut in-flight ADDs (code 11).
+   */
   readonly maxConnections: number;
   readonly maxBodyBytes: number;
 }
@@ -70,7 +74,7 @@ export interface CmdAddOptions {
 export const DEFAULT_CMDADD: CmdAddOptions = {
   podReadAttempts: 10,
   podReadDelayMs: 10,
-  maxConnections: 64,
+  maxConnections: 256,
   maxBodyBytes: CMDADD_MAX_BODY_BYTES,
 };
 

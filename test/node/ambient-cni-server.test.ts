@@ -282,6 +282,59 @@ describe('the /cmdadd server (stand-in dataplane, the node pod watch on the test
     assert.equal((await post(sock, request(pod))).status, 200);
   });
 
+  it("a node's worth of pods starting at once (kubelet's 110, each enrollment in flight): every ADD answered 200", async () => {
+    // After a node reboot the runtime starts every pod of the node together; each POST holds its
+    // connection while its pod is enrolled (rules, ztunnel's ack). With the cap below that, the
+    // oldest in-flight ADDs were cut: code 11 and the kubelet's backoff for pods that were fine.
+    const N = 110;
+    let release!: () => void;
+    const allIn = new Promise<void>((r) => (release = r));
+    let inFlight = 0;
+    const slow = {
+      addPodToMesh: async () => {
+        if (++inFlight === N) release();
+        await Promise.race([allIn, new Promise((r) => setTimeout(r, 3000))]);
+      },
+    };
+    const any = {
+      get: (ns: string, name: string) => ({
+        ...ambientPod(name),
+        metadata: { namespace: ns, name, uid: `u-${name}`, labels: { 'mesh.io/dataplane-mode': 'ambient' } },
+      }),
+    };
+    const s = await startCmdAddServer(
+      path.join(tmp.dir, 'burst', 'pluginevent.sock'),
+      deps({ pods: any, dataplane: slow }),
+    );
+    try {
+      const one = (i: number) =>
+        new Promise<number>((resolve) => {
+          const req = http.request({ socketPath: s.address, path: '/cmdadd', method: 'POST', agent: false }, (res) => {
+            res.resume();
+            res.on('end', () => resolve(res.statusCode ?? 0));
+          });
+          req.on('error', () => resolve(0));
+          req.end(
+            JSON.stringify({
+              netns: '/var/run/netns/x',
+              podName: `p${i}`,
+              podNamespace: 'shop',
+              podUid: `u-p${i}`,
+              ips: [],
+            }),
+          );
+        });
+      const codes = await Promise.all(Array.from({ length: N }, (_, i) => one(i)));
+      assert.deepEqual(
+        codes.filter((c) => c !== 200).length,
+        0,
+        `answers other than 200: ${JSON.stringify(codes.filter((c) => c !== 200))}`,
+      );
+    } finally {
+      await s.close();
+    }
+  });
+
   it('connections over the cap close the oldest, not the server', async () => {
     const s = await startCmdAddServer(path.join(tmp.dir, 'cap', 'pluginevent.sock'), deps(), { maxConnections: 4 });
     const held: net.Socket[] = [];
