@@ -234,7 +234,7 @@ describe('ambient seqpacket', { timeout: 60_000 }, () => {
     }
   });
 
-  it("a peer that goes with our datagrams unread: what waits says ECONNRESET / EPIPE, not the poll's EBADF", async () => {
+  it("a peer gone with our datagrams unread: what waits says ECONNRESET / EPIPE, not the poll's EBADF", async () => {
     // The kernel then flags our socket with an error (POLLERR), which libuv reports as EBADF: a ztunnel
     // that crashed with an Add unread would read as a bad fd in the agent's logs.
     const { srv, a, b } = await pair(dir);
@@ -368,6 +368,64 @@ describe('ambient seqpacket', { timeout: 60_000 }, () => {
       closeSync(file);
       closeAll(a, b, srv);
     }
+  });
+});
+
+describe('addon error paths (a fault-injecting build of the addon)', () => {
+  let dir: string;
+  before(() => (dir = mkdtempSync(path.join(os.tmpdir(), 'mcni-fault-'))));
+  after(() => rmSync(dir, { recursive: true, force: true }));
+
+  it('fds received with a message the addon cannot hand to JS are closed, not leaked', () => {
+    // The real source, with napi_create_array_with_length failing on demand (as it does when the
+    // heap is exhausted) for a message that brought fds; loaded through a copy of the TS module.
+    const copy = path.join(dir, 'src/ambient/seqpacket.ts');
+    mkdirSync(path.dirname(copy), { recursive: true });
+    copyFileSync(path.join(ROOT, 'src/ambient/seqpacket.ts'), copy);
+    const source = path.join(dir, 'fault.c');
+    writeFileSync(
+      source,
+      [
+        '#define _GNU_SOURCE',
+        '#define NAPI_VERSION 8',
+        '#include <stdlib.h>',
+        '#include <node_api.h>',
+        'static napi_status fault_array(napi_env env, size_t n, napi_value *out) {',
+        '  if (n > 2 && getenv("FAULT_ARRAY") != NULL) return napi_generic_failure;',
+        '  return napi_create_array_with_length(env, n, out);',
+        '}',
+        '#define napi_create_array_with_length fault_array',
+        `#include ${JSON.stringify(path.join(ROOT, 'src/ambient/native/seqpacket.c'))}`,
+        '',
+      ].join('\n'),
+    );
+    buildNative({ root: ROOT, source, out: path.join(dir, 'dist/native/seqpacket.node') });
+    const marker = path.join(dir, 'passed-file');
+    writeFileSync(marker, '');
+    const code = `
+      import { openSync, closeSync, readdirSync, readlinkSync } from 'node:fs';
+      import { listenSeqpacket, connectSeqpacket } from ${JSON.stringify(copy)};
+      const held = () => readdirSync('/proc/self/fd').filter((fd) => {
+        try { return readlinkSync('/proc/self/fd/' + fd) === ${JSON.stringify(marker)}; } catch { return false; }
+      }).length;
+      const srv = listenSeqpacket(${JSON.stringify(path.join(dir, 'f.sock'))});
+      const accepted = srv.accept();
+      const a = await connectSeqpacket(${JSON.stringify(path.join(dir, 'f.sock'))});
+      const b = await accepted;
+      const file = openSync(${JSON.stringify(marker)}, 'r');
+      await a.send(Buffer.from('add'), [file]);
+      closeSync(file);
+      const err = await b.recv(1000).then(() => 'received', (e) => e.message);
+      console.log(JSON.stringify({ err, held: held() }));
+      a.close(); b.close(); srv.close();`;
+    const r = spawnSync(process.execPath, ['--input-type=module', '-e', code], {
+      encoding: 'utf8',
+      env: { ...process.env, FAULT_ARRAY: '1' },
+    });
+    assert.equal(r.status, 0, r.stderr);
+    const got = JSON.parse(r.stdout) as { err: string; held: number };
+    assert.match(got.err, /napi_create_array_with_length|cannot hand/);
+    assert.equal(got.held, 0, 'the received fd of the file is still open in the receiver');
   });
 });
 

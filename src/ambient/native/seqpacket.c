@@ -41,6 +41,12 @@ static napi_value make_int(napi_env env, int64_t v) {
   return out;
 }
 
+// out[i] = v; 1 on success.
+static int set_int(napi_env env, napi_value out, uint32_t i, int64_t v) {
+  napi_value n = make_int(env, v);
+  return n != NULL && napi_set_element(env, out, i, n) == napi_ok;
+}
+
 static int get_args(napi_env env, napi_callback_info info, size_t want, napi_value *argv) {
   size_t argc = want;
   if (napi_get_cb_info(env, info, &argc, argv, NULL, NULL) != napi_ok || argc < want) {
@@ -198,11 +204,17 @@ static napi_value js_recv(napi_env env, napi_callback_info info) {
     nfds = 0;
   }
 
+  // The fds are ours until JS holds their numbers: if the answer cannot be made (no memory), they
+  // are closed here, or nothing would ever close them.
   napi_value out;
-  CHECK(napi_create_array_with_length(env, 2 + nfds, &out));
-  CHECK(napi_set_element(env, out, 0, make_int(env, n)));
-  CHECK(napi_set_element(env, out, 1, make_int(env, msg.msg_flags)));
-  for (size_t i = 0; i < nfds; i++) CHECK(napi_set_element(env, out, (uint32_t)(2 + i), make_int(env, fds[i])));
+  int ok = napi_create_array_with_length(env, 2 + nfds, &out) == napi_ok && set_int(env, out, 0, n) &&
+           set_int(env, out, 1, msg.msg_flags);
+  for (size_t i = 0; ok && i < nfds; i++) ok = set_int(env, out, (uint32_t)(2 + i), fds[i]);
+  if (!ok) {
+    for (size_t i = 0; i < nfds; i++) close(fds[i]);
+    napi_throw_error(env, NULL, "seqpacket addon: cannot hand a received message to JS (its fds were closed)");
+    return NULL;
+  }
   return out;
 }
 
