@@ -30,6 +30,7 @@ import {
 import { addProbeIP, applyHost, removeHost, removeProbeIP } from './hostrules.ts';
 import { PodCache } from './podcache.ts';
 import { applyInpod, podOptions, removeInpod, type Family, type Flavour, type Runner } from './podrules.ts';
+import { REDIRECTION_ANNOTATION } from './enablement.ts';
 import { buildStartupState, type StartupPod } from './snapshot.ts';
 import type { WorkloadInfo } from './zds.ts';
 import { ZtunnelError, ZtunnelServer, type ZdsTimings } from './ztunnelserver.ts';
@@ -231,6 +232,7 @@ class Dataplane implements MeshDataplane {
   async #add(pod: AmbientPod, netnsPath: string | null): Promise<void> {
     const name = podName(pod);
     log.info('adding pod to the mesh', { pod: name, uid: pod.uid });
+    const heldBefore = this.#cache.get(pod.uid)?.netns ?? null;
     this.#cache.ensure(pod.uid, workload(pod));
     let netns: HeldNetns;
     try {
@@ -242,8 +244,17 @@ class Dataplane implements MeshDataplane {
     try {
       await this.#programRules(pod, netns);
     } catch (e) {
+      // Not retried, and the netns let go: rules half written (IPv4 in, IPv6 failed) would stay
+      // in a pod nobody knows of, its IPv4 sent to a ztunnel that never got it. A pod that was
+      // not redirected before (a netns new to the agent, no redirection annotation) goes back
+      // to that; one annotated (pending/enabled) keeps what it has (fail closed; its removal
+      // finds the netns again).
+      let also = '';
+      if (netns !== heldBefore && pod.annotations[REDIRECTION_ANNOTATION] === undefined) {
+        also = await this.#rollBackRules(netns);
+      }
       this.#cache.release(this.#cache.take(pod.uid));
-      throw new EnrollError('rules', `cannot program the in-pod rules of pod ${name}: ${(e as Error).message}`, {
+      throw new EnrollError('rules', `cannot program the in-pod rules of pod ${name}: ${(e as Error).message}${also}`, {
         cause: e,
       });
     }
@@ -284,6 +295,25 @@ class Dataplane implements MeshDataplane {
       throw new EnrollError('annotate', `cannot annotate pod ${name} enabled: ${(e as Error).message}`, { cause: e });
     }
     this.#enrolled.add(pod.uid);
+  }
+
+  /** Best effort, each family on its own: '' or what could not be taken out. */
+  async #rollBackRules(netns: HeldNetns): Promise<string> {
+    const failed: string[] = [];
+    let flavour: Flavour;
+    try {
+      flavour = await this.#flavour();
+    } catch (e) {
+      return ` (and its rules could not be taken out again: ${(e as Error).message})`;
+    }
+    for (const f of [4, 6] as const) {
+      try {
+        await removeInpod(runnerIn(netns), flavour, [f]);
+      } catch (e) {
+        failed.push(`IPv${f}: ${(e as Error).message}`);
+      }
+    }
+    return failed.length === 0 ? '' : ` (and its rules could not all be taken out again: ${failed.join('; ')})`;
   }
 
   removePodFromMesh(pod: AmbientPod, isDelete: boolean): Promise<void> {

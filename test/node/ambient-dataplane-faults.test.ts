@@ -9,7 +9,7 @@
 import assert from 'node:assert/strict';
 import { spawn, spawnSync } from 'node:child_process';
 import { randomUUID } from 'node:crypto';
-import { mkdtempSync, rmSync, statSync } from 'node:fs';
+import { mkdtempSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { describe, it as nodeIt } from 'node:test';
@@ -238,6 +238,63 @@ for (const flavour of ['nft', 'legacy'] as const) {
       runningPod(pod.uid, ns);
       await second.removePodFromMesh(pod, false);
       assert.equal(inpodRules(ns, flavour), false, 'its rules would send its traffic to a ztunnel that let it go');
+    });
+  });
+}
+
+/**
+ * `ip6tables-<flavour>-restore` refusing every write, as on a node whose IPv6 nat table cannot
+ * be initialised: a script first in the PATH the agent's children get (runInNetns keeps the
+ * agent's PATH first), until the test ends.
+ */
+function brokenIp6tablesRestore(flavour: Flavour): void {
+  const dir = mkdtempSync(path.join(os.tmpdir(), 'mcni-ambflt-bin-'));
+  const script = path.join(dir, `ip6tables-${flavour}-restore`);
+  writeFileSync(script, '#!/bin/sh\necho "ip6tables-restore: unable to initialize table \'nat\'" >&2\nexit 1\n', {
+    mode: 0o755,
+  });
+  const before = process.env.PATH;
+  process.env.PATH = `${dir}:${before ?? ''}`;
+  defer(async () => {
+    process.env.PATH = before;
+    rmSync(dir, { recursive: true, force: true });
+  });
+}
+
+for (const flavour of ['nft', 'legacy'] as const) {
+  describe(`ambient dataplane, a failed in-pod rules write, iptables-${flavour}`, () => {
+    it("a running pod's enrollment whose IPv6 rules fail takes its IPv4 rules out again; a pending pod keeps them", async () => {
+      const node = await nodeNetns();
+      const sock = socketPath();
+      const dp = dataplane(sock, node.run, flavour);
+      await dp.start([]);
+      const zt = new FakeZtunnel({ path: sock });
+      defer(() => zt.stop());
+      await zt.waitForNth('snapshot_sent', 1);
+      const ns = podNetns('pod', '198.18.64.2');
+      const pod = ambientPod(['198.18.64.2', 'fd00:198:18:64::2']);
+      runningPod(pod.uid, ns);
+      const nsPending = podNetns('pend', '198.18.64.3');
+      const pending = ambientPod(['198.18.64.3', 'fd00:198:18:64::3'], {
+        annotations: { 'ambient.mesh.io/redirection': 'pending' },
+      });
+      runningPod(pending.uid, nsPending);
+      brokenIp6tablesRestore(flavour);
+      // The informer's add of a running pod (its namespace just labelled): no CNI netns path.
+      await assert.rejects(dp.addPodToMesh(pod, null), (e: Error & { reason?: string; retryable?: boolean }) => {
+        assert.equal(e.reason, 'rules');
+        assert.equal(e.retryable, false);
+        return true;
+      });
+      assert.equal(
+        inpodRules(ns, flavour),
+        false,
+        'not enrolled, not retried, not known to the agent: half its redirection would black-hole its IPv4 traffic for good',
+      );
+      assert.deepEqual(zt.of('add'), []);
+      // A pending pod ran redirected before this retry: it stays so (fail closed).
+      await assert.rejects(dp.addPodToMesh(pending, null), /in-pod rules/);
+      assert.equal(inpodRules(nsPending, flavour), true);
     });
   });
 }
