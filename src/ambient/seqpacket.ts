@@ -354,7 +354,9 @@ class Server implements SeqpacketServer {
       const st = lstatSync(this.#path);
       if (st.ino === this.#ino && st.dev === this.#dev) unlinkSync(this.#path);
     } catch (err) {
-      if ((err as NodeJS.ErrnoException).code !== 'ENOENT') throw err;
+      // Gone, or its dir is no longer a dir (ENOTDIR): nothing of ours is there to unlink.
+      const code = (err as NodeJS.ErrnoException).code;
+      if (code !== 'ENOENT' && code !== 'ENOTDIR') throw err;
     }
   }
 

@@ -425,9 +425,13 @@ export class ZtunnelServer extends EventEmitter<ZdsServerEvents> {
   /** Stops accepting and closes every connection; their queued requests fail. */
   async close(): Promise<void> {
     this.#abort.abort(new Error('ZDS server closed'));
-    this.#listener.close();
-    for (const c of [...this.#all]) c.drop('the ZDS server was closed');
-    await this.#running;
+    try {
+      this.#listener.close();
+    } finally {
+      // Whatever the socket file's fate, no ztunnel stays connected to a closed server.
+      for (const c of [...this.#all]) c.drop('the ZDS server was closed');
+      await this.#running;
+    }
   }
 
   /** @internal */

@@ -5,7 +5,17 @@
 
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
-import { closeSync, fstatSync, mkdtempSync, openSync, readdirSync, readlinkSync, rmSync, writeFileSync } from 'node:fs';
+import {
+  closeSync,
+  fstatSync,
+  mkdtempSync,
+  openSync,
+  readdirSync,
+  readlinkSync,
+  renameSync,
+  rmSync,
+  writeFileSync,
+} from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { describe, it as nodeIt } from 'node:test';
@@ -481,6 +491,21 @@ describe('ambient ZDS server: connections that fail', () => {
     assert.match(failure.message, /^ztunnel did not ack the add of pod uid-\d+: writing the add .* took over 100 ms$/);
     const gone = await events.nth('disconnected', 1);
     assert.match(gone.args[1], /took over 100 ms/);
+  });
+
+  it('close() still closes every connection when its socket path no longer leads to a dir (ENOTDIR)', async () => {
+    const { server, events } = startServer();
+    const fake = startFake(server, { reconnect: false });
+    await events.nth('snapshot', 1);
+    // The socket's dir moved away and a file put in its place: the path cannot be ours to unlink.
+    const dir = path.dirname(server.path);
+    renameSync(dir, `${dir}.moved`);
+    defer(async () => rmSync(`${dir}.moved`, { recursive: true, force: true }));
+    writeFileSync(dir, 'not a dir');
+    await server.close();
+    assert.equal(server.connections, 0);
+    assert.equal(await gauge(), 0);
+    await fake.waitFor((r) => r.kind === 'disconnected');
   });
 
   it('close() fails what waits, with an error naming ztunnel, and the gauge is back to 0', async () => {
