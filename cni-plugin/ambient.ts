@@ -103,6 +103,17 @@ export async function ambientAdd(
   const started = Date.now();
   const answer = await postCmdAdd(req.config.pluginEventUdsAddress, body, CMDADD_TIMEOUT_MS);
   const what = `${ref.namespace}/${ref.name}`;
+  if ('error' in answer && answer.timedOut === true) {
+    // Connected and sent: the agent is there, and what it waits on that long is ztunnel's ack
+    // (its limit equals ours), so ztunnel is named, the issue's ask for every ztunnel failure.
+    throw new CniError(
+      CNI_ERROR.TRY_AGAIN_LATER,
+      `the mesh node agent did not finish enrolling ambient pod ${what} within ${CMDADD_TIMEOUT_MS / 1000} s; ` +
+        'not starting it unredirected',
+      `${answer.error}; the agent waits up to 5 s for ztunnel to take a pod: check that ztunnel runs on this node ` +
+        "and answers, then the agent's log (the runtime retries the pod)",
+    );
+  }
   if ('error' in answer) {
     throw new CniError(
       CNI_ERROR.TRY_AGAIN_LATER,
@@ -183,7 +194,10 @@ async function namespaceLabelsFromApi(req: CniRequest, log: UdsLog): Promise<Rec
   }
 }
 
-export type PostAnswer = { readonly status: number; readonly body: string } | { readonly error: string };
+export type PostAnswer =
+  | { readonly status: number; readonly body: string }
+  /** timedOut: connected and the request written, then no answer in time. */
+  | { readonly error: string; readonly timedOut?: boolean };
 
 /**
  * One HTTP/1.1 POST over the unix socket at `address`, on the runtime's own socket (unixsocket.ts:
@@ -197,6 +211,7 @@ export function postCmdAdd(address: string, body: CmdAddRequest, timeoutMs: numb
     `Content-Length: ${Buffer.byteLength(payload)}\r\nConnection: close\r\n\r\n${payload}`;
   return new Promise((resolve) => {
     let settled = false;
+    let sent = false;
     let text = '';
     const finish = (a: PostAnswer) => {
       if (settled) return;
@@ -206,11 +221,14 @@ export function postCmdAdd(address: string, body: CmdAddRequest, timeoutMs: numb
       resolve(a);
     };
     const timer = setTimeout(
-      () => finish({ error: `the agent did not answer on ${address} within ${timeoutMs} ms` }),
+      () => finish({ error: `the agent did not answer on ${address} within ${timeoutMs} ms`, timedOut: sent }),
       timeoutMs,
     );
     const socket: UnixSocket = connectUnix(address, {
-      open: () => socket.write(request),
+      open: () => {
+        sent = true;
+        socket.write(request);
+      },
       data: (chunk) => {
         text += chunk;
         const r = parseResponse(text, false);

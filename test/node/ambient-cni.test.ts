@@ -197,6 +197,9 @@ describe('mesh-cni ambient branch (bridge + host-local + mesh-cni, test API serv
     const e = errorOf(add.stdout);
     assert.equal(e.code, 11);
     assert.match(e.details ?? '', /did not answer .* within 5000 ms/);
+    // The agent took the request: it is reachable, and what it waits on that long is ztunnel's ack.
+    assert.match(e.msg, /^the mesh node agent did not finish enrolling ambient pod amb\/slow-agent within 5 s/);
+    assert.match(e.details ?? '', /ztunnel/);
     agent.answer = { status: 200, body: { ok: true } };
   });
 
