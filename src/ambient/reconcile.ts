@@ -26,7 +26,7 @@ import { scope } from '../monitoring/logging.ts';
 import {
   ambientPodOf,
   isTerminal,
-  namespaceSelected,
+  labelSelectorMatches,
   podIPs,
   redirectionOf,
   sameIPs,
@@ -117,6 +117,14 @@ const events = new Counter({
 });
 for (const type of ['add', 'update', 'delete'] satisfies PodEventType[]) events.inc({ type }, 0);
 
+/** Which selectors' namespace parts the labels match, one letter each (an empty part always matches). */
+function namespaceMatches(
+  selectors: readonly EnablementSelector[],
+  labels: Readonly<Record<string, string>> | undefined,
+): string {
+  return selectors.map((s) => (labelSelectorMatches(s.namespaceSelector, labels) ? 'y' : 'n')).join('');
+}
+
 interface Pending {
   event: PodEventType;
   old: V1Pod | undefined;
@@ -191,14 +199,18 @@ export class Reconciler {
     },
   };
 
-  /** The namespace watch's reader: a new namespace, or a relabel that flips a selector, re-checks its pods. */
+  /**
+   * The namespace watch's reader: a new namespace, or a relabel that flips a selector, re-checks its
+   * pods. Per selector, not "any selector" (Istio's MatchesNamespace): with two selectors, a relabel
+   * from one's namespace part to the other's keeps "some selector matches" yet changes which pods are.
+   */
   readonly namespaceHandler: NamespaceHandler = {
     upsert: (ns: V1Namespace, old: V1Namespace | undefined) => {
       const name = ns.metadata?.name ?? '';
       const flipped =
         !old ||
-        namespaceSelected(this.#d.selectors, old.metadata?.labels) !==
-          namespaceSelected(this.#d.selectors, ns.metadata?.labels);
+        namespaceMatches(this.#d.selectors, old.metadata?.labels) !==
+          namespaceMatches(this.#d.selectors, ns.metadata?.labels);
       if (flipped) this.enqueueNamespace(name);
     },
     remove: () => {},

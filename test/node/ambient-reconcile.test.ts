@@ -338,6 +338,41 @@ describe('the Reconciler', () => {
     await h.r.stop(100);
   });
 
+  // R6 review: with two selectors, a relabel from one's namespace part to the other's keeps "some
+  // namespace selector matches" true, yet changes which pods are ambient (app=a out, app=b in).
+  it('a relabel that swaps which selector matches the namespace re-checks its pods', async () => {
+    const selectors = [
+      { podSelector: { matchLabels: { app: 'a' } }, namespaceSelector: { matchLabels: { team: 'x' } } },
+      { podSelector: { matchLabels: { app: 'b' } }, namespaceSelector: { matchLabels: { team: 'y' } } },
+    ];
+    const dp = fakeDataplane();
+    const cache = new Map<string, V1Pod>();
+    const nsLabels = new Map<string, Record<string, string>>([['shop', { team: 'x' }]]);
+    const r = new Reconciler({
+      pods: { get: (ns, name) => cache.get(`${ns}/${name}`), pods: () => [...cache.values()] },
+      namespaceLabels: (n) => nsLabels.get(n),
+      selectors,
+      isAmbient: (p, labels) => isAmbientPod(p, labels, selectors),
+      dataplane: dp,
+    });
+    const a = pod({ uid: 'a', name: 'a', labels: { app: 'a' }, redirection: 'enabled' });
+    const b = pod({ uid: 'b', name: 'b', labels: { app: 'b' } });
+    for (const p of [a, b]) {
+      cache.set(`shop/${p.metadata!.name}`, p);
+      r.podHandler.upsert(p);
+    }
+    r.start();
+    const idle = () => eventually(() => r.status().queued + r.status().inFlight + r.status().waiting === 0, 'idle');
+    await idle();
+    assert.equal(dp.calls.length, 0, 'as wanted before the relabel');
+    nsLabels.set('shop', { team: 'y' });
+    const ns = (labels: Record<string, string>): V1Namespace => ({ metadata: { name: 'shop', labels } });
+    r.namespaceHandler.upsert(ns({ team: 'y' }), ns({ team: 'x' }));
+    await idle();
+    assert.deepEqual(dp.calls.map((c) => `${c.op} ${c.uid}`).sort(), ['add b', 'remove a']);
+    await r.stop(100);
+  });
+
   it('retries a ztunnel failure until it works (5 ms backoff upward), drops a netns failure', async () => {
     let ztunnelDown = 3;
     const dp = fakeDataplane((c) => {
