@@ -298,3 +298,32 @@ for (const flavour of ['nft', 'legacy'] as const) {
     });
   });
 }
+
+describe('ambient dataplane: a deleted pod', () => {
+  it("a CNI ADD that lands after its pod's delete was reconciled enrolls nothing (nothing would ever remove it)", async () => {
+    const node = await nodeNetns();
+    const sock = socketPath();
+    const dp = dataplane(sock, node.run, 'nft');
+    await dp.start([]);
+    const zt = new FakeZtunnel({ path: sock });
+    defer(() => zt.stop());
+    await zt.waitForNth('snapshot_sent', 1);
+    const ns = podNetns('pod', '198.18.65.2');
+    const pod = ambientPod(['198.18.65.2']);
+    // The plugin's /cmdadd read the pod from the watch; the pod is deleted and the informer's
+    // removal runs before the ADD reaches the dataplane.
+    await dp.removePodFromMesh(pod, true);
+    await assert.rejects(dp.addPodToMesh(pod, ns.path), /deleted/);
+    assert.deepEqual(zt.of('add'), [], 'ztunnel would proxy a pod that is gone');
+    assert.equal(probeEntries(node.ns).has('198.18.65.2'), false, 'a stale probe entry for a reusable IP');
+    assert.equal(inpodRules(ns, 'nft'), false);
+    assert.equal(dp.status().podsWithoutNetns.length, 0);
+    // Other pods are not concerned.
+    const other = ambientPod(['198.18.65.3']);
+    await dp.addPodToMesh(other, podNetns('other', '198.18.65.3').path);
+    assert.deepEqual(
+      zt.of('add').map((r) => r.uid),
+      [other.uid],
+    );
+  });
+});

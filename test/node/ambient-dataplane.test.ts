@@ -639,8 +639,10 @@ describe('ambient dataplane: the ZDS socket', () => {
     await dp.removePodFromMesh(pod, false);
     const before = openFds();
     for (let i = 0; i < 50; i++) {
-      await dp.addPodToMesh(pod, ns.path);
-      await dp.removePodFromMesh(pod, i % 2 === 0);
+      // A deleted pod's UID never comes back (its later adds are refused): a new pod each time.
+      const p = { ...pod, uid: randomUUID() };
+      await dp.addPodToMesh(p, ns.path);
+      await dp.removePodFromMesh(p, i % 2 === 0);
     }
     assert.equal(openFds(), before);
     assert.equal(zt.openFds, 0);
