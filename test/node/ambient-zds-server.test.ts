@@ -307,6 +307,36 @@ describe('ambient ZDS server: adds and deletes', () => {
     );
   });
 
+  it('a pod added while a new ztunnel connects reaches it, on either side of its Hello', async () => {
+    // The contract the dataplane keeps (the pod in the cache before podAdded): an add before the
+    // new connection counts goes to the older one, and the new one's snapshot names the pod; an
+    // add from the moment it counts goes to it, after its SnapshotSent.
+    const ns = heldNetns();
+    const cache: SnapshotPod[] = [];
+    const { server, events } = startServer(() => [...cache]);
+    const older = startFake(server);
+    await events.nth('snapshot', 1);
+    cache.push({ uid: 'uid-before', info: INFO, netnsFd: ns.fd });
+    const before = server.podAdded('uid-before', INFO, ns.fd);
+    let during: Promise<void> | undefined;
+    server.once('connected', () => {
+      cache.push({ uid: 'uid-during', info: INFO, netnsFd: ns.fd });
+      during = server.podAdded('uid-during', INFO, ns.fd);
+    });
+    const newer = startFake(server);
+    await events.nth('snapshot', 2);
+    await Promise.all([before, during]);
+    assert.deepEqual(
+      older.of('add').map((r) => r.uid),
+      ['uid-before'],
+    );
+    const got = newer.records.filter((r) => r.kind === 'add' || r.kind === 'snapshot_sent');
+    assert.deepEqual(
+      got.map((r) => (r.kind === 'add' ? r.uid : r.kind)),
+      ['uid-before', 'uid-during', 'snapshot_sent', 'uid-during'],
+    );
+  });
+
   it('a delete nacked by one of two ztunnels is an error naming ztunnel; the other still got it', async () => {
     const { server, events } = startServer();
     const older = startFake(server);
