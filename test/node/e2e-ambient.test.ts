@@ -36,7 +36,13 @@ import { PLUGIN_SERVICE_ACCOUNT, startTestApiServer, type TestApiServer } from '
 import { ROOT } from '../helpers/cli.ts';
 import { FakeZtunnel } from '../helpers/fake-ztunnel.ts';
 import { makeHostTree, type HostTree } from '../helpers/hosttree.ts';
-import { podCgroupParent, removePodCgroups, runPodContainer, type KubepodsContainer } from '../helpers/kubepods.ts';
+import {
+  makeNetnsPods,
+  podCgroupParent,
+  removePodCgroups,
+  runPodContainer,
+  type KubepodsContainer,
+} from '../helpers/kubepods.ts';
 import { forwardLoopback, importBusybox, makePodman, type Podman } from '../helpers/podman.ts';
 import { waitFor } from '../helpers/poll.ts';
 import { connectFrom, listenIn, ZtunnelListeners, type Listening } from '../helpers/ztunnel-listeners.ts';
@@ -61,14 +67,15 @@ function sh(file: string, args: readonly string[]): string {
   return r.stdout;
 }
 
-/** Every iptables table in a netns, as both backends see it. */
+/** Every iptables table in a netns, as both backends see it (their '# Generated ... on <time>' lines left out). */
 function rulesIn(netnsPath: string): string {
   return ['iptables-nft-save', 'iptables-legacy-save']
     .map((bin) => {
       const r = spawnSync('nsenter', [`--net=${netnsPath}`, '--', bin], { encoding: 'utf8' });
       return r.status === 0 ? r.stdout : '';
     })
-    .join('\n');
+    .join('\n')
+    .replace(/^#.*\n/gm, '');
 }
 
 function primaryConflist(network: string, subnet: string, bridge: string, ipamDir: string): string {
@@ -489,6 +496,45 @@ function ambientSuite(flavour: 'nft' | 'legacy', subnet: string): void {
         const adds = z.of('add').map((r) => r.uid);
         assert.deepEqual(adds.sort(), [pods.get(`${TAG}-a`)!.uid, pods.get(`${TAG}-b`)!.uid].sort());
         assert.equal(z.of('keep').length, 0);
+      });
+
+      it('ztunnel down, a running pod the informer enrolls: pending, retried, enabled with ztunnel back', async () => {
+        await stopFake();
+        await waitFor(
+          'mesh_cni_ztunnel_connections 0',
+          async () => sample(await metrics(), 'mesh_cni_ztunnel_connections') === 0,
+        );
+        // A pod whose sandbox the plugin never saw (a netns + a sleep in its kubelet-shaped cgroup):
+        // the informer enrolls it once its status has an IP, finding its netns in /proc.
+        const fleet = makeNetnsPods(`${TAG}-d`, 1, flavour === 'nft' ? '198.18.71' : '198.18.72');
+        cleanups.push(async () => fleet.remove());
+        const d = fleet.pods[0]!;
+        // Added first (an added pod is the plugin's), then the kubelet writes its status: an update.
+        api.upsertPod(podObject(d.name, d.uid));
+        await new Promise((r) => setTimeout(r, 200));
+        kubeletReports(d.name, d.ip);
+        await waitFor('pod D annotated pending (ztunnel is down)', () => redirection(d.name) === 'pending', {
+          timeoutMs: 15_000,
+          context: agentLogs,
+        });
+        assert.ok(!probeSet().includes(d.ip), 'not in the probe set while ztunnel has not taken it');
+
+        const z = startFake();
+        await waitFor('pod D enrolled by the retry', () => redirection(d.name) === 'enabled', {
+          timeoutMs: 20_000,
+          context: agentLogs,
+        });
+        const adds = z.of('add').filter((r) => r.uid === d.uid);
+        assert.ok(adds.length >= 1 && adds.every((r) => r.acked));
+        assert.equal(adds.at(-1)!.netnsIno, statSync(d.netnsPath, { bigint: true }).ino, "D's netns");
+        assert.ok(probeSet().includes(d.ip), 'D in the probe set');
+        assert.match(rulesIn(d.netnsPath), IN_POD_CHAIN);
+
+        // D goes (deleted from the API): Del, out of the probe set.
+        api.deletePodFromStore(NS, d.name);
+        await z.waitFor((r) => r.kind === 'del' && r.uid === d.uid);
+        await waitFor('D out of the probe set', () => !probeSet().includes(d.ip), { context: agentLogs });
+        fleet.remove();
       });
 
       it('unlabel: pod B labelled none: Del(uidB), its rules, ipset entry and annotation gone', async () => {
