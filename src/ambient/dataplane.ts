@@ -108,8 +108,6 @@ export interface DataplaneDeps {
 /** statfs type of a namespace file (NSFS_MAGIC). */
 const NSFS_MAGIC = 0x6e736673n;
 const NOT_READY = 'ambient: snapshot not built yet';
-/** Deleted pods remembered: far more than a node's pods whose ADD can be in flight at once. */
-const DELETED_KEPT = 4096;
 
 const familiesOfIps = (ips: readonly string[]): Family[] => {
   const v4 = ips.some((ip) => ip.includes('.'));
@@ -176,8 +174,6 @@ class Dataplane implements MeshDataplane {
   readonly #snapshotHolds = new Map<number, () => void>();
   /** The pods the last start() put in the cache. */
   #startupUids = new Set<string>();
-  /** UIDs of pods removed as deleted (newest last, at most DELETED_KEPT): never enrolled again. */
-  readonly #deleted = new Set<string>();
 
   constructor(settings: Settings, deps: DataplaneDeps) {
     this.#s = settings.ambient;
@@ -209,10 +205,19 @@ class Dataplane implements MeshDataplane {
     };
   }
 
+  /**
+   * The families of a pod's in-pod rules: both with --ambient-ipv6, whatever its IPs (Istio's
+   * EnableIPv6): an IPv4-only pod still has link-local IPv6, which reaches other pods on the same
+   * L2 (a bridge CNI) around ztunnel when only IPv4 is redirected. Else the pod's own families.
+   */
+  #podFamilies(pod: AmbientPod): Family[] {
+    return this.#s.ipv6 ? [4, 6] : familiesOfIps(pod.ips);
+  }
+
   async #programRules(pod: AmbientPod, netns: HeldNetns): Promise<void> {
     const opts = this.#podOptions(pod);
     const flavour = await this.#flavour();
-    await applyInpod(runnerIn(netns), flavour, familiesOfIps(pod.ips), opts);
+    await applyInpod(runnerIn(netns), flavour, this.#podFamilies(pod), opts);
   }
 
   /** The pod's netns: from the CNI path, else the one held, else a /proc scan. Cached. */
@@ -236,11 +241,6 @@ class Dataplane implements MeshDataplane {
   async #add(pod: AmbientPod, netnsPath: string | null): Promise<void> {
     const name = podName(pod);
     log.info('adding pod to the mesh', { pod: name, uid: pod.uid });
-    if (this.#deleted.has(pod.uid)) {
-      // An ADD that read the pod before its delete, and reached us after the removal: enrolled
-      // now, nothing would ever remove it (its netns held, ztunnel proxying it, its IP's probe entry).
-      throw new EnrollError('netns', `pod ${name} (uid ${pod.uid}) was deleted: not enrolled`);
-    }
     const heldBefore = this.#cache.get(pod.uid)?.netns ?? null;
     this.#cache.ensure(pod.uid, workload(pod));
     let netns: HeldNetns;
@@ -332,15 +332,6 @@ class Dataplane implements MeshDataplane {
   async #remove(pod: AmbientPod, isDelete: boolean): Promise<void> {
     const name = podName(pod);
     log.info('removing pod from the mesh', { pod: name, uid: pod.uid, deleted: isDelete });
-    if (isDelete) {
-      // A UID is never reused: refusing its later adds is all this remembers.
-      this.#deleted.delete(pod.uid);
-      this.#deleted.add(pod.uid);
-      for (const uid of this.#deleted) {
-        if (this.#deleted.size <= DELETED_KEPT) break;
-        this.#deleted.delete(uid);
-      }
-    }
     try {
       for (const ip of pod.ips) {
         const r = await removeProbeIP(this.#host, ip, pod.uid);
@@ -362,7 +353,7 @@ class Dataplane implements MeshDataplane {
     const netns = held ?? found;
     if (!isDelete && netns !== null) {
       try {
-        await removeInpod(runnerIn(netns), await this.#flavour(), familiesOfIps(pod.ips));
+        await removeInpod(runnerIn(netns), await this.#flavour(), this.#podFamilies(pod));
       } catch (e) {
         // Back in the cache: the retry needs the netns to take the rules out (Istio drops it
         // here, and a retry then leaves the rules in a pod ztunnel no longer serves).

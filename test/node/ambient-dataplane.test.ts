@@ -300,6 +300,40 @@ for (const flavour of ['nft', 'legacy'] as const) {
       assert.deepEqual(dp.status().podsWithoutNetns, []);
     });
 
+    it('an IPv4-only pod gets the IPv6 in-pod rules too (--ambient-ipv6, as Istio): its link-local IPv6 is no way around ztunnel', async () => {
+      const node = await nodeNetns();
+      const ns = podNetns('pod', '198.18.50.9');
+      const sock = socketPath();
+      const dp = dataplane(sock, new FakeAnnotator(), node, flavour);
+      await dp.start([]);
+      const zt = fakeZtunnel(sock);
+      await zt.waitForNth('snapshot_sent', 1);
+      const pod = ambientPod('198.18.50.9');
+      const v6 = () =>
+        sh(['ip', 'netns', 'exec', ns.name, `ip6tables-${flavour}-save`, '-t', 'nat']).out.includes(':MESH_PRERT');
+      await dp.addPodToMesh(pod, ns.path);
+      assert.equal(inpodRules(ns, flavour), true);
+      assert.equal(v6(), true, 'IPv6 in-pod rules in an IPv4-only pod');
+      await dp.removePodFromMesh(pod, false);
+      assert.equal(inpodRules(ns, flavour), false);
+      assert.equal(v6(), false, 'and out again');
+
+      // --ambient-ipv6=false: the pod's own families only.
+      const node2 = await nodeNetns();
+      const ns2 = podNetns('pod', '198.18.50.10');
+      const sock2 = socketPath();
+      const dp2 = dataplane(sock2, new FakeAnnotator(), node2, flavour, { ipv6: false });
+      await dp2.start([]);
+      const zt2 = fakeZtunnel(sock2);
+      await zt2.waitForNth('snapshot_sent', 1);
+      await dp2.addPodToMesh(ambientPod('198.18.50.10'), ns2.path);
+      assert.equal(inpodRules(ns2, flavour), true);
+      assert.equal(
+        sh(['ip', 'netns', 'exec', ns2.name, `ip6tables-${flavour}-save`, '-t', 'nat']).out.includes(':MESH_PRERT'),
+        false,
+      );
+    });
+
     it('removes in order: probe ipset, rules out of the netns, ztunnel Del, annotation last', async () => {
       const node = await nodeNetns();
       const ns = podNetns('pod', '198.18.50.6');
