@@ -108,6 +108,8 @@ export interface DataplaneDeps {
 /** statfs type of a namespace file (NSFS_MAGIC). */
 const NSFS_MAGIC = 0x6e736673n;
 const NOT_READY = 'ambient: snapshot not built yet';
+/** Deleted pods remembered: far more than a node's pods whose ADD can be in flight at once. */
+const DELETED_KEPT = 4096;
 
 const familiesOfIps = (ips: readonly string[]): Family[] => {
   const v4 = ips.some((ip) => ip.includes('.'));
@@ -174,6 +176,8 @@ class Dataplane implements MeshDataplane {
   readonly #snapshotHolds = new Map<number, () => void>();
   /** The pods the last start() put in the cache. */
   #startupUids = new Set<string>();
+  /** UIDs of pods removed as deleted (newest last, at most DELETED_KEPT): never enrolled again. */
+  readonly #deleted = new Set<string>();
 
   constructor(settings: Settings, deps: DataplaneDeps) {
     this.#s = settings.ambient;
@@ -241,6 +245,11 @@ class Dataplane implements MeshDataplane {
   async #add(pod: AmbientPod, netnsPath: string | null): Promise<void> {
     const name = podName(pod);
     log.info('adding pod to the mesh', { pod: name, uid: pod.uid });
+    if (this.#deleted.has(pod.uid)) {
+      // An ADD that read the pod before its delete, and reached us after the removal: enrolled
+      // now, nothing would ever remove it (its netns held, ztunnel proxying it, its IP's probe entry).
+      throw new EnrollError('netns', `pod ${name} (uid ${pod.uid}) was deleted: not enrolled`);
+    }
     const heldBefore = this.#cache.get(pod.uid)?.netns ?? null;
     this.#cache.ensure(pod.uid, workload(pod));
     let netns: HeldNetns;
@@ -332,6 +341,15 @@ class Dataplane implements MeshDataplane {
   async #remove(pod: AmbientPod, isDelete: boolean): Promise<void> {
     const name = podName(pod);
     log.info('removing pod from the mesh', { pod: name, uid: pod.uid, deleted: isDelete });
+    if (isDelete) {
+      // A UID is never reused: refusing its later adds is all this remembers.
+      this.#deleted.delete(pod.uid);
+      this.#deleted.add(pod.uid);
+      for (const uid of this.#deleted) {
+        if (this.#deleted.size <= DELETED_KEPT) break;
+        this.#deleted.delete(uid);
+      }
+    }
     try {
       for (const ip of pod.ips) {
         const r = await removeProbeIP(this.#host, ip, pod.uid);
