@@ -137,27 +137,32 @@ export function startAmbient(settings: Settings, deps: AmbientDeps): AmbientComp
   const started = run();
   started.catch(() => {});
 
+  const startReasons = (): string[] => {
+    const failed = lastError ? [`ambient: start failed ${startFailures} time(s): ${lastError}`] : [];
+    switch (state) {
+      case 'waiting_for_caches':
+        return ['ambient: waiting for the pod and namespace watches'];
+      case 'starting_dataplane': {
+        const why = dataplane.notReadyReasons();
+        return [...(why.length > 0 ? why : ['ambient: starting the dataplane']), ...failed];
+      }
+      case 'starting_cmdadd':
+        return ['ambient: the plugin event socket is not served yet', ...failed];
+      case 'running':
+        return dataplane.notReadyReasons();
+      default:
+        return [];
+    }
+  };
+
   return {
     name: 'ambient',
     started,
     namespaceLabels: (n) => namespaces.labels(n),
     isAmbient: (pod) => isAmbient(pod),
     notReadyReasons() {
-      const failed = lastError ? [`ambient: start failed ${startFailures} time(s): ${lastError}`] : [];
-      switch (state) {
-        case 'waiting_for_caches':
-          return ['ambient: waiting for the pod and namespace watches'];
-        case 'starting_dataplane': {
-          const why = dataplane.notReadyReasons();
-          return [...(why.length > 0 ? why : ['ambient: starting the dataplane']), ...failed];
-        }
-        case 'starting_cmdadd':
-          return ['ambient: the plugin event socket is not served yet', ...failed];
-        case 'running':
-          return dataplane.notReadyReasons();
-        default:
-          return [];
-      }
+      // A namespace watch failing for long is said in every state: the labels decided with are stale.
+      return state === 'stopped' ? [] : [...startReasons(), ...namespaces.notReadyReasons()];
     },
     status: () => ({
       enabled: true,

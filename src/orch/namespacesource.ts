@@ -28,6 +28,8 @@ export interface NamespaceSourceOptions {
   readonly watchTimeoutSeconds: number;
   readonly silenceTimeoutMs: number;
   readonly random: () => number;
+  /** A list or watch failing this long (none open since) makes ambient mode not ready. */
+  readonly notReadyAfterMs: number;
 }
 
 export const NAMESPACE_WATCH_DEFAULTS: NamespaceSourceOptions = {
@@ -37,6 +39,7 @@ export const NAMESPACE_WATCH_DEFAULTS: NamespaceSourceOptions = {
   watchTimeoutSeconds: 300,
   silenceTimeoutMs: 120_000,
   random: Math.random,
+  notReadyAfterMs: 30_000,
 };
 
 type End = {
@@ -56,6 +59,9 @@ export class NamespaceSource {
   #lists = 0;
   #restarts = 0;
   #lastError = '';
+  /** Since when (clock ms) lists and watches fail with no watch opened; undefined: not failing. */
+  #failingSince: number | undefined;
+  #failures = 0;
   #state: 'starting' | 'listing' | 'watching' | 'backoff' | 'stopped' = 'starting';
   #synced!: () => void;
   /** Resolves after the first complete list. */
@@ -90,6 +96,20 @@ export class NamespaceSource {
     return ns ? (ns.metadata?.labels ?? {}) : undefined;
   }
 
+  /**
+   * Why ambient mode is not ready: the namespace reads failing for notReadyAfterMs, no watch open
+   * since (a 403 on watch with list allowed kept the cache at its list, and /readyz said nothing).
+   */
+  notReadyReasons(): string[] {
+    if (this.#failingSince === undefined) return [];
+    if (this.#o.clock.now() - this.#failingSince < this.#o.notReadyAfterMs) return [];
+    return [
+      `ambient: the namespace watch is failing (${this.#failures} attempt(s)): ${this.#lastError}; ` +
+        'the namespace labels pods are selected by may be stale: check that the agent may reach the API server ' +
+        'and that its ClusterRole grants namespaces list and watch (deploy/overlays/ambient)',
+    ];
+  }
+
   status() {
     return {
       state: this.#state,
@@ -98,6 +118,7 @@ export class NamespaceSource {
       lists: this.#lists,
       watchRestarts: this.#restarts,
       lastError: this.#lastError,
+      failing: this.#failingSince !== undefined,
     };
   }
 
@@ -137,7 +158,7 @@ export class NamespaceSource {
         this.#restarts++;
         delay = end.reason === 'closed' ? 0 : backoff.next(end.error?.retryAfterMs);
         if (end.error) {
-          this.#lastError = end.error.message;
+          this.#failed(end.error.message);
           log.warn('namespace watch ended; watching again', {
             reason: end.reason,
             relist: this.#rv === '',
@@ -149,12 +170,18 @@ export class NamespaceSource {
         if (this.#stop.signal.aborted) break;
         const err = toApiError('listing namespaces', e);
         if (err.code === 410) this.#rv = '';
-        this.#lastError = err.message;
+        this.#failed(err.message);
         delay = backoff.next(err.retryAfterMs);
         log.warn('cannot list namespaces; retrying', { error: err.message, retryInMs: Math.round(delay) });
       }
     }
     this.#state = 'stopped';
+  }
+
+  #failed(error: string): void {
+    this.#lastError = error;
+    this.#failures++;
+    this.#failingSince ??= this.#o.clock.now();
   }
 
   async #list(): Promise<void> {
@@ -231,7 +258,10 @@ export class NamespaceSource {
       this.#api.watchNamespaces!({ resourceVersion: this.#rv, timeoutSeconds }, onEvent, done, opening.signal)
         .then((c) => {
           controller = c;
-          if (finished) c.abort();
+          if (finished) return c.abort();
+          // Open: the labels follow the cluster again.
+          this.#failingSince = undefined;
+          this.#failures = 0;
         })
         .catch(done);
     });

@@ -24,7 +24,7 @@ import { realClock } from '../../src/orch/limits.ts';
 import { NamespaceSource } from '../../src/orch/namespacesource.ts';
 import { nodePodSource, type PodSource } from '../../src/orch/podsource.ts';
 import { spawnAgent } from '../helpers/agent.ts';
-import { startTestApiServer, type TestApiServer } from '../helpers/apiserver.ts';
+import { ALLOW_ALL, startTestApiServer, type TestApiServer } from '../helpers/apiserver.ts';
 import { BRIDGE_CONFLIST, makeHostTree } from '../helpers/hosttree.ts';
 import { tempDir } from '../helpers/plugin.ts';
 import { eventually } from '../helpers/poll.ts';
@@ -396,6 +396,60 @@ describe('a dataplane that cannot start', () => {
       assert.deepEqual(amb.notReadyReasons(), []);
       await amb.stop('SIGTERM');
       assert.deepEqual(fake.calls, [{ op: 'stop', arg: true }], 'an uninstall told to the dataplane');
+    } finally {
+      await amb.stop('SIGTERM').catch(() => {});
+      await pods.stop();
+      await api.close();
+      tmp.remove();
+    }
+  });
+});
+
+// R6 review (AMBDEPLOY saw it in the image): with namespaces `watch` missing from the role (list
+// kept), the agent answered /readyz 200 while every namespace watch got 403: the namespace labels
+// it decides with froze at the list, so a namespace labelled ambient later never had its pods
+// enrolled, and nothing said so.
+describe('a namespace watch that keeps failing', () => {
+  it('makes ambient mode not ready, naming the error and what to grant, until it watches again', async () => {
+    const noWatch = [
+      { verbs: ['*'], apiGroups: ['*'], resources: ['pods', 'pods/status', 'events'] },
+      { verbs: ['list'], apiGroups: [''], resources: ['namespaces'] },
+    ];
+    const api = await startTestApiServer({ rules: noWatch });
+    const tmp = tempDir();
+    const settings = buildSettings(
+      {
+        orchconfig: api.writeOrchconfig(path.join(tmp.dir, 'oc')),
+        'ambient-enabled': 'true',
+        'pluginevent-uds-address': path.join(tmp.dir, 'run/pluginevent.sock'),
+      },
+      { NODE_NAME: 'node-1' },
+    );
+    api.upsertNamespace({ metadata: { name: 'shop', labels: {} } });
+    const orch = clientNodeApi(orchKubeConfig(settings));
+    const pods = nodePodSource(orch, 'node-1', 'install');
+    pods.start();
+    const namespaces = new NamespaceSource(orch, { backoff: { baseMs: 10, maxMs: 50 }, notReadyAfterMs: 0 });
+    const fake = fakeDataplane();
+    fake.release();
+    const amb = startAmbient(settings, {
+      pods,
+      api: orch,
+      dataplane: fake.dp,
+      namespaces,
+      decideCleanup: async () => ({ cleanup: false, why: 'test' }),
+    });
+    try {
+      await amb.started;
+      await eventually(() => /403|forbidden/i.test(namespaces.status().lastError), 'the watch refused', 10_000);
+      const why = amb.notReadyReasons();
+      assert.ok(
+        why.some((r) => /namespace watch/.test(r) && /forbidden/i.test(r) && /namespaces list and watch/.test(r)),
+        JSON.stringify(why),
+      );
+      api.setRules(api.token, ALLOW_ALL);
+      await eventually(() => amb.notReadyReasons().length === 0, 'ready once it watches', 10_000);
+      assert.equal(api.openNamespaceWatches(), 1);
     } finally {
       await amb.stop('SIGTERM').catch(() => {});
       await pods.stop();
