@@ -151,6 +151,10 @@ export async function openCniNetns(hostRoot: string, netnsPath: string, host: Ns
     const fs = await statfs(`/proc/self/fd/${ns.fd}`, { bigint: true });
     if (fs.type !== NSFS_MAGIC) throw new Error(`${where} is not a network namespace file`);
     if (ns.dev === host.dev && ns.ino === host.ino) throw new Error(`${where} is the host's netns, not a pod's`);
+    // Nor the agent's own (the node's with hostNetwork), whatever --host-netns-path says, as
+    // findPodNetns refuses it: a wrong --host-netns-path must not let the node be programmed.
+    const self = await stat('/proc/self/ns/net', { bigint: true });
+    if (ns.dev === self.dev && ns.ino === self.ino) throw new Error(`${where} is the agent's own netns, not a pod's`);
   } catch (e) {
     ns.close();
     throw e;

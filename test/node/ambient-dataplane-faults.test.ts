@@ -327,3 +327,41 @@ describe('ambient dataplane: a deleted pod', () => {
     );
   });
 });
+
+describe("ambient dataplane: the CNI ADD's netns path", () => {
+  it("the agent's own netns is refused even when --host-netns-path names another", async () => {
+    const node = await nodeNetns();
+    const sock = socketPath();
+    const elsewhere = new Netns('elsewhere');
+    defer(async () => elsewhere.remove());
+    let programmed = 0;
+    let started = false;
+    // Nothing may be written into this test's own netns: the flavour fails, so a path let
+    // through shows as a rules failure instead of the netns refusal.
+    const dp = createDataplane(
+      { ...settingsFor(sock), repair: { ...settingsFor(sock).repair, hostNetnsPath: elsewhere.path } },
+      {
+        annotator: new FakeAnnotator(),
+        host: node.run,
+        flavour: async () => {
+          if (!started) return 'nft'; // the node's probe rule, in the node netns
+          programmed++;
+          throw new Error('no rules here');
+        },
+        zdsTimings: FAST,
+      },
+    );
+    defer(() => dp.stop(false));
+    await dp.start([]);
+    started = true;
+    await assert.rejects(
+      dp.addPodToMesh(ambientPod(['198.18.66.2']), '/proc/self/ns/net'),
+      (e: Error & { reason?: string }) => {
+        assert.equal(e.reason, 'netns', e.message);
+        assert.match(e.message, /the agent's own netns/);
+        return true;
+      },
+    );
+    assert.equal(programmed, 0);
+  });
+});
