@@ -9,6 +9,10 @@
 // runs under `npm test` only; test/node/unit-suites.test.ts checks that every name here exists.
 
 export const UNIT_SUITES: readonly string[] = [
+  'ambient-enablement',
+  'ambient-reconcile',
+  'ambient-settings',
+  'ambient-zds',
   'foundation',
   'install-cniconfig',
   'install-owned',
@@ -29,6 +33,9 @@ export const UNIT_SUITES: readonly string[] = [
   'orch-workqueue',
   'plugin-orchconfig-file',
   'plugin-poduid',
+  'podnetns-cgroup',
+  'podnetns-choose',
+  'podnetns-zone',
   'repair-detect',
   'shared',
   'unit-suites',
