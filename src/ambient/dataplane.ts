@@ -108,6 +108,13 @@ export interface DataplaneDeps {
 /** statfs type of a namespace file (NSFS_MAGIC). */
 const NSFS_MAGIC = 0x6e736673n;
 const NOT_READY = 'ambient: snapshot not built yet';
+/**
+ * Pods whose in-pod rules are written (or taken out) at once. After a node reboot the runtime
+ * starts all of a node's pods together (110 by default), each ADD several programs per family
+ * through nsenter: unbounded, they all share the CPUs and all finish late, past the plugin's
+ * 5 s; bounded, the first ones finish in time and the rest follow.
+ */
+export const INPOD_CONCURRENCY = 8;
 /** Deleted pods remembered: far more than a node's pods whose ADD can be in flight at once. */
 const DELETED_KEPT = 4096;
 
@@ -162,6 +169,26 @@ export async function openCniNetns(hostRoot: string, netnsPath: string, host: Ns
   return ns;
 }
 
+/** At most `n` of the functions given run at once; the others wait, in call order. */
+class Limit {
+  #free: number;
+  readonly #waiting: (() => void)[] = [];
+  constructor(n: number) {
+    this.#free = n;
+  }
+  async run<T>(fn: () => Promise<T>): Promise<T> {
+    if (this.#free > 0) this.#free--;
+    else await new Promise<void>((resolve) => this.#waiting.push(resolve));
+    try {
+      return await fn();
+    } finally {
+      const next = this.#waiting.shift();
+      if (next) next();
+      else this.#free++;
+    }
+  }
+}
+
 class Dataplane implements MeshDataplane {
   readonly #s: Settings['ambient'];
   readonly #nsOpts: PodNetnsOptions;
@@ -180,6 +207,8 @@ class Dataplane implements MeshDataplane {
   readonly #snapshotHolds = new Map<number, () => void>();
   /** The pods the last start() put in the cache. */
   #startupUids = new Set<string>();
+  /** In-pod rule writes under way, across pods (INPOD_CONCURRENCY). */
+  readonly #inpod = new Limit(INPOD_CONCURRENCY);
   /** UIDs of pods removed as deleted (newest last, at most DELETED_KEPT): never enrolled again. */
   readonly #deleted = new Set<string>();
 
@@ -225,7 +254,7 @@ class Dataplane implements MeshDataplane {
   async #programRules(pod: AmbientPod, netns: HeldNetns): Promise<void> {
     const opts = this.#podOptions(pod);
     const flavour = await this.#flavour();
-    await applyInpod(runnerIn(netns), flavour, this.#podFamilies(pod), opts);
+    await this.#inpod.run(() => applyInpod(runnerIn(netns), flavour, this.#podFamilies(pod), opts));
   }
 
   /** The pod's netns: from the CNI path, else the one held, else a /proc scan. Cached. */
@@ -330,7 +359,7 @@ class Dataplane implements MeshDataplane {
     }
     for (const f of [4, 6] as const) {
       try {
-        await removeInpod(runnerIn(netns), flavour, [f]);
+        await this.#inpod.run(() => removeInpod(runnerIn(netns), flavour, [f]));
       } catch (e) {
         failed.push(`IPv${f}: ${(e as Error).message}`);
       }
@@ -375,7 +404,8 @@ class Dataplane implements MeshDataplane {
     const netns = held ?? found;
     if (!isDelete && netns !== null) {
       try {
-        await removeInpod(runnerIn(netns), await this.#flavour(), this.#podFamilies(pod));
+        const flavour = await this.#flavour();
+        await this.#inpod.run(() => removeInpod(runnerIn(netns), flavour, this.#podFamilies(pod)));
       } catch (e) {
         // Back in the cache: the retry needs the netns to take the rules out (Istio drops it
         // here, and a retry then leaves the rules in a pod ztunnel no longer serves).

@@ -13,7 +13,7 @@ import { mkdtempSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { describe, it as nodeIt } from 'node:test';
-import { createDataplane, type AmbientPod, type PodAnnotator } from '../../src/ambient/dataplane.ts';
+import { createDataplane, INPOD_CONCURRENCY, type AmbientPod, type PodAnnotator } from '../../src/ambient/dataplane.ts';
 import { parseProbeSet, PROBE_SET_V4 } from '../../src/ambient/hostrules.ts';
 import { applyInpod, removeInpod, type Flavour, type Runner } from '../../src/ambient/podrules.ts';
 import type { ZdsTimings } from '../../src/ambient/ztunnelserver.ts';
@@ -363,5 +363,48 @@ describe("ambient dataplane: the CNI ADD's netns path", () => {
       },
     );
     assert.equal(programmed, 0);
+  });
+});
+
+describe('ambient dataplane: a burst of ADDs', () => {
+  it('in-pod rules are written for at most INPOD_CONCURRENCY pods at once (a node reboot starts all its pods together)', async () => {
+    const node = await nodeNetns();
+    const sock = socketPath();
+    // iptables-nft-save as the pods' rules run it, counting how many run at once (each stays a while).
+    const dir = mkdtempSync(path.join(os.tmpdir(), 'mcni-ambflt-bin-'));
+    const real = sh(['sh', '-c', 'command -v iptables-nft-save']).out.trim();
+    const dp = dataplane(sock, node.run, 'nft');
+    await dp.start([]);
+    const zt = new FakeZtunnel({ path: sock });
+    defer(() => zt.stop());
+    await zt.waitForNth('snapshot_sent', 1);
+    const pods = Array.from({ length: 24 }, (_, i) => ({
+      pod: ambientPod([`198.18.67.${i + 2}`]),
+      ns: podNetns(`b${i}`, `198.18.67.${i + 2}`),
+    }));
+    writeFileSync(
+      path.join(dir, 'iptables-nft-save'),
+      `#!/bin/sh\nmkdir -p ${dir}/run\ntouch ${dir}/run/$$\nls ${dir}/run | wc -l >> ${dir}/counts\n` +
+        `sleep 0.2\nrm -f ${dir}/run/$$\nexec ${real} "$@"\n`,
+      { mode: 0o755 },
+    );
+    const before = process.env.PATH;
+    process.env.PATH = `${dir}:${before ?? ''}`;
+    defer(async () => {
+      process.env.PATH = before;
+      rmSync(dir, { recursive: true, force: true });
+    });
+    await Promise.all(pods.map(({ pod, ns }) => dp.addPodToMesh(pod, ns.path)));
+    process.env.PATH = before;
+    const counts = sh(['cat', path.join(dir, 'counts')])
+      .out.trim()
+      .split('\n')
+      .map(Number);
+    assert.ok(counts.length >= 24, `the wrapper ran (${counts.length} times)`);
+    assert.ok(
+      Math.max(...counts) <= INPOD_CONCURRENCY,
+      `at most ${INPOD_CONCURRENCY} at once, saw ${Math.max(...counts)}`,
+    );
+    assert.equal(zt.of('add').length, 24);
   });
 });
