@@ -8,9 +8,10 @@
 
 import type { V1Namespace } from '@kubernetes/client-node';
 import { scope } from '../monitoring/logging.ts';
-import type { OrchApi, WatchEventType } from './api.ts';
+import type { OrchApi, WatchEventType, WatchTuning } from './api.ts';
 import { ApiError, statusText, toApiError } from './errors.ts';
 import { realClock, type Clock } from './limits.ts';
+import { FLEET_DEFAULTS } from './podsource.ts';
 import { FullJitterBackoff } from './ratelimit.ts';
 
 const log = scope('ambient');
@@ -30,6 +31,8 @@ export interface NamespaceSourceOptions {
   readonly random: () => number;
   /** A list or watch failing this long (none open since) makes ambient mode not ready. */
   readonly notReadyAfterMs: number;
+  /** The re-watch spread and start jitter: else the API's tuning, else FLEET_DEFAULTS (podsource.ts). */
+  readonly tuning?: Partial<Pick<WatchTuning, 'reconnectSpreadMs' | 'startJitterMs'>>;
 }
 
 export const NAMESPACE_WATCH_DEFAULTS: NamespaceSourceOptions = {
@@ -42,9 +45,16 @@ export const NAMESPACE_WATCH_DEFAULTS: NamespaceSourceOptions = {
   notReadyAfterMs: 30_000,
 };
 
+/** A watch that lived this long counts as working (as the pod watch's healthyAfterMs). */
+const HEALTHY_AFTER_MS = 10_000;
+
 type End = {
   readonly reason: 'closed' | 'expired' | 'error' | 'stopped';
   readonly delivered: boolean;
+  /** Lived 10 s or delivered something: a cut of a working watch, not a failing one. */
+  readonly healthy: boolean;
+  /** Closed by the server at the timeoutSeconds asked for. */
+  readonly timedOut: boolean;
   error?: ApiError;
 };
 
@@ -138,7 +148,10 @@ export class NamespaceSource {
 
   async #run(): Promise<void> {
     const backoff = new FullJitterBackoff({ ...this.#o.backoff, random: this.#o.random });
-    let delay = 0;
+    // As the pod watch (README "Fleet scale"): every node watches every namespace, so a fleet
+    // started or cut together (an API server restart) must not come back in the same instant.
+    const { reconnectSpreadMs, startJitterMs } = { ...FLEET_DEFAULTS, ...this.#api.tuning, ...this.#o.tuning };
+    let delay = this.#o.random() * startJitterMs;
     while (!this.#stop.signal.aborted) {
       if (delay > 0) {
         this.#state = 'backoff';
@@ -154,9 +167,18 @@ export class NamespaceSource {
         const end = await this.#watch();
         if (end.reason === 'stopped') break;
         if (end.reason === 'expired') this.#rv = '';
-        if (end.delivered) backoff.reset();
+        if (end.healthy) backoff.reset();
         this.#restarts++;
-        delay = end.reason === 'closed' ? 0 : backoff.next(end.error?.retryAfterMs);
+        // Its own timeout (already 5-10 min at random): at once. A working watch cut early:
+        // anywhere in the spread. Failing: exponential backoff with full jitter.
+        const cut = !end.timedOut && end.healthy && reconnectSpreadMs > 0;
+        delay = end.timedOut
+          ? 0
+          : cut
+            ? Math.max(backoff.retryAfter(end.error?.retryAfterMs), this.#o.random() * reconnectSpreadMs)
+            : end.reason === 'closed'
+              ? 0
+              : backoff.next(end.error?.retryAfterMs);
         if (end.error) {
           this.#failed(end.error.message);
           log.warn('namespace watch ended; watching again', {
@@ -208,6 +230,8 @@ export class NamespaceSource {
     return new Promise<End>((resolve) => {
       let finished = false;
       let delivered = false;
+      const opened = this.#o.clock.now();
+      const timeoutSeconds = Math.round(this.#o.watchTimeoutSeconds * (1 + this.#o.random()));
       let controller: AbortController | undefined;
       const opening = new AbortController();
       const finish = (reason: End['reason'], error?: ApiError) => {
@@ -217,7 +241,10 @@ export class NamespaceSource {
         this.#stop.signal.removeEventListener('abort', onStop);
         opening.abort();
         controller?.abort();
-        resolve({ reason, delivered, ...(error ? { error } : {}) });
+        const lived = this.#o.clock.now() - opened;
+        const healthy = delivered || lived >= HEALTHY_AFTER_MS;
+        const timedOut = reason === 'closed' && lived >= timeoutSeconds * 1000 - 1000;
+        resolve({ reason, delivered, healthy, timedOut, ...(error ? { error } : {}) });
       };
       const onStop = () => finish('stopped');
       this.#stop.signal.addEventListener('abort', onStop, { once: true });
@@ -254,7 +281,6 @@ export class NamespaceSource {
         const e = toApiError('watching namespaces', err);
         finish(e.code === 410 ? 'expired' : 'error', e);
       };
-      const timeoutSeconds = Math.round(this.#o.watchTimeoutSeconds * (1 + this.#o.random()));
       this.#api.watchNamespaces!({ resourceVersion: this.#rv, timeoutSeconds }, onEvent, done, opening.signal)
         .then((c) => {
           controller = c;

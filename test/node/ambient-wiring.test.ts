@@ -259,6 +259,7 @@ describe('the namespace watch (src/orch/namespacesource.ts)', () => {
     const seen: string[] = [];
     const source = new NamespaceSource(clientNodeApi(orchKubeConfig(settings)), {
       backoff: { baseMs: 10, maxMs: 50 },
+      tuning: { reconnectSpreadMs: 100 },
     });
     source.addHandler({
       upsert: (ns, old) =>
@@ -294,6 +295,61 @@ describe('the namespace watch (src/orch/namespacesource.ts)', () => {
       await source.stop();
     }
     await eventually(() => api.openNamespaceWatches() === 0, 'the watch closed by stop');
+  });
+});
+
+// R6 review: every node watches all namespaces. An API server restart cuts the fleet's watches
+// together; re-watching at once brought a thousand watches back in the same instant. As the pod
+// watch (README "Fleet scale"): a healthy watch cut early comes back anywhere in a 12 s spread,
+// and the first read waits up to 1 s at random.
+describe('the namespace watch at fleet scale', () => {
+  it('spreads its first read and a re-watch after a cut; its own timeout re-watches at once', async () => {
+    const slept: number[] = [];
+    let now = 0;
+    const clock = {
+      now: () => now,
+      sleep: async (ms: number) => {
+        slept.push(Math.round(ms));
+        now += ms;
+      },
+    };
+    let watches = 0;
+    let stopped!: () => void;
+    const hold = new Promise<void>((r) => (stopped = r));
+    const fakeApi = {
+      listNamespaces: async () => ({
+        items: [{ metadata: { name: 'shop', resourceVersion: '5' } }],
+        resourceVersion: '5',
+      }),
+      watchNamespaces: async (
+        q: { timeoutSeconds: number },
+        onEvent: (t: 'ADDED' | 'MODIFIED', o: unknown) => void,
+        done: (e: unknown) => void,
+      ) => {
+        const n = ++watches;
+        setImmediate(() => {
+          if (n === 1) {
+            // Cut early (an API server restart) after an event: a healthy watch.
+            onEvent('MODIFIED', { metadata: { name: 'shop', resourceVersion: '6', labels: { a: '1' } } });
+            done(null);
+          } else if (n === 2) {
+            // Ended by the server at the timeoutSeconds we asked for.
+            now += q.timeoutSeconds * 1000;
+            done(null);
+          } else void hold.then(() => done(null));
+        });
+        return new AbortController();
+      },
+    } as unknown as OrchApi;
+    const source = new NamespaceSource(fakeApi, { clock, random: () => 0.5 });
+    source.start();
+    try {
+      await eventually(() => watches === 3, 'three watches');
+      assert.deepEqual(slept, [500, 6000], 'start jitter, then the cut spread; none after the timeout');
+    } finally {
+      stopped();
+      await source.stop();
+    }
   });
 });
 
