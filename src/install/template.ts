@@ -123,6 +123,10 @@ export function renderEntry(template: string, values: TemplateValues, source: st
     out.ambient_enabled = true;
     out.pluginevent_uds_address = values.ambient.pluginEventUdsAddress;
     out.enablement_selectors = JSON.parse(JSON.stringify(values.ambient.enablementSelectors)) as JsonObject[];
+    // The plugin skips an excluded namespace before deciding, the agent decides with its own
+    // --exclude-namespaces: the two must be one list, or a namespace only the template excludes
+    // starts its ambient pods unredirected (until the informer enrolls them).
+    out.orch = { ...(isObject(out.orch) ? out.orch : {}), exclude_namespaces: [...values.excludeNamespaces] };
   }
   return out;
 }

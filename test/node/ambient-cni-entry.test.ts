@@ -54,6 +54,29 @@ describe("the plugin entry in ambient mode (installer's template)", () => {
     }
   });
 
+  it("ambient mode: the entry's excluded namespaces are the agent's (--exclude-namespaces), whatever the template lists", () => {
+    // The plugin skips an excluded namespace before any ambient decision, the agent decides with
+    // its own list: a template excluding more started those namespaces' ambient pods unredirected
+    // until the informer enrolled them; one excluding less POSTed pods the agent refused forever.
+    for (const orch of ['"exclude_namespaces": ["kube-system", "shop"]', '"exclude_namespaces": []', '']) {
+      const template = `{ "type": "mesh-cni", "orch": { "orchconfig": "__KUBECONFIG_FILEPATH__"${orch ? ', ' + orch : ''} } }`;
+      const entry = renderEntry(template, { ...FIXTURE_VALUES, ambient: AMBIENT }, 'test');
+      assert.deepEqual(
+        (entry.orch as { exclude_namespaces?: unknown }).exclude_namespaces,
+        FIXTURE_VALUES.excludeNamespaces,
+        orch,
+      );
+      assert.equal((entry.orch as { orchconfig?: unknown }).orchconfig, FIXTURE_VALUES.kubeconfigFilepath, orch);
+    }
+    // Sidecar mode: the template's list stands, as before.
+    const sidecar = renderEntry(
+      '{ "type": "mesh-cni", "orch": { "exclude_namespaces": ["shop"] } }',
+      FIXTURE_VALUES,
+      't',
+    );
+    assert.deepEqual((sidecar.orch as { exclude_namespaces?: unknown }).exclude_namespaces, ['shop']);
+  });
+
   it('the placeholders can be used in a template: filled from the settings', () => {
     const template =
       '{ "type": "mesh-cni", "ambient_enabled": __AMBIENT_ENABLED__, "pluginevent_uds_address": "__PLUGINEVENT_UDS_ADDRESS__",' +
