@@ -45,6 +45,22 @@ export const NAMESPACE_WATCH_DEFAULTS: NamespaceSourceOptions = {
   notReadyAfterMs: 30_000,
 };
 
+/**
+ * What is kept of a namespace: every node caches every namespace of the cluster, and whole objects
+ * (managedFields, last-applied annotations) cost ~1.5 KB of heap each against ~0.3 KB for this.
+ */
+function slim(ns: V1Namespace): V1Namespace {
+  const m = ns.metadata ?? {};
+  return {
+    metadata: {
+      name: m.name ?? '',
+      uid: m.uid ?? '',
+      resourceVersion: m.resourceVersion ?? '',
+      labels: m.labels ?? {},
+    },
+  };
+}
+
 /** A watch that lived this long counts as working (as the pod watch's healthyAfterMs). */
 const HEALTHY_AFTER_MS = 10_000;
 
@@ -209,7 +225,7 @@ export class NamespaceSource {
   async #list(): Promise<void> {
     const signal = AbortSignal.any([this.#stop.signal, AbortSignal.timeout(this.#o.requestTimeoutMs)]);
     const list = await this.#api.listNamespaces!(signal);
-    const seen = new Map(list.items.map((ns) => [ns.metadata?.name ?? '', ns] as const));
+    const seen = new Map(list.items.map((ns) => [ns.metadata?.name ?? '', slim(ns)] as const));
     for (const [name, old] of this.#cache) {
       if (!seen.has(name)) {
         this.#cache.delete(name);
@@ -262,9 +278,10 @@ export class NamespaceSource {
           finish(st.code === 410 ? 'expired' : 'error', err);
           return;
         }
-        const ns = obj as V1Namespace;
-        if (ns.metadata?.resourceVersion) this.#rv = ns.metadata.resourceVersion;
+        const full = obj as V1Namespace;
+        if (full.metadata?.resourceVersion) this.#rv = full.metadata.resourceVersion;
         if (type === 'BOOKMARK') return;
+        const ns = slim(full);
         delivered = true;
         const name = ns.metadata?.name ?? '';
         if (type === 'DELETED') {

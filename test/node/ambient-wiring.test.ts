@@ -353,6 +353,48 @@ describe('the namespace watch at fleet scale', () => {
   });
 });
 
+// R6 review: the cache of every namespace of the cluster, on every node, kept whole objects
+// (managedFields, last-applied annotations): ~1.5 KB of heap a namespace against ~0.3 KB for
+// what is read (name and labels), 11 MB a node at 10,000 namespaces (ad hoc, node --expose-gc).
+describe('the namespace cache', () => {
+  it('keeps a namespace name, uid, resourceVersion and labels, nothing else', async () => {
+    const api = await startTestApiServer();
+    const tmp = tempDir();
+    try {
+      const big = {
+        metadata: {
+          name: 'team-a',
+          labels: { [MODE]: 'ambient' },
+          annotations: { 'kubectl.kubernetes.io/last-applied-configuration': '{"kind":"Namespace"}' },
+          managedFields: [{ manager: 'kubectl', operation: 'Update', fieldsType: 'FieldsV1', fieldsV1: {} }],
+        },
+        spec: { finalizers: ['kubernetes'] },
+      };
+      api.upsertNamespace(big);
+      const settings = buildSettings({ orchconfig: api.writeOrchconfig(path.join(tmp.dir, 'oc')) }, {});
+      const source = new NamespaceSource(clientNodeApi(orchKubeConfig(settings)), { tuning: { startJitterMs: 0 } });
+      const seen: unknown[] = [];
+      source.addHandler({ upsert: (ns) => seen.push(ns), remove: () => {} });
+      source.start();
+      try {
+        await source.synced;
+        api.upsertNamespace({ ...big, metadata: { ...big.metadata, labels: { [MODE]: 'none' } } });
+        await eventually(() => seen.length === 2, 'the relabel');
+        for (const ns of seen as { metadata: Record<string, unknown> }[]) {
+          assert.deepEqual(Object.keys(ns).sort(), ['metadata'], JSON.stringify(ns));
+          assert.deepEqual(Object.keys(ns.metadata).sort(), ['labels', 'name', 'resourceVersion', 'uid']);
+        }
+        assert.deepEqual(source.labels('team-a'), { [MODE]: 'none' });
+      } finally {
+        await source.stop();
+      }
+    } finally {
+      await api.close();
+      tmp.remove();
+    }
+  });
+});
+
 // Istio decides once (ShouldStopCleanup) for the installer and the dataplane: two questions could
 // get two answers (the API server unreachable for one), one part keeping the node for an upgrade
 // while the other uninstalls.
