@@ -110,8 +110,8 @@ function nonRetryable(e: unknown): boolean {
 const events = new Counter({
   name: 'mesh_cni_ambient_reconcile_events_total',
   help:
-    'Pod events the ambient informer reconciled, by type (add: counted as they come, nothing to do; ' +
-    'update, delete: each attempt, retries again).',
+    'Pod events the ambient informer reconciled, by type (add, and an update with nothing to do: counted as ' +
+    'they come; update, delete: each attempt, retries again).',
   labelNames: ['type'] as const,
   registers: [registry],
 });
@@ -269,8 +269,24 @@ export class Reconciler {
       events.inc({ type: 'add' });
       return;
     }
+    if (p.event === 'update' && !this.#pending.has(uid) && this.#nothingToDo(p)) {
+      // Nothing to do for it now (most updates: status, conditions; a relist's every pod): no
+      // turn of the queue, whose bucket would hold a real change behind them. Counted as it comes.
+      events.inc({ type: 'update' });
+      return;
+    }
     this.#pending.set(uid, merge(this.#pending.get(uid), p));
     if (this.#started) this.#queue.add(uid);
+  }
+
+  /** An update that the decision, made now with the pod as the event has it, leaves alone. */
+  #nothingToDo(p: Pending): boolean {
+    const labels = this.#d.namespaceLabels(p.latest.metadata?.namespace ?? '');
+    if (labels === undefined) return false;
+    const shouldBeEnabled = (pod: V1Pod) => this.#d.isAmbient(pod, labels);
+    return (
+      decide({ event: 'update', old: p.old, latest: p.latest, current: p.latest, shouldBeEnabled }).kind === 'none'
+    );
   }
 
   async #reconcile(uid: string): Promise<Outcome> {

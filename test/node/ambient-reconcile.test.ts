@@ -373,6 +373,41 @@ describe('the Reconciler', () => {
     await r.stop(100);
   });
 
+  // R6 review: every attempt takes a token of the queue's bucket (10 a second, burst 100; Istio's
+  // limits only its retries). A relist of the pod watch, or a node's stream of status updates,
+  // queued every pod although nothing was to be done, and an unlabel behind them waited for tokens.
+  it('a pod update with nothing to do takes no turn of the queue (an unlabel behind 150 is not held up)', async () => {
+    const dp = fakeDataplane();
+    const cache = new Map<string, V1Pod>();
+    // Time stands still: the bucket never refills, so only 100 attempts can ever start.
+    const clock = {
+      now: () => 0,
+      sleep: (_ms: number, signal?: AbortSignal) =>
+        new Promise<void>((_, reject) => signal?.addEventListener('abort', () => reject(new Error('stopped')))),
+    };
+    const r = new Reconciler({
+      pods: { get: (ns, name) => cache.get(`${ns}/${name}`), pods: () => [...cache.values()] },
+      namespaceLabels: () => ({}),
+      selectors: DEFAULT_ENABLEMENT_SELECTORS,
+      isAmbient: (p, labels) => isAmbientPod(p, labels, DEFAULT_ENABLEMENT_SELECTORS),
+      dataplane: dp,
+      clock,
+    });
+    const upsert = (p: V1Pod) => {
+      cache.set(`${p.metadata!.namespace}/${p.metadata!.name}`, p);
+      r.podHandler.upsert(p);
+    };
+    r.start();
+    const plain = Array.from({ length: 150 }, (_, i) => pod({ uid: `p${i}`, name: `p${i}` }));
+    upsert(pod({ uid: 'e', name: 'e', labels: ambient, redirection: 'enabled' }));
+    for (const p of plain) upsert(p);
+    for (const p of plain) upsert(p); // updates, nothing changed (a relist)
+    upsert(pod({ uid: 'e', name: 'e', redirection: 'enabled' })); // unlabelled
+    await eventually(() => dp.calls.length === 1, 'the unlabelled pod removed', 2000);
+    assert.deepEqual(dp.calls[0], { op: 'remove', uid: 'e', ips: ['198.18.0.5'], isDelete: false });
+    await r.stop(100);
+  });
+
   it('retries a ztunnel failure until it works (5 ms backoff upward), drops a netns failure', async () => {
     let ztunnelDown = 3;
     const dp = fakeDataplane((c) => {
