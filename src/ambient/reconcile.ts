@@ -61,9 +61,10 @@ export function decide(i: DecisionInput): Action {
   if (i.event === 'add') return { kind: 'none', why: 'added: the plugin or the start-up snapshot enrolls it' };
   if (i.event === 'delete') {
     const was = redirectionOf(i.latest) !== undefined || i.shouldBeEnabled(i.latest);
-    return was
-      ? { kind: 'remove', pod: i.latest, isDelete: true }
-      : { kind: 'none', why: 'deleted, was not in the mesh' };
+    // A termination folded into this delete may have left the pod without IPs (kubernetes#125370):
+    // the removal takes the probe ipset entries out by IP, so the pod as it was before, as for a termination.
+    const pod = podIPs(i.latest).length === 0 && podIPs(i.old).length > 0 ? i.old! : i.latest;
+    return was ? { kind: 'remove', pod, isDelete: true } : { kind: 'none', why: 'deleted, was not in the mesh' };
   }
   const cur = i.current;
   if (!cur) return { kind: 'none', why: 'gone from the watch: its delete follows' };

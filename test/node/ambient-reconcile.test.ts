@@ -408,6 +408,23 @@ describe('the Reconciler', () => {
     await r.stop(100);
   });
 
+  // R6 review: a termination (status without IPs, kubernetes#125370) and the delete right after it
+  // fold into one delete; it removed with the delete's pod, without IPs, so the probe ipset kept
+  // the pod's entry (removal takes entries out by IP) for the next pod given that IP.
+  it('a termination folded into its delete still removes with the IPs the pod had', async () => {
+    const h = harness();
+    h.r.start();
+    h.upsert(pod({ uid: 't', labels: ambient, redirection: 'enabled' }));
+    await h.idle();
+    const dead = pod({ uid: 't', labels: ambient, redirection: 'enabled', phase: 'Failed', ips: [] });
+    // Both before the queue's turn: one pending delete.
+    h.upsert(dead);
+    h.remove(dead);
+    await h.idle();
+    assert.deepEqual(h.dp.calls, [{ op: 'remove', uid: 't', ips: ['198.18.0.5'], isDelete: true }]);
+    await h.r.stop(100);
+  });
+
   it('retries a ztunnel failure until it works (5 ms backoff upward), drops a netns failure', async () => {
     let ztunnelDown = 3;
     const dp = fakeDataplane((c) => {
