@@ -136,6 +136,9 @@ function isNonEmpty(sel: LabelSelector | undefined): boolean {
   );
 }
 
+/** Selectors in one list, at most: the plugin reads them on every ADD and each pod decision walks them. */
+export const MAX_ENABLEMENT_SELECTORS = 100;
+
 const isObject = (v: unknown): v is Record<string, unknown> => typeof v === 'object' && v !== null && !Array.isArray(v);
 
 /**
@@ -145,6 +148,8 @@ const isObject = (v: unknown): v is Record<string, unknown> => typeof v === 'obj
  */
 export function parseEnablementSelectors(value: unknown): EnablementSelector[] {
   if (!Array.isArray(value)) throw new Error('expected a list of {podSelector, namespaceSelector}');
+  if (value.length > MAX_ENABLEMENT_SELECTORS)
+    throw new Error(`${value.length} selectors: at most ${MAX_ENABLEMENT_SELECTORS} (use matchExpressions with In)`);
   return value.map((item, i) => {
     const at = `[${i}]`;
     if (!isObject(item)) throw new Error(`${at}: expected an object with podSelector and/or namespaceSelector`);

@@ -653,12 +653,18 @@ function parseLabelValue(flag: string, value: string): string {
   return value;
 }
 
+const MAX_SELECTOR_BYTES = 65_536;
+
 /**
  * --ambient-enablement-selector: YAML (JSON is YAML) list of {podSelector, namespaceSelector};
  * empty: the default. Label keys and values are checked as the API server checks them.
  */
 function parseSelectorsFlag(flag: string, value: string): readonly EnablementSelector[] {
   if (value.trim() === '') return DEFAULT_ENABLEMENT_SELECTORS;
+  // Bounded (written into the plugin's config, read on every ADD); the error shows its start only.
+  const bytes = Buffer.byteLength(value);
+  if (bytes > MAX_SELECTOR_BYTES)
+    throw new ConfigError(flag, `${value.slice(0, 64)}...`, `${bytes} bytes: at most ${MAX_SELECTOR_BYTES}`);
   let doc: unknown;
   try {
     doc = parseYaml(value);

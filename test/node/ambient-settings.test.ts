@@ -137,6 +137,27 @@ describe('ambient settings', () => {
     });
   }
 
+  // R6 review: bounded (the plugin reads the list from its config on every ADD, and each pod
+  // decision walks it): at most 100 selectors, 64 KiB of text.
+  it('refuses a selector list of more than 100 selectors or 64 KiB', () => {
+    const many = Array.from({ length: 101 }, (_, i) => ({ podSelector: { matchLabels: { app: `a${i}` } } }));
+    const cases: [string, RegExp][] = [
+      [JSON.stringify(many), /--ambient-enablement-selector.*101 selectors: at most 100/],
+      [`[{podSelector: {matchLabels: {app: a}}}]${' '.repeat(65_536)}`, /65[0-9]{3} bytes: at most 65536/],
+    ];
+    for (const [value, re] of cases) {
+      assert.throws(
+        () => buildSettings({ 'ambient-enablement-selector': value }, NODE),
+        (e: unknown) => e instanceof ConfigErrors && re.test(e.message),
+      );
+    }
+    assert.equal(
+      buildSettings({ 'ambient-enablement-selector': JSON.stringify(many.slice(1)) }, NODE).ambient.enablementSelectors
+        .length,
+      100,
+    );
+  });
+
   it('is off and refuses nothing without NODE_NAME when not enabled', () => {
     assert.equal(buildSettings({}, {}).ambient.enabled, false);
   });
