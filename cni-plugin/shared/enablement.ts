@@ -105,19 +105,28 @@ export function isAmbientPod(
   selectors: readonly EnablementSelector[],
   rules: AmbientRules = {},
 ): boolean {
-  if (pod.spec?.hostNetwork === true) return false;
-  const annotations = pod.metadata?.annotations ?? {};
-  // The injector's status annotation always counts, whatever --repair-sidecar-annotation says:
-  // the plugin's sidecar path reads it, and the agent must not enroll a pod the plugin gave
-  // sidecar rules (nor the plugin hand over one the agent refuses).
-  if (Object.hasOwn(annotations, DEFAULT_SIDECAR_ANNOTATION)) return false;
-  if (rules.sidecarAnnotation !== undefined && Object.hasOwn(annotations, rules.sidecarAnnotation)) return false;
+  if (neverAmbient(pod, rules)) return false;
   const labels = pod.metadata?.labels ?? {};
   if (labels[DATAPLANE_MODE_LABEL] === DATAPLANE_MODE_NONE) return false;
   if ((rules.excludeNamespaces ?? []).includes(pod.metadata?.namespace ?? '')) return false;
   return selectors.some(
     (s) => labelSelectorMatches(s.podSelector, labels) && labelSelectorMatches(s.namespaceSelector, namespaceLabels),
   );
+}
+
+/**
+ * A host-network pod or one with a sidecar: never ambient, whatever its labels, its namespace's
+ * or the selectors say, so never enrolled by the agent either (its redirection annotation, which
+ * its owner can write, is not the agent's).
+ */
+export function neverAmbient(pod: PodLike, rules: AmbientRules = {}): boolean {
+  if (pod.spec?.hostNetwork === true) return true;
+  const annotations = pod.metadata?.annotations ?? {};
+  // The injector's status annotation always counts, whatever --repair-sidecar-annotation says:
+  // the plugin's sidecar path reads it, and the agent must not enroll a pod the plugin gave
+  // sidecar rules (nor the plugin hand over one the agent refuses).
+  if (Object.hasOwn(annotations, DEFAULT_SIDECAR_ANNOTATION)) return true;
+  return rules.sidecarAnnotation !== undefined && Object.hasOwn(annotations, rules.sidecarAnnotation);
 }
 
 /**

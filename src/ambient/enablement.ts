@@ -5,6 +5,7 @@
 import type { V1Pod } from '@kubernetes/client-node';
 import {
   isAmbientPod as isAmbientPodShared,
+  neverAmbient,
   REDIRECTION_ANNOTATION,
   type AmbientRules,
   type EnablementSelector,
@@ -18,6 +19,7 @@ export {
   DEFAULT_ENABLEMENT_SELECTORS,
   labelSelectorMatches,
   namespaceSelected,
+  neverAmbient,
   REDIRECTION_ANNOTATION,
   type AmbientRules,
   type EnablementSelector,
@@ -96,7 +98,11 @@ export function ambientPodOf(pod: V1Pod): AmbientPodInfo {
   };
 }
 
-/** The start-up snapshot: the pods the agent enrolled before (annotated enabled) that still run. */
-export function enabledPods(pods: readonly V1Pod[]): V1Pod[] {
-  return pods.filter((p) => redirectionOf(p) === 'enabled' && !isTerminal(p));
+/**
+ * The start-up snapshot: the pods the agent enrolled before (annotated enabled) that still run.
+ * Not a sidecar or host-network pod, whatever it says: the agent never enrolls one, and its owner
+ * can write the annotation (the start would put ambient rules into a sidecar pod's netns).
+ */
+export function enabledPods(pods: readonly V1Pod[], rules?: AmbientRules): V1Pod[] {
+  return pods.filter((p) => redirectionOf(p) === 'enabled' && !isTerminal(p) && !neverAmbient(p, rules));
 }

@@ -22,7 +22,7 @@ import { FullJitterBackoff } from '../orch/ratelimit.ts';
 import { apiAnnotator } from './annotator.ts';
 import { startCmdAddServer, type CmdAddServer } from './cmdadd.ts';
 import { createDataplane, type MeshDataplane } from './dataplane.ts';
-import { ambientPodOf, ambientRules, enabledPods, isAmbientPod } from './enablement.ts';
+import { ambientPodOf, ambientRules, enabledPods, isAmbientPod, neverAmbient } from './enablement.ts';
 import { Reconciler } from './reconcile.ts';
 
 const log = scope('ambient');
@@ -68,6 +68,7 @@ export function startAmbient(settings: Settings, deps: AmbientDeps): AmbientComp
     namespaceLabels: (n) => namespaces.labels(n),
     selectors,
     isAmbient,
+    neverAmbient: (pod) => neverAmbient(pod, rules),
     dataplane,
     clock,
   });
@@ -96,7 +97,7 @@ export function startAmbient(settings: Settings, deps: AmbientDeps): AmbientComp
     for (;;) {
       // The pods enrolled before (this agent's previous run): their netns from /proc, rules
       // reconciled, the ipset rebuilt, then ztunnel's snapshot.
-      const snapshot = enabledPods(deps.pods.pods()).map(ambientPodOf);
+      const snapshot = enabledPods(deps.pods.pods(), rules).map(ambientPodOf);
       try {
         // Not cut short by stop: stop waits for it, then stops what it started.
         await dataplane.start(snapshot);
@@ -132,7 +133,7 @@ export function startAmbient(settings: Settings, deps: AmbientDeps): AmbientComp
     }
     reconciler.start();
     state = 'running';
-    log.info('ambient mode started', { enrolledAtStart: enabledPods(deps.pods.pods()).length });
+    log.info('ambient mode started', { enrolledAtStart: enabledPods(deps.pods.pods(), rules).length });
   };
   const started = run();
   started.catch(() => {});

@@ -27,6 +27,7 @@ import {
   ambientPodOf,
   isTerminal,
   labelSelectorMatches,
+  neverAmbient,
   podIPs,
   redirectionOf,
   sameIPs,
@@ -54,6 +55,8 @@ export interface DecisionInput {
   readonly current: V1Pod | undefined;
   /** The enablement decision for a pod (its namespace's labels and the selectors applied). */
   readonly shouldBeEnabled: (pod: V1Pod) => boolean;
+  /** A sidecar or host-network pod (neverAmbient): never enrolled, so never un-enrolled while it runs. */
+  readonly neverOurs?: (pod: V1Pod) => boolean;
 }
 
 /** What to do for one pod event; pure (research/ambient.md §1.5). */
@@ -68,6 +71,9 @@ export function decide(i: DecisionInput): Action {
   }
   const cur = i.current;
   if (!cur) return { kind: 'none', why: 'gone from the watch: its delete follows' };
+  // Its owner can write the annotation: a removal would find its netns and sweep every MESH_*
+  // chain there, its sidecar's redirection included. (Its delete is told: that touches no rules.)
+  if (i.neverOurs?.(cur)) return { kind: 'none', why: 'a sidecar or host-network pod: never enrolled' };
   const redirection = redirectionOf(cur);
   const enrolled = redirection === 'enabled';
   const partial = redirection === 'pending';
@@ -150,6 +156,8 @@ export interface ReconcilerDeps {
   readonly selectors: readonly EnablementSelector[];
   /** isAmbientPod with the agent's rules and selectors. */
   readonly isAmbient: (pod: V1Pod, namespaceLabels: Readonly<Record<string, string>> | undefined) => boolean;
+  /** neverAmbient with the agent's rules (default: the default sidecar annotation, host network). */
+  readonly neverAmbient?: (pod: V1Pod) => boolean;
   readonly dataplane: ReconcileDataplane;
   readonly clock?: Clock;
 }
@@ -167,10 +175,12 @@ export class Reconciler {
   readonly #known = new Map<string, V1Pod>();
   readonly #pending = new Map<string, Pending>();
   readonly #queue: WorkQueue<string>;
+  readonly #never: (pod: V1Pod) => boolean;
   #started = false;
 
   constructor(deps: ReconcilerDeps) {
     this.#d = deps;
+    this.#never = deps.neverAmbient ?? ((pod) => neverAmbient(pod));
     this.#queue = new WorkQueue<string>({
       name: 'ambient',
       reconcile: (uid) => this.#reconcile(uid),
@@ -237,7 +247,8 @@ export class Reconciler {
     const labels = this.#d.namespaceLabels(pod.metadata?.namespace ?? '');
     if (labels === undefined) return true;
     const shouldBeEnabled = (p: V1Pod) => this.#d.isAmbient(p, labels);
-    return decide({ event: 'update', old: pod, latest: pod, current: pod, shouldBeEnabled }).kind !== 'none';
+    const i = { event: 'update', old: pod, latest: pod, current: pod, shouldBeEnabled } as const;
+    return decide({ ...i, neverOurs: this.#never }).kind !== 'none';
   }
 
   /**
@@ -285,9 +296,8 @@ export class Reconciler {
     const labels = this.#d.namespaceLabels(p.latest.metadata?.namespace ?? '');
     if (labels === undefined) return false;
     const shouldBeEnabled = (pod: V1Pod) => this.#d.isAmbient(pod, labels);
-    return (
-      decide({ event: 'update', old: p.old, latest: p.latest, current: p.latest, shouldBeEnabled }).kind === 'none'
-    );
+    const i = { event: 'update', old: p.old, latest: p.latest, current: p.latest, shouldBeEnabled } as const;
+    return decide({ ...i, neverOurs: this.#never }).kind === 'none';
   }
 
   async #reconcile(uid: string): Promise<Outcome> {
@@ -310,6 +320,7 @@ export class Reconciler {
       latest: p.latest,
       current,
       shouldBeEnabled: (pod) => this.#d.isAmbient(pod, nsLabels),
+      neverOurs: this.#never,
     });
     const pod = `${ns}/${p.latest.metadata?.name ?? ''}`;
     if (action.kind === 'none') {

@@ -187,4 +187,18 @@ describe('pod facts the informer reads', () => {
     ];
     assert.deepEqual(enabledPods(pods), [pods[0]]);
   });
+
+  // R6 review: the annotation is on the pod, and its owner may write it (at creation, say). A
+  // sidecar or host-network pod is never enrolled by the agent, so its "enabled" is not ours: in
+  // the snapshot, the start would put ambient rules into a sidecar pod (sweeping its MESH_* chains).
+  it('the start-up snapshot leaves out sidecar and host-network pods whatever they are annotated', () => {
+    const a = 'ambient.mesh.io/redirection';
+    const pods = [
+      pod({ annotations: { [a]: 'enabled', 'sidecar.mesh.io/status': '{}' } }),
+      pod({ annotations: { [a]: 'enabled', 'sidecar.example/status': '{}' } }),
+      pod({ annotations: { [a]: 'enabled' }, hostNetwork: true }),
+      pod({ annotations: { [a]: 'enabled' } }),
+    ];
+    assert.deepEqual(enabledPods(pods, { sidecarAnnotation: 'sidecar.example/status' }), [pods[3]]);
+  });
 });

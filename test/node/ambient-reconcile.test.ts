@@ -425,6 +425,29 @@ describe('the Reconciler', () => {
     await h.r.stop(100);
   });
 
+  // R6 review: a pod's owner can write ambient.mesh.io/redirection on it. On a sidecar pod (never
+  // enrolled: the plugin and the agent refuse it) "enabled" and an update made the informer remove
+  // it, and the removal found its netns and swept every MESH_* chain: its sidecar redirection too.
+  it("a sidecar pod carrying the redirection annotation (its owner's) is never removed while it runs", async () => {
+    const h = harness();
+    const sidecar = { 'sidecar.mesh.io/status': '{"containers":["mesh-proxy"]}' };
+    const p = (o: { phase?: string; ips?: string[] } = {}) => {
+      const x = pod({ uid: 's', name: 's', redirection: 'enabled', ...o });
+      x.metadata!.annotations = { ...x.metadata!.annotations, ...sidecar };
+      return x;
+    };
+    h.upsert(p({ ips: [] }));
+    h.r.start();
+    h.upsert(p());
+    await h.idle();
+    assert.equal(h.dp.calls.length, 0, 'no removal of a pod never ours');
+    // Its delete is told to the dataplane (a delete touches no rules: ztunnel and the ipset only).
+    h.remove(p());
+    await h.idle();
+    assert.deepEqual(h.dp.calls, [{ op: 'remove', uid: 's', ips: ['198.18.0.5'], isDelete: true }]);
+    await h.r.stop(100);
+  });
+
   it('retries a ztunnel failure until it works (5 ms backoff upward), drops a netns failure', async () => {
     let ztunnelDown = 3;
     const dp = fakeDataplane((c) => {
