@@ -4,7 +4,7 @@
 
 import assert from 'node:assert/strict';
 import { spawnSync } from 'node:child_process';
-import { fstatSync, readdirSync, statSync } from 'node:fs';
+import { fstatSync, statSync } from 'node:fs';
 import fsp from 'node:fs/promises';
 import { describe, it, mock } from 'node:test';
 import { PodCache } from '../../src/ambient/podcache.ts';
@@ -12,10 +12,10 @@ import { findPodsNetns, openNetns, type HeldNetns } from '../../src/podnetns/ind
 import { cleanupAfterEach } from '../helpers/cleanup.ts';
 import { Netns } from '../helpers/netns.ts';
 import { cgroupV1, cgroupV2, FakeProc, kubepodsPath } from '../helpers/podproc.ts';
+import { fdSnapshot, fdsOpenedSince } from '../helpers/fds.ts';
 
 const defer = cleanupAfterEach();
 const INFO = { name: 'cart-5c7d', namespace: 'shop', serviceAccount: 'cart' };
-const openFds = () => readdirSync('/proc/self/fd').length;
 const isOpen = (fd: number) => {
   try {
     fstatSync(fd);
@@ -95,7 +95,7 @@ describe('ambient pod cache', () => {
     const a = netns('a');
     const b = netns('b');
     const cache = new PodCache();
-    const before = openFds();
+    const before = fdSnapshot();
     for (let i = 0; i < 1000; i++) {
       const uid = `uid-${i % 7}`;
       cache.upsert(uid, INFO, await openNetns(a.path, 0));
@@ -110,7 +110,7 @@ describe('ambient pod cache', () => {
       }
     }
     cache.clear();
-    assert.equal(openFds(), before);
+    assert.deepEqual(fdsOpenedSince(before), []);
     assert.equal(cache.size, 0);
   });
 });
@@ -132,7 +132,7 @@ describe('findPodsNetns: many pods, one walk of /proc', () => {
       .add({ pid: 43, cgroup: cgroupV2('/system.slice/cron.service'), starttime: 1, netns: '/proc/self/ns/net' });
     const readdir = mock.method(fsp, 'readdir');
     defer(async () => readdir.mock.restore());
-    const before = openFds();
+    const before = fdSnapshot();
     const got = await findPodsNetns(
       [
         { uid: UIDS[0]!, ips: ['198.18.44.2'] },
@@ -157,9 +157,9 @@ describe('findPodsNetns: many pods, one walk of /proc', () => {
     assert.ok(lost && !lost.ok && lost.reason === 'no_netns', JSON.stringify(lost));
     const noIp = got.get(NO_IP);
     assert.ok(noIp && !noIp.ok && noIp.reason === 'ip_mismatch');
-    assert.equal(openFds(), before + 2, 'only the two found netns stay open');
+    assert.equal(fdsOpenedSince(before).length, 2, 'only the two found netns stay open');
     for (const r of [r0, r1] as { netns: HeldNetns }[]) r.netns.close();
-    assert.equal(openFds(), before);
+    assert.deepEqual(fdsOpenedSince(before), []);
   });
 
   it('a netns is given to one pod only', async () => {

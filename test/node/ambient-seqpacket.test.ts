@@ -33,8 +33,7 @@ import {
 } from '../../src/ambient/seqpacket.ts';
 import { ROOT } from '../helpers/cli.ts';
 import { Netns } from '../helpers/netns.ts';
-
-const openFds = (): number => readdirSync('/proc/self/fd').length;
+import { fdSnapshot, fdsOpenedSince } from '../helpers/fds.ts';
 
 /** O_CLOEXEC (02000000) in the fd's flags, as /proc shows them (octal). */
 function isCloexec(fd: number): boolean {
@@ -162,10 +161,10 @@ describe('ambient seqpacket', { timeout: 60_000 }, () => {
     const { srv, a, b } = await pair(dir);
     const fd = openSync('/dev/null', 'r');
     try {
-      const before = openFds();
+      const before = fdSnapshot();
       await a.send(Buffer.alloc(MAX_MESSAGE + 1, 1), [fd, fd, fd]);
       await assert.rejects(b.recv(1000), { code: 'ERR_SEQPACKET_TRUNCATED', message: /larger than 1024 bytes/ });
-      assert.equal(openFds(), before, 'no fd of the refused message stays open');
+      assert.deepEqual(fdsOpenedSince(before), [], 'no fd of the refused message stays open');
       // The connection goes on.
       await a.send(Buffer.from('next'));
       assert.equal((await b.recv(1000))?.data.toString(), 'next');
@@ -179,10 +178,10 @@ describe('ambient seqpacket', { timeout: 60_000 }, () => {
     const { srv, a, b } = await pair(dir);
     const fd = openSync('/dev/null', 'r');
     try {
-      const before = openFds();
+      const before = fdSnapshot();
       await a.send(Buffer.from('many'), Array<number>(40).fill(fd));
       await assert.rejects(b.recv(1000), { code: 'ERR_SEQPACKET_TRUNCATED', message: /more than \d+ fds/ });
-      assert.equal(openFds(), before);
+      assert.deepEqual(fdsOpenedSince(before), []);
     } finally {
       closeSync(fd);
       closeAll(a, b, srv);
@@ -354,7 +353,7 @@ describe('ambient seqpacket', { timeout: 60_000 }, () => {
     const { srv, a, b } = await pair(dir);
     const file = openSync('/dev/null', 'r');
     try {
-      const before = openFds();
+      const before = fdSnapshot();
       for (let i = 0; i < 2000; i++) {
         await a.send(Buffer.alloc(60, i), [file]);
         const m = await b.recv(1000);
@@ -363,7 +362,7 @@ describe('ambient seqpacket', { timeout: 60_000 }, () => {
         await b.send(Buffer.from([8, 1]));
         await a.recv(1000);
       }
-      assert.equal(openFds(), before);
+      assert.deepEqual(fdsOpenedSince(before), []);
     } finally {
       closeSync(file);
       closeAll(a, b, srv);

@@ -34,6 +34,7 @@ import { cleanupAfterEach } from '../helpers/cleanup.ts';
 import { FakeZtunnel } from '../helpers/fake-ztunnel.ts';
 import { Netns } from '../helpers/netns.ts';
 import { ROOT } from '../helpers/cli.ts';
+import { fdSnapshot, fdsOpenedSince } from '../helpers/fds.ts';
 
 const defer = cleanupAfterEach();
 /** A test waits for events; one that never comes fails it after 20 s instead of hanging the file. */
@@ -721,11 +722,11 @@ describe('ambient ZDS server: resources', () => {
     const fake = startFake(server, { checkOneInFlight: false });
     await fake.waitForNth('snapshot_sent', 1);
     await server.podAdded('uid-warmup', INFO, ns.fd);
-    const before = openFds();
+    const before = fdSnapshot();
     for (let i = 0; i < 1000; i++) await server.podAdded(`uid-${i}`, INFO, ns.fd);
     assert.equal(fake.of('add').length, 1001);
     assert.ok(fake.of('add').every((r) => r.netnsIno === ns.ino && r.acked));
     assert.equal(fake.openFds, 0);
-    assert.deepEqual(openFds(), before);
+    assert.deepEqual(fdsOpenedSince(before), []);
   });
 });

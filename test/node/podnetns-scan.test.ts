@@ -11,7 +11,6 @@ import {
   fstatSync,
   mkdtempSync,
   openSync,
-  readdirSync,
   readFileSync,
   readlinkSync,
   rmSync,
@@ -28,6 +27,7 @@ import { findPodNetns, runInNetns, type FindResult, type PodNetnsOptions } from 
 import { cleanupAfterEach } from '../helpers/cleanup.ts';
 import { Netns } from '../helpers/netns.ts';
 import { cgroupV1, cgroupV2, FakeProc, kubepodsPath } from '../helpers/podproc.ts';
+import { fdSnapshot, fdsOpenedSince } from '../helpers/fds.ts';
 
 const UID = '3c9e2f70-58d1-4b6a-a0e4-9d17c2b85f31';
 const UID_SYSTEMD = UID.replaceAll('-', '_');
@@ -62,7 +62,6 @@ function fakeProc(): FakeProc {
 
 const opts = (p: FakeProc): PodNetnsOptions => ({ hostProcDir: p.dir, hostNetnsPath: HOST_NETNS });
 const inode = (file: string) => statSync(file, { bigint: true }).ino;
-const openFds = () => readdirSync('/proc/self/fd').length;
 const show = (r: FindResult) => (r.ok ? `found the netns of pid ${r.netns.pid}` : `${r.reason}: ${r.detail}`);
 
 /** The result, its netns closed after the test. */
@@ -95,13 +94,13 @@ describe('findPodNetns over a fake /proc', () => {
       .add({ pid: 100, cgroup: cgroupV1(kubepodsPath(UID, SANDBOX_CID)), starttime: 200, netns: pod.path })
       .add({ pid: 200, cgroup: cgroupV1(kubepodsPath(FOREIGN_UID, SANDBOX_CID)), starttime: 5, netns: other.path })
       .add({ pid: 1, cgroup: cgroupV2('/init.scope'), starttime: 1, netns: HOST_NETNS, comm: 'systemd' });
-    const before = openFds();
+    const before = fdSnapshot();
     const r = await find(UID, [POD_IP], opts(p));
     assert.ok(r.ok, show(r));
     assert.equal(r.netns.pid, 100);
     assert.equal(r.netns.ino, inode(pod.path));
     assert.equal(fstatSync(r.netns.fd, { bigint: true }).ino, inode(pod.path));
-    assert.equal(openFds(), before + 1, 'only the winner is left open');
+    assert.equal(fdsOpenedSince(before).length, 1, 'only the winner is left open');
   });
 
   it("the host's netns never qualifies, even holding the pod IP, and even when a pod's only process is in it", async () => {
@@ -173,7 +172,7 @@ describe('findPodNetns over a fake /proc', () => {
       starttime: 200,
       netns: pod.path,
     });
-    const before = openFds();
+    const before = fdSnapshot();
     const r = await find(UID, ['198.18.40.8'], opts(p));
     assert.ok(!r.ok);
     assert.equal(r.reason, 'ip_mismatch');
@@ -183,7 +182,7 @@ describe('findPodNetns over a fake /proc', () => {
         `no netns of the pod holds 198\\.18\\.40\\.8: netns inode ${inode(pod.path)} \\(pid 100\\) holds 127\\.0\\.0\\.1, ::1, ${POD_IP.replaceAll('.', '\\.')}`,
       ),
     );
-    assert.equal(openFds(), before);
+    assert.deepEqual(fdsOpenedSince(before), []);
   });
 
   it('a dual-stack pod found by its IPv6 address, written differently from ip', async () => {
@@ -255,12 +254,12 @@ describe('findPodNetns over a fake /proc', () => {
     await once(server, 'listening');
     defer(async () => server.close());
     p.add({ pid: 100, cgroup: cgroupV2(kubepodsPath(UID, SANDBOX_CID)), starttime: 200, netns: sock });
-    const before = openFds();
+    const before = fdSnapshot();
     const r = await find(UID, [POD_IP], opts(p));
     assert.ok(!r.ok);
     assert.equal(r.reason, 'no_netns');
     assert.match(r.detail, /the pod's netns could not be opened: netns inode \d+ \(pid 100\): ENXIO/);
-    assert.equal(openFds(), before);
+    assert.deepEqual(fdsOpenedSince(before), []);
   });
 
   it('a netns swapped after the scan stat it (pid reused, process moved) is passed over, never misread', async () => {
@@ -275,9 +274,9 @@ describe('findPodNetns over a fake /proc', () => {
     });
     const host = { dev: statSync(HOST_NETNS, { bigint: true }).dev, ino: inode(HOST_NETNS) };
     const id = { dev: statSync(a.path, { bigint: true }).dev, ino: inode(a.path) };
-    const before = openFds();
+    const before = fdSnapshot();
     assert.equal(await openCandidate(p.dir, { netns: id, pids: [100], starttime: 200n }, host), null);
-    assert.equal(openFds(), before, 'the fd opened on b is closed');
+    assert.deepEqual(fdsOpenedSince(before), [], 'the fd opened on b is closed');
     // The next process of the same netns, still in it, is the one it is held through.
     p.add({ pid: 101, cgroup: cgroupV2(kubepodsPath(UID, APP_CID)), starttime: 300, netns: a.path });
     const held = await openCandidate(p.dir, { netns: id, pids: [100, 101], starttime: 200n }, host);
@@ -292,7 +291,7 @@ describe('findPodNetns over a fake /proc', () => {
       netns: HOST_NETNS,
     });
     assert.equal(await openCandidate(hostNow.dir, { netns: host, pids: [100], starttime: 1n }, host), null);
-    assert.equal(openFds(), before + 1);
+    assert.equal(fdsOpenedSince(before).length, 1);
   });
 
   it('an unreadable or wrong --host-netns-path rejects, naming the flag (never a guess)', async () => {
@@ -378,7 +377,7 @@ describe('findPodNetns over a fake /proc', () => {
       .add({ pid: 150, cgroup: cgroupV2(kubepodsPath(UID, APP_CID)), starttime: 50, netns: visited.path })
       .add({ pid: 100, cgroup: cgroupV2(kubepodsPath(UID, SANDBOX_CID)), starttime: 200, netns: pod.path })
       .add({ pid: 90, cgroup: cgroupV2(kubepodsPath(UID, SANDBOX_CID)), starttime: 10, netns: HOST_NETNS });
-    const before = openFds();
+    const before = fdSnapshot();
     for (let i = 0; i < 1000; i++) {
       const r = await findPodNetns(UID, i % 10 === 9 ? ['198.18.40.9'] : [POD_IP], opts(p));
       assert.equal(r.ok, i % 10 !== 9);
@@ -387,7 +386,7 @@ describe('findPodNetns over a fake /proc', () => {
         r.netns.close();
       }
     }
-    assert.equal(openFds(), before);
+    assert.deepEqual(fdsOpenedSince(before), []);
   });
 });
 
@@ -428,12 +427,12 @@ describe('findPodNetns: bounded work however many netns a pod makes', () => {
       p.add({ pid: 1000 + i, cgroup: cgroupV2(kubepodsPath(UID, APP_CID)), starttime: 300 + i, netns: n.path });
     }
     const runs = countIpRuns();
-    const before = openFds();
+    const before = fdSnapshot();
     const r = await find(UID, [POD_IP], opts(p));
     assert.ok(r.ok, show(r));
     assert.equal(r.netns.pid, 100);
     assert.equal(runs(), 1, 'ip run in the sandbox netns only');
-    assert.equal(openFds(), before + 1);
+    assert.equal(fdsOpenedSince(before).length, 1);
   });
 
   it('none holding the pod IP: at most 16 netns looked into, the rest named in the detail', async () => {
@@ -444,13 +443,13 @@ describe('findPodNetns: bounded work however many netns a pod makes', () => {
       p.add({ pid: 1000 + i, cgroup: cgroupV2(kubepodsPath(UID, APP_CID)), starttime: 300 + i, netns: n.path });
     }
     const runs = countIpRuns();
-    const before = openFds();
+    const before = fdSnapshot();
     const r = await find(UID, [POD_IP], opts(p));
     assert.ok(!r.ok);
     assert.equal(r.reason, 'ip_mismatch');
     assert.equal(runs(), 16);
     assert.match(r.detail, new RegExp(`the ${EXTRA - 16} younger of the pod's ${EXTRA} netns were not looked into`));
-    assert.equal(openFds(), before);
+    assert.deepEqual(fdsOpenedSince(before), []);
   });
 });
 
