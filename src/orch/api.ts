@@ -64,8 +64,11 @@ export interface OrchApi {
   labelPod(pod: V1Pod, key: string, value: string, signal: AbortSignal): Promise<void>;
   deletePod(pod: V1Pod, signal: AbortSignal): Promise<void>;
   createEvent(namespace: string, event: CoreV1Event, signal: AbortSignal): Promise<void>;
-  /** Namespaces (ambient mode reads their labels): a list from the watch cache (resourceVersion=0). */
-  listNamespaces?(signal: AbortSignal): Promise<NamespaceList>;
+  /**
+   * Namespaces (ambient mode reads their labels): a list from the watch cache, any age
+   * (resourceVersion=0), or with `notOlderThan` never older than that resourceVersion.
+   */
+  listNamespaces?(signal: AbortSignal, notOlderThan?: string): Promise<NamespaceList>;
   /** A watch of namespaces from `resourceVersion`; as watchPods. */
   watchNamespaces?(
     q: { resourceVersion: string; timeoutSeconds: number },
@@ -159,13 +162,16 @@ export function clientNodeApi(kc: KubeConfig): OrchApi {
         unlimited: true,
       });
     },
-    async listNamespaces(signal) {
+    async listNamespaces(signal, notOlderThan) {
+      const query = notOlderThan
+        ? { resourceVersion: notOlderThan, resourceVersionMatch: 'NotOlderThan' }
+        : { resourceVersion: '0' };
       const list = await apiRequest<{ items?: V1Namespace[]; metadata?: { resourceVersion?: string } }>(
         kc,
         'GET',
         '/api/v1/namespaces',
         'listing namespaces',
-        { query: { resourceVersion: '0' }, signal },
+        { query, signal },
       );
       return { items: list.items ?? [], resourceVersion: list.metadata?.resourceVersion ?? '' };
     },

@@ -3,8 +3,9 @@
 // namespace's pods. Small beside the pod watch (podsource.ts), with the same failure handling:
 // 410 Gone -> list again; a closed watch -> watch again from its last resourceVersion; errors ->
 // full-jitter backoff, never a silent stop; a watch silent for too long is restarted. The list
-// comes from the API server's watch cache (resourceVersion=0); requests wait on the agent's rate
-// limit (request.ts). Namespaces are few and change rarely: no watch-list, no pages.
+// comes from the API server's watch cache (resourceVersion=0; a relist NotOlderThan what was seen);
+// requests wait on the agent's rate limit (request.ts). Namespaces are few and change rarely: no
+// watch-list, no pages. Timing and readiness: see #run and notReadyReasons.
 
 import type { V1Namespace } from '@kubernetes/client-node';
 import { scope } from '../monitoring/logging.ts';
@@ -82,6 +83,8 @@ export class NamespaceSource {
   readonly #stop = new AbortController();
   #loop: Promise<void> | undefined;
   #rv = '';
+  /** The newest resourceVersion seen (kept across a 410): a relist is never older than it. */
+  #seenRv = '';
   #lists = 0;
   #restarts = 0;
   #lastError = '';
@@ -224,7 +227,9 @@ export class NamespaceSource {
 
   async #list(): Promise<void> {
     const signal = AbortSignal.any([this.#stop.signal, AbortSignal.timeout(this.#o.requestTimeoutMs)]);
-    const list = await this.#api.listNamespaces!(signal);
+    // After a 410, not any age: an API server whose cache lags (behind a load balancer) could
+    // hand back labels older than those seen, and the informer would undo a relabel for a while.
+    const list = await this.#api.listNamespaces!(signal, this.#seenRv || undefined);
     const seen = new Map(list.items.map((ns) => [ns.metadata?.name ?? '', slim(ns)] as const));
     for (const [name, old] of this.#cache) {
       if (!seen.has(name)) {
@@ -238,6 +243,7 @@ export class NamespaceSource {
       this.#tell('upsert', ns, old);
     }
     this.#rv = list.resourceVersion;
+    if (list.resourceVersion) this.#seenRv = list.resourceVersion;
     this.#lists++;
     this.#synced();
   }
@@ -279,7 +285,7 @@ export class NamespaceSource {
           return;
         }
         const full = obj as V1Namespace;
-        if (full.metadata?.resourceVersion) this.#rv = full.metadata.resourceVersion;
+        if (full.metadata?.resourceVersion) this.#rv = this.#seenRv = full.metadata.resourceVersion;
         if (type === 'BOOKMARK') return;
         const ns = slim(full);
         delivered = true;

@@ -298,6 +298,46 @@ describe('the namespace watch (src/orch/namespacesource.ts)', () => {
   });
 });
 
+// R6 review: after 410 Gone the namespace list came from the watch cache at resourceVersion=0,
+// any age: behind a load balancer, an API server whose cache lags could hand back labels older
+// than those already seen, and the informer would undo a relabel until the watch caught up
+// (pods removed from the mesh and enrolled again). As the pod watch: NotOlderThan what was seen.
+describe('the namespace relist after 410 Gone', () => {
+  it('asks for a state not older than the last one seen', async () => {
+    const api = await startTestApiServer({ bookmarkIntervalMs: 50 });
+    const tmp = tempDir();
+    try {
+      api.upsertNamespace({ metadata: { name: 'a' } });
+      const settings = buildSettings({ orchconfig: api.writeOrchconfig(path.join(tmp.dir, 'oc')) }, {});
+      const source = new NamespaceSource(clientNodeApi(orchKubeConfig(settings)), {
+        backoff: { baseMs: 10, maxMs: 50 },
+        tuning: { startJitterMs: 0 },
+      });
+      source.start();
+      try {
+        await source.synced;
+        await eventually(() => api.openNamespaceWatches() === 1, 'watching');
+        const seen = source.status().resourceVersion;
+        api.expireResourceVersions();
+        await eventually(() => source.status().lists === 2, 'listed again', 10_000);
+        const lists = api.requests.filter(
+          (r) => r.path === '/api/v1/namespaces' && new URLSearchParams(r.query).get('watch') !== 'true',
+        );
+        const first = new URLSearchParams(lists[0]!.query);
+        assert.equal(first.get('resourceVersion'), '0', 'the first list: the watch cache, any age');
+        const relist = new URLSearchParams(lists[1]!.query);
+        assert.equal(relist.get('resourceVersionMatch'), 'NotOlderThan', lists[1]!.query);
+        assert.ok(Number(relist.get('resourceVersion')) >= Number(seen), `${lists[1]!.query} vs ${seen}`);
+      } finally {
+        await source.stop();
+      }
+    } finally {
+      await api.close();
+      tmp.remove();
+    }
+  });
+});
+
 // R6 review: every node watches all namespaces. An API server restart cuts the fleet's watches
 // together; re-watching at once brought a thousand watches back in the same instant. As the pod
 // watch (README "Fleet scale"): a healthy watch cut early comes back anywhere in a 12 s spread,
