@@ -469,7 +469,44 @@ class Dataplane implements MeshDataplane {
           cause: e,
         });
       }
+      await this.#findKept(pod);
     });
+  }
+
+  /**
+   * A pod known without its netns (read without IPs at start-up, after a kubelet restart) whose
+   * IPs are now known: found, its rules reconciled as at start-up, and handed to ztunnel. Else
+   * every snapshot names it Keep, and a ztunnel that restarts (an upgrade) never gets it: its
+   * rules send its traffic to a proxy that does not exist. Failures are logged; it stays Keep.
+   */
+  async #findKept(pod: AmbientPod): Promise<void> {
+    const cached = this.#cache.get(pod.uid);
+    if (cached === undefined || cached.netns !== null || pod.ips.length === 0 || !this.#enrolled.has(pod.uid)) return;
+    const name = podName(pod);
+    const r = await findPodNetns(pod.mirrorUid ?? pod.uid, pod.ips, this.#nsOpts).catch((e: Error) => ({
+      ok: false as const,
+      reason: 'no_netns',
+      detail: e.message,
+    }));
+    if (!r.ok) {
+      log.warn('the netns of an enrolled pod is still not found; ztunnel is told to keep what it has', {
+        pod: name,
+        reason: r.reason,
+        detail: r.detail,
+      });
+      return;
+    }
+    const netns = this.#cache.upsert(pod.uid, workload(pod), r.netns);
+    try {
+      if (this.#s.reconcilePodRulesOnStartup) await this.#programRules(pod, netns);
+      await this.#server?.podAdded(pod.uid, workload(pod), netns.fd);
+      log.info("an enrolled pod's netns was found once its IPs were known", { pod: name });
+    } catch (e) {
+      log.error("an enrolled pod's netns was found, but it could not be handed to ztunnel again", {
+        pod: name,
+        error: (e as Error).message,
+      });
+    }
   }
 
   isEnrolled(uid: string): boolean {

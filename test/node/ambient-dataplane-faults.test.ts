@@ -408,3 +408,29 @@ describe('ambient dataplane: a burst of ADDs', () => {
     assert.equal(zt.of('add').length, 24);
   });
 });
+
+describe('ambient dataplane: a pod found without its netns at start-up', () => {
+  it('is found when its IPs appear (the informer syncs them): ztunnel gets it, and any later snapshot too', async () => {
+    const node = await nodeNetns();
+    const sock = socketPath();
+    const ns = podNetns('pod', '198.18.68.2');
+    const pod = ambientPod(['198.18.68.2']);
+    runningPod(pod.uid, ns);
+    const dp = dataplane(sock, node.run, 'nft');
+    // After a kubelet restart the pod is read without its IPs: not found (Keep for ztunnel).
+    await dp.start([{ ...pod, ips: [] }]);
+    assert.deepEqual(dp.status().podsWithoutNetns, [pod.uid]);
+    const zt = new FakeZtunnel({ path: sock });
+    defer(() => zt.stop());
+    await zt.waitForNth('snapshot_sent', 1);
+    await dp.syncHostProbeIPs(pod);
+    assert.deepEqual(dp.status().podsWithoutNetns, [], 'found now that its IP is known');
+    assert.equal(probeEntries(node.ns).get('198.18.68.2'), pod.uid);
+    assert.deepEqual(
+      zt.of('add').map((r) => r.uid),
+      [pod.uid],
+      'a ztunnel that restarts later would otherwise be told Keep for a pod it never had',
+    );
+    assert.equal(inpodRules(ns, 'nft'), true, 'its rules reconciled as at start-up');
+  });
+});
