@@ -8,7 +8,7 @@
 import assert from 'node:assert/strict';
 import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
 import { randomUUID } from 'node:crypto';
-import { existsSync, mkdirSync, mkdtempSync, readdirSync, rmSync, statSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdirSync, mkdtempSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import fsp from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
@@ -29,6 +29,7 @@ import { cleanupAfterEach } from '../helpers/cleanup.ts';
 import { FakeZtunnel } from '../helpers/fake-ztunnel.ts';
 import { placeInPodCgroup, removePodCgroups } from '../helpers/kubepods.ts';
 import { Netns } from '../helpers/netns.ts';
+import { fdSnapshot, fdsOpenedSince } from '../helpers/fds.ts';
 
 const defer = cleanupAfterEach();
 const it = (name: string, fn: () => Promise<void>) => nodeIt(name, { timeout: 60_000 }, fn);
@@ -149,7 +150,6 @@ const hostRule = (node: Netns, flavour: Flavour): boolean =>
     '-A POSTROUTING -j MESH_POSTRT',
   );
 const inode = (p: string) => statSync(p, { bigint: true }).ino;
-const openFds = () => readdirSync('/proc/self/fd').length;
 
 async function rejection(p: Promise<unknown>): Promise<EnrollError> {
   try {
@@ -671,14 +671,14 @@ describe('ambient dataplane: the ZDS socket', () => {
     const pod = ambientPod('198.18.54.2');
     await dp.addPodToMesh(pod, ns.path);
     await dp.removePodFromMesh(pod, false);
-    const before = openFds();
+    const before = fdSnapshot();
     for (let i = 0; i < 50; i++) {
       // A deleted pod's UID never comes back (its later adds are refused): a new pod each time.
       const p = { ...pod, uid: randomUUID() };
       await dp.addPodToMesh(p, ns.path);
       await dp.removePodFromMesh(p, i % 2 === 0);
     }
-    assert.equal(openFds(), before);
+    assert.deepEqual(fdsOpenedSince(before), []);
     assert.equal(zt.openFds, 0);
   });
 });
