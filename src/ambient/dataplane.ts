@@ -577,13 +577,25 @@ class Dataplane implements MeshDataplane {
   async #listen(): Promise<ZtunnelServer> {
     const sock = this.#s.ztunnelUdsAddress;
     const dir = path.dirname(sock);
+    let st;
     try {
-      if (!(await stat(dir)).isDirectory()) throw new Error('not a directory');
+      st = await stat(dir);
+      if (!st.isDirectory()) throw new Error('not a directory');
     } catch (e) {
       throw new Error(
         `cannot listen for ztunnel on ${sock} (--ztunnel-uds-address): its directory ${dir} is not there ` +
           `(${(e as Error).message}); mount ztunnel's socket directory there`,
         { cause: e },
+      );
+    }
+    // Whoever can write the dir can put a socket of theirs in ours' place: ztunnel would then talk
+    // to them, or they to ztunnel, and every Add hands over a pod's netns. Only root's dir, written
+    // by root alone (the hostPath makes it 0755 root's), is listened in.
+    if (st.uid !== 0 || (st.mode & 0o022) !== 0) {
+      throw new Error(
+        `cannot listen for ztunnel on ${sock} (--ztunnel-uds-address): its directory ${dir} is ` +
+          `${st.uid !== 0 ? `not root's (owner uid ${st.uid})` : 'writable by a user other than root'} ` +
+          `(mode 0${(st.mode & 0o7777).toString(8)}); make it root's and writable by root only (0755)`,
       );
     }
     // A socket left by an agent that did not stop cleanly: ours to replace (Istio unlinks it too).

@@ -8,7 +8,7 @@
 import assert from 'node:assert/strict';
 import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
 import { randomUUID } from 'node:crypto';
-import { existsSync, mkdirSync, mkdtempSync, rmSync, statSync, writeFileSync } from 'node:fs';
+import { chmodSync, chownSync, existsSync, mkdirSync, mkdtempSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import fsp from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
@@ -564,7 +564,7 @@ for (const flavour of ['nft', 'legacy'] as const) {
 }
 
 describe('ambient dataplane: the ZDS socket', () => {
-  it('a stale socket is replaced; something else there, or no directory, is a clear error', async () => {
+  it('a stale socket is replaced; something else there, no directory, or one another user can write, is a clear error', async () => {
     const node = await nodeNetns();
     const sock = socketPath();
     // A socket left by a crashed agent (bound, never unlinked).
@@ -589,6 +589,20 @@ describe('ambient dataplane: the ZDS socket', () => {
       nodir.start([]),
       /directory \/nonexistent-mcni-dir is not there.*--ztunnel-uds-address|--ztunnel-uds-address.*not there/s,
     );
+    // A dir another user could write to (or owns): they could put their own socket in ours' place
+    // and be handed every pod's netns, or feed ztunnel. Refused, never listened in.
+    for (const [what, mode, uid] of [
+      ['writable by all', 0o777, 0],
+      ['writable by its group', 0o775, 0],
+      ['of another user', 0o755, 65534],
+    ] as const) {
+      const shared = path.dirname(socketPath());
+      chmodSync(shared, mode);
+      chownSync(shared, uid, 0);
+      const dp = dataplane(path.join(shared, 'ztunnel.sock'), new FakeAnnotator(), node, 'nft');
+      await assert.rejects(dp.start([]), /writable by a user other than root|not root's/, what);
+      assert.equal(existsSync(path.join(shared, 'ztunnel.sock')), false, `${what}: nothing listens there`);
+    }
   });
 
   it('a start that failed can be retried: pods of the failed attempt no longer enrolled are not in the snapshot', async () => {
