@@ -26,6 +26,7 @@ import {
   type CmdAddReply,
   type CmdAddRequest,
 } from '../../cni-plugin/shared/pluginevent.ts';
+import type { AmbientPodInfo } from './enablement.ts';
 
 const log = scope('ambient');
 
@@ -36,16 +37,8 @@ const requests = new Counter({
   registers: [registry],
 });
 
-/** What the server needs of a pod for the dataplane (dataplane.ts AmbientPod; structural). */
-export interface EnrollPod {
-  readonly uid: string;
-  readonly namespace: string;
-  readonly name: string;
-  readonly serviceAccount: string;
-  readonly ips: readonly string[];
-  readonly annotations: Readonly<Record<string, string>>;
-  readonly mirrorUid?: string;
-}
+/** What the server needs of a pod for the dataplane (enablement.ts AmbientPodInfo). */
+export type EnrollPod = AmbientPodInfo;
 
 export interface CmdAddDeps {
   /** This node's pod watch (src/orch/podsource.ts PodSource). */

@@ -30,24 +30,14 @@ import {
 import { addProbeIP, applyHost, removeHost, removeProbeIP } from './hostrules.ts';
 import { PodCache } from './podcache.ts';
 import { applyInpod, podOptions, removeInpod, type Family, type Flavour, type Runner } from './podrules.ts';
-import { REDIRECTION_ANNOTATION } from './enablement.ts';
+import { REDIRECTION_ANNOTATION, type AmbientPodInfo } from './enablement.ts';
 import { buildStartupState, type StartupPod } from './snapshot.ts';
 import type { WorkloadInfo } from './zds.ts';
 import { ZtunnelError, ZtunnelServer, type ZdsTimings } from './ztunnelserver.ts';
 
 const log = scope('ambient');
 
-export interface AmbientPod {
-  readonly uid: string;
-  readonly namespace: string;
-  readonly name: string;
-  readonly serviceAccount: string;
-  /** status.podIPs, or the ADD's prevResult IPs. */
-  readonly ips: readonly string[];
-  readonly annotations: Readonly<Record<string, string>>;
-  /** The kubelet UID of a static pod (its cgroups carry it), if any. */
-  readonly mirrorUid?: string;
-}
+export type AmbientPod = AmbientPodInfo;
 
 export type EnrollReason = 'netns' | 'rules' | 'ztunnel' | 'ipset' | 'annotate';
 

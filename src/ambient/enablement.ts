@@ -29,14 +29,16 @@ export {
 /** The static pod's kubelet UID (its cgroup is named by it, not by the API's mirror pod UID). */
 export const MIRROR_ANNOTATION = 'kubernetes.io/config.mirror';
 
-/** INTERFACES.md §3's AmbientPod: what the dataplane needs of a pod. */
+/** What the dataplane needs of a pod (dataplane.ts AmbientPod, cmdadd.ts EnrollPod: this one shape). */
 export interface AmbientPodInfo {
   readonly uid: string;
   readonly namespace: string;
   readonly name: string;
   readonly serviceAccount: string;
+  /** status.podIPs, or the ADD's prevResult IPs. */
   readonly ips: readonly string[];
   readonly annotations: Readonly<Record<string, string>>;
+  /** The kubelet UID of a static pod (its cgroups carry it), if any. */
   readonly mirrorUid?: string;
 }
 
