@@ -54,8 +54,8 @@ export interface Reply {
   readonly retryAfterMs: number | null;
 }
 
-/** One GET (the namespace client, nsclient.ts, shares it). */
-export function getOnce(
+/** One GET. */
+function getOnce(
   https: Https,
   access: OrchAccess,
   agent: https.Agent,
@@ -108,19 +108,29 @@ export type Https = typeof import('node:https');
 
 const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms));
 
-export async function getPod(
-  initial: OrchAccess,
-  namespace: string,
-  name: string,
-  opts: LookupOptions,
-): Promise<PodLike> {
+/** What a GET's 200 or 404 makes: the value, or why to ask again (a thrown PodLookupError ends it). */
+export type Verdict<T> = { readonly value: T } | { readonly retry: string };
+
+/** One object read with getWithRetries. */
+export interface RetriedGet<T> {
+  readonly path: string;
+  /** Judges a 200 (its body) or a 404 (body ''). */
+  readonly judge: (status: 200 | 404, body: string, attempt: number, where: string) => Verdict<T>;
+  /** What a 401/403 message tells the operator to check (the token, the RBAC that is needed). */
+  readonly refusedHint: string;
+}
+
+/**
+ * GETs `get.path` until `get.judge` takes the reply: at most MAX_POD_GET_ATTEMPTS GETs within
+ * opts.timeoutMs, full-jitter waits with Retry-After as a floor, one retry with a rotated token
+ * after a 401/403; other 4xx fail at once. The pod's GET and the namespace's (nsclient.ts).
+ */
+export async function getWithRetries<T>(initial: OrchAccess, get: RetriedGet<T>, opts: LookupOptions): Promise<T> {
   let access = initial;
-  const path = `/api/v1/namespaces/${encodeURIComponent(namespace)}/pods/${encodeURIComponent(name)}`;
-  const where = `${access.server.origin}${path}`;
+  const where = `${access.server.origin}${get.path}`;
   const deadline = Date.now() + opts.timeoutMs;
   const https = process.getBuiltinModule('node:https');
   const agent = new https.Agent({ keepAlive: true, maxSockets: 1 });
-  let notFound = 0;
   let reloaded = false;
   let attempt = 0;
   let last = '';
@@ -142,28 +152,11 @@ export async function getPod(
       const window = Math.min(RETRY_CAP_MS, RETRY_BASE_MS * 2 ** Math.min(attempt - 1, 10));
       let delay = (opts.random ?? Math.random)() * window;
       try {
-        const r = await getOnce(https, access, agent, path, Math.min(opts.attemptTimeoutMs, remaining));
-        if (r.status === 200) {
-          const pod = JSON.parse(r.body) as PodLike;
-          if (opts.expectUid && pod.metadata?.uid && !isPodWithUid(pod, opts.expectUid)) {
-            last = `found UID ${pod.metadata.uid}, runtime asked for ${opts.expectUid}`;
-            if (++notFound > MAX_NOT_FOUND)
-              throw new PodLookupError(
-                'not-found',
-                attempt,
-                `pod ${namespace}/${name} with UID ${opts.expectUid} not found at ${where}: ${last}`,
-              );
-          } else {
-            return pod;
-          }
-        } else if (r.status === 404) {
-          last = '404 Not Found';
-          if (++notFound > MAX_NOT_FOUND)
-            throw new PodLookupError(
-              'not-found',
-              attempt,
-              `pod ${namespace}/${name} not found at ${where} after ${attempt} attempts`,
-            );
+        const r = await getOnce(https, access, agent, get.path, Math.min(opts.attemptTimeoutMs, remaining));
+        if (r.status === 200 || r.status === 404) {
+          const verdict = get.judge(r.status, r.status === 200 ? r.body : '', attempt, where);
+          if ('value' in verdict) return verdict.value;
+          last = verdict.retry;
         } else if (r.status === 401 || r.status === 403) {
           last = `${r.status} ${statusMessage(r.body)}`;
           if (!reloaded && opts.reloadAccess) {
@@ -179,7 +172,7 @@ export async function getPod(
           throw new PodLookupError(
             'unauthorized',
             attempt,
-            `API server refused GET ${where}: ${last}; check the orchconfig token and the agent's RBAC (get pods)`,
+            `API server refused GET ${where}: ${last}; ${get.refusedHint}`,
           );
         } else if (r.status === 429 || r.status >= 500) {
           last = `${r.status} ${statusMessage(r.body)}`;
@@ -204,4 +197,43 @@ export async function getPod(
   } finally {
     agent.destroy();
   }
+}
+
+export async function getPod(
+  initial: OrchAccess,
+  namespace: string,
+  name: string,
+  opts: LookupOptions,
+): Promise<PodLike> {
+  let notFound = 0;
+  const path = `/api/v1/namespaces/${encodeURIComponent(namespace)}/pods/${encodeURIComponent(name)}`;
+  return getWithRetries<PodLike>(
+    initial,
+    {
+      path,
+      refusedHint: "check the orchconfig token and the agent's RBAC (get pods)",
+      judge: (status, body, attempt, where) => {
+        if (status === 200) {
+          const pod = JSON.parse(body) as PodLike;
+          if (!(opts.expectUid && pod.metadata?.uid && !isPodWithUid(pod, opts.expectUid))) return { value: pod };
+          const last = `found UID ${pod.metadata.uid}, runtime asked for ${opts.expectUid}`;
+          if (++notFound > MAX_NOT_FOUND)
+            throw new PodLookupError(
+              'not-found',
+              attempt,
+              `pod ${namespace}/${name} with UID ${opts.expectUid} not found at ${where}: ${last}`,
+            );
+          return { retry: last };
+        }
+        if (++notFound > MAX_NOT_FOUND)
+          throw new PodLookupError(
+            'not-found',
+            attempt,
+            `pod ${namespace}/${name} not found at ${where} after ${attempt} attempts`,
+          );
+        return { retry: '404 Not Found' };
+      },
+    },
+    opts,
+  );
 }
