@@ -30,35 +30,28 @@ function envName(name: string): string {
   return name.toUpperCase().replaceAll('-', '_');
 }
 
-function installFlag(
-  name: string,
-  kind: FlagKind,
-  def: string | undefined,
-  help: string,
-  extra: Partial<FlagSpec> = {},
-): FlagSpec {
-  return { name, kind, default: def, env: envName(name), help, group: 'install', ...extra };
+/** A flag of `group` whose env setting is its name in upper case (the seed's rule for these groups). */
+function envNamedFlag(group: FlagSpec['group']) {
+  return (
+    name: string,
+    kind: FlagKind,
+    def: string | undefined,
+    help: string,
+    extra: Partial<FlagSpec> = {},
+  ): FlagSpec => ({
+    name,
+    kind,
+    default: def,
+    env: envName(name),
+    help,
+    group,
+    ...extra,
+  });
 }
 
-function repairFlag(
-  name: string,
-  kind: FlagKind,
-  def: string | undefined,
-  help: string,
-  extra: Partial<FlagSpec> = {},
-): FlagSpec {
-  return { name, kind, default: def, env: envName(name), help, group: 'repair', ...extra };
-}
-
-function ambientFlag(
-  name: string,
-  kind: FlagKind,
-  def: string | undefined,
-  help: string,
-  extra: Partial<FlagSpec> = {},
-): FlagSpec {
-  return { name, kind, default: def, env: envName(name), help, group: 'ambient', ...extra };
-}
+const installFlag = envNamedFlag('install');
+const repairFlag = envNamedFlag('repair');
+const ambientFlag = envNamedFlag('ambient');
 
 function commonFlag(
   name: string,
