@@ -12,7 +12,7 @@
 import type { V1Pod } from '@kubernetes/client-node';
 import http from 'node:http';
 import { Counter } from 'prom-client';
-import { HTTP_BOUNDS } from '../monitoring/httpbounds.ts';
+import { BOUNDED_SERVER_OPTIONS } from '../monitoring/httpbounds.ts';
 import { scope } from '../monitoring/logging.ts';
 import { registry } from '../monitoring/metrics.ts';
 import { listenUnix } from '../monitoring/unixsocket.ts';
@@ -184,58 +184,50 @@ export async function startCmdAddServer(
   options: Partial<CmdAddOptions> = {},
 ): Promise<CmdAddServer> {
   const o: CmdAddOptions = { ...DEFAULT_CMDADD, ...options };
-  const server = http.createServer(
-    {
-      headersTimeout: HTTP_BOUNDS.headersTimeoutMs,
-      requestTimeout: HTTP_BOUNDS.requestTimeoutMs,
-      keepAliveTimeout: HTTP_BOUNDS.keepAliveTimeoutMs,
-      connectionsCheckingInterval: HTTP_BOUNDS.checkIntervalMs,
-      maxHeaderSize: HTTP_BOUNDS.maxHeaderSize,
-    },
-    (req, res) => {
-      void (async () => {
-        const started = Date.now();
-        let pod: string | null = null;
+  // Bounded as the agent's other HTTP servers; listenUnix caps the connections.
+  const server = http.createServer(BOUNDED_SERVER_OPTIONS, (req, res) => {
+    void (async () => {
+      const started = Date.now();
+      let pod: string | null = null;
+      try {
+        if (req.url !== CMDADD_PATH)
+          throw new Refusal(404, 'bad_request', `no such path ${JSON.stringify(req.url)}; POST ${CMDADD_PATH}`);
+        if (req.method !== 'POST') throw new Refusal(405, 'bad_request', `${req.method} ${CMDADD_PATH}: POST only`);
+        const body = await readBody(req, o.maxBodyBytes);
+        let cmd: CmdAddRequest | null;
         try {
-          if (req.url !== CMDADD_PATH)
-            throw new Refusal(404, 'bad_request', `no such path ${JSON.stringify(req.url)}; POST ${CMDADD_PATH}`);
-          if (req.method !== 'POST') throw new Refusal(405, 'bad_request', `${req.method} ${CMDADD_PATH}: POST only`);
-          const body = await readBody(req, o.maxBodyBytes);
-          let cmd: CmdAddRequest | null;
-          try {
-            cmd = parseCmdAddRequest(JSON.parse(body.toString('utf8')));
-          } catch {
-            cmd = null;
-          }
-          if (cmd === null)
-            throw new Refusal(
-              400,
-              'bad_request',
-              'bad request: expected {"netns","podName","podNamespace","podUid","ips"}',
-            );
-          pod = `${cmd.podNamespace}/${cmd.podName}`;
-          await handle(deps, cmd, o);
-          log.info('ambient pod enrolled on its ADD', {
-            pod,
-            elapsedMs: Date.now() - started,
-          });
-          reply(res, 200, { ok: true });
-        } catch (e) {
-          const r = e instanceof Refusal ? e : new Refusal(500, 'internal', `internal error: ${(e as Error).message}`);
-          log.warn('ambient ADD refused', {
-            pod,
-            status: r.status,
-            reason: r.reason,
-            error: r.message,
-          });
-          // A body refused half-read: the rest is not read, the connection closes after the answer.
-          if (r.status === 413) res.shouldKeepAlive = false;
-          reply(res, r.status, { ok: false, reason: r.reason, message: r.message });
-          if (r.status === 413) res.on('finish', () => req.socket.destroy());
+          cmd = parseCmdAddRequest(JSON.parse(body.toString('utf8')));
+        } catch {
+          cmd = null;
         }
-      })();
-    },
-  );
+        if (cmd === null)
+          throw new Refusal(
+            400,
+            'bad_request',
+            'bad request: expected {"netns","podName","podNamespace","podUid","ips"}',
+          );
+        pod = `${cmd.podNamespace}/${cmd.podName}`;
+        await handle(deps, cmd, o);
+        log.info('ambient pod enrolled on its ADD', {
+          pod,
+          elapsedMs: Date.now() - started,
+        });
+        reply(res, 200, { ok: true });
+      } catch (e) {
+        const r = e instanceof Refusal ? e : new Refusal(500, 'internal', `internal error: ${(e as Error).message}`);
+        log.warn('ambient ADD refused', {
+          pod,
+          status: r.status,
+          reason: r.reason,
+          error: r.message,
+        });
+        // A body refused half-read: the rest is not read, the connection closes after the answer.
+        if (r.status === 413) res.shouldKeepAlive = false;
+        reply(res, r.status, { ok: false, reason: r.reason, message: r.message });
+        if (r.status === 413) res.on('finish', () => req.socket.destroy());
+      }
+    })();
+  });
   const close = await listenUnix(server, address, 'ambient plugin events', 'the plugin event socket', {
     maxConnections: o.maxConnections,
   });

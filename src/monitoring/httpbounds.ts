@@ -22,6 +22,15 @@ export const HTTP_BOUNDS = {
   ctrlzMaxConnections: 32,
 } as const;
 
+/** Those bounds as Node's server options, for a server whose connections are capped elsewhere (listenUnix). */
+export const BOUNDED_SERVER_OPTIONS: http.ServerOptions = {
+  headersTimeout: HTTP_BOUNDS.headersTimeoutMs,
+  requestTimeout: HTTP_BOUNDS.requestTimeoutMs,
+  keepAliveTimeout: HTTP_BOUNDS.keepAliveTimeoutMs,
+  connectionsCheckingInterval: HTTP_BOUNDS.checkIntervalMs,
+  maxHeaderSize: HTTP_BOUNDS.maxHeaderSize,
+};
+
 /**
  * An HTTP server with those bounds, holding at most `maxConnections`: one more closes the
  * oldest (unixsocket.ts's slots), so held connections cannot lock a new one out; a probe's
@@ -32,16 +41,7 @@ export function boundedHttpServer(
   maxConnections: number,
   onEvict?: (socket: net.Socket) => void,
 ): http.Server {
-  const server = http.createServer(
-    {
-      headersTimeout: HTTP_BOUNDS.headersTimeoutMs,
-      requestTimeout: HTTP_BOUNDS.requestTimeoutMs,
-      keepAliveTimeout: HTTP_BOUNDS.keepAliveTimeoutMs,
-      connectionsCheckingInterval: HTTP_BOUNDS.checkIntervalMs,
-      maxHeaderSize: HTTP_BOUNDS.maxHeaderSize,
-    },
-    handler,
-  );
+  const server = http.createServer(BOUNDED_SERVER_OPTIONS, handler);
   holdSlots(server, { maxConnections, onEvict });
   return server;
 }
