@@ -15,7 +15,7 @@
 import { CniError, CNI_ERROR } from './cni/errors.ts';
 import type { CniRequest } from './cni/protocol.ts';
 import type { UdsLog } from './log/udslog.ts';
-import { OrchconfigError, readOrchconfig, type OrchAccess } from './orch/orchconfig.ts';
+import { orchAccessForPod, readOrchconfig } from './orch/orchconfig.ts';
 import { ANNOTATION } from './redirect/constants.ts';
 import type { PodLike } from './redirect/spec.ts';
 import {
@@ -162,14 +162,7 @@ function replyOf(body: string): CmdAddReply | null {
 
 async function namespaceLabelsFromApi(req: CniRequest, log: UdsLog): Promise<Record<string, string>> {
   const ns = req.pod!.namespace;
-  let access: OrchAccess;
-  try {
-    access = readOrchconfig(req.config.orchconfig);
-  } catch (e) {
-    if (e instanceof OrchconfigError)
-      throw new CniError(CNI_ERROR.TRY_AGAIN_LATER, 'cannot reach the API server: orchconfig unusable', e.message);
-    throw e;
-  }
+  const access = orchAccessForPod(req.config.orchconfig);
   const [{ getNamespaceLabels }, { PodLookupError }] = await Promise.all([
     import('./orch/nsclient.ts'),
     import('./orch/podclient.ts'),

@@ -8,7 +8,7 @@ import { convertResult, resultFamilies } from './cni/result.ts';
 import type { UdsLog } from './log/udslog.ts';
 import { netnsExists, notAPodNetns } from './netns/guard.ts';
 import type { Flavour } from './netns/iptables.ts';
-import { OrchconfigError, readOrchconfig, type OrchAccess } from './orch/orchconfig.ts';
+import { orchAccessForPod, readOrchconfig } from './orch/orchconfig.ts';
 import { ANNOTATION, OWN_INIT_CONTAINER_NAME, PROXY_CONTAINER_NAME } from './redirect/constants.ts';
 import type { Family } from './redirect/net.ts';
 import { AnnotationError, goBool, proxyInfo, specForPod, type PodLike, type RedirectSpec } from './redirect/spec.ts';
@@ -104,14 +104,7 @@ async function lookupPod(req: CniRequest, pod: NonNullable<CniRequest['pod']>, l
     }
     log.debug('the agent could not answer; asking the API server', { reason: answer.miss });
   }
-  let access: OrchAccess;
-  try {
-    access = readOrchconfig(req.config.orchconfig);
-  } catch (e) {
-    if (e instanceof OrchconfigError)
-      throw new CniError(CNI_ERROR.TRY_AGAIN_LATER, 'cannot reach the API server: orchconfig unusable', e.message);
-    throw e;
-  }
+  const access = orchAccessForPod(req.config.orchconfig);
   let found: PodLike;
   const { getPod, PodLookupError } = await import('./orch/podclient.ts');
   const started = Date.now();

@@ -2,6 +2,7 @@
 // Only what a bearer-token client needs is read: server, CA or skip-verify, token, all inline:
 // no file it names is read (see parseOrchconfig).
 
+import { CniError, CNI_ERROR } from '../cni/errors.ts';
 import { isObject } from '../shared/json.ts';
 import { parseErrorDetail } from '../shared/parseerror.ts';
 import { readRegularFile, UnsafeFileError } from '../regularfile.ts';
@@ -92,4 +93,15 @@ export function readOrchconfig(file: string): OrchAccess {
     );
   }
   return parseOrchconfig(text, file);
+}
+
+/** For a pod's API read: the orchconfig's access, or CNI error 11 (try again later) saying why it is unusable. */
+export function orchAccessForPod(file: string): OrchAccess {
+  try {
+    return readOrchconfig(file);
+  } catch (e) {
+    if (e instanceof OrchconfigError)
+      throw new CniError(CNI_ERROR.TRY_AGAIN_LATER, 'cannot reach the API server: orchconfig unusable', e.message);
+    throw e;
+  }
 }
