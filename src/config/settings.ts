@@ -302,9 +302,9 @@ function parsePath(flag: string, value: string, cwd: string): string {
 
 /**
  * The orchconfig's name in the net dir. It holds the plugin's token, so the runtime must never
- * take it for a CNI config: no config extension (libcni reads .conf, .conflist, .json), and it
- * sorts after the primary config (checked here against --cni-conf-name, and at every pass
- * against the primary found), as the seed's ZZZ- prefix means it to.
+ * take it for a CNI config: no config extension (libcni's ConfFiles reads only .conf, .conflist
+ * and .json). Where it sorts does not matter then: a name the runtime does not read is not a
+ * config before or after the primary.
  */
 function parseOrchcfgFileName(flag: string, value: string): string {
   const name = parseFileName(flag, value, false);
@@ -460,15 +460,6 @@ export function buildSettings(flags: RawFlags, env: Env, cwd: string = process.c
         '--plugin-token-file',
         install.pluginTokenFile,
         "is the agent's own service-account token, which must never be written to the node's disk; give a token of the plugin's account, or leave it empty to mint one",
-      ),
-    );
-  }
-  if (install.cniConfName !== '' && byteOrder(install.orchcfgFileName, install.cniConfName) <= 0) {
-    errors.push(
-      new ConfigError(
-        '--orchcfg-file-name',
-        install.orchcfgFileName,
-        `sorts before --cni-conf-name ${install.cniConfName}, the config the runtime reads; name it so that it sorts after (byte order), as the default ZZZ-mesh-cni-orchconfig does`,
       ),
     );
   }

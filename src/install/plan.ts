@@ -3,13 +3,13 @@
 // what to report, as a list of steps (plancontext.ts) that apply.ts carries out in order. It
 // writes nothing: table-tested (test/node/install-plan.test.ts) with listings and texts alone.
 //
-//   planPrelude   at a pass's start: our owned files under earlier names; the orchconfig's name
+//   planPrelude   at a pass's start: our owned files under earlier names
 //   planConfig    our entry where the runtime reads it (planmodes.ts), and out of every other file
 //   planCleanup   uninstall: our entry out of every config, our files gone
 //
 // Level-triggered: each pass plans from what is there now, so a missed event costs one period.
 
-import { byteOrder, choosePrimary, isConfigFile, type JsonObject } from './cniconfig.ts';
+import { isConfigFile, type JsonObject } from './cniconfig.ts';
 import type { PlanContext, Skipped, Step } from './plancontext.ts';
 import { planChained, planOwnedMode, planStandalone } from './planmodes.ts';
 import { findEarlierOwned, removeEarlierOwned, removeOwned, takeOut } from './plantakeout.ts';
@@ -26,24 +26,14 @@ export interface Plan {
 }
 
 /**
- * At a pass's start: finds our owned files under earlier names (ctx.earlierOwned), and says why
- * the orchconfig's name must not be used with the primary config there now: it holds a token,
- * and a runtime that reads the dir in order must meet the primary first. The primary is known
- * only at run time, so this is asked before every pass touches anything. Null: go ahead.
+ * At a pass's start: finds our owned files under earlier names (ctx.earlierOwned). The
+ * orchconfig's name is not weighed against the primary's: the runtime reads only names ending
+ * .conf, .conflist or .json (libcni's ConfFiles, as containerd and CRI-O call it), which the
+ * orchconfig's may not (settings.ts), so it is never taken for a config wherever it sorts.
  */
-export async function planPrelude(ctx: PlanContext): Promise<string | null> {
+export async function planPrelude(ctx: PlanContext): Promise<void> {
   const names = await ctx.list().catch(() => null);
   ctx.earlierOwned = await findEarlierOwned(ctx, names ?? []);
-  if (!ctx.s.chained || names === null) return null;
-  // The first candidate by name: the primary is it or a later one (planprimary.ts findPrimary).
-  const first = choosePrimary(names, { confName: ctx.s.confName, ownFiles: ctx.ownFiles() });
-  const orchcfg = ctx.s.orchcfgName;
-  if (first === null || byteOrder(orchcfg, first) > 0) return null;
-  return (
-    `--orchcfg-file-name ${orchcfg} sorts before the CNI config ${first} in ${ctx.netDir}, which the runtime ` +
-    `may take as the primary; not installing. Give a name that sorts after it (byte order), as the default ` +
-    `ZZZ-mesh-cni-orchconfig does`
-  );
 }
 
 /** Our entry in the file the runtime reads, in the mode the settings say, and out of the others. */

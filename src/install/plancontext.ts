@@ -80,7 +80,6 @@ export type ErrorReason =
   | 'write_failed'
   | 'file_refused'
   | 'primary_unsupported'
-  | 'orchconfig_name_refused'
   | 'config_shadowed';
 
 export interface Skipped {

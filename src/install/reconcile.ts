@@ -116,11 +116,7 @@ export class Reconciler {
     };
 
     const ctx = this.#context();
-    const misnamed = await planPrelude(ctx);
-    if (misnamed) {
-      fail('orchconfig_name_refused', misnamed);
-      return { notReady, problems, primary: null, writes };
-    }
+    await planPrelude(ctx);
 
     try {
       await refuseUnrunnablePlugin(path.join(this.#s.cniBinariesDir, PLUGIN_TYPE), this.#s.cpuinfoPath);

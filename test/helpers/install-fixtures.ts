@@ -61,14 +61,13 @@ export async function runConformanceCase(caseDir: string): Promise<ConformanceRu
   const tree = await makeHostTree();
   try {
     if (existsSync(path.join(caseDir, 'in'))) cpSync(path.join(caseDir, 'in'), tree.netDir, { recursive: true });
-    // The entry written with the paths a node has. The reference's file names are lower case
-    // (bridge.conf), which sort after ZZZ-...: our orchconfig must sort after the primary.
+    // The entry written with the paths a node has; the default orchconfig name, which sorts
+    // before the reference's lower-case file names (bridge.conf) and is never read as a config.
     const flags = {
       'reconcile-interval': '1h',
       ...tree.flags,
       'log-uds-address': '/var/run/mesh-cni/log.sock',
       'pod-lookup-uds-address': '/var/run/mesh-cni/pods.sock',
-      'orchcfg-file-name': 'zzz-mesh-cni-orchconfig',
       ...c.flags,
     };
     const settings = buildSettings(flags, tree.env);

@@ -84,11 +84,6 @@ describe('settings', () => {
     [{}, { ORCHCFG_FILE_NAME: 'x.JSON' }, /env ORCHCFG_FILE_NAME.*CNI config extension/],
     [{ 'orchcfg-file-name': 'a/b' }, {}, /--orchcfg-file-name.*plain file name/],
     [{ 'orchcfg-file-name': '.x.mesh-tmp-1' }, {}, /--orchcfg-file-name.*temp files/],
-    [
-      { 'orchcfg-file-name': '00-orchconfig', 'cni-conf-name': '10-calico.conflist' },
-      {},
-      /--orchcfg-file-name.*sorts before --cni-conf-name 10-calico\.conflist/,
-    ],
     // A token readable or writable by anyone but its owner.
     [
       { 'orchconfig-mode': '0666' },
@@ -116,6 +111,18 @@ describe('settings', () => {
       );
     });
   }
+
+  it('takes an orchconfig name sorting before --cni-conf-name: the runtime reads only .conf, .conflist and .json', () => {
+    for (const [orchcfg, conf] of [
+      ['ZZZ-mesh-cni-orchconfig', 'bridge.conf'],
+      ['00-orchconfig', '10-calico.conflist'],
+    ]) {
+      assert.equal(
+        buildSettings({ 'orchcfg-file-name': orchcfg!, 'cni-conf-name': conf! }, {}).install.orchcfgFileName,
+        orchcfg,
+      );
+    }
+  });
 
   it('takes an orchconfig mode with group/other read only with the escape hatch', () => {
     assert.equal(

@@ -1,6 +1,7 @@
 // The installer given settings or files that would hurt the node if taken as they come: a
-// binaries dir holding more than our binaries, an orchconfig name that sorts before the primary
-// config, files whose contents (a token) must never show up in a readiness reason.
+// binaries dir holding more than our binaries, files whose contents (a token) must never show up
+// in a readiness reason; and an orchconfig name that sorts before the primary config, which is
+// taken (the runtime never reads it as a config).
 
 import assert from 'node:assert/strict';
 import { createHash } from 'node:crypto';
@@ -93,20 +94,44 @@ describe('binaries: only the ones we ship, never through a link', () => {
 });
 
 describe('the orchconfig name against the primary found at run time', () => {
-  it('fails the pass, touching nothing, when the orchconfig would sort before the primary', async () => {
+  // No rule: the runtime reads only names ending .conf, .conflist or .json (libcni's ConfFiles),
+  // which the orchconfig's may not, so where it sorts protects nothing.
+  const BRIDGE_CONF = `${JSON.stringify({ cniVersion: '0.3.1', name: 'bridge-net', type: 'bridge', bridge: 'mcni-br0' }, null, 2)}\n`;
+  for (const [primary, text, conflist] of [
+    ['bridge.conf', BRIDGE_CONF, 'bridge.conflist'],
+    ['calico.conflist', BRIDGE_CONFLIST, 'calico.conflist'],
+  ] as const) {
+    it(`installs with the default ZZZ-mesh-cni-orchconfig beside ${primary}, which sorts after it`, async () => {
+      const { installer, tree } = await start(
+        () => ({}),
+        async (t) => {
+          await fs.writeFile(path.join(t.netDir, primary), text);
+        },
+      );
+      assert.deepEqual(installer.notReadyReasons(), []);
+      assert.equal(statSync(path.join(tree.netDir, 'ZZZ-mesh-cni-orchconfig')).mode & 0o7777, 0o600);
+      const written = JSON.parse(readFileSync(path.join(tree.netDir, conflist), 'utf8')) as {
+        plugins: { type: string; orch?: { orchconfig?: string } }[];
+      };
+      assert.deepEqual(
+        written.plugins.map((p) => p.type),
+        ['bridge', 'mesh-cni'],
+      );
+      assert.equal(written.plugins[1]!.orch?.orchconfig, '/etc/cni/net.d/ZZZ-mesh-cni-orchconfig');
+      assert.ok(statSync(path.join(tree.binDir, 'mesh-cni')).isFile());
+    });
+  }
+
+  it('installs with a name that sorts before every config (05-mesh-orchconfig beside 10-bridge.conflist)', async () => {
     const { installer, tree } = await start(
       () => ({ 'orchcfg-file-name': '05-mesh-orchconfig' }),
       async (t) => {
         await fs.writeFile(path.join(t.netDir, '10-bridge.conflist'), BRIDGE_CONFLIST);
       },
     );
-    assert.match(
-      installer.notReadyReasons().join('\n'),
-      /--orchcfg-file-name 05-mesh-orchconfig sorts before the CNI config 10-bridge\.conflist in .*, which the runtime may take as the primary; not installing/,
-    );
-    assert.deepEqual(await fs.readdir(tree.netDir), ['10-bridge.conflist']);
-    assert.equal(readFileSync(path.join(tree.netDir, '10-bridge.conflist'), 'utf8'), BRIDGE_CONFLIST);
-    assert.deepEqual(await fs.readdir(tree.binDir), []);
+    assert.deepEqual(installer.notReadyReasons(), []);
+    assert.ok(statSync(path.join(tree.netDir, '05-mesh-orchconfig')).isFile());
+    assert.match(readFileSync(path.join(tree.netDir, '10-bridge.conflist'), 'utf8'), /"type": "mesh-cni"/);
   });
 });
 
