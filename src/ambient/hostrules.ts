@@ -6,14 +6,17 @@
 // pod never evicts a new pod that got the same IP.
 //
 // Pure builders first, then a small applier over a runner the caller passes in (the agent: the
-// host netns). Not wired into the agent yet (issue 17).
+// host netns), and the reader the healer (hostheal.ts) checks them with.
 
 import { isIPv4, isIPv6 } from 'node:net';
+import type { HostDrift, HostStateBackend } from './hostheal.ts';
 import {
   AmbientRulesError,
   ipv6Text,
+  parseSave,
   PROBE_SNAT_V4,
   PROBE_SNAT_V6,
+  reconcileDocument,
   reconcileRules,
   type Family,
   type Flavour,
@@ -119,6 +122,14 @@ function oneAtATime<T>(fn: () => Promise<T>): Promise<T> {
   return next;
 }
 
+// What this agent put in the sets through a runner (the dataplane's one host runner) and has not
+// taken out since: IP (canonicalIP's spelling) -> pod UID. A heal puts exactly this back when
+// someone else flushed or destroyed a set: pod annotations would name pods whose add never
+// reached the set. Changed in the same serialized step as the set, so a heal never re-adds an
+// entry a removal has just taken out.
+const written = new WeakMap<Runner, Map<string, string>>();
+const ledger = (run: Runner): Map<string, string> => written.get(run) ?? written.set(run, new Map()).get(run)!;
+
 function failed(what: string, r: RunResult): AmbientRulesError {
   return new AmbientRulesError(`${what} failed (exit ${r.code}): ${(r.error ?? r.stderr).trim() || 'no output'}`);
 }
@@ -147,7 +158,36 @@ export async function applyHost(
 
 export async function addProbeIP(run: Runner, ip: string, uid: string): Promise<void> {
   const argv = addProbeCommand(ip, uid);
-  await oneAtATime(() => ipset(run, argv));
+  await oneAtATime(async () => {
+    await ipset(run, argv);
+    ledger(run).set(argv[2]!, uid);
+  });
+}
+
+/** `ipset restore` lines adding each entry (checked as addProbeCommand checks them). */
+const addLines = (entries: Iterable<readonly [ip: string, uid: string]>): string[] =>
+  [...entries].map(([ip, uid]) => {
+    const [, set, text] = addProbeCommand(ip, uid);
+    return `add ${set} ${text} comment "${uid}"`;
+  });
+
+/**
+ * Many adds in one `ipset restore -exist` (start-up: a node of 250 pods is one process, not 250).
+ * False when it failed: ipset restore stops at the first bad line, so nothing is known to be in.
+ */
+export async function addProbeIPs(
+  run: Runner,
+  entries: readonly (readonly [ip: string, uid: string])[],
+): Promise<boolean> {
+  const input = addLines(entries)
+    .map((l) => `${l}\n`)
+    .join('');
+  return oneAtATime(async () => {
+    const r = await run(['ipset', 'restore', '-exist'], { input });
+    if (r.error !== null || r.code !== 0) return false;
+    for (const [ip, uid] of entries) ledger(run).set(canonicalIP(ip).text, uid);
+    return true;
+  });
 }
 
 /**
@@ -160,6 +200,9 @@ export async function removeProbeIP(run: Runner, ip: string, uid: string): Promi
   const { family, text } = canonicalIP(ip);
   const set = probeSet(family);
   return oneAtATime(async (): Promise<ProbeRemoval> => {
+    // Out of the record first: a heal must not put back an entry whose pod is leaving, even
+    // when the delete below fails (the removal's retry deletes it).
+    if (ledger(run).get(text) === uid) ledger(run).delete(text);
     const owner = parseProbeSet((await ipset(run, ['save', set])).stdout).get(text);
     if (owner === undefined) return { removed: false, owner: null };
     if (owner !== uid) return { removed: false, owner };
@@ -173,9 +216,93 @@ export async function removeProbeIP(run: Runner, ip: string, uid: string): Promi
 export async function removeHost(run: Runner, flavour: Flavour, families: readonly Family[]): Promise<void> {
   for (const f of families) {
     await reconcileRules(run, flavour, f, [], ownsHost);
-    const r = await oneAtATime(() => run(['ipset', 'destroy', probeSet(f)]));
+    const r = await oneAtATime(() => {
+      for (const ip of [...ledger(run).keys()]) if (canonicalIP(ip).family === f) ledger(run).delete(ip);
+      return run(['ipset', 'destroy', probeSet(f)]);
+    });
     if ((r.error !== null || r.code !== 0) && !/does not exist/.test(r.stderr)) {
       throw failed(`ipset destroy ${probeSet(f)}`, r);
     }
   }
+}
+
+// ---- healing: what of ours is there, read back (hostheal.ts runs it) ----
+
+/** What differs between our nat rules in `saveText` (iptables-save -t nat) and the plan; null: none. */
+export function hostRulesDrift(saveText: string, family: Family, snatAddress?: string): string | null {
+  if (reconcileDocument(hostRules(family, snatAddress), saveText, family, ownsHost) === null) return null;
+  const nat = parseSave(saveText).get('nat');
+  const chain = nat?.get(CHAIN_POSTRT);
+  const jump = (nat?.get('POSTROUTING') ?? []).some((l) => l.split(' ').slice(-2).join(' ') === `-j ${CHAIN_POSTRT}`);
+  if (chain === undefined) {
+    return jump
+      ? `the ${CHAIN_POSTRT} chain is gone`
+      : `the ${CHAIN_POSTRT} chain and its jump from nat POSTROUTING are gone`;
+  }
+  if (!jump) return `the jump from nat POSTROUTING to ${CHAIN_POSTRT} is gone`;
+  return chain.length === 0 ? `${CHAIN_POSTRT} is empty (flushed)` : `${CHAIN_POSTRT} holds other rules than ours`;
+}
+
+/** At most this many entries named in a log line; the count says the rest. */
+const NAMED = 5;
+
+/**
+ * The node's probe path as iptables (the node's flavour) and ipset write it: MESH_POSTRT and its
+ * jump, the probe sets, and in them the entries this agent wrote through `run`.
+ */
+export function iptablesHostState(
+  run: Runner,
+  flavour: Flavour,
+  families: readonly Family[],
+  snat: { readonly v4?: string; readonly v6?: string } = {},
+): HostStateBackend {
+  const snatOf = (f: Family) => (f === 4 ? snat.v4 : snat.v6);
+  return {
+    name: `iptables-${flavour} + ipset`,
+    async inspect() {
+      const drift: HostDrift[] = [];
+      for (const family of families) {
+        // Only the nat table: all of ours is there, and a busy node's whole save is megabytes.
+        const save = `${family === 6 ? 'ip6tables' : 'iptables'}-${flavour}-save`;
+        const r = await run([save, '-t', 'nat']);
+        if (r.error !== null || r.code !== 0) throw failed(`${save} -t nat`, r);
+        const rule = hostRulesDrift(r.stdout, family, snatOf(family));
+        if (rule !== null) drift.push({ what: 'rule', family, detail: rule });
+
+        const set = probeSet(family);
+        const s = await run(['ipset', 'save', set]);
+        const gone = s.error === null && s.code !== 0 && /does not exist/.test(s.stderr);
+        if (!gone && (s.error !== null || s.code !== 0)) throw failed(`ipset save ${set}`, s);
+        if (gone) drift.push({ what: 'set', family, detail: `${set} is gone` });
+        const have = gone ? new Map<string, string>() : parseProbeSet(s.stdout);
+        const ours = [...ledger(run)].filter(([ip]) => canonicalIP(ip).family === family);
+        const missing = ours.filter(([ip, uid]) => have.get(ip) !== uid);
+        if (missing.length > 0) {
+          const named = missing.slice(0, NAMED).map(([ip, uid]) => `${ip} (pod ${uid})`);
+          if (missing.length > NAMED) named.push(`${missing.length - NAMED} more`);
+          drift.push({
+            what: 'entry',
+            family,
+            detail: `${missing.length} of ${ours.length} enrolled IPs not in ${set}: ${named.join(', ')}`,
+          });
+        }
+      }
+      return drift;
+    },
+    async repair() {
+      // The sets (and their entries) before the rule: a rule naming a set that is not there is refused.
+      await oneAtATime(() => {
+        const entries = [...ledger(run)].filter(([ip]) => families.includes(canonicalIP(ip).family));
+        return ipset(
+          run,
+          ['restore', '-exist'],
+          probeSetsDocument(families) +
+            addLines(entries)
+              .map((l) => `${l}\n`)
+              .join(''),
+        );
+      });
+      for (const f of families) await reconcileRules(run, flavour, f, hostRules(f, snatOf(f)), ownsHost);
+    },
+  };
 }
