@@ -9,36 +9,10 @@ import type { UdsLog } from './log/udslog.ts';
 import { netnsExists, notAPodNetns } from './netns/guard.ts';
 import type { Flavour } from './netns/iptables.ts';
 import { orchAccessForPod, readOrchconfig } from './orch/orchconfig.ts';
-import { ANNOTATION, OWN_INIT_CONTAINER_NAME, PROXY_CONTAINER_NAME } from './redirect/constants.ts';
 import type { Family } from './redirect/net.ts';
-import { AnnotationError, goBool, proxyInfo, specForPod, type PodLike, type RedirectSpec } from './redirect/spec.ts';
+import { AnnotationError, specForPod, type PodLike, type RedirectSpec } from './redirect/spec.ts';
+import { sidecarSkipReason } from './shared/sidecar.ts';
 import type { FoundPod } from './ambient.ts';
-
-/**
- * Why a pod gets no rules (logged), or null when it must be redirected: Istio's checks in its
- * order (its own init container, DISABLE_ENVOY on the proxy, no proxy container, a proxy that is
- * no sidecar, inject disabled by label or else annotation, no status annotation), then ours
- * (interceptionMode NONE, which Istio refuses as invalid).
- */
-export function skipReason(pod: PodLike): string | null {
-  const a = pod.metadata?.annotations ?? {};
-  const all = [...(pod.spec?.initContainers ?? []), ...(pod.spec?.containers ?? [])];
-  if (all.some((c) => c.name === OWN_INIT_CONTAINER_NAME))
-    return `it has its own ${OWN_INIT_CONTAINER_NAME} init container`;
-  const proxy = proxyInfo(pod);
-  if (goBool(proxy.env.get('DISABLE_ENVOY')) === true)
-    return `DISABLE_ENVOY is true on ${PROXY_CONTAINER_NAME} (no proxy runs)`;
-  if (!proxy.present) return `no ${PROXY_CONTAINER_NAME} container`;
-  if (proxy.type !== '' && proxy.type !== 'sidecar') return `proxy type ${proxy.type} (not a sidecar)`;
-  // The label is the newer API: when present it decides, even when the annotation says otherwise.
-  const label = pod.metadata?.labels?.[ANNOTATION.INJECT];
-  const inject = label ?? a[ANNOTATION.INJECT];
-  if (goBool(inject) === false)
-    return `${label !== undefined ? 'label' : 'annotation'} ${ANNOTATION.INJECT} is ${JSON.stringify(inject)}: inject is disabled`;
-  if (a[ANNOTATION.STATUS] === undefined) return `no ${ANNOTATION.STATUS} annotation (no sidecar injected)`;
-  if (a[ANNOTATION.INTERCEPTION_MODE]?.trim() === 'NONE') return `${ANNOTATION.INTERCEPTION_MODE} is NONE`;
-  return null;
-}
 
 type Decision = { readonly skip: string } | { readonly spec: RedirectSpec };
 
@@ -64,7 +38,9 @@ async function decide(
   read?: PodLike,
 ): Promise<Decision> {
   const found = read ?? (await lookupPod(req, pod, log)).pod;
-  const why = skipReason(found);
+  // The one sidecar predicate (shared/sidecar.ts): the ambient decision of the plugin and the
+  // agent calls every other pod ambient, so none is skipped by both.
+  const why = sidecarSkipReason(found);
   if (why !== null) return { skip: why };
   try {
     return { spec: specForPod(found) };

@@ -1,6 +1,14 @@
 // The numbers the redirect rules, the plugin and mesh-validation must agree on. Defaults are the
 // seed's `mesh-iptables` flag defaults; chain names are ours (MESH_*), shaped like Istio's.
 
+import {
+  INTERCEPTION_MODE_ANNOTATION,
+  OWN_INIT_CONTAINER_NAME,
+  PROXY_CONTAINER_NAME,
+  SIDECAR_INJECT,
+  SIDECAR_STATUS_ANNOTATION,
+} from '../shared/sidecar.ts';
+
 /** --proxy-port (-p): where outbound TCP is redirected (the proxy's outbound listener). */
 export const PROXY_PORT = 15001;
 /** --inbound-capture-port (-z): where inbound TCP is redirected. */
@@ -63,9 +71,9 @@ export type Table = (typeof OWNED_TABLES)[number];
 
 /** Annotation keys on the pod. */
 export const ANNOTATION = {
-  STATUS: 'sidecar.mesh.io/status',
-  INJECT: 'sidecar.mesh.io/inject',
-  INTERCEPTION_MODE: 'sidecar.mesh.io/interceptionMode',
+  STATUS: SIDECAR_STATUS_ANNOTATION,
+  INJECT: SIDECAR_INJECT,
+  INTERCEPTION_MODE: INTERCEPTION_MODE_ANNOTATION,
   INCLUDE_OUTBOUND_IP_RANGES: 'traffic.sidecar.mesh.io/includeOutboundIPRanges',
   EXCLUDE_OUTBOUND_IP_RANGES: 'traffic.sidecar.mesh.io/excludeOutboundIPRanges',
   INCLUDE_INBOUND_PORTS: 'traffic.sidecar.mesh.io/includeInboundPorts',
@@ -78,9 +86,7 @@ export const ANNOTATION = {
   REROUTE_VIRTUAL_INTERFACES: 'mesh.io/reroute-virtual-interfaces',
 } as const;
 
-/** The injected proxy container, whose env asks for DNS capture / invalid-packet drop. */
-export const PROXY_CONTAINER_NAME = 'mesh-proxy';
+// The proxy container and the pod's own init container: the sidecar decision's (shared/sidecar.ts).
+export { OWN_INIT_CONTAINER_NAME, PROXY_CONTAINER_NAME };
 export const ENV_DNS_CAPTURE = 'MESH_META_DNS_CAPTURE';
 export const ENV_INVALID_DROP = 'INVALID_DROP';
-/** A pod that runs its own redirect init container is left alone. */
-export const OWN_INIT_CONTAINER_NAME = 'mesh-init';

@@ -18,6 +18,7 @@ import {
   TPROXY_ROUTE_TABLE,
 } from './constants.ts';
 import { parseCidrList, parseInterfaceList, parsePortList, ValueError, type Cidr } from './net.ts';
+import { goBool, proxyInfo, type ContainerLike, type ProxyInfo } from '../shared/sidecar.ts';
 
 export type InterceptionMode = 'REDIRECT' | 'TPROXY';
 
@@ -97,13 +98,6 @@ export interface PodLike {
     readonly containers?: readonly ContainerLike[];
   };
 }
-export interface ContainerLike {
-  readonly name?: string;
-  readonly args?: readonly string[];
-  readonly env?: readonly { readonly name?: string; readonly value?: string }[];
-  readonly securityContext?: { readonly runAsUser?: number | null; readonly runAsGroup?: number | null } | null;
-}
-
 /**
  * A bad value in the pod (an annotation, or the proxy's securityContext): names where and what,
  * so the pod owner can fix it. `key` is the annotation key or the field path.
@@ -136,46 +130,6 @@ const wildcardOr =
   <T>(parse: (v: string) => T) =>
   (v: string): '*' | T =>
     v.trim() === '*' ? '*' : parse(v);
-
-/** What the plugin takes from the proxy container: whether there is one, its type, env and ids. */
-export interface ProxyInfo {
-  readonly present: boolean;
-  /** `args[1]` when `args[0]` is `proxy` (`sidecar`, `router`, ...), else empty. */
-  readonly type: string;
-  readonly env: ReadonlyMap<string, string>;
-  readonly runAsUser: unknown;
-  readonly runAsGroup: unknown;
-}
-
-/**
- * Istio's ExtractPodInfo: every container named mesh-proxy counts, init containers first (the
- * proxy is one when it runs as a native sidecar), then the others. Env values merge, a later
- * container's winning; the last one with a securityContext gives runAsUser and runAsGroup, even
- * when that securityContext leaves them out.
- */
-export function proxyInfo(pod: PodLike): ProxyInfo {
-  const env = new Map<string, string>();
-  let present = false;
-  let type = '';
-  let runAsUser: unknown;
-  let runAsGroup: unknown;
-  for (const c of [...(pod.spec?.initContainers ?? []), ...(pod.spec?.containers ?? [])]) {
-    if (c.name !== PROXY_CONTAINER_NAME) continue;
-    present = true;
-    if (c.args && c.args.length >= 2 && c.args[0] === 'proxy') type = c.args[1]!;
-    for (const e of c.env ?? []) if (typeof e.name === 'string') env.set(e.name, e.value ?? '');
-    if (c.securityContext) ({ runAsUser, runAsGroup } = c.securityContext);
-  }
-  return { present, type, env, runAsUser, runAsGroup };
-}
-
-/** Go's strconv.ParseBool, as Istio reads its flags: true, false, or null for anything else. */
-export function goBool(v: string | undefined): boolean | null {
-  if (v === undefined) return null;
-  if (['1', 't', 'T', 'TRUE', 'true', 'True'].includes(v)) return true;
-  if (['0', 'f', 'F', 'FALSE', 'false', 'False'].includes(v)) return false;
-  return null;
-}
 
 const envFlag = (info: ProxyInfo, name: string): boolean => goBool(info.env.get(name)) === true;
 

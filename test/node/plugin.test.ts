@@ -14,7 +14,7 @@ import { convertResult } from '../../cni-plugin/cni/result.ts';
 import { parseCniArgs, podRefFromArgs } from '../../cni-plugin/cni/protocol.ts';
 import { buildFamilyRules } from '../../cni-plugin/redirect/rules.ts';
 import { specForPod, type PodLike } from '../../cni-plugin/redirect/spec.ts';
-import { skipReason } from '../../cni-plugin/plugin.ts';
+import { sidecarSkipReason as skipReason } from '../../cni-plugin/shared/sidecar.ts';
 import { startTestApiServer, type TestApiServer } from '../helpers/apiserver.ts';
 import { BridgeNetwork, cniEnv, Netns, type ChainEnv } from '../helpers/netns.ts';
 import { k8sArgs, MESH_CNI_SOURCE, meshCni, meshPod, pluginConfig, tempDir } from '../helpers/plugin.ts';
