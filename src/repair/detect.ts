@@ -1,6 +1,7 @@
 // Is this pod broken by the start-up race? A pure function of the pod and the --repair-* criteria.
 
 import type { V1ContainerStateTerminated, V1Pod } from '@kubernetes/client-node';
+import { isSidecarPod } from '../../cni-plugin/shared/sidecar.ts';
 import type { RepairSettings } from '../config/settings.ts';
 
 export type BrokenCriteria = Pick<
@@ -22,6 +23,11 @@ export interface Broken {
 export function detectBroken(pod: V1Pod, c: BrokenCriteria): Broken | undefined {
   const annotations = pod.metadata?.annotations;
   if (!annotations || !Object.hasOwn(annotations, c.sidecarAnnotation)) return undefined;
+  // Only a pod the plugin's sidecar path would have redirected was started unredirected by the
+  // race: any other is the ambient path's or none's, and sidecar rules put into it in place (or
+  // a restart, which starts it the same way again) are not what the plugin gives it. All of it
+  // is its author's to write, so this is the plugin's own predicate, not a second one.
+  if (!isSidecarPod(pod)) return undefined;
   const status = pod.status?.initContainerStatuses?.find((s) => s.name === c.initContainerName);
   if (!status) return undefined;
   // Its newest run passed: redirection is in place now (repaired, in place or otherwise). The old

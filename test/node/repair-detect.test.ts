@@ -52,6 +52,20 @@ describe('detectBroken', () => {
     { name: 'exited 1', pod: testPod('a', { initExitCode: 1 }), broken: false },
     { name: 'not run yet', pod: testPod('a'), broken: false },
     { name: 'no sidecar annotation', pod: brokenPod('a', { meshed: false }), broken: false },
+    // The annotation and the failed check, but a pod the plugin's sidecar path never redirects
+    // (its author can write all of it): not the start-up race, and not sidecar rules' to fix.
+    ...(
+      [
+        ['no mesh-proxy container', (p) => (p.spec!.containers = [{ name: 'app', image: 'busybox' }])],
+        ['injection off by label', (p) => (p.metadata!.labels = { 'sidecar.mesh.io/inject': 'false' })],
+        ['a gateway proxy', (p) => (p.spec!.containers[1]!.args = ['proxy', 'router'])],
+        ['its own mesh-init', (p) => p.spec!.initContainers!.push({ name: 'mesh-init', image: 'x' })],
+      ] as [string, (p: V1Pod) => unknown][]
+    ).map(([why, change]) => {
+      const pod = brokenPod('a');
+      change(pod);
+      return { name: `annotated and exited 126, but ${why}: the sidecar path never redirects it`, pod, broken: false };
+    }),
     {
       name: 'another init container exited 126',
       pod: brokenPod('a', { initContainerName: 'other-init' }),
