@@ -12,6 +12,7 @@ import type { Settings } from '../config/settings.ts';
 import { orchKubeConfig } from '../orch/client.ts';
 import * as metrics from './metrics.ts';
 import { readRegularFile, UnsafeFileError } from './safefile.ts';
+import { pluginTokenRefusal, serviceAccountOfToken, tokenClaims, TokenRefusedError } from './tokencheck.ts';
 import { scope } from '../monitoring/logging.ts';
 import { ApiError, toApiError } from '../orch/errors.ts';
 import { apiRequest } from '../orch/request.ts';
@@ -40,7 +41,15 @@ export interface TokenRequestTarget {
   readonly expirationSeconds: number;
   /** Empty: the API server's default audience. */
   readonly audiences: readonly string[];
+  /** The agent's own token, read at each mint (the kubelet rotates it): never to be handed on. */
+  readonly agentToken?: () => Promise<string | null>;
 }
+
+/**
+ * Its expirationTimestamp and the token's exp come from two readings of the API server's clock
+ * (the REST handler's and the token generator's), a second or so apart at most.
+ */
+const EXPIRY_DISAGREEMENT_S = 5;
 
 /**
  * POST .../serviceaccounts/<name>/token. Without audiences the API server binds the token to its
@@ -62,18 +71,56 @@ export function tokenRequestMint(kc: KubeConfig, t: TokenRequestTarget): Mint {
       signal,
     });
     const token = answer?.status?.token;
-    // The lifetime the server granted, counted from now on our clock: its expirationTimestamp is
-    // on the server's clock, and a node clock behind it would refresh only after the token died.
-    const granted = answer?.spec?.expirationSeconds;
-    const expiresAt =
-      typeof granted === 'number' && granted > 0
-        ? Date.now() + granted * 1000
-        : Date.parse(String(answer?.status?.expirationTimestamp));
-    if (typeof token !== 'string' || token === '' || /\s/.test(token) || Number.isNaN(expiresAt)) {
-      throw new ApiError(what, undefined, 'the answer has no status.token or no valid status.expirationTimestamp');
-    }
-    return { token, expiresAt };
+    if (typeof token !== 'string' || token === '')
+      throw new ApiError(what, undefined, 'the answer has no status.token');
+    const lifetimeS = await checkMinted(token, answer?.status?.expirationTimestamp, t);
+    // Counted from now on our clock: exp is on the server's, and a node clock behind it would
+    // refresh only after the token died.
+    return { token, expiresAt: Date.now() + lifetimeS * 1000 };
   };
+}
+
+/**
+ * The answer's token goes to the node's disk: it must be a token of the account asked for
+ * (never the agent's own, nor another of its account), for the audiences asked for, living no
+ * longer than asked. Its lifetime comes from its own claims (exp - iat, both on the server's
+ * clock), which the API server enforces, not from the fields beside it. Throws TokenRefusedError.
+ */
+async function checkMinted(token: string, expirationTimestamp: unknown, t: TokenRequestTarget): Promise<number> {
+  const refuse = (why: string) =>
+    new TokenRefusedError(
+      `the TokenRequest answer for service account ${t.namespace}/${t.serviceAccount} ${why}; not written to the node. ` +
+        `Find what answers TokenRequests in the API server's place (an admission webhook, an API proxy) and fix it`,
+    );
+  const agentToken = t.agentToken ? await t.agentToken().catch(() => null) : null;
+  const refused = pluginTokenRefusal(token, {
+    agentToken,
+    account: { namespace: t.namespace, name: t.serviceAccount },
+  });
+  if (refused) throw refuse(refused);
+  const claims = tokenClaims(token)!;
+  const { exp, iat, aud } = claims;
+  if (typeof exp !== 'number' || typeof iat !== 'number' || !Number.isFinite(exp) || !Number.isFinite(iat))
+    throw refuse('has no exp and iat claims (seconds), so how long it lives cannot be told');
+  const lifetime = exp - iat;
+  if (lifetime <= 0 || lifetime > t.expirationSeconds)
+    throw refuse(`lives ${lifetime} s, longer than the ${t.expirationSeconds} s asked for (or not at all)`);
+  const stamp = Date.parse(String(expirationTimestamp));
+  if (
+    expirationTimestamp !== undefined &&
+    (Number.isNaN(stamp) || Math.abs(stamp / 1000 - exp) > EXPIRY_DISAGREEMENT_S)
+  )
+    throw refuse(
+      `says status.expirationTimestamp ${JSON.stringify(String(expirationTimestamp)).slice(0, 40)}, which is not the token's exp ${new Date(exp * 1000).toISOString()}`,
+    );
+  if (t.audiences.length > 0) {
+    const got = typeof aud === 'string' ? [aud] : Array.isArray(aud) ? aud.map(String) : [];
+    if (got.length !== t.audiences.length || !t.audiences.every((a) => got.includes(a)))
+      throw refuse(
+        `is for the audiences ${JSON.stringify(got).slice(0, 200)}, not the ${JSON.stringify(t.audiences)} asked for`,
+      );
+  }
+  return lifetime;
 }
 
 /** When to refresh: at 50-80% of the lifetime, at random, so a fleet of agents spreads its requests. */
@@ -105,6 +152,8 @@ export class PluginTokenMinter implements Component, PluginTokenSource {
   #token: MintedToken | null = null;
   #issuedAt = 0;
   #lastError = '';
+  /** Why the last answer's token was refused; cleared by the next one taken. */
+  #refused = '';
   #failures = 0;
   #timer: NodeJS.Timeout | null = null;
   /** Milliseconds from the last attempt to the next one. */
@@ -157,6 +206,7 @@ export class PluginTokenMinter implements Component, PluginTokenSource {
       this.#token = t;
       this.#issuedAt = this.#o.now();
       this.#lastError = '';
+      this.#refused = '';
       this.#failures = 0;
       metrics.pluginTokenRefreshes.inc();
       metrics.pluginTokenExpiry.set(t.expiresAt / 1000);
@@ -170,22 +220,29 @@ export class PluginTokenMinter implements Component, PluginTokenSource {
       for (const l of this.#listeners) l();
     } catch (e) {
       if (this.#stopped) return;
-      const err = toApiError(`minting the plugin's token (${this.#o.account})`, e);
+      const refused = e instanceof TokenRefusedError;
+      const err = refused ? e : toApiError(`minting the plugin's token (${this.#o.account})`, e);
       this.#failures++;
       this.#lastError = err.message;
-      metrics.pluginTokenRefreshFailures.inc({ reason: err.reason });
+      this.#refused = refused ? err.message : '';
+      metrics.pluginTokenRefreshFailures.inc({ reason: refused ? 'refused' : (err as ApiError).reason });
       // Backoff with jitter (50-100% of the step), and never later than the old token's expiry
       // (once it expired, the backoff alone: a failing API server is not asked every second).
       const step = Math.min(this.#o.retryMaxMs, this.#o.retryBaseMs * 2 ** Math.min(20, this.#failures - 1));
       let delay = step * (0.5 + 0.5 * this.#o.random());
       const left = this.#token ? this.#token.expiresAt - this.#o.now() : 0;
       if (left > 0) delay = Math.min(delay, left);
-      log.error("cannot mint the plugin's token; the old one stays in the orchconfig until it expires", {
-        error: err.message,
-        attempt: this.#failures,
-        retryInMs: Math.round(delay),
-        oldTokenExpires: this.#token ? new Date(this.#token.expiresAt).toISOString() : null,
-      });
+      log.error(
+        refused
+          ? 'refused the token the API server answered for the plugin; the old one stays in the orchconfig until it expires'
+          : "cannot mint the plugin's token; the old one stays in the orchconfig until it expires",
+        {
+          error: err.message,
+          attempt: this.#failures,
+          retryInMs: Math.round(delay),
+          oldTokenExpires: this.#token ? new Date(this.#token.expiresAt).toISOString() : null,
+        },
+      );
       this.#arm(delay);
     } finally {
       clearTimeout(timer);
@@ -200,6 +257,9 @@ export class PluginTokenMinter implements Component, PluginTokenSource {
   }
 
   notReadyReasons(): readonly string[] {
+    // A refused answer is not a late one: something hands out tokens that must not reach the
+    // node, and that is said at once, whatever token is still in use.
+    if (this.#refused) return [this.#refused];
     const t = this.#token;
     if (!t) return [`no token for the plugin yet (${this.#o.account})${this.#lastError ? `: ${this.#lastError}` : ''}`];
     const now = this.#o.now();
@@ -253,21 +313,14 @@ export function fileTokenSource(file: string, agentTokenFile: string): PluginTok
         };
       }
       if (token === '') return { missing: `the plugin's token file ${file} is empty` };
-      const own = await readRegularFile(agentTokenFile).then(
+      const agentToken = await readRegularFile(agentTokenFile).then(
         (r) => r.text.trim(),
         () => null,
       );
-      if (own !== null && own === token) {
+      const refused = pluginTokenRefusal(token, { agentToken });
+      if (refused) {
         return {
-          missing: `the plugin's token file ${file} holds the agent's own token (${agentTokenFile}), which must never be written to the node; give a token of the plugin's account`,
-        };
-      }
-      // Another token of the agent's own account (minted for it, say) is as powerful as its own.
-      const mine = own === null ? null : serviceAccountOfToken(own);
-      const given = serviceAccountOfToken(token);
-      if (mine && given && mine.namespace === given.namespace && mine.name === given.name) {
-        return {
-          missing: `the plugin's token file ${file} holds a token of the agent's own service account (${mine.namespace}/${mine.name}), which must never be written to the node; give a token of the plugin's account`,
+          missing: `the plugin's token file ${file} ${refused}; not written to the node (the agent's own token is ${agentTokenFile}); give a token of the plugin's account`,
         };
       }
       return { token };
@@ -276,22 +329,7 @@ export function fileTokenSource(file: string, agentTokenFile: string): PluginTok
   };
 }
 
-/**
- * The service account a token says it is of, from its `sub` claim
- * (`system:serviceaccount:<namespace>:<name>`), read without verifying the signature: enough to
- * tell our own account from another, never to trust a token. Null when it is not such a JWT.
- */
-export function serviceAccountOfToken(token: string): { namespace: string; name: string } | null {
-  const parts = token.split('.');
-  if (parts.length !== 3 || parts[1]!.length > 64 * 1024) return null;
-  try {
-    const claims = JSON.parse(Buffer.from(parts[1]!, 'base64url').toString('utf8')) as { sub?: unknown };
-    const m = typeof claims?.sub === 'string' ? /^system:serviceaccount:([^:]+):([^:]+)$/.exec(claims.sub) : null;
-    return m ? { namespace: m[1]!, name: m[2]! } : null;
-  } catch {
-    return null;
-  }
-}
+export { serviceAccountOfToken } from './tokencheck.ts';
 
 /** The token the agent itself calls the API server with: --orchconfig's user's, else its service account's. */
 async function agentOwnToken(settings: Settings): Promise<string | null> {
@@ -375,6 +413,7 @@ export async function startPluginToken(settings: Settings): Promise<PluginTokenS
           serviceAccount: s.pluginServiceAccount,
           expirationSeconds: Math.round(s.pluginTokenExpirationMs / 1000),
           audiences: s.pluginTokenAudiences,
+          agentToken: () => agentOwnToken(settings),
         });
       }
       return mint(signal);

@@ -75,6 +75,11 @@ export interface TestApiServer {
      * answered by a fresh one (the real one waits for its cache, or the client reached another).
      */
     laggingCache?: { readonly resourceVersion: string; readonly pods: readonly V1Pod[] };
+    /**
+     * Rewrites each TokenRequest answer before it is sent (what an admission webhook or a proxy
+     * between the agent and the API server could hand back); the token minted stays valid.
+     */
+    tokenAnswer?: (answer: TokenRequestAnswer) => unknown;
   };
   closeWatches(): void;
   expireResourceVersions(): void;
@@ -102,6 +107,24 @@ export interface TestApiServer {
   tokenMaxSeconds: number | undefined;
   /** How far the server's clock runs ahead of this machine's (ms): shows in the times it writes. */
   clockSkewMs: number;
+}
+
+/** A TokenRequest as the server answers it: the token is an (unsigned) JWT with a real one's claims. */
+export interface TokenRequestAnswer {
+  kind: 'TokenRequest';
+  apiVersion: string;
+  metadata: Record<string, unknown>;
+  spec: { audiences: string[]; expirationSeconds: number; boundObjectRef: null };
+  status: { token: string; expirationTimestamp: string };
+}
+
+/**
+ * A JWT with these claims and no valid signature, shaped as the API server's service-account
+ * tokens are: what the agent reads of a token (its claims, never verified).
+ */
+export function unsignedJwt(claims: Record<string, unknown>): string {
+  const part = (o: unknown) => Buffer.from(JSON.stringify(o)).toString('base64url');
+  return `${part({ alg: 'RS256', kid: 'test' })}.${part(claims)}.${Buffer.from('not-a-signature').toString('base64url')}`;
 }
 
 /** One rule of a Role (namespace set) or ClusterRole (unset), as the test server enforces it. */
@@ -993,21 +1016,30 @@ export async function startTestApiServer(opts: TestApiServerOptions = {}): Promi
     }
     const seconds = Math.min(asked, tokenMaxSeconds ?? asked);
     const audiences = body?.spec?.audiences?.length ? body.spec.audiences : [DEFAULT_AUDIENCE];
-    const t = `minted-${ns}-${name}-${randomUUID()}`;
     const expiresAt = Date.now() + seconds * 1000;
+    // As the real one: iat and exp in whole seconds of the server's clock, exp = iat + lifetime.
+    const iat = Math.floor((Date.now() + clockSkewMs) / 1000);
+    const t = unsignedJwt({
+      aud: audiences,
+      exp: iat + seconds,
+      iat,
+      nbf: iat,
+      iss: DEFAULT_AUDIENCE,
+      jti: randomUUID(),
+      'kubernetes.io': { namespace: ns, serviceaccount: { name, uid: randomUUID() } },
+      sub: id.user,
+    });
     tokens.set(t, { identity: id, expiresAt, audiences });
-    const expirationTimestamp = new Date(expiresAt + clockSkewMs).toISOString().replace(/\.\d+Z$/, 'Z');
+    const expirationTimestamp = new Date((iat + seconds) * 1000).toISOString().replace(/\.\d+Z$/, 'Z');
     issued.push({ token: t, serviceAccount: key(ns, name), audiences, expirationTimestamp });
-    return {
-      code: 201,
-      body: {
-        kind: 'TokenRequest',
-        apiVersion: 'authentication.k8s.io/v1',
-        metadata: { name, namespace: ns, creationTimestamp: nowTimestamp() },
-        spec: { audiences, expirationSeconds: seconds, boundObjectRef: null },
-        status: { token: t, expirationTimestamp },
-      },
+    const answer: TokenRequestAnswer = {
+      kind: 'TokenRequest',
+      apiVersion: 'authentication.k8s.io/v1',
+      metadata: { name, namespace: ns, creationTimestamp: nowTimestamp() },
+      spec: { audiences, expirationSeconds: seconds, boundObjectRef: null },
+      status: { token: t, expirationTimestamp },
     };
+    return { code: 201, body: faults.tokenAnswer ? faults.tokenAnswer(answer) : answer };
   }
 
   async function route(

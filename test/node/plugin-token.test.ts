@@ -22,7 +22,13 @@ import {
   tokenRequestMint,
 } from '../../src/install/tokenrequest.ts';
 import { spawnAgent, type AgentProcess } from '../helpers/agent.ts';
-import { apiRequest, startTestApiServer, type TestApiServer } from '../helpers/apiserver.ts';
+import {
+  apiRequest,
+  startTestApiServer,
+  unsignedJwt as jwt,
+  type TestApiServer,
+  type TokenRequestAnswer,
+} from '../helpers/apiserver.ts';
 import { BRIDGE_CONFLIST, makeHostTree, type HostTree } from '../helpers/hosttree.ts';
 import { promtoolProblems } from '../helpers/observability.ts';
 import { DEPLOY_DIR, kustomize, type K8sObject } from '../helpers/podman-daemonset.ts';
@@ -50,6 +56,26 @@ async function cluster(): Promise<{ api: TestApiServer; agentToken: string }> {
   api.serviceAccount('mesh-system', 'mesh-cni-plugin', rulesFor(manifests, 'mesh-system', 'mesh-cni-plugin'));
   const agentToken = api.serviceAccount('mesh-system', 'mesh-cni', rulesFor(manifests, 'mesh-system', 'mesh-cni'));
   return { api, agentToken };
+}
+
+/** A minter of the plugin's token as the agent has it, against a server that grants 2 s (refreshed after 1-1.6 s). */
+async function shortLivedMinter(api: TestApiServer, agentToken: string): Promise<PluginTokenMinter> {
+  const kc = orchKubeConfig(
+    buildSettings({ orchconfig: api.writeOrchconfig(path.join(await tmp(), 'agent.kc'), { token: agentToken }) }, {}),
+  );
+  api.tokenMaxSeconds = 2;
+  const minter = new PluginTokenMinter(
+    tokenRequestMint(kc, {
+      namespace: 'mesh-system',
+      serviceAccount: 'mesh-cni-plugin',
+      expirationSeconds: 3600,
+      audiences: [],
+      agentToken: async () => agentToken,
+    }),
+    { account: 'service account mesh-system/mesh-cni-plugin', retryBaseMs: 100, retryMaxMs: 200 },
+  );
+  defer(() => minter.stop());
+  return minter;
 }
 
 async function metric(name: string, labels: Record<string, string> = {}): Promise<number> {
@@ -215,21 +241,7 @@ describe("the plugin's token", () => {
 
   it('keeps the old token while refreshing fails, counts the failures, says why on readiness once it is late or expired, and recovers', async () => {
     const { api, agentToken } = await cluster();
-    const kc = orchKubeConfig(
-      buildSettings({ orchconfig: api.writeOrchconfig(path.join(await tmp(), 'agent.kc'), { token: agentToken }) }, {}),
-    );
-    // Tokens of 2 s: refreshed after 1-1.6 s.
-    api.tokenMaxSeconds = 2;
-    const minter = new PluginTokenMinter(
-      tokenRequestMint(kc, {
-        namespace: 'mesh-system',
-        serviceAccount: 'mesh-cni-plugin',
-        expirationSeconds: 3600,
-        audiences: [],
-      }),
-      { account: 'service account mesh-system/mesh-cni-plugin', retryBaseMs: 100, retryMaxMs: 200 },
-    );
-    defer(() => minter.stop());
+    const minter = await shortLivedMinter(api, agentToken);
     let changes = 0;
     minter.onChange(() => changes++);
     await minter.start();
@@ -263,6 +275,28 @@ describe("the plugin's token", () => {
     assert.ok('token' in third && third.token !== second.token);
     assert.ok((await metric('mesh_cni_plugin_token_expiry_timestamp_seconds')) * 1000 > Date.now());
     assert.equal(await promtoolProblems(await registry.metrics()), '');
+  });
+
+  it('a refused refresh keeps the old token in use and says why on readiness at once; the next good one clears it', async () => {
+    const { api, agentToken } = await cluster();
+    const minter = await shortLivedMinter(api, agentToken);
+    await minter.start();
+    const first = await minter.current();
+    assert.ok('token' in first);
+    const refusedBefore = await metric('mesh_cni_plugin_token_refresh_failures_total', { reason: 'refused' });
+    api.faults.tokenAnswer = (ans) => ({ ...ans, status: { ...ans.status, token: agentToken } });
+    const reasons = await waitFor(
+      'readiness to say the answer was refused',
+      () => minter.notReadyReasons().length > 0 && minter.notReadyReasons(),
+      5000,
+    );
+    assert.match(reasons[0]!, /holds the agent's own token; not written to the node/);
+    assert.deepEqual(await minter.current(), first, 'the old token stays in use');
+    assert.ok((await metric('mesh_cni_plugin_token_refresh_failures_total', { reason: 'refused' })) > refusedBefore);
+    delete api.faults.tokenAnswer;
+    await waitFor('ready again after a good answer', () => minter.notReadyReasons().length === 0, 5000);
+    const next = await minter.current();
+    assert.ok('token' in next && next.token !== first.token && next.token !== agentToken);
   });
 
   it('once the old token expired, a failing API server is retried on the backoff alone, not at the retry floor', async () => {
@@ -317,6 +351,132 @@ describe("the plugin's token", () => {
     );
     await fs.writeFile(given, jwt({ sub: 'system:serviceaccount:mesh-system:mesh-cni-plugin' }));
     assert.ok('token' in (await fileTokenSource(given, own).current()), "the plugin's account is taken");
+  });
+
+  describe('a TokenRequest answer is input: its token goes to the node only if it is what was asked for', () => {
+    const PLUGIN = 'system:serviceaccount:mesh-system:mesh-cni-plugin';
+    const claimsOf = (token: string) =>
+      JSON.parse(Buffer.from(token.split('.')[1]!, 'base64url').toString('utf8')) as Record<string, unknown>;
+    /** The answer with its token's claims changed (the token re-made: no signature is checked here). */
+    const reclaim =
+      (change: (c: Record<string, unknown>) => Record<string, unknown>) =>
+      (a: TokenRequestAnswer): TokenRequestAnswer => ({
+        ...a,
+        status: { ...a.status, token: jwt(change(claimsOf(a.status.token))) },
+      });
+    const withToken =
+      (token: (a: TokenRequestAnswer) => string) =>
+      (a: TokenRequestAnswer): TokenRequestAnswer => ({ ...a, status: { ...a.status, token: token(a) } });
+    // The agent's own token as the kubelet projects it: a JWT of its account (mesh-system/mesh-cni).
+    const agentJwt = jwt({
+      sub: 'system:serviceaccount:mesh-system:mesh-cni',
+      aud: ['https://kubernetes.default.svc.cluster.local'],
+    });
+
+    async function mintThrough(
+      tamper: (a: TokenRequestAnswer) => unknown,
+      opts: { audiences?: string[]; agentToken?: string } = {},
+    ): Promise<{ token: string; expiresAt: number }> {
+      const { api, agentToken } = await cluster();
+      api.faults.tokenAnswer = tamper;
+      const kc = orchKubeConfig(
+        buildSettings(
+          { orchconfig: api.writeOrchconfig(path.join(await tmp(), 'agent.kc'), { token: agentToken }) },
+          {},
+        ),
+      );
+      return tokenRequestMint(kc, {
+        namespace: 'mesh-system',
+        serviceAccount: 'mesh-cni-plugin',
+        expirationSeconds: 3600,
+        audiences: opts.audiences ?? [],
+        agentToken: async () => opts.agentToken ?? agentJwt,
+      })(AbortSignal.timeout(5000));
+    }
+
+    const refused: [
+      string,
+      (a: TokenRequestAnswer) => unknown,
+      RegExp,
+      { audiences?: string[]; agentToken?: string }?,
+    ][] = [
+      ["the agent's own token", withToken(() => agentJwt), /holds the agent's own token/],
+      [
+        "the agent's own opaque token (--orchconfig's)",
+        withToken(() => 'agent-static-token'),
+        /holds the agent's own token/,
+        { agentToken: 'agent-static-token' },
+      ],
+      [
+        "another token of the agent's own account",
+        reclaim((c) => ({ ...c, sub: 'system:serviceaccount:mesh-system:mesh-cni' })),
+        /holds a token of the agent's own service account \(mesh-system\/mesh-cni\)/,
+      ],
+      [
+        'a token of another account',
+        reclaim((c) => ({ ...c, sub: 'system:serviceaccount:kube-system:admin' })),
+        /holds a token of service account kube-system\/admin, not of mesh-system\/mesh-cni-plugin/,
+      ],
+      [
+        'a token that is no service-account JWT',
+        withToken(() => 'opaque-bearer-token'),
+        /is not a token of service account mesh-system\/mesh-cni-plugin/,
+      ],
+      [
+        'a token of a node, not of a service account',
+        reclaim((c) => ({ ...c, sub: 'system:node:node-1' })),
+        /is not a token of service account mesh-system\/mesh-cni-plugin/,
+      ],
+      [
+        'a token living a year where an hour was asked for',
+        reclaim((c) => ({ ...c, exp: (c.iat as number) + 365 * 86400 })),
+        /lives 31536000 s, longer than the 3600 s asked for/,
+      ],
+      ['a token without exp', reclaim(({ exp: _exp, ...c }) => c), /has no exp and iat claims/],
+      [
+        "an expirationTimestamp a day off the token's exp",
+        (a: TokenRequestAnswer) => ({
+          ...a,
+          status: { ...a.status, expirationTimestamp: new Date(Date.now() + 86_400_000).toISOString() },
+        }),
+        /status.expirationTimestamp .* is not the token's exp/,
+      ],
+      [
+        'a token for an audience other than the one asked for',
+        reclaim((c) => ({ ...c, aud: ['https://kubernetes.default.svc.cluster.local'] })),
+        /is for the audiences \["https:\/\/kubernetes.default.svc.cluster.local"\], not the \["mesh-cni"\] asked for/,
+        { audiences: ['mesh-cni'] },
+      ],
+      [
+        'a token of 20 KiB',
+        reclaim((c) => ({ ...c, pad: 'x'.repeat(20 * 1024) })),
+        /is \d+ bytes, more than a service-account token's 16384/,
+      ],
+      [
+        'a token with a line break in it',
+        withToken((a) => `${a.status.token}\r\nX-Injected: 1`),
+        /holds characters no bearer token has/,
+      ],
+    ];
+    for (const [what, tamper, why, opts] of refused) {
+      it(`refuses ${what}`, async () => {
+        await assert.rejects(mintThrough(tamper, opts), (e: Error) => {
+          assert.match(e.message, /the TokenRequest answer for service account mesh-system\/mesh-cni-plugin/);
+          assert.match(e.message, why);
+          assert.equal(e.name, 'TokenRefusedError');
+          return true;
+        });
+      });
+    }
+
+    it("takes the token's lifetime from its own claims, not from spec.expirationSeconds beside it", async () => {
+      const t = await mintThrough((a) => ({ ...a, spec: { ...a.spec, expirationSeconds: 1e12 } }));
+      assert.equal(claimsOf(t.token).sub, PLUGIN);
+      assert.ok(
+        Math.abs(t.expiresAt - (Date.now() + 3_600_000)) < 5000,
+        `expires ${new Date(t.expiresAt).toISOString()}`,
+      );
+    });
   });
 
   it('the account a token is of is read from its sub claim, and nothing else passes for one', () => {
@@ -424,6 +584,48 @@ describe("the plugin's token", () => {
       assert.deepEqual(await filesHolding(t.netDir, agentJwt), []);
     });
 
+    it("writes no token a TokenRequest answer hands back that is not the plugin's (here the agent's own): /readyz 503 with why and what to do, counted; written once the answers are right", async () => {
+      const { api, agentToken } = await cluster();
+      api.faults.tokenAnswer = (ans) => ({ ...ans, status: { ...ans.status, token: agentToken } });
+      const { a, t } = await agentOn(api, agentToken, { 'reconcile-interval': '1h' });
+      const orchconfig = path.join(t.netDir, 'ZZZ-mesh-cni-orchconfig');
+      const notReady = await waitFor(
+        '/readyz 503 naming the refused token',
+        async () => {
+          const r = await a.get('/readyz');
+          return r.status === 503 && /refused|holds the agent's own token/.test(r.body) && r.body;
+        },
+        8000,
+      );
+      assert.match(
+        notReady,
+        /the TokenRequest answer for service account mesh-system\/mesh-cni-plugin holds the agent's own token; not written to the node\. Find what answers TokenRequests/,
+      );
+      assert.ok(!notReady.includes(agentToken), 'the reason never shows the token');
+      assert.match(
+        (await a.get('/metrics')).body,
+        /^mesh_cni_plugin_token_refresh_failures_total\{reason="refused"\} [1-9]/m,
+      );
+      assert.equal(await fs.stat(orchconfig).catch(() => null), null, 'no orchconfig written');
+      assert.deepEqual(await filesHolding(t.root, agentToken).then((f) => f.filter((x) => !x.startsWith(t.saDir))), []);
+
+      delete api.faults.tokenAnswer;
+      await waitFor(
+        'the plugin token in the orchconfig',
+        () =>
+          fs.stat(orchconfig).then(
+            () => true,
+            () => false,
+          ),
+        8000,
+      );
+      assert.equal(
+        api.issuedTokens().find((i) => i.token === orchToken(orchconfig))?.serviceAccount,
+        'mesh-system/mesh-cni-plugin',
+      );
+      await waitFor('/readyz 200', async () => (await a.get('/readyz')).status === 200, 8000);
+    });
+
     it('refreshes the token in the orchconfig before it expires, and turns /readyz 503 with the reason while it cannot', async () => {
       const { api, agentToken } = await cluster();
       api.tokenMaxSeconds = 2;
@@ -456,12 +658,6 @@ describe("the plugin's token", () => {
     });
   });
 });
-
-/** An unsigned JWT with these claims: what the agent reads of its own token. */
-function jwt(claims: Record<string, unknown>): string {
-  const part = (o: unknown) => Buffer.from(JSON.stringify(o)).toString('base64url');
-  return `${part({ alg: 'RS256', kid: 'test' })}.${part(claims)}.${Buffer.from('not-a-signature').toString('base64url')}`;
-}
 
 async function tmp(): Promise<string> {
   const dir = await fs.mkdtemp(path.join(os.tmpdir(), 'mcni-token-'));
