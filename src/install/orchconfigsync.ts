@@ -10,6 +10,7 @@ import type { Write } from './apply.ts';
 import { renderOrchconfig } from './orchconfig.ts';
 import type { ErrorReason } from './plancontext.ts';
 import { readRegularFile, readRegularFileIfExists, readRegularTextIfExists, UnsafeFileError } from './safefile.ts';
+import { agentTokenMatch } from './tokencheck.ts';
 
 type Fail = (reason: ErrorReason, message: string) => void;
 
@@ -84,11 +85,14 @@ export async function syncOrchconfig(
 }
 
 /**
- * No plugin token to be had (minting failing): an orchconfig that holds the agent's own
- * service-account token (written by a version before the plugin had a token of its own) goes,
- * for that token must not stay on the node's disk. Until a token is minted, a plugin ADD the
- * agent's pod lookup cannot answer then fails closed (CNI error 11, try again later). Any other
- * orchconfig (an earlier plugin token, maybe still valid) stays.
+ * No plugin token to be had (minting failing, or its token refused): an orchconfig that holds the
+ * agent's own token or another of its account goes, for such a token must not stay on the node's
+ * disk. That is what a version before the plugin had a token of its own leaves, and on an upgrade
+ * it is the previous agent pod's token (the kubelet gives each pod its own): matched by its
+ * subject, not its bytes. Only a file in our orchconfig's shape (orchconfig.ts: JSON, one user
+ * named mesh-cni) is ours to remove; a file another tool wrote there stays, whatever it holds. Any
+ * other orchconfig (an earlier plugin token, maybe still valid) stays. Until a token is minted, a
+ * plugin ADD the agent's pod lookup cannot answer then fails closed (CNI error 11, try again later).
  */
 async function dropAgentTokenOrchconfig(s: InstallSettings, target: string, writes: Write[]): Promise<void> {
   const own = await readRegularFile(path.join(s.serviceAccountDir, 'token')).then(
@@ -100,8 +104,24 @@ async function dropAgentTokenOrchconfig(s: InstallSettings, target: string, writ
     (r) => r?.text ?? null,
     () => null,
   );
-  if (now !== null && now.includes(own) && (await removeFile(target)))
+  const token = now === null ? null : orchconfigToken(now);
+  if (token !== null && agentTokenMatch(token, own) !== null && (await removeFile(target)))
     writes.push({ file: target, kind: 'orchconfig', action: 'remove' });
+}
+
+/** The token of an orchconfig as we write it (renderOrchconfig); null for a file of any other shape. */
+function orchconfigToken(text: string): string | null {
+  let config: unknown;
+  try {
+    config = JSON.parse(text);
+  } catch {
+    return null;
+  }
+  if (typeof config !== 'object' || config === null) return null;
+  const { kind, users } = config as { kind?: unknown; users?: unknown };
+  if (kind !== 'Config' || !Array.isArray(users) || users.length !== 1) return null;
+  const user = users[0] as { name?: unknown; user?: { token?: unknown } } | null;
+  return user?.name === 'mesh-cni' && typeof user.user?.token === 'string' ? user.user.token : null;
 }
 
 async function serviceAccountToken(s: InstallSettings, fail: Fail): Promise<string | null> {

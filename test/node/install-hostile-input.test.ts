@@ -13,6 +13,7 @@ import { buildSettings } from '../../src/config/settings.ts';
 import { Installer } from '../../src/install/installer.ts';
 import { configureLogging } from '../../src/monitoring/logging.ts';
 import { fileTokenSource } from '../../src/install/tokenrequest.ts';
+import { unsignedJwt } from '../helpers/apiserver.ts';
 import { BRIDGE_CONFLIST, makeHostTree, type HostTree } from '../helpers/hosttree.ts';
 
 configureLogging(
@@ -269,8 +270,10 @@ describe('an orchconfig from before the plugin had a token of its own', () => {
   /** Installer with the plugin's token not to be had (minting failing: the file source, file gone). */
   async function startWithoutPluginToken(
     orchconfigText: (tree: HostTree) => string,
+    agentToken?: string,
   ): Promise<{ installer: Installer; tree: HostTree; orchconfig: string }> {
     const tree = await makeHostTree();
+    if (agentToken !== undefined) await tree.rotate({ token: agentToken });
     await fs.writeFile(path.join(tree.netDir, '10-bridge.conflist'), BRIDGE_CONFLIST);
     const orchconfig = path.join(tree.netDir, 'ZZZ-mesh-cni-orchconfig');
     await fs.writeFile(orchconfig, orchconfigText(tree), { mode: 0o600 });
@@ -293,6 +296,42 @@ describe('an orchconfig from before the plugin had a token of its own', () => {
     const { installer, orchconfig } = await startWithoutPluginToken(() => preFix('token-1'));
     assert.match(installer.notReadyReasons().join('\n'), /plugin's token file .* cannot be read: ENOENT/);
     assert.equal(await fs.stat(orchconfig).catch(() => null), null, "the agent's token is off the node's disk");
+  });
+
+  // Tokens as the kubelet projects them: each agent pod gets its own, of the agent's account.
+  const agentPodToken = (pod: string) =>
+    unsignedJwt({ sub: 'system:serviceaccount:mesh-system:mesh-cni', 'kubernetes.io': { pod: { name: pod } } });
+
+  it("one holding the previous agent pod's token (the agent's account, other bytes: an upgrade) is removed", async () => {
+    const { installer, orchconfig } = await startWithoutPluginToken(
+      () => preFix(agentPodToken('mesh-cni-old')),
+      agentPodToken('mesh-cni-new'),
+    );
+    assert.match(installer.notReadyReasons().join('\n'), /plugin's token file .* cannot be read: ENOENT/);
+    assert.equal(
+      await fs.stat(orchconfig).catch(() => null),
+      null,
+      "the agent's account's token is off the node's disk",
+    );
+  });
+
+  it("one holding a token of the plugin's account (an earlier one, maybe still valid) is left", async () => {
+    const earlier = preFix(unsignedJwt({ sub: 'system:serviceaccount:mesh-system:mesh-cni-plugin' }));
+    const { orchconfig } = await startWithoutPluginToken(() => earlier, agentPodToken('mesh-cni-new'));
+    assert.equal(readFileSync(orchconfig, 'utf8'), earlier);
+  });
+
+  it("a file of another shape at the orchconfig's name (another tool's kubeconfig) is left, whatever token it names", async () => {
+    const foreign = [
+      'apiVersion: v1',
+      'kind: Config',
+      'users:',
+      '- name: other-tool',
+      `  user: { token: ${agentPodToken('mesh-cni-old')} }`,
+      '',
+    ].join('\n');
+    const { orchconfig } = await startWithoutPluginToken(() => foreign, agentPodToken('mesh-cni-new'));
+    assert.equal(readFileSync(orchconfig, 'utf8'), foreign);
   });
 
   it('one holding another token (an earlier plugin token) is left until a new one comes', async () => {
