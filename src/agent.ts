@@ -14,6 +14,7 @@
 import type { Component } from './component.ts';
 import type { Settings } from './config/settings.ts';
 import { startInstaller } from './install/index.ts';
+import { checkInstalledBinaries } from './install/binaries.ts';
 import { DEFAULT_POD_LOOKUP, startPodLookup } from './install/podlookup.ts';
 import { clientNodeApi, type OrchApi } from './orch/api.ts';
 import { orchKubeConfig } from './orch/client.ts';
@@ -32,6 +33,10 @@ const log = scope('default');
 
 export async function runAgent(settings: Settings): Promise<number> {
   configureLogging(settings.logging);
+  // The installer's first pass compares the installed plugin (~100 MB) with the image's: the
+  // largest part of the time to ready after a restart. Begun now, it reads while the parts
+  // before the installer start; the pass waits for it (README "Start-up time").
+  const binaryCheck = checkInstalledBinaries(settings.install.cniBinariesDir, settings.install.mountedCniBinDir);
   const components: Component[] = [];
   let started = false;
   const readiness: Readiness = {
@@ -68,7 +73,7 @@ export async function runAgent(settings: Settings): Promise<number> {
     // the agent keeps using its own token, which never leaves this pod.
     const pluginToken = await startPluginToken(settings);
     components.push(pluginToken);
-    components.push(await startInstaller(settings, pluginToken, decide));
+    components.push(await startInstaller(settings, pluginToken, decide, binaryCheck));
     components.push(await startControlz(settings, { components: () => components }));
     started = true;
     log.info('install-cni started', { components: components.map((c) => c.name) });

@@ -14,6 +14,7 @@ import { decideCleanup, type CleanupDecision } from './uninstall.ts';
 import { DirWatcher, type Trigger } from './watch.ts';
 import { watchdogReasons } from './watchdog.ts';
 import type { PluginTokenSource } from './tokenrequest.ts';
+import type { CheckedBinaries } from './binaries.ts';
 
 const log = scope('install');
 
@@ -32,6 +33,8 @@ export interface InstallerOptions {
   readonly decideCleanup?: (settings: Settings) => Promise<CleanupDecision>;
   /** The plugin's token for the orchconfig (the agent always passes one); else the service-account token. */
   readonly pluginToken?: PluginTokenSource;
+  /** The agent's comparison of the installed binaries, begun at its start (binaries.ts checkInstalledBinaries). */
+  readonly binaryCheck?: Promise<CheckedBinaries>;
 }
 
 export class Installer implements Component {
@@ -69,6 +72,7 @@ export class Installer implements Component {
         }
       : undefined;
     this.#reconciler = new Reconciler(settings.install, settings.env, opts.pluginToken, ambient);
+    if (opts.binaryCheck) this.#reconciler.useBinaryCheck(opts.binaryCheck);
     // A new token goes into the orchconfig at once.
     opts.pluginToken?.onChange(() => this.schedule('token'));
     this.#decide = opts.decideCleanup ?? decideCleanup;

@@ -13,7 +13,7 @@ import path from 'node:path';
 import type { EnvironmentFacts, InstallSettings } from '../config/settings.ts';
 import type { PluginTokenSource } from './tokenrequest.ts';
 import { applySteps, type Applied, type MutableMemory, type Problem, type Write } from './apply.ts';
-import { BinaryInstaller } from './binaries.ts';
+import { BinaryInstaller, type CheckedBinaries } from './binaries.ts';
 import { refuseUnrunnablePlugin } from './cpucheck.ts';
 import { CniConfigError, PLUGIN_TYPE, type JsonObject } from './cniconfig.ts';
 import { FileCache } from './filecache.ts';
@@ -71,6 +71,8 @@ export class Reconciler {
   readonly #pluginToken: PluginTokenSource | undefined;
   /** Ambient mode's keys of our entry (the plugin's ambient branch); undefined: ambient off. */
   readonly #ambient: AmbientEntryValues | undefined;
+  /** A check of the installed binaries begun before the first pass (useBinaryCheck), until that pass takes it. */
+  #binaryCheck: Promise<CheckedBinaries> | undefined;
 
   constructor(
     settings: InstallSettings,
@@ -98,6 +100,15 @@ export class Reconciler {
     return this.#s.mountedCniNetDir;
   }
 
+  /**
+   * The agent's early comparison of the installed binaries with their sources
+   * (checkInstalledBinaries of the same dirs): the next pass waits for it, inside the pass (so a
+   * check stuck on a file system is the pass's to time out) and knows what it found.
+   */
+  useBinaryCheck(check: Promise<CheckedBinaries>): void {
+    this.#binaryCheck = check;
+  }
+
   #context(): PlanContext {
     return new PlanContext(this.#plan, netDirView(this.netDir, this.files), this.#memory, Date.now());
   }
@@ -119,6 +130,9 @@ export class Reconciler {
     await planPrelude(ctx);
 
     try {
+      const early = this.#binaryCheck;
+      this.#binaryCheck = undefined;
+      if (early) this.#binaries.know(await early);
       await refuseUnrunnablePlugin(path.join(this.#s.cniBinariesDir, PLUGIN_TYPE), this.#s.cpuinfoPath);
       for (const name of await this.#binaries.sync())
         writes.push({ file: path.join(this.#s.mountedCniBinDir, name), kind: 'binary', action: 'write' });
