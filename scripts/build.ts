@@ -2,6 +2,7 @@
 //   dist/install-cni.js      the agent, one ESM bundle (needs Node 24 in the image)
 //   dist/mesh-cni.cjs         the CNI plugin, one bundle of built-ins only
 //   dist/mesh-validation.cjs  the validation init container
+//   dist/compile-cache/       the agent bundle's V8 code cache (scripts/compile-cache.ts)
 // Build info (version, git commit) is baked in so `version` needs no git at run time.
 
 import { execFileSync } from 'node:child_process';
@@ -12,6 +13,7 @@ import * as esbuild from 'esbuild';
 import { seaModeFrom } from './sea.ts';
 import { buildExecutable, DEFAULT_VALIDATION_RUNTIME, pluginRuntimeFrom } from './plugin-runtime.ts';
 import { bundleOptions } from './bundle-options.ts';
+import { COMPILE_CACHE_DIR, makeCompileCache } from './compile-cache.ts';
 import { buildNative } from './native.ts';
 
 const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
@@ -53,6 +55,11 @@ for (const e of entries) {
     throw new Error(`build: ${e.out}: ${result.warnings.length} esbuild warning(s), printed above`);
 }
 console.log(`build: ${entries.map((e) => e.out).join(', ')}`);
+
+// The agent bundle's code cache (scripts/compile-cache.ts), made with this Node, which the image
+// ships: the agent's start skips compiling the bundle.
+makeCompileCache(path.join(root, 'dist/install-cni.js'));
+console.log(`build: dist/${COMPILE_CACHE_DIR}`);
 
 // The agent's native addon (SOCK_SEQPACKET + SCM_RIGHTS for ztunnel), compiled with cc when its
 // C source changed; never in the plugin's bundles. MESH_NATIVE=0 skips it (npm run test:unit:

@@ -4,6 +4,7 @@
 #   /usr/bin/node                     the Node 24 runtime of node_modules (debug info stripped)
 #   /lib/..., /lib64/...              the shared libraries it links (from ldd) and the loader
 #   /opt/mesh-cni/install-cni.js      the bundled agent (entrypoint)
+#   /opt/mesh-cni/compile-cache/      its V8 code cache, made by the build (scripts/compile-cache.ts)
 #   /opt/mesh-cni/mesh-validation.cjs  the validation check, for an init container using this image
 #   /opt/mesh-cni/native/seqpacket.node  the SOCK_SEQPACKET + SCM_RIGHTS addon (ambient: ztunnel's socket)
 #   /opt/mesh-cni/bin/mesh-cni        the plugin executable (its runtime embedded: Bun by default,
@@ -35,8 +36,8 @@ IMAGE=localhost/mesh-cni:$VERSION
 NODE_BIN=$(readlink -f node_modules/node/bin/node)
 COMMIT=$(git rev-parse HEAD 2>/dev/null || echo unknown)
 
-for f in dist/install-cni.js dist/mesh-validation.cjs dist/bin/mesh-cni dist/native/seqpacket.node "$NODE_BIN"; do
-  if [[ ! -f $f ]]; then
+for f in dist/install-cni.js dist/compile-cache dist/mesh-validation.cjs dist/bin/mesh-cni dist/native/seqpacket.node "$NODE_BIN"; do
+  if [[ ! -e $f ]]; then
     echo "image: $f is missing; run npm run build first (npm run image does)" >&2
     exit 1
   fi
@@ -114,6 +115,10 @@ for lib in $libs; do
   cp -L "$lib" "$FS$lib"
 done
 install -m 0644 dist/install-cni.js "$FS/opt/mesh-cni/install-cni.js"
+# The bundle's V8 code cache (scripts/compile-cache.ts): read-only in the image, used through the
+# NODE_COMPILE_CACHE* variables below; readable by nobody too, for `version`.
+cp -r dist/compile-cache "$FS/opt/mesh-cni/compile-cache"
+find "$FS/opt/mesh-cni/compile-cache" -type d -exec chmod 0755 {} + -o -type f -exec chmod 0644 {} +
 install -D -m 0644 dist/native/seqpacket.node "$FS/opt/mesh-cni/native/seqpacket.node" # ztunnel socket addon
 install -m 0644 dist/mesh-validation.cjs "$FS/opt/mesh-cni/mesh-validation.cjs"
 install -m 0755 dist/bin/mesh-cni "$FS/opt/mesh-cni/bin/mesh-cni"
@@ -127,6 +132,8 @@ buildah "${STORE[@]}" config \
   --cmd '[]' \
   --user 65534:65534 \
   --env PATH=/usr/sbin:/usr/bin \
+  --env NODE_COMPILE_CACHE=/opt/mesh-cni/compile-cache \
+  --env NODE_COMPILE_CACHE_PORTABLE=1 \
   --workingdir / \
   --port 15014/tcp \
   --os linux --arch amd64 \

@@ -1,0 +1,137 @@
+// What the shipped agent bundle costs at start-up, as structure (speed is the install benchmark's,
+// `npm run bench -- install`, PARTS=ready): the bundle is built here with the shipped options
+// (scripts/bundle-options.ts), then
+//  - run to ready, where it must not have loaded undici: an ES import of node:http builds an
+//    ESM facade that reads every export, and some of node:http's load all of undici, which the
+//    agent never uses (scripts/builtins-by-require.ts);
+//  - its code cache made as the build makes it (scripts/compile-cache.ts), moved with the bundle
+//    to another dir as the image does, and taken there: Node writes nothing new into it.
+
+import assert from 'node:assert/strict';
+import { spawn, spawnSync } from 'node:child_process';
+import { cpSync, existsSync, mkdtempSync, readdirSync, readFileSync, statSync, writeFileSync } from 'node:fs';
+import fs from 'node:fs/promises';
+import os from 'node:os';
+import path from 'node:path';
+import { after, before, describe, it } from 'node:test';
+import * as esbuild from 'esbuild';
+import { bundleOptions } from '../../scripts/bundle-options.ts';
+import { compileCacheEnv, makeCompileCache } from '../../scripts/compile-cache.ts';
+import { cleanupAfterEach } from '../helpers/cleanup.ts';
+import { ROOT } from '../helpers/cli.ts';
+import { BRIDGE_CONFLIST, makeHostTreeFor } from '../helpers/hosttree.ts';
+import { waitFor } from '../helpers/poll.ts';
+
+const defer = cleanupAfterEach();
+let buildDir = '';
+
+/** A dir holding the agent bundle as the build makes it, with the package.json that makes it ESM. */
+function bundleDir(): string {
+  const dir = mkdtempSync(path.join(os.tmpdir(), 'mcni-bundle-'));
+  writeFileSync(path.join(dir, 'package.json'), '{"type":"module"}\n');
+  return dir;
+}
+
+before(async () => {
+  buildDir = bundleDir();
+  const result = await esbuild.build({
+    ...bundleOptions('esm', { version: 'test', gitCommit: 'test', buildTime: new Date(0).toISOString() }),
+    entryPoints: [path.join(ROOT, 'src/cmd/install-cni-main.ts')],
+    outfile: path.join(buildDir, 'install-cni.js'),
+  });
+  assert.deepEqual(result.warnings, []);
+});
+after(() => fs.rm(buildDir, { recursive: true, force: true }));
+
+/** Every file of a dir tree with its size and mtime: what changed in it. */
+function listing(dir: string): string[] {
+  return readdirSync(dir, { recursive: true, encoding: 'utf8' })
+    .map((f) => path.join(dir, f))
+    .filter((f) => statSync(f).isFile())
+    .map((f) => `${path.relative(dir, f)} ${statSync(f).size} ${statSync(f).mtimeMs}`)
+    .sort();
+}
+
+describe('the agent bundle at start-up', () => {
+  it('gets ready without loading undici', async () => {
+    const tree = await makeHostTreeFor(defer);
+    await fs.writeFile(path.join(tree.netDir, '10-bridge.conflist'), BRIDGE_CONFLIST);
+    const out = path.join(tree.root, 'modules.json');
+    // Writes the built-in modules loaded so far when asked (SIGUSR2, which the agent leaves alone).
+    const hook = path.join(tree.root, 'modules-hook.cjs');
+    await fs.writeFile(
+      hook,
+      `process.on('SIGUSR2', () => require('node:fs').writeFileSync(${JSON.stringify(out)}, JSON.stringify(process.moduleLoadList)));\n`,
+    );
+    const args = Object.entries({
+      ...tree.flags,
+      'monitoring-port': '0',
+      ctrlz_port: '0',
+      log_as_json: 'true',
+      log_output_level: 'default:info',
+      'cleanup-on-exit': 'never',
+    }).map(([k, v]) => `--${k}=${v}`);
+    const child = spawn(process.execPath, ['--require', hook, path.join(buildDir, 'install-cni.js'), ...args], {
+      env: { PATH: process.env.PATH ?? '/usr/bin:/bin', ...tree.env },
+      stdio: ['ignore', 'pipe', 'pipe'],
+    });
+    defer(async () => {
+      if (child.exitCode === null && child.signalCode === null) {
+        const exited = new Promise((r) => child.once('exit', r));
+        child.kill('SIGKILL');
+        await exited;
+      }
+    });
+    let stdout = '';
+    let stderr = '';
+    child.stdout!.on('data', (d: Buffer) => (stdout += d.toString()));
+    child.stderr!.on('data', (d: Buffer) => (stderr += d.toString()));
+    const context = () => `stderr: ${stderr}\nstdout: ${stdout.slice(-2000)}`;
+    const port = await waitFor(
+      'the monitoring server',
+      () => {
+        if (child.exitCode !== null) throw new Error(`the agent exited (${child.exitCode}): ${context()}`);
+        const line = stdout
+          .split('\n')
+          .slice(0, -1)
+          .find((l) => l.includes('"msg":"monitoring server listening"'));
+        return line ? (JSON.parse(line) as { port: number }).port : undefined;
+      },
+      { timeoutMs: 30_000, context },
+    );
+    await waitFor('/readyz 200', async () => (await fetch(`http://127.0.0.1:${port}/readyz`)).status === 200, {
+      timeoutMs: 30_000,
+      context,
+    });
+    child.kill('SIGUSR2');
+    const loaded = await waitFor('the list of loaded modules', () =>
+      existsSync(out) ? (JSON.parse(readFileSync(out, 'utf8')) as string[]) : undefined,
+    );
+    assert.ok(loaded.includes('NativeModule http'), 'the list is of this agent (node:http is loaded)');
+    assert.deepEqual(
+      loaded.filter((m) => m.includes('undici')),
+      [],
+      'undici was loaded on the way to ready: is a built-in imported as an ES module (an ESM facade)?',
+    );
+  });
+
+  it('its code cache, made as the build makes it, is taken where the image puts it, beside the bundle', () => {
+    const made = bundleDir();
+    defer(() => fs.rm(made, { recursive: true, force: true }));
+    cpSync(path.join(buildDir, 'install-cni.js'), path.join(made, 'install-cni.js'));
+    makeCompileCache(path.join(made, 'install-cni.js'));
+    const image = mkdtempSync(path.join(os.tmpdir(), 'mcni-image-'));
+    defer(() => fs.rm(image, { recursive: true, force: true }));
+    cpSync(made, image, { recursive: true });
+    const cache = compileCacheEnv(path.join(image, 'install-cni.js')).NODE_COMPILE_CACHE!;
+    const before = listing(cache);
+    assert.notDeepEqual(before, [], 'the build made no cache');
+    const r = spawnSync(process.execPath, [path.join(image, 'install-cni.js'), 'version', '--short'], {
+      env: { PATH: process.env.PATH ?? '/usr/bin:/bin', ...compileCacheEnv(path.join(image, 'install-cni.js')) },
+      encoding: 'utf8',
+    });
+    assert.equal(r.status, 0, r.stderr);
+    // A miss (another path, Node or flags) or a rejected entry is compiled and written anew.
+    assert.deepEqual(listing(cache), before, 'the cache was not taken: Node wrote to it');
+  });
+});
