@@ -57,3 +57,47 @@ export const pluginTokenExpiry = new Gauge({
   help: "When the CNI plugin's current token expires (Unix time); 0 before the first one.",
   registers: [registry],
 });
+
+// --cleanup-on-exit's decision on stop (uninstall.ts). Every series exists from start-up at 0, so
+// an alert on a keep that was a guess fires on the first one.
+
+export const CLEANUP_REASONS = {
+  uninstall: [
+    'flag',
+    'daemonset_gone',
+    'daemonset_deleting',
+    'node_name',
+    'node_selector',
+    'node_affinity',
+    'untolerated_taint',
+  ],
+  keep: [
+    'flag',
+    'daemonset_targets_node',
+    'no_pod_name',
+    'no_node_name',
+    'pod_not_found',
+    'no_daemonset_owner',
+    'node_not_found',
+    'unsure_scheduling',
+    'unreachable',
+    'timeout',
+    'unauthorized',
+    'forbidden',
+    'throttled',
+    'server_error',
+    'client_error',
+  ],
+} as const;
+
+export type CleanupReason<D extends keyof typeof CLEANUP_REASONS = keyof typeof CLEANUP_REASONS> =
+  (typeof CLEANUP_REASONS)[D][number];
+
+export const cleanupDecisions = new Counter({
+  name: 'mesh_cni_cleanup_decisions_total',
+  help: "Decisions on stop whether to uninstall (take mesh-cni off this node) or keep it (a restart or upgrade, or the API server's answer could not tell), by decision and reason.",
+  labelNames: ['decision', 'reason'] as const,
+  registers: [registry],
+});
+for (const [decision, reasons] of Object.entries(CLEANUP_REASONS))
+  for (const reason of reasons) cleanupDecisions.inc({ decision, reason }, 0);

@@ -1,64 +1,224 @@
 // Whether stopping means uninstall (take our entry, orchconfig and binary off the node) or a
 // restart/upgrade (leave them, so no pod starts unredirected while the new agent comes up).
-// --cleanup-on-exit=auto asks the API server whether our DaemonSet still exists and is not
-// being deleted; when it cannot tell, it cleans up, as the spec says.
+//
+// --cleanup-on-exit=auto uninstalls only on positive evidence that no agent follows this one on
+// this node: our DaemonSet is gone or being deleted, or it no longer targets this node (its
+// nodeSelector, required node affinity or tolerations; nodematch.ts). Every other answer keeps
+// the node as it is: a restart during a control-plane outage must not open a window in which
+// pods start without the plugin. Transient answers (no answer, timeout, 429, 5xx) are asked again
+// with backoff until a deadline well inside the pod's termination grace period; a SIGKILL before
+// the answer also leaves everything in place. Each decision is logged and counted with its reason
+// (mesh_cni_cleanup_decisions_total).
 
-import type { V1DaemonSet, V1Pod } from '@kubernetes/client-node';
+import { setTimeout as sleep } from 'node:timers/promises';
+import type { KubeConfig } from '@kubernetes/client-node/dist/config.js';
+import type { V1DaemonSet, V1Node, V1Pod } from '@kubernetes/client-node';
 import type { Settings } from '../config/settings.ts';
+import { scope } from '../monitoring/logging.ts';
 import { ApiError } from '../orch/errors.ts';
 import { apiRequest } from '../orch/request.ts';
 import { orchKubeConfig } from '../orch/client.ts';
+import * as metrics from './metrics.ts';
+import type { CleanupReason } from './metrics.ts';
+import { daemonSetTargetsNode } from './nodematch.ts';
+
+const log = scope('install');
 
 export interface CleanupDecision {
   readonly cleanup: boolean;
   readonly why: string;
 }
 
-const ASK_TIMEOUT_MS = 5000;
+export interface DecideOptions {
+  /** How long to keep asking after transient answers, from the call. */
+  readonly deadlineMs?: number;
+  /** The longest one request may take (never past the deadline). */
+  readonly attemptTimeoutMs?: number;
+}
 
-export async function decideCleanup(settings: Settings): Promise<CleanupDecision> {
+// The DaemonSet gives the pod 30 s (terminationGracePeriodSeconds) for everything on stop: the
+// decision takes at most 10 of them, leaving the rest for the uninstall and ambient mode's stop.
+const DEADLINE_MS = 10_000;
+const ATTEMPT_TIMEOUT_MS = 4000;
+const BACKOFF_FIRST_MS = 200;
+const BACKOFF_MAX_MS = 2000;
+
+interface Outcome {
+  readonly cleanup: boolean;
+  readonly reason: CleanupReason;
+  readonly why: string;
+  /** Worth asking again (no answer, timeout, 429, 5xx); with the server's Retry-After. */
+  readonly transient?: { readonly retryAfterMs: number | undefined };
+}
+
+const KEEPING = 'keeping mesh-cni in place';
+
+/** Decides, logs and counts the decision once. */
+export async function decideCleanup(settings: Settings, opts: DecideOptions = {}): Promise<CleanupDecision> {
+  const { outcome, attempts } = await decide(settings, opts);
+  const decision = outcome.cleanup ? 'uninstall' : 'keep';
+  metrics.cleanupDecisions.inc({ decision, reason: outcome.reason });
+  const fields = { decision, reason: outcome.reason, why: outcome.why, attempts };
+  if (!outcome.cleanup && outcome.reason !== 'flag' && outcome.reason !== 'daemonset_targets_node')
+    log.warn('cannot tell whether this stop is an uninstall: keeping mesh-cni on this node', fields);
+  else log.info('decided whether this stop is an uninstall', fields);
+  return { cleanup: outcome.cleanup, why: outcome.why };
+}
+
+async function decide(settings: Settings, opts: DecideOptions): Promise<{ outcome: Outcome; attempts: number }> {
   const mode = settings.install.cleanupOnExit;
-  if (mode === 'always') return { cleanup: true, why: '--cleanup-on-exit=always' };
-  if (mode === 'never') return { cleanup: false, why: '--cleanup-on-exit=never' };
+  if (mode === 'always')
+    return { outcome: { cleanup: true, reason: 'flag', why: '--cleanup-on-exit=always' }, attempts: 0 };
+  if (mode === 'never')
+    return { outcome: { cleanup: false, reason: 'flag', why: '--cleanup-on-exit=never' }, attempts: 0 };
   const { podName, podNamespace } = settings.env;
   if (!podName || !podNamespace) {
-    return {
-      cleanup: true,
-      why: 'POD_NAME/POD_NAMESPACE are not set, so whether our DaemonSet still exists cannot be asked',
-    };
+    const why = `POD_NAME/POD_NAMESPACE are not set, so our DaemonSet cannot be found: ${KEEPING} (set them from the downward API, as deploy/daemonset.yaml does)`;
+    return { outcome: { cleanup: false, reason: 'no_pod_name', why }, attempts: 0 };
   }
+  let kc: KubeConfig;
   try {
-    const kc = orchKubeConfig(settings);
-    const get = <T>(apiPath: string, what: string) =>
-      apiRequest<T>(kc, 'GET', apiPath, what, { signal: AbortSignal.timeout(ASK_TIMEOUT_MS) });
-    const ns = encodeURIComponent(podNamespace);
-    const pod = await get<V1Pod>(
-      `/api/v1/namespaces/${ns}/pods/${encodeURIComponent(podName)}`,
-      `reading pod ${podNamespace}/${podName}`,
-    );
-    const owner = pod.metadata?.ownerReferences?.find((o) => o.kind === 'DaemonSet');
-    if (!owner) return { cleanup: true, why: `pod ${podNamespace}/${podName} is not owned by a DaemonSet` };
-    let ds: V1DaemonSet;
-    try {
-      ds = await get<V1DaemonSet>(
-        `/apis/apps/v1/namespaces/${ns}/daemonsets/${encodeURIComponent(owner.name)}`,
-        `reading DaemonSet ${podNamespace}/${owner.name}`,
-      );
-    } catch (e) {
-      if (e instanceof ApiError && e.code === 404)
-        return { cleanup: true, why: `DaemonSet ${podNamespace}/${owner.name} is gone: uninstall` };
-      throw e;
+    kc = orchKubeConfig(settings);
+  } catch (e) {
+    const why = `cannot ask the API server whether this is an uninstall (${(e as Error).message}): ${KEEPING}`;
+    return { outcome: { cleanup: false, reason: 'unreachable', why }, attempts: 0 };
+  }
+  const startedAt = Date.now();
+  const deadline = startedAt + (opts.deadlineMs ?? DEADLINE_MS);
+  const ask: Ask = {
+    kc,
+    settings,
+    timeoutMs: () => Math.max(1, Math.min(opts.attemptTimeoutMs ?? ATTEMPT_TIMEOUT_MS, deadline - Date.now())),
+  };
+  for (let attempt = 1; ; attempt++) {
+    const outcome = await askOnce(ask, podNamespace, podName);
+    if (!outcome.transient) return { outcome, attempts: attempt };
+    const backoff = Math.min(BACKOFF_MAX_MS, BACKOFF_FIRST_MS * 2 ** (attempt - 1));
+    const wait = Math.max(backoff / 2 + (Math.random() * backoff) / 2, outcome.transient.retryAfterMs ?? 0);
+    if (Date.now() + wait >= deadline) {
+      const took = ((Date.now() - startedAt) / 1000).toFixed(1);
+      return {
+        outcome: { ...outcome, why: `${outcome.why}; gave up after ${attempt} attempts in ${took} s: ${KEEPING}` },
+        attempts: attempt,
+      };
     }
-    if (ds.metadata?.deletionTimestamp)
-      return { cleanup: true, why: `DaemonSet ${podNamespace}/${owner.name} is being deleted: uninstall` };
+    await sleep(wait);
+  }
+}
+
+interface Ask {
+  readonly kc: KubeConfig;
+  readonly settings: Settings;
+  readonly timeoutMs: () => number;
+}
+
+/** One round of reads: our pod, its DaemonSet, this node. */
+async function askOnce(ask: Ask, namespace: string, podName: string): Promise<Outcome> {
+  const ns = encodeURIComponent(namespace);
+  const podPath = `/api/v1/namespaces/${ns}/pods/${encodeURIComponent(podName)}`;
+  const podRead = await read<V1Pod>(ask, podPath, `pod ${namespace}/${podName}`);
+  if ('failed' in podRead) return podRead.failed;
+  if ('notFound' in podRead)
     return {
       cleanup: false,
-      why: `DaemonSet ${podNamespace}/${owner.name} still exists: a restart or upgrade, keeping the plugin in place`,
+      reason: 'pod_not_found',
+      why: `our pod ${namespace}/${podName} is not found (${podRead.notFound.message}), so neither is which DaemonSet is ours: ${KEEPING}`,
     };
-  } catch (e) {
+  const pod = podRead.ok;
+  const owner = pod.metadata?.ownerReferences?.find((o) => o.kind === 'DaemonSet');
+  if (!owner)
     return {
-      cleanup: true,
-      why: `cannot ask the API server whether our DaemonSet still exists (${(e as Error).message})`,
+      cleanup: false,
+      reason: 'no_daemonset_owner',
+      why: `pod ${namespace}/${podName} is not owned by a DaemonSet, so nothing says whether another agent follows: ${KEEPING} (use --cleanup-on-exit=always to uninstall on every stop)`,
     };
+  const dsName = `DaemonSet ${namespace}/${owner.name}`;
+  const dsRead = await read<V1DaemonSet>(
+    ask,
+    `/apis/apps/v1/namespaces/${ns}/daemonsets/${encodeURIComponent(owner.name)}`,
+    dsName,
+  );
+  if ('failed' in dsRead) return dsRead.failed;
+  if ('notFound' in dsRead) return { cleanup: true, reason: 'daemonset_gone', why: `${dsName} is gone: uninstall` };
+  const ds = dsRead.ok;
+  if (ds.metadata?.deletionTimestamp)
+    return { cleanup: true, reason: 'daemonset_deleting', why: `${dsName} is being deleted: uninstall` };
+  const nodeName = ask.settings.env.nodeName || pod.spec?.nodeName || '';
+  if (!nodeName)
+    return {
+      cleanup: false,
+      reason: 'no_node_name',
+      why: `${dsName} still exists, and neither NODE_NAME nor our pod names this node, so whether it still targets the node cannot be asked: ${KEEPING}`,
+    };
+  const nodeRead = await read<V1Node>(ask, `/api/v1/nodes/${encodeURIComponent(nodeName)}`, `node ${nodeName}`);
+  if ('failed' in nodeRead) return nodeRead.failed;
+  if ('notFound' in nodeRead)
+    return {
+      cleanup: false,
+      reason: 'node_not_found',
+      why: `${dsName} still exists, and node ${nodeName} is not found (${nodeRead.notFound.message}): cannot tell whether the DaemonSet still targets it; ${KEEPING}`,
+    };
+  const verdict = daemonSetTargetsNode(ds.spec?.template?.spec, nodeRead.ok);
+  switch (verdict.kind) {
+    case 'targets':
+      return {
+        cleanup: false,
+        reason: 'daemonset_targets_node',
+        why: `${dsName} still exists and still targets node ${nodeName}: a restart or upgrade, ${KEEPING}`,
+      };
+    case 'not_targeted':
+      return {
+        cleanup: true,
+        reason: verdict.reason,
+        why: `${dsName} no longer targets this node (${verdict.why}): uninstall`,
+      };
+    case 'unsure':
+      return {
+        cleanup: false,
+        reason: 'unsure_scheduling',
+        why: `${dsName} still exists, and whether it still targets node ${nodeName} cannot be read (${verdict.why}): ${KEEPING}`,
+      };
   }
+}
+
+type Read<T> = { readonly ok: T } | { readonly notFound: ApiError } | { readonly failed: Outcome };
+
+/** A GET: the object, a 404 (what it means is the caller's), or what any other failure means. */
+async function read<T>(ask: Ask, apiPath: string, what: string): Promise<Read<T>> {
+  const signal = AbortSignal.timeout(ask.timeoutMs());
+  try {
+    const body = await apiRequest<T>(ask.kc, 'GET', apiPath, `reading ${what}`, { signal });
+    if (typeof body !== 'object' || body === null || Array.isArray(body))
+      return { failed: failure(new ApiError(`reading ${what}`, 200, 'the answer is not an object'), false) };
+    return { ok: body };
+  } catch (e) {
+    const err = e instanceof ApiError ? e : new ApiError(`reading ${what}`, undefined, (e as Error).message);
+    if (err.code === 404) return { notFound: err };
+    return { failed: failure(err, signal.aborted) };
+  }
+}
+
+/** What an answer other than 200/404 means: never an uninstall; retried when it may pass. */
+function failure(e: ApiError, timedOut: boolean): Outcome {
+  const cannot = `cannot ask the API server whether this is an uninstall (${e.message})`;
+  if (e.code === undefined) {
+    const reason = timedOut ? 'timeout' : 'unreachable';
+    return { cleanup: false, reason, why: cannot, transient: { retryAfterMs: undefined } };
+  }
+  if (e.code === 401)
+    return {
+      cleanup: false,
+      reason: 'unauthorized',
+      why: `${cannot}: ${KEEPING}. If this is an uninstall, delete the DaemonSet and wait for its pods before its service account and RBAC`,
+    };
+  if (e.code === 403)
+    return {
+      cleanup: false,
+      reason: 'forbidden',
+      why: `${cannot}: ${KEEPING}. The agent needs pods get, daemonsets get in its namespace and nodes get (deploy/daemonset.yaml); if this is an uninstall, delete the DaemonSet and wait for its pods before its RBAC`,
+    };
+  const transient = { retryAfterMs: e.retryAfterMs };
+  if (e.code === 429) return { cleanup: false, reason: 'throttled', why: cannot, transient };
+  if (e.code >= 500) return { cleanup: false, reason: 'server_error', why: cannot, transient };
+  return { cleanup: false, reason: 'client_error', why: `${cannot}: ${KEEPING}` };
 }

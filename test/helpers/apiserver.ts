@@ -1,14 +1,15 @@
 // A small HTTPS server speaking the Kubernetes REST dialect for pods (list, watch, patch, delete,
-// status), events, daemonsets and service-account TokenRequests, with bearer-token auth, RBAC per
-// token (what a Role/ClusterRole would allow, on the paths we use) and fault knobs. Good enough for the real
-// kubectl and @kubernetes/client-node; the one cluster piece tests cannot have for real.
+// status), events, daemonsets, nodes (get) and service-account TokenRequests, with bearer-token
+// auth, RBAC per token (what a Role/ClusterRole would allow, on the paths we use) and fault knobs.
+// Good enough for the real kubectl and @kubernetes/client-node; the one cluster piece tests cannot
+// have for real.
 //
 // What it models of the real API server: one global resourceVersion counter, a watch cache that
 // replays events after a given resourceVersion (410 Gone once "compacted"), selector-filtered
 // watches that turn objects leaving the selector into DELETED, Status objects for errors, Table
 // output for kubectl, chunked watch streams with bookmarks and timeoutSeconds.
 
-import type { CoreV1Event, V1DaemonSet, V1Namespace, V1Pod } from '@kubernetes/client-node';
+import type { CoreV1Event, V1DaemonSet, V1Namespace, V1Node, V1Pod } from '@kubernetes/client-node';
 import { randomUUID } from 'node:crypto';
 import { writeFileSync } from 'node:fs';
 import https from 'node:https';
@@ -57,6 +58,9 @@ export interface TestApiServer {
   openNamespaceWatches(): number;
   upsertDaemonSet(ds: V1DaemonSet): V1DaemonSet;
   deleteDaemonSetFromStore(namespace: string, name: string): void;
+  /** Nodes (get only: what --cleanup-on-exit=auto reads of its own node). */
+  upsertNode(node: V1Node): V1Node;
+  deleteNodeFromStore(name: string): void;
   events(): CoreV1Event[];
   readonly requests: ReadonlyArray<RequestRecord>;
   faults: {
@@ -454,6 +458,7 @@ export async function startTestApiServer(opts: TestApiServerOptions = {}): Promi
 
   const pods = new Map<string, V1Pod>();
   const daemonSets = new Map<string, V1DaemonSet>();
+  const nodes = new Map<string, V1Node>();
   // Namespaces: a store, their own history and watches (the pod machinery stays pods-only).
   const namespaces = new Map<string, V1Namespace>();
   const nsHistory: { rv: number; type: EventType; obj: V1Namespace }[] = [];
@@ -1154,6 +1159,13 @@ export async function startTestApiServer(opts: TestApiServerOptions = {}): Promi
       if (!ds) throw new HttpError(404, 'NotFound', `daemonsets.apps "${name}" not found`);
       return { code: 200, body: ds };
     }
+    m = /^\/api\/v1\/nodes\/([^/]+)$/.exec(p);
+    if (m && method === 'GET') {
+      const name = decodeURIComponent(m[1]!);
+      const node = nodes.get(name);
+      if (!node) throw new HttpError(404, 'NotFound', `nodes "${name}" not found`);
+      return { code: 200, body: node };
+    }
     throw new HttpError(404, 'NotFound', 'the server could not find the requested resource');
   }
 
@@ -1373,6 +1385,17 @@ export async function startTestApiServer(opts: TestApiServerOptions = {}): Promi
       return clone(d);
     },
     deleteDaemonSetFromStore: (ns, name) => void daemonSets.delete(key(ns, name)),
+    upsertNode: (node) => {
+      const n = clone(node);
+      n.metadata ??= {};
+      n.apiVersion ??= 'v1';
+      n.kind ??= 'Node';
+      n.metadata.uid ??= nodes.get(n.metadata.name!)?.metadata?.uid ?? randomUUID();
+      n.metadata.resourceVersion = String(nextRv());
+      nodes.set(n.metadata.name!, n);
+      return clone(n);
+    },
+    deleteNodeFromStore: (name) => void nodes.delete(name),
     events: () => events.map(clone),
     requests,
     faults,

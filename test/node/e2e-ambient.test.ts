@@ -306,7 +306,23 @@ function ambientSuite(flavour: 'nft' | 'legacy', subnet: string): void {
         ]);
         // Our own pod, owned by a DaemonSet the API server has: a restart is an upgrade until the
         // DaemonSet goes (the uninstall step).
-        api.upsertDaemonSet({ metadata: { name: DAEMONSET, namespace: SELF.namespace, uid: 'ds-uid' } });
+        // Its template as deploy/daemonset.yaml's (Linux nodes, every taint tolerated), and this
+        // node, which it targets: --cleanup-on-exit=auto reads both.
+        api.upsertDaemonSet({
+          metadata: { name: DAEMONSET, namespace: SELF.namespace, uid: 'ds-uid' },
+          spec: {
+            selector: {},
+            template: {
+              spec: {
+                hostNetwork: true,
+                nodeSelector: { 'kubernetes.io/os': 'linux' },
+                tolerations: [{ operator: 'Exists' }],
+                containers: [{ name: 'install-cni', image: 'mesh-cni' }],
+              },
+            },
+          },
+        });
+        api.upsertNode({ metadata: { name: NODE, labels: { 'kubernetes.io/os': 'linux' } } });
         api.upsertPod({
           metadata: {
             ...SELF,
@@ -598,6 +614,50 @@ function ambientSuite(flavour: 'nft' | 'legacy', subnet: string): void {
         assert.match(rulesIn(b.netnsPath), IN_POD_CHAIN);
         assert.equal(fake!.of('del').length, delsBefore, 'ztunnel was told to drop nothing');
         assert.equal(redirection(b.name), 'enabled');
+      });
+
+      // The agent restarted while the control plane is down: nothing says this is an uninstall, so
+      // the node stays as it is and every enrolled pod stays redirected (its in-pod rules, the
+      // probe rule and ipset), and new pods still get the plugin (entry, orchconfig, binary).
+      const outage = flavour === 'nft' ? 'answers 503' : 'is unreachable';
+      it(`restart while the API server ${outage}: entry, orchconfig, binary, host rule, ipset, in-pod rules stay`, async () => {
+        const b = pods.get(`${TAG}-b`)!;
+        const rulesBefore = rulesIn(b.netnsPath);
+        assert.match(rulesBefore, IN_POD_CHAIN);
+        const primaryBefore = await fs.readFile(primaryFile, 'utf8');
+        assert.match(primaryBefore, /"type": ?"mesh-cni"/, 'our entry is in the primary config');
+        const stopping = agent!;
+        if (flavour === 'nft') api.faults.status = { code: 503 };
+        else await api.stop();
+        try {
+          assert.equal(await stopping.stop('SIGTERM', 30_000), 0);
+        } finally {
+          delete api.faults.status;
+          await api.start();
+        }
+        agent = undefined;
+        assert.equal(await fs.readFile(primaryFile, 'utf8'), primaryBefore, 'the entry stays');
+        assert.ok(existsSync(path.join(tree.netDir, 'ZZZ-mesh-cni-orchconfig')), 'the orchconfig stays');
+        assert.ok(existsSync(path.join(tree.binDir, 'mesh-cni')), 'the binary stays');
+        assert.match(nodeNat(), HOST_RULE, 'the host rule stays');
+        assert.deepEqual(probeSet(), [b.ip], 'the ipset and its entry stay');
+        assert.equal(rulesIn(b.netnsPath), rulesBefore, "B's in-pod rules untouched: still redirected");
+        assert.equal(redirection(b.name), 'enabled');
+        const kept = stopping.logs.find(
+          (r) => r.msg === 'cannot tell whether this stop is an uninstall: keeping mesh-cni on this node',
+        );
+        // Unreachable behind the node's forwarder: connections are taken, then go unanswered.
+        const reasons = flavour === 'nft' ? ['server_error'] : ['unreachable', 'timeout'];
+        assert.ok(reasons.includes(String(kept?.reason)), `kept for ${String(kept?.reason)}\n${agentLogs()}`);
+        assert.ok(stopping.logs.some((r) => r.msg === 'ambient: keeping the node as is'));
+
+        // The control plane back: the next agent takes the node over as after any upgrade.
+        const ag = startAgent();
+        await waitFor('install-cni to be ready again', async () => (await ag.get('/readyz')).status === 200, {
+          timeoutMs: 30_000,
+          everyMs: 100,
+          context: agentLogs,
+        });
       });
 
       it('uninstall (DaemonSet gone): host rule and ipset removed, the primary conflist byte for byte', async () => {
