@@ -1,18 +1,21 @@
 // Serving on a unix socket that the CNI plugin (run as root by the container runtime) connects
-// to: the directory is created 0750, the socket is 0600 from the moment it exists, a stale socket
-// left by a killed agent is replaced, anything else at the path is refused, and on close the
-// open connections are cut and the socket is removed only if it is still ours (a newer agent
-// may have replaced it). At most `maxConnections` are held: one more closes the oldest, so
-// senders that keep connections open cannot lock the plugin out (its runs are short; a new
-// connection is far more likely to be a plugin run than the oldest one is). A connection the
-// server has not served yet (`unserved`: waiting for its first read) is never the one closed to
-// make room: when every other one is such, the newcomer is closed instead, so a stream of new
-// connections cannot push a waiting plugin run out before its turn.
+// to: a path with a dir on the way that another user could write is refused at start (the
+// plugin checks it too: cni-plugin/shared/trustedpath.ts), the directory is created 0750, the
+// socket is 0600 from the moment it exists, a stale socket left by a killed agent is replaced,
+// anything else at the path is refused, and on close the open connections are cut and the
+// socket is removed only if it is still ours (a newer agent may have replaced it). At most
+// `maxConnections` are held: one more closes the oldest, so senders that keep connections open
+// cannot lock the plugin out (its runs are short; a new connection is far more likely to be a
+// plugin run than the oldest one is). A connection the server has not served yet (`unserved`:
+// waiting for its first read) is never the one closed to make room: when every other one is
+// such, the newcomer is closed instead, so a stream of new connections cannot push a waiting
+// plugin run out before its turn.
 
 import { constants } from 'node:fs';
 import { chmod, lstat, mkdir, open, stat, unlink } from 'node:fs/promises';
 import type net from 'node:net';
 import path from 'node:path';
+import { untrustedDirChain } from '../../cni-plugin/shared/trustedpath.ts';
 import { scope } from './logging.ts';
 
 const log = scope('monitoring');
@@ -80,6 +83,16 @@ export async function listenUnix(
 ): Promise<() => Promise<void>> {
   const dir = path.dirname(address);
   const created = await mkdir(dir, { recursive: true, mode: 0o750 });
+  // Whoever can write a dir on the way can move our socket (or a dir above it) aside and answer
+  // the root plugin in our place: such a path is refused before anything listens there.
+  const untrusted = untrustedDirChain(dir);
+  if (untrusted !== null) {
+    throw new Error(
+      `cannot serve ${what} on ${address}: ${untrusted}, so another user could put a socket of theirs in ` +
+        `ours' place and answer the plugin; choose a ${flag} whose directories are root's and writable by ` +
+        'root alone (the default /var/run/mesh-cni is; README "Security: the trust model")',
+    );
+  }
   await tightenRunDir(dir, created !== undefined);
   const existing = await lstat(address).catch((e: NodeJS.ErrnoException) => {
     if (e.code === 'ENOENT') return undefined;

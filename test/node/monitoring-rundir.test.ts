@@ -1,6 +1,7 @@
 // The run dir holding the agent's sockets: README and SPEC say 0600 sockets in a 0750 dir, but
 // the DaemonSet's hostPath (DirectoryOrCreate) makes /var/run/mesh-cni 0755 before the agent
-// starts. listenUnix tightens a root-owned real dir it finds, and leaves a link or shared dir.
+// starts. listenUnix tightens a root-owned real dir it finds, and leaves a link (a shared dir it
+// refuses: test/node/socket-trust.test.ts).
 
 import assert from 'node:assert/strict';
 import { lstatSync, mkdirSync, statSync, symlinkSync } from 'node:fs';
@@ -51,11 +52,11 @@ describe("the run dir of the agent's sockets", () => {
     assert.ok(lstatSync(link).isSymbolicLink());
   });
 
-  it('a shared dir (sticky, writable by all: /tmp) is left as it is', async () => {
+  it('a shared dir (sticky, writable by all: /tmp) is refused, and left as it is', async () => {
     const dir = path.join(tmp.dir, 'shared');
     mkdirSync(dir);
     await fs.chmod(dir, 0o1777);
-    await serveIn(dir);
+    await assert.rejects(serveIn(dir), /is a shared directory \(sticky/);
     assert.equal(statSync(dir).mode & 0o7777, 0o1777);
   });
 });
