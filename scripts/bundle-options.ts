@@ -3,6 +3,7 @@
 
 import type { BuildOptions } from 'esbuild';
 import { builtinsByRequire } from './builtins-by-require.ts';
+import { lazyModules } from './lazy-modules.ts';
 import { slimClientNode } from './slim-client-node.ts';
 
 export interface BuildInfo {
@@ -31,9 +32,10 @@ export function bundleOptions(format: 'esm' | 'cjs', buildInfo: BuildInfo): Buil
     // whatwg-url (under client-node's node-fetch) requires Node's deprecated built-in punycode,
     // which prints a DEP0040 warning at every agent start; the userland package is the same code.
     alias: { punycode: 'punycode/' },
-    // The agent: only the parts of client-node it runs (see slim-client-node.ts), and built-ins
-    // loaded without an ESM facade (see builtins-by-require.ts).
-    plugins: format === 'esm' ? [slimClientNode(), builtinsByRequire()] : [],
+    // The agent: only the parts of client-node it runs (see slim-client-node.ts), built-ins
+    // loaded without an ESM facade (see builtins-by-require.ts), and what only some paths use
+    // loaded on first use (see lazy-modules.ts).
+    plugins: format === 'esm' ? [slimClientNode(), builtinsByRequire(), lazyModules()] : [],
     logLevel: 'warning',
   };
 }

@@ -1,9 +1,11 @@
 // What the shipped agent bundle costs at start-up, as structure (speed is the install benchmark's,
 // `npm run bench -- install`, PARTS=ready): the bundle is built here with the shipped options
-// (scripts/bundle-options.ts), then
-//  - run to ready, where it must not have loaded undici: an ES import of node:http builds an
+// (scripts/bundle-options.ts), each package of scripts/lazy-modules.ts marking when it is
+// evaluated, then
+//  - run to ready, where it must not have loaded undici (an ES import of node:http builds an
 //    ESM facade that reads every export, and some of node:http's load all of undici, which the
-//    agent never uses (scripts/builtins-by-require.ts);
+//    agent never uses: scripts/builtins-by-require.ts), nor evaluated the packages only some
+//    paths use (scripts/lazy-modules.ts), which must still load when used;
 //  - its code cache made as the build makes it (scripts/compile-cache.ts), moved with the bundle
 //    to another dir as the image does, and taken there: Node writes nothing new into it.
 
@@ -15,7 +17,9 @@ import os from 'node:os';
 import path from 'node:path';
 import { after, before, describe, it } from 'node:test';
 import * as esbuild from 'esbuild';
+import type { Plugin } from 'esbuild';
 import { bundleOptions } from '../../scripts/bundle-options.ts';
+import { LAZY } from '../../scripts/lazy-modules.ts';
 import { compileCacheEnv, makeCompileCache } from '../../scripts/compile-cache.ts';
 import { cleanupAfterEach } from '../helpers/cleanup.ts';
 import { ROOT } from '../helpers/cli.ts';
@@ -32,10 +36,37 @@ function bundleDir(): string {
   return dir;
 }
 
+/** The packages of LAZY, each pushing its name onto globalThis.__meshEvaluated when evaluated. */
+function markEvaluation(): Plugin {
+  const files = new Map<string, string>();
+  return {
+    name: 'mark-evaluation',
+    setup(build) {
+      build.onResolve({ filter: /.*/ }, async (a) => {
+        if (!Object.hasOwn(LAZY, a.path) || a.pluginData === 'marked') return undefined;
+        const r = await build.resolve(a.path, { kind: a.kind, resolveDir: a.resolveDir, pluginData: 'marked' });
+        files.set(r.path, a.path);
+        return r;
+      });
+      build.onLoad({ filter: /\.m?js$/ }, async (a) => {
+        const name = files.get(a.path);
+        if (name === undefined) return undefined;
+        const text = await fs.readFile(a.path, 'utf8');
+        return {
+          contents: `(globalThis.__meshEvaluated ??= []).push(${JSON.stringify(name)});\n${text}`,
+          loader: 'js',
+        };
+      });
+    },
+  };
+}
+
 before(async () => {
   buildDir = bundleDir();
+  const options = bundleOptions('esm', { version: 'test', gitCommit: 'test', buildTime: new Date(0).toISOString() });
   const result = await esbuild.build({
-    ...bundleOptions('esm', { version: 'test', gitCommit: 'test', buildTime: new Date(0).toISOString() }),
+    ...options,
+    plugins: [...(options.plugins ?? []), markEvaluation()],
     entryPoints: [path.join(ROOT, 'src/cmd/install-cni-main.ts')],
     outfile: path.join(buildDir, 'install-cni.js'),
   });
@@ -53,7 +84,7 @@ function listing(dir: string): string[] {
 }
 
 describe('the agent bundle at start-up', () => {
-  it('gets ready without loading undici', async () => {
+  it('gets ready without loading undici, or the packages only some paths use', async () => {
     const tree = await makeHostTreeFor(defer);
     await fs.writeFile(path.join(tree.netDir, '10-bridge.conflist'), BRIDGE_CONFLIST);
     const out = path.join(tree.root, 'modules.json');
@@ -61,7 +92,7 @@ describe('the agent bundle at start-up', () => {
     const hook = path.join(tree.root, 'modules-hook.cjs');
     await fs.writeFile(
       hook,
-      `process.on('SIGUSR2', () => require('node:fs').writeFileSync(${JSON.stringify(out)}, JSON.stringify(process.moduleLoadList)));\n`,
+      `process.on('SIGUSR2', () => require('node:fs').writeFileSync(${JSON.stringify(out)}, JSON.stringify({ builtins: process.moduleLoadList, evaluated: globalThis.__meshEvaluated ?? [] })));\n`,
     );
     const args = Object.entries({
       ...tree.flags,
@@ -104,14 +135,38 @@ describe('the agent bundle at start-up', () => {
       context,
     });
     child.kill('SIGUSR2');
-    const loaded = await waitFor('the list of loaded modules', () =>
-      existsSync(out) ? (JSON.parse(readFileSync(out, 'utf8')) as string[]) : undefined,
+    const { builtins, evaluated } = await waitFor('the list of loaded modules', () =>
+      existsSync(out)
+        ? (JSON.parse(readFileSync(out, 'utf8')) as { builtins: string[]; evaluated: string[] })
+        : undefined,
     );
-    assert.ok(loaded.includes('NativeModule http'), 'the list is of this agent (node:http is loaded)');
+    assert.ok(builtins.includes('NativeModule http'), 'the list is of this agent (node:http is loaded)');
     assert.deepEqual(
-      loaded.filter((m) => m.includes('undici')),
+      builtins.filter((m) => m.includes('undici')),
       [],
       'undici was loaded on the way to ready: is a built-in imported as an ES module (an ESM facade)?',
+    );
+    assert.deepEqual(evaluated, [], 'evaluated on the way to ready, though only some paths use it');
+  });
+
+  it('loads a package only some paths use when one does (version -o yaml)', () => {
+    const hook = path.join(buildDir, 'evaluated-hook.cjs');
+    writeFileSync(
+      hook,
+      `process.on('exit', () => process.stderr.write(JSON.stringify(globalThis.__meshEvaluated ?? [])));\n`,
+    );
+    const r = spawnSync(
+      process.execPath,
+      ['--require', hook, path.join(buildDir, 'install-cni.js'), 'version', '-o', 'yaml'],
+      {
+        encoding: 'utf8',
+      },
+    );
+    assert.equal(r.status, 0, r.stderr);
+    assert.match(r.stdout, /^version: test$/m);
+    assert.ok(
+      (JSON.parse(r.stderr) as string[]).includes('yaml'),
+      'yaml was not marked evaluated though used: the marks do not work, and the test above proves nothing',
     );
   });
 
