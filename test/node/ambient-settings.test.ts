@@ -122,6 +122,9 @@ describe('ambient settings', () => {
     [{ 'host-probe-snat-ip': '169.254.7' }, NODE, /"169\.254\.7" for --host-probe-snat-ip: expected an IPv4 address/],
     [{ 'host-probe-snat-ip': 'fd00::1' }, NODE, /--host-probe-snat-ip.*IPv4/],
     [{}, { ...NODE, HOST_PROBE_SNAT_IPV6: '169.254.7.127' }, /env HOST_PROBE_SNAT_IPV6.*IPv6/],
+    [{ 'host-probe-snat-ipv6': 'fe80::1%eth0' }, NODE, /--host-probe-snat-ipv6: expected an IPv6 address/],
+    [{ 'host-probe-snat-ipv6': 'fd00::1]/x' }, NODE, /--host-probe-snat-ipv6: expected an IPv6 address/],
+    [{ 'host-probe-snat-ipv6': 'fd00::1::2' }, NODE, /--host-probe-snat-ipv6: expected an IPv6 address/],
     [{ 'ambient-dns-capture': 'maybe' }, NODE, /--ambient-dns-capture/],
   ];
   for (const [flags, env, re] of bad) {
