@@ -2,9 +2,11 @@
 //  1. how fast our entry is back after the primary CNI rewrites its config without it, and how
 //     many writes that costs (the real install-cni process with its watches, against a loop
 //     that polls every 100 ms);
-//  2. exec to /readyz 200 with the real 126 MB plugin (dist/bin/mesh-cni): binaries already
-//     installed, and from an empty bin dir, beside `node -e 0`; and how fast a primary rewrite
-//     right after ready is repaired;
+//  2. exec to /readyz 200 with the real plugin (dist/bin/mesh-cni) and the bundle's code cache
+//     as the image runs them: binaries already installed (a restart), and from an empty bin dir,
+//     medians beside `node -e 0` in the same run (the ratio holds better than the absolute on a
+//     shared machine), with the load average and the agent's CPU time to ready; and how fast a
+//     primary rewrite right after ready is repaired;
 //  3. churn: the agent's CPU (user+sys / wall) while another conflist is rewritten every
 //     millisecond, and at steady state with 10,000 config files in the net dir (plus the time
 //     to restore our entry there), against a naive loop that re-reads every file of the dir on
@@ -14,13 +16,15 @@
 //     into the primary and with our own file (--mesh-owned-cni-config), from the same storm.
 //
 //   npm run build && npm run bench -- install      (REWRITES=200, RUNS=5, CHURN_S=5 by default;
-//                                                   STORM_REWRITES=1000;
+//                                                   STORM_REWRITES=1000; READY_RUNS=15;
+//                                                   BUNDLE=<path> another agent build for part 2;
 //                                                   PARTS=restore,ready,churn,storm picks parts)
 
 import { spawn, type ChildProcess } from 'node:child_process';
-import { existsSync, readFileSync, watch } from 'node:fs';
+import { existsSync, readdirSync, readFileSync, watch } from 'node:fs';
 import fs from 'node:fs/promises';
 import net from 'node:net';
+import os from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { spawnAgent } from '../../test/helpers/agent.ts';
@@ -28,9 +32,12 @@ import { ROOT } from '../../test/helpers/cli.ts';
 import { pct } from './lib/stats.ts';
 import { benchStorm } from './lib/storm.ts';
 import { BRIDGE_CONFLIST, makeHostTree, type HostTree } from '../../test/helpers/hosttree.ts';
+import { COMPILE_CACHE_DIR, compileCacheEnv } from '../compile-cache.ts';
 
 const REWRITES = Number(process.env.REWRITES ?? 200);
 const RUNS = Number(process.env.RUNS ?? 5);
+/** Runs of exec to ready: enough for a median on a machine others share. */
+const READY_RUNS = Number(process.env.READY_RUNS ?? 15);
 const CHURN_S = Number(process.env.CHURN_S ?? 5);
 /** Which parts to run (comma-separated): restore, ready, churn. */
 const PARTS = new Set((process.env.PARTS ?? 'restore,ready,churn,storm').split(','));
@@ -160,7 +167,8 @@ async function runPoller(): Promise<Result> {
 
 // ---- 2. exec to ready, with the real plugin binary
 
-const BUNDLE = path.join(ROOT, 'dist/install-cni.js');
+/** BUNDLE=<path>: another build of the agent (an older commit's, to compare), with its compile-cache/ beside it. */
+const BUNDLE = path.resolve(process.env.BUNDLE ?? path.join(ROOT, 'dist/install-cni.js'));
 const PLUGIN_DIR = path.join(ROOT, 'dist/bin');
 
 async function freePort(): Promise<number> {
@@ -203,12 +211,31 @@ async function stopChild(child: ChildProcess): Promise<void> {
   clearTimeout(t);
 }
 
-/** exec of the bundle to the first /readyz 200; then how long a primary rewrite takes to repair. */
-async function execToReady(tree: HostTree): Promise<{ readyMs: number; repairMs: number }> {
+/** CPU time (user+sys, every thread) a process has had so far, in ms: /proc/<pid>/task/<tid>/schedstat, in ns. */
+function cpuMsSoFar(pid: number): number {
+  let ns = 0;
+  for (const tid of readdirSync(`/proc/${pid}/task`)) {
+    try {
+      ns += Number(readFileSync(`/proc/${pid}/task/${tid}/schedstat`, 'utf8').split(' ')[0]);
+    } catch {
+      // the thread ended between the listing and the read
+    }
+  }
+  return ns / 1e6;
+}
+
+/** The bundle's code cache, as the image uses it (scripts/compile-cache.ts); none if not built. */
+const CACHE_ENV = existsSync(path.join(path.dirname(BUNDLE), COMPILE_CACHE_DIR)) ? compileCacheEnv(BUNDLE) : {};
+
+/**
+ * exec of the bundle to the first /readyz 200 (and the agent's CPU time by then); then how long a
+ * primary rewrite takes to repair.
+ */
+async function execToReady(tree: HostTree): Promise<{ readyMs: number; cpuMs: number; repairMs: number }> {
   const port = await freePort();
   const t0 = performance.now();
   const child = spawn(process.execPath, [BUNDLE, ...agentArgs(tree, port)], {
-    env: { PATH: process.env.PATH ?? '/usr/bin:/bin', ...tree.env },
+    env: { PATH: process.env.PATH ?? '/usr/bin:/bin', ...tree.env, ...CACHE_ENV },
     stdio: ['ignore', 'ignore', 'inherit'],
   });
   try {
@@ -219,12 +246,13 @@ async function execToReady(tree: HostTree): Promise<{ readyMs: number; repairMs:
       await sleep(5);
     }
     const readyMs = performance.now() - t0;
+    const cpuMs = cpuMsSoFar(child.pid!);
     // Right after ready, the window in which a follow-up pass used to re-hash both binaries.
     const primary = path.join(tree.netDir, '10-bridge.conflist');
     await fs.writeFile(primary, BRIDGE_CONFLIST);
     const t1 = performance.now();
     while (!hasEntry(primary) && performance.now() - t1 < 10_000) await sleep(1);
-    return { readyMs, repairMs: performance.now() - t1 };
+    return { readyMs, cpuMs, repairMs: performance.now() - t1 };
   } finally {
     await stopChild(child);
   }
@@ -237,45 +265,68 @@ async function nodeBaseline(): Promise<number> {
   return performance.now() - t0;
 }
 
+const READY_TARGET_MS = 300;
+const EMPTY_TARGET_MS = 500;
+
 async function benchExecToReady(): Promise<void> {
   if (!existsSync(BUNDLE) || !existsSync(path.join(PLUGIN_DIR, 'mesh-cni'))) {
-    console.log('\nexec to ready: skipped, run npm run build first (needs dist/install-cni.js and dist/bin/mesh-cni)');
+    console.log(`\nexec to ready: skipped, run npm run build first (needs ${BUNDLE} and dist/bin/mesh-cni)`);
     return;
   }
   const size = (await fs.stat(path.join(PLUGIN_DIR, 'mesh-cni'))).size;
-  const rows: { name: string; ready: number[]; repair: number[] }[] = [
-    { name: 'node -e 0 (exec to exit)', ready: [], repair: [] },
-    { name: 'install-cni, primary present, binaries already installed', ready: [], repair: [] },
-    { name: 'install-cni, primary present, empty bin dir', ready: [], repair: [] },
-  ];
-  for (let i = 0; i < RUNS; i++) {
-    rows[0]!.ready.push(await nodeBaseline());
+  interface Row {
+    readonly name: string;
+    readonly ready: number[];
+    readonly cpu: number[];
+    readonly repair: number[];
+  }
+  const row = (name: string): Row => ({ name, ready: [], cpu: [], repair: [] });
+  const rows = [
+    row('node -e 0 (exec to exit): the floor'),
+    row('install-cni, primary present, binaries already installed (a restart)'),
+    row('install-cni, primary present, empty bin dir'),
+  ] as const;
+  const loadBefore = os.loadavg();
+  for (let i = 0; i < READY_RUNS; i++) {
+    rows[0].ready.push(await nodeBaseline());
     const tree = await prepare();
     try {
-      const fresh = await execToReady(tree);
-      rows[2]!.ready.push(fresh.readyMs);
-      rows[2]!.repair.push(fresh.repairMs);
-      // The same tree again: binary, orchconfig and entry are in place from the run before.
-      const again = await execToReady(tree);
-      rows[1]!.ready.push(again.readyMs);
-      rows[1]!.repair.push(again.repairMs);
+      for (const [r, run] of [
+        [rows[2], await execToReady(tree)],
+        // The same tree again: binary, orchconfig and entry are in place from the run before.
+        [rows[1], await execToReady(tree)],
+      ] as const) {
+        r.ready.push(run.readyMs);
+        r.cpu.push(run.cpuMs);
+        r.repair.push(run.repairMs);
+      }
     } finally {
       await tree.remove();
     }
   }
+  const loadAfter = os.loadavg();
+  const floor = pct(rows[0].ready, 50);
+  const load = (l: number[]) => l.map((x) => x.toFixed(2)).join(', ');
   console.log(
-    `\nexec to /readyz 200 (dist/install-cni.js, plugin ${(size / 1e6).toFixed(0)} MB), ${RUNS} runs each; then a primary rewrite right after ready, time until our entry is back:\n`,
+    `\nexec to /readyz 200 (${path.relative(ROOT, BUNDLE)}${CACHE_ENV.NODE_COMPILE_CACHE ? ' with its code cache, as the image runs it' : ', NO code cache: npm run build makes it'}, plugin ${(size / 1e6).toFixed(0)} MB), ${READY_RUNS} runs each, ${os.cpus().length} CPUs, load average ${load(loadBefore)} before and ${load(loadAfter)} after; then a primary rewrite right after ready, time until our entry is back:\n`,
   );
-  console.log('| case | ready p50 ms | ready max ms | repair after ready p50 ms | repair max ms |');
-  console.log('|---|---|---|---|---|');
+  console.log(
+    '| case | ready p50 ms | x floor | ready p25-p75 ms | ready max ms | CPU to ready p50 ms | repair after ready p50 ms | repair max ms |',
+  );
+  console.log('|---|---|---|---|---|---|---|---|');
   for (const r of rows) {
     const rep = r.repair.length ? `${pct(r.repair, 50).toFixed(1)} | ${Math.max(...r.repair).toFixed(1)}` : '- | -';
-    console.log(`| ${r.name} | ${pct(r.ready, 50).toFixed(0)} | ${Math.max(...r.ready).toFixed(0)} | ${rep} |`);
+    const cpu = r.cpu.length ? pct(r.cpu, 50).toFixed(0) : '-';
+    console.log(
+      `| ${r.name} | ${pct(r.ready, 50).toFixed(0)} | ${(pct(r.ready, 50) / floor).toFixed(1)} | ${pct(r.ready, 25).toFixed(0)}-${pct(r.ready, 75).toFixed(0)} | ${Math.max(...r.ready).toFixed(0)} | ${cpu} | ${rep} |`,
+    );
   }
-  const installed = pct(rows[1]!.ready, 50);
-  const empty = pct(rows[2]!.ready, 50);
+  const installed = pct(rows[1].ready, 50);
+  const empty = pct(rows[2].ready, 50);
+  // The absolute target was set on a quiet machine with a floor of ~30 ms: on a loaded one both
+  // grow, so the ratio to the floor of the same run is printed beside it.
   console.log(
-    `\ntarget: ready <= 300 ms with binaries installed (${installed.toFixed(0)}), <= 500 ms from an empty bin dir (${empty.toFixed(0)}): ${installed <= 300 && empty <= 500 ? 'met' : 'NOT met'}`,
+    `\ntarget: ready p50 <= ${READY_TARGET_MS} ms with binaries installed (${installed.toFixed(0)} ms, ${(installed / floor).toFixed(1)}x the floor of ${floor.toFixed(0)} ms), <= ${EMPTY_TARGET_MS} ms from an empty bin dir (${empty.toFixed(0)} ms, ${(empty / floor).toFixed(1)}x): ${installed <= READY_TARGET_MS && empty <= EMPTY_TARGET_MS ? 'met' : 'NOT met'}`,
   );
 }
 
