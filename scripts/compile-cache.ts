@@ -14,7 +14,7 @@
 // where scripts/image.sh copies dist/compile-cache and sets the same two variables.
 
 import { spawnSync } from 'node:child_process';
-import { rmSync } from 'node:fs';
+import { cpSync, readdirSync, rmSync } from 'node:fs';
 import path from 'node:path';
 
 /** The cache dir's name, beside the bundle (dist/compile-cache, /opt/mesh-cni/compile-cache). */
@@ -41,4 +41,18 @@ export function makeCompileCache(bundle: string): void {
   });
   if (r.status !== 0)
     throw new Error(`compile cache: ${bundle} version failed (${r.status ?? r.signal}): ${r.stderr.trim()}`);
+  // Node keeps a dir per user (<version>-<arch>-<V8 tag>-<uid>), and the agent runs as root: a
+  // build by another user makes root's too (the entries do not depend on the user).
+  const uid = process.getuid?.() ?? 0;
+  if (uid === 0) return;
+  for (const dir of readdirSync(env.NODE_COMPILE_CACHE!)) {
+    if (dir.endsWith(`-${uid}`))
+      cpSync(
+        path.join(env.NODE_COMPILE_CACHE!, dir),
+        path.join(env.NODE_COMPILE_CACHE!, `${dir.slice(0, -`${uid}`.length)}0`),
+        {
+          recursive: true,
+        },
+      );
+  }
 }

@@ -11,7 +11,16 @@
 
 import assert from 'node:assert/strict';
 import { spawn, spawnSync } from 'node:child_process';
-import { cpSync, existsSync, mkdtempSync, readdirSync, readFileSync, statSync, writeFileSync } from 'node:fs';
+import {
+  chmodSync,
+  cpSync,
+  existsSync,
+  mkdtempSync,
+  readdirSync,
+  readFileSync,
+  statSync,
+  writeFileSync,
+} from 'node:fs';
 import fs from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
@@ -188,5 +197,27 @@ describe('the agent bundle at start-up', () => {
     assert.equal(r.status, 0, r.stderr);
     // A miss (another path, Node or flags) or a rejected entry is compiled and written anew.
     assert.deepEqual(listing(cache), before, 'the cache was not taken: Node wrote to it');
+  });
+
+  it("its code cache made by a build run as another user serves root, the agent's user", () => {
+    // The build need not run as root; Node keeps a cache dir per user.
+    const made = bundleDir();
+    defer(() => fs.rm(made, { recursive: true, force: true }));
+    cpSync(path.join(buildDir, 'install-cni.js'), path.join(made, 'install-cni.js'));
+    chmodSync(made, 0o777);
+    const make = `import { makeCompileCache } from ${JSON.stringify(path.join(ROOT, 'scripts/compile-cache.ts'))};
+makeCompileCache(${JSON.stringify(path.join(made, 'install-cni.js'))});`;
+    const r = spawnSync('runuser', ['-u', 'nobody', '--', process.execPath, '--input-type=module', '-e', make], {
+      encoding: 'utf8',
+    });
+    assert.equal(r.status, 0, r.stderr);
+    const cache = compileCacheEnv(path.join(made, 'install-cni.js')).NODE_COMPILE_CACHE!;
+    const before = listing(cache);
+    const v = spawnSync(process.execPath, [path.join(made, 'install-cni.js'), 'version', '--short'], {
+      env: { PATH: process.env.PATH ?? '/usr/bin:/bin', ...compileCacheEnv(path.join(made, 'install-cni.js')) },
+      encoding: 'utf8',
+    });
+    assert.equal(v.status, 0, v.stderr);
+    assert.deepEqual(listing(cache), before, 'root found no cache of its own: Node wrote one');
   });
 });
