@@ -5,7 +5,7 @@
 import fsp from 'node:fs/promises';
 import path from 'node:path';
 import { netnsAddresses } from './addresses.ts';
-import { nsKey, openNetns, sameNs, type HeldNetns, type NsId } from './held.ts';
+import { NSFS_MAGIC, nsKey, openNetns, sameNs, type HeldNetns, type NsId } from './held.ts';
 import {
   canonicalPodIps,
   chooseNetns,
@@ -27,9 +27,6 @@ export type FindFailure = 'no_netns' | 'ip_mismatch';
 export type FindResult =
   | { readonly ok: true; readonly netns: HeldNetns }
   | { readonly ok: false; readonly reason: FindFailure; readonly detail: string };
-
-/** statfs type of a namespace file (NSFS_MAGIC). */
-const NSFS_MAGIC = 0x6e736673n;
 
 /**
  * The host netns' identity. Never guessed: without it the host netns could be taken for a

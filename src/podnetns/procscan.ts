@@ -11,6 +11,7 @@ import fs from 'node:fs';
 import fsp from 'node:fs/promises';
 import path from 'node:path';
 import { podUidFromCgroup } from './cgroup.ts';
+import { fileKind } from './filekind.ts';
 import { nsKey, sameNs, type NsId } from './held.ts';
 import { canonicalIp } from './addresses.ts';
 
@@ -47,13 +48,22 @@ const gone = (e: unknown) => {
 };
 
 /**
+ * Read-only, non-blocking (a FIFO mounted over a /proc entry must not wait for a writer: this
+ * read runs on the event loop itself), never a controlling terminal.
+ */
+const READ_FLAGS = fs.constants.O_RDONLY | fs.constants.O_NONBLOCK | fs.constants.O_NOCTTY;
+
+/**
  * The file's text, at most `max` bytes (more throws), into `buf` (max + 1 bytes, reused). Sync:
  * reading /proc is a few microseconds of CPU a file; through the thread pool it costs several
- * times that, and the scan yields between batches instead (scanPodProcesses).
+ * times that, and the scan yields between batches instead (scanPodProcesses). Only a regular
+ * file is read (every /proc file is one), checked on the fd.
  */
 function readBounded(file: string, buf: Buffer, max: number): string {
-  const fd = fs.openSync(file, 'r');
+  const fd = fs.openSync(file, READ_FLAGS);
   try {
+    const st = fs.fstatSync(fd);
+    if (!st.isFile()) throw new Error(`${file} is ${fileKind(st.mode)}, not a file of /proc; not read`);
     let n = 0;
     for (;;) {
       const got = fs.readSync(fd, buf, n, buf.length - n, null);

@@ -4,7 +4,7 @@
 // failures and their messages, and that no fd is left open. Root.
 
 import assert from 'node:assert/strict';
-import { spawnSync } from 'node:child_process';
+import { spawn, spawnSync } from 'node:child_process';
 import {
   closeSync,
   existsSync,
@@ -247,6 +247,36 @@ describe('findPodNetns over a fake /proc', () => {
     assert.match(r.detail, /\/103\/cgroup is longer than 65536 bytes/);
   });
 
+  it('a FIFO or a device where /proc/<pid>/cgroup or stat should be: counted unreadable by kind, never waited on', async () => {
+    const pod = netnsWith('pod', [POD_IP]);
+    const p = fakeProc()
+      .add({ pid: 100, cgroup: '', starttime: 200, netns: pod.path })
+      .add({ pid: 101, cgroup: '', starttime: 300, netns: pod.path })
+      .add({ pid: 102, cgroup: cgroupV2(kubepodsPath(UID, SANDBOX_CID)), starttime: 100, netns: pod.path });
+    const fifo = path.join(p.dir, '100', 'cgroup');
+    rmSync(fifo);
+    spawnSync('mkfifo', [fifo]);
+    rmSync(path.join(p.dir, '101', 'cgroup'));
+    spawnSync('mknod', [path.join(p.dir, '101', 'cgroup'), 'c', '1', '5']);
+    rmSync(path.join(p.dir, '102', 'stat'));
+    spawnSync('mkfifo', [path.join(p.dir, '102', 'stat')]);
+    // A reader that waited on a FIFO here would block the event loop itself (the scan reads
+    // synchronously): a writer that opens each FIFO once lets such a reader go, so that a scan
+    // that waits fails this test instead of hanging it.
+    for (const f of [fifo, path.join(p.dir, '102', 'stat')]) {
+      const writer = spawn('sh', ['-c', 'exec 3>"$0"', f], { stdio: 'ignore' });
+      defer(async () => void writer.kill('SIGKILL'));
+    }
+    const before = fdSnapshot();
+    const r = await find(UID, [POD_IP], opts(p));
+    assert.ok(!r.ok, show(r));
+    assert.match(r.detail, /3 unreadable: /);
+    assert.match(r.detail, /\/100\/cgroup is a FIFO, not a file of \/proc; not read/);
+    assert.match(r.detail, /\/101\/cgroup is a character device, not a file of \/proc; not read/);
+    assert.match(r.detail, /\/102\/stat is a FIFO, not a file of \/proc; not read/);
+    assert.deepEqual(fdsOpenedSince(before), []);
+  });
+
   it('a netns link that stats but cannot be opened (a socket here; EACCES without CAP_SYS_PTRACE): no_netns saying why', async () => {
     const p = fakeProc();
     const sock = path.join(p.dir, 'not-a-netns.sock');
@@ -258,7 +288,10 @@ describe('findPodNetns over a fake /proc', () => {
     const r = await find(UID, [POD_IP], opts(p));
     assert.ok(!r.ok);
     assert.equal(r.reason, 'no_netns');
-    assert.match(r.detail, /the pod's netns could not be opened: netns inode \d+ \(pid 100\): ENXIO/);
+    assert.match(
+      r.detail,
+      /the pod's netns could not be opened: netns inode \d+ \(pid 100\): \S+\/100\/ns\/net is a socket, not a network namespace file/,
+    );
     assert.deepEqual(fdsOpenedSince(before), []);
   });
 
