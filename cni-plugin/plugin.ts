@@ -6,7 +6,7 @@ import { CniError, CNI_ERROR } from './cni/errors.ts';
 import type { CniRequest } from './cni/protocol.ts';
 import { convertResult, resultFamilies } from './cni/result.ts';
 import type { UdsLog } from './log/udslog.ts';
-import { netnsExists, notAPodNetns } from './netns/guard.ts';
+import { netnsExists, notANamespaceFile, notAPodNetns } from './netns/guard.ts';
 import type { Flavour } from './netns/iptables.ts';
 import { orchAccessForPod, readOrchconfig } from './orch/orchconfig.ts';
 import type { Family } from './redirect/net.ts';
@@ -241,6 +241,12 @@ export async function cmdCheck(req: CniRequest, log: UdsLog): Promise<void> {
 export async function cmdDel(req: CniRequest, log: UdsLog): Promise<void> {
   if (!netnsExists(req.netns)) {
     log.debug('netns already gone', { netns: req.netns });
+    return;
+  }
+  // A FIFO, a directory, an unmounted netns file: no rule of ours can be in it.
+  const notNs = notANamespaceFile(req.netns);
+  if (notNs !== null) {
+    log.debug('nothing to remove: CNI_NETNS is no netns', { netns: req.netns, is: notNs });
     return;
   }
   refuseHostNetns(req);

@@ -3,9 +3,10 @@
 // plugin itself runs in, or PID 1's, is a mistake or an attack, and without this check ADD would
 // put redirect rules on the node itself and DEL would remove rules there. A netns is known by
 // the device and inode of its nsfs file, whatever path (bind mount under /run/netns, /proc/<pid>
-// link) reaches it.
+// link) reaches it. Nor is anything touched that is no namespace file at all: nsenter would wait
+// in its open of a FIFO until its time limit, and a directory or a plain file cannot be entered.
 
-import { existsSync, statSync, type BigIntStats } from 'node:fs';
+import { existsSync, statfsSync, statSync, type BigIntStats } from 'node:fs';
 
 /** Network namespaces that are never a pod's, by the /proc link that names them. */
 const NOT_A_POD: readonly (readonly [string, string])[] = [
@@ -21,6 +22,31 @@ function nsfsId(p: string): BigIntStats | null {
   }
 }
 
+/** statfs type of a namespace file (NSFS_MAGIC). */
+const NSFS_MAGIC = 0x6e736673;
+
+/**
+ * What is at `netns` when it is no namespace file ("a FIFO, not a network namespace file"), null
+ * when it is one or nothing is there. By path, never opened: opening a FIFO waits for a writer.
+ */
+export function notANamespaceFile(netns: string): string | null {
+  const st = nsfsId(netns);
+  if (st === null) return null;
+  let kind: string | null = null;
+  if (st.isFIFO()) kind = 'a FIFO';
+  else if (st.isDirectory()) kind = 'a directory';
+  else if (st.isCharacterDevice() || st.isBlockDevice()) kind = 'a device';
+  else if (st.isSocket()) kind = 'a socket';
+  else {
+    try {
+      if (statfsSync(netns).type !== NSFS_MAGIC) kind = 'a regular file outside nsfs';
+    } catch {
+      return null;
+    }
+  }
+  return kind === null ? null : `${kind}, not a network namespace file`;
+}
+
 /** The netns path is there (a DEL after the runtime removed it finds nothing to do). Here, not in
  * iptables.ts, so the short calls answer without loading the iptables code (issue 20). */
 export function netnsExists(netns: string): boolean {
@@ -31,6 +57,8 @@ export function netnsExists(netns: string): boolean {
 export function notAPodNetns(netns: string): string | null {
   const target = nsfsId(netns);
   if (target === null) return null;
+  const notNs = notANamespaceFile(netns);
+  if (notNs !== null) return notNs;
   for (const [link, what] of NOT_A_POD) {
     const s = nsfsId(link);
     if (s !== null && s.dev === target.dev && s.ino === target.ino) return what;

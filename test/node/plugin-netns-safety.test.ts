@@ -8,6 +8,8 @@
 //   namespace): were the guard missing, only those would change, never this machine's netns.
 
 import assert from 'node:assert/strict';
+import { execFileSync } from 'node:child_process';
+import { mkdirSync, mkdtempSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 import { after, before, describe, it } from 'node:test';
 import type { Component } from '../../src/component.ts';
@@ -235,6 +237,33 @@ describe("mesh-cni refuses a netns that is not a pod's", () => {
       input: JSON.stringify(stdin()),
     });
   }
+
+  it('a CNI_NETNS that is no netns (a FIFO, a directory, a plain file): ADD and CHECK refused with code 4 saying what it is; DEL has nothing to do', async () => {
+    const dir = mkdtempSync(path.join(tmp.dir, 'not-netns-'));
+    const fifo = path.join(dir, 'fifo');
+    execFileSync('mkfifo', [fifo]);
+    const directory = path.join(dir, 'dir');
+    mkdirSync(directory);
+    // What a runtime's netns file is once unmounted: an empty file.
+    const file = path.join(dir, 'unmounted');
+    writeFileSync(file, '');
+    for (const [cniNetns, kind] of [
+      [fifo, 'a FIFO'],
+      [directory, 'a directory'],
+      [file, 'a regular file outside nsfs'],
+    ] as const) {
+      for (const command of ['ADD', 'CHECK']) {
+        const r = await plugin(command, cniNetns, ['env']);
+        assert.notEqual(r.code, 0, `${command} ${cniNetns}: ${r.stdout}${r.stderr}`);
+        const e = JSON.parse(r.stdout) as { code: number; msg: string; details: string };
+        assert.equal(e.code, 4, r.stdout);
+        assert.equal(e.msg, `CNI_NETNS ${cniNetns} is not a pod's network namespace; refusing to touch it`);
+        assert.match(e.details, new RegExp(`^it is ${kind}, not a network namespace file`));
+      }
+      const del = await plugin('DEL', cniNetns, ['env']);
+      assert.equal(del.code, 0, `DEL ${cniNetns}: ${del.stdout}${del.stderr}`);
+    }
+  });
 
   for (const command of ['ADD', 'CHECK', 'DEL']) {
     it(`${command}: its own netns, by bind mount and by /proc/self, is refused with code 4 and left as it was`, async () => {
