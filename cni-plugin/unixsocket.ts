@@ -4,6 +4,12 @@
 // 5 ms of CPU on a cold process, Bun.connect about 1 ms (`npm run bench -- plugin`, issue 20).
 // Under Node (the sources, a node-sea build) it is node:net. Both give the same events:
 // test/node/plugin-runtime-io.test.ts runs each case on both runtimes and compares.
+//
+// Before connecting, the path is checked (shared/trustedpath.ts): a socket that is not root's, or
+// that sits below a directory another user can write, may be someone's stand-in for the agent,
+// and is refused without a connection (README, "Security: the trust model").
+
+import { socketRefusal } from './shared/trustedpath.ts';
 
 export interface UnixSocketEvents {
   /** Connected: writes go out now. */
@@ -14,6 +20,12 @@ export interface UnixSocketEvents {
   error(message: string): void;
   /** The other end closed. */
   close(): void;
+  /**
+   * The socket is not to be trusted (why, with its path): not connected, nothing else is called.
+   * Unlike error(), never "the agent is not running": the caller must not go on as if it were.
+   * Without it, error() is called with the reason.
+   */
+  refused?(reason: string): void;
 }
 
 export interface UnixSocket {
@@ -36,6 +48,12 @@ interface BunConnect {
 
 /** Opens a connection to `path`; `unref`: it never keeps the process alive by itself. */
 export function connectUnix(path: string, on: UnixSocketEvents, { unref = false } = {}): UnixSocket {
+  const refusal = socketRefusal(path);
+  if (refusal !== null) {
+    // Called after connectUnix returns, as every other event is.
+    queueMicrotask(() => (on.refused ? on.refused(refusal) : on.error(refusal)));
+    return { write: () => {}, end: (done) => done(), destroy: () => {} };
+  }
   const bun = (globalThis as { Bun?: BunConnect }).Bun;
   return bun ? viaBun(bun, path, on, unref) : viaNode(path, on, unref);
 }

@@ -3,13 +3,15 @@
 // record a line, at most 16 KiB) is cni-plugin/shared/pluginlog.ts; lines below the entry's
 // `log_level` are not sent.
 //
-// Never blocks or fails the plugin: connect and write are fire-and-forget on an unref'd socket;
+// Never blocks or fails the plugin: connect and write are fire-and-forget on an unref'd socket
+// (one refused as untrusted, shared/trustedpath.ts, gets nothing, and stderr says why);
 // flush() waits at most a few ms and then lets the process exit, dropping what is unsent. The
 // socket is the runtime's own (unixsocket.ts): node:net under Bun costs ~3 ms of CPU to load.
 
 import { connectUnix, type UnixSocket } from '../unixsocket.ts';
 import { LEVEL_RANK as RANK, type EmitLevel as Level, type LogLevel } from '../shared/loglevels.ts';
 import { PLUGIN_LOG_MAX_LINE as MAX_LINE, PLUGIN_LOG_SCOPE, type PluginLogRecord } from '../shared/pluginlog.ts';
+import { fixTrust } from '../shared/trustedpath.ts';
 
 export interface LogContext {
   command: string;
@@ -98,6 +100,15 @@ export class UdsLog {
             settled();
           },
           close: () => {},
+          // Log lines name pods and what was done to them: not for whoever may be answering there.
+          refused: (reason) => {
+            this.#failed = true;
+            this.#lines.length = 0;
+            process.stderr.write(
+              `mesh-cni: error: not sending logs to ${this.#address}: ${reason}; ${fixTrust('--log-uds-address')}\n`,
+            );
+            settled();
+          },
         },
         { unref: true },
       );

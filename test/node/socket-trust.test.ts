@@ -6,6 +6,7 @@
 // start; the plugin must refuse to talk to what it finds there and fail the ADD (CNI error 11),
 // never take it as "the agent is not running". Then the path check itself, case by case.
 
+import type { V1Pod } from '@kubernetes/client-node';
 import assert from 'node:assert/strict';
 import { spawn, type ChildProcess } from 'node:child_process';
 import { chmodSync, chownSync, lchownSync, mkdirSync, symlinkSync } from 'node:fs';
@@ -19,8 +20,11 @@ import { configureLogging } from '../../src/monitoring/logging.ts';
 import { startPluginLogServer } from '../../src/monitoring/logserver.ts';
 import { listenUnix } from '../../src/monitoring/unixsocket.ts';
 import { socketRefusal, untrustedDirChain } from '../../cni-plugin/shared/trustedpath.ts';
+import { bunBinary } from '../../scripts/plugin-runtime.ts';
 import { startTestApiServer, type TestApiServer } from '../helpers/apiserver.ts';
-import { tempDir } from '../helpers/plugin.ts';
+import { ROOT } from '../helpers/cli.ts';
+import { BridgeNetwork, Netns, type ChainEnv } from '../helpers/netns.ts';
+import { k8sArgs, MESH_CNI_SOURCE, meshCni, meshPod, pluginConfig, tempDir } from '../helpers/plugin.ts';
 import { waitFor } from '../helpers/poll.ts';
 
 configureLogging(
@@ -212,6 +216,88 @@ describe('a socket another user can take over', () => {
         });
       }
     }
+  });
+
+  describe("the plugin refuses what answers there, and fails the pod's ADD", () => {
+    let api: TestApiServer;
+    let network: BridgeNetwork;
+    let orchconfig: string;
+    const netns: Netns[] = [];
+    const standIns: net.Server[] = [];
+    let id = 0;
+    const runtimes: [string, readonly string[]][] = [
+      ['node', MESH_CNI_SOURCE],
+      ['bun', [bunBinary(ROOT), path.join(ROOT, 'cni-plugin/main.ts')]],
+    ];
+
+    before(async () => {
+      api = await startTestApiServer();
+      orchconfig = api.writeOrchconfig(path.join(tmp.dir, 'ZZZ-mesh-cni-orchconfig'));
+      network = new BridgeNetwork('198.18.231.0/24');
+      api.upsertNamespace({ metadata: { name: 'amb', labels: { 'mesh.io/dataplane-mode': 'ambient' } } });
+    });
+    after(async () => {
+      for (const ns of netns) ns.remove();
+      network?.cleanup();
+      for (const s of standIns) s.close();
+      await api?.close();
+    });
+
+    /** The agent's socket as root served it there (an agent of before this check, say). */
+    async function agentSocket(sock: string, handler: (c: net.Socket) => void): Promise<void> {
+      const server = net.createServer(handler);
+      standIns.push(server);
+      await new Promise<void>((resolve) => server.listen(sock, resolve));
+    }
+
+    async function add(pod: V1Pod, extra: Record<string, unknown>, argv: readonly string[]) {
+      const stored = api.upsertPod(pod);
+      const ns = new Netns('trust');
+      netns.push(ns);
+      const ctr = `ctr${process.pid}t${++id}`;
+      const chain: ChainEnv = { containerId: ctr, netns: ns.path, ifname: 'eth0', args: k8sArgs(stored, ctr) };
+      const prev = await network.addPod(chain);
+      const run = await meshCni('ADD', chain, pluginConfig({ cniVersion: '1.0.0', orchconfig, extra }, prev), argv);
+      return { run, rules: ns.exec(['iptables-nft-save', '-t', 'nat']) };
+    }
+    const errorOf = (stdout: string) => JSON.parse(stdout) as { code: number; msg: string; details?: string };
+
+    for (const [runtime, argv] of runtimes) {
+      it(`${runtime}: a sidecar pod whose pod lookup socket was taken over is not started (no pod without its rules)`, async () => {
+        const dir = sharedDir('lookup');
+        const sock = path.join(dir, 'pods.sock');
+        await agentSocket(sock, (c) => c.end('{"miss":"the agent stand-in"}\n'));
+        const impostor = await takeOver(sock, sock, 'lookup');
+        const { run, rules } = await add(meshPod('shop', `lookup-${runtime}`), { pod_lookup_uds_address: sock }, argv);
+        const asked = impostor.asked();
+        impostor.stop();
+        assert.notEqual(
+          run.code,
+          0,
+          `ADD exited 0 after asking uid ${NOBODY}'s socket ${asked} time(s); rules: ${/MESH_/.test(rules) ? 'some' : 'none'}`,
+        );
+        const e = errorOf(run.stdout);
+        assert.equal(e.code, 11, run.stdout);
+        assert.match(e.msg, new RegExp(`pod lookup socket ${sock} .*${dir} is writable by a user other than root`));
+        assert.match(e.details ?? '', /root's and writable by root alone.*--pod-lookup-uds-address/);
+        assert.equal(asked, 0, 'the socket was not talked to');
+        assert.doesNotMatch(rules, /MESH_/);
+      });
+    }
+
+    it('sends no log line to a log socket that was taken over, says so on stderr, and still redirects the pod', async () => {
+      const dir = sharedDir('log');
+      const sock = path.join(dir, 'log.sock');
+      await agentSocket(sock, (c) => c.resume());
+      const impostor = await takeOver(sock, sock, 'line');
+      const { run, rules } = await add(meshPod('shop', 'logged'), { log_uds_address: sock }, MESH_CNI_SOURCE);
+      const asked = impostor.asked();
+      impostor.stop();
+      assert.equal(run.code, 0, run.stdout + run.stderr);
+      assert.match(rules, /-A MESH_REDIRECT -p tcp -j REDIRECT --to-ports 15001/);
+      assert.equal(asked, 0, `the plugin's log lines went to uid ${NOBODY}'s socket`);
+      assert.match(run.stderr, new RegExp(`not sending logs to ${sock}: ${dir} is writable by a user other than root`));
+    });
   });
 });
 
