@@ -92,6 +92,31 @@ function listing(dir: string): string[] {
     .sort();
 }
 
+/** The built bundle alone in a dir of its own, removed after the test. */
+function copyOfBundle(): string {
+  const dir = bundleDir();
+  defer(() => fs.rm(dir, { recursive: true, force: true }));
+  cpSync(path.join(buildDir, 'install-cni.js'), path.join(dir, 'install-cni.js'));
+  return dir;
+}
+
+/**
+ * Runs `version` on `bundle` with the code cache beside it, as the image does: whether Node took
+ * the cache. A miss (another path, user, Node or flags) or a rejected entry is compiled and
+ * written anew, so the cache dir changes.
+ */
+function cacheTaken(bundle: string): boolean {
+  const env = compileCacheEnv(bundle);
+  const before = listing(env.NODE_COMPILE_CACHE!);
+  assert.notDeepEqual(before, [], 'no cache was made');
+  const r = spawnSync(process.execPath, [bundle, 'version', '--short'], {
+    env: { PATH: process.env.PATH ?? '/usr/bin:/bin', ...env },
+    encoding: 'utf8',
+  });
+  assert.equal(r.status, 0, r.stderr);
+  return JSON.stringify(listing(env.NODE_COMPILE_CACHE!)) === JSON.stringify(before);
+}
+
 describe('the agent bundle at start-up', () => {
   it('gets ready without loading undici, or the packages only some paths use', async () => {
     const tree = await makeHostTreeFor(defer);
@@ -180,30 +205,17 @@ describe('the agent bundle at start-up', () => {
   });
 
   it('its code cache, made as the build makes it, is taken where the image puts it, beside the bundle', () => {
-    const made = bundleDir();
-    defer(() => fs.rm(made, { recursive: true, force: true }));
-    cpSync(path.join(buildDir, 'install-cni.js'), path.join(made, 'install-cni.js'));
+    const made = copyOfBundle();
     makeCompileCache(path.join(made, 'install-cni.js'));
     const image = mkdtempSync(path.join(os.tmpdir(), 'mcni-image-'));
     defer(() => fs.rm(image, { recursive: true, force: true }));
     cpSync(made, image, { recursive: true });
-    const cache = compileCacheEnv(path.join(image, 'install-cni.js')).NODE_COMPILE_CACHE!;
-    const before = listing(cache);
-    assert.notDeepEqual(before, [], 'the build made no cache');
-    const r = spawnSync(process.execPath, [path.join(image, 'install-cni.js'), 'version', '--short'], {
-      env: { PATH: process.env.PATH ?? '/usr/bin:/bin', ...compileCacheEnv(path.join(image, 'install-cni.js')) },
-      encoding: 'utf8',
-    });
-    assert.equal(r.status, 0, r.stderr);
-    // A miss (another path, Node or flags) or a rejected entry is compiled and written anew.
-    assert.deepEqual(listing(cache), before, 'the cache was not taken: Node wrote to it');
+    assert.equal(cacheTaken(path.join(image, 'install-cni.js')), true, 'the cache was not taken: Node wrote to it');
   });
 
   it("its code cache made by a build run as another user serves root, the agent's user", () => {
     // The build need not run as root; Node keeps a cache dir per user.
-    const made = bundleDir();
-    defer(() => fs.rm(made, { recursive: true, force: true }));
-    cpSync(path.join(buildDir, 'install-cni.js'), path.join(made, 'install-cni.js'));
+    const made = copyOfBundle();
     chmodSync(made, 0o777);
     const make = `import { makeCompileCache } from ${JSON.stringify(path.join(ROOT, 'scripts/compile-cache.ts'))};
 makeCompileCache(${JSON.stringify(path.join(made, 'install-cni.js'))});`;
@@ -211,13 +223,6 @@ makeCompileCache(${JSON.stringify(path.join(made, 'install-cni.js'))});`;
       encoding: 'utf8',
     });
     assert.equal(r.status, 0, r.stderr);
-    const cache = compileCacheEnv(path.join(made, 'install-cni.js')).NODE_COMPILE_CACHE!;
-    const before = listing(cache);
-    const v = spawnSync(process.execPath, [path.join(made, 'install-cni.js'), 'version', '--short'], {
-      env: { PATH: process.env.PATH ?? '/usr/bin:/bin', ...compileCacheEnv(path.join(made, 'install-cni.js')) },
-      encoding: 'utf8',
-    });
-    assert.equal(v.status, 0, v.stderr);
-    assert.deepEqual(listing(cache), before, 'root found no cache of its own: Node wrote one');
+    assert.equal(cacheTaken(path.join(made, 'install-cni.js')), true, 'root found no cache of its own: Node wrote one');
   });
 });
