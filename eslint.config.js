@@ -46,6 +46,14 @@ const AMBIENT_NOT_INSTALL_REPAIR = {
     'src/ambient/ does not import src/install/ or src/repair/: ambient mode talks to ztunnel and pod netns, ' +
     'beside the installer and repair; what they share goes in a module of its own that each imports.',
 };
+// The node's readiness (src/node/) writes the agent's own Node from the agent's readiness: it is
+// handed the readiness and the stop's uninstall decision, and reaches the API through src/orch/.
+const NODE_SELF = {
+  regex: '(^(\\.\\./)+|/src/)(install|repair|ambient|podnetns)/',
+  message:
+    'src/node/ does not import src/install/, src/repair/, src/ambient/ or src/podnetns/: it is handed the ' +
+    "agent's readiness and the stop's uninstall decision (src/agent.ts wires them).",
+};
 // The pod-netns module (issue 16; ambient, issue 17, reuses it): the /proc scan and the nsenter
 // runner on Node built-ins alone (and the agent's logger), so both users import it and nothing
 // more comes with it.
@@ -135,6 +143,7 @@ export default tseslint.config(
   zone(['src/monitoring/**/*.ts'], [ONLY_SHARED, MONITORING_NOT_CMD]),
   zone(['src/ambient/**/*.ts'], [ONLY_SHARED, AMBIENT_NOT_INSTALL_REPAIR]),
   zone(['src/podnetns/**/*.ts'], [ONLY_SHARED, PODNETNS_SELF]),
+  zone(['src/node/**/*.ts'], [ONLY_SHARED, NODE_SELF]),
   zone(['cni-plugin/**/*.ts'], [NO_SRC]),
   zone(['cni-plugin/shared/**/*.ts'], [NO_SRC, SHARED_SELF]),
   zone(['cni-plugin/redirect/**/*.ts'], [NO_SRC, REDIRECT_SELF]),

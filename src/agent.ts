@@ -1,8 +1,8 @@
 // The install-cni process: logging, the monitoring server, the plugin log server, the pod
-// watch(es), the repair controller, the plugin's pod lookup, the plugin's token, the installer and
-// ControlZ, started in that order and stopped in reverse on SIGTERM/SIGINT. The pod lookup is up
-// before the installer puts the plugin in place (else the first pods' lookups go to the API
-// server).
+// watch(es), the repair controller, the plugin's pod lookup, the plugin's token, the installer,
+// ControlZ and the node's readiness, started in that order and stopped in reverse on
+// SIGTERM/SIGINT. The pod lookup is up before the installer puts the plugin in place (else the
+// first pods' lookups go to the API server).
 //
 // The node's pod watch (spec.nodeName=NODE_NAME) is built here, once, before the components that
 // read it (pod lookup, repair, ambient mode) and stopped after them: one watch per node, whichever
@@ -28,6 +28,9 @@ import { repairPodSource, repairWatchesNode, startRepair } from './repair/index.
 import { disabledComponent } from './component.ts';
 import { startAmbient, type AmbientComponent } from './ambient/index.ts';
 import { decideCleanup, type CleanupDecision } from './install/uninstall.ts';
+import { startNodeReadiness } from './node/index.ts';
+import { nodeClient } from './node/nodeclient.ts';
+import type { KubeConfig } from '@kubernetes/client-node/dist/config.js';
 
 const log = scope('default');
 
@@ -53,7 +56,9 @@ export async function runAgent(settings: Settings): Promise<number> {
     components.push(await startPluginLogServer(settings));
     // One API client for the agent's watches and repair (one connection pool, one read of the orchconfig).
     let api: OrchApi | undefined;
-    const orchApi = () => (api ??= clientNodeApi(orchKubeConfig(settings)));
+    let kc: KubeConfig | undefined;
+    const orchKc = () => (kc ??= orchKubeConfig(settings));
+    const orchApi = () => (api ??= clientNodeApi(orchKc()));
     const watches = podWatches(settings, orchApi);
     components.push(...watches.components);
     components.push(watches.repair ? startRepair(settings, watches.repair, orchApi()) : disabledComponent('repair'));
@@ -76,6 +81,10 @@ export async function runAgent(settings: Settings): Promise<number> {
     components.push(await startInstaller(settings, pluginToken, decide, binaryCheck));
     components.push(await startControlz(settings, { components: () => components }));
     started = true;
+    // Last, so its first pass reads the whole agent's readiness, and it stops first: on an
+    // uninstall the condition turns False before the installer removes the plugin.
+    if (settings.nodeReadiness?.conditionType)
+      components.push(nodeReadinessPart(settings, orchKc(), readiness, decide));
     log.info('install-cni started', { components: components.map((c) => c.name) });
     const signal = await stopSignal;
     log.info('stopping', { signal });
@@ -150,4 +159,21 @@ function ambientPart(
 function watchComponent(name: string, source: PodSource): Component {
   source.start();
   return { name, notReadyReasons: () => [], status: () => source.status(), stop: () => source.stop() };
+}
+
+/** The node's condition and start-up taint (README "Node readiness"), kept from the agent's readiness. */
+function nodeReadinessPart(
+  settings: Settings,
+  kc: KubeConfig,
+  readiness: Readiness,
+  decide: (s: Settings) => Promise<CleanupDecision>,
+): Component {
+  const { nodeName, podName } = settings.env;
+  return startNodeReadiness(settings.nodeReadiness!, {
+    client: nodeClient(kc, nodeName),
+    nodeName,
+    podName,
+    notReadyReasons: () => readiness.notReadyReasons(),
+    decideCleanup: () => decide(settings),
+  });
 }

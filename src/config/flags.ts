@@ -319,6 +319,25 @@ export const FLAGS: readonly FlagSpec[] = [
     'Orchconfig (kubeconfig) file the agent itself uses to reach the API server; empty means in-cluster (service account).',
     { path: 'file' },
   ),
+  // --- the node's readiness for mesh pods (README "Node readiness"): off unless a condition is named
+  installFlag(
+    'node-readiness-condition',
+    'string',
+    undefined,
+    'Node condition type (e.g. MeshCNIReady) the agent keeps on its own node from its readiness (what /readyz says), and the switch for --startup-taint; empty: off, the agent writes nothing to its node.',
+  ),
+  installFlag(
+    'startup-taint',
+    'string',
+    'mesh.io/cni-not-ready:NoSchedule',
+    'Taint key[=value]:effect the agent removes from its own node once, when first ready (with --node-readiness-condition); empty: leave taints alone (e.g. the Node Readiness Controller removes it, keyed on the condition).',
+  ),
+  installFlag(
+    'node-readiness-interval',
+    'duration',
+    '1s',
+    'How often the agent compares its readiness with the node condition it last wrote (one readiness pass); the node is written only when the condition changes.',
+  ),
   // --- repair controller (seed), and its client-side limits
   repairFlag('repair-enabled', 'bool', 'false', 'Whether the repair controller runs.'),
   repairFlag('repair-delete-pods', 'bool', 'false', 'Delete pods found broken by the race (with a uid precondition).'),

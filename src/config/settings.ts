@@ -132,6 +132,29 @@ export interface AmbientSettings {
   readonly hostRoot: string;
 }
 
+/** A taint as the agent matches it on its node: key and effect name it; value, when given, must match too. */
+export interface StartupTaint {
+  readonly key: string;
+  readonly value: string | undefined;
+  readonly effect: TaintEffect;
+}
+
+export const TAINT_EFFECTS = ['NoSchedule', 'PreferNoSchedule', 'NoExecute'] as const;
+export type TaintEffect = (typeof TAINT_EFFECTS)[number];
+
+/** The node's readiness for mesh pods (README "Node readiness"): a node condition and a start-up taint. */
+export interface NodeReadinessSettings {
+  /** --node-readiness-condition: the condition type kept from the agent's readiness; empty: off. */
+  readonly conditionType: string;
+  /** --startup-taint: removed once when first ready; undefined: taints are left alone. */
+  readonly startupTaint: StartupTaint | undefined;
+  /** --node-readiness-interval: one readiness pass. */
+  readonly intervalMs: number;
+}
+
+/** Node conditions the kubelet (or the node controller) owns: the agent would fight it over them. */
+const KUBELET_CONDITIONS = ['Ready', 'MemoryPressure', 'DiskPressure', 'PIDPressure', 'NetworkUnavailable'];
+
 /** How the agent itself talks to the API server (README "Fleet scale"). */
 export interface OrchSettings {
   /** Client-side rate limit of the agent's list, watch, GET and TokenRequest calls (one bucket per agent). */
@@ -178,6 +201,8 @@ export interface Settings {
   readonly logging: LoggingSettings;
   readonly orch: OrchSettings;
   readonly monitoring: { readonly port: number };
+  /** Optional only for settings made by hand in tests: buildSettings always gives it. */
+  readonly nodeReadiness?: NodeReadinessSettings;
   readonly ctrlz: { readonly address: string; readonly port: number; readonly write: CtrlzWriteMode };
   readonly orchconfig: string;
   readonly env: EnvironmentFacts;
@@ -561,6 +586,20 @@ export function buildSettings(flags: RawFlags, env: Env, cwd: string = process.c
     errors.push(new ConfigError(source, value, why));
   }
 
+  const conditionType = get('node-readiness-condition', parseConditionType, '');
+  const nodeReadiness: NodeReadinessSettings = {
+    conditionType,
+    startupTaint: get('startup-taint', parseTaint, undefined),
+    intervalMs: get('node-readiness-interval', (s, v) => parseDuration(s, v, { min: 10, max: MAX_TIMER_MS }), 1000),
+  };
+  if (conditionType !== '' && nodeName === '') {
+    const { value, source } = raw(byName.get('node-readiness-condition')!);
+    const why =
+      'needs NODE_NAME (the node this agent runs on, from the downward API: spec.nodeName): ' +
+      'the condition and the start-up taint are on that node';
+    errors.push(new ConfigError(source, value, why));
+  }
+
   const logging: LoggingSettings = {
     asJson: bool('log_as_json'),
     caller: get('log_caller', parseScopes, []),
@@ -602,6 +641,7 @@ export function buildSettings(flags: RawFlags, env: Env, cwd: string = process.c
     orch,
     logging,
     monitoring: { port: int('monitoring-port', 0, 65535) },
+    nodeReadiness,
     ctrlz: {
       address: str('ctrlz_address'),
       port: int('ctrlz_port', 0, 65535),
@@ -642,6 +682,28 @@ function parseLabelValue(flag: string, value: string): string {
     );
   }
   return value;
+}
+
+/** A node condition type: a name (CamelCase, as the kubelet's) with an optional DNS prefix; not one the kubelet owns. */
+function parseConditionType(flag: string, value: string): string {
+  if (value === '') return '';
+  if (!/^([a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?\/)?[A-Za-z][A-Za-z0-9]{0,62}$/.test(value))
+    throw new ConfigError(flag, value, 'expected a condition type such as MeshCNIReady or example.com/MeshCNIReady');
+  if (KUBELET_CONDITIONS.includes(value))
+    throw new ConfigError(flag, value, 'is a condition the kubelet keeps; name one of our own, such as MeshCNIReady');
+  return value;
+}
+
+/** `key[=value]:effect`, as kubectl taint and the kubelet's --register-with-taints write it; empty: none. */
+function parseTaint(flag: string, value: string): StartupTaint | undefined {
+  if (value === '') return undefined;
+  const m = /^([^=:]+)(?:=([^:]*))?:([A-Za-z]+)$/.exec(value);
+  const effect = m?.[3] as TaintEffect | undefined;
+  if (!m || !isLabelKey(m[1]!) || (m[2] !== undefined && m[2] !== '' && !isLabelValue(m[2])))
+    throw new ConfigError(flag, value, 'expected key[=value]:effect, e.g. mesh.io/cni-not-ready:NoSchedule');
+  if (!(TAINT_EFFECTS as readonly string[]).includes(effect!))
+    throw new ConfigError(flag, value, `the effect must be one of ${TAINT_EFFECTS.join(', ')}`);
+  return { key: m[1]!, value: m[2], effect: effect! };
 }
 
 const MAX_SELECTOR_BYTES = 65_536;

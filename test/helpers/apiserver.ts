@@ -1,8 +1,8 @@
 // A small HTTPS server speaking the Kubernetes REST dialect for pods (list, watch, patch, delete,
-// status), events, daemonsets, nodes (get) and service-account TokenRequests, with bearer-token
-// auth, RBAC per token (what a Role/ClusterRole would allow, on the paths we use) and fault knobs.
-// Good enough for the real kubectl and @kubernetes/client-node; the one cluster piece tests cannot
-// have for real.
+// status), events, daemonsets, nodes (get, patch, status) and service-account TokenRequests, with
+// bearer-token auth, RBAC per token (what a Role/ClusterRole would allow, on the paths we use) and
+// fault knobs. Good enough for the real kubectl and @kubernetes/client-node; the one cluster piece
+// tests cannot have for real.
 //
 // What it models of the real API server: one global resourceVersion counter, a watch cache that
 // replays events after a given resourceVersion (410 Gone once "compacted"), selector-filtered
@@ -58,7 +58,7 @@ export interface TestApiServer {
   openNamespaceWatches(): number;
   upsertDaemonSet(ds: V1DaemonSet): V1DaemonSet;
   deleteDaemonSetFromStore(namespace: string, name: string): void;
-  /** Nodes (get only: what --cleanup-on-exit=auto reads of its own node). */
+  /** Nodes: get (--cleanup-on-exit=auto reads its own node); patch of the node and of its status. */
   upsertNode(node: V1Node): V1Node;
   deleteNodeFromStore(name: string): void;
   events(): CoreV1Event[];
@@ -937,6 +937,53 @@ export async function startTestApiServer(opts: TestApiServerOptions = {}): Promi
     throw new HttpError(405, 'MethodNotAllowed', `the server does not allow this method on the requested resource`);
   }
 
+  /**
+   * A node's status read and its patches: the main resource takes spec and metadata (taints), the
+   * status subresource status (and labels, annotations), as the node strategies do; a
+   * resourceVersion or uid in the patch is a precondition (409). A strategic merge patch merges
+   * status.conditions by type (their patch merge key), so a writer of one condition keeps the others.
+   */
+  async function nodeRoutes(
+    req: IncomingMessage,
+    name: string,
+    sub: string | undefined,
+  ): Promise<{ code: number; body: unknown }> {
+    const current = nodes.get(name);
+    if (!current) throw new HttpError(404, 'NotFound', `nodes "${name}" not found`);
+    if (req.method === 'GET') return { code: 200, body: current };
+    const patch = (await readBody(req)) as V1Node | undefined;
+    let next = applyPatch(req, current as V1Pod, patch) as V1Node;
+    const smp = (req.headers['content-type'] ?? '').startsWith('application/strategic-merge-patch+json');
+    const patched = patch?.status?.conditions;
+    if (smp && Array.isArray(patched)) {
+      const merged = [...(current.status?.conditions ?? [])];
+      for (const c of patched) {
+        const at = merged.findIndex((o) => o.type === c.type);
+        if (at >= 0) merged[at] = c;
+        else merged.push(c);
+      }
+      next = { ...next, status: { ...next.status, conditions: merged } };
+    }
+    const meta = next.metadata ?? {};
+    const conflict = (why: string) =>
+      new HttpError(409, 'Conflict', `Operation cannot be fulfilled on nodes "${name}": ${why}`);
+    if (meta.name !== name) throw new HttpError(422, 'Invalid', `Node "${name}" is invalid: metadata.name: immutable`);
+    if (meta.uid !== current.metadata!.uid) throw conflict('the UID in the request does not match');
+    if (meta.resourceVersion !== current.metadata!.resourceVersion)
+      throw conflict('the object has been modified; please apply your changes to the latest version and try again');
+    const stored: V1Node =
+      sub === 'status'
+        ? {
+            ...clone(current),
+            metadata: { ...clone(current.metadata!), labels: meta.labels, annotations: meta.annotations },
+            status: next.status,
+          }
+        : { ...next, status: clone(current.status) };
+    stored.metadata!.resourceVersion = String(nextRv());
+    nodes.set(name, stored);
+    return { code: 200, body: clone(stored) };
+  }
+
   const discovery = () => ({
     version: {
       major: '1',
@@ -1166,6 +1213,8 @@ export async function startTestApiServer(opts: TestApiServerOptions = {}): Promi
       if (!node) throw new HttpError(404, 'NotFound', `nodes "${name}" not found`);
       return { code: 200, body: node };
     }
+    m = /^\/api\/v1\/nodes\/([^/]+)(?:\/(status))?$/.exec(p);
+    if (m && (method === 'PATCH' || method === 'GET')) return nodeRoutes(req, decodeURIComponent(m[1]!), m[2]);
     throw new HttpError(404, 'NotFound', 'the server could not find the requested resource');
   }
 

@@ -114,6 +114,14 @@ const CASES: [string, string, RegExp | null][] = [
     /src\/monitoring\/ does not import src\/cmd\//,
   ],
   ['src/monitoring/zz-probe.ts', "import { registry } from './metrics.ts';", null],
+  // src/node/ is handed what it needs by the agent.
+  [
+    'src/node/zz-probe.ts',
+    "import { decideCleanup } from '../install/uninstall.ts';",
+    /src\/node\/ does not import src\/install\//,
+  ],
+  ['src/node/zz-probe.ts', "const m = () => import('../repair/index.ts');", /src\/node\/ does not import/],
+  ['src/node/zz-probe.ts', "import { apiRequest } from '../orch/request.ts';", null],
   // require(), in any zone.
   ['cni-plugin/zz-probe.ts', "const m = require('../src/agent.ts');", /require\(\)/],
   ['src/orch/zz-probe.ts', "const m = require('../install/installer.ts');", /require\(\)/],
