@@ -132,6 +132,12 @@ export class FsCallGate {
     return this.#running.size;
   }
 
+  /** For ControlZ: the limits, the calls running, the ones past their deadline. */
+  status(): Record<string, unknown> {
+    const stuck = [...this.#running].filter((r) => r.late).map((r) => ({ call: r.what, for: this.#age(r) }));
+    return { ...this.#limits, running: this.#running.size, waiting: this.#waiting.length, stuck };
+  }
+
   #next(): void {
     while (this.#waiting.length > 0 && this.#running.size < this.#limits.slots) this.#waiting.shift()!();
   }
@@ -150,3 +156,16 @@ export class FsCallGate {
  * slots (repair and ambient mode share them).
  */
 export const podPathCalls = new FsCallGate();
+
+/**
+ * The gate as a part of the agent (src/component.ts's shape): not ready while a call on a pod path
+ * is past its deadline, its calls on ControlZ. Nothing to stop: a hung call cannot be taken back.
+ */
+export function podPathCallsPart(gate: FsCallGate = podPathCalls) {
+  return {
+    name: 'pod-path-calls',
+    notReadyReasons: () => gate.notReadyReasons(),
+    status: () => gate.status(),
+    stop: async () => {},
+  };
+}

@@ -12,7 +12,7 @@ import net from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
 import { describe, it } from 'node:test';
-import { FsCallGate, FsCallTimeout } from '../../src/podnetns/fscalls.ts';
+import { FsCallGate, FsCallTimeout, podPathCallsPart } from '../../src/podnetns/fscalls.ts';
 import { NotANetnsError, openNetns, type HeldNetns } from '../../src/podnetns/held.ts';
 import { cleanupAfterEach } from '../helpers/cleanup.ts';
 import { fdSnapshot, fdsOpenedSince } from '../helpers/fds.ts';
@@ -119,16 +119,23 @@ describe('openNetns on a path the kernel hangs on (a FUSE mount nobody answers)'
       const e = await refusal(openNetns(m.path('netns'), 0, gate));
       assert.ok(e instanceof FsCallTimeout, `${e.name}: ${e.message}`);
       assert.match(e.message, new RegExp(`^opening ${m.path('netns')} as a netns did not return within 300 ms`));
-      const reasons = gate.notReadyReasons();
+      // The agent's part for it: not ready, naming the call; ControlZ shows it.
+      const part = podPathCallsPart(gate);
+      const reasons = part.notReadyReasons();
       assert.equal(reasons.length, 1, reasons.join('\n'));
       assert.match(reasons[0]!, new RegExp(`opening ${m.path('netns')} as a netns has not returned for`));
+      assert.match(reasons[0]!, /\(1 of 2 slots for calls on pod paths left\)/);
+      assert.deepEqual(
+        (part.status().stuck as { call: string }[]).map((c) => c.call),
+        [`opening ${m.path('netns')} as a netns`],
+      );
       assert.equal(gate.running, 1, 'the call still holds its slot');
       // A real netns opens meanwhile, on the slot left.
       const held = await openNetns(ns.path, 0, gate);
       held.close();
       m.release();
       await waitFor('the hung call returned', () => gate.running === 0);
-      assert.deepEqual(gate.notReadyReasons(), []);
+      assert.deepEqual(part.notReadyReasons(), []);
       assert.deepEqual(fdsOpenedSince(before), []);
     },
   );
