@@ -594,6 +594,43 @@ describe('deploy: kustomize build deploy/', () => {
     assert.ok(rights(base.objects, 'mesh-cni').includes('get core/pods'));
   });
 
+  it('node-readiness and node-scope components: one setting on, nodes and nodes/status patch, and policies that agree with the settings', () => {
+    const r = kustomize(operatorDir('node-readiness', ['node-readiness', 'node-scope']));
+    assert.equal(containerSettings(agentContainer(base.objects)).nodeReadiness?.conditionType, '', 'off by default');
+    const nr = containerSettings(agentContainer(r.objects)).nodeReadiness!;
+    assert.equal(nr.conditionType, 'MeshCNIReady');
+    assert.deepEqual(nr.startupTaint, { key: 'mesh.io/cni-not-ready', value: undefined, effect: 'NoSchedule' });
+    const added = ['patch core/nodes', 'patch core/nodes/status'];
+    assert.deepEqual(rights(r.objects, 'mesh-cni'), [...DEPLOYED_RIGHTS.agent, ...added].sort());
+    assert.deepEqual(rights(r.objects, 'mesh-cni-plugin'), DEPLOYED_RIGHTS.plugin);
+    type Policy = K8sObject & {
+      spec: {
+        matchConditions: { expression: string }[];
+        variables: { name: string; expression: string }[];
+      };
+    };
+    const policies = r.objects.filter((o): o is Policy => o.kind === 'ValidatingAdmissionPolicy');
+    assert.deepEqual(policies.map((p) => p.metadata.name).sort(), ['mesh-cni-node-writes', 'mesh-cni-pod-writes']);
+    const bindings = r.objects.filter((o) => o.kind === 'ValidatingAdmissionPolicyBinding');
+    assert.equal(bindings.length, 2);
+    // The policies name what the settings name: the agent's account, our condition, taint, label and annotation.
+    const variable = (p: Policy, name: string) => p.spec.variables.find((v) => v.name === name)?.expression;
+    const settings = containerSettings(agentContainer(r.objects));
+    for (const p of policies)
+      assert.deepEqual(
+        p.spec.matchConditions.map((m) => m.expression),
+        ["request.userInfo.username == 'system:serviceaccount:mesh-system:mesh-cni'"],
+      );
+    const nodeWrites = policies.find((p) => p.metadata.name === 'mesh-cni-node-writes')!;
+    assert.equal(variable(nodeWrites, 'conditionType'), `'${nr.conditionType}'`);
+    assert.equal(variable(nodeWrites, 'taintKey'), `'${nr.startupTaint!.key}'`);
+    const podWrites = policies.find((p) => p.metadata.name === 'mesh-cni-pod-writes')!;
+    assert.equal(variable(podWrites, 'labelKeys'), `['${settings.repair.labelKey}']`);
+    assert.equal(variable(podWrites, 'annotationKeys'), "['ambient.mesh.io/redirection']");
+    const lint = run('yamllint', ['-f', 'parsable', '-c', YAMLLINT_CONFIG, '-'], r.text);
+    assert.equal(lint.code, 0, `yamllint of the render:\n${lint.stdout}${lint.stderr}`);
+  });
+
   it('ambient with repair-in-place (either order) renders one /host/proc, one /run and one capability list', () => {
     for (const [what, r] of [
       ['repair-in-place then ambient', withAmbientInPlace],
