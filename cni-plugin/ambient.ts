@@ -6,9 +6,10 @@
 // /cmdadd over the agent's unix socket with the prevResult IPs (the kubelet has not published
 // the pod's IP yet), at most 5 s.
 //
-// Fail closed, everywhere: an agent that cannot be reached, is slow or says no fails the ADD
-// with code 11 (the runtime tries the sandbox again), naming ztunnel when the agent says ztunnel
-// did not take the pod. A pod whose namespace cannot be read fails too. Deliberate difference:
+// Fail closed, everywhere: an agent that cannot be reached, is slow or says no, or a socket that
+// is not to be trusted (cni-plugin/shared/trustedpath.ts), fails the ADD with code 11 (the
+// runtime tries the sandbox again), naming ztunnel when the agent says ztunnel did not take the
+// pod. A pod whose namespace cannot be read fails too. Deliberate difference:
 // Istio logs a detection error and starts the pod as not ambient (fail open) unless
 // ENABLE_AMBIENT_DETECTION_RETRY; an ambient pod started so would run unredirected (README).
 
@@ -16,7 +17,6 @@ import { CniError, CNI_ERROR } from './cni/errors.ts';
 import type { CniRequest } from './cni/protocol.ts';
 import type { UdsLog } from './log/udslog.ts';
 import { orchAccessForPod, readOrchconfig } from './orch/orchconfig.ts';
-import { ANNOTATION } from './redirect/constants.ts';
 import type { PodLike } from './redirect/spec.ts';
 import {
   DEFAULT_ENABLEMENT_SELECTORS,
@@ -34,6 +34,7 @@ import {
   type CmdAddReply,
   type CmdAddRequest,
 } from './shared/pluginevent.ts';
+import { fixTrust } from './shared/trustedpath.ts';
 import { connectUnix, type UnixSocket } from './unixsocket.ts';
 
 /** The pod as the lookup found it, with its namespace's labels when the agent sent them. */
@@ -67,11 +68,12 @@ export async function ambientAdd(
   log: UdsLog,
 ): Promise<boolean> {
   const ref = req.pod!;
-  const rules: AmbientRules = { sidecarAnnotation: ANNOTATION.STATUS, excludeNamespaces: req.config.excludeNamespaces };
+  const rules: AmbientRules = { excludeNamespaces: req.config.excludeNamespaces };
   const selectors = selectorsOf(req);
   // The redirect spec's pod type does not name hostNetwork: read it from the object as it came.
+  // The containers go with it: whether the sidecar path takes the pod is part of the decision.
   const hostNetwork = (found.pod.spec as { hostNetwork?: unknown } | undefined)?.hostNetwork === true;
-  const pod: EnablementPod = { metadata: found.pod.metadata, spec: { hostNetwork } };
+  const pod: EnablementPod = { metadata: found.pod.metadata, spec: { ...found.pod.spec, hostNetwork } };
   // What the pod alone rules out (host network, a sidecar, labelled none) needs no namespace read.
   if (!isAmbientPod(pod, undefined, [{}], rules)) {
     log.debug('not ambient: host network, a sidecar or labelled out');
@@ -103,6 +105,15 @@ export async function ambientAdd(
   const started = Date.now();
   const answer = await postCmdAdd(req.config.pluginEventUdsAddress, body, CMDADD_TIMEOUT_MS);
   const what = `${ref.namespace}/${ref.name}`;
+  if ('refused' in answer) {
+    // Not "the agent is down": someone else may be answering there (README, the trust model).
+    throw new CniError(
+      CNI_ERROR.TRY_AGAIN_LATER,
+      `not handing ambient pod ${what} to the plugin event socket ${req.config.pluginEventUdsAddress}: ` +
+        `${answer.refused}; not starting it unredirected`,
+      `another user could answer there in the agent's place: ${fixTrust('--pluginevent-uds-address')}`,
+    );
+  }
   if ('error' in answer && answer.timedOut === true) {
     // Connected and sent: the agent is there, and what it waits on that long is ztunnel's ack
     // (its limit equals ours), so ztunnel is named, the issue's ask for every ztunnel failure.
@@ -190,7 +201,9 @@ async function namespaceLabelsFromApi(req: CniRequest, log: UdsLog): Promise<Rec
 export type PostAnswer =
   | { readonly status: number; readonly body: string }
   /** timedOut: connected and the request written, then no answer in time. */
-  | { readonly error: string; readonly timedOut?: boolean };
+  | { readonly error: string; readonly timedOut?: boolean }
+  /** Not connected: the socket is not to be trusted (why, shared/trustedpath.ts). */
+  | { readonly refused: string };
 
 /**
  * One HTTP/1.1 POST over the unix socket at `address`, on the runtime's own socket (unixsocket.ts:
@@ -229,6 +242,7 @@ export function postCmdAdd(address: string, body: CmdAddRequest, timeoutMs: numb
       },
       error: (message) => finish({ error: `cannot reach the agent at ${address}: ${message}` }),
       close: () => finish(parseResponse(text, true) ?? { error: `the agent at ${address} closed without an answer` }),
+      refused: (reason) => finish({ refused: reason }),
     });
   });
 }

@@ -8,15 +8,17 @@
 // everything; a pod is ambient when any pair matches its labels and its namespace's labels.
 // Deliberate differences (README "Ambient mode: how pods are selected"): a pod labelled
 // mesh.io/dataplane-mode=none is never ambient, whatever the selectors say (Istio leaves that to
-// the default selector), and the namespaces of --exclude-namespaces never are (Istio: PR #59471).
+// the default selector), the namespaces of --exclude-namespaces never are (Istio: PR #59471), and
+// a sidecar pod is one the sidecar path redirects (shared/sidecar.ts), not one that merely
+// carries the sidecar status annotation (Istio's podHasSidecar).
+
+import { isSidecarPod, type SidecarPodLike } from './sidecar.ts';
 
 export const DATAPLANE_MODE_LABEL = 'mesh.io/dataplane-mode';
 export const DATAPLANE_MODE_AMBIENT = 'ambient';
 export const DATAPLANE_MODE_NONE = 'none';
 /** Set by the agent on an enrolled pod (pods/status): `enabled`, or `pending` while ztunnel has not taken it. */
 export const REDIRECTION_ANNOTATION = 'ambient.mesh.io/redirection';
-/** The sidecar injector's status annotation (--repair-sidecar-annotation's default): such a pod is never ambient. */
-export const DEFAULT_SIDECAR_ANNOTATION = 'sidecar.mesh.io/status';
 
 export type SelectorOperator = 'In' | 'NotIn' | 'Exists' | 'DoesNotExist';
 const OPERATORS: readonly SelectorOperator[] = ['In', 'NotIn', 'Exists', 'DoesNotExist'];
@@ -77,19 +79,13 @@ export function labelSelectorMatches(sel: LabelSelector | undefined, labels: Lab
   return true;
 }
 
-/** The pod fields the decision reads (a V1Pod fits). */
-export interface PodLike {
-  readonly metadata?: {
-    readonly namespace?: string;
-    readonly labels?: Labels;
-    readonly annotations?: Labels;
-  };
-  readonly spec?: { readonly hostNetwork?: boolean };
+/** The pod fields the decision reads (a V1Pod fits): the sidecar decision's, namespace, hostNetwork. */
+export interface PodLike extends SidecarPodLike {
+  readonly metadata?: SidecarPodLike['metadata'] & { readonly namespace?: string };
+  readonly spec?: SidecarPodLike['spec'] & { readonly hostNetwork?: boolean };
 }
 
 export interface AmbientRules {
-  /** A pod with this annotation has a sidecar: never ambient (as one with sidecar.mesh.io/status). */
-  readonly sidecarAnnotation?: string;
   /** Namespaces never enrolled (--exclude-namespaces). */
   readonly excludeNamespaces?: readonly string[];
 }
@@ -105,7 +101,7 @@ export function isAmbientPod(
   selectors: readonly EnablementSelector[],
   rules: AmbientRules = {},
 ): boolean {
-  if (neverAmbient(pod, rules)) return false;
+  if (neverAmbient(pod)) return false;
   const labels = pod.metadata?.labels ?? {};
   if (labels[DATAPLANE_MODE_LABEL] === DATAPLANE_MODE_NONE) return false;
   if ((rules.excludeNamespaces ?? []).includes(pod.metadata?.namespace ?? '')) return false;
@@ -115,18 +111,14 @@ export function isAmbientPod(
 }
 
 /**
- * A host-network pod or one with a sidecar: never ambient, whatever its labels, its namespace's
- * or the selectors say, so never enrolled by the agent either (its redirection annotation, which
- * its owner can write, is not the agent's).
+ * A host-network pod or a sidecar pod (the sidecar path redirects it): never ambient, whatever
+ * its labels, its namespace's or the selectors say, so never enrolled by the agent either (its
+ * redirection annotation, which its owner can write, is not the agent's). A pod that claims a
+ * sidecar the sidecar path does not take is not one: it is decided as any other pod, so none
+ * falls between the two paths with no redirection.
  */
-export function neverAmbient(pod: PodLike, rules: AmbientRules = {}): boolean {
-  if (pod.spec?.hostNetwork === true) return true;
-  const annotations = pod.metadata?.annotations ?? {};
-  // The injector's status annotation always counts, whatever --repair-sidecar-annotation says:
-  // the plugin's sidecar path reads it, and the agent must not enroll a pod the plugin gave
-  // sidecar rules (nor the plugin hand over one the agent refuses).
-  if (Object.hasOwn(annotations, DEFAULT_SIDECAR_ANNOTATION)) return true;
-  return rules.sidecarAnnotation !== undefined && Object.hasOwn(annotations, rules.sidecarAnnotation);
+export function neverAmbient(pod: PodLike): boolean {
+  return pod.spec?.hostNetwork === true || isSidecarPod(pod);
 }
 
 /**

@@ -97,8 +97,7 @@ describe('the /cmdadd server (stand-in dataplane, the node pod watch on the test
     pods,
     dataplane,
     // No namespace labels here: the pods are ambient by their own label.
-    isAmbient: (pod) =>
-      isAmbientPod(pod, {}, DEFAULT_ENABLEMENT_SELECTORS, { sidecarAnnotation: 'sidecar.mesh.io/status' }),
+    isAmbient: (pod) => isAmbientPod(pod, {}, DEFAULT_ENABLEMENT_SELECTORS),
     toEnrollPod: ambientPodOf,
     ...over,
   });
@@ -225,6 +224,7 @@ describe('the /cmdadd server (stand-in dataplane, the node pod watch on the test
     const sidecar = await cached({
       ...ambientPod('sidecar'),
       metadata: { ...ambientPod('sidecar').metadata, annotations: { 'sidecar.mesh.io/status': '{}' } },
+      spec: { ...ambientPod('sidecar').spec!, containers: [{ name: 'app' }, { name: 'mesh-proxy' }] },
     });
     assert.equal((await post(sock, request(sidecar))).json?.reason, 'not_eligible');
     assert.equal(dataplane.adds.length, from);

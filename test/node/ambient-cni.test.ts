@@ -257,6 +257,54 @@ describe('mesh-cni ambient branch (bridge + host-local + mesh-cni, test API serv
     );
   });
 
+  // What a pod author writes can make a pod look like a sidecar pod that the sidecar path then
+  // skips: such a pod is an ambient pod like any other, never left between the two paths with no
+  // redirection at all (README "How pods are selected"; Istio leaves it so).
+  const status = { 'sidecar.mesh.io/status': '{"containers":["mesh-proxy"]}' };
+  const proxy = (over: object = {}) => ({ name: 'mesh-proxy', image: 'proxy:1', ...over });
+  const claimsWithoutSidecar: [string, V1Pod][] = [
+    ['the sidecar status annotation and no mesh-proxy container', plainPod('amb', 'status-only')],
+    [
+      'the status annotation and DISABLE_ENVOY on mesh-proxy',
+      plainPod('amb', 'no-envoy', {}, { containers: [proxy({ env: [{ name: 'DISABLE_ENVOY', value: 'true' }] })] }),
+    ],
+    [
+      'the status annotation, mesh-proxy and its own mesh-init container',
+      plainPod('amb', 'own-init', {}, { initContainers: [{ name: 'mesh-init', image: 'x:1' }], containers: [proxy()] }),
+    ],
+    [
+      'the status annotation and a mesh-proxy of type router',
+      plainPod('amb', 'router', {}, { containers: [proxy({ args: ['proxy', 'router'] })] }),
+    ],
+    [
+      'the status annotation, mesh-proxy and the label sidecar.mesh.io/inject=false',
+      plainPod('amb', 'inject-off', { 'sidecar.mesh.io/inject': 'false' }, { containers: [proxy()] }),
+    ],
+  ];
+  for (const [why, p] of claimsWithoutSidecar) {
+    it(`a pod of an ambient namespace with ${why} is ambient: POSTed, not left unredirected`, async () => {
+      const pod = api.upsertPod({ ...p, metadata: { ...p.metadata, annotations: status } });
+      const { ns, chain, prev } = await podSandbox(pod);
+      const from = mark();
+      const add = await meshCni('ADD', chain, conf(prev));
+      assert.equal(add.code, 0, add.stdout + add.stderr);
+      assert.deepEqual(JSON.parse(add.stdout), prev);
+      assert.equal(postsSince(from).length, 1, 'handed to the agent');
+      assert.equal(postsSince(from)[0]!.body.podName, pod.metadata!.name);
+      assert.doesNotMatch(rulesIn(ns), /MESH_/, 'no sidecar rules of the plugin');
+    });
+  }
+
+  it('a pod with interceptionMode NONE on its sidecar in an ambient namespace is ambient too', async () => {
+    const p = meshPod('amb', 'no-interception', { 'sidecar.mesh.io/interceptionMode': 'NONE' });
+    const pod = api.upsertPod(p);
+    const { chain, prev } = await podSandbox(pod);
+    const from = mark();
+    const add = await meshCni('ADD', chain, conf(prev));
+    assert.equal(add.code, 0, add.stdout + add.stderr);
+    assert.equal(postsSince(from).length, 1);
+  });
+
   it('a host-network pod labelled ambient is never POSTed', async () => {
     const pod = api.upsertPod(
       plainPod('amb', 'host-net', { 'mesh.io/dataplane-mode': 'ambient' }, { hostNetwork: true }),
