@@ -2,17 +2,22 @@
 // Istio's cni/pkg/nodeagent (meshdataplane_linux.go, net_linux.go), our code:
 // - a pod is added in a fixed order: its netns held -> in-pod rules -> ztunnel told (AddWorkload
 //   + the netns fd, acked) -> its IPs in the node's probe ipset -> annotated `enabled`. Rules go in
-//   before ztunnel hears of the pod, so no packet of an enrolled pod bypasses it; the annotation
-//   comes last, since once it says enabled the pod counts as enrolled for good;
+//   before ztunnel hears of the pod, so no packet of an enrolled pod bypasses it;
+// - what counts as enrolled is the agent's own record (#record): the pods it wrote rules for and
+//   handed to ztunnel, and the IPs it put in the probe ipset for each. The annotation is only
+//   what it tells others: the pod's owner can write it too (README "What the agent counts as
+//   enrolled");
 // - removal goes the other way: probe ipset -> rules out of the netns (unless the pod is being
 //   deleted) -> ztunnel told to let go (every connection) -> annotation removed;
-// - start(): the node's probe rule and sets, the pods enrolled before this start found again
-//   (snapshot.ts), then the ZDS socket opens and each ztunnel that connects gets the snapshot.
+// - start(): the node's probe rule and sets, every running pod that should be ambient found and
+//   its rules made so (snapshot.ts), then the ZDS socket opens and each ztunnel that connects
+//   gets the snapshot.
 // The pieces: podrules.ts / hostrules.ts (rules), src/podnetns/ (netns by fd, nsenter),
 // ztunnelserver.ts (ZDS), podcache.ts (the held netns), hostprobes.ts (the ipset sync).
 
 import { lstat, rm, stat, statfs } from 'node:fs/promises';
 import path from 'node:path';
+import { untrustedDirChain } from '../../cni-plugin/shared/trustedpath.ts';
 import type { Settings } from '../config/settings.ts';
 import { hostFlavourDetector } from '../hostnet/flavour.ts';
 import { runOnHost } from '../hostnet/run.ts';
@@ -27,10 +32,22 @@ import {
   type NsId,
   type PodNetnsOptions,
 } from '../podnetns/index.ts';
-import { addProbeIP, applyHost, removeHost, removeProbeIP } from './hostrules.ts';
+import { HostHealer, type HealOptions } from './hostheal.ts';
+import { addProbeIP, applyHost, canonicalIP, iptablesHostState, removeHost, removeProbeIP } from './hostrules.ts';
 import { PodCache } from './podcache.ts';
-import { applyInpod, podOptions, removeInpod, type Family, type Flavour, type Runner } from './podrules.ts';
-import { REDIRECTION_ANNOTATION, type AmbientPodInfo } from './enablement.ts';
+import {
+  applyInpod,
+  CHAIN_OUTPUT,
+  CHAIN_PRERT,
+  parseSave,
+  podOptions,
+  removeInpod,
+  saveRules,
+  type Family,
+  type Flavour,
+  type Runner,
+} from './podrules.ts';
+import { REDIRECTION_ANNOTATION, type AmbientPodInfo, type Redirection } from './enablement.ts';
 import { buildStartupState, type StartupPod } from './snapshot.ts';
 import type { WorkloadInfo } from './zds.ts';
 import { ZtunnelError, ZtunnelServer, type ZdsTimings } from './ztunnelserver.ts';
@@ -63,11 +80,18 @@ export interface PodAnnotator {
 }
 
 export interface MeshDataplane {
-  start(pods: readonly AmbientPod[]): Promise<void>;
+  /**
+   * `pods`: every running pod that should be ambient now, enrolled (rules, ztunnel's snapshot,
+   * probe ipset); `leftovers`: others that carry the redirection annotation, recorded pending so
+   * that the informer takes out whatever of ours they may have.
+   */
+  start(pods: readonly AmbientPod[], leftovers?: readonly AmbientPod[]): Promise<void>;
   addPodToMesh(pod: AmbientPod, netnsPath: string | null): Promise<void>;
   removePodFromMesh(pod: AmbientPod, isDelete: boolean): Promise<void>;
   syncHostProbeIPs(pod: AmbientPod): Promise<void>;
   isEnrolled(uid: string): boolean;
+  /** The agent's own record of the pod: enabled, pending (some of ours may be in), or nothing. */
+  enrollment(uid: string): Redirection | undefined;
   notReadyReasons(): string[];
   status(): DataplaneStatus;
   stop(cleanup: boolean): Promise<void>;
@@ -79,7 +103,7 @@ export interface DataplaneStatus {
   readonly listening: boolean;
   /** ztunnel connections that said Hello. */
   readonly connections: number;
-  /** Pods enrolled (added, or found enrolled at start-up). */
+  /** Pods enrolled (added, or enrolled at start-up). */
   readonly enrolledPods: number;
   /** Pods known whose netns is not held (sent to ztunnel as Keep). */
   readonly podsWithoutNetns: readonly string[];
@@ -93,6 +117,8 @@ export interface DataplaneDeps {
   /** The node's iptables flavour; default: detected once, as the plugin does. */
   readonly flavour?: () => Promise<Flavour>;
   readonly zdsTimings?: Partial<ZdsTimings>;
+  /** The host probe path's healer (hostheal.ts): its clock and timings. */
+  readonly hostHeal?: HealOptions;
 }
 
 /** statfs type of a namespace file (NSFS_MAGIC). */
@@ -114,6 +140,14 @@ const familiesOfIps = (ips: readonly string[]): Family[] => {
   return v6 ? (v4 ? [4, 6] : [6]) : [4];
 };
 const podName = (p: { namespace: string; name: string }) => `${p.namespace}/${p.name}`;
+/** An IP as the probe set spells it; as given when it is no IP (hostrules refuses it then). */
+const probeKey = (ip: string): string => {
+  try {
+    return canonicalIP(ip).text;
+  } catch {
+    return ip;
+  }
+};
 const workload = (p: AmbientPod): WorkloadInfo => ({
   name: p.name,
   namespace: p.namespace,
@@ -159,6 +193,35 @@ export async function openCniNetns(hostRoot: string, netnsPath: string, host: Ns
   return ns;
 }
 
+/**
+ * Whether the pod's netns redirects to ztunnel in each family: nat's jumps into our chains and our
+ * outbound chain not empty. What the start-up checks when it is not to rewrite running pods' rules.
+ */
+async function redirectsToZtunnel(run: Runner, flavour: Flavour, families: readonly Family[]): Promise<boolean> {
+  for (const f of families) {
+    const nat = parseSave(await saveRules(run, flavour, f)).get('nat');
+    const jumps = (chain: string, to: string) => (nat?.get(chain) ?? []).some((l) => l === `-A ${chain} -j ${to}`);
+    if (!jumps('PREROUTING', CHAIN_PRERT) || !jumps('OUTPUT', CHAIN_OUTPUT)) return false;
+    if ((nat?.get(CHAIN_OUTPUT) ?? []).length === 0) return false;
+  }
+  return true;
+}
+
+/**
+ * The agent's own record of a pod: what it did to it, never what the pod says (README "What the
+ * agent counts as enrolled").
+ */
+interface Enrollment {
+  /** enabled: its rules are in and ztunnel took it; pending: some of ours may be in (rules, not ztunnel). */
+  state: Redirection;
+  /**
+   * The IPs this agent put in the probe ipset for it and has not taken out (the probe set's
+   * spelling): its removal takes these out, whatever the pod's status says by then (a pod deleted
+   * before the kubelet wrote its IPs has none there).
+   */
+  probeIPs: string[];
+}
+
 /** At most `n` of the functions given run at once; the others wait, in call order. */
 class Limit {
   #free: number;
@@ -188,12 +251,16 @@ class Dataplane implements MeshDataplane {
   readonly #timings: Partial<ZdsTimings> | undefined;
   readonly #hostFamilies: Family[];
   readonly #cache = new PodCache();
-  readonly #enrolled = new Set<string>();
+  /** Pod UID -> what this agent did to it (Enrollment); the only record of enrollment it reads. */
+  readonly #record = new Map<string, Enrollment>();
   /** Per pod UID, the tail of its operations: one at a time per pod, in call order. */
   readonly #tails = new Map<string, Promise<unknown>>();
   #server: ZtunnelServer | null = null;
   #started = false;
   #stopped = false;
+  readonly #healOpts: HealOptions | undefined;
+  /** Puts the node's probe rule and sets back when another writer takes them (from start to stop). */
+  #heal: HostHealer | null = null;
   readonly #snapshotHolds = new Map<number, () => void>();
   /** The pods the last start() put in the cache. */
   #startupUids = new Set<string>();
@@ -209,6 +276,7 @@ class Dataplane implements MeshDataplane {
     this.#host = deps.host ?? ((argv, opts) => runOnHost(argv, { input: opts?.input ?? null }));
     this.#flavour = deps.flavour ?? hostFlavourDetector();
     this.#timings = deps.zdsTimings;
+    this.#healOpts = deps.hostHeal;
     this.#hostFamilies = this.#s.ipv6 ? [4, 6] : [4];
   }
 
@@ -247,6 +315,50 @@ class Dataplane implements MeshDataplane {
     await this.#inpod.run(() => applyInpod(runnerIn(netns), flavour, this.#podFamilies(pod), opts));
   }
 
+  /**
+   * The rules of a running pod the agent is about to hand to ztunnel without an ADD (at start-up,
+   * or found later). After a restart it has no memory of what it wrote, and the pod's annotation
+   * is no record: with --ambient-reconcile-pod-rules-on-startup they are reconciled; without it,
+   * rules of ours that are there stay as they are, and a pod without them gets them (never
+   * handed to ztunnel unredirected).
+   */
+  async #rulesAtStart(pod: AmbientPod, netns: HeldNetns): Promise<void> {
+    if (this.#s.reconcilePodRulesOnStartup) return this.#programRules(pod, netns);
+    const flavour = await this.#flavour();
+    const families = this.#podFamilies(pod);
+    if (await this.#inpod.run(() => redirectsToZtunnel(runnerIn(netns), flavour, families))) return;
+    await this.#programRules(pod, netns);
+  }
+
+  /**
+   * The pod's probe entries become `ips`: each added (and recorded as it goes in), then those
+   * this agent added for it before that it no longer has taken out (a new sandbox's IPs). An
+   * entry left for an IP the pod no longer has would give the next pod with that IP the node's
+   * traffic from the probe address.
+   */
+  async #probeIPsNow(pod: AmbientPod, ips: readonly string[]): Promise<void> {
+    const rec = this.#record.get(pod.uid);
+    const now = new Set<string>();
+    for (const ip of ips) {
+      await addProbeIP(this.#host, ip, pod.uid);
+      now.add(probeKey(ip));
+      if (rec && !rec.probeIPs.includes(probeKey(ip))) rec.probeIPs.push(probeKey(ip));
+    }
+    if (!rec) return;
+    for (const ip of rec.probeIPs.filter((x) => !now.has(x))) {
+      await this.#removeProbeIP(pod, ip);
+      rec.probeIPs = rec.probeIPs.filter((x) => x !== ip);
+    }
+  }
+
+  /** Out of the probe set if the entry is still this pod's (a reused IP keeps its new owner). */
+  async #removeProbeIP(pod: AmbientPod, ip: string): Promise<void> {
+    const r = await removeProbeIP(this.#host, ip, pod.uid);
+    if (!r.removed && r.owner !== null) {
+      log.warn('probe ipset entry kept: the IP is now another pod', { pod: podName(pod), ip, owner: r.owner });
+    }
+  }
+
   /** The pod's netns: from the CNI path, else the one held, else a /proc scan. Cached. */
   async #netnsOf(pod: AmbientPod, netnsPath: string | null): Promise<HeldNetns> {
     const info = workload(pod);
@@ -274,6 +386,7 @@ class Dataplane implements MeshDataplane {
       throw new EnrollError('netns', `pod ${name} (uid ${pod.uid}) was deleted: not enrolled`);
     }
     const heldBefore = this.#cache.get(pod.uid)?.netns ?? null;
+    const before = this.#record.get(pod.uid);
     this.#cache.ensure(pod.uid, workload(pod));
     let netns: HeldNetns;
     try {
@@ -287,11 +400,11 @@ class Dataplane implements MeshDataplane {
     } catch (e) {
       // Not retried, and the netns let go: rules half written (IPv4 in, IPv6 failed) would stay
       // in a pod nobody knows of, its IPv4 sent to a ztunnel that never got it. A pod that was
-      // not redirected before (a netns new to the agent, no redirection annotation) goes back
-      // to that; one annotated (pending/enabled) keeps what it has (fail closed; its removal
-      // finds the netns again).
+      // not redirected before (a netns new to the agent, none of ours on record) goes back to
+      // that; one on record (pending/enabled) keeps what it has (fail closed; its removal finds
+      // the netns again). The pod's annotation is its owner's to write: never asked.
       let also = '';
-      if (netns !== heldBefore && pod.annotations[REDIRECTION_ANNOTATION] === undefined) {
+      if (netns !== heldBefore && before === undefined) {
         also = await this.#rollBackRules(netns);
       }
       this.#cache.release(this.#cache.take(pod.uid));
@@ -299,6 +412,11 @@ class Dataplane implements MeshDataplane {
         cause: e,
       });
     }
+    // Rules of ours are in from here on: on record (pending until ztunnel has the pod), so that
+    // whatever fails next, the informer removes them if the pod is no longer wanted.
+    const rec: Enrollment = before ?? { state: 'pending', probeIPs: [] };
+    rec.state = 'pending';
+    this.#record.set(pod.uid, rec);
     try {
       if (this.#server === null) {
         throw new ZtunnelError(
@@ -308,7 +426,8 @@ class Dataplane implements MeshDataplane {
       }
       await this.#server.podAdded(pod.uid, workload(pod), netns.fd);
     } catch (e) {
-      // Rules stay: the pod must not run unredirected. `pending` tells the informer to retry.
+      // Rules stay: the pod must not run unredirected. Pending on record: the informer retries
+      // (the annotation only tells others).
       let also = '';
       try {
         await this.#annotator.setRedirection(pod, 'pending');
@@ -324,18 +443,19 @@ class Dataplane implements MeshDataplane {
       );
     }
     try {
-      for (const ip of pod.ips) await addProbeIP(this.#host, ip, pod.uid);
+      await this.#probeIPsNow(pod, pod.ips);
     } catch (e) {
       throw new EnrollError('ipset', `cannot add pod ${name} to the probe ipset: ${(e as Error).message}`, {
         cause: e,
       });
     }
+    // Enrolled: the annotation after it is what others are told, not part of the record.
+    rec.state = 'enabled';
     try {
       await this.#annotator.setRedirection(pod, 'enabled');
     } catch (e) {
       throw new EnrollError('annotate', `cannot annotate pod ${name} enabled: ${(e as Error).message}`, { cause: e });
     }
-    this.#enrolled.add(pod.uid);
   }
 
   /** Best effort, each family on its own: '' or what could not be taken out. */
@@ -373,12 +493,16 @@ class Dataplane implements MeshDataplane {
         this.#deleted.delete(uid);
       }
     }
+    // Partly ours until the end: a step that fails leaves it pending, so the informer's retry
+    // (or an add, if it is wanted again) finds it.
+    const rec = this.#record.get(pod.uid);
+    if (rec) rec.state = 'pending';
     try {
-      for (const ip of pod.ips) {
-        const r = await removeProbeIP(this.#host, ip, pod.uid);
-        if (!r.removed && r.owner !== null) {
-          log.warn('probe ipset entry kept: the IP is now another pod', { pod: name, ip, owner: r.owner });
-        }
+      // The IPs we put in, and those its status names (an entry of an earlier run's); each only
+      // while the entry is still this pod's.
+      for (const ip of new Set([...(rec?.probeIPs ?? []), ...pod.ips.map(probeKey)])) {
+        await this.#removeProbeIP(pod, ip);
+        if (rec) rec.probeIPs = rec.probeIPs.filter((x) => x !== ip);
       }
     } catch (e) {
       throw new EnrollError('ipset', `cannot remove pod ${name} from the probe ipset: ${(e as Error).message}`, {
@@ -412,7 +536,6 @@ class Dataplane implements MeshDataplane {
     }
     if (found !== null) found.close();
     else this.#cache.release(held);
-    this.#enrolled.delete(pod.uid);
     try {
       await this.#server?.podDeleted(pod.uid);
     } catch (e) {
@@ -428,6 +551,7 @@ class Dataplane implements MeshDataplane {
       }
       log.debug('annotation of a deleted pod not removed', { pod: name, error: (e as Error).message });
     }
+    this.#record.delete(pod.uid);
   }
 
   /** The netns of a running pod being removed that the agent does not hold; null: not found (logged). */
@@ -453,7 +577,7 @@ class Dataplane implements MeshDataplane {
   syncHostProbeIPs(pod: AmbientPod): Promise<void> {
     return this.#serial(pod.uid, async () => {
       try {
-        for (const ip of pod.ips) await addProbeIP(this.#host, ip, pod.uid);
+        await this.#probeIPsNow(pod, pod.ips);
       } catch (e) {
         throw new EnrollError('ipset', `cannot add pod ${podName(pod)} to the probe ipset: ${(e as Error).message}`, {
           cause: e,
@@ -471,7 +595,7 @@ class Dataplane implements MeshDataplane {
    */
   async #findKept(pod: AmbientPod): Promise<void> {
     const cached = this.#cache.get(pod.uid);
-    if (cached === undefined || cached.netns !== null || pod.ips.length === 0 || !this.#enrolled.has(pod.uid)) return;
+    if (cached?.netns !== null || pod.ips.length === 0 || this.#record.get(pod.uid)?.state !== 'enabled') return;
     const name = podName(pod);
     const r = await findPodNetns(pod.mirrorUid ?? pod.uid, pod.ips, this.#nsOpts).catch((e: Error) => ({
       ok: false as const,
@@ -488,7 +612,7 @@ class Dataplane implements MeshDataplane {
     }
     const netns = this.#cache.upsert(pod.uid, workload(pod), r.netns);
     try {
-      if (this.#s.reconcilePodRulesOnStartup) await this.#programRules(pod, netns);
+      await this.#rulesAtStart(pod, netns);
       await this.#server?.podAdded(pod.uid, workload(pod), netns.fd);
       log.info("an enrolled pod's netns was found once its IPs were known", { pod: name });
     } catch (e) {
@@ -500,12 +624,16 @@ class Dataplane implements MeshDataplane {
   }
 
   isEnrolled(uid: string): boolean {
-    return this.#enrolled.has(uid);
+    return this.#record.get(uid)?.state === 'enabled';
+  }
+
+  enrollment(uid: string): Redirection | undefined {
+    return this.#record.get(uid)?.state;
   }
 
   notReadyReasons(): string[] {
     if (this.#stopped) return ['ambient: stopped'];
-    return this.#started ? [] : [NOT_READY];
+    return this.#started ? (this.#heal?.notReadyReasons() ?? []) : [NOT_READY];
   }
 
   status(): DataplaneStatus {
@@ -514,12 +642,12 @@ class Dataplane implements MeshDataplane {
       socket: this.#s.ztunnelUdsAddress,
       listening: this.#server !== null,
       connections: this.#server?.connections ?? 0,
-      enrolledPods: this.#enrolled.size,
+      enrolledPods: [...this.#record.values()].filter((r) => r.state === 'enabled').length,
       podsWithoutNetns: this.#cache.withoutNetns(),
     };
   }
 
-  async start(pods: readonly AmbientPod[]): Promise<void> {
+  async start(pods: readonly AmbientPod[], leftovers: readonly AmbientPod[] = []): Promise<void> {
     if (this.#started || this.#server !== null) throw new Error('the ambient dataplane was started already');
     // A start that failed is retried with the pods enrolled now: those of the failed attempt that
     // are no longer among them must not reach ztunnel's snapshot.
@@ -547,21 +675,48 @@ class Dataplane implements MeshDataplane {
       host: this.#host,
       hostFamilies: this.#hostFamilies,
       findMany: (list) => findPodsNetns(list, this.#nsOpts),
-      reconcile: this.#s.reconcilePodRulesOnStartup ? (p, netns) => this.#programRules(byUid.get(p.uid)!, netns) : null,
+      rules: (p, netns) => this.#rulesAtStart(byUid.get(p.uid)!, netns),
     });
     this.#server = await this.#listen();
-    for (const p of pods) this.#enrolled.add(p.uid);
+    // The record from here on is what this start did: a pod whose rules could not be made so is
+    // pending (the informer's add tries again), every other one enabled (Keep without its netns).
+    for (const p of pods) {
+      const state = r.rulesFailed.has(p.uid) ? 'pending' : 'enabled';
+      this.#record.set(p.uid, { state, probeIPs: p.ips.map(probeKey) });
+    }
+    for (const p of leftovers)
+      if (!this.#record.has(p.uid)) this.#record.set(p.uid, { state: 'pending', probeIPs: [] });
     this.#started = true;
+    for (const p of pods) if (p.annotations[REDIRECTION_ANNOTATION] !== 'enabled') this.#tellEnabled(p);
+    this.#heal = new HostHealer(iptablesHostState(this.#host, flavour, this.#hostFamilies, snat), this.#healOpts);
+    this.#heal.start();
     log.info('ambient dataplane started', {
       pods: pods.length,
       withNetns: r.withNetns,
       withoutNetns: r.withoutNetns.size,
-      rulesReconciled: r.reconciled,
-      rulesFailed: r.reconcileFailed.size,
+      leftovers: leftovers.length,
+      rulesChecked: r.rulesDone,
+      rulesFailed: r.rulesFailed.size,
       probeIPs: r.probes.added,
       probePruned: r.probes.pruned,
       socket: this.#s.ztunnelUdsAddress,
     });
+  }
+
+  /**
+   * The annotation of a pod enrolled at start-up that does not say so (labelled while the agent was
+   * down), in the pod's turn: only what others are told, so a failure is logged, not retried.
+   */
+  #tellEnabled(pod: AmbientPod): void {
+    void this.#serial(pod.uid, async () => {
+      if (this.#record.get(pod.uid)?.state !== 'enabled') return;
+      await this.#annotator.setRedirection(pod, 'enabled');
+    }).catch((e: unknown) =>
+      log.warn('cannot annotate a pod enrolled at start-up enabled; it is enrolled all the same', {
+        pod: podName(pod),
+        error: (e as Error).message,
+      }),
+    );
   }
 
   async #listen(): Promise<ZtunnelServer> {
@@ -578,14 +733,14 @@ class Dataplane implements MeshDataplane {
         { cause: e },
       );
     }
-    // Whoever can write the dir can put a socket of theirs in ours' place: ztunnel would then talk
-    // to them, or they to ztunnel, and every Add hands over a pod's netns. Only root's dir, written
-    // by root alone (the hostPath makes it 0755 root's), is listened in.
-    if (st.uid !== 0 || (st.mode & 0o022) !== 0) {
+    // Whoever can write the dir, or one above it, can put a socket of theirs in ours' place:
+    // ztunnel would then talk to them, or they to ztunnel, and every Add hands over a pod's netns.
+    // Only dirs of root's, written by root alone (the hostPath makes it 0755 root's), are walked.
+    const untrusted = untrustedDirChain(dir);
+    if (untrusted !== null) {
       throw new Error(
-        `cannot listen for ztunnel on ${sock} (--ztunnel-uds-address): its directory ${dir} is ` +
-          `${st.uid !== 0 ? `not root's (owner uid ${st.uid})` : 'writable by a user other than root'} ` +
-          `(mode 0${(st.mode & 0o7777).toString(8)}); make it root's and writable by root only (0755)`,
+        `cannot listen for ztunnel on ${sock} (--ztunnel-uds-address): ${untrusted}; make its directory and ` +
+          'every one above it root\'s and writable by root only (0755; README "Security: the trust model")',
       );
     }
     // A socket left by an agent that did not stop cleanly: ours to replace (Istio unlinks it too).
@@ -617,6 +772,8 @@ class Dataplane implements MeshDataplane {
 
   async stop(cleanup: boolean): Promise<void> {
     this.#stopped = true;
+    // First: a heal after the uninstall's removeHost below would put the node's rule back.
+    await this.#heal?.stop();
     const server = this.#server;
     this.#server = null;
     await server?.close();

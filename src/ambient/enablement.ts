@@ -1,11 +1,10 @@
 // Which of the node's pods are ambient, and what the agent reads off a pod to decide: the
 // enablement rules shared with the plugin (cni-plugin/shared/enablement.ts), the redirection
-// annotation the agent writes, terminal phases and IPs. Pure.
+// annotation (the agent's output; its owner can write it too), terminal phases and IPs. Pure.
 
 import type { V1Pod } from '@kubernetes/client-node';
 import {
   isAmbientPod as isAmbientPodShared,
-  neverAmbient,
   REDIRECTION_ANNOTATION,
   type AmbientRules,
   type EnablementSelector,
@@ -52,17 +51,18 @@ export function isAmbientPod(
   return isAmbientPodShared(pod, namespaceLabels, selectors, rules);
 }
 
-/** The rules of these settings: the sidecar annotation of repair, the namespaces the plugin leaves alone. */
+/** The rules of these settings: the namespaces the plugin leaves alone. */
 export function ambientRules(settings: Settings): AmbientRules {
-  return {
-    sidecarAnnotation: settings.repair.sidecarAnnotation,
-    excludeNamespaces: settings.install.excludeNamespaces,
-  };
+  return { excludeNamespaces: settings.install.excludeNamespaces };
 }
 
 export type Redirection = 'enabled' | 'pending';
 
-/** What the agent wrote on the pod: enabled (in ztunnel), pending (rules in, ztunnel not yet), or nothing. */
+/**
+ * What the pod's redirection annotation says: enabled, pending, or nothing. The agent writes it
+ * for others to read, and so can the pod's owner: never the agent's record of enrollment (that
+ * is the dataplane's own); it only marks a pod for a removal of our rules at start-up.
+ */
 export function redirectionOf(pod: V1Pod | undefined): Redirection | undefined {
   const v = pod?.metadata?.annotations?.[REDIRECTION_ANNOTATION];
   return v === 'enabled' || v === 'pending' ? v : undefined;
@@ -98,13 +98,4 @@ export function ambientPodOf(pod: V1Pod): AmbientPodInfo {
     annotations: { ...(pod.metadata?.annotations ?? {}) },
     ...(mirror ? { mirrorUid: mirror } : {}),
   };
-}
-
-/**
- * The start-up snapshot: the pods the agent enrolled before (annotated enabled) that still run.
- * Not a sidecar or host-network pod, whatever it says: the agent never enrolls one, and its owner
- * can write the annotation (the start would put ambient rules into a sidecar pod's netns).
- */
-export function enabledPods(pods: readonly V1Pod[], rules?: AmbientRules): V1Pod[] {
-  return pods.filter((p) => redirectionOf(p) === 'enabled' && !isTerminal(p) && !neverAmbient(p, rules));
 }

@@ -1,12 +1,21 @@
 // The node side of ambient's probe path at start-up: the probe ipset brought to the enrolled
 // pods' IPs (hostrules.ts builds and applies the rule and the sets; this decides what is in them).
 // As Istio's syncHostAddrSets: every enrolled pod's IPs added with its UID, then whatever else is
-// in the sets removed, unless some enrolled pod has no IP yet (right after a node or kubelet
-// restart): then nothing is removed, since its entry cannot be told from a stale one, and the
-// informer adds its IPs when they appear (syncHostProbeIPs).
+// in the sets removed, except the entries of an enrolled pod that has no IP yet (right after a
+// node or kubelet restart), found by the UID they carry; the informer syncs its IPs when they
+// appear (syncHostProbeIPs). Istio removes nothing then: every stale entry stayed, each giving
+// the next pod with that IP the node's traffic from the probe address.
 
 import { scope } from '../monitoring/logging.ts';
-import { addProbeCommand, addProbeIP, canonicalIP, parseProbeSet, probeSet, removeProbeIP } from './hostrules.ts';
+import {
+  addProbeCommand,
+  addProbeIP,
+  addProbeIPs,
+  canonicalIP,
+  parseProbeSet,
+  probeSet,
+  removeProbeIP,
+} from './hostrules.ts';
 import type { Family, Runner } from './podrules.ts';
 
 const log = scope('ambient');
@@ -25,13 +34,11 @@ export interface ProbeSync {
   readonly added: number;
   /** Stale entries removed. */
   readonly pruned: number;
-  /** Set when the prune was skipped: why. */
-  readonly pruneSkipped: string | null;
+  /** Entries not expected, kept: their UID is an enrolled pod's that has no IP yet. */
+  readonly keptWithoutIp: number;
   /** Pods whose IPs could not all be added (a message each). */
   readonly failed: readonly string[];
 }
-
-const lines = (entries: readonly { line: string }[]): string => entries.map((e) => e.line).join('\n') + '\n';
 
 /** Istio logs and goes on: this pod's probes fail, the others' work. */
 function addFailed(pod: ProbePod, ip: string, e: unknown): string {
@@ -43,7 +50,7 @@ function addFailed(pod: ProbePod, ip: string, e: unknown): string {
   return `${pod.namespace}/${pod.name} ${ip}: ${(e as Error).message}`;
 }
 
-/** Adds every pod's IPs, then prunes the rest of `families`' sets (unless a pod has no IP). */
+/** Adds every pod's IPs, then prunes the rest of `families`' sets (but a pod without an IP's). */
 export async function syncProbeSets(
   run: Runner,
   families: readonly Family[],
@@ -52,7 +59,7 @@ export async function syncProbeSets(
   const expected = new Set<string>();
   const failed: string[] = [];
   const withoutIp: string[] = [];
-  const entries: { pod: ProbePod; ip: string; line: string }[] = [];
+  const entries: { pod: ProbePod; ip: string }[] = [];
   for (const pod of pods) {
     if (pod.ips.length === 0) {
       withoutIp.push(`${pod.namespace}/${pod.name}`);
@@ -61,21 +68,27 @@ export async function syncProbeSets(
     for (const ip of pod.ips) {
       try {
         // ['add', set, ip, 'comment', uid, '-exist'], checked and in ipset's own spelling.
-        const [, set, text, , uid] = addProbeCommand(ip, pod.uid);
-        entries.push({ pod, ip, line: `add ${set} ${text} comment "${uid}"` });
+        const text = addProbeCommand(ip, pod.uid)[2]!;
+        entries.push({ pod, ip });
         // As ipset prints it (and parseProbeSet reads it): another spelling would look stale.
-        expected.add(text!);
+        expected.add(text);
       } catch (e) {
         failed.push(addFailed(pod, ip, e));
       }
     }
   }
   let added = 0;
-  // One `ipset restore` for all (a node of 250 pods: one process, not 250); nothing else writes
-  // the sets yet (the ZDS socket and the plugin's socket open after start-up). If it fails, one
-  // add per IP says which (ipset restore stops at the first bad line).
-  const batch = entries.length > 0 ? await run(['ipset', 'restore', '-exist'], { input: lines(entries) }) : null;
-  if (batch === null || (batch.error === null && batch.code === 0)) {
+  // One `ipset restore` for all (a node of 250 pods: one process, not 250). If it fails, one add
+  // per IP says which (ipset restore stops at the first bad line). Through hostrules, which
+  // records what is in for the healer (hostheal.ts).
+  const batch =
+    entries.length > 0
+      ? await addProbeIPs(
+          run,
+          entries.map((e) => [e.ip, e.pod.uid] as const),
+        )
+      : true;
+  if (batch) {
     added = entries.length;
   } else {
     expected.clear(); // only what is known to be in: a failed IP's entry is stale
@@ -90,11 +103,13 @@ export async function syncProbeSets(
     }
   }
   if (withoutIp.length > 0) {
-    const why = `enrolled pods without an IP yet: ${withoutIp.join(', ')}`;
-    log.warn('probe ipset not pruned at start-up', { reason: why });
-    return { added, pruned: 0, pruneSkipped: why, failed };
+    log.info('enrolled pods without an IP yet: their probe ipset entries (by UID) are kept', {
+      pods: withoutIp.join(', '),
+    });
   }
+  const keepOwners = new Set(pods.filter((p) => p.ips.length === 0).map((p) => p.uid));
   let pruned = 0;
+  let keptWithoutIp = 0;
   for (const f of families) {
     const set = probeSet(f);
     const saved = await run(['ipset', 'save', set]);
@@ -103,6 +118,10 @@ export async function syncProbeSets(
     }
     for (const [ip, owner] of parseProbeSet(saved.stdout)) {
       if (expected.has(ip)) continue;
+      if (keepOwners.has(owner)) {
+        keptWithoutIp++;
+        continue;
+      }
       // Through removeProbeIP when the entry has an owner: serialized with every other change of
       // the sets, and only if it is still that owner's (a pod enrolled meanwhile keeps its entry).
       if (UID.test(owner)) {
@@ -116,5 +135,5 @@ export async function syncProbeSets(
       pruned++;
     }
   }
-  return { added, pruned, pruneSkipped: null, failed };
+  return { added, pruned, keptWithoutIp, failed };
 }

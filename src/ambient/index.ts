@@ -1,7 +1,8 @@
 // Ambient mode as a part of the agent (--ambient-enabled): the namespace watch, the dataplane
 // (src/ambient/dataplane.ts) and the informer (reconcile.ts) on the node's one pod watch, in
 // Istio's order (research/ambient.md §1.1): wait for the pod and namespace caches, build the
-// dataplane's start-up state from the pods annotated enabled, then start the informer queue.
+// dataplane's start-up state from the running pods that should be ambient (snapshot.ts
+// podsAtStart: never from the pods' annotation), then start the informer queue.
 // /readyz says not ready until then. The start runs in the background, retried with backoff,
 // so the agent's other parts (the pod lookup, the installer) come up meanwhile: an ambient pod's
 // ADD before then fails (no enrollment, the plugin's error) and the kubelet retries it.
@@ -22,8 +23,9 @@ import { FullJitterBackoff } from '../orch/ratelimit.ts';
 import { apiAnnotator } from './annotator.ts';
 import { startCmdAddServer, type CmdAddServer } from './cmdadd.ts';
 import { createDataplane, type MeshDataplane } from './dataplane.ts';
-import { ambientPodOf, ambientRules, enabledPods, isAmbientPod, neverAmbient } from './enablement.ts';
+import { ambientPodOf, ambientRules, isAmbientPod, neverAmbient } from './enablement.ts';
 import { Reconciler } from './reconcile.ts';
+import { podsAtStart } from './snapshot.ts';
 
 const log = scope('ambient');
 
@@ -68,7 +70,7 @@ export function startAmbient(settings: Settings, deps: AmbientDeps): AmbientComp
     namespaceLabels: (n) => namespaces.labels(n),
     selectors,
     isAmbient,
-    neverAmbient: (pod) => neverAmbient(pod, rules),
+    neverAmbient,
     dataplane,
     clock,
   });
@@ -80,6 +82,7 @@ export function startAmbient(settings: Settings, deps: AmbientDeps): AmbientComp
   let state: State = 'waiting_for_caches';
   let lastError = '';
   let startFailures = 0;
+  let enrolledAtStart = 0;
   let cmdAdd: CmdAddServer | undefined;
   const until = <T>(p: Promise<T>) =>
     Promise.race([
@@ -95,12 +98,13 @@ export function startAmbient(settings: Settings, deps: AmbientDeps): AmbientComp
     state = 'starting_dataplane';
     const backoff = new FullJitterBackoff({ baseMs: 1000, maxMs: 30_000 });
     for (;;) {
-      // The pods enrolled before (this agent's previous run): their netns from /proc, rules
-      // reconciled, the ipset rebuilt, then ztunnel's snapshot.
-      const snapshot = enabledPods(deps.pods.pods(), rules).map(ambientPodOf);
+      // Every running pod that should be ambient (this agent remembers nothing of a previous
+      // run's): their netns from /proc, rules made so, the ipset rebuilt, then ztunnel's snapshot.
+      const at = podsAtStart(deps.pods.pods(), (p) => isAmbient(p), neverAmbient);
       try {
         // Not cut short by stop: stop waits for it, then stops what it started.
-        await dataplane.start(snapshot);
+        await dataplane.start(at.enroll.map(ambientPodOf), at.leftover.map(ambientPodOf));
+        enrolledAtStart = at.enroll.length;
         break;
       } catch (e) {
         if (stopping.signal.aborted) throw e;
@@ -133,7 +137,7 @@ export function startAmbient(settings: Settings, deps: AmbientDeps): AmbientComp
     }
     reconciler.start();
     state = 'running';
-    log.info('ambient mode started', { enrolledAtStart: enabledPods(deps.pods.pods(), rules).length });
+    log.info('ambient mode started', { enrolledAtStart });
   };
   const started = run();
   started.catch(() => {});

@@ -8,6 +8,8 @@
 //   wanted but not enrolled (or pending) and has IPs -> enrolled; enrolled but no longer wanted
 //   -> removed;
 // - a deleted pod that was enrolled, pending or selected -> removed (isDelete).
+// "Enrolled" and "pending" are the dataplane's own record (README "What the agent counts as
+// enrolled"), never the pod's redirection annotation: its owner can write that.
 // A namespace added, or relabelled so that it flips a selector, queues all its pods as updates.
 // The queue retries without end, backing off 5 ms -> 5 s per pod, as Istio's does (ztunnel may
 // connect at any time), and drops a failure that says no retry helps (netns, rules).
@@ -29,10 +31,10 @@ import {
   labelSelectorMatches,
   neverAmbient,
   podIPs,
-  redirectionOf,
   sameIPs,
   type AmbientPodInfo,
   type EnablementSelector,
+  type Redirection,
 } from './enablement.ts';
 
 const log = scope('ambient');
@@ -53,6 +55,11 @@ export interface DecisionInput {
   readonly latest: V1Pod;
   /** The pod in the watch's cache now (same UID), undefined when it is gone. */
   readonly current: V1Pod | undefined;
+  /**
+   * What the dataplane's own record says of this pod (its UID): enabled (ztunnel has it, its rules
+   * are in), pending (some of ours may be in: rules written, ztunnel not yet), or nothing.
+   */
+  readonly record: Redirection | undefined;
   /** The enablement decision for a pod (its namespace's labels and the selectors applied). */
   readonly shouldBeEnabled: (pod: V1Pod) => boolean;
   /** A sidecar or host-network pod (neverAmbient): never enrolled, so never un-enrolled while it runs. */
@@ -63,7 +70,7 @@ export interface DecisionInput {
 export function decide(i: DecisionInput): Action {
   if (i.event === 'add') return { kind: 'none', why: 'added: the plugin or the start-up snapshot enrolls it' };
   if (i.event === 'delete') {
-    const was = redirectionOf(i.latest) !== undefined || i.shouldBeEnabled(i.latest);
+    const was = i.record !== undefined || i.shouldBeEnabled(i.latest);
     // A termination folded into this delete may have left the pod without IPs (kubernetes#125370):
     // the removal takes the probe ipset entries out by IP, so the pod as it was before, as for a termination.
     const pod = podIPs(i.latest).length === 0 && podIPs(i.old).length > 0 ? i.old! : i.latest;
@@ -71,12 +78,11 @@ export function decide(i: DecisionInput): Action {
   }
   const cur = i.current;
   if (!cur) return { kind: 'none', why: 'gone from the watch: its delete follows' };
-  // Its owner can write the annotation: a removal would find its netns and sweep every MESH_*
-  // chain there, its sidecar's redirection included. (Its delete is told: that touches no rules.)
+  // Never enrolled, whatever any record says: a removal would find its netns and sweep every
+  // MESH_* chain there, its sidecar's redirection included. (Its delete is told: that touches no rules.)
   if (i.neverOurs?.(cur)) return { kind: 'none', why: 'a sidecar or host-network pod: never enrolled' };
-  const redirection = redirectionOf(cur);
-  const enrolled = redirection === 'enabled';
-  const partial = redirection === 'pending';
+  const enrolled = i.record === 'enabled';
+  const partial = i.record === 'pending';
   const terminal = isTerminal(cur);
   if ((enrolled || partial) && terminal) return { kind: 'remove', pod: i.old ?? cur, isDelete: true };
   if (terminal) return { kind: 'none', why: 'terminal' };
@@ -95,8 +101,10 @@ export function decide(i: DecisionInput): Action {
   return { kind: 'add', pod: cur };
 }
 
-/** What the reconcile asks of the dataplane (INTERFACES §3 MeshDataplane, in part). */
+/** What the reconcile asks of the dataplane (MeshDataplane, in part). */
 export interface ReconcileDataplane {
+  /** The dataplane's own record of the pod (by UID): the only "enrolled" the decision knows. */
+  enrollment(uid: string): Redirection | undefined;
   addPodToMesh(pod: AmbientPodInfo, netnsPath: string | null): Promise<void>;
   removePodFromMesh(pod: AmbientPodInfo, isDelete: boolean): Promise<void>;
   syncHostProbeIPs(pod: AmbientPodInfo): Promise<void>;
@@ -204,9 +212,7 @@ export class Reconciler {
       const uid = pod.metadata?.uid ?? '';
       const last = this.#known.get(uid) ?? pod;
       this.#known.delete(uid);
-      // The last state we saw carries the annotation the delete's object may lack (a re-list).
-      const latest = redirectionOf(pod) ? pod : last;
-      this.#enqueue(uid, { event: 'delete', old: last, latest });
+      this.#enqueue(uid, { event: 'delete', old: last, latest: pod });
     },
   };
 
@@ -248,7 +254,7 @@ export class Reconciler {
     if (labels === undefined) return true;
     const shouldBeEnabled = (p: V1Pod) => this.#d.isAmbient(p, labels);
     const i = { event: 'update', old: pod, latest: pod, current: pod, shouldBeEnabled } as const;
-    return decide({ ...i, neverOurs: this.#never }).kind !== 'none';
+    return decide({ ...i, record: this.#recordOf(pod), neverOurs: this.#never }).kind !== 'none';
   }
 
   /**
@@ -297,7 +303,11 @@ export class Reconciler {
     if (labels === undefined) return false;
     const shouldBeEnabled = (pod: V1Pod) => this.#d.isAmbient(pod, labels);
     const i = { event: 'update', old: p.old, latest: p.latest, current: p.latest, shouldBeEnabled } as const;
-    return decide({ ...i, neverOurs: this.#never }).kind === 'none';
+    return decide({ ...i, record: this.#recordOf(p.latest), neverOurs: this.#never }).kind === 'none';
+  }
+
+  #recordOf(pod: V1Pod): Redirection | undefined {
+    return this.#d.dataplane.enrollment(pod.metadata?.uid ?? '');
   }
 
   async #reconcile(uid: string): Promise<Outcome> {
@@ -319,6 +329,7 @@ export class Reconciler {
       old: p.old,
       latest: p.latest,
       current,
+      record: this.#d.dataplane.enrollment(uid),
       shouldBeEnabled: (pod) => this.#d.isAmbient(pod, nsLabels),
       neverOurs: this.#never,
     });

@@ -267,18 +267,21 @@ for (const flavour of ['nft', 'legacy'] as const) {
       const node = await nodeNetns();
       const sock = socketPath();
       const dp = dataplane(sock, node.run, flavour);
-      await dp.start([]);
+      const ns = podNetns('pod', '198.18.64.2');
+      // Its owner wrote "pending" on it: no record of the agent's, so it is rolled back all the same.
+      const pod = ambientPod(['198.18.64.2', 'fd00:198:18:64::2'], {
+        annotations: { 'ambient.mesh.io/redirection': 'pending' },
+      });
+      runningPod(pod.uid, ns);
+      const nsPending = podNetns('pend', '198.18.64.3');
+      const pending = ambientPod(['198.18.64.3', 'fd00:198:18:64::3']);
+      runningPod(pending.uid, nsPending);
+      // Pending on the agent's record (a start-up's leftover: some of ours may be in it).
+      await dp.start([], [pending]);
+      assert.equal(dp.enrollment(pending.uid), 'pending');
       const zt = new FakeZtunnel({ path: sock });
       defer(() => zt.stop());
       await zt.waitForNth('snapshot_sent', 1);
-      const ns = podNetns('pod', '198.18.64.2');
-      const pod = ambientPod(['198.18.64.2', 'fd00:198:18:64::2']);
-      runningPod(pod.uid, ns);
-      const nsPending = podNetns('pend', '198.18.64.3');
-      const pending = ambientPod(['198.18.64.3', 'fd00:198:18:64::3'], {
-        annotations: { 'ambient.mesh.io/redirection': 'pending' },
-      });
-      runningPod(pending.uid, nsPending);
       brokenIp6tablesRestore(flavour);
       // The informer's add of a running pod (its namespace just labelled): no CNI netns path.
       await assert.rejects(dp.addPodToMesh(pod, null), (e: Error & { reason?: string; retryable?: boolean }) => {

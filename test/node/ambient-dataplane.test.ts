@@ -21,7 +21,7 @@ import {
   type PodAnnotator,
 } from '../../src/ambient/dataplane.ts';
 import { parseProbeSet, PROBE_SET_V4, PROBE_SET_V6 } from '../../src/ambient/hostrules.ts';
-import type { Flavour } from '../../src/ambient/podrules.ts';
+import { applyInpod, podOptions, type Flavour } from '../../src/ambient/podrules.ts';
 import type { ZdsTimings } from '../../src/ambient/ztunnelserver.ts';
 import { buildSettings, type Settings } from '../../src/config/settings.ts';
 import { openNetns, runInNetns } from '../../src/podnetns/index.ts';
@@ -484,20 +484,60 @@ for (const flavour of ['nft', 'legacy'] as const) {
       runningPod(c.uid, nsC);
       await dp.addPodToMesh(c, null);
       assert.equal(zt.of('add').at(-1)?.netnsIno, inode(nsC.path));
-      assert.deepEqual(ann.calls, [{ uid: c.uid, value: 'enabled' }]);
+      // The start's pods did not say enabled (their annotation is output only): told so, then c.
+      assert.deepEqual(ann.calls.at(-1), { uid: c.uid, value: 'enabled' });
+      assert.deepEqual(
+        ann.calls
+          .slice(0, -1)
+          .map((x) => `${x.uid} ${x.value}`)
+          .sort(),
+        [a, gone, b].map((x) => `${x.uid} enabled`).sort(),
+      );
     });
 
-    it('start-up with --ambient-reconcile-pod-rules-on-startup=false leaves running pods rules alone; a pod without an IP skips the prune', async () => {
+    it('start-up with --ambient-reconcile-pod-rules-on-startup=false leaves our rules in running pods as they are, writes them where there are none; a pod without an IP keeps its entry', async () => {
       const node = await nodeNetns();
       const nsA = podNetns('a', '198.18.52.2');
       const a = ambientPod('198.18.52.2');
       runningPod(a.uid, nsA);
+      // Ours, from an earlier version (DNS captured): not what this start would write.
+      const inA = (argv: readonly string[], o?: { input?: string }) => {
+        const r = spawnSync('ip', ['netns', 'exec', nsA.name, ...argv], { encoding: 'utf8', input: o?.input });
+        return Promise.resolve({ code: r.status, stdout: r.stdout, stderr: r.stderr, error: null });
+      };
+      await applyInpod(inA, flavour, [4, 6], podOptions({}, true));
+      // iptables-save's '# Generated ... on <time>' lines left out.
+      const raw = (ns: Netns) =>
+        sh(['ip', 'netns', 'exec', ns.name, `iptables-${flavour}-save`, '-t', 'raw']).out.replace(/^#.*\n/gm, '');
+      const before = raw(nsA);
+      assert.match(before, /:MESH_OUTPUT/);
+      // Never enrolled (its namespace labelled while the agent was down): no rules of ours yet.
+      const nsB = podNetns('b', '198.18.52.3');
+      const b = ambientPod('198.18.52.3');
+      runningPod(b.uid, nsB);
+      const noIp = ambientPod(null);
+      assert.equal(
+        sh(['ip', 'netns', 'exec', node.ns.name, 'ipset', 'create', PROBE_SET_V4, 'hash:ip', 'comment']).code,
+        0,
+      );
+      assert.equal(
+        sh(['ip', 'netns', 'exec', node.ns.name, 'ipset', 'add', PROBE_SET_V4, '198.18.52.9', 'comment', noIp.uid])
+          .code,
+        0,
+      );
       const sock = socketPath();
-      // A stale entry the flush at start removes; the prune would too, but it is skipped.
       const dp = dataplane(sock, new FakeAnnotator(), node, flavour, { reconcilePodRulesOnStartup: false });
-      await dp.start([a, ambientPod(null)]);
-      assert.equal(inpodRules(nsA, flavour), false);
-      assert.deepEqual([...(probeEntries(node.ns) ?? [])], [['198.18.52.2', a.uid]]);
+      await dp.start([a, b, noIp]);
+      assert.equal(raw(nsA), before, "a's rules left as they were");
+      assert.equal(inpodRules(nsB, flavour), true, 'b handed to ztunnel with its rules written');
+      assert.deepEqual(
+        [...(probeEntries(node.ns) ?? [])].sort(),
+        [
+          ['198.18.52.2', a.uid],
+          ['198.18.52.3', b.uid],
+          ['198.18.52.9', noIp.uid],
+        ].sort(),
+      );
     });
 
     it('start-up keeps the probe entries of pods whose IPs are spelled otherwise than ipset prints them', async () => {
@@ -603,6 +643,13 @@ describe('ambient dataplane: the ZDS socket', () => {
       await assert.rejects(dp.start([]), /writable by a user other than root|not root's/, what);
       assert.equal(existsSync(path.join(shared, 'ztunnel.sock')), false, `${what}: nothing listens there`);
     }
+    // A dir of root's 0755 below one writable by all: the dir itself can be moved aside and replaced.
+    const above = path.dirname(socketPath());
+    chmodSync(above, 0o777);
+    mkdirSync(path.join(above, 'ztunnel'), { mode: 0o755 });
+    const below = dataplane(path.join(above, 'ztunnel', 'ztunnel.sock'), new FakeAnnotator(), node, 'nft');
+    await assert.rejects(below.start([]), new RegExp(`${above} is writable by a user other than root`));
+    assert.equal(existsSync(path.join(above, 'ztunnel', 'ztunnel.sock')), false, 'nothing listens below it');
   });
 
   it('a start that failed can be retried: pods of the failed attempt no longer enrolled are not in the snapshot', async () => {

@@ -3,11 +3,10 @@
 
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
-import type { V1Pod } from '@kubernetes/client-node';
+import type { V1Container, V1Pod } from '@kubernetes/client-node';
 import {
   ambientPodOf,
   DEFAULT_ENABLEMENT_SELECTORS,
-  enabledPods,
   isAmbientPod,
   isTerminal,
   namespaceSelected,
@@ -16,6 +15,7 @@ import {
   type EnablementSelector,
 } from '../../src/ambient/enablement.ts';
 import { buildSettings } from '../../src/config/settings.ts';
+import { sidecarSkipReason } from '../../cni-plugin/shared/sidecar.ts';
 import { ambientRules } from '../../src/ambient/enablement.ts';
 
 const MODE = 'mesh.io/dataplane-mode';
@@ -28,6 +28,8 @@ function pod(
     hostNetwork?: boolean;
     phase?: string;
     ips?: string[];
+    /** A mesh-proxy container beside the app (a sidecar pod, with the status annotation). */
+    proxy?: boolean;
   } = {},
 ): V1Pod {
   return {
@@ -38,7 +40,11 @@ function pod(
       labels: o.labels ?? {},
       annotations: o.annotations ?? {},
     },
-    spec: { containers: [{ name: 'app' }], hostNetwork: o.hostNetwork ?? false, serviceAccountName: 'cart' },
+    spec: {
+      containers: [{ name: 'app' }, ...(o.proxy ? [{ name: 'mesh-proxy' }] : [])],
+      hostNetwork: o.hostNetwork ?? false,
+      serviceAccountName: 'cart',
+    },
     status: { phase: o.phase ?? 'Running', podIPs: (o.ips ?? []).map((ip) => ({ ip })) },
   };
 }
@@ -58,14 +64,26 @@ describe('isAmbientPod with the default selectors', () => {
     ['pod labelled other value, plain namespace', pod({ labels: { [MODE]: 'Ambient' } }), {}, false],
     ['hostNetwork pod labelled ambient', pod({ labels: { [MODE]: 'ambient' }, hostNetwork: true }), AMBIENT_NS, false],
     [
-      'pod with a sidecar (status annotation) in an ambient namespace',
-      pod({ annotations: { 'sidecar.mesh.io/status': '{}' } }),
+      'pod with a sidecar (status annotation, mesh-proxy) in an ambient namespace',
+      pod({ annotations: { 'sidecar.mesh.io/status': '{}' }, proxy: true }),
       AMBIENT_NS,
       false,
     ],
     [
       'pod with a sidecar, labelled ambient',
-      pod({ labels: { [MODE]: 'ambient' }, annotations: { 'sidecar.mesh.io/status': '' } }),
+      pod({ labels: { [MODE]: 'ambient' }, annotations: { 'sidecar.mesh.io/status': '' }, proxy: true }),
+      {},
+      false,
+    ],
+    [
+      'pod with the status annotation and no mesh-proxy in an ambient namespace (no sidecar path either)',
+      pod({ annotations: { 'sidecar.mesh.io/status': '{}' } }),
+      AMBIENT_NS,
+      true,
+    ],
+    [
+      'pod with the status annotation and no mesh-proxy, plain namespace',
+      pod({ annotations: { 'sidecar.mesh.io/status': '{}' } }),
       {},
       false,
     ],
@@ -81,14 +99,68 @@ describe('isAmbientPod with the default selectors', () => {
     it(`${name}: ${want}`, () => assert.equal(isAmbientPod(p, ns, DEFAULT_ENABLEMENT_SELECTORS, rules), want));
   }
 
-  it('a sidecar is the annotation of --repair-sidecar-annotation, and sidecar.mesh.io/status whatever it says', () => {
+  // A sidecar pod is the one the plugin's sidecar path redirects, for the agent as for the plugin:
+  // --repair-sidecar-annotation only says which pods repair looks at. Before, a pod carrying it
+  // was never ambient for the agent, while the plugin (which never reads the flag) handed it over.
+  it('--repair-sidecar-annotation makes no pod a sidecar pod: the sidecar path decides', () => {
     const r = ambientRules(buildSettings({ 'repair-sidecar-annotation': 'inject.example/done' }, {}));
-    const p = pod({ annotations: { 'inject.example/done': 'x' } });
-    assert.equal(isAmbientPod(p, AMBIENT_NS, DEFAULT_ENABLEMENT_SELECTORS, r), false);
-    // The plugin knows only sidecar.mesh.io/status (its sidecar path reads it): such a pod gets the
-    // plugin's sidecar rules, so the agent must not enroll it into ztunnel on top of them.
-    const q = pod({ annotations: { 'sidecar.mesh.io/status': 'x' } });
+    const p = pod({ annotations: { 'inject.example/done': 'x' }, proxy: true });
+    assert.equal(isAmbientPod(p, AMBIENT_NS, DEFAULT_ENABLEMENT_SELECTORS, r), true);
+    const q = pod({ annotations: { 'sidecar.mesh.io/status': 'x' }, proxy: true });
     assert.equal(isAmbientPod(q, AMBIENT_NS, DEFAULT_ENABLEMENT_SELECTORS, r), false);
+  });
+});
+
+// The class of the gap: each field the sidecar path reads is its author's, so no combination of
+// them may leave a pod of an ambient namespace with neither path (nor with both). Every
+// combination of what the sidecar path reads, against the one decision the plugin and the agent
+// share; the opt-outs that stay (labelled none, host network, excluded namespace) are above.
+describe('a pod of an ambient namespace is ambient or a sidecar pod: never neither, never both', () => {
+  const proxies: [string, V1Container[], V1Container[]][] = [
+    ['no mesh-proxy', [], []],
+    ['mesh-proxy', [], [{ name: 'mesh-proxy' }]],
+    ['mesh-proxy as a native sidecar', [{ name: 'mesh-proxy' }], []],
+    ['a gateway mesh-proxy', [], [{ name: 'mesh-proxy', args: ['proxy', 'router'] }]],
+    ['mesh-proxy with DISABLE_ENVOY', [], [{ name: 'mesh-proxy', env: [{ name: 'DISABLE_ENVOY', value: '1' }] }]],
+  ];
+  const options = <T>(...v: T[]) => v;
+  let combos = 0;
+  const wrong: string[] = [];
+  for (const status of options<string | undefined>(undefined, '{}', ''))
+    for (const [proxyName, init, containers] of proxies)
+      for (const ownInit of [false, true])
+        for (const injectLabel of options<string | undefined>(undefined, 'false', 'true'))
+          for (const injectAnnotation of options<string | undefined>(undefined, '0'))
+            for (const interception of options<string | undefined>(undefined, 'NONE', 'TPROXY'))
+              for (const modeLabel of options<string | undefined>(undefined, 'ambient')) {
+                const annotations: Record<string, string> = {};
+                if (status !== undefined) annotations['sidecar.mesh.io/status'] = status;
+                if (injectAnnotation !== undefined) annotations['sidecar.mesh.io/inject'] = injectAnnotation;
+                if (interception !== undefined) annotations['sidecar.mesh.io/interceptionMode'] = interception;
+                const labels: Record<string, string> = {};
+                if (injectLabel !== undefined) labels['sidecar.mesh.io/inject'] = injectLabel;
+                if (modeLabel !== undefined) labels[MODE] = modeLabel;
+                const p = pod({ annotations, labels });
+                p.spec!.initContainers = [...init, ...(ownInit ? [{ name: 'mesh-init' }] : [])];
+                p.spec!.containers = [{ name: 'app' }, ...containers];
+                const ambient = isAmbientPod(p, AMBIENT_NS, DEFAULT_ENABLEMENT_SELECTORS, rules);
+                const sidecar = sidecarSkipReason(p) === null;
+                if (ambient === sidecar) {
+                  const what = JSON.stringify({
+                    status,
+                    proxyName,
+                    ownInit,
+                    injectLabel,
+                    injectAnnotation,
+                    interception,
+                  });
+                  wrong.push(`${what}: ${ambient ? 'both paths' : `neither path (${sidecarSkipReason(p)})`}`);
+                }
+                combos++;
+              }
+  it(`each of the ${combos} combinations takes exactly one path`, () => {
+    assert.equal(combos, 3 * 5 * 2 * 3 * 2 * 3 * 2);
+    assert.deepEqual(wrong.slice(0, 5), [], `${wrong.length} combinations take no path or both`);
   });
 });
 
@@ -175,30 +247,5 @@ describe('pod facts the informer reads', () => {
       annotations: { 'kubernetes.io/config.mirror': 'kubelet-uid' },
       mirrorUid: 'kubelet-uid',
     });
-  });
-
-  it('the start-up snapshot: annotated enabled and not terminal', () => {
-    const a = 'ambient.mesh.io/redirection';
-    const pods = [
-      pod({ annotations: { [a]: 'enabled' } }),
-      pod({ annotations: { [a]: 'pending' } }),
-      pod({ annotations: { [a]: 'enabled' }, phase: 'Succeeded' }),
-      pod({ labels: { [MODE]: 'ambient' } }),
-    ];
-    assert.deepEqual(enabledPods(pods), [pods[0]]);
-  });
-
-  // R6 review: the annotation is on the pod, and its owner may write it (at creation, say). A
-  // sidecar or host-network pod is never enrolled by the agent, so its "enabled" is not ours: in
-  // the snapshot, the start would put ambient rules into a sidecar pod (sweeping its MESH_* chains).
-  it('the start-up snapshot leaves out sidecar and host-network pods whatever they are annotated', () => {
-    const a = 'ambient.mesh.io/redirection';
-    const pods = [
-      pod({ annotations: { [a]: 'enabled', 'sidecar.mesh.io/status': '{}' } }),
-      pod({ annotations: { [a]: 'enabled', 'sidecar.example/status': '{}' } }),
-      pod({ annotations: { [a]: 'enabled' }, hostNetwork: true }),
-      pod({ annotations: { [a]: 'enabled' } }),
-    ];
-    assert.deepEqual(enabledPods(pods, { sidecarAnnotation: 'sidecar.example/status' }), [pods[3]]);
   });
 });

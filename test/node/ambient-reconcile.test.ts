@@ -5,7 +5,12 @@
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
 import type { V1Namespace, V1Pod } from '@kubernetes/client-node';
-import { DEFAULT_ENABLEMENT_SELECTORS, isAmbientPod, type AmbientPodInfo } from '../../src/ambient/enablement.ts';
+import {
+  DEFAULT_ENABLEMENT_SELECTORS,
+  isAmbientPod,
+  type AmbientPodInfo,
+  type Redirection,
+} from '../../src/ambient/enablement.ts';
 import { decide, Reconciler, type Action, type DecisionInput } from '../../src/ambient/reconcile.ts';
 import { registry } from '../../src/monitoring/metrics.ts';
 import { eventually } from '../helpers/poll.ts';
@@ -44,10 +49,20 @@ const shouldBeEnabled = (p: V1Pod) => isAmbientPod(p, {}, DEFAULT_ENABLEMENT_SEL
 describe('the reconcile decision (pure)', () => {
   const enrolled = pod({ labels: ambient, redirection: 'enabled' });
   const table: [string, Omit<DecisionInput, 'shouldBeEnabled'>, Action['kind'], V1Pod?, boolean?][] = [
-    ['add events are ignored', { event: 'add', old: undefined, latest: enrolled, current: enrolled }, 'none'],
+    [
+      'add events are ignored',
+      { event: 'add', old: undefined, latest: enrolled, current: enrolled, record: 'enabled' },
+      'none',
+    ],
     [
       'add of a labelled, unenrolled pod is ignored too (the plugin enrolls it)',
-      { event: 'add', old: undefined, latest: pod({ labels: ambient }), current: pod({ labels: ambient }) },
+      {
+        event: 'add',
+        old: undefined,
+        latest: pod({ labels: ambient }),
+        current: pod({ labels: ambient }),
+        record: undefined,
+      },
       'none',
     ],
     [
@@ -57,6 +72,7 @@ describe('the reconcile decision (pure)', () => {
         old: enrolled,
         latest: pod({ labels: ambient, redirection: 'enabled', phase: 'Succeeded', ips: [] }),
         current: pod({ labels: ambient, redirection: 'enabled', phase: 'Succeeded', ips: [] }),
+        record: 'enabled',
       },
       'remove',
       enrolled,
@@ -69,6 +85,7 @@ describe('the reconcile decision (pure)', () => {
         old: pod({ labels: ambient, redirection: 'pending' }),
         latest: pod({ labels: ambient, redirection: 'pending', phase: 'Failed' }),
         current: pod({ labels: ambient, redirection: 'pending', phase: 'Failed' }),
+        record: 'pending',
       },
       'remove',
       pod({ labels: ambient, redirection: 'pending' }),
@@ -81,6 +98,7 @@ describe('the reconcile decision (pure)', () => {
         old: pod({ labels: ambient }),
         latest: pod({ labels: ambient, phase: 'Succeeded' }),
         current: pod({ labels: ambient, phase: 'Succeeded' }),
+        record: undefined,
       },
       'none',
     ],
@@ -91,6 +109,7 @@ describe('the reconcile decision (pure)', () => {
         old: pod({ labels: ambient, redirection: 'enabled', ips: [] }),
         latest: enrolled,
         current: enrolled,
+        record: 'enabled',
       },
       'syncProbeIPs',
       enrolled,
@@ -102,6 +121,7 @@ describe('the reconcile decision (pure)', () => {
         old: pod({ labels: ambient, redirection: 'enabled', ips: ['fd00::5', '198.18.0.5'] }),
         latest: pod({ labels: ambient, redirection: 'enabled', ips: ['198.18.0.5', 'fd00::5'] }),
         current: pod({ labels: ambient, redirection: 'enabled', ips: ['198.18.0.5', 'fd00::5'] }),
+        record: 'enabled',
       },
       'none',
     ],
@@ -112,6 +132,7 @@ describe('the reconcile decision (pure)', () => {
         old: enrolled,
         latest: enrolled,
         current: pod({ labels: ambient, redirection: 'enabled', ips: [] }),
+        record: 'enabled',
       },
       'none',
     ],
@@ -122,6 +143,7 @@ describe('the reconcile decision (pure)', () => {
         old: enrolled,
         latest: pod({ redirection: 'enabled' }),
         current: pod({ redirection: 'enabled' }),
+        record: 'enabled',
       },
       'remove',
       pod({ redirection: 'enabled' }),
@@ -134,6 +156,7 @@ describe('the reconcile decision (pure)', () => {
         old: enrolled,
         latest: pod({ labels: { [MODE]: 'none' }, redirection: 'pending' }),
         current: pod({ labels: { [MODE]: 'none' }, redirection: 'pending' }),
+        record: 'pending',
       },
       'remove',
       pod({ labels: { [MODE]: 'none' }, redirection: 'pending' }),
@@ -141,7 +164,13 @@ describe('the reconcile decision (pure)', () => {
     ],
     [
       'update: should be, not enrolled, has IPs -> add',
-      { event: 'update', old: pod(), latest: pod({ labels: ambient }), current: pod({ labels: ambient }) },
+      {
+        event: 'update',
+        old: pod(),
+        latest: pod({ labels: ambient }),
+        current: pod({ labels: ambient }),
+        record: undefined,
+      },
       'add',
       pod({ labels: ambient }),
     ],
@@ -152,6 +181,7 @@ describe('the reconcile decision (pure)', () => {
         old: pod({ labels: ambient, redirection: 'pending' }),
         latest: pod({ labels: ambient, redirection: 'pending' }),
         current: pod({ labels: ambient, redirection: 'pending' }),
+        record: 'pending',
       },
       'add',
       pod({ labels: ambient, redirection: 'pending' }),
@@ -163,47 +193,58 @@ describe('the reconcile decision (pure)', () => {
         old: pod(),
         latest: pod({ labels: ambient, ips: [] }),
         current: pod({ labels: ambient, ips: [] }),
+        record: undefined,
       },
       'none',
     ],
     [
       'update: neither wanted nor enrolled -> nothing',
-      { event: 'update', old: pod(), latest: pod(), current: pod() },
+      { event: 'update', old: pod(), latest: pod(), current: pod(), record: undefined },
       'none',
     ],
     [
       'update: the pod is gone from the cache -> nothing (its delete follows)',
-      { event: 'update', old: pod(), latest: pod({ labels: ambient }), current: undefined },
+      { event: 'update', old: pod(), latest: pod({ labels: ambient }), current: undefined, record: undefined },
       'none',
     ],
     [
       'update: the cache is newer than the event: the current pod decides',
-      { event: 'update', old: pod(), latest: pod(), current: pod({ labels: ambient }) },
+      { event: 'update', old: pod(), latest: pod(), current: pod({ labels: ambient }), record: undefined },
       'add',
       pod({ labels: ambient }),
     ],
     [
       'delete: enrolled -> remove as a delete',
-      { event: 'delete', old: enrolled, latest: enrolled, current: undefined },
+      { event: 'delete', old: enrolled, latest: enrolled, current: undefined, record: 'enabled' },
       'remove',
       enrolled,
       true,
     ],
     [
       'delete: pending -> remove',
-      { event: 'delete', old: undefined, latest: pod({ redirection: 'pending' }), current: undefined },
+      {
+        event: 'delete',
+        old: undefined,
+        latest: pod({ redirection: 'pending' }),
+        current: undefined,
+        record: 'pending',
+      },
       'remove',
       pod({ redirection: 'pending' }),
       true,
     ],
     [
-      'delete: matching but never annotated (the ADD may have half-run) -> remove',
-      { event: 'delete', old: undefined, latest: pod({ labels: ambient }), current: undefined },
+      'delete: matching, none of ours on record (the ADD may have half-run) -> remove',
+      { event: 'delete', old: undefined, latest: pod({ labels: ambient }), current: undefined, record: undefined },
       'remove',
       pod({ labels: ambient }),
       true,
     ],
-    ['delete: neither -> nothing', { event: 'delete', old: undefined, latest: pod(), current: undefined }, 'none'],
+    [
+      'delete: neither -> nothing',
+      { event: 'delete', old: undefined, latest: pod(), current: undefined, record: undefined },
+      'none',
+    ],
   ];
   for (const [name, input, kind, withPod, isDelete] of table) {
     it(name, () => {
@@ -213,20 +254,54 @@ describe('the reconcile decision (pure)', () => {
       if (isDelete !== undefined && a.kind === 'remove') assert.equal(a.isDelete, isDelete);
     });
   }
+
+  // The redirection annotation is its owner's to write (at creation, or any time): the decision
+  // reads the dataplane's own record alone. A pod created "enabled" in a plain namespace was
+  // taken for enrolled when the namespace was labelled, and ran unredirected.
+  it('an owner-written enabled on a pod never enrolled: wanted -> add, not wanted -> nothing', () => {
+    const claims = pod({ labels: ambient, redirection: 'enabled' });
+    const base = { event: 'update', old: claims, latest: claims, current: claims, record: undefined } as const;
+    assert.equal(decide({ ...base, shouldBeEnabled }).kind, 'add');
+    const plain = pod({ redirection: 'enabled' });
+    assert.equal(decide({ ...base, latest: plain, current: plain, shouldBeEnabled }).kind, 'none');
+    assert.equal(
+      decide({ event: 'delete', old: plain, latest: plain, current: undefined, record: undefined, shouldBeEnabled })
+        .kind,
+      'none',
+      'nor is its delete a removal',
+    );
+  });
+
+  it('enrolled on record, the annotation taken off by its owner: unlabelled -> remove, wanted -> nothing', () => {
+    const bare = pod();
+    const i = { event: 'update', old: bare, latest: bare, current: bare, record: 'enabled' } as const;
+    assert.equal(decide({ ...i, shouldBeEnabled }).kind, 'remove');
+    const labelled = pod({ labels: ambient });
+    assert.equal(decide({ ...i, latest: labelled, current: labelled, shouldBeEnabled }).kind, 'none');
+  });
 });
 
 type Call = { op: 'add' | 'remove' | 'sync'; uid: string; ips: readonly string[]; isDelete?: boolean };
 
-/** A dataplane that records calls; `fail` decides a throw per call. */
+/**
+ * A dataplane that records calls and keeps its own record of enrollment as the real one does (an
+ * add that works: enabled; a removal that works: none); `fail` decides a throw per call.
+ */
 function fakeDataplane(fail: (c: Call) => Error | undefined = () => undefined) {
   const calls: Call[] = [];
+  const enrolled = new Map<string, Redirection>();
   const record = async (c: Call) => {
     calls.push(c);
     const e = fail(c);
     if (e) throw e;
+    if (c.op === 'add') enrolled.set(c.uid, 'enabled');
+    if (c.op === 'remove') enrolled.delete(c.uid);
   };
   return {
     calls,
+    /** Enrolled before the test (by the plugin's ADD, or a start-up). */
+    enrolled,
+    enrollment: (uid: string) => enrolled.get(uid),
     addPodToMesh: (p: AmbientPodInfo) => record({ op: 'add', uid: p.uid, ips: p.ips }),
     removePodFromMesh: (p: AmbientPodInfo, isDelete: boolean) =>
       record({ op: 'remove', uid: p.uid, ips: p.ips, isDelete }),
@@ -276,6 +351,7 @@ describe('the Reconciler', () => {
     const h = harness();
     h.upsert(pod({ uid: 'a', name: 'a', labels: ambient }));
     h.upsert(pod({ uid: 'b', name: 'b' }));
+    h.dp.enrolled.set('c', 'enabled'); // the start-up enrolled it
     h.upsert(pod({ uid: 'c', name: 'c', labels: ambient, redirection: 'enabled' }));
     await new Promise((r) => setTimeout(r, 20));
     assert.deepEqual(h.dp.calls, [], 'nothing before start');
@@ -293,6 +369,7 @@ describe('the Reconciler', () => {
     h.r.start();
     const before = await metric('update');
     const p = pod({ uid: 'u', labels: ambient, redirection: 'enabled' });
+    h.dp.enrolled.set('u', 'enabled'); // the plugin's ADD enrolled it
     h.upsert(p); // add: ignored
     await h.idle();
     h.upsert(pod({ uid: 'u', redirection: 'enabled' })); // unlabelled
@@ -356,6 +433,7 @@ describe('the Reconciler', () => {
       dataplane: dp,
     });
     const a = pod({ uid: 'a', name: 'a', labels: { app: 'a' }, redirection: 'enabled' });
+    dp.enrolled.set('a', 'enabled');
     const b = pod({ uid: 'b', name: 'b', labels: { app: 'b' } });
     for (const p of [a, b]) {
       cache.set(`shop/${p.metadata!.name}`, p);
@@ -399,6 +477,7 @@ describe('the Reconciler', () => {
     };
     r.start();
     const plain = Array.from({ length: 150 }, (_, i) => pod({ uid: `p${i}`, name: `p${i}` }));
+    dp.enrolled.set('e', 'enabled');
     upsert(pod({ uid: 'e', name: 'e', labels: ambient, redirection: 'enabled' }));
     for (const p of plain) upsert(p);
     for (const p of plain) upsert(p); // updates, nothing changed (a relist)
@@ -414,6 +493,7 @@ describe('the Reconciler', () => {
   it('a termination folded into its delete still removes with the IPs the pod had', async () => {
     const h = harness();
     h.r.start();
+    h.dp.enrolled.set('t', 'enabled');
     h.upsert(pod({ uid: 't', labels: ambient, redirection: 'enabled' }));
     await h.idle();
     const dead = pod({ uid: 't', labels: ambient, redirection: 'enabled', phase: 'Failed', ips: [] });
@@ -434,6 +514,7 @@ describe('the Reconciler', () => {
     const p = (o: { phase?: string; ips?: string[] } = {}) => {
       const x = pod({ uid: 's', name: 's', redirection: 'enabled', ...o });
       x.metadata!.annotations = { ...x.metadata!.annotations, ...sidecar };
+      x.spec!.containers = [...x.spec!.containers, { name: 'mesh-proxy' }];
       return x;
     };
     h.upsert(p({ ips: [] }));
@@ -441,10 +522,10 @@ describe('the Reconciler', () => {
     h.upsert(p());
     await h.idle();
     assert.equal(h.dp.calls.length, 0, 'no removal of a pod never ours');
-    // Its delete is told to the dataplane (a delete touches no rules: ztunnel and the ipset only).
+    // Nor its delete: nothing of ours is on record for it to undo.
     h.remove(p());
     await h.idle();
-    assert.deepEqual(h.dp.calls, [{ op: 'remove', uid: 's', ips: ['198.18.0.5'], isDelete: true }]);
+    assert.deepEqual(h.dp.calls, []);
     await h.r.stop(100);
   });
 
@@ -470,6 +551,7 @@ describe('the Reconciler', () => {
 
   it('folds events that came while waiting: add then update is one update from the added state', async () => {
     const h = harness();
+    h.dp.enrolled.set('f', 'enabled');
     h.upsert(pod({ uid: 'f', labels: ambient, redirection: 'enabled', ips: [] }));
     h.upsert(pod({ uid: 'f', labels: ambient, redirection: 'enabled', ips: ['198.18.0.9'] }));
     h.r.start();
