@@ -8,7 +8,11 @@
 // socket made is removed after each test (the rules and sets live in the netns and go with it).
 
 import assert from 'node:assert/strict';
+import { randomUUID } from 'node:crypto';
+import { mkdtempSync, rmSync } from 'node:fs';
+import path from 'node:path';
 import { describe, it as nodeIt } from 'node:test';
+import { createDataplane, type PodAnnotator } from '../../src/ambient/dataplane.ts';
 import { HostHealer, type HealWhat } from '../../src/ambient/hostheal.ts';
 import {
   addProbeIP,
@@ -19,6 +23,7 @@ import {
   removeProbeIP,
 } from '../../src/ambient/hostrules.ts';
 import { applyInpod, type Flavour, type Runner } from '../../src/ambient/podrules.ts';
+import { buildSettings, type Settings } from '../../src/config/settings.ts';
 import { registry } from '../../src/monitoring/metrics.ts';
 import type { Clock } from '../../src/orch/limits.ts';
 import { cleanupAfterEach } from '../helpers/cleanup.ts';
@@ -292,5 +297,55 @@ describe('host probe path: a check that cannot run', () => {
     where = node.name;
     assert.deepEqual(await clock.step(), { slept: 80_000, next: 10_000 });
     assert.deepEqual(healer.notReadyReasons(), []);
+  });
+});
+
+const annotator: PodAnnotator = { setRedirection: async () => {} };
+
+function settingsFor(sock: string): Settings {
+  const base = buildSettings({}, {});
+  return {
+    ...base,
+    ambient: { ...base.ambient, ztunnelUdsAddress: sock, hostRoot: '/', ipv6: false },
+    repair: { ...base.repair, hostProcDir: '/proc', hostNetnsPath: '/proc/self/ns/net' },
+  };
+}
+
+describe('host probe path: healed by the dataplane from start to stop', () => {
+  it('a start-up entry flushed and the jump removed come back; readiness carries the fight; stop ends the checks', async () => {
+    const flavour = 'nft';
+    const { node } = await topology(flavour);
+    const inNode = (...argv: string[]) => must(['ip', 'netns', 'exec', node.name, ...argv]);
+    // Root's own dir for the ZDS socket (the dataplane refuses one others can write).
+    const dir = mkdtempSync('/run/mcni-heal-');
+    defer(async () => rmSync(dir, { recursive: true, force: true }));
+    const clock = new StepClock();
+    const dp = createDataplane(settingsFor(path.join(dir, 'ztunnel.sock')), {
+      annotator,
+      host: runnerIn(node),
+      flavour: async () => flavour,
+      hostHeal: { clock, timings: { maxHeals: 1 } },
+    });
+    defer(() => dp.stop(false));
+    // A pod enrolled before this start: its probe entry is in the agent's record from the start-up sync.
+    const uid = randomUUID();
+    await dp.start([{ uid, namespace: 'shop', name: 'cart', serviceAccount: 'cart', ips: [POD], annotations: {} }]);
+    assert.equal(await probe(node), HEALTHY);
+
+    await inNode('ipset', 'flush', PROBE_SET_V4);
+    assert.equal(await probe(node), CAPTURED);
+    assert.deepEqual(await clock.step(), { slept: 10_000, next: 10_000 });
+    assert.equal(await probe(node), HEALTHY, 'the start-up entry is back');
+    assert.deepEqual(await setOf(node), { [POD]: uid });
+    assert.deepEqual(dp.notReadyReasons(), []);
+
+    await inNode(`iptables-${flavour}`, '-w', '5', '-t', 'nat', '-D', 'POSTROUTING', '-j', 'MESH_POSTRT');
+    assert.deepEqual(await clock.step(), { slept: 10_000, next: 20_000 });
+    assert.equal(await probe(node), HEALTHY);
+    assert.match(dp.notReadyReasons().join('\n'), /keeps being undone by another writer/);
+
+    await dp.stop(false);
+    await inNode('ipset', 'flush', PROBE_SET_V4);
+    assert.equal(await probe(node), CAPTURED, 'stopped: nothing put back (an upgrade leaves the node as it is)');
   });
 });
