@@ -10,6 +10,7 @@ import type { V1Pod } from '@kubernetes/client-node';
 import assert from 'node:assert/strict';
 import { spawn, type ChildProcess } from 'node:child_process';
 import { chmodSync, chownSync, lchownSync, mkdirSync, symlinkSync } from 'node:fs';
+import http from 'node:http';
 import net from 'node:net';
 import path from 'node:path';
 import { after, before, describe, it } from 'node:test';
@@ -282,6 +283,35 @@ describe('a socket another user can take over', () => {
         assert.match(e.details ?? '', /root's and writable by root alone.*--pod-lookup-uds-address/);
         assert.equal(asked, 0, 'the socket was not talked to');
         assert.doesNotMatch(rules, /MESH_/);
+      });
+
+      it(`${runtime}: an ambient pod whose plugin event socket was taken over is not started unredirected`, async () => {
+        const dir = sharedDir('event');
+        const sock = path.join(dir, 'pluginevent.sock');
+        const server = http.createServer((_req, res) => res.end());
+        await new Promise<void>((resolve) => server.listen(sock, resolve));
+        standIns.push(server);
+        const impostor = await takeOver(sock, sock, 'cmdadd');
+        const pod: V1Pod = {
+          apiVersion: 'v1',
+          kind: 'Pod',
+          metadata: { namespace: 'amb', name: `event-${runtime}` },
+          spec: { containers: [{ name: 'app', image: 'app:1' }] },
+        };
+        const { run } = await add(pod, { ambient_enabled: true, pluginevent_uds_address: sock }, argv);
+        const asked = impostor.asked();
+        impostor.stop();
+        assert.notEqual(
+          run.code,
+          0,
+          `ADD exited 0 after uid ${NOBODY}'s socket said "enrolled" (asked ${asked} time(s))`,
+        );
+        const e = errorOf(run.stdout);
+        assert.equal(e.code, 11, run.stdout);
+        assert.match(e.msg, new RegExp(`plugin event socket ${sock}: ${dir} is writable by a user other than root`));
+        assert.match(e.msg, /not starting it unredirected/);
+        assert.match(e.details ?? '', /--pluginevent-uds-address/);
+        assert.equal(asked, 0, 'the socket was not talked to');
       });
     }
 
