@@ -47,10 +47,13 @@ export const pluginTokenRefreshes = new Counter({
 
 export const pluginTokenRefreshFailures = new Counter({
   name: 'mesh_cni_plugin_token_refresh_failures_total',
-  help: "Failed attempts to mint the CNI plugin's token, by reason (throttled, server_error, client_error, unreachable); the old token stays in use until it expires.",
+  help: "Failed attempts to mint the CNI plugin's token, by reason (throttled, server_error, client_error, unreachable; refused: the answer's token was not the plugin account's); the old token stays in use until it expires.",
   labelNames: ['reason'] as const,
   registers: [registry],
 });
+// Every reason at 0 from the start, so an alert on the first failure has a series to compare.
+for (const reason of ['throttled', 'server_error', 'client_error', 'unreachable', 'refused'])
+  pluginTokenRefreshFailures.inc({ reason }, 0);
 
 export const pluginTokenExpiry = new Gauge({
   name: 'mesh_cni_plugin_token_expiry_timestamp_seconds',

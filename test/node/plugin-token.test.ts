@@ -239,6 +239,15 @@ describe("the plugin's token", () => {
     assert.throws(() => buildSettings({ 'plugin-service-account': 'Not_A_Name' }, {}), /--plugin-service-account/);
   });
 
+  it('has a series for every failure reason before the first failure, so an alert can fire on it', async () => {
+    const m = (await registry.getMetricsAsJSON()).find(
+      (x) => x.name === 'mesh_cni_plugin_token_refresh_failures_total',
+    );
+    const reasons = (m?.values ?? []).map((v) => v.labels.reason).sort();
+    for (const reason of ['client_error', 'refused', 'server_error', 'throttled', 'unreachable'])
+      assert.ok(reasons.includes(reason), `no series for reason="${reason}" (have ${reasons.join(', ')})`);
+  });
+
   it('keeps the old token while refreshing fails, counts the failures, says why on readiness once it is late or expired, and recovers', async () => {
     const { api, agentToken } = await cluster();
     const minter = await shortLivedMinter(api, agentToken);
