@@ -23,7 +23,9 @@ import { startPluginToken } from './install/tokenrequest.ts';
 import { startControlz } from './monitoring/ctrlz.ts';
 import { closeLogging, configureLogging, scope } from './monitoring/logging.ts';
 import { startPluginLogServer } from './monitoring/logserver.ts';
-import { startMonitoringServer, type Readiness } from './monitoring/server.ts';
+import { AgentReadiness } from './monitoring/readiness.ts';
+import { startMonitoringServer } from './monitoring/server.ts';
+import { agentReached } from './monitoring/startup.ts';
 import { repairPodSource, repairWatchesNode, startRepair } from './repair/index.ts';
 import { disabledComponent } from './component.ts';
 import { startAmbient, type AmbientComponent } from './ambient/index.ts';
@@ -41,11 +43,9 @@ export async function runAgent(settings: Settings): Promise<number> {
   // before the installer start; the pass waits for it (README "Start-up time").
   const binaryCheck = checkInstalledBinaries(settings.install.cniBinariesDir, settings.install.mountedCniBinDir);
   const components: Component[] = [];
-  let started = false;
-  const readiness: Readiness = {
-    notReadyReasons: () => (started ? components.flatMap((c) => c.notReadyReasons()) : ['starting']),
-    notes: () => components.flatMap((c) => c.notes?.() ?? []),
-  };
+  // "starting" until every part has started; each reason with since when (README "Start-up stages").
+  const readiness = new AgentReadiness(() => components, { onFirstReady: () => agentReached('ready') });
+  readiness.watch();
   // Signals that arrive while starting are kept and acted on once everything is up.
   const stopSignal = new Promise<NodeJS.Signals>((resolve) => {
     process.once('SIGTERM', () => resolve('SIGTERM'));
@@ -79,8 +79,9 @@ export async function runAgent(settings: Settings): Promise<number> {
     const pluginToken = await startPluginToken(settings);
     components.push(pluginToken);
     components.push(await startInstaller(settings, pluginToken, decide, binaryCheck));
-    components.push(await startControlz(settings, { components: () => components }));
-    started = true;
+    components.push(await startControlz(settings, { components: () => components, readiness }));
+    readiness.markStarted();
+    agentReached('started');
     // Last, so its first pass reads the whole agent's readiness, and it stops first: on an
     // uninstall the condition turns False before the installer removes the plugin.
     if (settings.nodeReadiness?.conditionType)
@@ -95,6 +96,7 @@ export async function runAgent(settings: Settings): Promise<number> {
     await stopAll(components, 'SIGTERM');
     return 1;
   } finally {
+    readiness.stop();
     await monitoring.close();
     // Flush and close log files (the entry point exits right after).
     await closeLogging();
@@ -165,7 +167,7 @@ function watchComponent(name: string, source: PodSource): Component {
 function nodeReadinessPart(
   settings: Settings,
   kc: KubeConfig,
-  readiness: Readiness,
+  readiness: AgentReadiness,
   decide: (s: Settings) => Promise<CleanupDecision>,
 ): Component {
   const { nodeName, podName } = settings.env;

@@ -90,7 +90,8 @@ async function loadComponents() {
     const h = el('h3', c.name + ' ');
     h.append(el('span', c.ready ? 'ready' : 'not ready', c.ready ? 'ok' : 'bad'));
     box.append(h);
-    if (c.not_ready_reasons.length) { const ul = el('ul'); for (const r of c.not_ready_reasons) ul.append(el('li', r)); box.append(ul); }
+    const lines = [...c.not_ready.map((r) => r.reason + ' (since ' + r.since + ')'), ...c.notes.map((n) => 'note: ' + n.note + ' (since ' + n.since + ')')];
+    if (lines.length) { const ul = el('ul'); for (const l of lines) ul.append(el('li', l)); box.append(ul); }
     const t = el('table'); const b = el('tbody'); t.append(b); kvTable(b, c.status); box.append(t);
   }
 }

@@ -33,6 +33,8 @@ import {
 } from './logging.ts';
 import { registry } from './metrics.ts';
 import { loopbackPeerUid } from './peer.ts';
+import { AgentReadiness, type PartReadiness } from './readiness.ts';
+import { startupStages } from './startup.ts';
 
 const log = scope('monitoring');
 const MAX_BODY = 16 * 1024;
@@ -40,6 +42,8 @@ const MAX_BODY = 16 * 1024;
 export interface ControlzDeps {
   /** The agent's parts, for their status. */
   readonly components: () => readonly Component[];
+  /** The clocks /readyz reads, so a reason has one since in both; else ControlZ keeps its own. */
+  readonly readiness?: { of(c: Component): PartReadiness };
 }
 
 class HttpError extends Error {
@@ -153,19 +157,28 @@ function procInfo() {
     cwd: process.cwd(),
     args: maskedArgs(),
     exec_args: process.execArgv,
+    startup_seconds: startupStages(),
   };
 }
 
-function componentsView(components: readonly Component[]) {
+function componentsView(components: readonly Component[], readiness: { of(c: Component): PartReadiness }) {
   return components.map((c) => {
-    const reasons = c.notReadyReasons();
+    const { notReady, notes } = readiness.of(c);
+    const reasons = notReady.map((r) => r.text);
     let status: Record<string, unknown>;
     try {
       status = c.status();
     } catch (e) {
       status = { error: `status() failed: ${(e as Error).message}` };
     }
-    return { name: c.name, ready: reasons.length === 0, not_ready_reasons: reasons, status };
+    return {
+      name: c.name,
+      ready: reasons.length === 0,
+      not_ready_reasons: reasons,
+      not_ready: notReady.map((r) => ({ reason: r.text, since: r.since })),
+      notes: notes.map((n) => ({ note: n.text, since: n.since })),
+      status,
+    };
   });
 }
 
@@ -176,7 +189,12 @@ interface RequestContext {
   readonly access: WriteAccess;
 }
 
-async function route(method: string, pathname: string, ctx: RequestContext, deps: ControlzDeps): Promise<Reply> {
+async function route(
+  method: string,
+  pathname: string,
+  ctx: RequestContext,
+  deps: Required<ControlzDeps>,
+): Promise<Reply> {
   const get = method === 'GET' || method === 'HEAD';
   const only = (ok: boolean, allow: string) => {
     if (!ok)
@@ -206,7 +224,7 @@ async function route(method: string, pathname: string, ctx: RequestContext, deps
     '/api/proc': async () => json(procInfo()),
     '/api/env': async () => json(maskedEnvironment()),
     '/api/args': async () => json(maskedArgs()),
-    '/api/components': async () => json(componentsView(deps.components())),
+    '/api/components': async () => json(componentsView(deps.components(), deps.readiness)),
     '/api/metrics': async () => ({ type: 'text/plain; charset=utf-8', body: await registry.metrics() }),
   };
   const view = Object.hasOwn(views, pathname) ? views[pathname] : undefined;
@@ -261,6 +279,7 @@ export async function serveControlz(
 ): Promise<ControlzServer> {
   const host = listenHost(address);
   const loopbackOnly = host !== undefined && LOOPBACK_HOSTS.has(host);
+  const withClocks = { ...deps, readiness: deps.readiness ?? new AgentReadiness(deps.components) };
   const server = boundedHttpServer((req, res) => {
     const send = (r: Reply, extra: Record<string, string> = {}) => {
       res.writeHead(r.status ?? 200, {
@@ -302,7 +321,7 @@ export async function serveControlz(
         ...(uid !== undefined ? { client_uid: uid } : {}),
       };
     };
-    route(req.method ?? 'GET', url.pathname, { body: () => readBody(req), client, access }, deps).then(
+    route(req.method ?? 'GET', url.pathname, { body: () => readBody(req), client, access }, withClocks).then(
       (r) => send(r),
       fail,
     );

@@ -6,14 +6,16 @@ import { boundedHttpServer } from './httpbounds.ts';
 import { registry } from './metrics.ts';
 import { scope } from './logging.ts';
 import { OPENMETRICS_CONTENT_TYPE, toOpenMetrics, wantsOpenMetrics } from './openmetrics.ts';
+import type { TimedLine } from './readiness.ts';
 
 const log = scope('monitoring');
 
+/** What /readyz shows (readiness.ts): each line with since when it has been said. */
 export interface Readiness {
-  /** Empty when ready; otherwise one reason a line, shown by /readyz. */
-  notReadyReasons(): readonly string[];
+  /** Empty when ready; otherwise one reason a line. */
+  notReady(): readonly TimedLine[];
   /** Lines /readyz adds, ready or not (e.g. config files the installer passed over). */
-  notes?(): readonly string[];
+  notes(): readonly TimedLine[];
 }
 
 export interface MonitoringServer {
@@ -79,10 +81,15 @@ const ROUTES: Record<string, (send: Send, readiness: Readiness, req: http.Incomi
     else send(200, text, registry.contentType);
   },
   '/healthz': async (send) => send(200, 'ok\n'),
+  // One line each, the since last: a reason's words come first, as before they had a since.
   '/readyz': async (send, readiness) => {
-    const reasons = readiness.notReadyReasons();
-    const notes = (readiness.notes?.() ?? []).map((n) => `note: ${n}\n`).join('');
+    const timed = (l: TimedLine) => `${l.text} (since ${l.since})`;
+    const reasons = readiness.notReady();
+    const notes = readiness
+      .notes()
+      .map((n) => `note: ${timed(n)}\n`)
+      .join('');
     if (reasons.length === 0) send(200, `ready\n${notes}`);
-    else send(503, `not ready:\n${reasons.map((r) => `- ${r}`).join('\n')}\n${notes}`);
+    else send(503, `not ready:\n${reasons.map((r) => `- ${timed(r)}`).join('\n')}\n${notes}`);
   },
 };

@@ -9,6 +9,7 @@
 
 import type { V1Namespace } from '@kubernetes/client-node';
 import { scope } from '../monitoring/logging.ts';
+import { watchReached, type StartupWatch, type WatchStage } from '../monitoring/startup.ts';
 import type { OrchApi, WatchEventType, WatchTuning } from './api.ts';
 import { ApiError, statusText, toApiError } from './errors.ts';
 import { realClock, type Clock } from './limits.ts';
@@ -34,6 +35,8 @@ export interface NamespaceSourceOptions {
   readonly notReadyAfterMs: number;
   /** The re-watch spread and start jitter: else the API's tuning, else FLEET_DEFAULTS (podsource.ts). */
   readonly tuning?: Partial<Pick<WatchTuning, 'reconnectSpreadMs' | 'startJitterMs'>>;
+  /** Its name in mesh_cni_startup_duration_seconds{watch}; none: its start-up is not recorded. */
+  readonly startupName?: StartupWatch;
 }
 
 export const NAMESPACE_WATCH_DEFAULTS: NamespaceSourceOptions = {
@@ -44,6 +47,7 @@ export const NAMESPACE_WATCH_DEFAULTS: NamespaceSourceOptions = {
   silenceTimeoutMs: 120_000,
   random: Math.random,
   notReadyAfterMs: 30_000,
+  startupName: 'namespaces',
 };
 
 /**
@@ -229,7 +233,9 @@ export class NamespaceSource {
     const signal = AbortSignal.any([this.#stop.signal, AbortSignal.timeout(this.#o.requestTimeoutMs)]);
     // After a 410, not any age: an API server whose cache lags (behind a load balancer) could
     // hand back labels older than those seen, and the informer would undo a relabel for a while.
+    this.#reached('first_request');
     const list = await this.#api.listNamespaces!(signal, this.#seenRv || undefined);
+    this.#reached('first_response');
     const seen = new Map(list.items.map((ns) => [ns.metadata?.name ?? '', slim(ns)] as const));
     for (const [name, old] of this.#cache) {
       if (!seen.has(name)) {
@@ -245,7 +251,12 @@ export class NamespaceSource {
     this.#rv = list.resourceVersion;
     if (list.resourceVersion) this.#seenRv = list.resourceVersion;
     this.#lists++;
+    this.#reached('initial_list');
     this.#synced();
+  }
+
+  #reached(stage: WatchStage): void {
+    if (this.#o.startupName) watchReached(this.#o.startupName, stage);
   }
 
   #watch(): Promise<End> {
@@ -304,6 +315,7 @@ export class NamespaceSource {
         const e = toApiError('watching namespaces', err);
         finish(e.code === 410 ? 'expired' : 'error', e);
       };
+      this.#reached('first_request');
       this.#api.watchNamespaces!({ resourceVersion: this.#rv, timeoutSeconds }, onEvent, done, opening.signal)
         .then((c) => {
           controller = c;

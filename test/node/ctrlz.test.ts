@@ -183,12 +183,17 @@ describe('ControlZ API', () => {
       name: string;
       ready: boolean;
       not_ready_reasons: string[];
+      not_ready: { reason: string; since: string }[];
       status: Record<string, unknown>;
     }[];
+    const since = cs[0]?.not_ready[0]?.since ?? '';
+    assert.match(since, /^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$/);
     assert.deepEqual(cs[0], {
       name: 'installer',
       ready: false,
       not_ready_reasons: ['no primary CNI config in /host/etc/cni/net.d yet'],
+      not_ready: [{ reason: 'no primary CNI config in /host/etc/cni/net.d yet', since }],
+      notes: [],
       status: installerLike.status(),
     });
     assert.deepEqual(cs[1]?.status, { error: 'status() failed: boom' });

@@ -76,7 +76,11 @@ async function exercise(port: number, path: string, max: number): Promise<void> 
 describe('monitoring server bounds', () => {
   let server: MonitoringServer;
   before(async () => {
-    server = await startMonitoringServer({ port: 0, host: '127.0.0.1', readiness: { notReadyReasons: () => [] } });
+    server = await startMonitoringServer({
+      port: 0,
+      host: '127.0.0.1',
+      readiness: { notReady: () => [], notes: () => [] },
+    });
   });
   after(() => server.close());
 

@@ -2,8 +2,10 @@ import assert from 'node:assert/strict';
 import net from 'node:net';
 import { after, before, describe, it } from 'node:test';
 import { Counter } from 'prom-client';
+import type { Component } from '../../src/component.ts';
 import { registry } from '../../src/monitoring/metrics.ts';
 import { toOpenMetrics, wantsOpenMetrics } from '../../src/monitoring/openmetrics.ts';
+import { AgentReadiness } from '../../src/monitoring/readiness.ts';
 import { startMonitoringServer, type MonitoringServer } from '../../src/monitoring/server.ts';
 import { run } from '../helpers/netns.ts';
 import { promtoolProblems, request } from '../helpers/observability.ts';
@@ -22,7 +24,15 @@ describe('monitoring server', () => {
   let server: MonitoringServer;
   let base: string;
   before(async () => {
-    server = await startMonitoringServer({ port: 0, host: '127.0.0.1', readiness: { notReadyReasons: () => reasons } });
+    const installer: Component = {
+      name: 'installer',
+      notReadyReasons: () => reasons,
+      status: () => ({}),
+      stop: async () => {},
+    };
+    const readiness = new AgentReadiness(() => [installer]);
+    readiness.markStarted();
+    server = await startMonitoringServer({ port: 0, host: '127.0.0.1', readiness });
     base = `http://127.0.0.1:${server.port}`;
   });
   after(() => server.close());
@@ -108,7 +118,11 @@ describe('monitoring server', () => {
 
   it('says which port is taken when it cannot listen', async () => {
     await assert.rejects(
-      startMonitoringServer({ port: server.port, host: '127.0.0.1', readiness: { notReadyReasons: () => [] } }),
+      startMonitoringServer({
+        port: server.port,
+        host: '127.0.0.1',
+        readiness: { notReady: () => [], notes: () => [] },
+      }),
       /cannot serve metrics on 127\.0\.0\.1:\d+: EADDRINUSE; choose a free --monitoring-port/,
     );
   });
