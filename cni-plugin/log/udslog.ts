@@ -7,11 +7,15 @@
 // (one refused as untrusted, shared/trustedpath.ts, gets nothing, and stderr says why);
 // flush() waits at most a few ms and then lets the process exit, dropping what is unsent. The
 // socket is the runtime's own (unixsocket.ts): node:net under Bun costs ~3 ms of CPU to load.
+// When the socket cannot be reached (no agent listening), the records are appended at flush()
+// to the file beside it that the agent prints when it starts (fallbackfile.ts); a refused
+// socket gets no file either: its directory is no more to be trusted than the socket.
 
 import { connectUnix, type UnixSocket } from '../unixsocket.ts';
 import { LEVEL_RANK as RANK, type EmitLevel as Level, type LogLevel } from '../shared/loglevels.ts';
 import { PLUGIN_LOG_MAX_LINE as MAX_LINE, PLUGIN_LOG_SCOPE, type PluginLogRecord } from '../shared/pluginlog.ts';
 import { fixTrust } from '../shared/trustedpath.ts';
+import { appendToFallbackFile } from './fallbackfile.ts';
 
 export interface LogContext {
   command: string;
@@ -22,8 +26,8 @@ export interface LogContext {
 export class UdsLog {
   readonly #lines: string[] = [];
   #socket: UnixSocket | null = null;
-  #connected = false;
-  #failed = false;
+  /** file: the socket could not be reached, lines wait for the file; off: lines are dropped. */
+  #state: 'socket' | 'open' | 'file' | 'off' = 'socket';
   /** A flush waiting for the connection to open or fail. */
   #waiting: (() => void) | null = null;
   readonly #address: string;
@@ -60,9 +64,9 @@ export class UdsLog {
       process.stderr.write(
         `mesh-cni: ${level}: ${msg}${Object.keys(fields).length ? ' ' + JSON.stringify(fields) : ''}\n`,
       );
-    if (RANK[level] > this.#threshold || this.#address === '' || this.#failed) return;
+    if (RANK[level] > this.#threshold || this.#address === '' || this.#state === 'off') return;
     this.#lines.push(line + '\n');
-    this.#pump();
+    if (this.#state !== 'file') this.#pump();
   }
 
   error(msg: string, fields?: Record<string, unknown>): void {
@@ -89,20 +93,20 @@ export class UdsLog {
         this.#address,
         {
           open: () => {
-            this.#connected = true;
+            this.#state = 'open';
             this.#pump();
             settled();
           },
           data: () => {},
+          // What was written is gone; what was not, and what comes, waits for the file.
           error: () => {
-            this.#failed = true;
-            this.#lines.length = 0;
+            this.#state = 'file';
             settled();
           },
           close: () => {},
           // Log lines name pods and what was done to them: not for whoever may be answering there.
           refused: (reason) => {
-            this.#failed = true;
+            this.#state = 'off';
             this.#lines.length = 0;
             process.stderr.write(
               `mesh-cni: error: not sending logs to ${this.#address}: ${reason}; ${fixTrust('--log-uds-address')}\n`,
@@ -114,24 +118,47 @@ export class UdsLog {
       );
       return;
     }
-    if (!this.#connected) return;
+    if (this.#state !== 'open') return;
     while (this.#lines.length > 0) this.#socket.write(this.#lines.shift()!);
   }
 
-  /** Gives queued lines up to `maxMs` to reach the socket, then closes it. */
+  /**
+   * Gives queued lines up to `maxMs` to reach the socket, then closes it. When it could not be
+   * reached, or not connected in that time, appends them to the file instead (synchronously).
+   */
   flush(maxMs = 5): Promise<void> {
     const s = this.#socket;
-    if (s === null || this.#failed) return Promise.resolve();
+    if (this.#state === 'file') this.#toFile();
+    if (s === null || this.#state === 'off' || this.#state === 'file') return Promise.resolve();
     return new Promise((resolve) => {
       const done = () => {
         clearTimeout(timer);
         s.destroy();
         resolve();
       };
-      const timer = setTimeout(done, maxMs);
-      const finish = () => (this.#failed ? done() : s.end(done));
-      if (this.#connected) finish();
+      // Not connected in time: nothing was sent, so the file gets it all (no record twice).
+      const timer = setTimeout(() => {
+        this.#waiting = null;
+        if (this.#state === 'socket') {
+          this.#state = 'file';
+          this.#toFile();
+        }
+        done();
+      }, maxMs);
+      const finish = () => {
+        if (this.#state === 'file') this.#toFile();
+        if (this.#state === 'open') s.end(done);
+        else done();
+      };
+      if (this.#state === 'open') finish();
       else this.#waiting = finish;
     });
+  }
+
+  #toFile(): void {
+    const why = appendToFallbackFile(this.#address, this.#lines);
+    this.#lines.length = 0;
+    if (why !== null)
+      process.stderr.write(`mesh-cni: warn: the agent's log socket ${this.#address} cannot be reached, and ${why}\n`);
   }
 }

@@ -12,6 +12,8 @@
 //     plugin writes each line in one write), and one older than any plugin run are closed;
 //   - connections: at the limit, a new one closes the oldest, never one still waiting for its
 //     first read (see unixsocket.ts).
+// Once it listens, the records plugin runs wrote to a file while no agent listened are printed
+// too, and the file removed (logreplay.ts).
 
 import net from 'node:net';
 import { Counter, Gauge } from 'prom-client';
@@ -22,7 +24,8 @@ import { ReadPacer } from './pacer.ts';
 import { logRecord, scope } from './logging.ts';
 import { registry } from './metrics.ts';
 import { listenUnix } from './unixsocket.ts';
-import { parsePluginLine } from './pluginrecord.ts';
+import { parsePluginBytes } from './pluginrecord.ts';
+import { replayPluginLogFiles } from './logreplay.ts';
 import { prepareCacheDir } from '../../cni-plugin/shared/cachedir.ts';
 import { PLUGIN_LOG_SCOPE } from '../../cni-plugin/shared/pluginlog.ts';
 
@@ -108,14 +111,9 @@ for (const reason of DROP_REASONS) metrics.dropped.inc({ reason }, 0);
 for (const reason of CLOSE_REASONS) metrics.closed.inc({ reason }, 0);
 
 function handleLine(line: Buffer): void {
-  const text = line.toString(
-    'utf8',
-    0,
-    line.length > 0 && line[line.length - 1] === 13 ? line.length - 1 : line.length,
-  );
-  if (text.trim() === '') return;
+  const r = parsePluginBytes(line);
+  if (r === null) return;
   metrics.lines.inc();
-  const r = parsePluginLine(text);
   if (!r.ok) {
     drop(r.reason);
     return;
@@ -229,6 +227,8 @@ export async function startPluginLogServer(
     onReject: () => metrics.closed.inc({ reason: 'rejected' }),
   });
   log.info('plugin log server listening', { path: address });
+  // Now that plugin runs reach the socket again: what they wrote while none did.
+  const replay = replayPluginLogFiles(address, limits.maxLineBytes);
   try {
     // Where the plugin, as root, remembers the host's iptables flavour: a 0700 dir of our own.
     prepareCacheDir(address);
@@ -246,9 +246,11 @@ export async function startPluginLogServer(
       connections: sockets.size,
       bufferedBytes: buffered,
       waitingToRead: { new: pacer.waitingNew, all: pacer.waiting },
+      replay: replay.status(),
       limits,
     }),
     stop: async () => {
+      await replay.done;
       pacer.stop();
       await close();
     },

@@ -2,6 +2,8 @@
 // The wire format: cni-plugin/shared/pluginlog.ts. One JSON object a line with
 // `time`, `level`, `msg`, `command`, `containerID`, `pod: {namespace, name}` and flat extra
 // fields. Also read, for other senders: `message`, `pod_namespace`/`pod_name`, `container_id`.
+// The same lines come from the socket (logserver.ts) and from the plugin's log file written while
+// the agent was down (logreplay.ts): both go through parsePluginBytes.
 
 import { isObject } from '../../cni-plugin/shared/json.ts';
 import type { EmitLevel } from '../../cni-plugin/shared/loglevels.ts';
@@ -47,6 +49,8 @@ const CONSUMED = new Set([
   'pod_name',
   'containerID',
   'container_id',
+  // Set by the agent on a record read from the plugin's log file; never taken from a sender.
+  'replayed',
   '__proto__',
 ]);
 
@@ -95,4 +99,14 @@ export function parsePluginLine(line: string): ParseResult {
   if (level === 'info' && rawLevel !== 'info' && rawLevel !== 'notice') fields.plugin_level = r.level;
   for (const [k, v] of Object.entries(r)) if (!CONSUMED.has(k)) fields[k] = v;
   return { ok: true, entry: { level, msg, time: isoTime(r.time), fields } };
+}
+
+/** One line as read (without its '\n'; a trailing '\r' is dropped): null when blank. */
+export function parsePluginBytes(line: Buffer): ParseResult | null {
+  const text = line.toString(
+    'utf8',
+    0,
+    line.length > 0 && line[line.length - 1] === 13 ? line.length - 1 : line.length,
+  );
+  return text.trim() === '' ? null : parsePluginLine(text);
 }
