@@ -23,6 +23,7 @@ import { startPluginToken } from './install/tokenrequest.ts';
 import { startControlz } from './monitoring/ctrlz.ts';
 import { closeLogging, configureLogging, scope } from './monitoring/logging.ts';
 import { startPluginLogServer } from './monitoring/logserver.ts';
+import { podPathCallsPart } from './podnetns/fscalls.ts';
 import { AgentReadiness } from './monitoring/readiness.ts';
 import { startMonitoringServer } from './monitoring/server.ts';
 import { agentReached } from './monitoring/startup.ts';
@@ -53,6 +54,8 @@ export async function runAgent(settings: Settings): Promise<number> {
   });
   const monitoring = await startMonitoringServer({ port: settings.monitoring.port, readiness });
   try {
+    // Calls on pod paths (netns opens) the kernel hangs on: named on /readyz until they return.
+    components.push(podPathCallsPart());
     components.push(await startPluginLogServer(settings));
     // One API client for the agent's watches and repair (one connection pool, one read of the orchconfig).
     let api: OrchApi | undefined;

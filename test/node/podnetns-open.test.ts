@@ -14,7 +14,9 @@ import path from 'node:path';
 import { describe, it } from 'node:test';
 import { FsCallGate, FsCallTimeout, podPathCallsPart } from '../../src/podnetns/fscalls.ts';
 import { NotANetnsError, openNetns, type HeldNetns } from '../../src/podnetns/held.ts';
+import { spawnAgent } from '../helpers/agent.ts';
 import { cleanupAfterEach } from '../helpers/cleanup.ts';
+import { makeHostTreeFor } from '../helpers/hosttree.ts';
 import { fdSnapshot, fdsOpenedSince } from '../helpers/fds.ts';
 import { HungMount } from '../helpers/hungfs.ts';
 import { Netns } from '../helpers/netns.ts';
@@ -164,4 +166,14 @@ describe('openNetns on a path the kernel hangs on (a FUSE mount nobody answers)'
       assert.deepEqual(gate.notReadyReasons(), []);
     },
   );
+});
+
+describe('the agent', () => {
+  it('runs the pod-path calls as one of its parts (their hung calls on /readyz, their state on ControlZ)', async () => {
+    const t = await makeHostTreeFor(defer);
+    const agent = spawnAgent(t);
+    defer(() => agent.stop('SIGKILL'));
+    const started = await agent.waitForLog((r) => r.msg === 'install-cni started', 'started');
+    assert.ok((started.components as string[]).includes('pod-path-calls'), JSON.stringify(started.components));
+  });
 });
