@@ -8,7 +8,8 @@
 // Trusted users: root, and this process's own user when it is not root (the agent run
 // unprivileged by `npm start`). Every directory walked must be a trusted user's and writable by no
 // one else; an ancestor may instead be sticky (as /tmp): its entries can be renamed only by their
-// owners, and the next one must be a trusted user's. The socket's own directory is never such a
+// owners, and the next one must be a trusted user's, and be there: one missing could be made by
+// anyone between this check and the connect. The socket's own directory is never such a
 // shared one. A link is followed only when it is a trusted user's (its directory was checked
 // before, so no one else can swap it), and the walk goes on where it points, so the directories
 // checked are the ones the kernel walks. Synchronous and a few lstat calls (about 20 us under
@@ -52,6 +53,20 @@ const child = (dir: string, name: string) => (dir === '/' ? `/${name}` : `${dir}
 const parent = (dir: string) => dir.slice(0, dir.lastIndexOf('/')) || '/';
 
 /**
+ * lstat of `next`, an entry of the checked dir `cur` (lstat `st`). When it is not there and `cur`
+ * is shared (sticky, writable by others: dirRefusal let it pass), any user could make it between
+ * this check and the caller's connect, so "not there" would trust what they make: refused (why).
+ */
+function lstatOrShared(next: string, cur: string, st: Stats): Stats | string {
+  try {
+    return lstatSync(next);
+  } catch (e) {
+    if ((e as NodeJS.ErrnoException).code !== 'ENOENT' || (st.mode & 0o022) === 0) throw e;
+    return `${next} does not exist, and ${cur} is a shared directory (mode ${mode(st)}): any user could make it there in root's place`;
+  }
+}
+
+/**
  * Walks `dir` as the kernel does (links followed where they point), checking each directory.
  * Returns the real directory reached, or why it is refused. fs errors (ENOENT...) are thrown.
  */
@@ -71,7 +86,8 @@ function walk(dir: string): { readonly real: string } | { readonly refused: stri
       continue;
     }
     const next = child(cur, c);
-    const lst = lstatSync(next);
+    const lst = lstatOrShared(next, cur, st);
+    if (typeof lst === 'string') return { refused: lst };
     if (lst.isSymbolicLink()) {
       if (!trusted(lst.uid)) return { refused: `${next} is a link of uid ${lst.uid}, not ${owners()}` };
       if (++links > MAX_LINKS) return { refused: `${dir}: more than ${MAX_LINKS} links` };
@@ -99,8 +115,8 @@ export function untrustedDirChain(dir: string): string | null {
 
 /**
  * The plugin's check before connecting to `file`: why it must not be talked to, or null when
- * it may be. Nothing there (ENOENT/ENOTDIR anywhere on the way) is null too: the connection
- * then fails as "not there", which says nothing anyone else chose.
+ * it may be. Nothing there (ENOENT/ENOTDIR on the way) is null too, where only a trusted user
+ * could make it: the connection then fails as "not there", which says nothing anyone else chose.
  */
 export function socketRefusal(file: string): string | null {
   try {

@@ -398,6 +398,21 @@ describe('the path check (cni-plugin/shared/trustedpath.ts)', () => {
     s.close();
   });
 
+  it('refuses a path whose missing dir any user could make in a sticky shared dir (before the connect)', async () => {
+    const sticky = dir(0o1777);
+    const sock = path.join(sticky, 'absent', 'x.sock');
+    // "Not there" would let the connect go on: a user who makes the dir and a socket in it between
+    // the check and the connect (a rename loop wins that race) would answer the root plugin.
+    assert.match(socketRefusal(sock) ?? '', new RegExp(`${sticky}/absent does not exist.*any user could make it`));
+    assert.match(
+      untrustedDirChain(path.join(sticky, 'absent')) ?? '',
+      new RegExp(`${sticky}/absent does not exist.*any user could make it`),
+    );
+    // Once made by root, the dir of its own is walked as any other.
+    mkdirSync(path.join(sticky, 'absent'), { mode: 0o755 });
+    assert.equal(socketRefusal(sock), null);
+  });
+
   it('listenUnix serves in a dir of its own below a sticky shared dir, and not in the shared dir itself', async () => {
     const shared = dir(0o1777);
     const close = await listenUnix(net.createServer(), path.join(shared, 'own', 'x.sock'), 'test', '--x', {
