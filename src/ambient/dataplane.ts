@@ -316,9 +316,8 @@ class Dataplane implements MeshDataplane {
   }
 
   /**
-   * The rules of a running pod the agent is about to hand to ztunnel without an ADD (at start-up,
-   * or found later). After a restart it has no memory of what it wrote, and the pod's annotation
-   * is no record: with --ambient-reconcile-pod-rules-on-startup they are reconciled; without it,
+   * The rules of a running pod the agent is about to hand to ztunnel without an ADD (at start-up).
+   * After a restart it has no memory of what it wrote, and the pod's annotation is no record: with --ambient-reconcile-pod-rules-on-startup they are reconciled; without it,
    * rules of ours that are there stay as they are, and a pod without them gets them (never
    * handed to ztunnel unredirected).
    */
@@ -583,44 +582,7 @@ class Dataplane implements MeshDataplane {
           cause: e,
         });
       }
-      await this.#findKept(pod);
     });
-  }
-
-  /**
-   * A pod known without its netns (read without IPs at start-up, after a kubelet restart) whose
-   * IPs are now known: found, its rules reconciled as at start-up, and handed to ztunnel. Else
-   * every snapshot names it Keep, and a ztunnel that restarts (an upgrade) never gets it: its
-   * rules send its traffic to a proxy that does not exist. Failures are logged; it stays Keep.
-   */
-  async #findKept(pod: AmbientPod): Promise<void> {
-    const cached = this.#cache.get(pod.uid);
-    if (cached?.netns !== null || pod.ips.length === 0 || this.#record.get(pod.uid)?.state !== 'enabled') return;
-    const name = podName(pod);
-    const r = await findPodNetns(pod.mirrorUid ?? pod.uid, pod.ips, this.#nsOpts).catch((e: Error) => ({
-      ok: false as const,
-      reason: 'no_netns',
-      detail: e.message,
-    }));
-    if (!r.ok) {
-      log.warn('the netns of an enrolled pod is still not found; ztunnel is told to keep what it has', {
-        pod: name,
-        reason: r.reason,
-        detail: r.detail,
-      });
-      return;
-    }
-    const netns = this.#cache.upsert(pod.uid, workload(pod), r.netns);
-    try {
-      await this.#rulesAtStart(pod, netns);
-      await this.#server?.podAdded(pod.uid, workload(pod), netns.fd);
-      log.info("an enrolled pod's netns was found once its IPs were known", { pod: name });
-    } catch (e) {
-      log.error("an enrolled pod's netns was found, but it could not be handed to ztunnel again", {
-        pod: name,
-        error: (e as Error).message,
-      });
-    }
   }
 
   isEnrolled(uid: string): boolean {
@@ -678,10 +640,12 @@ class Dataplane implements MeshDataplane {
       rules: (p, netns) => this.#rulesAtStart(byUid.get(p.uid)!, netns),
     });
     this.#server = await this.#listen();
-    // The record from here on is what this start did: a pod whose rules could not be made so is
-    // pending (the informer's add tries again), every other one enabled (Keep without its netns).
+    // The record from here on is what this start did: enabled only where it saw the pod's rules
+    // made so. A pod whose rules failed, or whose netns was not found (rules never seen: one
+    // labelled while the agent was down has none), is pending, so the informer's add finds it and
+    // writes them; never enabled on a guess (Keep for ztunnel meanwhile).
     for (const p of pods) {
-      const state = r.rulesFailed.has(p.uid) ? 'pending' : 'enabled';
+      const state = r.rulesFailed.has(p.uid) || r.withoutNetns.has(p.uid) ? 'pending' : 'enabled';
       this.#record.set(p.uid, { state, probeIPs: p.ips.map(probeKey) });
     }
     for (const p of leftovers)

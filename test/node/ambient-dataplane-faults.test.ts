@@ -413,7 +413,47 @@ describe('ambient dataplane: a burst of ADDs', () => {
 });
 
 describe('ambient dataplane: a pod found without its netns at start-up', () => {
-  it('is found when its IPs appear (the informer syncs them): ztunnel gets it, and any later snapshot too', async () => {
+  it('is pending, never enabled on a guess: its rules were never seen, so the informer adds it', async () => {
+    const node = await nodeNetns();
+    const sock = socketPath();
+    const ns = podNetns('pod', '198.18.69.2');
+    // Wanted now (its namespace labelled while the agent was down), never enrolled: no rules of
+    // ours in it, and no process of it to be found by at start-up.
+    const pod = ambientPod(['198.18.69.2']);
+    const annotator = new FakeAnnotator();
+    const dp = createDataplane(settingsFor(sock), {
+      annotator,
+      host: node.run,
+      flavour: async () => 'nft',
+      zdsTimings: FAST,
+    });
+    defer(() => dp.stop(false));
+    await dp.start([pod]);
+    assert.deepEqual(dp.status().podsWithoutNetns, [pod.uid]);
+    assert.equal(inpodRules(ns, 'nft'), false);
+    assert.equal(dp.enrollment(pod.uid), 'pending', 'enabled would have the informer leave it unredirected for good');
+    assert.equal(dp.isEnrolled(pod.uid), false);
+    assert.equal(dp.status().enrolledPods, 0);
+    const zt = new FakeZtunnel({ path: sock });
+    defer(() => zt.stop());
+    await zt.waitForNth('snapshot_sent', 1);
+    assert.deepEqual(
+      annotator.calls.filter((c) => c.value === 'enabled'),
+      [],
+      'never annotated enabled while unredirected',
+    );
+    // The informer's add (pending, wanted, has IPs) once its process can be found.
+    runningPod(pod.uid, ns);
+    await dp.addPodToMesh(pod, null);
+    assert.equal(inpodRules(ns, 'nft'), true);
+    assert.equal(dp.enrollment(pod.uid), 'enabled');
+    assert.deepEqual(
+      zt.of('add').map((r) => r.uid),
+      [pod.uid],
+    );
+  });
+
+  it("is found when its IPs appear (the informer's add): ztunnel gets it, and any later snapshot too", async () => {
     const node = await nodeNetns();
     const sock = socketPath();
     const ns = podNetns('pod', '198.18.68.2');
@@ -426,7 +466,8 @@ describe('ambient dataplane: a pod found without its netns at start-up', () => {
     const zt = new FakeZtunnel({ path: sock });
     defer(() => zt.stop());
     await zt.waitForNth('snapshot_sent', 1);
-    await dp.syncHostProbeIPs(pod);
+    assert.equal(dp.enrollment(pod.uid), 'pending');
+    await dp.addPodToMesh(pod, null);
     assert.deepEqual(dp.status().podsWithoutNetns, [], 'found now that its IP is known');
     assert.equal(probeEntries(node.ns).get('198.18.68.2'), pod.uid);
     assert.deepEqual(
@@ -434,6 +475,6 @@ describe('ambient dataplane: a pod found without its netns at start-up', () => {
       [pod.uid],
       'a ztunnel that restarts later would otherwise be told Keep for a pod it never had',
     );
-    assert.equal(inpodRules(ns, 'nft'), true, 'its rules reconciled as at start-up');
+    assert.equal(inpodRules(ns, 'nft'), true, 'its rules written');
   });
 });

@@ -452,7 +452,8 @@ for (const flavour of ['nft', 'legacy'] as const) {
         ].sort(),
       );
       assert.deepEqual(dp.status().podsWithoutNetns, [gone.uid]);
-      assert.equal(dp.isEnrolled(a.uid) && dp.isEnrolled(gone.uid), true);
+      assert.equal(dp.isEnrolled(a.uid), true);
+      assert.equal(dp.enrollment(gone.uid), 'pending', 'its rules were not seen: the informer adds it');
       const zt = fakeZtunnel(sock);
       await zt.waitForNth('snapshot_sent', 1);
       assert.deepEqual(
@@ -484,14 +485,15 @@ for (const flavour of ['nft', 'legacy'] as const) {
       runningPod(c.uid, nsC);
       await dp.addPodToMesh(c, null);
       assert.equal(zt.of('add').at(-1)?.netnsIno, inode(nsC.path));
-      // The start's pods did not say enabled (their annotation is output only): told so, then c.
+      // The start's pods did not say enabled (their annotation is output only): told so, then c;
+      // not the one whose rules were never seen (pending).
       assert.deepEqual(ann.calls.at(-1), { uid: c.uid, value: 'enabled' });
       assert.deepEqual(
         ann.calls
           .slice(0, -1)
           .map((x) => `${x.uid} ${x.value}`)
           .sort(),
-        [a, gone, b].map((x) => `${x.uid} enabled`).sort(),
+        [a, b].map((x) => `${x.uid} enabled`).sort(),
       );
     });
 
