@@ -646,7 +646,8 @@ class Dataplane implements MeshDataplane {
     // writes them; never enabled on a guess (Keep for ztunnel meanwhile).
     for (const p of pods) {
       const state = r.rulesFailed.has(p.uid) || r.withoutNetns.has(p.uid) ? 'pending' : 'enabled';
-      this.#record.set(p.uid, { state, probeIPs: p.ips.map(probeKey) });
+      const kept = r.probes.kept.get(p.uid) ?? [];
+      this.#record.set(p.uid, { state, probeIPs: [...new Set([...p.ips.map(probeKey), ...kept])] });
     }
     for (const p of leftovers)
       if (!this.#record.has(p.uid)) this.#record.set(p.uid, { state: 'pending', probeIPs: [] });

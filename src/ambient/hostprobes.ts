@@ -36,6 +36,11 @@ export interface ProbeSync {
   readonly pruned: number;
   /** Entries not expected, kept: their UID is an enrolled pod's that has no IP yet. */
   readonly keptWithoutIp: number;
+  /**
+   * Those entries by their pod's UID (the set's spelling): the pod's removal takes them out, as
+   * it does the IPs it was given, or they outlive it if it goes before its IPs are known.
+   */
+  readonly kept: ReadonlyMap<string, readonly string[]>;
   /** Pods whose IPs could not all be added (a message each). */
   readonly failed: readonly string[];
 }
@@ -110,6 +115,7 @@ export async function syncProbeSets(
   const keepOwners = new Set(pods.filter((p) => p.ips.length === 0).map((p) => p.uid));
   let pruned = 0;
   let keptWithoutIp = 0;
+  const kept = new Map<string, string[]>();
   for (const f of families) {
     const set = probeSet(f);
     const saved = await run(['ipset', 'save', set]);
@@ -120,6 +126,7 @@ export async function syncProbeSets(
       if (expected.has(ip)) continue;
       if (keepOwners.has(owner)) {
         keptWithoutIp++;
+        kept.set(owner, [...(kept.get(owner) ?? []), ip]);
         continue;
       }
       // Through removeProbeIP when the entry has an owner: serialized with every other change of
@@ -135,5 +142,5 @@ export async function syncProbeSets(
       pruned++;
     }
   }
-  return { added, pruned, keptWithoutIp, failed };
+  return { added, pruned, keptWithoutIp, kept, failed };
 }

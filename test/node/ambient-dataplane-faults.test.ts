@@ -218,6 +218,27 @@ for (const flavour of ['nft', 'legacy'] as const) {
       assert.deepEqual([...probeEntries(node.ns).keys()], ['198.18.62.3']);
     });
 
+    it("an entry kept at start-up for a pod without an IP yet goes with the pod's removal", async () => {
+      const node = await nodeNetns();
+      const sock = socketPath();
+      const pod = ambientPod(['198.18.62.4']);
+      const first = dataplane(sock, node.run, flavour);
+      await first.start([pod]);
+      await first.stop(false);
+      // Restarted while the kubelet has not written its IPs: its entry is kept by its UID...
+      const second = dataplane(sock, node.run, flavour);
+      const noIp = { ...pod, ips: [] };
+      await second.start([noIp]);
+      assert.equal(probeEntries(node.ns).get('198.18.62.4'), pod.uid);
+      // ...and it is deleted before they are: nothing else names that entry.
+      await second.removePodFromMesh(noIp, true);
+      assert.equal(
+        probeEntries(node.ns).get('198.18.62.4'),
+        undefined,
+        'the next pod given this IP would see node traffic from the probe address',
+      );
+    });
+
     it('removing a running pod whose netns the agent does not hold finds it and takes its rules out', async () => {
       const node = await nodeNetns();
       const ns = podNetns('pod', '198.18.63.2');
