@@ -43,13 +43,14 @@ const ATTEMPT_TIMEOUT_MS = 4000;
 const BACKOFF_FIRST_MS = 200;
 const BACKOFF_MAX_MS = 2000;
 
-interface Outcome {
-  readonly cleanup: boolean;
-  readonly reason: CleanupReason;
+type Outcome = (
+  | { readonly cleanup: true; readonly reason: CleanupReason<'uninstall'> }
+  | { readonly cleanup: false; readonly reason: CleanupReason<'keep'> }
+) & {
   readonly why: string;
   /** Worth asking again (no answer, timeout, 429, 5xx); with the server's Retry-After. */
   readonly transient?: { readonly retryAfterMs: number | undefined };
-}
+};
 
 const KEEPING = 'keeping mesh-cni in place';
 
@@ -57,7 +58,9 @@ const KEEPING = 'keeping mesh-cni in place';
 export async function decideCleanup(settings: Settings, opts: DecideOptions = {}): Promise<CleanupDecision> {
   const { outcome, attempts } = await decide(settings, opts);
   const decision = outcome.cleanup ? 'uninstall' : 'keep';
-  metrics.cleanupDecisions.inc({ decision, reason: outcome.reason });
+  metrics.cleanupDecisions.inc(
+    outcome.cleanup ? { decision: 'uninstall', reason: outcome.reason } : { decision: 'keep', reason: outcome.reason },
+  );
   const fields = { decision, reason: outcome.reason, why: outcome.why, attempts };
   if (!outcome.cleanup && outcome.reason !== 'flag' && outcome.reason !== 'daemonset_targets_node')
     log.warn('cannot tell whether this stop is an uninstall: keeping mesh-cni on this node', fields);
@@ -143,7 +146,17 @@ async function askOnce(ask: Ask, namespace: string, podName: string): Promise<Ou
   const ds = dsRead.ok;
   if (ds.metadata?.deletionTimestamp)
     return { cleanup: true, reason: 'daemonset_deleting', why: `${dsName} is being deleted: uninstall` };
-  const nodeName = ask.settings.env.nodeName || pod.spec?.nodeName || '';
+  // The node our pod was bound to is the one whose evidence counts; NODE_NAME is configuration,
+  // and one that names another node (not from the downward API) would judge the wrong node.
+  const envNode = ask.settings.env.nodeName;
+  const podNode = pod.spec?.nodeName ?? '';
+  if (envNode && podNode && envNode !== podNode)
+    return {
+      cleanup: false,
+      reason: 'no_node_name',
+      why: `${dsName} still exists, and NODE_NAME ${envNode} is not our pod's node ${podNode} (set NODE_NAME from spec.nodeName, as deploy/daemonset.yaml does): ${KEEPING}`,
+    };
+  const nodeName = podNode || envNode || '';
   if (!nodeName)
     return {
       cleanup: false,

@@ -273,6 +273,17 @@ describe('--cleanup-on-exit=auto: everything else keeps the node as it is', () =
     });
   });
 
+  it("NODE_NAME names another node than our pod's: keep, whatever that node is", async () => {
+    const w = await world();
+    // A node the DaemonSet does not target; ours (the pod's spec.nodeName) it still does.
+    w.api.upsertNode({ metadata: { name: 'other-node', labels: {} } });
+    await decide(
+      w,
+      { cleanup: false, reason: 'no_node_name', why: /NODE_NAME other-node is not our pod's node/ },
+      settings(w, { POD_NAME: POD, POD_NAMESPACE: NS, NODE_NAME: 'other-node' }),
+    );
+  });
+
   it('the node not found: keep', async () => {
     const w = await world({ node: null });
     await decide(w, { cleanup: false, reason: 'node_not_found', why: /node node-1 is not found/ });
