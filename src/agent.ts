@@ -1,8 +1,8 @@
 // The install-cni process: logging, the monitoring server, the plugin log server, the pod
 // watch(es), the repair controller, the plugin's pod lookup, the plugin's token, the installer,
-// ControlZ and the node's readiness, started in that order and stopped in reverse on
-// SIGTERM/SIGINT. The pod lookup is up before the installer puts the plugin in place (else the
-// first pods' lookups go to the API server).
+// ControlZ and the node's readiness, started in that order and stopped in reverse on the first
+// SIGTERM/SIGINT, within the stop's bound (stopbound.ts). The pod lookup is up before the
+// installer puts the plugin in place (else the first pods' lookups go to the API server).
 //
 // The node's pod watch (spec.nodeName=NODE_NAME) is built here, once, before the components that
 // read it (pod lookup, repair, ambient mode) and stopped after them: one watch per node, whichever
@@ -22,6 +22,7 @@ import { nodePodSource, type PodSource } from './orch/podsource.ts';
 import { startPluginToken } from './install/tokenrequest.ts';
 import { startControlz } from './monitoring/ctrlz.ts';
 import { closeLogging, configureLogging, scope } from './monitoring/logging.ts';
+import { guardStdio } from './monitoring/logtargets.ts';
 import { startPluginLogServer } from './monitoring/logserver.ts';
 import { podPathCallsPart } from './podnetns/fscalls.ts';
 import { AgentReadiness } from './monitoring/readiness.ts';
@@ -33,11 +34,15 @@ import { startAmbient, type AmbientComponent } from './ambient/index.ts';
 import { decideCleanup, type CleanupDecision } from './install/uninstall.ts';
 import { startNodeReadiness } from './node/index.ts';
 import { nodeClient } from './node/nodeclient.ts';
+import { stopBound } from './stopbound.ts';
 import type { KubeConfig } from '@kubernetes/client-node/dist/config.js';
 
 const log = scope('default');
 
 export async function runAgent(settings: Settings): Promise<number> {
+  // Its name in ps, top and /proc/<pid>/comm (Node's main thread is "MainThread" there otherwise).
+  process.title = 'install-cni';
+  guardStdio();
   configureLogging(settings.logging);
   // The installer's first pass compares the installed plugin (~100 MB) with the image's: the
   // largest part of the time to ready after a restart. Begun now, it reads while the parts
@@ -48,10 +53,7 @@ export async function runAgent(settings: Settings): Promise<number> {
   const readiness = new AgentReadiness(() => components, { onFirstReady: () => agentReached('ready') });
   readiness.watch();
   // Signals that arrive while starting are kept and acted on once everything is up.
-  const stopSignal = new Promise<NodeJS.Signals>((resolve) => {
-    process.once('SIGTERM', () => resolve('SIGTERM'));
-    process.once('SIGINT', () => resolve('SIGINT'));
-  });
+  const stopSignal = stopSignals();
   const monitoring = await startMonitoringServer({ port: settings.monitoring.port, readiness });
   try {
     // Calls on pod paths (netns opens) the kernel hangs on: named on /readyz until they return.
@@ -91,12 +93,12 @@ export async function runAgent(settings: Settings): Promise<number> {
       components.push(nodeReadinessPart(settings, orchKc(), readiness, decide));
     log.info('install-cni started', { components: components.map((c) => c.name) });
     const signal = await stopSignal;
-    log.info('stopping', { signal });
-    await stopAll(components, signal);
-    return 0;
+    const bound = stopBound(settings);
+    log.info('stopping', { signal, boundMs: bound.totalMs });
+    return (await stopAll(components, signal, bound.totalMs)) ? 0 : 1;
   } catch (e) {
     log.error('install-cni failed', { error: e instanceof Error ? e.message : String(e) });
-    await stopAll(components, 'SIGTERM');
+    await stopAll(components, 'SIGTERM', stopBound(settings).totalMs);
     return 1;
   } finally {
     readiness.stop();
@@ -106,13 +108,62 @@ export async function runAgent(settings: Settings): Promise<number> {
   }
 }
 
-async function stopAll(components: readonly Component[], signal: NodeJS.Signals): Promise<void> {
-  for (const c of [...components].reverse()) {
-    try {
-      await c.stop(signal);
-    } catch (e) {
-      log.error(`stopping ${c.name} failed`, { error: e instanceof Error ? e.message : String(e) });
+/**
+ * The first SIGTERM or SIGINT starts the stop. Every later one is absorbed and said: a Ctrl-C
+ * under `npm start` arrives twice (the terminal's to the process group, and npm's forwarded
+ * one), and a runtime may repeat its TERM; the default action of a second signal would end the
+ * process part way through an uninstall. The listeners stay until the process exits: the stop
+ * is held to its own deadline instead (stopAll), and the kubelet's SIGKILL comes after the grace
+ * period, which is longer.
+ */
+function stopSignals(): Promise<NodeJS.Signals> {
+  let first: NodeJS.Signals | undefined;
+  return new Promise((resolve) => {
+    const on = (signal: NodeJS.Signals) => {
+      if (first === undefined) {
+        first = signal;
+        resolve(signal);
+        return;
+      }
+      log.warn('already stopping; the stop runs to its end', { signal, stopping: first });
+    };
+    process.on('SIGTERM', on);
+    process.on('SIGINT', on);
+  });
+}
+
+/**
+ * Stops the components in reverse order, within `boundMs` (src/stopbound.ts: the parts' own bounds
+ * added up). False when the deadline came first: the part still stopping is named, the rest are
+ * left, and the process exits. The uninstall's order makes a stop cut anywhere safe for the next
+ * pod start (README "Stopping").
+ */
+async function stopAll(components: readonly Component[], signal: NodeJS.Signals, boundMs: number): Promise<boolean> {
+  let current = '';
+  const all = (async () => {
+    for (const c of [...components].reverse()) {
+      current = c.name;
+      try {
+        await c.stop(signal);
+      } catch (e) {
+        log.error(`stopping ${c.name} failed`, { error: e instanceof Error ? e.message : String(e) });
+      }
     }
+    return true;
+  })();
+  let timer: NodeJS.Timeout | undefined;
+  const late = new Promise<false>((resolve) => (timer = setTimeout(() => resolve(false), boundMs)));
+  try {
+    const done = await Promise.race([all, late]);
+    if (!done)
+      log.error('the stop did not finish within its bound; exiting without the rest', {
+        signal,
+        boundMs,
+        stillStopping: current,
+      });
+    return done;
+  } finally {
+    clearTimeout(timer);
   }
 }
 

@@ -13,8 +13,53 @@ export interface LogOutput {
   close(): Promise<void>;
 }
 
-export const stdoutOutput: LogOutput = { write: (line) => void process.stdout.write(line), close: async () => {} };
-export const stderrOutput: LogOutput = { write: (line) => void process.stderr.write(line), close: async () => {} };
+type Stdio = 'stdout' | 'stderr';
+const broken: Record<Stdio, boolean> = { stdout: false, stderr: false };
+let guarded = false;
+const streamOf = (name: Stdio) => (name === 'stdout' ? process.stdout : process.stderr);
+
+function stdioFailed(name: Stdio, e: Error): void {
+  if (broken[name]) return;
+  broken[name] = true;
+  const other: Stdio = name === 'stdout' ? 'stderr' : 'stdout';
+  if (broken[other]) return;
+  try {
+    streamOf(other).write(`install-cni: writing to ${name} failed (${e.message}); its log lines are dropped\n`);
+  } catch {
+    // Said where it can be; nothing else to do.
+  }
+}
+
+/**
+ * A reader of stdout or stderr that goes away (`| head -c 100`, a log shipper that restarts)
+ * makes every later write fail with EPIPE, emitted as an 'error' that would crash the agent,
+ * possibly in the middle of its stop. With this, the first failure of either stream is said once
+ * on the other, and lines for that stream are dropped from then on: logging never takes the agent
+ * down. Idempotent; the agent calls it first, and the first log line does too.
+ */
+export function guardStdio(): void {
+  if (guarded) return;
+  guarded = true;
+  for (const name of ['stdout', 'stderr'] as const) streamOf(name).on('error', (e: Error) => stdioFailed(name, e));
+}
+
+function stdioOutput(name: Stdio): LogOutput {
+  return {
+    write: (line) => {
+      guardStdio();
+      if (broken[name]) return;
+      try {
+        streamOf(name).write(line);
+      } catch (e) {
+        stdioFailed(name, e as Error);
+      }
+    },
+    close: async () => {},
+  };
+}
+
+export const stdoutOutput: LogOutput = stdioOutput('stdout');
+export const stderrOutput: LogOutput = stdioOutput('stderr');
 
 /** A plain file, appended to with synchronous writes: a SIGKILL loses no line that was logged. */
 function fileOutput(file: string): LogOutput {

@@ -1,0 +1,45 @@
+// The longest a stop of the agent can take, part by part, from the bounds each part holds itself
+// to. The agent holds the whole stop to this deadline, and the DaemonSet's
+// terminationGracePeriodSeconds must be longer (README "Stopping"): a SIGKILL in the middle of an
+// uninstall leaves the node part way, which the uninstall's order makes safe but not tidy.
+
+import type { Settings } from './config/settings.ts';
+
+/** --cleanup-on-exit=auto asks for at most this long (src/install/uninstall.ts, its deadline). */
+const DECISION_DEADLINE_MS = 10_000;
+/** One API call of the node readiness part (its condition write on uninstall: a read and a patch under one timeout). */
+const NODE_CALL_MS = 10_000;
+/** Ambient mode's event queue is given this long to drain (src/ambient/index.ts). */
+const AMBIENT_QUEUE_GRACE_MS = 5000;
+/** One iptables/ipset command on the host before it is killed (src/hostnet/run.ts). */
+const HOST_COMMAND_MS = 5000;
+/**
+ * Host commands of ambient mode's stop, at most: a heal pass in flight (save, restore, ipset) and
+ * the uninstall's removal (save, restore, ipset destroy) for each of IPv4 and IPv6.
+ */
+const AMBIENT_HOST_COMMANDS = 3 + 3 * 2;
+/** Closing sockets and servers, flushing the log files: what has no bound of its own. */
+const REST_MS = 5000;
+
+export interface StopBound {
+  /** Asking whether this stop is an uninstall; asked once, shared by the parts below. */
+  readonly decision: number;
+  readonly nodeReadiness: number;
+  /** Waiting for a running pass, then the uninstall: --reconcile-timeout each. */
+  readonly installer: number;
+  readonly ambient: number;
+  readonly rest: number;
+  readonly totalMs: number;
+}
+
+/** The stop's worst case in ms for these settings, with what each part may take. */
+export function stopBound(settings: Settings): StopBound {
+  const parts = {
+    decision: DECISION_DEADLINE_MS,
+    nodeReadiness: settings.nodeReadiness?.conditionType ? NODE_CALL_MS : 0,
+    installer: 2 * settings.install.reconcileTimeoutMs,
+    ambient: settings.ambient.enabled ? AMBIENT_QUEUE_GRACE_MS + AMBIENT_HOST_COMMANDS * HOST_COMMAND_MS : 0,
+    rest: REST_MS,
+  };
+  return { ...parts, totalMs: Object.values(parts).reduce((a, b) => a + b, 0) };
+}
