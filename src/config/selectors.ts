@@ -4,6 +4,8 @@
 // The agent then sends each selector as the operator typed it and the API server judges; only
 // the test API server (test/helpers/selectors.ts) matches pods against the requirements here.
 
+import { qualifiedNameProblem } from './k8snames.ts';
+
 export type LabelOp = 'exists' | '!exists' | '=' | '!=' | 'in' | 'notin' | 'gt' | 'lt';
 
 export interface LabelRequirement {
@@ -27,13 +29,9 @@ export class SelectorError extends Error {
 
 // Label syntax as the API server checks it: optional DNS-subdomain prefix, name of at most 63.
 const LABEL_NAME = /^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$/;
-const DNS_SUBDOMAIN = /^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$/;
 
 export function isLabelKey(key: string): boolean {
-  const i = key.indexOf('/');
-  const prefix = i < 0 ? '' : key.slice(0, i);
-  const name = i < 0 ? key : key.slice(i + 1);
-  return LABEL_NAME.test(name) && (i < 0 || (prefix.length <= 253 && DNS_SUBDOMAIN.test(prefix)));
+  return qualifiedNameProblem(key) === undefined;
 }
 
 export function isLabelValue(value: string): boolean {

@@ -38,6 +38,14 @@ import {
 } from './parse.ts';
 import { isLabelKey, isLabelValue, parseFieldSelector, parseLabelSelector } from './selectors.ts';
 import {
+  annotationKeyProblem,
+  dns1123LabelProblem,
+  dns1123SubdomainProblem,
+  DNS1123_LABEL_RULE,
+  DNS1123_SUBDOMAIN_RULE,
+  QUALIFIED_NAME_RULE,
+} from './k8snames.ts';
+import {
   DEFAULT_ENABLEMENT_SELECTORS,
   parseEnablementSelectors,
   type EnablementSelector,
@@ -524,12 +532,12 @@ export function buildSettings(flags: RawFlags, env: Env, cwd: string = process.c
     fieldSelectors: get('repair-field-selectors', (s, v) => checkSelector(s, v, parseFieldSelector), ''),
     labelSelectors: get('repair-label-selectors', (s, v) => checkSelector(s, v, parseLabelSelector), ''),
     initContainerExitCode: int('repair-init-container-exit-code', 0, 255),
-    initContainerName: str('repair-init-container-name'),
+    initContainerName: get('repair-init-container-name', parseContainerName, '-'),
     initContainerTerminationMessage: str('repair-init-container-termination-message'),
     // The seed's default is empty (all nodes); on a node the DaemonSet passes NODE_NAME, which
-    // is what an operator means: repair the pods of this node.
-    nodeName: get('repair-node-name', (_s, v) => v, '') || nodeName,
-    sidecarAnnotation: str('repair-sidecar-annotation'),
+    // is what an operator means: repair the pods of this node. All nodes only when both are empty.
+    nodeName: get('repair-node-name', parseNodeName, '') || nodeName,
+    sidecarAnnotation: get('repair-sidecar-annotation', parseAnnotationKey, '-'),
     qps: int('repair-qps', 1, 10_000),
     burst: int('repair-burst', 1, 100_000),
     concurrency: int('repair-concurrency', 1, 1000),
@@ -552,14 +560,15 @@ export function buildSettings(flags: RawFlags, env: Env, cwd: string = process.c
       errors.push(new ConfigError(raw(byName.get('repair-field-selectors')!).source, repair.fieldSelectors, why));
     }
   }
-  if (repair.enabled && repair.initContainerName === '') {
-    errors.push(
-      new ConfigError(
-        '--repair-init-container-name',
-        '',
-        'must name the validation init container when --repair-enabled is on',
-      ),
-    );
+  // Empty matches no pod: no container and no annotation has an empty name. (After a bad value,
+  // the placeholder '-' keeps the error to the one already reported.)
+  for (const [name, what] of [
+    ['repair-init-container-name', 'the validation init container'],
+    ['repair-sidecar-annotation', 'the annotation of sidecar pods'],
+  ] as const) {
+    const { value, source } = raw(byName.get(name)!);
+    if (repair.enabled && value === '')
+      errors.push(new ConfigError(source, value, `must name ${what} when --repair-enabled is on`));
   }
 
   const ambient: AmbientSettings = {
@@ -661,6 +670,23 @@ export function buildSettings(flags: RawFlags, env: Env, cwd: string = process.c
   if (errors.length > 0) throw new ConfigErrors(errors);
   return deepFreeze(settings);
 }
+
+/**
+ * Names the repair controller matches on a pod, checked with the API server's rules: a name it
+ * refuses is on no pod, so repair would match nothing, silently. Empty passes here (a setting
+ * that is off); where empty cannot work, the check after the parse says so.
+ */
+function nameParser(what: string, rule: string, problem: (v: string) => string | undefined) {
+  return (flag: string, value: string): string => {
+    const why = value === '' ? undefined : problem(value);
+    if (why !== undefined) throw new ConfigError(flag, value, `${why}; ${what} must be ${rule}`);
+    return value;
+  };
+}
+
+const parseContainerName = nameParser('a container name', DNS1123_LABEL_RULE, dns1123LabelProblem);
+const parseNodeName = nameParser('a node name', DNS1123_SUBDOMAIN_RULE, dns1123SubdomainProblem);
+const parseAnnotationKey = nameParser('an annotation key', `${QUALIFIED_NAME_RULE} (case aside)`, annotationKeyProblem);
 
 function parseLabelKey(flag: string, value: string): string {
   if (!isLabelKey(value)) {
