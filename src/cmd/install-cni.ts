@@ -4,7 +4,7 @@
 import { CommanderError } from 'commander';
 import { ConfigErrors } from '../config/parse.ts';
 import { buildSettings } from '../config/settings.ts';
-import { buildProgram, EXIT_USAGE } from './program.ts';
+import { buildProgram, EXIT_USAGE, helpColumns } from './program.ts';
 import { completionScript } from './completion.ts';
 import { runAgent } from '../agent.ts';
 
@@ -16,6 +16,7 @@ export async function main(argv: readonly string[], env: NodeJS.ProcessEnv): Pro
       exitCode = await runAgent(settings);
     },
     completion: completionScript,
+    columns: helpColumns(env, process.stdout),
   });
   try {
     await program.parseAsync([...argv], { from: 'user' });

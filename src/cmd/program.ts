@@ -1,9 +1,9 @@
 // The install-cni command line: commander parses, src/config validates, and the typed settings
 // go to the agent. Flags come from the one table in src/config/flags.ts.
 
-import { Argument, Command, CommanderError, Option } from 'commander';
+import { Argument, Command, CommanderError, Help, Option } from 'commander';
 import { stringify as toYaml } from 'yaml';
-import { FLAGS } from '../config/flags.ts';
+import { FLAG_GROUPS, FLAGS, type FlagGroup, type FlagSpec } from '../config/flags.ts';
 import type { RawFlags } from '../config/settings.ts';
 import { buildInfo } from '../monitoring/buildinfo.ts';
 
@@ -12,27 +12,70 @@ export interface ProgramHooks {
   run(flags: RawFlags): Promise<void> | void;
   /** Writes a completion script for the shell. */
   completion?(program: Command, shell: string, descriptions: boolean): string;
+  /** Width of `--help` (see helpColumns); undefined: commander's (the terminal's, else 80). */
+  readonly columns?: number | undefined;
 }
 
 /** Exit code for bad flags and settings: 2, as for any usage error. */
 export const EXIT_USAGE = 2;
+
+/**
+ * The width `--help` wraps to: the terminal's when stdout is one, else COLUMNS (what a shell
+ * exports, and what `COLUMNS=80 install-cni --help | less` asks for), else commander's 80.
+ */
+export function helpColumns(
+  env: Readonly<Record<string, string | undefined>>,
+  stdout: { readonly isTTY?: boolean; readonly columns?: number },
+): number | undefined {
+  if (stdout.isTTY && stdout.columns) return stdout.columns;
+  const n = Number(env.COLUMNS);
+  return Number.isInteger(n) && n > 0 ? n : undefined;
+}
+
+/** `--cni-net-dir <dir>`, `--orch-qps <int>`: what the value is, at a glance. */
+function valueName(f: FlagSpec): string {
+  // Booleans take an optional value so `--chained-cni-plugin=false` works as with Go's pflag.
+  if (f.kind === 'bool') return '[bool]';
+  if (f.path) return f.path === 'dir' ? '<dir>' : '<path>';
+  return f.kind === 'string' ? '<value>' : `<${f.kind}>`;
+}
+
+const heading = (g: FlagGroup) => `${g[0]!.toUpperCase()}${g.slice(1)} flags:`;
+
+/**
+ * Commander's item layout, except where the flag names leave the help text too narrow a column
+ * to wrap in (80 columns: the longest flag takes 50): then each flag on its line and its help
+ * wrapped under it, so no line is wider than the terminal.
+ */
+function formatItem(this: Help, term: string, termWidth: number, description: string, helper: Help): string {
+  const width = helper.helpWidth ?? 80;
+  if (width - termWidth - 4 >= helper.minWidthToWrap || !description)
+    return Help.prototype.formatItem.call(this, term, termWidth, description, helper);
+  const indent = ' '.repeat(6);
+  return `  ${term}\n${indent}${helper.boxWrap(description, width - indent.length).replaceAll('\n', `\n${indent}`)}`;
+}
 
 export function buildProgram(hooks: ProgramHooks): Command {
   const program = new Command('install-cni')
     .description('Installs the mesh-cni plugin on this node, keeps it in place, and repairs pods that raced it.')
     .allowExcessArguments(false)
     .showHelpAfterError('(run install-cni --help for the flags)')
+    .configureHelp({ formatItem })
     .exitOverride();
+  // Before the subcommands are made: they inherit the output configuration.
+  const columns = hooks.columns;
+  if (columns !== undefined)
+    program.configureOutput({ getOutHelpWidth: () => columns, getErrHelpWidth: () => columns });
   const attribute = new Map<string, string>();
-  for (const f of FLAGS) {
+  // Commander shows groups in the order their first option was added.
+  const grouped = FLAG_GROUPS.flatMap((g) => FLAGS.filter((f) => f.group === g));
+  for (const f of grouped) {
     const env = f.env ? ` [env ${f.env}]` : '';
     const def = f.default !== undefined && f.default !== '' ? ` (default ${JSON.stringify(f.default)})` : '';
-    // Booleans take an optional value so `--chained-cni-plugin=false` works as with Go's pflag.
-    const opt =
-      f.kind === 'bool'
-        ? new Option(`--${f.name} [bool]`, f.help + env + def)
-        : new Option(`--${f.name} <value>`, f.help + env + def);
-    if (f.choices) opt.choices(f.choices);
+    const opt = new Option(`--${f.name} ${valueName(f)}`, f.help + env + def).helpGroup(heading(f.group));
+    // Shown in help and offered by completion, but not checked here: settings checks every
+    // value (flag or env) and reports all bad ones at once, where commander stops at the first.
+    if (f.choices) opt.argChoices = [...f.choices];
     attribute.set(f.name, opt.attributeName());
     program.addOption(opt);
   }
