@@ -15,6 +15,7 @@ import {
   DEFAULT_TIMING,
   podQuery,
   RepairController,
+  repairMode,
   type RepairControllerOptions,
   type RepairTiming,
 } from './controller.ts';
@@ -114,13 +115,21 @@ export function startRepair(
       'repairing pods of ALL nodes: neither --repair-node-name nor NODE_NAME is set; every agent that runs like this watches and acts on every pod of the cluster',
     );
   }
+  const repairer = settings.repair.repairPods ? (inPlace ?? inPlaceFor(settings, podnetns)) : undefined;
+  if (repairMode(settings.repair) === 'report' && (repairer === undefined || repairer === 'unavailable')) {
+    // --repair-enabled alone: an operator who meant repair to act learns it here, not per pod.
+    log.warn(
+      'repair is report only: broken pods are logged and counted, none is repaired, labelled or deleted; ' +
+        '--repair-repair-pods, --repair-label-pods or --repair-delete-pods make it act',
+    );
+  }
   const controller = new RepairController({
     settings: settings.repair,
     api,
     pods,
     reporter: { host: settings.env.nodeName || settings.repair.nodeName, instance: settings.env.podName || 'mesh-cni' },
     ...(timing ? { timing } : {}),
-    ...(settings.repair.repairPods ? { inPlace: inPlace ?? inPlaceFor(settings, podnetns) } : {}),
+    ...(repairer !== undefined ? { inPlace: repairer } : {}),
   });
   controller.start();
   return controller;

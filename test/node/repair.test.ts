@@ -282,6 +282,19 @@ describe('repair controller end to end', () => {
     assert.equal(count(s, 'PATCH', /\/pods\/gone-0\/status$/), 0, 'no request for the deleted pod');
   });
 
+  it('--repair-enabled alone says at start that it is report only, and which flags act', async () => {
+    s = await startTestApiServer({ bookmarkIntervalMs: 200 });
+    const from = logs.length;
+    const c = await start({});
+    assert.equal(c.mode, 'report');
+    const said = logs.slice(from).filter((l) => /\trepair\t.*report only/.test(l));
+    assert.equal(said.length, 1, logs.slice(from).join(''));
+    assert.match(said[0]!, /--repair-label-pods/);
+    const acting = logs.length;
+    await start({ 'repair-label-pods': true });
+    assert.ok(!logs.slice(acting).some((l) => /report only/.test(l)), 'not when it acts');
+  });
+
   it('report only: counts and logs, sends nothing', async () => {
     s = await startTestApiServer({ bookmarkIntervalMs: 200 });
     s.upsertPod(brokenPod('rep-0'));
