@@ -10,7 +10,8 @@ import { fileURLToPath } from 'node:url';
 import { main } from '../src/cmd/install-cni.ts';
 
 const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
-const sandbox = path.join(root, '.sandbox');
+// MESH_SANDBOX_DIR: another tree (tests run the sandbox in a temp dir of their own).
+const sandbox = process.env.MESH_SANDBOX_DIR || path.join(root, '.sandbox');
 const netDir = path.join(sandbox, 'host/etc/cni/net.d');
 const binDir = path.join(sandbox, 'host/opt/cni/bin');
 const saDir = path.join(sandbox, 'serviceaccount');

@@ -8,6 +8,7 @@ import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
 import { readFileSync } from 'node:fs';
 import fs from 'node:fs/promises';
+import os from 'node:os';
 import path from 'node:path';
 import { describe, it } from 'node:test';
 import { parseAllDocuments } from 'yaml';
@@ -165,6 +166,87 @@ describe('install-cni stops cleanly, every time', () => {
       );
     });
   }
+
+  // `npm start` runs scripts/sandbox.ts under npm and sh, all in the terminal's process group: a
+  // Ctrl-C is a SIGINT to each of them. Sent here to a group of its own, twice, the second once
+  // the agent says it is stopping; npm's own build step is left out (npm exec, not npm start).
+  it("npm start's sandbox: Ctrl-C twice to the process group uninstalls as once does", async () => {
+    const dir = await fs.mkdtemp(path.join(os.tmpdir(), 'mcni-sandbox-'));
+    defer(() => fs.rm(dir, { recursive: true, force: true }));
+    const child = spawn(
+      'npm',
+      [
+        'exec',
+        '--offline',
+        '--',
+        'node',
+        'scripts/sandbox.ts',
+        '--monitoring-port=0',
+        '--ctrlz_port=0',
+        '--log_as_json',
+        '--cleanup-on-exit=always',
+      ],
+      {
+        cwd: ROOT,
+        detached: true,
+        env: {
+          ...process.env,
+          PATH: `${path.dirname(process.execPath)}:${process.env.PATH ?? ''}`,
+          MESH_SANDBOX_DIR: dir,
+        },
+        stdio: ['ignore', 'pipe', 'pipe'],
+      },
+    );
+    const group = child.pid!;
+    defer(async () => {
+      try {
+        process.kill(-group, 'SIGKILL');
+      } catch {
+        // gone
+      }
+    });
+    let out = '';
+    let err = '';
+    child.stdout.on('data', (d: Buffer) => (out += d.toString()));
+    child.stderr.on('data', (d: Buffer) => (err += d.toString()));
+    // The agent is the last of the group to hold the pipe: its end is the pipe's.
+    const closed = new Promise<void>((resolve) => child.stdout.on('close', resolve));
+    await eventually(() => /"msg":"mesh-cni is installed and ready"/.test(out), `the sandbox ready: ${err}`, 30_000);
+    await eventually(() => /"msg":"install-cni started"/.test(out), 'started');
+    const netDir = path.join(dir, 'host/etc/cni/net.d');
+    assert.deepEqual((await fs.readdir(netDir)).sort(), ['10-bridge.conflist', 'ZZZ-mesh-cni-orchconfig']);
+    const agentPid = (await fs.readdir('/proc'))
+      .filter((p) => /^\d+$/.test(p))
+      .find((p) => {
+        try {
+          return (
+            readFileSync(`/proc/${p}/comm`, 'utf8').trim() === 'install-cni' &&
+            readFileSync(`/proc/${p}/stat`, 'utf8').split(') ')[1]!.split(' ')[3] === String(group)
+          );
+        } catch {
+          return false;
+        }
+      });
+    assert.ok(agentPid, 'the agent shows as install-cni in its process group');
+    process.kill(-group, 'SIGINT');
+    await eventually(() => /"msg":"stopping"/.test(out), 'stopping');
+    try {
+      process.kill(-group, 'SIGINT');
+    } catch {
+      // the whole group is gone already
+    }
+    await closed;
+    assert.doesNotMatch(out, /"msg":"the stop did not finish/);
+    assert.match(out, /"msg":"uninstalling mesh-cni from this node"/);
+    assert.deepEqual(await fs.readdir(netDir), ['10-bridge.conflist']);
+    assert.doesNotMatch(readFileSync(path.join(netDir, '10-bridge.conflist'), 'utf8'), /mesh-cni/);
+    assert.deepEqual(await fs.readdir(path.join(dir, 'host/opt/cni/bin')), ['mesh-cni']);
+    assert.equal(
+      (await fs.readdir(path.join(dir, 'run/mesh-cni'))).filter((n) => n.endsWith('.sock')).length,
+      0,
+      'no socket left',
+    );
+  });
 
   // A SIGKILL (or the stop's deadline) can end an uninstall after any one of its writes. The
   // plugin needs its orchconfig (with a token that expires within the hour) for as long as any
