@@ -4,9 +4,7 @@
 // uninstall leaves the node part way, which the uninstall's order makes safe but not tidy.
 
 import type { Settings } from './config/settings.ts';
-
-/** --cleanup-on-exit=auto asks for at most this long (src/install/uninstall.ts, its deadline). */
-const DECISION_DEADLINE_MS = 10_000;
+import { DECISION_DEADLINE_MS } from './install/uninstall.ts';
 /** One API call of the node readiness part (its condition write on uninstall: a read and a patch under one timeout). */
 const NODE_CALL_MS = 10_000;
 /** Ambient mode's event queue is given this long to drain (src/ambient/index.ts). */

@@ -36,9 +36,9 @@ export interface DecideOptions {
   readonly attemptTimeoutMs?: number;
 }
 
-// The DaemonSet gives the pod 30 s (terminationGracePeriodSeconds) for everything on stop: the
-// decision takes at most 10 of them, leaving the rest for the uninstall and ambient mode's stop.
-const DEADLINE_MS = 10_000;
+// The longest the decision keeps asking: one part of the stop's worst case (src/stopbound.ts),
+// which the DaemonSet's terminationGracePeriodSeconds exceeds.
+export const DECISION_DEADLINE_MS = 10_000;
 const ATTEMPT_TIMEOUT_MS = 4000;
 const BACKOFF_FIRST_MS = 200;
 const BACKOFF_MAX_MS = 2000;
@@ -87,7 +87,7 @@ async function decide(settings: Settings, opts: DecideOptions): Promise<{ outcom
     return { outcome: { cleanup: false, reason: 'unreachable', why }, attempts: 0 };
   }
   const startedAt = Date.now();
-  const deadline = startedAt + (opts.deadlineMs ?? DEADLINE_MS);
+  const deadline = startedAt + (opts.deadlineMs ?? DECISION_DEADLINE_MS);
   const ask: Ask = {
     kc,
     settings,
