@@ -11,10 +11,9 @@
 
 import type { V1Pod } from '@kubernetes/client-node';
 import http from 'node:http';
-import { Counter } from 'prom-client';
 import { BOUNDED_SERVER_OPTIONS } from '../monitoring/httpbounds.ts';
 import { scope } from '../monitoring/logging.ts';
-import { registry } from '../monitoring/metrics.ts';
+import { knownCounter } from '../monitoring/metrics.ts';
 import { listenUnix } from '../monitoring/unixsocket.ts';
 import { isPodWithUid } from '../../cni-plugin/shared/poduid.ts';
 import {
@@ -30,11 +29,14 @@ import type { AmbientPodInfo } from './enablement.ts';
 
 const log = scope('ambient');
 
-const requests = new Counter({
+/** Every status the /cmdadd server answers with. */
+const RESPONSE_CODES = [200, 400, 404, 405, 413, 500] as const;
+type ResponseCode = (typeof RESPONSE_CODES)[number];
+
+const requests = knownCounter({
   name: 'mesh_cni_plugin_requests_total',
   help: "Requests of the CNI plugin on the agent's plugin event socket (ambient mode's /cmdadd), by HTTP response code.",
-  labelNames: ['response_code'] as const,
-  registers: [registry],
+  series: RESPONSE_CODES.map((c) => ({ response_code: `${c}` as const })),
 });
 
 /** What the server needs of a pod for the dataplane (enablement.ts AmbientPodInfo). */
@@ -77,9 +79,9 @@ export interface CmdAddServer {
 }
 
 class Refusal extends Error {
-  readonly status: number;
+  readonly status: ResponseCode;
   readonly reason: CmdAddFailure;
-  constructor(status: number, reason: CmdAddFailure, message: string) {
+  constructor(status: ResponseCode, reason: CmdAddFailure, message: string) {
     super(message);
     this.status = status;
     this.reason = reason;
@@ -141,8 +143,8 @@ async function handle(deps: CmdAddDeps, req: CmdAddRequest, o: CmdAddOptions): P
   }
 }
 
-function reply(res: http.ServerResponse, status: number, body: CmdAddReply): void {
-  requests.inc({ response_code: String(status) });
+function reply(res: http.ServerResponse, status: ResponseCode, body: CmdAddReply): void {
+  requests.inc({ response_code: `${status}` });
   const text = JSON.stringify(body);
   res.writeHead(status, {
     'content-type': 'application/json',

@@ -11,9 +11,8 @@
 // state has been found intact calmPasses checks in a row. The backend is the seam for another
 // way of writing the node's rules (native nftables): the loop, the bound and the metric stay.
 
-import { Counter } from 'prom-client';
 import { scope } from '../monitoring/logging.ts';
-import { registry } from '../monitoring/metrics.ts';
+import { combinations, knownCounter } from '../monitoring/metrics.ts';
 import { realClock, type Clock } from '../orch/limits.ts';
 import type { Family } from './podrules.ts';
 
@@ -76,15 +75,13 @@ export interface HealOptions {
 
 export type PassOutcome = 'intact' | 'healed' | 'failed';
 
-const heals = new Counter({
+const heals = knownCounter({
   name: 'mesh_cni_ambient_host_heals_total',
   help:
     "Times the ambient host probe path was found changed by another writer and put back, by what: rule (the node's " +
     'MESH_POSTRT chain or its jump), set (a probe ipset gone), entry (enrolled pod IPs missing from a probe ipset).',
-  labelNames: ['what'] as const,
-  registers: [registry],
+  series: combinations({ what: HEAL_WHATS }),
 });
-for (const what of HEAL_WHATS) heals.inc({ what }, 0);
 
 const describe = (d: HostDrift): string => `IPv${d.family} ${d.what}: ${d.detail}`;
 const seconds = (ms: number): string => `${Math.round(ms / 1000)} s`;

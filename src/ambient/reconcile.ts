@@ -18,12 +18,11 @@
 // the Reconciler around it.
 
 import type { V1Namespace, V1Pod } from '@kubernetes/client-node';
-import { Counter } from 'prom-client';
 import type { PodHandler } from '../orch/podsource.ts';
 import type { NamespaceHandler } from '../orch/namespacesource.ts';
 import { WorkQueue, type Outcome } from '../orch/workqueue.ts';
 import type { Clock } from '../orch/limits.ts';
-import { registry } from '../monitoring/metrics.ts';
+import { combinations, knownCounter } from '../monitoring/metrics.ts';
 import { scope } from '../monitoring/logging.ts';
 import {
   ambientPodOf,
@@ -122,15 +121,13 @@ function nonRetryable(e: unknown): boolean {
   return e instanceof Error && e.name === 'EnrollError' && (e as { retryable?: unknown }).retryable === false;
 }
 
-const events = new Counter({
+const events = knownCounter({
   name: 'mesh_cni_ambient_reconcile_events_total',
   help:
     'Pod events the ambient informer reconciled, by type (add, and an update with nothing to do: counted as ' +
     'they come; update, delete: each attempt, retries again).',
-  labelNames: ['type'] as const,
-  registers: [registry],
+  series: combinations({ type: ['add', 'update', 'delete'] satisfies PodEventType[] }),
 });
-for (const type of ['add', 'update', 'delete'] satisfies PodEventType[]) events.inc({ type }, 0);
 
 /** Which selectors' namespace parts the labels match, one letter each (an empty part always matches). */
 function namespaceMatches(

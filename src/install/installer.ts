@@ -225,6 +225,7 @@ export class Installer implements Component {
       log.info(w.action === 'write' ? 'wrote' : 'removed', { file: w.file, kind: w.kind, trigger });
     }
     for (const p of outcome.problems) metrics.errors.inc({ reason: p.reason });
+    metrics.installs.inc({ result: installResult(outcome) });
     metrics.installReady.set(outcome.notReady.length === 0 ? 1 : 0);
     // A malformed primary seen once may be a write in progress: say so only if it stays.
     const malformed = outcome.problems.some((p) => p.reason === 'primary_malformed');
@@ -363,6 +364,12 @@ export class Installer implements Component {
     }
     metrics.installReady.set(0);
   }
+}
+
+/** What one pass counts as in mesh_cni_installs_total (metrics.ts INSTALL_RESULTS). */
+function installResult(outcome: Outcome): metrics.InstallResult {
+  if (outcome.notReady.length === 0) return 'success';
+  return outcome.problems[0]?.reason ?? 'not_ready';
 }
 
 /** Whether `p` settles within `ms` (it goes on running either way). */

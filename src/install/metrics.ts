@@ -1,7 +1,7 @@
 // The installer's metrics.
 
 import { Counter, Gauge, Histogram } from 'prom-client';
-import { registry } from '../monitoring/metrics.ts';
+import { combinations, knownCounter, registry } from '../monitoring/metrics.ts';
 
 export const installReady = new Gauge({
   name: 'mesh_cni_install_ready',
@@ -9,11 +9,48 @@ export const installReady = new Gauge({
   registers: [registry],
 });
 
-export const reconciles = new Counter({
+/** What brings a pass (watch.ts Trigger). */
+const TRIGGERS = ['startup', 'net_dir', 'bin_dir', 'token', 'ca', 'template', 'periodic', 'retry'] as const;
+
+export const reconciles = knownCounter({
   name: 'mesh_cni_install_reconciles_total',
   help: 'Reconcile passes of the installer, by what triggered them.',
-  labelNames: ['trigger'] as const,
-  registers: [registry],
+  series: combinations({ trigger: TRIGGERS }),
+});
+
+/** Why a pass found a problem (plancontext.ts ErrorReason). */
+const ERROR_REASONS = [
+  'net_dir_missing',
+  'primary_malformed',
+  'template_invalid',
+  'token_missing',
+  'ca_missing',
+  'api_host_missing',
+  'binaries_failed',
+  'write_failed',
+  'file_refused',
+  'primary_unsupported',
+  'config_shadowed',
+] as const;
+
+/**
+ * One install is one reconcile pass, as Istio counts one per install attempt
+ * (istio_cni_installs_total): success when it ended with everything in place, written by it or
+ * found there; not_ready when it ended waiting without an error (no primary CNI config yet);
+ * else the reason of its first problem, in the order a pass works (binaries, net dir,
+ * orchconfig, template, CNI config), where Istio stops at its first failed step. Every problem
+ * of the pass is in mesh_cni_install_errors_total.
+ */
+export const INSTALL_RESULTS = ['success', 'not_ready', ...ERROR_REASONS] as const;
+export type InstallResult = (typeof INSTALL_RESULTS)[number];
+
+export const installs = knownCounter({
+  name: 'mesh_cni_installs_total',
+  help:
+    'Install passes (reconcile passes) by result: success (binary, orchconfig and CNI config entry in place, ' +
+    'written or found), not_ready (waiting without an error: no primary CNI config yet), else the reason of ' +
+    "the pass's first problem (as mesh_cni_install_errors_total).",
+  series: combinations({ result: INSTALL_RESULTS }),
 });
 
 export const reconcileDuration = new Histogram({
@@ -23,18 +60,16 @@ export const reconcileDuration = new Histogram({
   registers: [registry],
 });
 
-export const writes = new Counter({
+export const writes = knownCounter({
   name: 'mesh_cni_install_writes_total',
   help: 'Files the installer wrote or removed on the host, by kind (binary, orchconfig, cni_config) and action.',
-  labelNames: ['kind', 'action'] as const,
-  registers: [registry],
+  series: combinations({ kind: ['binary', 'orchconfig', 'cni_config'], action: ['write', 'remove'] }),
 });
 
-export const errors = new Counter({
+export const errors = knownCounter({
   name: 'mesh_cni_install_errors_total',
-  help: 'Reconcile passes that found a problem, by reason.',
-  labelNames: ['reason'] as const,
-  registers: [registry],
+  help: 'Problems reconcile passes found, by reason (a pass may find several).',
+  series: combinations({ reason: ERROR_REASONS }),
 });
 
 // The plugin's token (tokenrequest.ts), which the installer writes into the orchconfig.
@@ -45,15 +80,11 @@ export const pluginTokenRefreshes = new Counter({
   registers: [registry],
 });
 
-export const pluginTokenRefreshFailures = new Counter({
+export const pluginTokenRefreshFailures = knownCounter({
   name: 'mesh_cni_plugin_token_refresh_failures_total',
   help: "Failed attempts to mint the CNI plugin's token, by reason (throttled, server_error, client_error, unreachable; refused: the answer's token was not the plugin account's); the old token stays in use until it expires.",
-  labelNames: ['reason'] as const,
-  registers: [registry],
+  series: combinations({ reason: ['throttled', 'server_error', 'client_error', 'unreachable', 'refused'] }),
 });
-// Every reason at 0 from the start, so an alert on the first failure has a series to compare.
-for (const reason of ['throttled', 'server_error', 'client_error', 'unreachable', 'refused'])
-  pluginTokenRefreshFailures.inc({ reason }, 0);
 
 export const pluginTokenExpiry = new Gauge({
   name: 'mesh_cni_plugin_token_expiry_timestamp_seconds',
@@ -61,8 +92,8 @@ export const pluginTokenExpiry = new Gauge({
   registers: [registry],
 });
 
-// --cleanup-on-exit's decision on stop (uninstall.ts). Every series exists from start-up at 0, so
-// an alert on a keep that was a guess fires on the first one.
+// --cleanup-on-exit's decision on stop (uninstall.ts): an alert on a keep that was a guess fires
+// on the first one.
 
 export const CLEANUP_REASONS = {
   uninstall: [
@@ -96,11 +127,11 @@ export const CLEANUP_REASONS = {
 export type CleanupReason<D extends keyof typeof CLEANUP_REASONS = keyof typeof CLEANUP_REASONS> =
   (typeof CLEANUP_REASONS)[D][number];
 
-export const cleanupDecisions = new Counter({
+export const cleanupDecisions = knownCounter({
   name: 'mesh_cni_cleanup_decisions_total',
   help: "Decisions on stop whether to uninstall (take mesh-cni off this node) or keep it (a restart or upgrade, or the API server's answer could not tell), by decision and reason.",
-  labelNames: ['decision', 'reason'] as const,
-  registers: [registry],
+  series: [
+    ...combinations({ decision: ['uninstall'], reason: CLEANUP_REASONS.uninstall }),
+    ...combinations({ decision: ['keep'], reason: CLEANUP_REASONS.keep }),
+  ],
 });
-for (const [decision, reasons] of Object.entries(CLEANUP_REASONS))
-  for (const reason of reasons) cleanupDecisions.inc({ decision, reason }, 0);

@@ -22,13 +22,12 @@
 
 import type { V1Pod } from '@kubernetes/client-node';
 import net from 'node:net';
-import { Counter } from 'prom-client';
 import type { Component } from '../component.ts';
 import { disabledComponent } from '../component.ts';
 import type { Settings } from '../config/settings.ts';
 import { LineSplitter } from '../monitoring/lines.ts';
 import { scope } from '../monitoring/logging.ts';
-import { registry } from '../monitoring/metrics.ts';
+import { combinations, knownCounter } from '../monitoring/metrics.ts';
 import { listenUnix } from '../monitoring/unixsocket.ts';
 import { clientNodeApi } from '../orch/api.ts';
 import { orchKubeConfig } from '../orch/client.ts';
@@ -42,13 +41,11 @@ import {
 
 const log = scope('install');
 
-const lookups = new Counter({
+const lookups = knownCounter({
   name: 'mesh_cni_pod_lookups_total',
   help: 'Pod lookups the plugin asked the agent for, by result: hit (answered from the watch), miss (the plugin asks the API server), bad_request.',
-  labelNames: ['result'] as const,
-  registers: [registry],
+  series: combinations({ result: ['hit', 'miss', 'bad_request'] }),
 });
-for (const result of ['hit', 'miss', 'bad_request']) lookups.inc({ result }, 0);
 
 export interface PodLookupOptions {
   /** How long a lookup waits for a pod the watch has not delivered yet. */

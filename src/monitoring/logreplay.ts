@@ -15,10 +15,9 @@
 
 import { constants } from 'node:fs';
 import { lstat, open, unlink, type FileHandle } from 'node:fs/promises';
-import { Counter } from 'prom-client';
 import { LineSplitter } from './lines.ts';
 import { logRecord, scope } from './logging.ts';
-import { registry } from './metrics.ts';
+import { combinations, knownCounter } from './metrics.ts';
 import { parsePluginBytes } from './pluginrecord.ts';
 import { PLUGIN_LOG_SCOPE } from '../../cni-plugin/shared/pluginlog.ts';
 import {
@@ -35,13 +34,11 @@ export const MAX_FILE_BYTES = 2 * PLUGIN_LOG_FILE_MAX_BYTES;
 const RESULTS = ['replayed', 'oversized', 'invalid_json', 'invalid_record'] as const;
 type Result = (typeof RESULTS)[number];
 
-const records = new Counter({
+const records = knownCounter({
   name: 'mesh_cni_plugin_log_file_records_total',
   help: "Lines read from the plugin's log file (written while the agent was down) at start: replayed (printed in scope cni), or dropped as oversized, invalid_json, invalid_record.",
-  labelNames: ['result'] as const,
-  registers: [registry],
+  series: combinations({ result: RESULTS }),
 });
-for (const result of RESULTS) records.inc({ result }, 0);
 
 export interface ReplayStatus {
   readonly done: boolean;

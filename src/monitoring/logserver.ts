@@ -22,7 +22,7 @@ import { disabledComponent, type Component } from '../component.ts';
 import { LineSplitter } from './lines.ts';
 import { ReadPacer } from './pacer.ts';
 import { logRecord, scope } from './logging.ts';
-import { registry } from './metrics.ts';
+import { combinations, knownCounter, registry } from './metrics.ts';
 import { listenUnix } from './unixsocket.ts';
 import { parsePluginBytes } from './pluginrecord.ts';
 import { replayPluginLogFiles } from './logreplay.ts';
@@ -69,11 +69,10 @@ const metrics = {
     help: 'Lines read from the CNI plugin log socket, printed or dropped.',
     registers: [registry],
   }),
-  dropped: new Counter({
+  dropped: knownCounter({
     name: 'mesh_cni_plugin_log_lines_dropped_total',
     help: 'Plugin log lines dropped: oversized (longer than the line limit), invalid_json, invalid_record (JSON but not a log record).',
-    labelNames: ['reason'] as const,
-    registers: [registry],
+    series: combinations({ reason: DROP_REASONS }),
   }),
   bytes: new Counter({
     name: 'mesh_cni_plugin_log_received_bytes_total',
@@ -85,11 +84,10 @@ const metrics = {
     help: 'Connections accepted on the plugin log socket.',
     registers: [registry],
   }),
-  closed: new Counter({
+  closed: knownCounter({
     name: 'mesh_cni_plugin_log_connections_closed_total',
     help: 'Plugin log connections closed by the agent: evicted (the oldest, for a new one over the connection limit), rejected (a new one over the limit while every open one waits for its first read), idle, line_timeout (a line not ended in time), lifetime, over_budget (partial lines over the total memory budget).',
-    labelNames: ['reason'] as const,
-    registers: [registry],
+    series: combinations({ reason: CLOSE_REASONS }),
   }),
   open: new Gauge({
     name: 'mesh_cni_plugin_log_connections_open',
@@ -107,8 +105,6 @@ const metrics = {
     registers: [registry],
   }),
 };
-for (const reason of DROP_REASONS) metrics.dropped.inc({ reason }, 0);
-for (const reason of CLOSE_REASONS) metrics.closed.inc({ reason }, 0);
 
 function handleLine(line: Buffer): void {
   const r = parsePluginBytes(line);

@@ -10,7 +10,7 @@
 // code cache and the settings all come after it and count.
 
 import { Gauge } from 'prom-client';
-import { registry } from './metrics.ts';
+import { describeLabels, registry } from './metrics.ts';
 
 /** The agent's stages: every part started (src/agent.ts); first found ready (what /readyz says). */
 export type AgentStage = 'started' | 'ready';
@@ -27,6 +27,20 @@ const gauge = new Gauge({
     'list or watch answered), initial_list (the whole state read). Set once; absent until reached.',
   labelNames: ['stage', 'watch'] as const,
   registers: [registry],
+});
+
+describeLabels('mesh_cni_startup_duration_seconds', {
+  series: [],
+  open: {},
+  later: {
+    values: {
+      stage: ['started', 'ready', 'first_request', 'first_response', 'initial_list'] satisfies (
+        AgentStage | WatchStage
+      )[],
+      watch: ['node_pods', 'namespaces'] satisfies StartupWatch[],
+    },
+    why: 'set once each stage is reached: a 0 would read as reached at once',
+  },
 });
 
 const reached = new Map<string, number>();

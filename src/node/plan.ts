@@ -32,7 +32,8 @@ export interface NodeView {
 
 /** What the condition should say: status and reason decide a write; the message goes along. */
 export interface DesiredCondition {
-  readonly status: ConditionStatus;
+  /** The agent says True or False only; Unknown is the node controller's, for a node gone silent. */
+  readonly status: Exclude<ConditionStatus, 'Unknown'>;
   readonly reason: 'AgentReady' | 'AgentNotReady' | 'Uninstalled';
   readonly message: string;
 }

@@ -12,8 +12,8 @@
 //   before their signal is aborted;
 // - metrics labelled by queue name, and an injected clock so tests need no real waiting.
 
-import { Counter, Gauge } from 'prom-client';
-import { registry } from '../monitoring/metrics.ts';
+import { Gauge } from 'prom-client';
+import { combinations, describeLabels, knownCounter, registry } from '../monitoring/metrics.ts';
 import { Backoff, TokenBucket, realClock, type BackoffOptions, type Clock } from './limits.ts';
 
 /** What one reconcile says: finished, never worth retrying, or try again after a backoff. */
@@ -69,20 +69,24 @@ const depth = new Gauge({
   registers: [registry],
 });
 
-const retries = new Counter({
+// The queues are this module's users' (repair, ambient): each makes its series when it is made.
+const QUEUE = { queue: "the queue's name (repair, ambient), its series made with the queue" };
+describeLabels('mesh_cni_workqueue_depth', { series: [], open: QUEUE });
+
+const retries = knownCounter({
   name: 'mesh_cni_workqueue_retries_total',
   help: 'Retries scheduled after a failed attempt, by queue.',
-  labelNames: ['queue'] as const,
-  registers: [registry],
+  series: [{}],
+  open: QUEUE,
 });
 
-const drops = new Counter({
+const drops = knownCounter({
   name: 'mesh_cni_workqueue_drops_total',
   help:
     'Keys dropped unfinished, by queue and reason ' +
     '(dropped: the reconcile said no retry helps; max_attempts; stopped: the queue stopped first).',
-  labelNames: ['queue', 'reason'] as const,
-  registers: [registry],
+  series: combinations({ reason: ['dropped', 'max_attempts', 'stopped'] satisfies DropReason[] }),
+  open: QUEUE,
 });
 
 interface Entry {
@@ -115,10 +119,8 @@ export class WorkQueue<K> {
     this.#clock = o.clock ?? realClock;
     this.#bucket = o.rate ? new TokenBucket(o.rate.qps, o.rate.burst, this.#clock) : undefined;
     depth.set({ queue: o.name }, 0);
-    retries.inc({ queue: o.name }, 0);
-    for (const reason of ['dropped', 'max_attempts', 'stopped'] satisfies DropReason[]) {
-      drops.inc({ queue: o.name, reason }, 0);
-    }
+    retries.zero({ queue: o.name });
+    drops.zero({ queue: o.name });
   }
 
   /** Queues `key` unless it is queued or waiting for its retry already; true if it will run (again). */

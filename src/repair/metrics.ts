@@ -1,25 +1,41 @@
 // The repair controller's metrics.
 
 import { Counter, Gauge } from 'prom-client';
-import { registry } from '../monitoring/metrics.ts';
+import { combinations, knownCounter, registry } from '../monitoring/metrics.ts';
 
-export const podsRepaired = new Counter({
+/** Why an API request failed (orch/errors.ts FailureReason), or gave_up: no attempt left. */
+const REQUEST_FAILURES = ['throttled', 'server_error', 'client_error', 'unreachable', 'gave_up'] as const;
+/** Why an in-place repair failed (inplace.ts InPlaceReason), or gave_up: its retries ran out. */
+const IN_PLACE_FAILURES = [
+  'no_netns',
+  'ip_mismatch',
+  'rules_failed',
+  'proof_failed',
+  'repair_did_not_hold',
+  'no_capability',
+  'will_not_restart',
+  'host_network',
+  'gave_up',
+] as const;
+
+export const podsRepaired = knownCounter({
   name: 'mesh_cni_repair_pods_repaired_total',
   help:
     'Pods broken by the start-up race the repair controller acted on, by action (repair: in place, label, delete) ' +
     'and result (success; fail: the action gave up, or in place fell through to label/delete).',
-  labelNames: ['type', 'result'] as const,
-  registers: [registry],
+  series: combinations({ type: ['repair', 'label', 'delete'], result: ['success', 'fail'] }),
 });
 
-export const repairFailures = new Counter({
+export const repairFailures = knownCounter({
   name: 'mesh_cni_repair_failures_total',
   help:
     'Failed repair requests, by action (label, delete, event) and reason (throttled, server_error, client_error, ' +
     'unreachable, gave_up); failed in-place repairs (type repair) by reason (no_netns, ip_mismatch, rules_failed, ' +
-    'proof_failed, repair_did_not_hold, no_capability, will_not_restart, host_network).',
-  labelNames: ['type', 'reason'] as const,
-  registers: [registry],
+    'proof_failed, repair_did_not_hold, no_capability, will_not_restart, host_network; gave_up: retries ran out).',
+  series: [
+    ...combinations({ type: ['label', 'delete', 'event'], reason: REQUEST_FAILURES }),
+    ...combinations({ type: ['repair'], reason: IN_PLACE_FAILURES }),
+  ],
 });
 
 export const podsSeenBroken = new Counter({
@@ -28,11 +44,10 @@ export const podsSeenBroken = new Counter({
   registers: [registry],
 });
 
-export const watchRestarts = new Counter({
+export const watchRestarts = knownCounter({
   name: 'mesh_cni_repair_watch_restarts_total',
   help: 'Times the pod watch was restarted, by reason (closed, expired, silent, error).',
-  labelNames: ['reason'] as const,
-  registers: [registry],
+  series: combinations({ reason: ['closed', 'expired', 'silent', 'error'] }),
 });
 
 export const watchedPods = new Gauge({

@@ -313,6 +313,52 @@ describe('installer', () => {
     await eventually(() => installer.notReadyReasons().length === 0, 'ready once the token is back');
   });
 
+  it('counts each pass once in mesh_cni_installs_total: not_ready, success (written or found), first problem', async () => {
+    const results = ['success', 'not_ready', 'token_missing'] as const;
+    const counts = async () => {
+      const out: Record<string, number> = { passes: 0 };
+      for (const t of ['startup', 'net_dir', 'bin_dir', 'token', 'ca', 'template', 'periodic', 'retry'])
+        out.passes! += await metric('mesh_cni_install_reconciles_total', `trigger="${t}"`);
+      out.installs = 0;
+      for (const r of (await registry.metrics()).matchAll(/^mesh_cni_installs_total\{result="\w+"\} (\d+)$/gm))
+        out.installs += Number(r[1]);
+      for (const r of results) out[r] = await metric('mesh_cni_installs_total', `result="${r}"`);
+      return out;
+    };
+    const delta = (a: Record<string, number>, b: Record<string, number>) =>
+      Object.fromEntries(Object.keys(b).map((k) => [k, b[k]! - a[k]!]));
+    let before = await counts();
+
+    // No primary CNI config: waiting, not an error.
+    const { installer, tree } = await startInstaller();
+    let d = delta(before, await counts());
+    assert.ok(d.not_ready! >= 1 && d.success === 0, JSON.stringify(d));
+    assert.equal(d.installs, d.passes, 'every pass counted once');
+
+    // Written: the pass that put our entry in; found: a pass with nothing to write.
+    before = await counts();
+    await fs.writeFile(path.join(tree.netDir, '10-bridge.conflist'), BRIDGE_CONFLIST);
+    await eventually(() => installer.notReadyReasons().length === 0, 'ready after the primary appeared');
+    await installer.settled();
+    const written = await counts();
+    assert.ok(delta(before, written).success! >= 1, JSON.stringify(delta(before, written)));
+    installer.schedule('periodic');
+    await installer.settled();
+    d = delta(written, await counts());
+    assert.ok(d.success! >= 1 && d.not_ready === 0, JSON.stringify(d));
+    assert.equal(d.installs, d.passes, 'every pass counted once');
+
+    // A problem: the pass counts as its first problem's reason, never as a success.
+    before = await counts();
+    await fs.rm(path.join(tree.saDir, 'token'));
+    await eventually(() => /token is missing/.test(installer.notReadyReasons().join('\n')), 'the token missed');
+    await installer.settled();
+    d = delta(before, await counts());
+    assert.ok(d.token_missing! >= 1 && d.success === 0, JSON.stringify(d));
+    await fs.symlink('..data/token', path.join(tree.saDir, 'token'));
+    await eventually(() => installer.notReadyReasons().length === 0, 'ready once the token is back');
+  });
+
   it('leaves a malformed primary untouched, says so once, and inserts once it is fixed', async () => {
     const broken = '{ "cniVersion": "1.0.0", "plugins": [ { "type": "bridge" }, ';
     const before = logLines.length;
