@@ -29,6 +29,7 @@ import { LineSplitter } from '../monitoring/lines.ts';
 import { scope } from '../monitoring/logging.ts';
 import { combinations, knownCounter } from '../monitoring/metrics.ts';
 import { listenUnix } from '../monitoring/unixsocket.ts';
+import { socketRefusal } from '../../cni-plugin/shared/trustedpath.ts';
 import { clientNodeApi } from '../orch/api.ts';
 import { orchKubeConfig } from '../orch/client.ts';
 import { nodePodSource, type PodSource } from '../orch/podsource.ts';
@@ -219,10 +220,17 @@ export async function startPodLookup(
       maxConnections: opts.maxConnections,
     });
   } catch (e) {
-    // A speed-up, not a duty: without it the plugin reads pods from the API server itself.
-    log.error('cannot serve pod lookups; the plugin will read pods from the API server', {
-      error: (e as Error).message,
-    });
+    // A speed-up, not a duty: without it the plugin reads pods from the API server itself, unless
+    // its own check refuses the path (someone else could answer there): then it fails every ADD
+    // that asks with code 11 (cni-plugin/orch/agentlookup.ts). Its check says which, here too.
+    const refusal = socketRefusal(address);
+    log.error(
+      refusal === null
+        ? 'cannot serve pod lookups; the plugin reads pods from the API server instead'
+        : `cannot serve pod lookups, and the plugin refuses that path too (${refusal}): every ADD that ` +
+            'asks it for a pod fails with CNI error 11 until the path is fixed',
+      { error: (e as Error).message },
+    );
     await own?.stop();
     return { ...disabledComponent('pod-lookup'), status: () => ({ enabled: false, error: (e as Error).message }) };
   }
