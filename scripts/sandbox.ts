@@ -1,8 +1,10 @@
 // npm start: runs install-cni on this machine against ./.sandbox/, a directory tree standing in
 // for the host mounts of a node (CNI net and bin dirs, a service account), with metrics on
 // :15014 and ControlZ on localhost:9876. Extra flags pass through: npm start -- --log_as_json.
-// Ctrl-C stops it and, as no API server can confirm a DaemonSet here, takes the plugin off the
-// sandbox again.
+// Ctrl-C stops it and takes mesh-cni out of the sandbox's CNI configs again (the binary stays, as
+// on a node): --cleanup-on-exit=always, as the tree is a throw-away one, and `auto` would keep
+// everything here (no POD_NAME, no DaemonSet to ask about). `npm start -- --cleanup-on-exit=never`
+// keeps it installed.
 
 import fse from 'fs-extra';
 import path from 'node:path';
@@ -58,7 +60,7 @@ if (!fse.pathExistsSync(path.join(binariesDir, 'mesh-cni'))) {
 }
 
 console.error(
-  `sandbox: ${sandbox}\n  primary CNI config: ${netDir}\n  metrics: http://localhost:15014/metrics  readiness: http://localhost:15014/readyz  ControlZ: http://localhost:9876/`,
+  `sandbox: ${sandbox}\n  primary CNI config: ${netDir}\n  metrics: http://localhost:15014/metrics  readiness: http://localhost:15014/readyz  ControlZ: http://localhost:9876/\n  (the default ports: with --monitoring-port or --ctrlz_port, the "listening" log lines say where)\n  Ctrl-C: takes mesh-cni out of the sandbox's CNI configs`,
 );
 process.exit(
   await main(
@@ -71,6 +73,7 @@ process.exit(
       `--log-uds-address=${path.join(sandbox, 'run/mesh-cni/log.sock')}`,
       // No API server here to watch pods from: the plugin would read them from one itself.
       '--pod-lookup-uds-address=',
+      '--cleanup-on-exit=always',
       ...process.argv.slice(2),
     ],
     {
