@@ -11,7 +11,8 @@
 // runtime tries the sandbox again), naming ztunnel when the agent says ztunnel did not take the
 // pod. A pod whose namespace cannot be read fails too. Deliberate difference:
 // Istio logs a detection error and starts the pod as not ambient (fail open) unless
-// ENABLE_AMBIENT_DETECTION_RETRY; an ambient pod started so would run unredirected (README).
+// ENABLE_AMBIENT_DETECTION_RETRY; an ambient pod started so would run unredirected (docs/plugin.md,
+// "Deliberate difference: detection fails closed").
 
 import { CniError, CNI_ERROR } from './cni/errors.ts';
 import type { CniRequest } from './cni/protocol.ts';
@@ -106,7 +107,7 @@ export async function ambientAdd(
   const answer = await postCmdAdd(req.config.pluginEventUdsAddress, body, CMDADD_TIMEOUT_MS);
   const what = `${ref.namespace}/${ref.name}`;
   if ('refused' in answer) {
-    // Not "the agent is down": someone else may be answering there (README, the trust model).
+    // Not "the agent is down": someone else may be answering there (docs/security.md).
     throw new CniError(
       CNI_ERROR.TRY_AGAIN_LATER,
       `not handing ambient pod ${what} to the plugin event socket ${req.config.pluginEventUdsAddress}: ` +

@@ -7,7 +7,7 @@
 //
 // Before connecting, the path is checked (shared/trustedpath.ts): a socket that is not root's, or
 // that sits below a directory another user can write, may be someone's stand-in for the agent,
-// and is refused without a connection (README, "Security: the trust model").
+// and is refused without a connection (docs/security.md, "Security: the trust model").
 
 import { socketRefusal } from './shared/trustedpath.ts';
 

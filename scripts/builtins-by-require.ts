@@ -4,7 +4,7 @@
 // An ES import of a built-in makes Node build an ESM facade for it, which reads every export
 // once. node:http's exports include getters that load the whole of undici (WebSocket,
 // EventSource and friends), so `import http from 'node:http'` costs ~15-30 ms of the agent's
-// start before anything runs, for a client the agent never uses (README "Start-up time").
+// start before anything runs, for a client the agent never uses (docs/design.md "Start-up time").
 // require() hands back the module object as it is, and its getters run only if read.
 //
 // Each built-in becomes a one-line CommonJS module of the bundle (`module.exports =

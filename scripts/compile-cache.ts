@@ -1,6 +1,6 @@
 // The agent bundle's V8 code cache (Node's module compile cache), made by the build and shipped
 // in the image beside the bundle, so the agent does not parse and compile its 1.4 MB of
-// JavaScript at every start (README "Start-up time").
+// JavaScript at every start (docs/design.md "Start-up time").
 //
 // The cache is code the agent runs: whoever can write it runs code as the agent (root, with the
 // host's CNI dirs). So it is made here, at build time, and shipped read-only in the image, which

@@ -1,5 +1,5 @@
 // An esbuild plugin for the agent bundle: packages that only some paths of the agent use are
-// loaded when first used, not at every start (README "Start-up time").
+// loaded when first used, not at every start (docs/design.md "Start-up time").
 //
 // Every module of an ESM bundle is evaluated before the agent's first line runs. The two YAML
 // parsers are not needed on the way to ready: `yaml` reads --ambient-enablement-selector and

@@ -8,7 +8,7 @@
 //             alias holding the same file (same sha256), so there is no other build to pick.
 //             Node runs on any x86-64 (plugin-build.test.ts runs both under qemu CPU models).
 // Chosen by MESH_PLUGIN_RUNTIME; the default is the one `npm run bench -- plugin` measured
-// fastest with every shipped-executable test green (README "mesh-cni: the CNI plugin", "The plugin
+// fastest with every shipped-executable test green (docs/plugin.md "mesh-cni: the CNI plugin", "The plugin
 // executable").
 // Deno was looked at too: its npm package `deno` fetches its binary from a postinstall script
 // (@deno/linux-x64-glibc holds it without one), but `deno compile` downloads its `denort`
@@ -73,7 +73,7 @@ export function buildExecutable(o: ExecutableOptions): boolean {
  * (plugin-shipped test). --compile-jit-policy scales JavaScriptCore's tier-up thresholds: a
  * plugin call runs a few ms of JavaScript, which the JIT never pays back, and its compiler
  * threads are started and joined on every call; at this scale nothing is compiled, which saved
- * ~0.4-0.8 ms of CPU per VERSION and ~1 ms per ADD (README "mesh-cni: the CNI plugin", "The plugin
+ * ~0.4-0.8 ms of CPU per VERSION and ~1 ms per ADD (docs/plugin.md "mesh-cni: the CNI plugin", "The plugin
  * executable").
  */
 export const BUN_BUILD_FLAGS: readonly string[] = [

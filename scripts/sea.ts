@@ -30,7 +30,7 @@ import path from 'node:path';
 
 export const SEA_MODES = ['plain', 'codecache', 'snapshot'] as const;
 export type SeaMode = (typeof SEA_MODES)[number];
-/** The default, from the plugin benchmark (see the README / report): fastest spawn-to-exit. */
+/** The default, from the plugin benchmark (see docs/plugin.md, "The plugin executable"): fastest spawn-to-exit. */
 export const DEFAULT_SEA_MODE: SeaMode = 'codecache';
 const FUSE = 'NODE_SEA_FUSE_fce680ab2cc467b6e072b8b5df1996b2';
 

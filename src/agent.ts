@@ -46,10 +46,10 @@ export async function runAgent(settings: Settings): Promise<number> {
   configureLogging(settings.logging);
   // The installer's first pass compares the installed plugin (~100 MB) with the image's: the
   // largest part of the time to ready after a restart. Begun now, it reads while the parts
-  // before the installer start; the pass waits for it (README "Start-up time").
+  // before the installer start; the pass waits for it (docs/design.md "Start-up time").
   const binaryCheck = checkInstalledBinaries(settings.install.cniBinariesDir, settings.install.mountedCniBinDir);
   const components: Component[] = [];
-  // "starting" until every part has started; each reason with since when (README "Start-up stages").
+  // "starting" until every part has started; each reason with since when (docs/observability.md "Start-up stages").
   const readiness = new AgentReadiness(() => components, { onFirstReady: () => agentReached('ready') });
   readiness.watch();
   // Signals that arrive while starting are kept and acted on once everything is up.
@@ -136,7 +136,7 @@ function stopSignals(): Promise<NodeJS.Signals> {
  * Stops the components in reverse order, within `boundMs` (src/stopbound.ts: the parts' own bounds
  * added up). False when the deadline came first: the part still stopping is named, the rest are
  * left, and the process exits. The uninstall's order makes a stop cut anywhere safe for the next
- * pod start (README "Stopping").
+ * pod start (docs/installer.md "Stopping").
  */
 async function stopAll(components: readonly Component[], signal: NodeJS.Signals, boundMs: number): Promise<boolean> {
   let current = '';
@@ -217,7 +217,7 @@ function watchComponent(name: string, source: PodSource): Component {
   return { name, notReadyReasons: () => [], status: () => source.status(), stop: () => source.stop() };
 }
 
-/** The node's condition and start-up taint (README "Node readiness"), kept from the agent's readiness. */
+/** The node's condition and start-up taint (docs/node-readiness.md), kept from the agent's readiness. */
 function nodeReadinessPart(
   settings: Settings,
   kc: KubeConfig,

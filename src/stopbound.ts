@@ -1,6 +1,6 @@
 // The longest a stop of the agent can take, part by part, from the bounds each part holds itself
 // to. The agent holds the whole stop to this deadline, and the DaemonSet's
-// terminationGracePeriodSeconds must be longer (README "Stopping"): a SIGKILL in the middle of an
+// terminationGracePeriodSeconds must be longer (docs/installer.md "Stopping"): a SIGKILL in the middle of an
 // uninstall leaves the node part way, which the uninstall's order makes safe but not tidy.
 
 import type { Settings } from './config/settings.ts';

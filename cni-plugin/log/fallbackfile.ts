@@ -1,6 +1,6 @@
 // Where the plugin's records go when the agent's log socket cannot be reached (the agent is down,
 // upgrading, or not started yet): appended to plugin-log.jsonl beside the socket, which the agent
-// prints and removes when it starts again (README "The CNI plugin's logs", "When the agent is
+// prints and removes when it starts again (docs/observability.md "The CNI plugin's logs", "When the agent is
 // down"; paths and bounds in shared/pluginlogfile.ts).
 //
 // Many plugin runs append at once (a runtime starts pods in parallel), with no lock to share:

@@ -3,7 +3,7 @@
 // of the same name with another UID), the API server may be restarting (5xx, 429, refused, slow):
 // those are retried with backoff until the overall deadline; 401/403 and other 4xx are not.
 //
-// Bounded for the fleet (README "Fleet scale"): while the agent is down (its own rollout) every
+// Bounded for the fleet (docs/design.md "Fleet scale"): while the agent is down (its own rollout) every
 // pod start on the node comes here, so one pod start sends at most MAX_POD_GET_ATTEMPTS GETs, the
 // waits between them drawn at random (full jitter) so nodes that failed together do not retry in
 // step, and a Retry-After (429, 503) is a floor under the wait, never a reason to ask sooner.

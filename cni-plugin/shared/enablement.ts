@@ -6,7 +6,7 @@
 // As Istio's cni/pkg/util/enablement_selector.go, with our names: a selector is a pair of
 // Kubernetes label selectors (matchLabels + matchExpressions); an absent or empty one matches
 // everything; a pod is ambient when any pair matches its labels and its namespace's labels.
-// Deliberate differences (README "Ambient mode: how pods are selected"): a pod labelled
+// Deliberate differences (docs/ambient.md "How pods are selected"): a pod labelled
 // mesh.io/dataplane-mode=none is never ambient, whatever the selectors say (Istio leaves that to
 // the default selector), the namespaces of --exclude-namespaces never are (Istio: PR #59471), and
 // a sidecar pod is one the sidecar path redirects (shared/sidecar.ts), not one that merely

@@ -1,4 +1,4 @@
-// The plugin's log file, for when the agent is down (README "The CNI plugin's logs", "When the
+// The plugin's log file, for when the agent is down (docs/observability.md "The CNI plugin's logs", "When the
 // agent is down"): the plugin appends the records its log socket would have taken to a file
 // beside that socket, and the agent, when it starts serving the socket again, prints them and
 // removes the file. Written by cni-plugin/log/fallbackfile.ts, read by

@@ -10,7 +10,7 @@
 // claim of a sidecar counts only when the sidecar path takes the pod: a pod that carries
 // sidecar.mesh.io/status and no mesh-proxy container (or whose proxy is off, a gateway, or
 // injection disabled) is no sidecar pod, and in an ambient namespace it is ambient.
-// Deliberate difference (README "How pods are selected"): Istio's ambient decision takes the
+// Deliberate difference (docs/ambient.md "How pods are selected"): Istio's ambient decision takes the
 // status annotation alone for a sidecar (podHasSidecar) and its sidecar path then skips such a
 // pod, which starts with no redirection.
 

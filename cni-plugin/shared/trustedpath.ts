@@ -1,4 +1,4 @@
-// Whether a unix socket path between the agent and the plugin can be trusted (README, "Security:
+// Whether a unix socket path between the agent and the plugin can be trusted (docs/security.md, "Security:
 // the trust model", "Socket paths"): whoever can write a directory the kernel walks to reach the
 // socket can move the socket (or a directory above it) aside and answer the root plugin in the
 // agent's place, and the plugin then starts pods with no rules. The agent refuses such a path at

@@ -409,7 +409,7 @@ if (PARTS.has('calls')) {
       `  ${runtime}: VERSION p50 ${v.toFixed(1)} ms = ${(v / bridgeVersion).toFixed(2)} x bridge (<= 2: ${verdict(v <= 2 * bridgeVersion)}); DEL, netns gone p50 ${d.toFixed(1)} ms = ${(d / bridgeVersion).toFixed(2)} x bridge (<= 2: ${verdict(d <= 2 * bridgeVersion)})`,
     );
     // What the runtime's own start costs before any code of ours: when it alone is near or over a
-    // target, that target is the runtime's, not the plugin's (README, "Benchmark").
+    // target, that target is the runtime's, not the plugin's (docs/design.md, "Benchmark").
     const floor = rows.find((r) => r.name === `${runtime}: floor (empty script)`);
     if (floor) {
       console.log(

@@ -5,7 +5,7 @@
 //   before ztunnel hears of the pod, so no packet of an enrolled pod bypasses it;
 // - what counts as enrolled is the agent's own record (#record): the pods it wrote rules for and
 //   handed to ztunnel, and the IPs it put in the probe ipset for each. The annotation is only
-//   what it tells others: the pod's owner can write it too (README "What the agent counts as
+//   what it tells others: the pod's owner can write it too (docs/ambient.md "What the agent counts as
 //   enrolled");
 // - removal goes the other way: probe ipset -> rules out of the netns (unless the pod is being
 //   deleted) -> ztunnel told to let go (every connection) -> annotation removed;
@@ -208,7 +208,7 @@ async function redirectsToZtunnel(run: Runner, flavour: Flavour, families: reado
 }
 
 /**
- * The agent's own record of a pod: what it did to it, never what the pod says (README "What the
+ * The agent's own record of a pod: what it did to it, never what the pod says (docs/ambient.md "What the
  * agent counts as enrolled").
  */
 interface Enrollment {
@@ -746,7 +746,7 @@ class Dataplane implements MeshDataplane {
     this.#snapshotHolds.clear();
     if (cleanup) {
       // Uninstall: the node's probe rule and sets go. Running pods keep their in-pod rules (as
-      // Istio: unlabel first, README), so their traffic never leaves ztunnel's path unasked.
+      // Istio: unlabel first; docs/uninstall.md), so their traffic never leaves ztunnel's path unasked.
       await removeHost(this.#host, await this.#flavour(), this.#hostFamilies);
     }
     this.#cache.clear();

@@ -1,4 +1,4 @@
-// Ambient's host probe path kept in place (README "Host state that heals"). The node's probe rule
+// Ambient's host probe path kept in place (docs/ambient.md "Host state that heals"). The node's probe rule
 // and the probe sets with their entries are written at start-up and as pods come and go, and
 // anyone on the node can take them away: a firewalld reload, another agent's full
 // iptables-restore, an `ipset flush`. kubelet's probes of every ambient pod of the node then fail

@@ -8,7 +8,7 @@
 //   wanted but not enrolled (or pending) and has IPs -> enrolled; enrolled but no longer wanted
 //   -> removed;
 // - a deleted pod that was enrolled, pending or selected -> removed (isDelete).
-// "Enrolled" and "pending" are the dataplane's own record (README "What the agent counts as
+// "Enrolled" and "pending" are the dataplane's own record (docs/ambient.md "What the agent counts as
 // enrolled"), never the pod's redirection annotation: its owner can write that.
 // A namespace added, or relabelled so that it flips a selector, queues all its pods as updates.
 // The queue retries without end, backing off 5 ms -> 5 s per pod, as Istio's does (ztunnel may

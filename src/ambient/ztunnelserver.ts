@@ -14,7 +14,7 @@
 // - when a connection has been quiet for a while, a short read tells a live peer (nothing to read)
 //   from a gone one (EOF); ztunnel never speaks unasked, so a message then is a protocol error.
 //
-// Deliberate differences from Istio's agent (README, "ZDS server"), each to fail closed:
+// Deliberate differences from Istio's agent (docs/ambient.md, "The ZDS server"), each to fail closed:
 // - a ZdsHello of any version but V1 is refused (the connection closed): Istio reads it unchecked;
 // - a write or ack timeout drops the connection (Istio keeps it): a late ack would otherwise be
 //   taken for the answer to the next request; ztunnel reconnects and gets a full snapshot;

@@ -1,5 +1,5 @@
 // Every flag install-cni accepts, with its env setting and default: the one table the CLI, the
-// settings builder, the completion scripts and the README's flag list are made from.
+// settings builder, the completion scripts and docs/flags.md (scripts/flags-doc.ts) are made from.
 //
 // Flags of the seed's install-cni section read their env setting named like the flag
 // (`--cni-net-dir` -> CNI_NET_DIR), as Istio's install-cni does; the common logging and ctrlz
@@ -29,7 +29,7 @@ export interface FlagSpec {
   readonly choices?: readonly string[];
   /** For completion: the value is a path to a file (or socket) or to a directory. */
   readonly path?: 'file' | 'dir';
-  /** Group shown in help and README. */
+  /** Group shown in help and docs/flags.md. */
   readonly group: FlagGroup;
 }
 
@@ -258,7 +258,7 @@ export const FLAGS: readonly FlagSpec[] = [
         'A reconcile pass running longer than this makes /readyz fail with the reason (it is stuck); stopping waits at most this long for a running pass, and as long again for the uninstall.',
     },
   ),
-  // --- the node's readiness for mesh pods (README "Node readiness"): off unless a condition is named
+  // --- the node's readiness for mesh pods (docs/node-readiness.md): off unless a condition is named
   installFlag(
     'node-readiness-condition',
     'string',

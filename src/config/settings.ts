@@ -150,7 +150,7 @@ export interface StartupTaint {
 export const TAINT_EFFECTS = ['NoSchedule', 'PreferNoSchedule', 'NoExecute'] as const;
 export type TaintEffect = (typeof TAINT_EFFECTS)[number];
 
-/** The node's readiness for mesh pods (README "Node readiness"): a node condition and a start-up taint. */
+/** The node's readiness for mesh pods (docs/node-readiness.md): a node condition and a start-up taint. */
 export interface NodeReadinessSettings {
   /** --node-readiness-condition: the condition type kept from the agent's readiness; empty: off. */
   readonly conditionType: string;
@@ -163,7 +163,7 @@ export interface NodeReadinessSettings {
 /** Node conditions the kubelet (or the node controller) owns: the agent would fight it over them. */
 const KUBELET_CONDITIONS = ['Ready', 'MemoryPressure', 'DiskPressure', 'PIDPressure', 'NetworkUnavailable'];
 
-/** How the agent itself talks to the API server (README "Fleet scale"). */
+/** How the agent itself talks to the API server (docs/design.md "Fleet scale"). */
 export interface OrchSettings {
   /** Client-side rate limit of the agent's list, watch, GET and TokenRequest calls (one bucket per agent). */
   readonly qps: number;
@@ -784,7 +784,7 @@ function parseAddress(flag: string, value: string, family: 4 | 6): string {
     return value;
   }
   // The URL parser checks an IPv6 literal as net.isIPv6 does, at no cost, where isIPv6's first
-  // call compiles a large regular expression (~3 ms of every start: README "Start-up time"); the
+  // call compiles a large regular expression (~3 ms of every start: docs/design.md "Start-up time"); the
   // characters are checked first, so nothing but the address is parsed as the URL's host. A zone
   // id (fe80::1%eth0) is no address for a probe rule.
   const host = /^[0-9A-Fa-f:.]+$/.test(value) ? URL.parse(`http://[${value}]/`)?.hostname : undefined;

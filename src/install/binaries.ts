@@ -14,7 +14,7 @@
 // with the source once, which reads each file once and hashes nothing (cheaper than the sha256
 // of both); and a missing or different-sized file is replaced without reading it at all.
 //
-// At the agent's start that one comparison is the largest part of the time to ready (README
+// At the agent's start that one comparison is the largest part of the time to ready (docs/design.md
 // "Start-up time"), so the agent begins it at once (checkInstalledBinaries), while the rest of it
 // starts, and the installer's first pass takes what it found (know): the pass still trusts it
 // only at the stat identities it was found at, as it trusts its own writes.

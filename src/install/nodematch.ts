@@ -2,7 +2,7 @@
 // where a daemon pod runs: the template's nodeName, its nodeSelector, its required node affinity,
 // and its tolerations (with the ones the controller adds to every daemon pod) against the node's
 // NoSchedule and NoExecute taints. A node it no longer targets gets no new agent after this one
-// stops, which is what --cleanup-on-exit=auto takes for an uninstall (README "install-cni: the
+// stops, which is what --cleanup-on-exit=auto takes for an uninstall (docs/installer.md "install-cni: the
 // installer", "Stopping").
 //
 // Pure: the pod template and the node in, a verdict out. One rule differs from Kubernetes' on

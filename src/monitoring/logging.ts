@@ -2,7 +2,7 @@
 // (`scope('install').info(...)`); levels per scope come from --log_output_level and can be
 // changed at run time (ControlZ). Output: one JSON object a line with --log_as_json (made by
 // pino), else a console line written here directly:
-// `<time>\t<level>\t<scope>\t<message>\t<key=value ...>` (see README, Logs). Either line goes to
+// `<time>\t<level>\t<scope>\t<message>\t<key=value ...>` (see docs/observability.md, "Logs"). Either line goes to
 // the outputs of logtargets.ts (--log_target, --log_rotate).
 
 import path from 'node:path';

@@ -1,6 +1,6 @@
 // The plugin's log file, printed once the log server listens again: while no agent listened, plugin
 // runs appended their records to plugin-log.jsonl (and its rotated .1) beside the socket
-// (cni-plugin/log/fallbackfile.ts; README "The CNI plugin's logs", "When the agent is down").
+// (cni-plugin/log/fallbackfile.ts; docs/observability.md "The CNI plugin's logs", "When the agent is down").
 // Each line is read as a socket line is (pluginrecord.ts) and printed in scope `cni` with the
 // plugin's time and `replayed=true`; then the file is gone.
 //

@@ -1,6 +1,6 @@
 // The agent's readiness as /readyz, ControlZ and the node's condition read it: "starting" until
 // every part has started, then each part's not-ready reasons and notes, each line with since when
-// it has been said (README "Metrics, readiness, health", "Start-up stages").
+// it has been said (docs/observability.md "Metrics, readiness, health", "Start-up stages").
 //
 // Parts say why in words that carry counts and ages ("failed 3 time(s)", "for 12 s"), and a line
 // is their text, not an identity: a line keeps its since while only its numbers change, and one

@@ -1,4 +1,4 @@
-// How the agent's start went, stage by stage (README "Start-up stages"): one gauge,
+// How the agent's start went, stage by stage (docs/observability.md "Start-up stages"): one gauge,
 // mesh_cni_startup_duration_seconds, the seconds from the process's start until a stage was
 // first reached, set once. A gauge, not a histogram: each stage happens once per process, so a
 // histogram would hold one observation in a dozen bucket series; the fleet's spread is a

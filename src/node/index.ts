@@ -1,4 +1,4 @@
-// The node's readiness for mesh pods (README "Node readiness"), when --node-readiness-condition
+// The node's readiness for mesh pods (docs/node-readiness.md), when --node-readiness-condition
 // names a condition: every readiness pass the agent compares its own readiness (what /readyz says)
 // with the condition it last wrote on its node and writes the condition when its status changes;
 // the first pass that finds it ready also takes the start-up taint (--startup-taint) off the node,

@@ -1,4 +1,4 @@
-// The node readiness part's metrics (README "Node readiness").
+// The node readiness part's metrics (docs/node-readiness.md).
 
 import { Gauge } from 'prom-client';
 import { combinations, knownCounter, registry } from '../monitoring/metrics.ts';

@@ -1,6 +1,6 @@
 // What the agent writes to its own node, worked out without I/O: the condition its readiness
 // stands for, the patch that sets it (our condition only, by its type), and the patch that takes
-// the start-up taint off with a resourceVersion precondition (README "Node readiness").
+// the start-up taint off with a resourceVersion precondition (docs/node-readiness.md).
 
 import type { StartupTaint } from '../config/settings.ts';
 

@@ -29,7 +29,7 @@ export interface NamespaceList {
 
 export type WatchEventType = 'ADDED' | 'MODIFIED' | 'DELETED' | 'BOOKMARK' | 'ERROR';
 
-/** Which list the pod source sends (README "Fleet scale"). */
+/** Which list the pod source sends (docs/design.md "Fleet scale"). */
 export interface ListParams {
   /** '0': from the watch cache, any age; undefined: a consistent read (etcd). */
   readonly resourceVersion?: string;

@@ -171,7 +171,7 @@ export class NamespaceSource {
 
   async #run(): Promise<void> {
     const backoff = new FullJitterBackoff({ ...this.#o.backoff, random: this.#o.random });
-    // As the pod watch (README "Fleet scale"): every node watches every namespace, so a fleet
+    // As the pod watch (docs/design.md "Fleet scale"): every node watches every namespace, so a fleet
     // started or cut together (an API server restart) must not come back in the same instant.
     const { reconnectSpreadMs, startJitterMs } = { ...FLEET_DEFAULTS, ...this.#api.tuning, ...this.#o.tuning };
     let delay = this.#o.random() * startJitterMs;

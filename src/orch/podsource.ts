@@ -4,7 +4,7 @@
 // and retry, never a silent stop; a watch that sends nothing (no event, no bookmark) for too long
 // is aborted and restarted.
 //
-// The state is read as the fleet can afford (README "Fleet scale"): by the streaming watch-list
+// The state is read as the fleet can afford (docs/design.md "Fleet scale"): by the streaming watch-list
 // (sendInitialEvents, KEP-3157), else a list from the API server's watch cache (resourceVersion=0,
 // no limit), and only if the server refuses that, a consistent list (every pod of the cluster read
 // from etcd); each fallback is logged and kept for the life of the process. A watch cut while
@@ -56,7 +56,7 @@ export interface PodSourceOptions {
 }
 
 /**
- * How an agent reads and re-watches when its settings do not say (README "Fleet scale"): the
+ * How an agent reads and re-watches when its settings do not say (docs/design.md "Fleet scale"): the
  * streaming watch-list where served (else a list from the watch cache); a watch cut while healthy
  * is resumed within 12 s, at random, so a fleet whose watches were all cut at once (an API server
  * restart, a compaction) comes back spread over 12 s; the first read waits up to 1 s.

@@ -1,7 +1,7 @@
 // What bounds and spreads the agent's own requests to the API server: one token bucket per agent
 // (--orch-qps, --orch-burst) that every list, watch, GET and TokenRequest waits on, and the delay
 // rules of the list/watch loop (full-jitter backoff, Retry-After as a floor). The agent runs on
-// every node, so each of these is multiplied by the node count: README "Fleet scale".
+// every node, so each of these is multiplied by the node count: docs/design.md "Fleet scale".
 
 import type { KubeConfig } from '@kubernetes/client-node/dist/config.js';
 import type { OrchSettings } from '../config/settings.ts';

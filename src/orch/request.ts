@@ -178,7 +178,7 @@ const MAX_EVENT_BYTES = 16 << 20;
  * then go to `onEvent`, and `done` is called once when the stream ends: null for a clean end);
  * rejects with an ApiError (the Status message, Retry-After) when it answered anything else or
  * not at all. Unlike client-node's Watch, an error answer keeps its body: a server that refuses
- * sendInitialEvents says why (README "Fleet scale").
+ * sendInitialEvents says why (docs/design.md "Fleet scale").
  */
 export async function apiWatch(
   kc: KubeConfig,

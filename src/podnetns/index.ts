@@ -1,7 +1,7 @@
 // "Enter a running pod's netns": find it from the host's /proc by pod UID and IP, hold it by fd,
 // run programs in it (nsenter with the fd; the agent's own threads never setns). Used by repair
-// in place (issue 16) and, later, ambient enrollment (issue 17). README: "Finding a running pod's
-// network namespace".
+// in place and ambient enrollment. docs/repair.md: "Finding a running pod's network
+// namespace".
 
 export { podUidFromCgroup } from './cgroup.ts';
 export { openNetns, type HeldNetns, type NsId } from './held.ts';

@@ -259,7 +259,7 @@ describe('mesh-cni ambient branch (bridge + host-local + mesh-cni, test API serv
 
   // What a pod author writes can make a pod look like a sidecar pod that the sidecar path then
   // skips: such a pod is an ambient pod like any other, never left between the two paths with no
-  // redirection at all (README "How pods are selected"; Istio leaves it so).
+  // redirection at all (docs/ambient.md "How pods are selected"; Istio leaves it so).
   const status = { 'sidecar.mesh.io/status': '{"containers":["mesh-proxy"]}' };
   const proxy = (over: object = {}) => ({ name: 'mesh-proxy', image: 'proxy:1', ...over });
   const claimsWithoutSidecar: [string, V1Pod][] = [

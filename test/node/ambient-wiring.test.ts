@@ -355,7 +355,7 @@ describe('the namespace relist after 410 Gone', () => {
 
 // R6 review: every node watches all namespaces. An API server restart cuts the fleet's watches
 // together; re-watching at once brought a thousand watches back in the same instant. As the pod
-// watch (README "Fleet scale"): a healthy watch cut early comes back anywhere in a 12 s spread,
+// watch (docs/design.md "Fleet scale"): a healthy watch cut early comes back anywhere in a 12 s spread,
 // and the first read waits up to 1 s at random.
 describe('the namespace watch at fleet scale', () => {
   it('spreads its first read and a re-watch after a cut; its own timeout re-watches at once', async () => {

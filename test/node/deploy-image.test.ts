@@ -142,7 +142,7 @@ describe('deploy: the container image', { timeout: 300_000 }, () => {
     let target: ChildProcess;
     before(async () => {
       dir = await fs.mkdtemp(path.join(os.tmpdir(), 'mcni-image-inplace-'));
-      // The component used as the README says: from an operator's kustomization next to deploy/.
+      // The component used as docs/install.md says: from an operator's kustomization next to deploy/.
       const rel = path.relative(dir, DEPLOY_DIR);
       await fs.writeFile(
         path.join(dir, 'kustomization.yaml'),
@@ -251,7 +251,7 @@ describe('deploy: the container image', { timeout: 300_000 }, () => {
       assert.deepEqual(failed(steps), [], JSON.stringify(Object.fromEntries(steps), null, 1));
     });
 
-    // The minimum: each capability dropped in turn makes a named step fail (README, "Deploying").
+    // The minimum: each capability dropped in turn makes a named step fail (docs/install.md, "Deploying").
     const WITHOUT: [string, string[], RegExp][] = [
       ['SYS_PTRACE', ['open'], /EACCES/],
       ['SYS_ADMIN', ['setns'], /reassociate to namespace 'ns\/net' failed: Operation not permitted/],

@@ -34,6 +34,12 @@ const YAMLLINT_CONFIG = path.join(DEPLOY, '.yamllint.yaml');
 const IN_PLACE_CAPABILITIES = ['SYS_ADMIN', 'SYS_PTRACE', 'NET_ADMIN', 'NET_RAW'] as const;
 const pkg = JSON.parse(readFileSync(path.join(ROOT, 'package.json'), 'utf8')) as { version: string };
 
+/** docs/security.md's section "Security: the trust model", to the next section of its level or the end. */
+function trustModel(): string {
+  const page = readFileSync(path.join(ROOT, 'docs', 'security.md'), 'utf8');
+  return /^## Security: the trust model\n([\s\S]*?)(?=^## |(?![\s\S]))/m.exec(page)?.[1] ?? '';
+}
+
 /** The settings install-cni would build in this container (env + args; downward API values filled in). */
 function containerSettings(c: V1Container) {
   const env: Record<string, string> = { KUBERNETES_SERVICE_HOST: '10.96.0.1', KUBERNETES_SERVICE_PORT: '443' };
@@ -71,7 +77,7 @@ describe('deploy: kustomize build deploy/', () => {
   let withAmbientInPlace: ReturnType<typeof kustomize>;
   let withAmbientDelete: ReturnType<typeof kustomize>;
   let opDir: string;
-  /** An operator's own kustomization next to deploy/ using these components, the way the README says. */
+  /** An operator's own kustomization next to deploy/ using these components, the way docs/install.md says. */
   const operatorDir = (name: string, components: readonly string[]) => {
     const dir = path.join(opDir, name);
     mkdirSync(dir);
@@ -671,9 +677,8 @@ describe('deploy: kustomize build deploy/', () => {
     assert.deepEqual([s.repair.labelPods, s.repair.deletePods], [false, true]);
   });
 
-  it("the README's trust model names what the ambient component grants, and that pods/status is cluster-wide", () => {
-    const readme = readFileSync(path.join(ROOT, 'README.md'), 'utf8');
-    const section = /^## Security: the trust model\n([\s\S]*?)^## /m.exec(readme)?.[1] ?? '';
+  it("docs/security.md's trust model names what the ambient component grants, and that pods/status is cluster-wide", () => {
+    const section = trustModel();
     assert.match(section, /overlays\/ambient/);
     for (const what of ['/var/run/ztunnel', '/host/var/run/netns', 'namespaces', 'pods/status'])
       assert.ok(section.includes(what), `it names ${what}`);
@@ -703,9 +708,8 @@ describe('deploy: kustomize build deploy/', () => {
     }
   });
 
-  it("the README's trust model names what the repair-in-place component grants", () => {
-    const readme = readFileSync(path.join(ROOT, 'README.md'), 'utf8');
-    const section = /^## Security: the trust model\n([\s\S]*?)^## /m.exec(readme)?.[1] ?? '';
+  it("docs/security.md's trust model names what the repair-in-place component grants", () => {
+    const section = trustModel();
     assert.match(section, /repair-in-place/);
     for (const cap of IN_PLACE_CAPABILITIES) assert.match(section, new RegExp(cap), `it names ${cap}`);
     assert.match(section, /environ/, "it says the host's /proc shows every process's environment");

@@ -142,7 +142,7 @@ describe('owned config: settings', () => {
     assert.equal(s.install.meshOwnedCniConfig, true);
     assert.equal(s.install.meshOwnedCniConfigFilename, '01-ours.conflist');
     assert.equal(buildSettings({}, {}).install.meshOwnedCniConfigFilename, OWNED);
-    // Off by default (README: "Owned config": the gaps left before it can be); one flag away.
+    // Off by default (docs/installer.md: "Owned config": the gaps left before it can be); one flag away.
     assert.equal(buildSettings({}, {}).install.meshOwnedCniConfig, false);
     assert.equal(buildSettings({ 'mesh-owned-cni-config': 'true' }, {}).install.meshOwnedCniConfig, true);
     refused({ 'mesh-owned-cni-config-filename': '02-mesh.conf' }, /expected a .conflist name/);
@@ -505,7 +505,7 @@ describe('owned config: the reconcile pass on a real net dir', () => {
 });
 
 // Gaps a review found after the owned file was made the default (issue 13 stays open for the
-// rest; README "Owned config"). Each test was seen failing before its fix.
+// rest; docs/installer.md "Owned config"). Each test was seen failing before its fix.
 describe('owned config: files at our names that we did not write', () => {
   const trees: HostTree[] = [];
   afterEach(async () => {

@@ -357,7 +357,7 @@ const rows: Row[] = [
   },
   // The orchconfig's name against the primary's: no rule. libcni's ConfFiles (containerd's go-cni,
   // CRI-O's ocicni) reads only names ending .conf, .conflist or .json, which the orchconfig's may
-  // not, so it is never a config, wherever it sorts (README "install-cni").
+  // not, so it is never a config, wherever it sorts (docs/installer.md "install-cni: the installer").
   {
     name: 'the default orchconfig name sorts before calico.conflist (lower case): spliced all the same',
     mode: 'chained',

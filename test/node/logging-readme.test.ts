@@ -1,12 +1,12 @@
-// The README's example log lines are real output (issue 12, docs): every console line in the
-// README is compared in shape (level, scope, message, and the field names in their order; the
+// The docs' example log lines are real output: every console line in README.md and docs/*.md
+// is compared in shape (level, scope, message, and the field names in their order; the
 // time and the values may differ) with a line the real thing prints here: the agent's log
 // server printing the real plugin's record of a real ADD (bridge + mesh-cni in a netns of our
 // own, the pod read from the test API server), the agent's own ControlZ change record, and its
 // --vklog line of an API request (a pod label patch, as repair sends).
 
 import assert from 'node:assert/strict';
-import { readFileSync } from 'node:fs';
+import { readdirSync, readFileSync } from 'node:fs';
 import path from 'node:path';
 import { after, before, describe, it } from 'node:test';
 import type { Component } from '../../src/component.ts';
@@ -40,9 +40,12 @@ function shapeOf(line: string): Shape | undefined {
   return { level: m[1]!, scope: m[2]!, msg: m[3]!, keys };
 }
 
-/** Every console line in the README: the lines in its code blocks that are shaped like one. */
+/** Every console line of the docs (README.md, docs/*.md): the lines in their code blocks shaped like one. */
 function readmeExamples(): { line: string; shape: Shape }[] {
-  const text = readFileSync(path.join(ROOT, 'README.md'), 'utf8');
+  const docs = readdirSync(path.join(ROOT, 'docs'))
+    .filter((f) => f.endsWith('.md'))
+    .map((f) => path.join('docs', f));
+  const text = ['README.md', ...docs].map((f) => readFileSync(path.join(ROOT, f), 'utf8')).join('\n');
   const out: { line: string; shape: Shape }[] = [];
   for (const block of text.matchAll(/^```[^\n]*\n([\s\S]*?)^```/gm)) {
     for (const line of block[1]!.split('\n')) {

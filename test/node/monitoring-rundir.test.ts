@@ -1,4 +1,4 @@
-// The run dir holding the agent's sockets: README and SPEC say 0600 sockets in a 0750 dir, but
+// The run dir holding the agent's sockets: docs/security.md says 0600 sockets in a 0750 dir, but
 // the DaemonSet's hostPath (DirectoryOrCreate) makes /var/run/mesh-cni 0755 before the agent
 // starts. listenUnix tightens a root-owned real dir it finds, and leaves a link (a shared dir it
 // refuses: test/node/socket-trust.test.ts).

@@ -1,4 +1,4 @@
-// Start-up you can see (README "Start-up stages"): the real agent against the test API server
+// Start-up you can see (docs/observability.md "Start-up stages"): the real agent against the test API server
 // says in mesh_cni_startup_duration_seconds when it started its parts, when it was first ready
 // and when each watch first asked, was first answered and first had the whole state; a stage not
 // reached yet has no series. Every not-ready reason and note on /readyz and in ControlZ says since

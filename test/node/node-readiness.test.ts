@@ -1,4 +1,4 @@
-// The node's readiness for mesh pods (README "Node readiness"): the agent keeps its condition on
+// The node's readiness for mesh pods (docs/node-readiness.md): the agent keeps its condition on
 // its node from its readiness and takes the start-up taint off, once, when first ready.
 //
 // The test API server cannot schedule. "A pod waits" is modelled by a scheduler stand-in in this

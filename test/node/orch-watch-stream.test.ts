@@ -140,7 +140,7 @@ describe('a watch given up on before the server answered', () => {
 });
 
 describe('Retry-After on a watch refused after it counted as healthy', () => {
-  it('is capped at 5 minutes, as on every other path (README "Fleet scale")', async () => {
+  it('is capped at 5 minutes, as on every other path (docs/design.md "Fleet scale")', async () => {
     let watches = 0;
     const refuse = () => {
       throw new Error('not used');

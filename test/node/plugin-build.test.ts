@@ -81,7 +81,7 @@ describe('plugin build', () => {
     assert.match(bad.stderr, /MESH_PLUGIN_RUNTIME=deno: expected one of node-sea, bun/);
   });
 
-  // The CPU floor (README, "The plugin executable"): Bun 1.4.5 ships one x86-64 binary, built for
+  // The CPU floor (docs/plugin.md, "The plugin executable"): Bun 1.4.5 ships one x86-64 binary, built for
   // Nehalem (SSE4.2, no AVX) with its AVX2 code picked at run time (@oven/bun-linux-x64-baseline
   // is an alias holding the same file); Node runs on any x86-64. qemu's user-mode emulator runs
   // each runtime's plugin on a CPU model without the newer features, as an old or a masked

@@ -1,5 +1,5 @@
 // The unix sockets between the agent and the root plugin (log, pod lookup, plugin events) are
-// trusted only where no user but root can change what the path names (README, "Security: the
+// trusted only where no user but root can change what the path names (docs/security.md, "Security: the
 // trust model"). Here an unprivileged user (uid 65534, a real child process) takes over a socket
 // in a directory it can write, as an attacker on the node would: it moves the socket, or a
 // directory above it, aside and answers in its place. The agent must refuse such a path at

@@ -1,5 +1,5 @@
 // The list of suites `npm run test:unit` runs (test/unit-suites.ts) names real suites, once each.
-// That they need no root or Debian package is proven by scripts/test-unit-proof.sh (README, Set-up).
+// That they need no root or Debian package is proven by scripts/test-unit-proof.sh (README, "Set-up").
 
 import assert from 'node:assert/strict';
 import { existsSync, readdirSync } from 'node:fs';
