@@ -10,6 +10,7 @@ import { scope } from '../monitoring/logging.ts';
 import { isOwnWrite, removeStaleTemps, TEMP_MARKER } from './atomicfile.ts';
 import * as metrics from './metrics.ts';
 import { Reconciler, type Outcome } from './reconcile.ts';
+import { entryLogLevel } from './template.ts';
 import { decideCleanup, type CleanupDecision } from './uninstall.ts';
 import { DirWatcher, type Trigger } from './watch.ts';
 import { watchdogReasons } from './watchdog.ts';
@@ -71,7 +72,9 @@ export class Installer implements Component {
           enablementSelectors: settings.ambient.enablementSelectors,
         }
       : undefined;
-    this.#reconciler = new Reconciler(settings.install, settings.env, opts.pluginToken, ambient);
+    // The plugin sends what the agent's `cni` scope was started to print (template.ts).
+    const pluginLogLevel = entryLogLevel(settings.install.pluginLogLevel, settings.logging.outputLevels.cni);
+    this.#reconciler = new Reconciler({ ...settings.install, pluginLogLevel }, settings.env, opts.pluginToken, ambient);
     if (opts.binaryCheck) this.#reconciler.useBinaryCheck(opts.binaryCheck);
     // A new token goes into the orchconfig at once.
     opts.pluginToken?.onChange(() => this.schedule('token'));

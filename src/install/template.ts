@@ -9,6 +9,7 @@ import { PLUGIN_TYPE, type MeshNetConf } from '../../cni-plugin/shared/netconf.t
 import { CniConfigError, type JsonObject } from './cniconfig.ts';
 import { describeParseError } from '../../cni-plugin/shared/parseerror.ts';
 import type { EnablementSelector } from '../../cni-plugin/shared/enablement.ts';
+import { LEVEL_RANK, type LogLevel } from '../../cni-plugin/shared/loglevels.ts';
 
 /** A config with a placeholder for each value; a key the plugin does not read does not compile. */
 type Placeholders<T> = {
@@ -59,6 +60,19 @@ export interface AmbientEntryValues {
   /** The agent's plugin event socket (src/ambient/cmdadd.ts). */
   readonly pluginEventUdsAddress: string;
   readonly enablementSelectors: readonly EnablementSelector[];
+}
+
+/**
+ * Our entry's `log_level`: what the plugin sends the agent's log server. The agent prints those
+ * records in its scope `cni`, so an operator who starts it with `cni:debug` asks for the plugin's
+ * debug records: the entry then says debug, whatever --log-level says. Below debug the scope is
+ * not counted: its default (info) would otherwise raise the shipped --log-level (warn), one more
+ * record for every pod started. Read at start: ControlZ's level changes do not re-render it.
+ */
+export function entryLogLevel(pluginLevel: LogLevel, cniScope: LogLevel): LogLevel {
+  return LEVEL_RANK[cniScope] > LEVEL_RANK.info && LEVEL_RANK[cniScope] > LEVEL_RANK[pluginLevel]
+    ? cniScope
+    : pluginLevel;
 }
 
 /** Placeholder -> text put in its place. String values are JSON-escaped (they sit inside quotes). */
