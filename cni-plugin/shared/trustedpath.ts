@@ -139,6 +139,6 @@ export function socketRefusal(file: string): string | null {
 export function fixTrust(flag: string): string {
   return (
     "make every directory above the socket root's and writable by root alone (the agent refuses to serve " +
-    `in any other; see its log), or point ${flag} at such a path (README "Security: the trust model")`
+    `in any other; see its log), or point ${flag} at such a path (docs/security.md "Socket paths")`
   );
 }

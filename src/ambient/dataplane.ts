@@ -705,7 +705,7 @@ class Dataplane implements MeshDataplane {
     if (untrusted !== null) {
       throw new Error(
         `cannot listen for ztunnel on ${sock} (--ztunnel-uds-address): ${untrusted}; make its directory and ` +
-          'every one above it root\'s and writable by root only (0755; README "Security: the trust model")',
+          'every one above it root\'s and writable by root only (0755; docs/security.md "Socket paths")',
       );
     }
     // A socket left by an agent that did not stop cleanly: ours to replace (Istio unlinks it too).

@@ -130,7 +130,7 @@ export const FLAGS: readonly FlagSpec[] = [
     "Chained mode: write our own config file, sorting before the primary's, instead of editing it.",
     {
       details:
-        "Chained mode: write our own config file (--mesh-owned-cni-config-filename), the primary CNI's network with our entry last, sorting before the primary's file, which is never edited, so no pod starts without our entry while the primary CNI rewrites its file (false, the default: splice our entry into the primary's file; README \"Owned config\" says what to check before turning it on).",
+        "Chained mode: write our own config file (--mesh-owned-cni-config-filename), the primary CNI's network with our entry last, sorting before the primary's file, which is never edited, so no pod starts without our entry while the primary CNI rewrites its file (false, the default: splice our entry into the primary's file; docs/installer.md \"Owned config\" says what to check before turning it on).",
     },
   ),
   installFlag(
@@ -507,7 +507,7 @@ export const FLAGS: readonly FlagSpec[] = [
     {
       details:
         "Ambient mode: enroll the node's ambient pods (--ambient-enablement-selector) into the node proxy, ztunnel, " +
-        'instead of a sidecar (needs NODE_NAME; README "Ambient mode").',
+        'instead of a sidecar (needs NODE_NAME; docs/ambient.md).',
     },
   ),
   ambientFlag(

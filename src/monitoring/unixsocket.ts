@@ -90,7 +90,7 @@ export async function listenUnix(
     throw new Error(
       `cannot serve ${what} on ${address}: ${untrusted}, so another user could put a socket of theirs in ` +
         `ours' place and answer the plugin; choose a ${flag} whose directories are root's and writable by ` +
-        'root alone (the default /var/run/mesh-cni is; README "Security: the trust model")',
+        'root alone (the default /var/run/mesh-cni is; docs/security.md "Socket paths")',
     );
   }
   await tightenRunDir(dir, created !== undefined);
