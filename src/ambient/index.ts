@@ -19,7 +19,7 @@ import type { OrchApi } from '../orch/api.ts';
 import { realClock, type Clock } from '../orch/limits.ts';
 import { NamespaceSource } from '../orch/namespacesource.ts';
 import type { PodSource } from '../orch/podsource.ts';
-import { FullJitterBackoff } from '../orch/ratelimit.ts';
+import { Backoff } from '../orch/limits.ts';
 import { apiAnnotator } from './annotator.ts';
 import { startCmdAddServer, type CmdAddServer } from './cmdadd.ts';
 import { createDataplane, type MeshDataplane } from './dataplane.ts';
@@ -96,7 +96,7 @@ export function startAmbient(settings: Settings, deps: AmbientDeps): AmbientComp
   const run = async (): Promise<void> => {
     await until(Promise.all([deps.pods.synced, namespaces.synced]));
     state = 'starting_dataplane';
-    const backoff = new FullJitterBackoff({ baseMs: 1000, maxMs: 30_000 });
+    const backoff = new Backoff({ baseMs: 1000, maxMs: 30_000, jitter: 'full' });
     for (;;) {
       // Every running pod that should be ambient (this agent remembers nothing of a previous
       // run's): their netns from /proc, rules made so, the ipset rebuilt, then ztunnel's snapshot.

@@ -1,5 +1,5 @@
 // Client-side limits on what the agent sends: jittered exponential backoff (the pod watch's
-// restarts, the work queue's retries) and a token bucket (QPS + burst; the work queue's rate).
+// and namespace watches' restarts, the work queue's retries) and a token bucket (QPS + burst; the work queue's rate).
 // Clock and randomness are injectable for tests.
 
 export interface Clock {
@@ -27,8 +27,15 @@ export const realClock: Clock = {
 export interface BackoffOptions {
   readonly baseMs: number;
   readonly maxMs: number;
-  /** 0..1: the delay is spread uniformly over [d*(1-jitter), d*(1+jitter)], capped at maxMs. */
-  readonly jitter?: number;
+  /**
+   * How each delay is drawn from its step (baseMs * 2^attempt, capped at maxMs). A number 0..1:
+   * uniformly over [step*(1-jitter), step*(1+jitter)], capped (default 0.5). 'full': uniformly
+   * from 0 to the step, so many agents that failed together come back spread over the whole
+   * window, not in waves (the list/watch loops).
+   */
+  readonly jitter?: number | 'full';
+  /** A server's Retry-After (429, 503) is a floor, itself capped at this (default: no cap). */
+  readonly retryAfterCapMs?: number;
   readonly random?: () => number;
 }
 
@@ -37,17 +44,22 @@ export class Backoff {
   #attempt = 0;
   readonly #o: Required<BackoffOptions>;
   constructor(o: BackoffOptions) {
-    this.#o = { jitter: 0.5, random: Math.random, ...o };
+    this.#o = { jitter: 0.5, retryAfterCapMs: Infinity, random: Math.random, ...o };
   }
   get attempt(): number {
     return this.#attempt;
   }
   /** The next delay; a server's Retry-After is honoured as a floor. */
   next(retryAfterMs = 0): number {
-    const raw = Math.min(this.#o.maxMs, this.#o.baseMs * 2 ** this.#attempt);
+    const { baseMs, maxMs, jitter, random } = this.#o;
+    const step = Math.min(maxMs, baseMs * 2 ** Math.min(this.#attempt, 30));
     this.#attempt++;
-    const spread = raw * this.#o.jitter * (2 * this.#o.random() - 1);
-    return Math.max(retryAfterMs, Math.min(this.#o.maxMs, Math.max(0, raw + spread)));
+    const drawn = jitter === 'full' ? random() * step : step + step * jitter * (2 * random() - 1);
+    return Math.max(this.retryAfter(retryAfterMs), Math.min(maxMs, Math.max(0, drawn)));
+  }
+  /** A server's Retry-After as waited for: at most retryAfterCapMs. */
+  retryAfter(retryAfterMs = 0): number {
+    return Math.min(retryAfterMs, this.#o.retryAfterCapMs);
   }
   reset(): void {
     this.#attempt = 0;

@@ -12,9 +12,8 @@ import { scope } from '../monitoring/logging.ts';
 import { watchReached, type StartupWatch, type WatchStage } from '../monitoring/startup.ts';
 import type { OrchApi, WatchEventType, WatchTuning } from './api.ts';
 import { ApiError, statusText, toApiError } from './errors.ts';
-import { realClock, type Clock } from './limits.ts';
-import { FLEET_DEFAULTS } from './podsource.ts';
-import { FullJitterBackoff } from './ratelimit.ts';
+import { Backoff, realClock, type Clock } from './limits.ts';
+import { FLEET_DEFAULTS, WATCH_BACKOFF } from './podsource.ts';
 
 const log = scope('ambient');
 
@@ -170,7 +169,7 @@ export class NamespaceSource {
   }
 
   async #run(): Promise<void> {
-    const backoff = new FullJitterBackoff({ ...this.#o.backoff, random: this.#o.random });
+    const backoff = new Backoff({ ...this.#o.backoff, ...WATCH_BACKOFF, random: this.#o.random });
     // As the pod watch (docs/design.md "Fleet scale"): every node watches every namespace, so a fleet
     // started or cut together (an API server restart) must not come back in the same instant.
     const { reconnectSpreadMs, startJitterMs } = { ...FLEET_DEFAULTS, ...this.#api.tuning, ...this.#o.tuning };

@@ -21,8 +21,8 @@ import { scope, type Logger } from '../monitoring/logging.ts';
 import { watchReached, type StartupWatch, type WatchStage } from '../monitoring/startup.ts';
 import type { PodQuery, OrchApi, WatchEventType, WatchTuning } from './api.ts';
 import { ApiError, statusText, toApiError } from './errors.ts';
-import { realClock, type BackoffOptions, type Clock } from './limits.ts';
-import { FullJitterBackoff, type ListMode } from './ratelimit.ts';
+import { Backoff, realClock, type BackoffOptions, type Clock } from './limits.ts';
+import type { ListMode } from './ratelimit.ts';
 
 /** One reader of a watch; each brings its own metrics through the optional hooks. */
 export interface PodHandler {
@@ -87,6 +87,9 @@ export const WATCH_DEFAULTS = {
   healthyAfterMs: 10_000,
   backoff: { baseMs: 1000, maxMs: 30_000 },
 } as const satisfies Partial<PodSourceOptions>;
+
+/** How a list/watch loop backs off: full jitter, a Retry-After waited for at most 5 minutes. */
+export const WATCH_BACKOFF = { jitter: 'full', retryAfterCapMs: 5 * 60_000 } as const satisfies Partial<BackoffOptions>;
 
 export type RestartReason = 'closed' | 'expired' | 'silent' | 'error';
 export type SourceState = 'starting' | 'listing' | 'watching' | 'backoff' | 'stopped';
@@ -200,7 +203,7 @@ export class PodSource {
 
   async #run(): Promise<void> {
     const cap = this.#o.backoff.maxMs;
-    const backoff = new FullJitterBackoff({ baseMs: this.#o.backoff.baseMs, maxMs: cap, random: this.#random });
+    const backoff = new Backoff({ ...this.#o.backoff, ...WATCH_BACKOFF, random: this.#random });
     let rv = '';
     // A mass restart (a rollout, every node rebooted) does not send every agent's first read at once.
     let delay = this.#random() * Math.min(this.#tuning.startJitterMs, cap);

@@ -1,7 +1,6 @@
 // What bounds and spreads the agent's own requests to the API server: one token bucket per agent
-// (--orch-qps, --orch-burst) that every list, watch, GET and TokenRequest waits on, and the delay
-// rules of the list/watch loop (full-jitter backoff, Retry-After as a floor). The agent runs on
-// every node, so each of these is multiplied by the node count: docs/design.md "Fleet scale".
+// (--orch-qps, --orch-burst) that every list, watch, GET and TokenRequest waits on. The agent runs
+// on every node, so it is multiplied by the node count: docs/design.md "Fleet scale".
 
 import type { KubeConfig } from '@kubernetes/client-node/dist/config.js';
 import type { OrchSettings } from '../config/settings.ts';
@@ -58,43 +57,4 @@ export function bindOrchContext(kc: KubeConfig, settings: OrchSettings): OrchCon
 /** The context bound to a KubeConfig, if any (a KubeConfig made elsewhere has none: no limit). */
 export function orchContext(kc: KubeConfig): OrchContext | undefined {
   return byKubeConfig.get(kc);
-}
-
-/**
- * Exponential backoff with full jitter (a delay drawn from 0 to base * 2^attempt, capped): many
- * agents that failed together come back spread over the whole window, not in waves. A server's
- * Retry-After (429, 503) is a floor, itself capped at `retryAfterCapMs`.
- */
-export class FullJitterBackoff {
-  #attempt = 0;
-  readonly #base: number;
-  readonly #cap: number;
-  readonly #retryAfterCap: number;
-  readonly #random: () => number;
-  constructor(o: {
-    readonly baseMs: number;
-    readonly maxMs: number;
-    readonly retryAfterCapMs?: number;
-    readonly random?: () => number;
-  }) {
-    this.#base = o.baseMs;
-    this.#cap = o.maxMs;
-    this.#retryAfterCap = o.retryAfterCapMs ?? 5 * 60_000;
-    this.#random = o.random ?? Math.random;
-  }
-  get attempt(): number {
-    return this.#attempt;
-  }
-  next(retryAfterMs = 0): number {
-    const window = Math.min(this.#cap, this.#base * 2 ** Math.min(this.#attempt, 30));
-    this.#attempt++;
-    return Math.max(this.retryAfter(retryAfterMs), this.#random() * window);
-  }
-  /** A server's Retry-After as waited for: at most `retryAfterCapMs`. */
-  retryAfter(retryAfterMs = 0): number {
-    return Math.min(retryAfterMs, this.#retryAfterCap);
-  }
-  reset(): void {
-    this.#attempt = 0;
-  }
 }

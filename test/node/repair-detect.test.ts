@@ -206,6 +206,17 @@ describe('limits', () => {
     assert.equal(b.next(5000), 5000, 'Retry-After is a floor');
   });
 
+  it('with full jitter draws each delay from 0 to the step, a Retry-After capped', () => {
+    let rnd = 1;
+    const b = new Backoff({ baseMs: 100, maxMs: 1000, jitter: 'full', retryAfterCapMs: 2000, random: () => rnd });
+    assert.deepEqual([b.next(), b.next(), b.next(), b.next(), b.next()], [100, 200, 400, 800, 1000]);
+    rnd = 0;
+    assert.equal(b.next(), 0, 'anywhere from 0: a fleet that failed together comes back spread');
+    assert.equal(b.next(500), 500, 'Retry-After is a floor');
+    assert.equal(b.next(60_000), 2000, 'a Retry-After is waited for at most retryAfterCapMs');
+    assert.equal(b.retryAfter(60_000), 2000);
+  });
+
   it('token bucket gives the burst at once, then qps', async () => {
     let now = 0;
     const slept: number[] = [];
