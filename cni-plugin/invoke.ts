@@ -56,13 +56,13 @@ function stdinError(e: unknown): CniError {
   return new CniError(CNI_ERROR.IO_FAILURE, 'cannot read the network config from stdin', (e as Error).message);
 }
 
-export interface Outcome {
+export interface ExitAndStdout {
   readonly code: number;
   readonly stdout: string;
 }
 
 /** Runs one invocation; never throws. */
-export async function run(env: Env, stdinText: () => string | Promise<string>): Promise<Outcome> {
+export async function run(env: Env, stdinText: () => string | Promise<string>): Promise<ExitAndStdout> {
   let stdin = '';
   let log: UdsLog | null = null;
   try {

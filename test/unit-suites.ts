@@ -10,7 +10,7 @@
 
 export const UNIT_SUITES: readonly string[] = [
   'ambient-enablement',
-  'ambient-reconcile',
+  'ambient-informer',
   'ambient-settings',
   'ambient-zds',
   'foundation',

@@ -45,7 +45,7 @@ const { O_WRONLY, O_APPEND, O_CREAT, O_EXCL, O_NOFOLLOW, O_NOCTTY, O_NONBLOCK } 
 const APPEND = O_WRONLY | O_APPEND | O_CREAT | O_NOFOLLOW | O_NOCTTY | O_NONBLOCK;
 
 /** Why nothing was written, for the plugin's stderr; null when written, or when there is no run dir. */
-export type Outcome = string | null;
+export type NotWrittenReason = string | null;
 
 function trusted(uid: number): boolean {
   return uid === 0 || uid === process.geteuid?.();
@@ -66,7 +66,7 @@ function batch(lines: readonly string[]): { buf: Buffer; dropped: number } {
 }
 
 /** Appends `lines` to the file beside `logUdsAddress`. Never throws. */
-export function appendToFallbackFile(logUdsAddress: string, lines: readonly string[]): Outcome {
+export function appendToFallbackFile(logUdsAddress: string, lines: readonly string[]): NotWrittenReason {
   const files = pluginLogFiles(logUdsAddress);
   if (files === null || lines.length === 0) return null;
   try {
@@ -76,7 +76,7 @@ export function appendToFallbackFile(logUdsAddress: string, lines: readonly stri
   }
 }
 
-function append(files: PluginLogFiles, lines: readonly string[]): Outcome {
+function append(files: PluginLogFiles, lines: readonly string[]): NotWrittenReason {
   let refused: string | null;
   try {
     refused = untrustedDirChain(files.dir);
@@ -122,7 +122,7 @@ function append(files: PluginLogFiles, lines: readonly string[]): Outcome {
  * names that file: a run that wrote into a file another run had just rotated must not rename the
  * next one over the .1 just made.
  */
-export function rotate(files: PluginLogFiles, fd: number): Outcome {
+export function rotate(files: PluginLogFiles, fd: number): NotWrittenReason {
   const mine = fstatSync(fd);
   if (mine.size < PLUGIN_LOG_FILE_ROTATE_BYTES) return null;
   try {

@@ -1,5 +1,5 @@
 // Ambient mode as a part of the agent (--ambient-enabled): the namespace watch, the dataplane
-// (src/ambient/dataplane.ts) and the informer (reconcile.ts) on the node's one pod watch, in
+// (src/ambient/dataplane.ts) and the informer (informer.ts) on the node's one pod watch, in
 // Istio's order (research/ambient.md §1.1): wait for the pod and namespace caches, build the
 // dataplane's start-up state from the running pods that should be ambient (snapshot.ts
 // podsAtStart: never from the pods' annotation), then start the informer queue.
@@ -24,7 +24,7 @@ import { apiAnnotator } from './annotator.ts';
 import { startCmdAddServer, type CmdAddServer } from './cmdadd.ts';
 import { createDataplane, type MeshDataplane } from './dataplane.ts';
 import { ambientPodOf, ambientRules, isAmbientPod, neverAmbient } from './enablement.ts';
-import { Reconciler } from './reconcile.ts';
+import { AmbientInformer } from './informer.ts';
 import { podsAtStart } from './snapshot.ts';
 
 const log = scope('ambient');
@@ -65,7 +65,7 @@ export function startAmbient(settings: Settings, deps: AmbientDeps): AmbientComp
   const rules = ambientRules(settings);
   const isAmbient = (pod: V1Pod, labels = namespaces.labels(pod.metadata?.namespace ?? '')) =>
     isAmbientPod(pod, labels, selectors, rules);
-  const reconciler = new Reconciler({
+  const informer = new AmbientInformer({
     pods: deps.pods,
     namespaceLabels: (n) => namespaces.labels(n),
     selectors,
@@ -74,8 +74,8 @@ export function startAmbient(settings: Settings, deps: AmbientDeps): AmbientComp
     dataplane,
     clock,
   });
-  deps.pods.addHandler(reconciler.podHandler);
-  namespaces.addHandler(reconciler.namespaceHandler);
+  deps.pods.addHandler(informer.podHandler);
+  namespaces.addHandler(informer.namespaceHandler);
   namespaces.start();
 
   const stopping = new AbortController();
@@ -135,7 +135,7 @@ export function startAmbient(settings: Settings, deps: AmbientDeps): AmbientComp
         await clock.sleep(delay, stopping.signal);
       }
     }
-    reconciler.start();
+    informer.start();
     state = 'running';
     log.info('ambient mode started', { enrolledAtStart });
   };
@@ -175,14 +175,14 @@ export function startAmbient(settings: Settings, deps: AmbientDeps): AmbientComp
       lastError,
       pluginEventSocket: cmdAdd?.address ?? '',
       dataplane: dataplane.status(),
-      informer: reconciler.status(),
+      informer: informer.status(),
       namespaces: namespaces.status(),
     }),
     async stop(signal) {
       stopping.abort();
       await started.catch(() => {});
       await cmdAdd?.close();
-      await reconciler.stop(deps.stopGraceMs ?? 5000);
+      await informer.stop(deps.stopGraceMs ?? 5000);
       const decision = await deps.decideCleanup();
       log.info(decision.cleanup ? 'ambient: uninstall, removing the host rules' : 'ambient: keeping the node as is', {
         signal,

@@ -37,7 +37,7 @@ export interface Applied {
   readonly groupErrors: string[];
 }
 
-/** Memory as apply.ts changes it (the Reconciler keeps it between passes). */
+/** Memory as apply.ts changes it (the InstallPass keeps it between passes). */
 export interface MutableMemory extends Memory {
   readonly originals: Map<string, Original>;
   ownedFrom: string | null;

@@ -1,7 +1,7 @@
 // The installer's entry for the agent. The folder, by job:
 //   installer.ts      the component: passes at start, on watch events (watch.ts) and periodically,
 //                     one at a time; readiness (watchdog.ts); uninstall or not on stop (uninstall.ts)
-//   reconcile.ts      one pass: binaries (binaries.ts, once cpucheck.ts finds they can run here),
+//   pass.ts           one pass: binaries (binaries.ts, once cpucheck.ts finds they can run here),
 //                     the orchconfig (orchconfigsync.ts, orchconfig.ts; the plugin's token:
 //                     tokenrequest.ts), and our entry in the CNI config:
 //     plan.ts         the pure planner (plancontext.ts, planprimary.ts, plantakeout.ts,

@@ -9,7 +9,7 @@ import type { Settings } from '../config/settings.ts';
 import { scope } from '../monitoring/logging.ts';
 import { isOwnWrite, removeStaleTemps, TEMP_MARKER } from './atomicfile.ts';
 import * as metrics from './metrics.ts';
-import { Reconciler, type Outcome } from './reconcile.ts';
+import { InstallPass, type PassReport } from './pass.ts';
 import { entryLogLevel } from './template.ts';
 import { decideCleanup, type CleanupDecision } from './uninstall.ts';
 import { DirWatcher, type Trigger } from './watch.ts';
@@ -41,14 +41,14 @@ export interface InstallerOptions {
 export class Installer implements Component {
   readonly name = 'install';
   readonly #settings: Settings;
-  readonly #reconciler: Reconciler;
+  readonly #installPass: InstallPass;
   readonly #watcher: DirWatcher;
   readonly #decide: (settings: Settings) => Promise<CleanupDecision>;
   #running: Promise<void> | null = null;
   #pending: Trigger | null = null;
   #timer: NodeJS.Timeout | null = null;
   #stopped = false;
-  #last: Outcome | null = null;
+  #last: PassReport | null = null;
   #lastAt: Date | null = null;
   #lastReported = '';
   #passes = 0;
@@ -74,8 +74,13 @@ export class Installer implements Component {
       : undefined;
     // The plugin sends what the agent's `cni` scope was started to print (template.ts).
     const pluginLogLevel = entryLogLevel(settings.install.pluginLogLevel, settings.logging.outputLevels.cni);
-    this.#reconciler = new Reconciler({ ...settings.install, pluginLogLevel }, settings.env, opts.pluginToken, ambient);
-    if (opts.binaryCheck) this.#reconciler.useBinaryCheck(opts.binaryCheck);
+    this.#installPass = new InstallPass(
+      { ...settings.install, pluginLogLevel },
+      settings.env,
+      opts.pluginToken,
+      ambient,
+    );
+    if (opts.binaryCheck) this.#installPass.useBinaryCheck(opts.binaryCheck);
     // A new token goes into the orchconfig at once.
     opts.pluginToken?.onChange(() => this.schedule('token'));
     this.#decide = opts.decideCleanup ?? decideCleanup;
@@ -93,14 +98,14 @@ export class Installer implements Component {
       (trigger, file) => {
         // Our own temp files come and go with every write we make: not a change to react to.
         if (file !== null && path.basename(file).includes(TEMP_MARKER)) return;
-        if (file === null) this.#reconciler.files.unsure();
-        else this.#reconciler.files.changed(file);
+        if (file === null) this.#installPass.files.unsure();
+        else this.#installPass.files.changed(file);
         // The event of our own write (the file is still as we left it): no pass to run for it.
         if (file !== null && isOwnWrite(file)) return;
         this.schedule(trigger);
       },
       (dir, e) => {
-        this.#reconciler.files.unsure();
+        this.#installPass.files.unsure();
         log.warn('watch failed; the periodic reconcile still covers it', { dir, error: e.message });
       },
     );
@@ -156,7 +161,7 @@ export class Installer implements Component {
 
   /** How many times an installed binary was read to compare it with its source (binaries.ts). */
   get binaryCompares(): number {
-    return this.#reconciler.binaryCompares;
+    return this.#installPass.binaryCompares;
   }
 
   /** Resolves once no pass is running or pending: for tests and benchmarks. */
@@ -205,11 +210,11 @@ export class Installer implements Component {
   async #pass(trigger: Trigger): Promise<void> {
     metrics.reconciles.inc({ trigger });
     const end = metrics.reconcileDuration.startTimer();
-    let outcome: Outcome;
+    let outcome: PassReport;
     try {
       const verify = this.#verifyPending;
       this.#verifyPending = false;
-      outcome = await this.#reconciler.reconcile({ verify });
+      outcome = await this.#installPass.reconcile({ verify });
     } catch (e) {
       outcome = {
         notReady: [`reconcile failed: ${(e as Error).message}`],
@@ -246,7 +251,7 @@ export class Installer implements Component {
     // triggers merge while a pass runs, so no one kind of pass can be relied on to come. A new
     // watch brings one more pass, for what changed before it was armed.
     if (this.#watcher.refresh()) {
-      this.#reconciler.files.unsure();
+      this.#installPass.files.unsure();
       this.schedule('net_dir');
     }
   }
@@ -261,7 +266,7 @@ export class Installer implements Component {
     return target === null ? null : path.dirname(target);
   }
 
-  #retryOnProblems(outcome: Outcome): void {
+  #retryOnProblems(outcome: PassReport): void {
     if (this.#retryTimer) clearTimeout(this.#retryTimer);
     this.#retryTimer = null;
     if (outcome.problems.length === 0) {
@@ -273,7 +278,7 @@ export class Installer implements Component {
   }
 
   /** Logs what changed since the last pass only: a problem that persists is said once. */
-  #report(outcome: Outcome): void {
+  #report(outcome: PassReport): void {
     // Errors about a write name our temp file, whose name is new every pass: not a change.
     const key = JSON.stringify([outcome.notReady.map((m) => m.replace(TEMP_NAME, '<temp>')), outcome.primary]);
     if (key === this.#lastReported) return;
@@ -355,7 +360,7 @@ export class Installer implements Component {
       return;
     }
     log.info('uninstalling mesh-cni from this node', { signal, why: decision.why });
-    const cleanup = this.#reconciler.cleanup();
+    const cleanup = this.#installPass.cleanup();
     if (!(await within(cleanup, timeoutMs))) {
       log.error('the uninstall did not finish in time; stopping without it', { signal, afterMs: timeoutMs });
       return;
@@ -370,7 +375,7 @@ export class Installer implements Component {
 }
 
 /** What one pass counts as in mesh_cni_installs_total (metrics.ts INSTALL_RESULTS). */
-function installResult(outcome: Outcome): metrics.InstallResult {
+function installResult(outcome: PassReport): metrics.InstallResult {
   if (outcome.notReady.length === 0) return 'success';
   return outcome.problems[0]?.reason ?? 'not_ready';
 }

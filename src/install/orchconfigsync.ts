@@ -1,6 +1,6 @@
 // Keeps the orchconfig (orchconfig.ts) in the net dir: the plugin's own token (or, run alone, the
 // service-account token), the API server address and the CA, written only when what is there
-// differs, in its mode. I/O at the edge of a reconcile pass (reconcile.ts).
+// differs, in its mode. I/O at the edge of a reconcile pass (pass.ts).
 
 import path from 'node:path';
 import type { EnvironmentFacts, InstallSettings } from '../config/settings.ts';

@@ -43,7 +43,7 @@ const ATTEMPT_TIMEOUT_MS = 4000;
 const BACKOFF_FIRST_MS = 200;
 const BACKOFF_MAX_MS = 2000;
 
-type Outcome = (
+type ReasonedDecision = (
   | { readonly cleanup: true; readonly reason: CleanupReason<'uninstall'> }
   | { readonly cleanup: false; readonly reason: CleanupReason<'keep'> }
 ) & {
@@ -68,7 +68,10 @@ export async function decideCleanup(settings: Settings, opts: DecideOptions = {}
   return { cleanup: outcome.cleanup, why: outcome.why };
 }
 
-async function decide(settings: Settings, opts: DecideOptions): Promise<{ outcome: Outcome; attempts: number }> {
+async function decide(
+  settings: Settings,
+  opts: DecideOptions,
+): Promise<{ outcome: ReasonedDecision; attempts: number }> {
   const mode = settings.install.cleanupOnExit;
   if (mode === 'always')
     return { outcome: { cleanup: true, reason: 'flag', why: '--cleanup-on-exit=always' }, attempts: 0 };
@@ -116,7 +119,7 @@ interface Ask {
 }
 
 /** One round of reads: our pod, its DaemonSet, this node. */
-async function askOnce(ask: Ask, namespace: string, podName: string): Promise<Outcome> {
+async function askOnce(ask: Ask, namespace: string, podName: string): Promise<ReasonedDecision> {
   const ns = encodeURIComponent(namespace);
   const podPath = `/api/v1/namespaces/${ns}/pods/${encodeURIComponent(podName)}`;
   const podRead = await read<V1Pod>(ask, podPath, `pod ${namespace}/${podName}`);
@@ -194,7 +197,7 @@ async function askOnce(ask: Ask, namespace: string, podName: string): Promise<Ou
   }
 }
 
-type Read<T> = { readonly ok: T } | { readonly notFound: ApiError } | { readonly failed: Outcome };
+type Read<T> = { readonly ok: T } | { readonly notFound: ApiError } | { readonly failed: ReasonedDecision };
 
 /** A GET: the object, a 404 (what it means is the caller's), or what any other failure means. */
 async function read<T>(ask: Ask, apiPath: string, what: string): Promise<Read<T>> {
@@ -212,7 +215,7 @@ async function read<T>(ask: Ask, apiPath: string, what: string): Promise<Read<T>
 }
 
 /** What an answer other than 200/404 means: never an uninstall; retried when it may pass. */
-function failure(e: ApiError, timedOut: boolean): Outcome {
+function failure(e: ApiError, timedOut: boolean): ReasonedDecision {
   const cannot = `cannot ask the API server whether this is an uninstall (${e.message})`;
   if (e.code === undefined) {
     const reason = timedOut ? 'timeout' : 'unreachable';

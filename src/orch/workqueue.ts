@@ -16,8 +16,8 @@ import { Gauge } from 'prom-client';
 import { combinations, describeLabels, knownCounter, registry } from '../monitoring/metrics.ts';
 import { Backoff, TokenBucket, realClock, type BackoffOptions, type Clock } from './limits.ts';
 
-/** What one reconcile says: finished, never worth retrying, or try again after a backoff. */
-export type Outcome = 'done' | 'drop' | 'retry' | { readonly retryAfterMs: number };
+/** Whether and when to retry a key: finished, never worth retrying, or try again after a backoff. */
+export type RetryVerdict = 'done' | 'drop' | 'retry' | { readonly retryAfterMs: number };
 
 export interface ReconcileContext {
   /** 1 for the first attempt at this key, counting up across its retries. */
@@ -32,7 +32,7 @@ export interface WorkQueueOptions<K> {
   /** Names the queue in its metrics (label `queue`). */
   readonly name: string;
   /** Should not throw; a throw counts as 'retry'. */
-  readonly reconcile: (key: K, ctx: ReconcileContext) => Promise<Outcome>;
+  readonly reconcile: (key: K, ctx: ReconcileContext) => Promise<RetryVerdict>;
   /** Reconciles run at once, at most. */
   readonly concurrency: number;
   /** Attempts per second (and burst) over all keys; none: unlimited. */
@@ -229,7 +229,7 @@ export class WorkQueue<K> {
       }
     }
     e.attempt++;
-    let outcome: Outcome;
+    let outcome: RetryVerdict;
     let error: unknown;
     try {
       const ctx: ReconcileContext = { attempt: e.attempt, signal: this.#abort.signal, beside: (w) => this.#track(w) };

@@ -44,7 +44,7 @@ import { detectBroken, hasLabel } from './detect.ts';
 import { realClock, type Clock } from '../orch/limits.ts';
 import { podsRepaired, podsSeenBroken, repairFailures, watchedPods, watchRestarts } from './metrics.ts';
 import { WATCH_DEFAULTS, type PodSource } from '../orch/podsource.ts';
-import { WorkQueue, type Outcome, type ReconcileContext } from '../orch/workqueue.ts';
+import { WorkQueue, type RetryVerdict, type ReconcileContext } from '../orch/workqueue.ts';
 import { escapeFieldValue } from '../config/selectors.ts';
 import type { InPlaceReason, InPlaceResult } from './inplace.ts';
 
@@ -408,7 +408,7 @@ export class RepairController implements Component {
   }
 
   /** One attempt at one pod, for the queue. */
-  async #reconcile(uid: string, ctx: ReconcileContext): Promise<Outcome> {
+  async #reconcile(uid: string, ctx: ReconcileContext): Promise<RetryVerdict> {
     const rec = this.#records.get(uid);
     if (!rec || rec.done) return 'done';
     try {

@@ -12,7 +12,7 @@ import fs from 'node:fs/promises';
 import path from 'node:path';
 import { describe, it } from 'node:test';
 import { buildSettings } from '../../src/config/settings.ts';
-import { Reconciler } from '../../src/install/reconcile.ts';
+import { InstallPass } from '../../src/install/pass.ts';
 import { configureLogging } from '../../src/monitoring/logging.ts';
 import { BRIDGE_CONFLIST, makeHostTree, type HostTree } from '../helpers/hosttree.ts';
 import { cleanupAfterEach } from '../helpers/cleanup.ts';
@@ -53,9 +53,9 @@ async function tree(): Promise<HostTree> {
   return t;
 }
 
-function reconciler(t: HostTree): Reconciler {
+function reconciler(t: HostTree): InstallPass {
   const s = buildSettings({ 'reconcile-interval': '1h', ...t.flags }, t.env);
-  return new Reconciler(s.install, s.env);
+  return new InstallPass(s.install, s.env);
 }
 
 describe('a link in the net dir is written through only into a directory no net-dir writer can swap', () => {

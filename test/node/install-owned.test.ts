@@ -13,7 +13,7 @@ import { ConfigErrors } from '../../src/config/parse.ts';
 import { isOurs, withoutOurEntry } from '../../src/install/cniconfig.ts';
 import { Installer } from '../../src/install/installer.ts';
 import { ownedMode, ownedText, planOwned, PRIMARY_GONE_GRACE_MS, shadowedBy } from '../../src/install/owned.ts';
-import { Reconciler } from '../../src/install/reconcile.ts';
+import { InstallPass } from '../../src/install/pass.ts';
 import { ROOT } from '../helpers/cli.ts';
 import { BRIDGE_CONFLIST, makeHostTree, type HostTree } from '../helpers/hosttree.ts';
 import { FIXTURE_ENTRY } from '../helpers/install-fixtures.ts';
@@ -229,7 +229,7 @@ describe('owned config: the reconcile pass on a real net dir', () => {
     for (const [name, text] of Object.entries(files))
       await fs.writeFile(path.join(tree.netDir, name), text, { mode: 0o644 });
     const make = (extra: Record<string, string> = {}) =>
-      new Reconciler(
+      new InstallPass(
         buildSettings({ ...tree.flags, 'mesh-owned-cni-config': 'true', ...flags, ...extra }, tree.env).install,
         buildSettings({}, tree.env).env,
       );
@@ -446,7 +446,7 @@ describe('owned config: the reconcile pass on a real net dir', () => {
     const ours = readFileSync(net(OWNED), 'utf8');
     await first.stop('SIGTERM');
     assert.equal(readFileSync(net(OWNED), 'utf8'), ours);
-    const next = new Reconciler(settings.install, settings.env);
+    const next = new InstallPass(settings.install, settings.env);
     const out = await next.reconcile();
     assert.deepEqual(out.notReady, []);
     assert.deepEqual(
@@ -517,7 +517,7 @@ describe('owned config: files at our names that we did not write', () => {
     for (const [name, text] of Object.entries(files))
       await fs.writeFile(path.join(tree.netDir, name), text, { mode: 0o644 });
     const make = (extra: Record<string, string> = {}) =>
-      new Reconciler(
+      new InstallPass(
         buildSettings({ ...tree.flags, 'mesh-owned-cni-config': 'true', ...extra }, tree.env).install,
         buildSettings({}, tree.env).env,
       );
@@ -668,7 +668,7 @@ describe('owned config: the primary ours was made from, unloadable or just gone'
     trees.push(tree);
     await fs.writeFile(path.join(tree.netDir, '10-bridge.conflist'), BRIDGE_CONFLIST);
     await fs.writeFile(path.join(tree.netDir, '20-ptp.conflist'), ptp);
-    const r = new Reconciler(
+    const r = new InstallPass(
       buildSettings({ ...tree.flags, 'mesh-owned-cni-config': 'true' }, tree.env).install,
       buildSettings({}, tree.env).env,
     );
@@ -700,7 +700,7 @@ describe('owned config: the primary ours was made from, unloadable or just gone'
   it('an agent restarted meanwhile knows which file ours was made from (a hidden record beside ours)', async () => {
     const { tree, net } = await setup();
     const restarted = () =>
-      new Reconciler(
+      new InstallPass(
         buildSettings({ ...tree.flags, 'mesh-owned-cni-config': 'true' }, tree.env).install,
         buildSettings({}, tree.env).env,
       );
@@ -756,7 +756,7 @@ describe('owned config: a copy of ours left under an earlier --mesh-owned-cni-co
     trees.push(tree);
     await fs.writeFile(path.join(tree.netDir, '10-bridge.conflist'), BRIDGE_CONFLIST);
     const make = (extra: Record<string, string> = {}) =>
-      new Reconciler(
+      new InstallPass(
         buildSettings({ ...tree.flags, 'mesh-owned-cni-config': 'true', ...extra }, tree.env).install,
         buildSettings({}, tree.env).env,
       );

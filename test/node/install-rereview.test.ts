@@ -10,7 +10,7 @@ import path from 'node:path';
 import { afterEach, describe, it } from 'node:test';
 import { buildSettings } from '../../src/config/settings.ts';
 import { libcniVerdict } from '../../src/install/cniconfig.ts';
-import { Reconciler, type Outcome } from '../../src/install/reconcile.ts';
+import { InstallPass, type PassReport } from '../../src/install/pass.ts';
 import { configureLogging } from '../../src/monitoring/logging.ts';
 import { BRIDGE_CONFLIST, makeHostTree, type HostTree } from '../helpers/hosttree.ts';
 
@@ -27,7 +27,7 @@ afterEach(async () => {
 async function pass(
   owned: boolean,
   plant: (net: string) => Promise<void> | void,
-): Promise<{ tree: HostTree; out: Outcome }> {
+): Promise<{ tree: HostTree; out: PassReport }> {
   const tree = await makeHostTree();
   trees.push(tree);
   await fs.writeFile(path.join(tree.netDir, '10-bridge.conflist'), BRIDGE_CONFLIST);
@@ -36,12 +36,12 @@ async function pass(
     { 'reconcile-interval': '1h', ...tree.flags, 'mesh-owned-cni-config': String(owned) },
     tree.env,
   );
-  const out = await new Reconciler(s.install, s.env).reconcile();
+  const out = await new InstallPass(s.install, s.env).reconcile();
   return { tree, out };
 }
 
-const ready = (o: Outcome) => o.notReady.length === 0 && o.problems.length === 0;
-const reasons = (o: Outcome) => [...o.notReady, ...o.problems.map((p) => p.message)].join('\n');
+const ready = (o: PassReport) => o.notReady.length === 0 && o.problems.length === 0;
+const reasons = (o: PassReport) => [...o.notReady, ...o.problems.map((p) => p.message)].join('\n');
 
 /** The config file libcni loads first: config names sorted by their bytes, as Go does. */
 function runtimeFirst(net: string): Buffer {
@@ -167,7 +167,7 @@ describe('uninstall does every step it can', () => {
     // A second planted obstacle, in another step: a directory at an original-record name.
     await fs.mkdir(path.join(net, '.10-bridge.conflist.mesh-original'));
     const s = buildSettings({ 'reconcile-interval': '1h', ...tree.flags, 'mesh-owned-cni-config': 'true' }, tree.env);
-    await assert.rejects(new Reconciler(s.install, s.env).cleanup(), (e: Error) => {
+    await assert.rejects(new InstallPass(s.install, s.env).cleanup(), (e: Error) => {
       assert.match(e.message, new RegExp(record.replaceAll('.', '\\.')));
       assert.match(e.message, /\.10-bridge\.conflist\.mesh-original/);
       return true;

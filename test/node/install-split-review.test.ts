@@ -1,5 +1,5 @@
 // Review of the reconcile split into planner and applier (issue 14 §6): behaviour the split
-// changed that the other suites did not catch, each against a Reconciler on a real temp dir.
+// changed that the other suites did not catch, each against a InstallPass on a real temp dir.
 
 import assert from 'node:assert/strict';
 import fs from 'node:fs/promises';
@@ -8,7 +8,7 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import { describe, it } from 'node:test';
 import { buildSettings } from '../../src/config/settings.ts';
 import { PRIMARY_GONE_GRACE_MS } from '../../src/install/owned.ts';
-import { Reconciler } from '../../src/install/reconcile.ts';
+import { InstallPass } from '../../src/install/pass.ts';
 import type { PluginTokenSource } from '../../src/install/tokenrequest.ts';
 import { BRIDGE_CONFLIST, makeHostTreeFor, type HostTree } from '../helpers/hosttree.ts';
 import { runtimeView } from '../helpers/runtime-view.ts';
@@ -34,7 +34,7 @@ describe('owned mode: the grace for a primary just gone', () => {
       onChange: () => {},
     };
     const s = buildSettings({ ...t.flags, 'mesh-owned-cni-config': 'true' }, t.env);
-    const r = new Reconciler(s.install, s.env, token);
+    const r = new InstallPass(s.install, s.env, token);
     assert.deepEqual((await r.reconcile()).notReady, []);
     assert.equal(runtimeView(t.netDir).file, OWNED);
     const ours = await fs.readFile(path.join(t.netDir, OWNED), 'utf8');
@@ -60,7 +60,7 @@ describe('a primary that is a link to another config file in the net dir', () =>
     await fs.writeFile(path.join(t.netDir, '10-bridge.conflist'), BRIDGE_CONFLIST);
     await fs.symlink('10-bridge.conflist', path.join(t.netDir, '01-alias.conflist'));
     const s = buildSettings(t.flags, t.env);
-    const r = new Reconciler(s.install, s.env);
+    const r = new InstallPass(s.install, s.env);
     for (let pass = 1; pass <= 3; pass++) {
       const out = await r.reconcile();
       assert.deepEqual(out.notReady, [], `pass ${pass}: ready`);
@@ -84,7 +84,7 @@ describe('two config names linked to one file outside the net dir', () => {
     await fs.symlink(path.join(real, 'net.conflist'), path.join(t.netDir, '05-net.conflist'));
     await fs.symlink(path.join(real, 'net.conflist'), path.join(t.netDir, '10-net.conflist'));
     const s = buildSettings(t.flags, t.env);
-    const r = new Reconciler(s.install, s.env);
+    const r = new InstallPass(s.install, s.env);
     for (let pass = 1; pass <= 3; pass++) {
       const out = await r.reconcile();
       assert.deepEqual(out.notReady, [], `pass ${pass}: ready`);
@@ -109,7 +109,7 @@ describe('two config names linked to one file that holds a stale entry of ours',
     await fs.symlink(path.join(real, 'old.conflist'), path.join(t.netDir, '20-old.conflist'));
     await fs.symlink(path.join(real, 'old.conflist'), path.join(t.netDir, '30-old.conflist'));
     const s = buildSettings(t.flags, t.env);
-    const r = new Reconciler(s.install, s.env);
+    const r = new InstallPass(s.install, s.env);
     const out = await r.reconcile();
     assert.deepEqual(out.problems, []);
     assert.deepEqual(out.notReady, []);
@@ -128,7 +128,7 @@ describe('two config names linked to one file that holds a stale entry of ours',
     await fs.symlink(path.join(real, 'old.conflist'), path.join(t.netDir, '20-old.conflist'));
     await fs.symlink(path.join(real, 'old.conflist'), path.join(t.netDir, '30-old.conflist'));
     const s = buildSettings(t.flags, t.env);
-    await new Reconciler(s.install, s.env).cleanup();
+    await new InstallPass(s.install, s.env).cleanup();
     assert.doesNotMatch(await fs.readFile(path.join(real, 'old.conflist'), 'utf8'), /mesh-cni/);
     assert.ok((await fs.lstat(path.join(t.netDir, '30-old.conflist'))).isSymbolicLink(), 'the links stay');
   });

@@ -6,7 +6,12 @@ import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
 import type { Clock } from '../../src/orch/limits.ts';
 import { registry } from '../../src/monitoring/metrics.ts';
-import { WorkQueue, type Outcome, type ReconcileContext, type WorkQueueOptions } from '../../src/orch/workqueue.ts';
+import {
+  WorkQueue,
+  type RetryVerdict,
+  type ReconcileContext,
+  type WorkQueueOptions,
+} from '../../src/orch/workqueue.ts';
 
 /** A clock whose sleeps end only when advance() passes them. */
 class FakeClock implements Clock {
@@ -54,7 +59,7 @@ const settle = async () => {
 let queueSeq = 0;
 /** A queue on a fake clock, no jitter; records every attempt (key, time) and every hook. */
 function harness<K>(
-  reconcile: (key: K, ctx: ReconcileContext) => Promise<Outcome>,
+  reconcile: (key: K, ctx: ReconcileContext) => Promise<RetryVerdict>,
   o: Partial<WorkQueueOptions<K>> = {},
 ) {
   const clock = new FakeClock();
@@ -94,7 +99,7 @@ function gate() {
 describe('work queue: outcomes, retries and backoff', () => {
   const table: {
     name: string;
-    outcomes: Outcome[];
+    outcomes: RetryVerdict[];
     maxAttempts?: number;
     attempts: number[];
     delays: number[];
@@ -126,7 +131,7 @@ describe('work queue: outcomes, retries and backoff', () => {
     },
     {
       name: 'a throw is a retry',
-      outcomes: ['throw' as unknown as Outcome, 'done'],
+      outcomes: ['throw' as unknown as RetryVerdict, 'done'],
       attempts: [0, 100],
       delays: [100],
     },
@@ -412,7 +417,7 @@ describe('work queue: concurrency and rate', () => {
 
 describe('work queue: hooks', () => {
   it('a hook that throws strands no key: the retry still runs, and giving up still forgets the key', async () => {
-    const outcomes: Outcome[] = ['retry', 'done', 'retry', 'retry'];
+    const outcomes: RetryVerdict[] = ['retry', 'done', 'retry', 'retry'];
     const { q, clock, attempts } = harness<string>(async () => outcomes.shift() ?? 'done', {
       maxAttempts: 2,
       onRetry: () => {

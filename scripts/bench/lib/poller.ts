@@ -1,7 +1,7 @@
 // Baseline for the install benchmark: the same reconcile pass, but run by a plain 100 ms polling
 // loop instead of watches. Prints its write count on SIGTERM.
 import { buildSettings } from '../../../src/config/settings.ts';
-import { Reconciler } from '../../../src/install/reconcile.ts';
+import { InstallPass } from '../../../src/install/pass.ts';
 
 const [netDir, binDir, binariesDir, saDir] = process.argv.slice(2) as [string, string, string, string];
 const settings = buildSettings(
@@ -14,7 +14,7 @@ const settings = buildSettings(
   },
   { KUBERNETES_SERVICE_HOST: '198.18.96.1', KUBERNETES_SERVICE_PORT: '443' },
 );
-const reconciler = new Reconciler(settings.install, settings.env);
+const reconciler = new InstallPass(settings.install, settings.env);
 let writes = 0;
 const tick = async () => {
   const out = await reconciler.reconcile();

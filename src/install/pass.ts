@@ -34,7 +34,8 @@ import { DEFAULT_TEMPLATE, renderEntry, type AmbientEntryValues } from './templa
 export type { ErrorReason, Problem, Skipped, Write };
 export { STANDALONE_CONF_NAME, unspellableConfigNames };
 
-export interface Outcome {
+/** What one install pass found and did: readiness, problems, the primary and the writes. */
+export interface PassReport {
   /** Why not ready; empty when binaries, orchconfig and config are all in place. */
   readonly notReady: readonly string[];
   /** Errors among them (waiting for a primary CNI is not one). */
@@ -53,7 +54,7 @@ const isFile = (file: string) =>
     () => false,
   );
 
-export class Reconciler {
+export class InstallPass {
   readonly #s: InstallSettings;
   readonly #env: EnvironmentFacts;
   readonly #binaries: BinaryInstaller;
@@ -117,7 +118,7 @@ export class Reconciler {
    * One pass. `verify` (the default; false only for a pass brought by watch events) checks every
    * cached config file by its stat identity; else the cache trusts what no event has touched.
    */
-  async reconcile(opts: { verify?: boolean } = {}): Promise<Outcome> {
+  async reconcile(opts: { verify?: boolean } = {}): Promise<PassReport> {
     this.files.startPass(opts.verify ?? true);
     const out: Applied = { writes: [], problems: [], notReady: [], notes: [], groupErrors: [] };
     const { notReady, problems, writes } = out;

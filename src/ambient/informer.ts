@@ -15,12 +15,12 @@
 // connect at any time), and drops a failure that says no retry helps (netns, rules).
 //
 // The decision is a pure function (decide); the queue, the pending events and the metric are
-// the Reconciler around it.
+// the AmbientInformer around it.
 
 import type { V1Namespace, V1Pod } from '@kubernetes/client-node';
 import type { PodHandler } from '../orch/podsource.ts';
 import type { NamespaceHandler } from '../orch/namespacesource.ts';
-import { WorkQueue, type Outcome } from '../orch/workqueue.ts';
+import { WorkQueue, type RetryVerdict } from '../orch/workqueue.ts';
 import type { Clock } from '../orch/limits.ts';
 import { combinations, knownCounter } from '../monitoring/metrics.ts';
 import { scope } from '../monitoring/logging.ts';
@@ -153,7 +153,7 @@ function merge(prev: Pending | undefined, next: Pending): Pending {
   return { ...prev, latest: next.latest };
 }
 
-export interface ReconcilerDeps {
+export interface AmbientInformerDeps {
   /** The node's pod watch's cache. */
   readonly pods: { get(namespace: string, name: string): V1Pod | undefined; pods(): V1Pod[] };
   /** Namespace labels; undefined while the namespace is not known. */
@@ -174,8 +174,8 @@ export const AMBIENT_QUEUE = {
   backoff: { baseMs: 5, maxMs: 5000 },
 } as const;
 
-export class Reconciler {
-  readonly #d: ReconcilerDeps;
+export class AmbientInformer {
+  readonly #d: AmbientInformerDeps;
   /** The last state seen of each pod, by UID (a watch upsert says no old state). */
   readonly #known = new Map<string, V1Pod>();
   readonly #pending = new Map<string, Pending>();
@@ -183,7 +183,7 @@ export class Reconciler {
   readonly #never: (pod: V1Pod) => boolean;
   #started = false;
 
-  constructor(deps: ReconcilerDeps) {
+  constructor(deps: AmbientInformerDeps) {
     this.#d = deps;
     this.#never = deps.neverAmbient ?? ((pod) => neverAmbient(pod));
     this.#queue = new WorkQueue<string>({
@@ -307,7 +307,7 @@ export class Reconciler {
     return this.#d.dataplane.enrollment(pod.metadata?.uid ?? '');
   }
 
-  async #reconcile(uid: string): Promise<Outcome> {
+  async #reconcile(uid: string): Promise<RetryVerdict> {
     const p = this.#pending.get(uid);
     if (!p) return 'done';
     this.#pending.delete(uid);

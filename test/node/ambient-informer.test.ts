@@ -1,5 +1,5 @@
 // The ambient informer (issue 17, A3): the decision table of research/ambient.md §1.5 as a pure
-// function, and the Reconciler around it (pending events per pod, the namespace relabel, the
+// function, and the AmbientInformer around it (pending events per pod, the namespace relabel, the
 // queue's retries and drops) with a fake dataplane that records its calls.
 
 import assert from 'node:assert/strict';
@@ -11,7 +11,7 @@ import {
   type AmbientPodInfo,
   type Redirection,
 } from '../../src/ambient/enablement.ts';
-import { decide, Reconciler, type Action, type DecisionInput } from '../../src/ambient/reconcile.ts';
+import { decide, AmbientInformer, type Action, type DecisionInput } from '../../src/ambient/informer.ts';
 import { registry } from '../../src/monitoring/metrics.ts';
 import { eventually } from '../helpers/poll.ts';
 
@@ -318,11 +318,11 @@ class EnrollError extends Error {
   }
 }
 
-/** A pod cache and namespace labels the test changes, and a Reconciler reading them. */
+/** A pod cache and namespace labels the test changes, and a AmbientInformer reading them. */
 function harness(dp = fakeDataplane()) {
   const cache = new Map<string, V1Pod>();
   const nsLabels = new Map<string, Record<string, string>>([['shop', {}]]);
-  const r = new Reconciler({
+  const r = new AmbientInformer({
     pods: { get: (ns, name) => cache.get(`${ns}/${name}`), pods: () => [...cache.values()] },
     namespaceLabels: (n) => nsLabels.get(n),
     selectors: DEFAULT_ENABLEMENT_SELECTORS,
@@ -346,7 +346,7 @@ async function metric(type: string): Promise<number> {
   return m.values.find((v) => v.labels.type === type)?.value ?? 0;
 }
 
-describe('the Reconciler', () => {
+describe('the AmbientInformer', () => {
   it('holds events until started, then catches every pod up once (labelled while the agent was down)', async () => {
     const h = harness();
     h.upsert(pod({ uid: 'a', name: 'a', labels: ambient }));
@@ -425,7 +425,7 @@ describe('the Reconciler', () => {
     const dp = fakeDataplane();
     const cache = new Map<string, V1Pod>();
     const nsLabels = new Map<string, Record<string, string>>([['shop', { team: 'x' }]]);
-    const r = new Reconciler({
+    const r = new AmbientInformer({
       pods: { get: (ns, name) => cache.get(`${ns}/${name}`), pods: () => [...cache.values()] },
       namespaceLabels: (n) => nsLabels.get(n),
       selectors,
@@ -463,7 +463,7 @@ describe('the Reconciler', () => {
       sleep: (_ms: number, signal?: AbortSignal) =>
         new Promise<void>((_, reject) => signal?.addEventListener('abort', () => reject(new Error('stopped')))),
     };
-    const r = new Reconciler({
+    const r = new AmbientInformer({
       pods: { get: (ns, name) => cache.get(`${ns}/${name}`), pods: () => [...cache.values()] },
       namespaceLabels: () => ({}),
       selectors: DEFAULT_ENABLEMENT_SELECTORS,
