@@ -6,6 +6,7 @@
 // Not wired into the agent yet (issue 17).
 
 import { isIPv4, isIPv6 } from 'node:net';
+import type { RunResult } from '../podnetns/program.ts';
 
 export type Family = 4 | 6;
 export type Flavour = 'legacy' | 'nft';
@@ -370,12 +371,8 @@ export function reconcileDocument(
 
 // ---- applying: the programs run through a runner (the agent: nsenter into the pod's netns) ----
 
-export interface RunResult {
-  readonly code: number | null;
-  readonly stdout: string;
-  readonly stderr: string;
-  readonly error: string | null;
-}
+/** The agent's one result type (src/podnetns/program.ts). */
+export type { RunResult };
 export type Runner = (argv: readonly string[], opts?: { readonly input?: string }) => Promise<RunResult>;
 
 const bin = (flavour: Flavour, family: Family, what: 'save' | 'restore'): string =>

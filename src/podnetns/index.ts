@@ -15,4 +15,5 @@ export {
   type PodToFind,
 } from './find.ts';
 export { runInNetns, type RunOptions, type RunResult } from './run.ts';
+export { withSbinDirs } from './program.ts';
 export { netnsAddresses } from './addresses.ts';

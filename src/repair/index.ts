@@ -25,7 +25,6 @@ import * as podnetns from '../podnetns/index.ts';
 import { scope } from '../monitoring/logging.ts';
 
 const log = scope('repair');
-const SBIN_DIRS = ['/usr/local/sbin', '/usr/sbin', '/sbin', '/usr/local/bin', '/usr/bin', '/bin'];
 
 /** Repair watches exactly the pods of this node (so it can read the node's pod watch). */
 export function repairWatchesNode(settings: Settings): boolean {
@@ -65,7 +64,7 @@ export function inPlaceFor(
     selfStatusPath: '/proc/self/status',
     hostProcDir: r.hostProcDir,
     // runInNetns searches the sbin dirs after PATH (a container's PATH may lack them): so does the check.
-    path: [settings.env.path, ...SBIN_DIRS].filter((d) => d !== '').join(':'),
+    path: podnetns.withSbinDirs(settings.env.path),
     hostNetnsPath: r.hostNetnsPath,
     xtablesLock: '/run/xtables.lock',
     ...env,
