@@ -14,6 +14,7 @@ import { isOurs, withoutOurEntry } from '../../src/install/cniconfig.ts';
 import { Installer } from '../../src/install/installer.ts';
 import { ownedMode, ownedText, planOwned, PRIMARY_GONE_GRACE_MS, shadowedBy } from '../../src/install/owned.ts';
 import { InstallPass } from '../../src/install/pass.ts';
+import type { PluginTokenSource } from '../../src/install/tokenrequest.ts';
 import { ROOT } from '../helpers/cli.ts';
 import { BRIDGE_CONFLIST, makeHostTree, type HostTree } from '../helpers/hosttree.ts';
 import { FIXTURE_ENTRY } from '../helpers/install-fixtures.ts';
@@ -743,6 +744,39 @@ describe('owned config: the primary ours was made from, unloadable or just gone'
     await new Promise((resolve) => setTimeout(resolve, PRIMARY_GONE_GRACE_MS + 100));
     assert.deepEqual((await r.reconcile()).notReady, []);
     assert.deepEqual(runtimeView(tree.netDir).chain, ['ptp', 'mesh-cni']);
+  });
+
+  it("counts the grace from when the pass saw it gone, not from the pass's start (a slow orchconfig step before)", async () => {
+    const t = await makeHostTree();
+    trees.push(t);
+    await fs.writeFile(path.join(t.netDir, '10-bridge.conflist'), BRIDGE_CONFLIST);
+    // A token source that can hold the pass before the net dir is read, as a slow step there
+    // (a binary copied on upgrade, a loaded disk) would.
+    let holdMs = 0;
+    const token: PluginTokenSource = {
+      current: async () => {
+        if (holdMs > 0) await new Promise((resolve) => setTimeout(resolve, holdMs));
+        return { token: 'plugin-token-1' };
+      },
+      onChange: () => {},
+    };
+    const s = buildSettings({ ...t.flags, 'mesh-owned-cni-config': 'true' }, t.env);
+    const r = new InstallPass(s.install, s.env, token);
+    assert.deepEqual((await r.reconcile()).notReady, []);
+    assert.equal(runtimeView(t.netDir).file, OWNED);
+    const ours = await fs.readFile(path.join(t.netDir, OWNED), 'utf8');
+
+    // The primary CNI deletes its file to write it again; another config sorts after it.
+    await fs.rm(path.join(t.netDir, '10-bridge.conflist'));
+    await fs.writeFile(path.join(t.netDir, '20-other.conflist'), BRIDGE_CONFLIST.replace('bridge-net', 'other-net'));
+    holdMs = PRIMARY_GONE_GRACE_MS + 300;
+    const first = await r.reconcile();
+    assert.match(first.notReady.join('\n'), /is gone from/, 'held on the pass that saw it gone');
+    holdMs = 0;
+    // The very next pass, a moment after the dir was read: well within the grace.
+    const next = await r.reconcile();
+    assert.match(next.notReady.join('\n'), /is gone from/, 'still held within the grace');
+    assert.equal(await fs.readFile(path.join(t.netDir, OWNED), 'utf8'), ours, 'ours kept as it was');
   });
 });
 

@@ -1,7 +1,9 @@
-// Findings of the second security review (issue 11): places where the agent's view of the net
-// dir differed from the runtime's (libcni's) view, each a way to have the agent report ready
-// while the file the runtime loads lacks our entry. Every case here is judged against what
-// libcni does: Go's decoder (nesting limit 10000) and Go's sort.Strings (UTF-8 byte order).
+// What someone who can write the net dir plants there, and that the agent must judge as the
+// runtime (libcni) does: where the two views differ, the agent could report ready while the file
+// the runtime loads lacks our entry. Every case is judged against what libcni does: Go's decoder
+// (nesting limit 10000) and Go's sort.Strings (UTF-8 byte order). Planted files also must not stop
+// an uninstall halfway, nor put their content into readiness reasons (docs/security.md "What the
+// agent and the plugin read, and who writes it").
 
 import assert from 'node:assert/strict';
 import { readdirSync, readFileSync, writeFileSync } from 'node:fs';

@@ -6,14 +6,17 @@ import { buildSettings } from '../../src/config/settings.ts';
 import { ConfigErrors } from '../../src/config/parse.ts';
 import { runBin } from '../helpers/cli.ts';
 
-describe('foundation', () => {
+// Settings from flags, env settings and defaults, as install-cni parses and reports them
+// (docs/flags.md), on the Node.js the agent ships with.
+
+describe('the runtime', () => {
   it('runs on Node.js 24', () => {
     assert.equal(process.versions.node.split('.')[0], '24');
   });
 });
 
 describe('settings', () => {
-  it('has the seed defaults', () => {
+  it('has the documented defaults', () => {
     const s = buildSettings({}, {});
     assert.equal(s.install.cniNetDir, '/etc/cni/net.d');
     assert.equal(s.install.mountedCniNetDir, '/host/etc/cni/net.d');

@@ -1,57 +1,21 @@
-// Review of the reconcile split into planner and applier (issue 14 §6): behaviour the split
-// changed that the other suites did not catch, each against a InstallPass on a real temp dir.
+// Config names that are links: a primary linked to another config in the net dir, and two names
+// linked to one file. The planner reads each name, the applier writes each file: a file must
+// get our entry, or lose it, once per pass and keep it pass after pass, each case against an
+// InstallPass on a real temp dir.
 
 import assert from 'node:assert/strict';
 import fs from 'node:fs/promises';
 import path from 'node:path';
-import { setTimeout as sleep } from 'node:timers/promises';
 import { describe, it } from 'node:test';
 import { buildSettings } from '../../src/config/settings.ts';
-import { PRIMARY_GONE_GRACE_MS } from '../../src/install/owned.ts';
 import { InstallPass } from '../../src/install/pass.ts';
-import type { PluginTokenSource } from '../../src/install/tokenrequest.ts';
 import { BRIDGE_CONFLIST, makeHostTreeFor, type HostTree } from '../helpers/hosttree.ts';
 import { runtimeView } from '../helpers/runtime-view.ts';
 import { cleanupAfterEach } from '../helpers/cleanup.ts';
 
-const OWNED = '02-mesh-cni.conflist';
 const defer = cleanupAfterEach();
 
 const tree = (): Promise<HostTree> => makeHostTreeFor(defer);
-
-describe('owned mode: the grace for a primary just gone', () => {
-  it("counts from when the pass saw it gone, not from the pass's start (a slow orchconfig step before)", async () => {
-    const t = await tree();
-    await fs.writeFile(path.join(t.netDir, '10-bridge.conflist'), BRIDGE_CONFLIST);
-    // A token source that can hold the pass before the net dir is read, as a slow step there
-    // (a binary copied on upgrade, a loaded disk) would.
-    let holdMs = 0;
-    const token: PluginTokenSource = {
-      current: async () => {
-        if (holdMs > 0) await sleep(holdMs);
-        return { token: 'plugin-token-1' };
-      },
-      onChange: () => {},
-    };
-    const s = buildSettings({ ...t.flags, 'mesh-owned-cni-config': 'true' }, t.env);
-    const r = new InstallPass(s.install, s.env, token);
-    assert.deepEqual((await r.reconcile()).notReady, []);
-    assert.equal(runtimeView(t.netDir).file, OWNED);
-    const ours = await fs.readFile(path.join(t.netDir, OWNED), 'utf8');
-
-    // The primary CNI deletes its file to write it again; another config sorts after it.
-    await fs.rm(path.join(t.netDir, '10-bridge.conflist'));
-    await fs.writeFile(path.join(t.netDir, '20-other.conflist'), BRIDGE_CONFLIST.replace('bridge-net', 'other-net'));
-    holdMs = PRIMARY_GONE_GRACE_MS + 300;
-    const first = await r.reconcile();
-    assert.match(first.notReady.join('\n'), /is gone from/, 'held on the pass that saw it gone');
-    holdMs = 0;
-    // The very next pass, a moment after the dir was read: well within the grace.
-    const next = await r.reconcile();
-    assert.match(next.notReady.join('\n'), /is gone from/, 'still held within the grace');
-    assert.equal(await fs.readFile(path.join(t.netDir, OWNED), 'utf8'), ours, 'ours kept as it was');
-  });
-});
 
 describe('a primary that is a link to another config file in the net dir', () => {
   it('keeps our entry in the file the link reads, pass after pass (not taken out of it under its own name)', async () => {
