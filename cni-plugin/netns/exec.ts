@@ -4,14 +4,10 @@
 // the same results: test/node/plugin-runtime-io.test.ts runs each case on both runtimes.
 
 import type { StdioOptions } from 'node:child_process';
+import type { RunResult } from '../redirect/iptables.ts';
 
-export interface ExecResult {
-  readonly code: number | null;
-  readonly stdout: string;
-  readonly stderr: string;
-  /** Set when the binary could not be started (ENOENT...) or was killed for the time limit. */
-  readonly error: string | null;
-}
+/** The plugin's one result type, the one its runners hand redirect/iptables.ts (a type: nothing loaded). */
+export type ExecResult = RunResult;
 
 /** The runtime's PATH may lack the sbin dirs where iptables and nsenter live. */
 const PATH = [process.env.PATH ?? '', '/usr/local/sbin', '/usr/sbin', '/sbin', '/usr/local/bin', '/usr/bin', '/bin']

@@ -14,12 +14,16 @@ export interface Detection {
   readonly why: string;
 }
 
-/** What a run gave; the shape of cni-plugin/netns/exec.ts ExecResult and src/podnetns RunResult. */
+/**
+ * What a run gave: the plugin's result type (cni-plugin/netns/exec.ts gives it). The agent's
+ * runner gives its own of the same fields (the import zones keep the halves apart), so the
+ * agent's in-place repair hands its runner here as it is.
+ */
 export interface RunResult {
   readonly code: number | null;
   readonly stdout: string;
   readonly stderr: string;
-  /** Set when the binary could not be started or was killed for its time limit. */
+  /** Set when the binary could not be started or was killed for its time limit or its output. */
   readonly error: string | null;
 }
 
