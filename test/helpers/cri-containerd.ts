@@ -35,18 +35,13 @@ import os from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { CriClient } from './cri.ts';
+import { sh as shared } from './sh.ts';
 
 const HERE = path.dirname(fileURLToPath(import.meta.url));
 export const PAUSE_IMAGE = 'localhost/mesh-cri-pause:1';
 const CNI_RESULTS = '/var/lib/cni/results';
 
-function sh(argv: readonly string[], input?: string | Buffer): string {
-  const r = spawnSync(argv[0]!, argv.slice(1), { encoding: 'utf8', input, timeout: 60_000 });
-  if (r.status !== 0) {
-    throw new Error(`${argv.join(' ')} failed (${r.status ?? r.signal}): ${r.stderr || r.error?.message}`);
-  }
-  return r.stdout;
-}
+const sh = (argv: readonly string[]): string => shared(argv, { timeoutMs: 60_000 });
 
 /** Compiles one of cri/*.c into a static executable at `out`. */
 export function compileStatic(source: 'pause' | 'cnitime', out: string): string {

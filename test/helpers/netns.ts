@@ -9,6 +9,8 @@ import { spawn, spawnSync } from 'node:child_process';
 import { mkdtempSync, rmSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
+import type { Defer } from './cleanup.ts';
+import { sh } from './sh.ts';
 
 export const CNI_BIN = '/usr/lib/cni';
 let counter = 0;
@@ -47,12 +49,6 @@ export function run(
   });
 }
 
-function sh(args: readonly string[], input?: string): string {
-  const r = spawnSync(args[0]!, args.slice(1), { encoding: 'utf8', input });
-  if (r.status !== 0) throw new Error(`${args.join(' ')} failed (${r.status}): ${r.stderr}`);
-  return r.stdout;
-}
-
 export function uniqueName(tag: string): string {
   return `mcni-plg-${process.pid}-${tag}${++counter}`;
 }
@@ -69,12 +65,30 @@ export class Netns {
 
   /** Runs argv inside this netns. */
   exec(argv: readonly string[], input?: string): string {
-    return sh(['ip', 'netns', 'exec', this.name, ...argv], input);
+    return sh(['ip', 'netns', 'exec', this.name, ...argv], { input });
   }
 
   remove(): void {
     spawnSync('ip', ['netns', 'del', this.name]);
   }
+}
+
+/**
+ * A pod's netns, removed by `defer`: `ip`/24 on eth0, a veth whose peer (peer0) stays inside, and
+ * a default route through it, so the pod's traffic has somewhere to go without leaving the netns.
+ */
+export function podNetnsWithVeth(tag: string, ip: string, defer: Defer): Netns {
+  const n = new Netns(tag);
+  defer(async () => n.remove());
+  for (const a of [
+    ['link', 'add', 'eth0', 'type', 'veth', 'peer', 'name', 'peer0'],
+    ['addr', 'add', `${ip}/24`, 'dev', 'eth0'],
+    ['link', 'set', 'peer0', 'up'],
+    ['link', 'set', 'eth0', 'up'],
+    ['route', 'add', 'default', 'dev', 'eth0'],
+  ])
+    sh(['ip', '-n', n.name, ...a]);
+  return n;
 }
 
 export interface ChainEnv {

@@ -6,7 +6,7 @@
 // real netns with an address, real iptables in them, ztunnel the fake on a real seqpacket socket.
 
 import assert from 'node:assert/strict';
-import { execFileSync, spawnSync } from 'node:child_process';
+import { execFileSync } from 'node:child_process';
 import { closeSync, constants, mkdtempSync, openSync, rmSync, statSync } from 'node:fs';
 import fsp from 'node:fs/promises';
 import http from 'node:http';
@@ -27,7 +27,7 @@ import { cleanupAfterEach } from '../helpers/cleanup.ts';
 import { FakeZtunnel } from '../helpers/fake-ztunnel.ts';
 import { fdSnapshot, fdsOpenedSince } from '../helpers/fds.ts';
 import { HungMount } from '../helpers/hungfs.ts';
-import { Netns } from '../helpers/netns.ts';
+import { Netns, podNetnsWithVeth } from '../helpers/netns.ts';
 import { waitFor } from '../helpers/poll.ts';
 
 configureLogging(
@@ -42,25 +42,6 @@ class RecordingAnnotator implements PodAnnotator {
   async setRedirection(pod: { uid: string }, value: 'enabled' | 'pending' | null): Promise<void> {
     this.calls.push({ uid: pod.uid, value });
   }
-}
-
-function sh(argv: string[]): void {
-  const r = spawnSync(argv[0]!, argv.slice(1), { encoding: 'utf8' });
-  assert.equal(r.status, 0, `${argv.join(' ')}: ${r.stdout}${r.stderr}`);
-}
-
-/** A pod netns with `ip` on a veth (both ends inside). */
-function podNetns(ip: string): Netns {
-  const n = new Netns('fifo-pod');
-  defer(async () => n.remove());
-  for (const a of [
-    ['link', 'add', 'eth0', 'type', 'veth', 'peer', 'name', 'peer0'],
-    ['addr', 'add', `${ip}/24`, 'dev', 'eth0'],
-    ['link', 'set', 'peer0', 'up'],
-    ['link', 'set', 'eth0', 'up'],
-  ])
-    sh(['ip', '-n', n.name, ...a]);
-  return n;
 }
 
 interface Answer {
@@ -206,7 +187,7 @@ describe("the agent's /cmdadd with a netns path that is not a netns", () => {
       const refused = addsNaming(server.address, fifos, '198.18.61');
 
       // A real pod's ADD, sent while the FIFO ones are in flight.
-      const ns = podNetns('198.18.61.2');
+      const ns = podNetnsWithVeth('fifo-pod', '198.18.61.2', defer);
       const real = await realAdd(server.address, ns, '198.18.61.2');
       assert.equal(real.status, 200, JSON.stringify(real.json));
       const add = zt.of('add').find((r) => r.kind === 'add' && r.uid === 'uid-real');
@@ -261,7 +242,7 @@ describe("the agent's /cmdadd with a netns path that is not a netns", () => {
       m.release();
       await waitFor('the hung calls returned', () => podPathCalls.running === 0);
       assert.deepEqual(podPathCalls.notReadyReasons(), []);
-      const ns = podNetns('198.18.62.2');
+      const ns = podNetnsWithVeth('fifo-pod', '198.18.62.2', defer);
       const real = await realAdd(server.address, ns, '198.18.62.2');
       assert.equal(real.status, 200, JSON.stringify(real.json));
     },

@@ -22,7 +22,8 @@ import { openNetns, runInNetns } from '../../src/podnetns/index.ts';
 import { cleanupAfterEach } from '../helpers/cleanup.ts';
 import { FakeZtunnel } from '../helpers/fake-ztunnel.ts';
 import { placeInPodCgroup, removePodCgroups } from '../helpers/kubepods.ts';
-import { Netns } from '../helpers/netns.ts';
+import { Netns, podNetnsWithVeth } from '../helpers/netns.ts';
+import { shStatus } from '../helpers/sh.ts';
 
 const defer = cleanupAfterEach();
 const it = (name: string, fn: () => Promise<void>) => nodeIt(name, { timeout: 60_000 }, fn);
@@ -41,28 +42,6 @@ class FakeAnnotator implements PodAnnotator {
   async setRedirection(pod: { uid: string }, value: 'enabled' | 'pending' | null): Promise<void> {
     this.calls.push({ uid: pod.uid, value });
   }
-}
-
-function sh(argv: string[]): { code: number | null; out: string } {
-  const r = spawnSync(argv[0]!, argv.slice(1), { encoding: 'utf8' });
-  return { code: r.status, out: r.stdout + r.stderr };
-}
-
-function podNetns(tag: string, ip: string): Netns {
-  const n = new Netns(tag);
-  defer(async () => n.remove());
-  for (const a of [
-    ['link', 'add', 'eth0', 'type', 'veth', 'peer', 'name', 'peer0'],
-    ['addr', 'add', `${ip}/24`, 'dev', 'eth0'],
-    ['link', 'set', 'lo', 'up'],
-    ['link', 'set', 'peer0', 'up'],
-    ['link', 'set', 'eth0', 'up'],
-    ['route', 'add', 'default', 'dev', 'eth0'],
-  ]) {
-    const r = sh(['ip', '-n', n.name, ...a]);
-    assert.equal(r.code, 0, r.out);
-  }
-  return n;
 }
 
 async function heldRunner(n: Netns): Promise<Runner> {
@@ -114,10 +93,10 @@ const ambientPod = (ips: string[], over: Partial<AmbientPod> = {}): AmbientPod =
 });
 
 const inpodRules = (ns: Netns, flavour: Flavour): boolean =>
-  sh(['ip', 'netns', 'exec', ns.name, `iptables-${flavour}-save`, '-t', 'nat']).out.includes(':MESH_PRERT');
+  shStatus(['ip', 'netns', 'exec', ns.name, `iptables-${flavour}-save`, '-t', 'nat']).out.includes(':MESH_PRERT');
 
 function probeEntries(node: Netns): Map<string, string> {
-  const r = sh(['ip', 'netns', 'exec', node.name, 'ipset', 'save', PROBE_SET_V4]);
+  const r = shStatus(['ip', 'netns', 'exec', node.name, 'ipset', 'save', PROBE_SET_V4]);
   assert.equal(r.code, 0, r.out);
   return parseProbeSet(r.out);
 }
@@ -148,7 +127,7 @@ function failingOnce(run: Runner, match: (argv: readonly string[]) => boolean, a
 
 describe('ambient in-pod route batch (podrules ipBatch)', () => {
   it('ip exiting non-zero without a word is a failure, for the add and for the removal', async () => {
-    const ns = podNetns('pod', '198.18.60.2');
+    const ns = podNetnsWithVeth('pod', '198.18.60.2', defer);
     const run = await heldRunner(ns);
     const silent: Runner = async (argv, o) => {
       if (argv[0] === 'ip' && argv.includes('-batch')) return { code: 2, stdout: '', stderr: '', error: null };
@@ -168,7 +147,7 @@ for (const flavour of ['nft', 'legacy'] as const) {
   describe(`ambient dataplane faults, iptables-${flavour}`, () => {
     it("a restart whose host rule cannot be written keeps the enrolled pods' probe entries", async () => {
       const node = await nodeNetns();
-      const ns = podNetns('pod', '198.18.61.2');
+      const ns = podNetnsWithVeth('pod', '198.18.61.2', defer);
       const sock = socketPath();
       const pod = ambientPod(['198.18.61.2']);
       const first = dataplane(sock, node.run, flavour);
@@ -241,7 +220,7 @@ for (const flavour of ['nft', 'legacy'] as const) {
 
     it('removing a running pod whose netns the agent does not hold finds it and takes its rules out', async () => {
       const node = await nodeNetns();
-      const ns = podNetns('pod', '198.18.63.2');
+      const ns = podNetnsWithVeth('pod', '198.18.63.2', defer);
       const sock = socketPath();
       const pod = ambientPod(['198.18.63.2']);
       const first = dataplane(sock, node.run, flavour);
@@ -288,13 +267,13 @@ for (const flavour of ['nft', 'legacy'] as const) {
       const node = await nodeNetns();
       const sock = socketPath();
       const dp = dataplane(sock, node.run, flavour);
-      const ns = podNetns('pod', '198.18.64.2');
+      const ns = podNetnsWithVeth('pod', '198.18.64.2', defer);
       // Its owner wrote "pending" on it: no record of the agent's, so it is rolled back all the same.
       const pod = ambientPod(['198.18.64.2', 'fd00:198:18:64::2'], {
         annotations: { 'ambient.mesh.io/redirection': 'pending' },
       });
       runningPod(pod.uid, ns);
-      const nsPending = podNetns('pend', '198.18.64.3');
+      const nsPending = podNetnsWithVeth('pend', '198.18.64.3', defer);
       const pending = ambientPod(['198.18.64.3', 'fd00:198:18:64::3']);
       runningPod(pending.uid, nsPending);
       // Pending on the agent's record (a start-up's leftover: some of ours may be in it).
@@ -332,7 +311,7 @@ describe('ambient dataplane: a deleted pod', () => {
     const zt = new FakeZtunnel({ path: sock });
     defer(() => zt.stop());
     await zt.waitForNth('snapshot_sent', 1);
-    const ns = podNetns('pod', '198.18.65.2');
+    const ns = podNetnsWithVeth('pod', '198.18.65.2', defer);
     const pod = ambientPod(['198.18.65.2']);
     // The plugin's /cmdadd read the pod from the watch; the pod is deleted and the informer's
     // removal runs before the ADD reaches the dataplane.
@@ -344,7 +323,7 @@ describe('ambient dataplane: a deleted pod', () => {
     assert.equal(dp.status().podsWithoutNetns.length, 0);
     // Other pods are not concerned.
     const other = ambientPod(['198.18.65.3']);
-    await dp.addPodToMesh(other, podNetns('other', '198.18.65.3').path);
+    await dp.addPodToMesh(other, podNetnsWithVeth('other', '198.18.65.3', defer).path);
     assert.deepEqual(
       zt.of('add').map((r) => r.uid),
       [other.uid],
@@ -396,7 +375,7 @@ describe('ambient dataplane: a burst of ADDs', () => {
     const sock = socketPath();
     // iptables-nft-save as the pods' rules run it, counting how many run at once (each stays a while).
     const dir = mkdtempSync(path.join(os.tmpdir(), 'mcni-ambflt-bin-'));
-    const real = sh(['sh', '-c', 'command -v iptables-nft-save']).out.trim();
+    const real = shStatus(['sh', '-c', 'command -v iptables-nft-save']).out.trim();
     const dp = dataplane(sock, node.run, 'nft');
     await dp.start([]);
     const zt = new FakeZtunnel({ path: sock });
@@ -404,7 +383,7 @@ describe('ambient dataplane: a burst of ADDs', () => {
     await zt.waitForNth('snapshot_sent', 1);
     const pods = Array.from({ length: 24 }, (_, i) => ({
       pod: ambientPod([`198.18.67.${i + 2}`]),
-      ns: podNetns(`b${i}`, `198.18.67.${i + 2}`),
+      ns: podNetnsWithVeth(`b${i}`, `198.18.67.${i + 2}`, defer),
     }));
     writeFileSync(
       path.join(dir, 'iptables-nft-save'),
@@ -420,7 +399,7 @@ describe('ambient dataplane: a burst of ADDs', () => {
     });
     await Promise.all(pods.map(({ pod, ns }) => dp.addPodToMesh(pod, ns.path)));
     process.env.PATH = before;
-    const counts = sh(['cat', path.join(dir, 'counts')])
+    const counts = shStatus(['cat', path.join(dir, 'counts')])
       .out.trim()
       .split('\n')
       .map(Number);
@@ -437,7 +416,7 @@ describe('ambient dataplane: a pod found without its netns at start-up', () => {
   it('is pending, never enabled on a guess: its rules were never seen, so the informer adds it', async () => {
     const node = await nodeNetns();
     const sock = socketPath();
-    const ns = podNetns('pod', '198.18.69.2');
+    const ns = podNetnsWithVeth('pod', '198.18.69.2', defer);
     // Wanted now (its namespace labelled while the agent was down), never enrolled: no rules of
     // ours in it, and no process of it to be found by at start-up.
     const pod = ambientPod(['198.18.69.2']);
@@ -477,7 +456,7 @@ describe('ambient dataplane: a pod found without its netns at start-up', () => {
   it("is found when its IPs appear (the informer's add): ztunnel gets it, and any later snapshot too", async () => {
     const node = await nodeNetns();
     const sock = socketPath();
-    const ns = podNetns('pod', '198.18.68.2');
+    const ns = podNetnsWithVeth('pod', '198.18.68.2', defer);
     const pod = ambientPod(['198.18.68.2']);
     runningPod(pod.uid, ns);
     const dp = dataplane(sock, node.run, 'nft');

@@ -28,8 +28,9 @@ import { openNetns, runInNetns } from '../../src/podnetns/index.ts';
 import { cleanupAfterEach } from '../helpers/cleanup.ts';
 import { FakeZtunnel } from '../helpers/fake-ztunnel.ts';
 import { placeInPodCgroup, removePodCgroups } from '../helpers/kubepods.ts';
-import { Netns } from '../helpers/netns.ts';
+import { Netns, podNetnsWithVeth } from '../helpers/netns.ts';
 import { fdSnapshot, fdsOpenedSince } from '../helpers/fds.ts';
+import { shStatus } from '../helpers/sh.ts';
 
 const defer = cleanupAfterEach();
 const it = (name: string, fn: () => Promise<void>) => nodeIt(name, { timeout: 60_000 }, fn);
@@ -51,28 +52,6 @@ class FakeAnnotator implements PodAnnotator {
     if (this.fail !== null) throw new Error(this.fail);
     this.calls.push({ uid: pod.uid, value });
   }
-}
-
-function sh(argv: string[]): { code: number | null; out: string } {
-  const r = spawnSync(argv[0]!, argv.slice(1), { encoding: 'utf8' });
-  return { code: r.status, out: r.stdout + r.stderr };
-}
-
-/** A pod netns with `ip` on a veth (both ends inside) and a default route. */
-function podNetns(tag: string, ip: string): Netns {
-  const n = new Netns(tag);
-  defer(async () => n.remove());
-  for (const a of [
-    ['link', 'add', 'eth0', 'type', 'veth', 'peer', 'name', 'peer0'],
-    ['addr', 'add', `${ip}/24`, 'dev', 'eth0'],
-    ['link', 'set', 'peer0', 'up'],
-    ['link', 'set', 'eth0', 'up'],
-    ['route', 'add', 'default', 'dev', 'eth0'],
-  ]) {
-    const r = sh(['ip', '-n', n.name, ...a]);
-    assert.equal(r.code, 0, r.out);
-  }
-  return n;
 }
 
 /** The test's node: a netns the host runner runs in, by fd as the agent's pod runner does. */
@@ -139,14 +118,14 @@ const ambientPod = (ip: string | null, over: Partial<AmbientPod> = {}): AmbientP
 
 /** Whether our in-pod chains are in the netns (nat table). */
 const inpodRules = (ns: Netns, flavour: Flavour): boolean =>
-  sh(['ip', 'netns', 'exec', ns.name, `iptables-${flavour}-save`, '-t', 'nat']).out.includes(':MESH_PRERT');
+  shStatus(['ip', 'netns', 'exec', ns.name, `iptables-${flavour}-save`, '-t', 'nat']).out.includes(':MESH_PRERT');
 /** The node's probe set (IP -> UID), or null when the set does not exist. */
 function probeEntries(node: Netns, family: 4 | 6 = 4): Map<string, string> | null {
-  const r = sh(['ip', 'netns', 'exec', node.name, 'ipset', 'save', family === 4 ? PROBE_SET_V4 : PROBE_SET_V6]);
+  const r = shStatus(['ip', 'netns', 'exec', node.name, 'ipset', 'save', family === 4 ? PROBE_SET_V4 : PROBE_SET_V6]);
   return r.code === 0 ? parseProbeSet(r.out) : null;
 }
 const hostRule = (node: Netns, flavour: Flavour): boolean =>
-  sh(['ip', 'netns', 'exec', node.name, `iptables-${flavour}-save`, '-t', 'nat']).out.includes(
+  shStatus(['ip', 'netns', 'exec', node.name, `iptables-${flavour}-save`, '-t', 'nat']).out.includes(
     '-A POSTROUTING -j MESH_POSTRT',
   );
 const inode = (p: string) => statSync(p, { bigint: true }).ino;
@@ -179,7 +158,7 @@ for (const flavour of ['nft', 'legacy'] as const) {
   describe(`ambient dataplane, iptables-${flavour}`, () => {
     it('adds in order: rules in the netns before ztunnel sees Add, the probe ipset after its ack, annotation last', async () => {
       const node = await nodeNetns();
-      const ns = podNetns('pod', '198.18.50.2');
+      const ns = podNetnsWithVeth('pod', '198.18.50.2', defer);
       const sock = socketPath();
       const ann = new FakeAnnotator();
       const dp = dataplane(sock, ann, node, flavour);
@@ -217,7 +196,7 @@ for (const flavour of ['nft', 'legacy'] as const) {
 
     it('ztunnel down or nacking: the pod is annotated pending, the error names ztunnel and is retryable', async () => {
       const node = await nodeNetns();
-      const ns = podNetns('pod', '198.18.50.3');
+      const ns = podNetnsWithVeth('pod', '198.18.50.3', defer);
       const sock = socketPath();
       const ann = new FakeAnnotator();
       const dp = dataplane(sock, ann, node, flavour);
@@ -283,7 +262,7 @@ for (const flavour of ['nft', 'legacy'] as const) {
 
     it('a bad annotation is a rules failure: not retryable, nothing sent to ztunnel', async () => {
       const node = await nodeNetns();
-      const ns = podNetns('pod', '198.18.50.5');
+      const ns = podNetnsWithVeth('pod', '198.18.50.5', defer);
       const sock = socketPath();
       const ann = new FakeAnnotator();
       const dp = dataplane(sock, ann, node, flavour);
@@ -302,7 +281,7 @@ for (const flavour of ['nft', 'legacy'] as const) {
 
     it('an IPv4-only pod gets the IPv6 in-pod rules too (--ambient-ipv6, as Istio): its link-local IPv6 is no way around ztunnel', async () => {
       const node = await nodeNetns();
-      const ns = podNetns('pod', '198.18.50.9');
+      const ns = podNetnsWithVeth('pod', '198.18.50.9', defer);
       const sock = socketPath();
       const dp = dataplane(sock, new FakeAnnotator(), node, flavour);
       await dp.start([]);
@@ -310,7 +289,9 @@ for (const flavour of ['nft', 'legacy'] as const) {
       await zt.waitForNth('snapshot_sent', 1);
       const pod = ambientPod('198.18.50.9');
       const v6 = () =>
-        sh(['ip', 'netns', 'exec', ns.name, `ip6tables-${flavour}-save`, '-t', 'nat']).out.includes(':MESH_PRERT');
+        shStatus(['ip', 'netns', 'exec', ns.name, `ip6tables-${flavour}-save`, '-t', 'nat']).out.includes(
+          ':MESH_PRERT',
+        );
       await dp.addPodToMesh(pod, ns.path);
       assert.equal(inpodRules(ns, flavour), true);
       assert.equal(v6(), true, 'IPv6 in-pod rules in an IPv4-only pod');
@@ -320,7 +301,7 @@ for (const flavour of ['nft', 'legacy'] as const) {
 
       // --ambient-ipv6=false: the pod's own families only.
       const node2 = await nodeNetns();
-      const ns2 = podNetns('pod', '198.18.50.10');
+      const ns2 = podNetnsWithVeth('pod', '198.18.50.10', defer);
       const sock2 = socketPath();
       const dp2 = dataplane(sock2, new FakeAnnotator(), node2, flavour, { ipv6: false });
       await dp2.start([]);
@@ -329,14 +310,16 @@ for (const flavour of ['nft', 'legacy'] as const) {
       await dp2.addPodToMesh(ambientPod('198.18.50.10'), ns2.path);
       assert.equal(inpodRules(ns2, flavour), true);
       assert.equal(
-        sh(['ip', 'netns', 'exec', ns2.name, `ip6tables-${flavour}-save`, '-t', 'nat']).out.includes(':MESH_PRERT'),
+        shStatus(['ip', 'netns', 'exec', ns2.name, `ip6tables-${flavour}-save`, '-t', 'nat']).out.includes(
+          ':MESH_PRERT',
+        ),
         false,
       );
     });
 
     it('removes in order: probe ipset, rules out of the netns, ztunnel Del, annotation last', async () => {
       const node = await nodeNetns();
-      const ns = podNetns('pod', '198.18.50.6');
+      const ns = podNetnsWithVeth('pod', '198.18.50.6', defer);
       const sock = socketPath();
       const ann = new FakeAnnotator();
       const dp = dataplane(sock, ann, node, flavour);
@@ -365,7 +348,7 @@ for (const flavour of ['nft', 'legacy'] as const) {
 
     it('a removal whose rules could not be taken out is retried with the netns still held', async () => {
       const node = await nodeNetns();
-      const ns = podNetns('pod', '198.18.50.8');
+      const ns = podNetnsWithVeth('pod', '198.18.50.8', defer);
       const sock = socketPath();
       let broken = false;
       const dp = createDataplane(settingsFor(sock), {
@@ -399,7 +382,7 @@ for (const flavour of ['nft', 'legacy'] as const) {
 
     it('a deleted pod: its netns is left alone, a failed un-annotation is ignored; a reused IP keeps its new owner', async () => {
       const node = await nodeNetns();
-      const ns = podNetns('pod', '198.18.50.7');
+      const ns = podNetnsWithVeth('pod', '198.18.50.7', defer);
       const sock = socketPath();
       const ann = new FakeAnnotator();
       const dp = dataplane(sock, ann, node, flavour);
@@ -426,8 +409,8 @@ for (const flavour of ['nft', 'legacy'] as const) {
 
     it('start-up: the probe ipset and the netns of running pods from ONE /proc scan, rules reconciled, snapshot Add/Keep then SnapshotSent', async () => {
       const node = await nodeNetns();
-      const nsA = podNetns('a', '198.18.51.2');
-      const nsB = podNetns('b', '198.18.51.3');
+      const nsA = podNetnsWithVeth('a', '198.18.51.2', defer);
+      const nsB = podNetnsWithVeth('b', '198.18.51.3', defer);
       const a = ambientPod('198.18.51.2');
       const b = ambientPod('198.18.51.3');
       const gone = ambientPod('198.18.51.4'); // enrolled, but no process of it runs any more
@@ -480,7 +463,7 @@ for (const flavour of ['nft', 'legacy'] as const) {
         ],
       );
       // A new pod without a CNI netns path (the informer's add) is found by the /proc scan.
-      const nsC = podNetns('c', '198.18.51.5');
+      const nsC = podNetnsWithVeth('c', '198.18.51.5', defer);
       const c = ambientPod('198.18.51.5');
       runningPod(c.uid, nsC);
       await dp.addPodToMesh(c, null);
@@ -499,7 +482,7 @@ for (const flavour of ['nft', 'legacy'] as const) {
 
     it('start-up with --ambient-reconcile-pod-rules-on-startup=false leaves our rules in running pods as they are, writes them where there are none; a pod without an IP keeps its entry', async () => {
       const node = await nodeNetns();
-      const nsA = podNetns('a', '198.18.52.2');
+      const nsA = podNetnsWithVeth('a', '198.18.52.2', defer);
       const a = ambientPod('198.18.52.2');
       runningPod(a.uid, nsA);
       // Ours, from an earlier version (DNS captured): not what this start would write.
@@ -510,21 +493,31 @@ for (const flavour of ['nft', 'legacy'] as const) {
       await applyInpod(inA, flavour, [4, 6], podOptions({}, true));
       // iptables-save's '# Generated ... on <time>' lines left out.
       const raw = (ns: Netns) =>
-        sh(['ip', 'netns', 'exec', ns.name, `iptables-${flavour}-save`, '-t', 'raw']).out.replace(/^#.*\n/gm, '');
+        shStatus(['ip', 'netns', 'exec', ns.name, `iptables-${flavour}-save`, '-t', 'raw']).out.replace(/^#.*\n/gm, '');
       const before = raw(nsA);
       assert.match(before, /:MESH_OUTPUT/);
       // Never enrolled (its namespace labelled while the agent was down): no rules of ours yet.
-      const nsB = podNetns('b', '198.18.52.3');
+      const nsB = podNetnsWithVeth('b', '198.18.52.3', defer);
       const b = ambientPod('198.18.52.3');
       runningPod(b.uid, nsB);
       const noIp = ambientPod(null);
       assert.equal(
-        sh(['ip', 'netns', 'exec', node.ns.name, 'ipset', 'create', PROBE_SET_V4, 'hash:ip', 'comment']).code,
+        shStatus(['ip', 'netns', 'exec', node.ns.name, 'ipset', 'create', PROBE_SET_V4, 'hash:ip', 'comment']).code,
         0,
       );
       assert.equal(
-        sh(['ip', 'netns', 'exec', node.ns.name, 'ipset', 'add', PROBE_SET_V4, '198.18.52.9', 'comment', noIp.uid])
-          .code,
+        shStatus([
+          'ip',
+          'netns',
+          'exec',
+          node.ns.name,
+          'ipset',
+          'add',
+          PROBE_SET_V4,
+          '198.18.52.9',
+          'comment',
+          noIp.uid,
+        ]).code,
         0,
       );
       const sock = socketPath();
@@ -566,7 +559,7 @@ for (const flavour of ['nft', 'legacy'] as const) {
 
     it('upgrade stop keeps the host rule, the ipset and the pods rules; uninstall stop removes the host rule and ipset', async () => {
       const node = await nodeNetns();
-      const ns = podNetns('pod', '198.18.53.2');
+      const ns = podNetnsWithVeth('pod', '198.18.53.2', defer);
       const sock = socketPath();
       const ann = new FakeAnnotator();
       const pod = ambientPod('198.18.53.2');
@@ -678,8 +671,8 @@ describe('ambient dataplane: the ZDS socket', () => {
   it("a static pod is found by its kubelet UID (the mirror pod's config.mirror), at start-up and on add", async () => {
     const node = await nodeNetns();
     const sock = socketPath();
-    const nsA = podNetns('a', '198.18.59.2');
-    const nsB = podNetns('b', '198.18.59.3');
+    const nsA = podNetnsWithVeth('a', '198.18.59.2', defer);
+    const nsB = podNetnsWithVeth('b', '198.18.59.3', defer);
     const kubeletA = randomUUID();
     const kubeletB = randomUUID();
     runningPod(kubeletA, nsA);
@@ -705,8 +698,8 @@ describe('ambient dataplane: the ZDS socket', () => {
   it("a pod removed while ztunnel's snapshot is being sent: its fd stays open until the snapshot is sent", async () => {
     const node = await nodeNetns();
     const sock = socketPath();
-    const nsA = podNetns('a', '198.18.60.2');
-    const nsB = podNetns('b', '198.18.60.3');
+    const nsA = podNetnsWithVeth('a', '198.18.60.2', defer);
+    const nsB = podNetnsWithVeth('b', '198.18.60.3', defer);
     const a = ambientPod('198.18.60.2');
     const b = ambientPod('198.18.60.3');
     const dp = dataplane(sock, new FakeAnnotator(), node, 'nft');
@@ -725,7 +718,7 @@ describe('ambient dataplane: the ZDS socket', () => {
 
   it('no fd left after 50 add/remove cycles through ztunnel', async () => {
     const node = await nodeNetns();
-    const ns = podNetns('pod', '198.18.54.2');
+    const ns = podNetnsWithVeth('pod', '198.18.54.2', defer);
     const sock = socketPath();
     const dp = dataplane(sock, new FakeAnnotator(), node, 'nft');
     await dp.start([]);

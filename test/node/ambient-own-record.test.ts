@@ -38,6 +38,7 @@ import { FakeZtunnel } from '../helpers/fake-ztunnel.ts';
 import { makeNetnsPods, type NetnsPod } from '../helpers/kubepods.ts';
 import { Netns } from '../helpers/netns.ts';
 import { waitFor } from '../helpers/poll.ts';
+import { shStatus } from '../helpers/sh.ts';
 
 configureLogging(
   { asJson: true, outputLevels: buildSettings({ log_output_level: 'all:none' }, {}).logging.outputLevels },
@@ -51,13 +52,8 @@ const NODE = 'node-1';
 const MODE = 'mesh.io/dataplane-mode';
 const REDIRECTION = 'ambient.mesh.io/redirection';
 
-function sh(argv: string[]): { code: number | null; out: string } {
-  const r = spawnSync(argv[0]!, argv.slice(1), { encoding: 'utf8' });
-  return { code: r.status, out: r.stdout + r.stderr };
-}
-
 /** The pod's nat table as iptables-nft-save prints it. */
-const natOf = (p: NetnsPod): string => sh(['ip', 'netns', 'exec', p.netns, 'iptables-nft-save', '-t', 'nat']).out;
+const natOf = (p: NetnsPod): string => shStatus(['ip', 'netns', 'exec', p.netns, 'iptables-nft-save', '-t', 'nat']).out;
 const hasOurRules = (p: NetnsPod): boolean => /^:MESH_PRERT /m.test(natOf(p));
 
 interface Node {
@@ -111,7 +107,7 @@ async function node(): Promise<Node> {
     sock,
     eventSock,
     probes() {
-      const r = sh(['ip', 'netns', 'exec', ns.name, 'ipset', 'save', PROBE_SET_V4]);
+      const r = shStatus(['ip', 'netns', 'exec', ns.name, 'ipset', 'save', PROBE_SET_V4]);
       return r.code === 0 ? parseProbeSet(r.out) : new Map();
     },
     async startAgent(over = {}) {
@@ -290,7 +286,7 @@ describe("the agent's record of ambient enrollment is its own, never the pod's a
       return Promise.resolve({ code: r.status, stdout: r.stdout, stderr: r.stderr, error: null });
     };
     await applyInpod(run, 'nft', [4], podOptions({}, false));
-    assert.equal(sh(['ip', 'netns', 'exec', p!.netns, 'iptables-nft', '-t', 'nat', '-N', 'KEEP_ME']).code, 0);
+    assert.equal(shStatus(['ip', 'netns', 'exec', p!.netns, 'iptables-nft', '-t', 'nat', '-N', 'KEEP_ME']).code, 0);
     n.pod(p!, 'plain', { annotations: { [REDIRECTION]: 'enabled' } });
     await n.startAgent();
     const z = fakeZtunnel(n.sock);
@@ -337,7 +333,7 @@ async function nodeOnly() {
   defer(async () => held.close());
   const run = (argv: readonly string[], o?: { input?: string }) => runInNetns(held, argv, { input: o?.input ?? null });
   const probes = (): Map<string, string> => {
-    const r = sh(['ip', 'netns', 'exec', ns.name, 'ipset', 'save', PROBE_SET_V4]);
+    const r = shStatus(['ip', 'netns', 'exec', ns.name, 'ipset', 'save', PROBE_SET_V4]);
     return r.code === 0 ? parseProbeSet(r.out) : new Map();
   };
   return { ns, run, probes };
@@ -392,7 +388,8 @@ describe('the probe ipset entries the agent put in are its own to take out', () 
     // A pod deleted while no agent ran: its entry is stale.
     const stale = randomUUID();
     assert.equal(
-      sh(['ip', 'netns', 'exec', node.ns.name, 'ipset', 'add', PROBE_SET_V4, '198.18.86.77', 'comment', stale]).code,
+      shStatus(['ip', 'netns', 'exec', node.ns.name, 'ipset', 'add', PROBE_SET_V4, '198.18.86.77', 'comment', stale])
+        .code,
       0,
     );
     await first.dp.stop(false);

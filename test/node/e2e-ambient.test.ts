@@ -47,6 +47,7 @@ import { forwardLoopback, importBusybox, makePodman, type Podman } from '../help
 import { waitFor } from '../helpers/poll.ts';
 import { connectFrom, listenIn, ZtunnelListeners, type Listening } from '../helpers/ztunnel-listeners.ts';
 import { DEFAULT_TEMPLATE } from '../../src/install/template.ts';
+import { sh } from '../helpers/sh.ts';
 
 const NODE = 'node-1';
 const NS = 'demo';
@@ -60,12 +61,6 @@ const HOST_RULE = /^-A POSTROUTING -j MESH_POSTRT$/m;
 const CNI_CACHE = '/var/lib/cni/results';
 const SELF = { name: 'mesh-cni-node-amb', namespace: 'mesh-system' };
 const DAEMONSET = 'mesh-cni-node';
-
-function sh(file: string, args: readonly string[]): string {
-  const r = spawnSync(file, args, { encoding: 'utf8' });
-  if (r.status !== 0) throw new Error(`${file} ${args.join(' ')} failed (${r.status}): ${r.stderr}`);
-  return r.stdout;
-}
 
 /** Every iptables table in a netns, as both backends see it (their '# Generated ... on <time>' lines left out). */
 function rulesIn(netnsPath: string): string {
@@ -149,7 +144,7 @@ function ambientSuite(flavour: 'nft' | 'legacy', subnet: string): void {
       const cleanups: (() => unknown)[] = [];
       const pods = new Map<string, PodContainer>();
 
-      const inNode = (args: readonly string[]) => sh('nsenter', [`--net=${hostNetnsPath}`, '--', ...args]);
+      const inNode = (args: readonly string[]) => sh(['nsenter', `--net=${hostNetnsPath}`, '--', ...args]);
       const probeSet = (): string[] => {
         const r = spawnSync('nsenter', [`--net=${hostNetnsPath}`, '--', 'ipset', 'save', PROBE_SET], {
           encoding: 'utf8',
@@ -254,9 +249,9 @@ function ambientSuite(flavour: 'nft' | 'legacy', subnet: string): void {
       before(async () => {
         for (const bin of ['dist/bin/mesh-cni'])
           assert.ok(existsSync(path.join(ROOT, bin)), `${bin} is missing: run npm run build first`);
-        sh('ip', ['netns', 'add', hostNetns]);
+        sh(['ip', 'netns', 'add', hostNetns]);
         cleanups.push(() => spawnSync('ip', ['netns', 'del', hostNetns]));
-        sh('ip', ['-n', hostNetns, 'link', 'set', 'lo', 'up']);
+        sh(['ip', '-n', hostNetns, 'link', 'set', 'lo', 'up']);
         // Kubernetes' flavour hint (iptables-wrapper): a node whose kubelet uses iptables-legacy.
         if (flavour === 'legacy') inNode(['iptables-legacy', '-t', 'mangle', '-N', 'KUBE-IPTABLES-HINT']);
 
@@ -394,7 +389,7 @@ function ambientSuite(flavour: 'nft' | 'legacy', subnet: string): void {
         assert.equal(z.openFds, 0);
         assert.match(rulesIn(a.netnsPath), IN_POD_CHAIN, "the in-pod rules are in uidA's netns");
         assert.match(
-          sh('nsenter', [`--net=${a.netnsPath}`, '--', `iptables-${flavour}-save`]),
+          sh(['nsenter', `--net=${a.netnsPath}`, '--', `iptables-${flavour}-save`]),
           IN_POD_CHAIN,
           `written with iptables-${flavour}, the node's flavour`,
         );

@@ -30,6 +30,7 @@ import { makeHostTree, type HostTree } from '../helpers/hosttree.ts';
 import { eventually } from '../helpers/poll.ts';
 import { forwardLoopback, importBusybox, makePodman, type LoopbackForward, type Podman } from '../helpers/podman.ts';
 import { runtimeView } from '../helpers/runtime-view.ts';
+import { sh } from '../helpers/sh.ts';
 
 const TAG = `mcni-own-${process.pid}`;
 const NETWORK = TAG;
@@ -40,12 +41,6 @@ const SUBNET = '198.19.1.0/24';
 const STARTS = 20;
 const REWRITES = 50;
 const PRIMARY = '10-mcni-own.conflist';
-
-function sh(file: string, args: readonly string[]): string {
-  const r = spawnSync(file, args, { encoding: 'utf8' });
-  if (r.status !== 0) throw new Error(`${file} ${args.join(' ')} failed (${r.status}): ${r.stderr}`);
-  return r.stdout;
-}
 
 function primaryConflist(bridge: string, ipamDir: string, generation: number): string {
   return `{
@@ -87,9 +82,9 @@ describe(
     const cleanups: (() => unknown)[] = [];
 
     before(async () => {
-      sh('ip', ['netns', 'add', hostNetns]);
+      sh(['ip', 'netns', 'add', hostNetns]);
       cleanups.push(() => spawnSync('ip', ['netns', 'del', hostNetns]));
-      sh('ip', ['-n', hostNetns, 'link', 'set', 'lo', 'up']);
+      sh(['ip', '-n', hostNetns, 'link', 'set', 'lo', 'up']);
       api = await startTestApiServer();
       cleanups.push(() => api.close());
       forward = await forwardLoopback(hostNetnsPath, api.port);

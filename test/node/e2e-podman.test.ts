@@ -38,6 +38,7 @@ import {
 } from '../helpers/podman.ts';
 import { meshPod } from '../helpers/plugin.ts';
 import { DEFAULT_TEMPLATE } from '../../src/install/template.ts';
+import { sh } from '../helpers/sh.ts';
 
 const RUN = `mcni-e2e-${process.pid}`;
 const NODE = 'node-1';
@@ -46,12 +47,6 @@ const CNI_CACHE = '/var/lib/cni/results';
 const SUBNET = '198.19.0.0/24';
 const REPAIR_LABEL = 'cni.mesh.io/uninitialized';
 const OUR_CHAIN = /^:MESH_OUTPUT /m;
-
-function sh(file: string, args: readonly string[]): string {
-  const r = spawnSync(file, args, { encoding: 'utf8' });
-  if (r.status !== 0) throw new Error(`${file} ${args.join(' ')} failed (${r.status}): ${r.stderr}`);
-  return r.stdout;
-}
 
 /** Every iptables table in a netns, as both backends see it (whichever the plugin used). */
 function rulesIn(netnsPath: string): string {
@@ -169,9 +164,9 @@ function nodeSuite(mode: 'label' | 'delete'): void {
 
     before(async () => {
       // The node's "host" network: loopback only, removed (with the bridge in it) at the end.
-      sh('ip', ['netns', 'add', hostNetns]);
+      sh(['ip', 'netns', 'add', hostNetns]);
       cleanups.push(() => spawnSync('ip', ['netns', 'del', hostNetns]));
-      sh('ip', ['-n', hostNetns, 'link', 'set', 'lo', 'up']);
+      sh(['ip', '-n', hostNetns, 'link', 'set', 'lo', 'up']);
 
       api = await startTestApiServer();
       cleanups.push(() => api.close());

@@ -44,6 +44,7 @@ import { run, type Run } from '../helpers/netns.ts';
 import { importBusybox, makePodman, type Podman } from '../helpers/podman.ts';
 import { brokenPod } from '../helpers/pods.ts';
 import { waitFor } from '../helpers/poll.ts';
+import { sh } from '../helpers/sh.ts';
 
 const TAG = `mcni-rip-${process.pid}`;
 const NODE = 'node-1';
@@ -56,12 +57,6 @@ const LABEL = 'cni.mesh.io/uninitialized';
 const OUR_CHAIN = /^:MESH_OUTPUT /m;
 /** libcni's result cache: podman 4.3 gives no setting for it, so it is the machine's. */
 const CNI_CACHE = '/var/lib/cni/results';
-
-function sh(file: string, args: readonly string[]): string {
-  const r = spawnSync(file, args, { encoding: 'utf8' });
-  if (r.status !== 0) throw new Error(`${file} ${args.join(' ')} failed (${r.status}): ${r.stderr}`);
-  return r.stdout;
-}
 
 /** Every iptables table in a netns, as both backends see it. */
 function rulesIn(netnsPath: string): string {
@@ -140,9 +135,9 @@ describe('e2e: in-place repair of a running podman container in a kubelet-shaped
   before(async () => {
     for (const bin of ['dist/mesh-validation.cjs'])
       assert.ok(existsSync(path.join(ROOT, bin)), `${bin} is missing: run npm run build first`);
-    sh('ip', ['netns', 'add', hostNetns]);
+    sh(['ip', 'netns', 'add', hostNetns]);
     suiteCleanups.push(() => spawnSync('ip', ['netns', 'del', hostNetns]));
-    sh('ip', ['-n', hostNetns, 'link', 'set', 'lo', 'up']);
+    sh(['ip', '-n', hostNetns, 'link', 'set', 'lo', 'up']);
     scratch = await fs.mkdtemp(path.join(os.tmpdir(), 'mcni-rip-'));
     suiteCleanups.push(() => fs.rm(scratch, { recursive: true, force: true }));
     const netDir = path.join(scratch, 'net.d');
@@ -255,7 +250,8 @@ describe('e2e: in-place repair of a running podman container in a kubelet-shaped
     assert.doesNotMatch(rulesIn(c.netnsPath), OUR_CHAIN, 'no redirect rules: the plugin was not in the chain');
     // Another component's rule in the pod netns (in both flavours: whichever the agent writes to).
     for (const bin of ['iptables-nft', 'iptables-legacy'])
-      sh('nsenter', [
+      sh([
+        'nsenter',
         `--net=${c.netnsPath}`,
         '--',
         bin,
