@@ -1,4 +1,4 @@
-// The agent's view of the API server (OrchApi): list and watch pods, label (pods/status), delete,
+// The agent's view of the API server (OrchApi): list and watch a collection (pods, namespaces), label (pods/status), delete,
 // record an event, each cancellable and failing with one error type that says how to retry.
 // @kubernetes/client-node gives the connection: its KubeConfig (orchconfig or in-cluster service
 // account, token re-read as it rotates, CA, client certificates). The calls are plain JSON
@@ -6,30 +6,29 @@
 // and models cost ~25 MB of resident memory on every node for five calls
 // (scripts/slim-client-node.ts), and its Watch drops the body and Retry-After of an error answer.
 
-import type { CoreV1Event, V1Namespace, V1Pod } from '@kubernetes/client-node';
+import type { CoreV1Event, V1Pod } from '@kubernetes/client-node';
 import type { KubeConfig } from '@kubernetes/client-node/dist/config.js';
 import { apiRequest, apiWatch } from './request.ts';
 import { orchContext, type ListMode } from './ratelimit.ts';
 
-export interface PodList {
-  readonly items: V1Pod[];
+/** One page of a list: its objects, as the server sent them. */
+export interface ObjectList {
+  readonly items: unknown[];
   readonly resourceVersion: string;
   readonly continueToken: string | undefined;
 }
 
-export interface PodQuery {
+/** Which objects of a collection (empty: any); pods are chosen by node, repair by its flags. */
+export interface Selectors {
   readonly fieldSelector: string;
   readonly labelSelector: string;
 }
 
-export interface NamespaceList {
-  readonly items: V1Namespace[];
-  readonly resourceVersion: string;
-}
+export type PodQuery = Selectors;
 
 export type WatchEventType = 'ADDED' | 'MODIFIED' | 'DELETED' | 'BOOKMARK' | 'ERROR';
 
-/** Which list the pod source sends (docs/design.md "Fleet scale"). */
+/** Which list an informer sends (docs/design.md "Fleet scale"). */
 export interface ListParams {
   /** '0': from the watch cache, any age; undefined: a consistent read (etcd). */
   readonly resourceVersion?: string;
@@ -48,15 +47,18 @@ export interface WatchTuning {
 }
 
 export interface OrchApi {
-  listPods(q: PodQuery & ListParams, signal: AbortSignal): Promise<PodList>;
+  /** One page of the collection /api/v1/<resource> ('pods', 'namespaces'). */
+  list(resource: string, q: Partial<Selectors> & ListParams, signal: AbortSignal): Promise<ObjectList>;
   /**
-   * Starts a watch; resolves once the stream is open (or failed: then `done` was called too).
-   * `sendInitialEvents`: the streaming watch-list (state first, ending in a bookmark annotated
-   * k8s.io/initial-events-end), with resourceVersionMatch=NotOlderThan. `signal` cancels the
-   * wait for the rate limit and the opening (a watch given up on before the server answered).
+   * Starts a watch of /api/v1/<resource>; resolves once the stream is open (or failed: then `done`
+   * was called too). `sendInitialEvents`: the streaming watch-list (state first, ending in a
+   * bookmark annotated k8s.io/initial-events-end), with resourceVersionMatch=NotOlderThan.
+   * `signal` cancels the wait for the rate limit and the opening (a watch given up on before the
+   * server answered).
    */
-  watchPods(
-    q: PodQuery & { resourceVersion: string; timeoutSeconds: number; sendInitialEvents?: boolean },
+  watch(
+    resource: string,
+    q: Partial<Selectors> & { resourceVersion: string; timeoutSeconds: number; sendInitialEvents?: boolean },
     onEvent: (type: WatchEventType, object: unknown) => void,
     done: (err: unknown) => void,
     signal?: AbortSignal,
@@ -64,18 +66,6 @@ export interface OrchApi {
   labelPod(pod: V1Pod, key: string, value: string, signal: AbortSignal): Promise<void>;
   deletePod(pod: V1Pod, signal: AbortSignal): Promise<void>;
   createEvent(namespace: string, event: CoreV1Event, signal: AbortSignal): Promise<void>;
-  /**
-   * Namespaces (ambient mode reads their labels): a list from the watch cache, any age
-   * (resourceVersion=0), or with `notOlderThan` never older than that resourceVersion.
-   */
-  listNamespaces?(signal: AbortSignal, notOlderThan?: string): Promise<NamespaceList>;
-  /** A watch of namespaces from `resourceVersion`; as watchPods. */
-  watchNamespaces?(
-    q: { resourceVersion: string; timeoutSeconds: number },
-    onEvent: (type: WatchEventType, object: unknown) => void,
-    done: (err: unknown) => void,
-    signal?: AbortSignal,
-  ): Promise<AbortController>;
   /**
    * Sets (or with null removes) one annotation of a pod through pods/status, a merge patch that
    * keeps its other annotations, with the uid as precondition (ambient's redirection annotation).
@@ -106,12 +96,12 @@ export function clientNodeApi(kc: KubeConfig): OrchApi {
           },
         }
       : {}),
-    async listPods(q, signal) {
-      const list = await apiRequest<{ items?: V1Pod[]; metadata?: { resourceVersion?: string; continue?: string } }>(
+    async list(resource, q, signal) {
+      const list = await apiRequest<{ items?: unknown[]; metadata?: { resourceVersion?: string; continue?: string } }>(
         kc,
         'GET',
-        '/api/v1/pods',
-        'listing pods',
+        `/api/v1/${resource}`,
+        `listing ${resource}`,
         {
           query: {
             fieldSelector: q.fieldSelector,
@@ -130,8 +120,8 @@ export function clientNodeApi(kc: KubeConfig): OrchApi {
         continueToken: list.metadata?.continue || undefined,
       };
     },
-    async watchPods(q, onEvent, done, signal) {
-      const what = q.sendInitialEvents ? 'watching pods (watch-list)' : 'watching pods';
+    async watch(resource, q, onEvent, done, signal) {
+      const what = q.sendInitialEvents ? `watching ${resource} (watch-list)` : `watching ${resource}`;
       const query = {
         fieldSelector: q.fieldSelector || undefined,
         labelSelector: q.labelSelector || undefined,
@@ -144,7 +134,7 @@ export function clientNodeApi(kc: KubeConfig): OrchApi {
       try {
         const forward = (e: { type?: unknown; object?: unknown }) => onEvent(e.type as WatchEventType, e.object);
         const opening = signal ? AbortSignal.any([controller.signal, signal]) : controller.signal;
-        const stream = await apiWatch(kc, '/api/v1/pods', what, query, forward, done, opening);
+        const stream = await apiWatch(kc, `/api/v1/${resource}`, what, query, forward, done, opening);
         controller.signal.addEventListener('abort', () => stream.abort(), { once: true });
       } catch (e) {
         done(e);
@@ -161,37 +151,6 @@ export function clientNodeApi(kc: KubeConfig): OrchApi {
         signal,
         unlimited: true,
       });
-    },
-    async listNamespaces(signal, notOlderThan) {
-      const query = notOlderThan
-        ? { resourceVersion: notOlderThan, resourceVersionMatch: 'NotOlderThan' }
-        : { resourceVersion: '0' };
-      const list = await apiRequest<{ items?: V1Namespace[]; metadata?: { resourceVersion?: string } }>(
-        kc,
-        'GET',
-        '/api/v1/namespaces',
-        'listing namespaces',
-        { query, signal },
-      );
-      return { items: list.items ?? [], resourceVersion: list.metadata?.resourceVersion ?? '' };
-    },
-    async watchNamespaces(q, onEvent, done, signal) {
-      const query = {
-        resourceVersion: q.resourceVersion || undefined,
-        allowWatchBookmarks: true,
-        timeoutSeconds: q.timeoutSeconds,
-      };
-      const controller = new AbortController();
-      try {
-        const forward = (e: { type?: unknown; object?: unknown }) => onEvent(e.type as WatchEventType, e.object);
-        const opening = signal ? AbortSignal.any([controller.signal, signal]) : controller.signal;
-        const what = 'watching namespaces';
-        const stream = await apiWatch(kc, '/api/v1/namespaces', what, query, forward, done, opening);
-        controller.signal.addEventListener('abort', () => stream.abort(), { once: true });
-      } catch (e) {
-        done(e);
-      }
-      return controller;
     },
     async annotatePod(pod, key, value, signal) {
       const path = `/api/v1/namespaces/${encodeURIComponent(pod.namespace)}/pods/${encodeURIComponent(pod.name)}/status`;

@@ -13,7 +13,7 @@ import { watchReached, type StartupWatch, type WatchStage } from '../monitoring/
 import type { OrchApi, WatchEventType, WatchTuning } from './api.ts';
 import { ApiError, statusText, toApiError } from './errors.ts';
 import { Backoff, realClock, type Clock } from './limits.ts';
-import { FLEET_DEFAULTS, WATCH_BACKOFF } from './podsource.ts';
+import { FLEET_DEFAULTS, WATCH_BACKOFF } from './informer.ts';
 
 const log = scope('ambient');
 
@@ -100,8 +100,6 @@ export class NamespaceSource {
   readonly synced = new Promise<void>((r) => (this.#synced = r));
 
   constructor(api: OrchApi, o: Partial<NamespaceSourceOptions> = {}) {
-    if (!api.listNamespaces || !api.watchNamespaces)
-      throw new Error('internal: this API client cannot list namespaces');
     this.#api = api;
     this.#o = { ...NAMESPACE_WATCH_DEFAULTS, ...o };
   }
@@ -233,9 +231,12 @@ export class NamespaceSource {
     // After a 410, not any age: an API server whose cache lags (behind a load balancer) could
     // hand back labels older than those seen, and the informer would undo a relabel for a while.
     this.#reached('first_request');
-    const list = await this.#api.listNamespaces!(signal, this.#seenRv || undefined);
+    const since = this.#seenRv
+      ? { resourceVersion: this.#seenRv, resourceVersionMatch: 'NotOlderThan' as const }
+      : null;
+    const list = await this.#api.list('namespaces', since ?? { resourceVersion: '0' }, signal);
     this.#reached('first_response');
-    const seen = new Map(list.items.map((ns) => [ns.metadata?.name ?? '', slim(ns)] as const));
+    const seen = new Map((list.items as V1Namespace[]).map((ns) => [ns.metadata?.name ?? '', slim(ns)] as const));
     for (const [name, old] of this.#cache) {
       if (!seen.has(name)) {
         this.#cache.delete(name);
@@ -315,7 +316,8 @@ export class NamespaceSource {
         finish(e.code === 410 ? 'expired' : 'error', e);
       };
       this.#reached('first_request');
-      this.#api.watchNamespaces!({ resourceVersion: this.#rv, timeoutSeconds }, onEvent, done, opening.signal)
+      this.#api
+        .watch('namespaces', { resourceVersion: this.#rv, timeoutSeconds }, onEvent, done, opening.signal)
         .then((c) => {
           controller = c;
           if (finished) return c.abort();

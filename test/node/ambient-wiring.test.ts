@@ -372,11 +372,12 @@ describe('the namespace watch at fleet scale', () => {
     let stopped!: () => void;
     const hold = new Promise<void>((r) => (stopped = r));
     const fakeApi = {
-      listNamespaces: async () => ({
+      list: async () => ({
         items: [{ metadata: { name: 'shop', resourceVersion: '5' } }],
         resourceVersion: '5',
       }),
-      watchNamespaces: async (
+      watch: async (
+        _resource: string,
         q: { timeoutSeconds: number },
         onEvent: (t: 'ADDED' | 'MODIFIED', o: unknown) => void,
         done: (e: unknown) => void,

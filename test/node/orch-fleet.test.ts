@@ -234,6 +234,41 @@ describe('fleet scale: the pod watch', () => {
     assert.equal(src.status().lists, 1);
   });
 
+  it('a watch the server ended at the timeout asked for is resumed at once, not after a backoff', async () => {
+    const slept: number[] = [];
+    let now = 0;
+    const clock = { now: () => now, sleep: async (ms: number) => void (slept.push(Math.round(ms)), (now += ms)) };
+    let watches = 0;
+    let release!: () => void;
+    const hold = new Promise<void>((r) => (release = r));
+    const refuse = () => Promise.reject(new Error('not used'));
+    const api: OrchApi = {
+      list: async () => ({ items: [pod('a', 'node-a')], resourceVersion: '5', continueToken: undefined }),
+      async watch(_resource, q, _onEvent, done) {
+        const n = ++watches;
+        setImmediate(() => {
+          // The first: ended by the server at the timeoutSeconds asked for; then one held open.
+          if (n === 1) {
+            now += q.timeoutSeconds * 1000;
+            done(null);
+          } else void hold.then(() => done(null));
+        });
+        return new AbortController();
+      },
+      labelPod: refuse,
+      deletePod: refuse,
+      createEvent: refuse,
+    };
+    const src = source(api, { clock, random: () => 0.5, tuning: { listMode: 'cache', reconnectSpreadMs: 400 } });
+    try {
+      await waitFor('two watches', () => watches === 2);
+      assert.deepEqual(slept, [], 'no wait between its own timeout and the next watch');
+      assert.equal(src.status().lists, 1, 'resumed, not listed again');
+    } finally {
+      release();
+    }
+  });
+
   it("the agent's requests wait for its rate limit (--orch-qps/--orch-burst)", async () => {
     await cluster();
     const kc = s.writeOrchconfig(path.join(dir, 'rl.json'));
@@ -241,7 +276,7 @@ describe('fleet scale: the pod watch', () => {
     const api = clientNodeApi(k);
     const t0 = Date.now();
     const list = { fieldSelector: 'spec.nodeName=node-a', labelSelector: '', resourceVersion: '0' };
-    for (let i = 0; i < 5; i++) await api.listPods(list, AbortSignal.timeout(10_000));
+    for (let i = 0; i < 5; i++) await api.list('pods', list, AbortSignal.timeout(10_000));
     const times = s.requests.filter((r) => r.path === '/api/v1/pods').map((r) => r.time - t0);
     assert.equal(times.length, 5);
     // Two at once (the burst), then one each half second.

@@ -44,7 +44,7 @@ describe('--vklog: API request logging', () => {
     const signal = AbortSignal.timeout(10_000);
     const pod = api.upsertPod(meshPod('shop', `cart-${v}`));
     const q = { fieldSelector: 'metadata.namespace=shop', labelSelector: '' };
-    const list = await orch.listPods({ ...q, limit: 50 }, signal);
+    const list = await orch.list('pods', { ...q, limit: 50 }, signal);
     await orch.labelPod(pod, 'mesh.io/vklog', String(v), signal);
     const involvedObject = { kind: 'Pod', namespace: 'shop', name: pod.metadata!.name! };
     const event = { metadata: { generateName: 'vklog-' }, involvedObject, reason: 'Test', message: 'hello' };
@@ -52,7 +52,8 @@ describe('--vklog: API request logging', () => {
     // A watch from the list's version: its events are the label change and anything after.
     const events: WatchEventType[] = [];
     const watchQuery = { ...q, resourceVersion: list.resourceVersion, timeoutSeconds: 30 };
-    const controller = await orch.watchPods(
+    const controller = await orch.watch(
+      'pods',
       watchQuery,
       (type) => events.push(type),
       () => {},

@@ -146,8 +146,8 @@ describe('Retry-After on a watch refused after it counted as healthy', () => {
       throw new Error('not used');
     };
     const api: OrchApi = {
-      listPods: async () => ({ items: [], resourceVersion: '1', continueToken: undefined }),
-      async watchPods(_q, _onEvent, done) {
+      list: async () => ({ items: [], resourceVersion: '1', continueToken: undefined }),
+      async watch(_resource, _q, _onEvent, done) {
         watches++;
         // Refused once it lived past healthyAfterMs (a slow 429: the server's queue, our rate limit).
         setTimeout(() => done(new ApiError('watching pods', 429, 'TooManyRequests: slow down', 10 * 3600_000)), 30);
