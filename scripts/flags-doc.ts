@@ -41,8 +41,8 @@ export function flagsReference(): string {
     '',
     'Every flag `install-cni` takes, by the group `install-cni --help` shows it in. A flag with an env',
     'setting reads it when the flag is not given (a flag beats its env setting, which beats the',
-    "default); the seed's common logging and ControlZ flags have none. Every bad value is reported",
-    'before anything is touched, one line each, with exit code 2.',
+    "default); the common logging and ControlZ flags have none, as in Istio's install-cni. Every bad",
+    'value is reported before anything is touched, one line each, with exit code 2.',
     '',
   ];
   for (const group of FLAG_GROUPS) {

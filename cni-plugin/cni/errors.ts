@@ -1,4 +1,4 @@
-// CNI error results (SPEC.md section 5 "Error"): well-known codes, printed on stdout as the
+// CNI error results (the CNI specification's section "Error"): well-known codes, printed on stdout as the
 // runtime's libcni expects, with a non-zero exit.
 
 export const CNI_ERROR = {

@@ -1,4 +1,4 @@
-// The CNI execution protocol (SPEC.md section 2): CNI_* environment + the plugin config on stdin
+// The CNI execution protocol (the CNI specification's section "Execution Protocol"): CNI_* environment + the plugin config on stdin
 // -> one typed request, or a CniError with the code the spec asks for. This is the only place
 // the plugin reads its environment.
 

@@ -1,4 +1,4 @@
-// Ambient mode's costs (issue 17), each against its baseline measured in the same run:
+// Ambient mode's costs (docs/ambient.md), each against its baseline measured in the same run:
 //   ADD        the plugin's ADD of an ambient pod (lookup, POST /cmdadd; the agent: netns, in-pod
 //              rules, ztunnel Add acked by a fake ztunnel, probe ipset, the annotation) from spawn
 //              to exit and its CPU (wait4, lib/rusage-driver.py), interleaved with the ADD of a

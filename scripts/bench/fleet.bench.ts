@@ -1,4 +1,4 @@
-// Fleet benchmark (issue 19): what the agents of a 5,000-node cluster cost the API server.
+// Fleet benchmark (docs/design.md "Fleet scale"): what the agents of a 5,000-node cluster cost the API server.
 //
 // The cluster: the test API server (HTTPS, this process) holds NODES x PODS_PER_NODE pods
 // (5,000 x 30 = 150,000) and counts, per request, the objects the real server would read
@@ -25,7 +25,7 @@
 //               requests/s across the fleet in the first 30 s, the peak second, the spread
 //   compaction  every watch gets 410 Gone
 //   rss         one real agent process (bundled as shipped) with 30 and with 250 pods on its node,
-//               this tree against the tree before issue 19 (BASE, git archive)
+//               this tree against a baseline tree (BASE, git archive)
 //
 //   npm run bench -- fleet        (AGENTS=500 NODES=5000 PODS_PER_NODE=30 IDLE_S=20 by default)
 
@@ -464,7 +464,7 @@ async function main(): Promise<void> {
       .join(' ');
   console.log(`\nrestart, new, fleet req/s by second: ${bySecond('new')}`);
   console.log(`restart, old, fleet req/s by second: ${bySecond('old')}`);
-  console.log(`RSS baseline: ${baseRev().slice(0, 12)} (the tree before issue 19)`);
+  console.log(`RSS baseline: ${baseRev().slice(0, 12)} (baseline tree)`);
 }
 
 if (process.argv.includes('--fleet')) await runFleet(JSON.parse(process.env.FLEET_ARGS!) as FleetArgs);

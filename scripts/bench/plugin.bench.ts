@@ -1,4 +1,4 @@
-// The plugin's cost as the runtime sees it, per runtime of the shipped executable (issue 20):
+// The plugin's cost as the runtime sees it, per runtime of the shipped executable (docs/design.md "Start-up time"):
 // spawn to exit and the process's own user+sys CPU (its nsenter/iptables children included), a
 // cold process every time, measured by wait4 (lib/rusage-driver.py). One run, interleaved: per
 // pod, every row below runs once, in an order that rotates from pod to pod, so load from other
@@ -18,7 +18,7 @@
 // Then the pod start under a real CRI runtime (lib/cri-bench.ts): sandboxes started through
 // containerd's CRI as kubelet does, bridge + portmap with and without mesh-cni (per runtime), the
 // agent's lookup up; the start difference and ADD/DEL as containerd runs them.
-// The targets (issue 20) are printed at the end, each met or not.
+// The start-up targets (docs/design.md "Start-up time") are printed at the end, each met or not.
 //   npm run bench -- plugin        (PODS=n, BURST=n, BURSTS=n, CRI_PODS=n; PARTS=calls,burst,cri picks parts)
 // RUNTIMES=bun (or node-sea) measures only those; BASELINE=<a mesh-cni.cjs> adds every row of a Bun
 // executable of that bundle too, as `bun-baseline` (a change's before and after, in one run);
@@ -391,7 +391,7 @@ if (PARTS.has('calls')) {
   const row = (name: string) => rows.find((r) => r.name === name)!;
   const bridgeVersion = row('bridge VERSION (Debian, Go)').p50;
   console.log(
-    `\ntargets (issue 20), default runtime today: ${DEFAULT_PLUGIN_RUNTIME}; bridge VERSION p50 ${bridgeVersion.toFixed(1)} ms`,
+    `\nstart-up targets, default runtime today: ${DEFAULT_PLUGIN_RUNTIME}; bridge VERSION p50 ${bridgeVersion.toFixed(1)} ms`,
   );
   for (const runtime of LABELS) {
     for (const flavour of ['nft', 'legacy'] as const) {
@@ -419,7 +419,7 @@ if (PARTS.has('calls')) {
     }
   }
 }
-if (criOverhead.size > 0) console.log("\ntargets (issue 20), under containerd's CRI");
+if (criOverhead.size > 0) console.log("\nstart-up targets, under containerd's CRI");
 for (const [network, d] of criOverhead) {
   console.log(
     `  ${network}: pod start overhead p50 ${d >= 0 ? '+' : ''}${d.toFixed(1)} ms (<= +40: ${verdict(d <= 40)})`,

@@ -1,6 +1,6 @@
 // Ambient mode as a part of the agent (--ambient-enabled): the namespace watch, the dataplane
 // (src/ambient/dataplane.ts) and the informer (informer.ts) on the node's one pod watch, in
-// Istio's order (research/ambient.md §1.1): wait for the pod and namespace caches, build the
+// Istio's order (its nodeagent's server start-up): wait for the pod and namespace caches, build the
 // dataplane's start-up state from the running pods that should be ambient (snapshot.ts
 // podsAtStart: never from the pods' annotation), then start the informer queue.
 // /readyz says not ready until then. The start runs in the background, retried with backoff,

@@ -1,6 +1,6 @@
 // The ambient informer: the node's pod watch and the namespace watch feed one work queue
 // (`ambient`), whose reconcile keeps each pod's enrollment as its labels, its namespace's labels
-// and its phase say (Istio's nodeagent/informers.go, research/ambient.md §1.5):
+// and its phase say (Istio's nodeagent/informers.go; docs/ambient.md "How pods are selected"):
 // - an added pod is left alone: the plugin's ADD (or the start-up snapshot) enrolls it;
 // - an update re-reads the pod from the watch's cache, then: enrolled (or pending) and now
 //   terminal -> removed, with the pod as it was before (a terminal status may come without IPs,
@@ -65,7 +65,7 @@ export interface DecisionInput {
   readonly neverOurs?: (pod: V1Pod) => boolean;
 }
 
-/** What to do for one pod event; pure (research/ambient.md §1.5). */
+/** What to do for one pod event; pure (the table in this file's header). */
 export function decide(i: DecisionInput): Action {
   if (i.event === 'add') return { kind: 'none', why: 'added: the plugin or the start-up snapshot enrolls it' };
   if (i.event === 'delete') {

@@ -2,8 +2,8 @@
 // cni/pkg/iptables/iptables.go (AppendInpodRules) and iptables_linux.go (ip rule/route) build it,
 // with our chain names. Pure builders first; at the end, a small applier that runs the
 // iptables/ip programs through a runner the caller passes in (the agent: inside the pod's netns).
-//
-// Not wired into the agent yet (issue 17).
+// The node dataplane (dataplane.ts) applies them when it enrolls a pod (docs/ambient.md
+// "Ambient mode's rules").
 
 import { isIPv4, isIPv6 } from 'node:net';
 import type { RunResult } from '../podnetns/program.ts';

@@ -1,9 +1,9 @@
 // Every flag install-cni accepts, with its env setting and default: the one table the CLI, the
 // settings builder, the completion scripts and docs/flags.md (scripts/flags-doc.ts) are made from.
 //
-// Flags of the seed's install-cni section read their env setting named like the flag
-// (`--cni-net-dir` -> CNI_NET_DIR), as Istio's install-cni does; the common logging and ctrlz
-// flags have no env setting, as in the seed.
+// The install-cni flags read their env setting named like the flag (`--cni-net-dir` ->
+// CNI_NET_DIR), as Istio's install-cni does; the common logging and ctrlz flags have no env
+// setting, as in Istio's.
 
 import { LOG_LEVELS, type LogLevel } from '../../cni-plugin/shared/loglevels.ts';
 
@@ -37,7 +37,7 @@ function envName(name: string): string {
   return name.toUpperCase().replaceAll('-', '_');
 }
 
-/** A flag of `group` whose env setting is its name in upper case (the seed's rule for these groups). */
+/** A flag of `group` whose env setting is its name in upper case (Istio's install-cni rule for these groups). */
 function envNamedFlag(group: FlagGroup) {
   return (
     name: string,
@@ -76,7 +76,7 @@ function commonFlag(
 // One list with the plugin's config parser (cni-plugin/shared/), re-exported for the flag table's users.
 export { LOG_LEVELS, type LogLevel };
 
-/** The install-cni log scopes of the seed; `all` addresses every scope at once. */
+/** The install-cni log scopes (Istio's install-cni's, docs/flags.md "Log scopes"); `all` addresses every scope at once. */
 export const LOG_SCOPES = [
   'all',
   'ambient',
@@ -167,7 +167,7 @@ export const FLAGS: readonly FlagSpec[] = [
     'The CNI net dir as mounted into this container (where files are written).',
     { path: 'dir' },
   ),
-  // --- paths needed to run outside a real node, and agent behaviour the seed leaves open
+  // --- paths needed to run outside a real node, and agent behaviour Istio's install-cni has no flag for
   installFlag('cni-bin-dir', 'string', '/opt/cni/bin', 'The CNI bin dir as the host sees it.', { path: 'dir' }),
   installFlag(
     'mounted-cni-bin-dir',
@@ -343,7 +343,7 @@ export const FLAGS: readonly FlagSpec[] = [
     'File mode of the orchconfig, decimal (384) or octal (0600); it holds a token: at most 0600.',
     {
       details:
-        'File mode of the orchconfig file (decimal as in the seed, 384 = 0600; octal 0600 also accepted). It holds a token: group/other bits are refused unless --orchconfig-allow-group-other-read.',
+        "File mode of the orchconfig file (decimal as Istio's install-cni takes it, 384 = 0600; octal 0600 also accepted). It holds a token: group/other bits are refused unless --orchconfig-allow-group-other-read.",
     },
   ),
   pluginFlag(
@@ -607,7 +607,7 @@ export const FLAGS: readonly FlagSpec[] = [
         'eBPF redirection: always refused (Istio removed it in 1.21 and ztunnel no longer consumes it); kept for compatibility.',
     },
   ),
-  // --- monitoring: metrics and health, and ControlZ (no env setting, as in the seed)
+  // --- monitoring: metrics and health, and ControlZ (no env setting, as in Istio's)
   monitoringFlag('monitoring-port', 'int', '15014', 'HTTP port for /metrics, /readyz and /healthz.'),
   commonFlag(
     'ctrlz_address',
@@ -628,7 +628,7 @@ export const FLAGS: readonly FlagSpec[] = [
       details: 'Whether ControlZ may change log levels: auto (only when it listens on loopback alone), true or false.',
     },
   ),
-  // --- common logging flags of the seed
+  // --- common logging flags, as Istio's
   commonFlag('log_as_json', 'bool', 'false', 'Emit JSON instead of console format.', 'logging'),
   commonFlag('log_caller', 'string', undefined, 'Comma-separated scopes that include caller info.', 'logging'),
   commonFlag(

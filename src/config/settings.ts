@@ -117,7 +117,7 @@ export interface RepairSettings {
   readonly validationBundle: string;
 }
 
-/** Ambient mode (issue 17): the node dataplane (src/ambient/dataplane.ts) and which pods are ambient. */
+/** Ambient mode (docs/ambient.md): the node dataplane (src/ambient/dataplane.ts) and which pods are ambient. */
 export interface AmbientSettings {
   /** --ambient-enabled; refused without NODE_NAME (the informer watches this node's pods). */
   readonly enabled: boolean;
@@ -220,7 +220,7 @@ export interface Settings {
 export type RawFlags = Readonly<Record<string, string | boolean | undefined>>;
 export type Env = Readonly<Record<string, string | undefined>>;
 
-/** `scope:level,...` as in the seed; a bare level applies to `default`, `all:` to every scope. */
+/** `scope:level,...` as in Istio; a bare level applies to `default`, `all:` to every scope. */
 export function parseScopeLevels(flag: string, value: string, base: LogLevel): Record<LogScope, LogLevel> {
   const out = scopesAt(base);
   for (const item of parseList(value)) {
@@ -534,7 +534,7 @@ export function buildSettings(flags: RawFlags, env: Env, cwd: string = process.c
     initContainerExitCode: int('repair-init-container-exit-code', 0, 255),
     initContainerName: get('repair-init-container-name', parseContainerName, '-'),
     initContainerTerminationMessage: str('repair-init-container-termination-message'),
-    // The seed's default is empty (all nodes); on a node the DaemonSet passes NODE_NAME, which
+    // Istio's default is empty (all nodes); on a node the DaemonSet passes NODE_NAME, which
     // is what an operator means: repair the pods of this node. All nodes only when both are empty.
     nodeName: get('repair-node-name', parseNodeName, '') || nodeName,
     sidecarAnnotation: get('repair-sidecar-annotation', parseAnnotationKey, '-'),

@@ -11,7 +11,7 @@
 // same moment.
 //
 // An answer must never give the plugin fewer rules than the API server's current pod would
-// (SPEC §7), so the agent answers only when its cache is the pod the runtime means, as the live
+// (fewer rules would let a pod's traffic bypass the mesh), so the agent answers only when its cache is the pod the runtime means, as the live
 // watch sees it: the request names the pod's uid (K8S_POD_UID), the cached pod has that uid, and
 // the watch is up (listed and watching). No uid (a pod deleted and re-created under the same
 // name is another pod the cache may not have seen go), another uid, a watch that is listing,

@@ -1,4 +1,4 @@
-// What in-place repair needs of the agent's process, checked once at start-up (issue 16). The
+// What in-place repair needs of the agent's process, checked once at start-up (docs/repair.md "Repair in place"). The
 // minimum was measured in the image (DEPLOY's note, deploy/overlays/repair-in-place): dropping
 // any one of these four makes a step fail:
 // - CAP_SYS_PTRACE: open /proc/<pid>/ns/net of a pod process of another uid (EACCES without);

@@ -10,7 +10,7 @@
 // log and on the final DELETED watch event, so whoever looks later sees which pods mesh-cni
 // removed and why; deleting first would lose that.
 //
-// In-place repair (--repair-repair-pods, issue 16; src/repair/inplace.ts) comes first when on:
+// In-place repair (--repair-repair-pods, src/repair/inplace.ts; docs/repair.md "Repair in place") comes first when on:
 // the pod's netns is found on this node, the plugin's rules are programmed in it and proven by
 // the validation check run inside it; the pod keeps running, its init container passes on its
 // next restart. Precedence:

@@ -1,6 +1,6 @@
-// The repair controller (issue 5): finds pods that started before mesh-cni was in place on their
-// node (their validation init container exited 126) and repairs them in place (issue 16,
-// --repair-repair-pods), else labels or deletes them, as the --repair-* flags say. See controller.ts
+// The repair controller (docs/repair.md): finds pods that started before mesh-cni was in place on their
+// node (their validation init container exited 126) and repairs them in place
+// (--repair-repair-pods), else labels or deletes them, as the --repair-* flags say. See controller.ts
 // for the order of actions and the rate limit.
 //
 // The pods come from a watch the agent's wiring hands in (src/agent.ts): the node's pod watch,
@@ -109,7 +109,7 @@ export function startRepair(
   inPlace?: RepairControllerOptions['inPlace'],
 ): RepairController {
   if (settings.repair.nodeName === '') {
-    // The seed's default, but on a DaemonSet it means every agent repairs every pod.
+    // Istio's default, but on a DaemonSet it means every agent repairs every pod.
     log.warn(
       'repairing pods of ALL nodes: neither --repair-node-name nor NODE_NAME is set; every agent that runs like this watches and acts on every pod of the cluster',
     );

@@ -1,4 +1,4 @@
-// In-place repair of one broken pod (issue 16): find its running netns on this node, program the
+// In-place repair of one broken pod (docs/repair.md "Repair in place"): find its running netns on this node, program the
 // rules the plugin would have programmed, and prove them with the validation check run inside
 // that netns. Only a proof (exit 0) counts as repaired: Istio's users saw "repaired" claimed
 // while validation kept failing (istio/istio#56587, #57332); here the claim is the check itself.
@@ -61,7 +61,7 @@ export type FindResultLike =
   | { readonly ok: false; readonly reason: 'no_netns' | 'ip_mismatch'; readonly detail: string };
 
 /**
- * What in-place repair needs of src/podnetns (INTERFACES.md section 1), injected so the decision
+ * What in-place repair needs of src/podnetns (its index.ts), injected so the decision
  * logic is tested with a fake and the real module is wired in by the agent (podNetnsOf).
  */
 export interface PodNetns {

@@ -1,4 +1,4 @@
-// The plugin bench's CRI part (issue 20, item 5): the pod start as kubelet sees it, through a real
+// The plugin bench's CRI part (docs/design.md "Start-up time"): the pod start as kubelet sees it, through a real
 // containerd's CRI (test/helpers/cri-containerd.ts, driven over gRPC by test/helpers/cri.ts), on
 // the same network with and without mesh-cni, the agent's pod lookup socket up.
 //
