@@ -20,6 +20,7 @@ import { configureLogging } from '../../src/monitoring/logging.ts';
 import { registry } from '../../src/monitoring/metrics.ts';
 import { clientNodeApi, type OrchApi } from '../../src/orch/api.ts';
 import { orchKubeConfig } from '../../src/orch/client.ts';
+import { ApiError } from '../../src/orch/errors.ts';
 import { realClock } from '../../src/orch/limits.ts';
 import { NamespaceSource } from '../../src/orch/namespacesource.ts';
 import { nodePodSource, type PodSource } from '../../src/orch/podsource.ts';
@@ -358,6 +359,56 @@ describe('the namespace relist after 410 Gone', () => {
 // watch (docs/design.md "Fleet scale"): a healthy watch cut early comes back anywhere in a 12 s spread,
 // and the first read waits up to 1 s at random.
 describe('the namespace watch at fleet scale', () => {
+  // The namespace watch was a copy of the pod watch that lacked two of its fixes; both now come
+  // from the one informer (src/orch/informer.ts).
+  it('a list refused with 410 starts over from any version; a watch closed at once backs off', async () => {
+    const slept: number[] = [];
+    let now = 0;
+    const clock = { now: () => now, sleep: async (ms: number) => void (slept.push(Math.round(ms)), (now += ms)) };
+    const lists: string[] = [];
+    let watches = 0;
+    let release!: () => void;
+    const hold = new Promise<void>((r) => (release = r));
+    const fakeApi = {
+      list: async (_resource: string, q: { resourceVersion?: string; resourceVersionMatch?: string }) => {
+        lists.push(`${q.resourceVersion ?? ''} ${q.resourceVersionMatch ?? ''}`.trim());
+        // The relist not older than the expired version is refused as expired too.
+        if (lists.length === 2) throw new ApiError('listing namespaces', 410, 'Expired: too old resource version');
+        return { items: [{ metadata: { name: 'shop', resourceVersion: '5' } }], resourceVersion: '5' };
+      },
+      watch: async (
+        _resource: string,
+        _q: unknown,
+        onEvent: (t: 'ERROR', o: unknown) => void,
+        done: (e: unknown) => void,
+      ) => {
+        const n = ++watches;
+        setImmediate(() => {
+          if (n === 1) onEvent('ERROR', { code: 410, reason: 'Expired', message: 'too old resource version' });
+          else if (n <= 3)
+            done(null); // closed at once, nothing delivered: a failing watch
+          else void hold.then(() => done(null));
+        });
+        return new AbortController();
+      },
+    } as unknown as OrchApi;
+    const source = new NamespaceSource(fakeApi, {
+      clock,
+      random: () => 0.5,
+      backoff: { baseMs: 100, maxMs: 1000 },
+      tuning: { startJitterMs: 0 },
+    });
+    source.start();
+    try {
+      await eventually(() => watches === 4, 'four watches');
+      assert.deepEqual(lists, ['0', '5 NotOlderThan', '0'], 'after the refused relist: from any version');
+      assert.ok(slept.length >= 4 && slept.slice(-2).every((ms) => ms > 0), `waits: ${slept.join(', ')}`);
+    } finally {
+      release();
+      await source.stop();
+    }
+  });
+
   it('spreads its first read and a re-watch after a cut; its own timeout re-watches at once', async () => {
     const slept: number[] = [];
     let now = 0;
