@@ -55,13 +55,13 @@ const NODE_SELF = {
     "agent's readiness and the stop's uninstall decision (src/agent.ts wires them).",
 };
 // The pod-netns module (issue 16; ambient, issue 17, reuses it): the /proc scan and the nsenter
-// runner on Node built-ins alone (and the agent's logger), so both users import it and nothing
-// more comes with it.
+// runner on Node built-ins alone (and the agent's logger and src/concurrency.ts), so both users
+// import it and nothing more comes with it.
 const PODNETNS_SELF = {
-  regex: '^(?!node:|\\./[^/]+$|\\.\\./monitoring/logging\\.ts$)',
+  regex: '^(?!node:|\\./[^/]+$|\\.\\./monitoring/logging\\.ts$|\\.\\./concurrency\\.ts$)',
   message:
-    'src/podnetns/ imports only node: built-ins, its own files and ../monitoring/logging.ts: repair and ambient ' +
-    'both use it, so it does not import src/orch/, src/repair/ or src/install/ (its caller passes what it needs).',
+    'src/podnetns/ imports only node: built-ins, its own files, ../monitoring/logging.ts and ../concurrency.ts: ' +
+    'repair and ambient both use it, so it does not import src/orch/, src/repair/ or src/install/ (its caller passes what it needs).',
 };
 // The bans match the path as written, so a detour they cannot see through (./../install/,
 // ../orch/../install/, ..//install/, /./) is refused in every zone: write the path normalized.

@@ -20,6 +20,7 @@ import path from 'node:path';
 import { untrustedDirChain } from '../../cni-plugin/shared/trustedpath.ts';
 import type { Settings } from '../config/settings.ts';
 import { hostFlavourDetector } from '../hostnet/flavour.ts';
+import { KeyedSerial, Limit } from '../concurrency.ts';
 import { runOnHost } from '../hostnet/run.ts';
 import { scope } from '../monitoring/logging.ts';
 import {
@@ -222,26 +223,6 @@ interface Enrollment {
   probeIPs: string[];
 }
 
-/** At most `n` of the functions given run at once; the others wait, in call order. */
-class Limit {
-  #free: number;
-  readonly #waiting: (() => void)[] = [];
-  constructor(n: number) {
-    this.#free = n;
-  }
-  async run<T>(fn: () => Promise<T>): Promise<T> {
-    if (this.#free > 0) this.#free--;
-    else await new Promise<void>((resolve) => this.#waiting.push(resolve));
-    try {
-      return await fn();
-    } finally {
-      const next = this.#waiting.shift();
-      if (next) next();
-      else this.#free++;
-    }
-  }
-}
-
 class Dataplane implements MeshDataplane {
   readonly #s: Settings['ambient'];
   readonly #nsOpts: PodNetnsOptions;
@@ -253,8 +234,8 @@ class Dataplane implements MeshDataplane {
   readonly #cache = new PodCache();
   /** Pod UID -> what this agent did to it (Enrollment); the only record of enrollment it reads. */
   readonly #record = new Map<string, Enrollment>();
-  /** Per pod UID, the tail of its operations: one at a time per pod, in call order. */
-  readonly #tails = new Map<string, Promise<unknown>>();
+  /** Per pod UID: its operations one at a time, in call order. */
+  readonly #perPod = new KeyedSerial<string>();
   #server: ZtunnelServer | null = null;
   #started = false;
   #stopped = false;
@@ -282,14 +263,7 @@ class Dataplane implements MeshDataplane {
 
   /** Runs `fn` after every earlier operation on the same pod has settled. */
   #serial<T>(uid: string, fn: () => Promise<T>): Promise<T> {
-    const prev = this.#tails.get(uid) ?? Promise.resolve();
-    const run = prev.then(fn, fn);
-    const tail = run.catch(() => {});
-    this.#tails.set(uid, tail);
-    void tail.then(() => {
-      if (this.#tails.get(uid) === tail) this.#tails.delete(uid);
-    });
-    return run;
+    return this.#perPod.run(uid, fn);
   }
 
   #podOptions(pod: AmbientPod) {

@@ -10,6 +10,7 @@
 
 import { isIPv4, isIPv6 } from 'node:net';
 import type { HostDrift, HostStateBackend } from './hostheal.ts';
+import { Serial } from '../concurrency.ts';
 import {
   AmbientRulesError,
   ipv6Text,
@@ -111,24 +112,31 @@ export type ProbeRemoval = { readonly removed: true } | { readonly removed: fals
 
 // ---- applying ----
 
-// Every change to the probe sets, one at a time. A removal is a list, then a delete when the entry
-// is still the pod's (ipset has no compare-and-delete): an add of the same IP for a new pod landing
-// in between would be deleted with it, and the new pod's probes would go to ztunnel. Only this
-// agent writes these sets, so ordering its own calls here closes that window whatever the caller does.
-let setQueue: Promise<unknown> = Promise.resolve();
-function oneAtATime<T>(fn: () => Promise<T>): Promise<T> {
-  const next = setQueue.then(fn, fn);
-  setQueue = next.catch(() => undefined);
-  return next;
+// What this agent keeps per host runner (the dataplane's one), owned by that runner's entry here,
+// not by the module: two dataplanes (two runners) never wait on each other.
+//
+// `serial`: every change to the probe sets, one at a time. A removal is a list, then a delete when
+// the entry is still the pod's (ipset has no compare-and-delete): an add of the same IP for a new
+// pod landing in between would be deleted with it, and the new pod's probes would go to ztunnel.
+// Only this agent writes these sets, so ordering its own calls here closes that window whatever
+// the caller does.
+//
+// `ledger`: what this agent put in the sets through the runner and has not taken out since: IP
+// (canonicalIP's spelling) -> pod UID. A heal puts exactly this back when someone else flushed or
+// destroyed a set: pod annotations would name pods whose add never reached the set. Changed in
+// the same serialized step as the set, so a heal never re-adds an entry a removal has just taken out.
+interface ProbeSetsState {
+  readonly serial: Serial;
+  readonly ledger: Map<string, string>;
 }
-
-// What this agent put in the sets through a runner (the dataplane's one host runner) and has not
-// taken out since: IP (canonicalIP's spelling) -> pod UID. A heal puts exactly this back when
-// someone else flushed or destroyed a set: pod annotations would name pods whose add never
-// reached the set. Changed in the same serialized step as the set, so a heal never re-adds an
-// entry a removal has just taken out.
-const written = new WeakMap<Runner, Map<string, string>>();
-const ledger = (run: Runner): Map<string, string> => written.get(run) ?? written.set(run, new Map()).get(run)!;
+const byRunner = new WeakMap<Runner, ProbeSetsState>();
+function stateOf(run: Runner): ProbeSetsState {
+  let s = byRunner.get(run);
+  if (s === undefined) byRunner.set(run, (s = { serial: new Serial(), ledger: new Map() }));
+  return s;
+}
+const oneAtATime = <T>(run: Runner, fn: () => Promise<T>): Promise<T> => stateOf(run).serial.run(fn);
+const ledger = (run: Runner): Map<string, string> => stateOf(run).ledger;
 
 function failed(what: string, r: RunResult): AmbientRulesError {
   return new AmbientRulesError(`${what} failed (exit ${r.code}): ${(r.error ?? r.stderr).trim() || 'no output'}`);
@@ -147,7 +155,7 @@ export async function applyHost(
   families: readonly Family[],
   snat: { readonly v4?: string; readonly v6?: string } = {},
 ): Promise<'unchanged' | 'applied'> {
-  await oneAtATime(() => ipset(run, ['restore', '-exist'], probeSetsDocument(families)));
+  await oneAtATime(run, () => ipset(run, ['restore', '-exist'], probeSetsDocument(families)));
   let result: 'unchanged' | 'applied' = 'unchanged';
   for (const f of families) {
     if ((await reconcileRules(run, flavour, f, hostRules(f, f === 4 ? snat.v4 : snat.v6), ownsHost)) === 'applied')
@@ -158,7 +166,7 @@ export async function applyHost(
 
 export async function addProbeIP(run: Runner, ip: string, uid: string): Promise<void> {
   const argv = addProbeCommand(ip, uid);
-  await oneAtATime(async () => {
+  await oneAtATime(run, async () => {
     await ipset(run, argv);
     ledger(run).set(argv[2]!, uid);
   });
@@ -182,7 +190,7 @@ export async function addProbeIPs(
   const input = addLines(entries)
     .map((l) => `${l}\n`)
     .join('');
-  return oneAtATime(async () => {
+  return oneAtATime(run, async () => {
     const r = await run(['ipset', 'restore', '-exist'], { input });
     if (r.error !== null || r.code !== 0) return false;
     for (const [ip, uid] of entries) ledger(run).set(canonicalIP(ip).text, uid);
@@ -193,13 +201,13 @@ export async function addProbeIPs(
 /**
  * Removes the pod's IP only if the entry is still the pod's (same UID): when the IP went to a
  * newer pod, the entry stays and its owner is returned. Istio does the same list-then-delete;
- * here no add of ours runs in between (oneAtATime).
+ * here no add of ours through the same runner runs in between (oneAtATime).
  */
 export async function removeProbeIP(run: Runner, ip: string, uid: string): Promise<ProbeRemoval> {
   checkUid(uid);
   const { family, text } = canonicalIP(ip);
   const set = probeSet(family);
-  return oneAtATime(async (): Promise<ProbeRemoval> => {
+  return oneAtATime(run, async (): Promise<ProbeRemoval> => {
     // Out of the record first: a heal must not put back an entry whose pod is leaving, even
     // when the delete below fails (the removal's retry deletes it).
     if (ledger(run).get(text) === uid) ledger(run).delete(text);
@@ -216,7 +224,7 @@ export async function removeProbeIP(run: Runner, ip: string, uid: string): Promi
 export async function removeHost(run: Runner, flavour: Flavour, families: readonly Family[]): Promise<void> {
   for (const f of families) {
     await reconcileRules(run, flavour, f, [], ownsHost);
-    const r = await oneAtATime(() => {
+    const r = await oneAtATime(run, () => {
       for (const ip of [...ledger(run).keys()]) if (canonicalIP(ip).family === f) ledger(run).delete(ip);
       return run(['ipset', 'destroy', probeSet(f)]);
     });
@@ -291,7 +299,7 @@ export function iptablesHostState(
     },
     async repair() {
       // The sets (and their entries) before the rule: a rule naming a set that is not there is refused.
-      await oneAtATime(() => {
+      await oneAtATime(run, () => {
         const entries = [...ledger(run)].filter(([ip]) => families.includes(canonicalIP(ip).family));
         return ipset(
           run,

@@ -14,6 +14,7 @@
 // A failure of one pod is logged and the others go on: the agent must come up for the rest.
 
 import type { V1Pod } from '@kubernetes/client-node';
+import { mapBounded } from '../concurrency.ts';
 import { scope } from '../monitoring/logging.ts';
 import type { FindResult, HeldNetns, PodToFind } from '../podnetns/index.ts';
 import { isTerminal, redirectionOf } from './enablement.ts';
@@ -109,23 +110,18 @@ export async function buildStartupState(pods: readonly StartupPod[], d: StartupD
   const rulesFailed = new Map<string, string>();
   // A few pods at a time: each is a few programs in its own netns (a node of 250 pods would
   // otherwise wait for 250 in a row); the iptables lock (-w) orders the legacy writes.
-  const queue = [...held];
-  const worker = async () => {
-    for (let next = queue.shift(); next !== undefined; next = queue.shift()) {
-      const [pod, netns] = next;
-      try {
-        await d.rules(pod, netns);
-        rulesDone++;
-      } catch (e) {
-        rulesFailed.set(pod.uid, (e as Error).message);
-        log.error(
-          "cannot program a running pod's in-pod rules at start-up; it stays pending and the informer tries again " +
-            '(if that fails too, restart the pod)',
-          { pod: `${pod.namespace}/${pod.name}`, uid: pod.uid, error: (e as Error).message },
-        );
-      }
+  await mapBounded(held, RECONCILE_CONCURRENCY, async ([pod, netns]) => {
+    try {
+      await d.rules(pod, netns);
+      rulesDone++;
+    } catch (e) {
+      rulesFailed.set(pod.uid, (e as Error).message);
+      log.error(
+        "cannot program a running pod's in-pod rules at start-up; it stays pending and the informer tries again " +
+          '(if that fails too, restart the pod)',
+        { pod: `${pod.namespace}/${pod.name}`, uid: pod.uid, error: (e as Error).message },
+      );
     }
-  };
-  await Promise.all(Array.from({ length: Math.min(RECONCILE_CONCURRENCY, queue.length) }, worker));
+  });
   return { probes, withNetns: held.length, withoutNetns, rulesDone, rulesFailed };
 }

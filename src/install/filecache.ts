@@ -11,6 +11,7 @@
 // same step and of the same size would not change the identity).
 
 import fs from 'node:fs/promises';
+import { mapBounded } from '../concurrency.ts';
 import { identity, readRegularFileIfExists } from './safefile.ts';
 
 /** Files changed this recently may change again without a new identity. */
@@ -110,11 +111,7 @@ export class FileCache {
    */
   async warm(files: readonly string[], concurrency = 32): Promise<void> {
     if (!this.#verifying && files.every((f) => this.#entries.has(f))) return;
-    let next = 0;
-    const worker = async () => {
-      while (next < files.length) await this.read(files[next++]!).catch(() => null);
-    };
-    await Promise.all(Array.from({ length: Math.min(concurrency, files.length) }, worker));
+    await mapBounded(files, concurrency, (f) => this.read(f).catch(() => null));
   }
 
   /** Forgets files no longer in the dir (keeps the cache the size of the dir). */

@@ -4,6 +4,7 @@
 
 import fsp from 'node:fs/promises';
 import path from 'node:path';
+import { mapBounded } from '../concurrency.ts';
 import { netnsAddresses } from './addresses.ts';
 import { NSFS_MAGIC, nsKey, openNetns, sameNs, type HeldNetns, type NsId } from './held.ts';
 import {
@@ -132,17 +133,14 @@ export async function findPodsNetns(
   }
   if (wanted.size === 0) return out;
   const scan = await scanPodsProcesses(opts.hostProcDir, new Set([...wanted.keys()].map((u) => u.toLowerCase())));
-  const queue = [...wanted.values()];
   const results = new Map<string, FindResult>();
-  const worker = async () => {
-    for (let p = queue.shift(); p !== undefined; p = queue.shift()) {
+  try {
+    // Settles after every look under way has: a failure closes all that were found.
+    await mapBounded([...wanted.values()], LOOK_CONCURRENCY, async (p) => {
       const { byUid, ...rest } = scan;
       const one: ScanResult = { processes: byUid.get(p.uid.toLowerCase()) ?? [], ...rest };
       results.set(p.uid, await choosePodNetns(p.uid, p.ips, one, host, opts.hostProcDir));
-    }
-  };
-  try {
-    await Promise.all(Array.from({ length: Math.min(LOOK_CONCURRENCY, queue.length) }, worker));
+    });
   } catch (e) {
     for (const r of results.values()) if (r.ok) r.netns.close();
     throw e;

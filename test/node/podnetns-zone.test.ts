@@ -1,5 +1,5 @@
-// src/podnetns/'s import zone (eslint.config.js PODNETNS_SELF): Node built-ins, its own files and
-// the agent's logger, nothing else; repair and ambient both import it, so it must not pull in the
+// src/podnetns/'s import zone (eslint.config.js PODNETNS_SELF): Node built-ins, its own files,
+// the agent's logger and its concurrency primitives, nothing else; repair and ambient both import it, so it must not pull in the
 // API client, the installer or repair. Snippets linted as if placed in the folder (nothing is
 // written), as test/node/lint-zones.test.ts does for the other zones.
 
@@ -22,13 +22,16 @@ async function zoneMessages(code: string): Promise<string[]> {
   return result.messages.filter((m) => m.ruleId !== null && ZONE_RULES.has(m.ruleId)).map((m) => m.message);
 }
 
-const REFUSED = /src\/podnetns\/ imports only node: built-ins, its own files and \.\.\/monitoring\/logging\.ts/;
+const REFUSED =
+  /src\/podnetns\/ imports only node: built-ins, its own files, \.\.\/monitoring\/logging\.ts and \.\.\/concurrency\.ts/;
 
 // [the import, refused?]
 const CASES: [string, boolean][] = [
   ["import fs from 'node:fs';", false],
   ["import { openNetns } from './held.ts';", false],
   ["import { createLogger } from '../monitoring/logging.ts';", false],
+  ["import { mapBounded } from '../concurrency.ts';", false],
+  ["import { x } from '../concurrency/other.ts';", true],
   ["import { OrchApi } from '../orch/api.ts';", true],
   ["import { x } from '../repair/controller.ts';", true],
   ["import { x } from '../install/installer.ts';", true],
