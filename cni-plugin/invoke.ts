@@ -1,11 +1,11 @@
 // One plugin invocation: CNI_* env + stdin -> stdout text and exit code. Split from main.ts so
 // tests and the benchmark can import it without running it.
 //
-// The short calls load only what they need (docs/design.md "Start-up time"): VERSION and DEL of a netns that is gone
-// answer from the modules imported here (node:fs and our parsing); the log socket (node:net) and
-// the commands (plugin.ts, which loads the lookup and iptables code only when a pod needs them)
-// are imported when a call gets that far. esbuild keeps each such module in the one bundle
-// behind a lazy initializer, so a call that does not reach it never evaluates it.
+// The short calls load only what they need (docs/design.md "Start-up time"): VERSION and DEL of a
+// netns that is gone answer from the modules imported here (node:fs and our parsing); the log
+// socket (node:net) and the commands (plugin.ts, which loads the lookup and iptables code only when
+// a pod needs them) are imported when a call gets that far. esbuild keeps each such module in the
+// one bundle behind a lazy initializer, so a call that does not reach it never evaluates it.
 // test/node/plugin-lazy.test.ts pins which modules each short call loads.
 
 import { fstatSync, readFileSync, readSync, writeSync } from 'node:fs';

@@ -5,7 +5,8 @@
 import { main } from './invoke.ts';
 
 // Built as a startup snapshot (SEA useSnapshot), main runs when the snapshot is deserialized.
-// node:v8 (it loads Node's streams) only while building one: never on a call (docs/design.md "Start-up time").
+// node:v8 (it loads Node's streams) only while building one: never on a call (docs/design.md
+// "Start-up time").
 const maybeBuildingSnapshot = process.execArgv.some(
   (a) => a === '--build-snapshot' || a.startsWith('--experimental-sea-config'),
 );

@@ -56,8 +56,9 @@ async function decide(
   }
 }
 
-// The lookup, flavour and iptables code is imported when a pod gets that far (docs/design.md "Start-up time"): an
-// excluded namespace, a call with no pod and a DEL never evaluate what they do not run.
+// The lookup, flavour and iptables code is imported when a pod gets that far (docs/design.md
+// "Start-up time"): an excluded namespace, a call with no pod and a DEL never evaluate what they do
+// not run.
 const iptables = () => import('./netns/iptables.ts');
 const ruleBuilder = () => import('./redirect/rules.ts');
 

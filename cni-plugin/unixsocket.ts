@@ -1,9 +1,9 @@
 // A unix stream socket for the plugin's two short talks with the agent (the log socket, the pod
 // lookup), on whichever runtime runs the plugin (scripts/plugin-runtime.ts). Under Bun its own
 // Bun.connect is used: loading Bun's node:net and making one round trip through it cost about
-// 5 ms of CPU on a cold process, Bun.connect about 1 ms (`npm run bench -- plugin`; docs/design.md "Start-up time").
-// Under Node (the sources, a node-sea build) it is node:net. Both give the same events:
-// test/node/plugin-runtime-io.test.ts runs each case on both runtimes and compares.
+// 5 ms of CPU on a cold process, Bun.connect about 1 ms (`npm run bench -- plugin`; docs/design.md
+// "Start-up time"). Under Node (the sources, a node-sea build) it is node:net. Both give the same
+// events: test/node/plugin-runtime-io.test.ts runs each case on both runtimes and compares.
 //
 // Before connecting, the path is checked (shared/trustedpath.ts): a socket that is not root's, or
 // that sits below a directory another user can write, may be someone's stand-in for the agent,

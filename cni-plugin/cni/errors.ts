@@ -1,5 +1,5 @@
-// CNI error results (the CNI specification's section "Error"): well-known codes, printed on stdout as the
-// runtime's libcni expects, with a non-zero exit.
+// CNI error results (the CNI specification's section "Error"): well-known codes, printed on stdout
+// as the runtime's libcni expects, with a non-zero exit.
 
 export const CNI_ERROR = {
   INCOMPATIBLE_VERSION: 1,

@@ -1,6 +1,6 @@
-// The CNI execution protocol (the CNI specification's section "Execution Protocol"): CNI_* environment + the plugin config on stdin
-// -> one typed request, or a CniError with the code the spec asks for. This is the only place
-// the plugin reads its environment.
+// The CNI execution protocol (the CNI specification's section "Execution Protocol"): CNI_*
+// environment + the plugin config on stdin -> one typed request, or a CniError with the code the
+// spec asks for. This is the only place the plugin reads its environment.
 
 import { CniError, CNI_ERROR } from './errors.ts';
 import { isSupportedVersion, LATEST_VERSION, SUPPORTED_VERSIONS } from './result.ts';

@@ -1,7 +1,8 @@
 // Runs a host binary with a time limit and optional stdin; never throws for a non-zero exit.
 // Under Bun with its own Bun.spawn / Bun.spawnSync: Bun's node:child_process costs ~1 ms of CPU
-// to load and its spawn more than Bun's (docs/design.md "Start-up time"); under Node with node:child_process. Both give
-// the same results: test/node/plugin-runtime-io.test.ts runs each case on both runtimes.
+// to load and its spawn more than Bun's (docs/design.md "Start-up time"); under Node with
+// node:child_process. Both give the same results: test/node/plugin-runtime-io.test.ts runs each
+// case on both runtimes.
 
 import type { StdioOptions } from 'node:child_process';
 import type { RunResult } from '../redirect/iptables.ts';

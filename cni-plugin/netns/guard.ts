@@ -48,7 +48,8 @@ export function notANamespaceFile(netns: string): string | null {
 }
 
 /** The netns path is there (a DEL after the runtime removed it finds nothing to do). Here, not in
- * iptables.ts, so the short calls answer without loading the iptables code (docs/design.md "Start-up time"). */
+ * iptables.ts, so the short calls answer without loading the iptables code (docs/design.md
+ * "Start-up time"). */
 export function netnsExists(netns: string): boolean {
   return netns !== '' && existsSync(netns);
 }

@@ -1,4 +1,5 @@
-// Fleet benchmark (docs/design.md "Fleet scale"): what the agents of a 5,000-node cluster cost the API server.
+// Fleet benchmark (docs/design.md "Fleet scale"): what the agents of a 5,000-node cluster cost the
+// API server.
 //
 // The cluster: the test API server (HTTPS, this process) holds NODES x PODS_PER_NODE pods
 // (5,000 x 30 = 150,000) and counts, per request, the objects the real server would read

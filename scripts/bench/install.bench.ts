@@ -11,9 +11,10 @@
 //     millisecond, and at steady state with 10,000 config files in the net dir (plus the time
 //     to restore our entry there), against a naive loop that re-reads every file of the dir on
 //     every event;
-//  4. storm (the race --mesh-owned-cni-config closes): the primary rewritten STORM_REWRITES times while a reader thread parses
-//     the file the runtime would pick; reads that saw no entry of ours, with the entry spliced
-//     into the primary and with our own file (--mesh-owned-cni-config), from the same storm.
+//  4. storm (the race --mesh-owned-cni-config closes): the primary rewritten STORM_REWRITES times
+//     while a reader thread parses the file the runtime would pick; reads that saw no entry of
+//     ours, with the entry spliced into the primary and with our own file
+//     (--mesh-owned-cni-config), from the same storm.
 //
 //   npm run build && npm run bench -- install      (REWRITES=200, RUNS=5, CHURN_S=5 by default;
 //                                                   STORM_REWRITES=1000; READY_RUNS=15;

@@ -5,12 +5,12 @@
 // so "records per second within one core" is what the table shows. The throughput rows lift
 // the read rate limit (they measure parsing and printing); everything else runs at the defaults.
 //
-// Then floods (docs/design.md "Benchmark"), each against the same bare server: junk lines, endless oversized
-// lines, and many slow connections each holding a partial line, on the log socket; a request
-// followed by a flood of more requests and junk on every connection of the pod lookup socket.
-// The table shows the server's peak RSS against the DaemonSet's 256 MiB memory limit, and
-// whether a plugin run (one record on a fresh connection every 100 ms; one lookup for the
-// lookup socket) was still served during the flood.
+// Then floods (docs/design.md "Benchmark"), each against the same bare server: junk lines, endless
+// oversized lines, and many slow connections each holding a partial line, on the log socket; a
+// request followed by a flood of more requests and junk on every connection of the pod lookup
+// socket. The table shows the server's peak RSS against the DaemonSet's 256 MiB memory limit, and
+// whether a plugin run (one record on a fresh connection every 100 ms; one lookup for the lookup
+// socket) was still served during the flood.
 //
 //   npm run bench -- logserver      (LOGSERVER_BENCH_SECONDS=n to change the 4 s per row)
 

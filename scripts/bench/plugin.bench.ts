@@ -1,8 +1,8 @@
-// The plugin's cost as the runtime sees it, per runtime of the shipped executable (docs/design.md "Start-up time"):
-// spawn to exit and the process's own user+sys CPU (its nsenter/iptables children included), a
-// cold process every time, measured by wait4 (lib/rusage-driver.py). One run, interleaved: per
-// pod, every row below runs once, in an order that rotates from pod to pod, so load from other
-// work on the machine falls on every row alike. Rows:
+// The plugin's cost as the runtime sees it, per runtime of the shipped executable (docs/design.md
+// "Start-up time"): spawn to exit and the process's own user+sys CPU (its nsenter/iptables children
+// included), a cold process every time, measured by wait4 (lib/rusage-driver.py). One run,
+// interleaved: per pod, every row below runs once, in an order that rotates from pod to pod, so
+// load from other work on the machine falls on every row alike. Rows:
 //   floor             `node -e 0`, and each runtime's executable of an empty script
 //   bridge VERSION    Debian's Go reference plugin: what the targets compare with
 //   VERSION           per runtime

@@ -41,7 +41,10 @@ export interface AmbientPodInfo {
   readonly mirrorUid?: string;
 }
 
-/** The pod decision (docs/ambient.md "How pods are selected"): not hostNetwork, no sidecar, not labelled none, a selector matches. */
+/**
+ * The pod decision (docs/ambient.md "How pods are selected"): not hostNetwork, no sidecar, not
+ * labelled none, a selector matches.
+ */
 export function isAmbientPod(
   pod: V1Pod,
   namespaceLabels: Readonly<Record<string, string>> | undefined,

@@ -37,7 +37,10 @@ function envName(name: string): string {
   return name.toUpperCase().replaceAll('-', '_');
 }
 
-/** A flag of `group` whose env setting is its name in upper case (Istio's install-cni rule for these groups). */
+/**
+ * A flag of `group` whose env setting is its name in upper case (Istio's install-cni rule for these
+ * groups).
+ */
 function envNamedFlag(group: FlagGroup) {
   return (
     name: string,
@@ -76,7 +79,10 @@ function commonFlag(
 // One list with the plugin's config parser (cni-plugin/shared/), re-exported for the flag table's users.
 export { LOG_LEVELS, type LogLevel };
 
-/** The install-cni log scopes (Istio's install-cni's, docs/flags.md "Log scopes"); `all` addresses every scope at once. */
+/**
+ * The install-cni log scopes (Istio's install-cni's, docs/flags.md "Log scopes"); `all` addresses
+ * every scope at once.
+ */
 export const LOG_SCOPES = [
   'all',
   'ambient',
@@ -167,7 +173,7 @@ export const FLAGS: readonly FlagSpec[] = [
     'The CNI net dir as mounted into this container (where files are written).',
     { path: 'dir' },
   ),
-  // --- paths needed to run outside a real node, and agent behaviour Istio's install-cni has no flag for
+  // --- paths to run outside a real node, and agent behaviour with no Istio install-cni flag
   installFlag('cni-bin-dir', 'string', '/opt/cni/bin', 'The CNI bin dir as the host sees it.', { path: 'dir' }),
   installFlag(
     'mounted-cni-bin-dir',

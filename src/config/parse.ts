@@ -51,8 +51,8 @@ export function parsePort(flag: string, value: string): number {
 }
 
 /**
- * A file mode, written as Istio's install-cni takes it (decimal 384 for 0600) or in octal with a leading 0 or 0o
- * ("0600", "0o600"): only permission bits (0 to 0777) are allowed.
+ * A file mode, written as Istio's install-cni takes it (decimal 384 for 0600) or in octal with a
+ * leading 0 or 0o ("0600", "0o600"): only permission bits (0 to 0777) are allowed.
  */
 export function parseFileMode(flag: string, value: string): number {
   const v = value.trim();

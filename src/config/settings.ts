@@ -117,7 +117,10 @@ export interface RepairSettings {
   readonly validationBundle: string;
 }
 
-/** Ambient mode (docs/ambient.md): the node dataplane (src/ambient/dataplane.ts) and which pods are ambient. */
+/**
+ * Ambient mode (docs/ambient.md): the node dataplane (src/ambient/dataplane.ts) and which pods are
+ * ambient.
+ */
 export interface AmbientSettings {
   /** --ambient-enabled; refused without NODE_NAME (the informer watches this node's pods). */
   readonly enabled: boolean;

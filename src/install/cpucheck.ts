@@ -1,8 +1,8 @@
 // Whether the plugin executable we ship can run on this node's CPU, checked before it is
-// installed (docs/design.md "Start-up time"). The plugin's runtime is a build choice (scripts/plugin-runtime.ts): a
-// Bun-built executable needs x86-64 with SSE4.2 and dies with SIGILL on an older CPU, which
-// would fail every pod start on the node (fail closed, but with no word of why). The agent runs
-// on that same CPU, so it looks first and says so instead.
+// installed (docs/design.md "Start-up time"). The plugin's runtime is a build choice
+// (scripts/plugin-runtime.ts): a Bun-built executable needs x86-64 with SSE4.2 and dies with SIGILL
+// on an older CPU, which would fail every pod start on the node (fail closed, but with no word of
+// why). The agent runs on that same CPU, so it looks first and says so instead.
 //
 // Which runtime built the executable is read from the executable itself, so no record beside
 // it can go stale or be left out of an image: `bun build --compile` puts the application in an

@@ -11,14 +11,15 @@
 // same moment.
 //
 // An answer must never give the plugin fewer rules than the API server's current pod would
-// (fewer rules would let a pod's traffic bypass the mesh), so the agent answers only when its cache is the pod the runtime means, as the live
-// watch sees it: the request names the pod's uid (K8S_POD_UID), the cached pod has that uid, and
-// the watch is up (listed and watching). No uid (a pod deleted and re-created under the same
-// name is another pod the cache may not have seen go), another uid, a watch that is listing,
-// backing off or stopped: a miss, and the plugin reads the pod from the API server. A watch that
-// went silent without closing looks up until its silence timeout; the uid still pins the pod
-// object, so what it can hide is only an annotation edit to that same pod in that window, which
-// no ADD design catches either (rules are derived once per ADD).
+// (fewer rules would let a pod's traffic bypass the mesh), so the agent answers only when its cache
+// is the pod the runtime means, as the live watch sees it: the request names the pod's uid
+// (K8S_POD_UID), the cached pod has that uid, and the watch is up (listed and watching). No uid (a
+// pod deleted and re-created under the same name is another pod the cache may not have seen go),
+// another uid, a watch that is listing, backing off or stopped: a miss, and the plugin reads the
+// pod from the API server. A watch that went silent without closing looks up until its silence
+// timeout; the uid still pins the pod object, so what it can hide is only an annotation edit to
+// that same pod in that window, which no ADD design catches either (rules are derived once per
+// ADD).
 
 import type { V1Pod } from '@kubernetes/client-node';
 import net from 'node:net';

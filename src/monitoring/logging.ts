@@ -1,9 +1,9 @@
 // Scoped structured logging. Every module logs through one of the log scopes
-// (docs/flags.md "Log scopes"; `scope('install').info(...)`); levels per scope come from --log_output_level and can be
-// changed at run time (ControlZ). Output: one JSON object a line with --log_as_json (made by
-// pino), else a console line written here directly:
-// `<time>\t<level>\t<scope>\t<message>\t<key=value ...>` (see docs/observability.md, "Logs"). Either line goes to
-// the outputs of logtargets.ts (--log_target, --log_rotate).
+// (docs/flags.md "Log scopes"; `scope('install').info(...)`); levels per scope come from
+// --log_output_level and can be changed at run time (ControlZ). Output: one JSON object a line with
+// --log_as_json (made by pino), else a console line written here directly:
+// `<time>\t<level>\t<scope>\t<message>\t<key=value ...>` (see docs/observability.md, "Logs").
+// Either line goes to the outputs of logtargets.ts (--log_target, --log_rotate).
 
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';

@@ -1,6 +1,6 @@
-// What in-place repair needs of the agent's process, checked once at start-up (docs/repair.md "Repair in place"). The
-// minimum was measured in the image (DEPLOY's note, deploy/overlays/repair-in-place): dropping
-// any one of these four makes a step fail:
+// What in-place repair needs of the agent's process, checked once at start-up (docs/repair.md
+// "Repair in place"). The minimum was measured in the image (DEPLOY's note,
+// deploy/overlays/repair-in-place): dropping any one of these four makes a step fail:
 // - CAP_SYS_PTRACE: open /proc/<pid>/ns/net of a pod process of another uid (EACCES without);
 // - CAP_SYS_ADMIN: nsenter's setns into that netns;
 // - CAP_NET_ADMIN: iptables-restore/-save, both flavours;

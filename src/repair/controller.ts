@@ -10,10 +10,10 @@
 // log and on the final DELETED watch event, so whoever looks later sees which pods mesh-cni
 // removed and why; deleting first would lose that.
 //
-// In-place repair (--repair-repair-pods, src/repair/inplace.ts; docs/repair.md "Repair in place") comes first when on:
-// the pod's netns is found on this node, the plugin's rules are programmed in it and proven by
-// the validation check run inside it; the pod keeps running, its init container passes on its
-// next restart. Precedence:
+// In-place repair (--repair-repair-pods, src/repair/inplace.ts; docs/repair.md "Repair in place")
+// comes first when on: the pod's netns is found on this node, the plugin's rules are programmed in
+// it and proven by the validation check run inside it; the pod keeps running, its init container
+// passes on its next restart. Precedence:
 // 1. in place, retried with the queue's backoff while a retry can help (no IP yet, iptables or
 //    the proof failed), at most the queue's max attempts; a final failure (no netns of the pod
 //    holding its IP, IP mismatch, a bad annotation, the process left its netns mid-repair) falls

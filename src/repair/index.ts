@@ -1,7 +1,7 @@
-// The repair controller (docs/repair.md): finds pods that started before mesh-cni was in place on their
-// node (their validation init container exited 126) and repairs them in place
-// (--repair-repair-pods), else labels or deletes them, as the --repair-* flags say. See controller.ts
-// for the order of actions and the rate limit.
+// The repair controller (docs/repair.md): finds pods that started before mesh-cni was in place on
+// their node (their validation init container exited 126) and repairs them in place
+// (--repair-repair-pods), else labels or deletes them, as the --repair-* flags say. See
+// controller.ts for the order of actions and the rate limit.
 //
 // The pods come from a watch the agent's wiring hands in (src/agent.ts): the node's pod watch,
 // shared with the pod lookup, or repairPodSource's when repair asks for other pods than the node's.

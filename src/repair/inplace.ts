@@ -1,7 +1,8 @@
-// In-place repair of one broken pod (docs/repair.md "Repair in place"): find its running netns on this node, program the
-// rules the plugin would have programmed, and prove them with the validation check run inside
-// that netns. Only a proof (exit 0) counts as repaired: Istio's users saw "repaired" claimed
-// while validation kept failing (istio/istio#56587, #57332); here the claim is the check itself.
+// In-place repair of one broken pod (docs/repair.md "Repair in place"): find its running netns on
+// this node, program the rules the plugin would have programmed, and prove them with the validation
+// check run inside that netns. Only a proof (exit 0) counts as repaired: Istio's users saw
+// "repaired" claimed while validation kept failing (istio/istio#56587, #57332); here the claim is
+// the check itself.
 //
 // The netns is entered by fd, never by setns of the agent's own threads: src/podnetns/ finds it
 // from the host's /proc and runs `nsenter --net=/proc/self/fd/3` with the fd handed to the child.

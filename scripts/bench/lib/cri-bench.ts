@@ -1,6 +1,7 @@
-// The plugin bench's CRI part (docs/design.md "Start-up time"): the pod start as kubelet sees it, through a real
-// containerd's CRI (test/helpers/cri-containerd.ts, driven over gRPC by test/helpers/cri.ts), on
-// the same network with and without mesh-cni, the agent's pod lookup socket up.
+// The plugin bench's CRI part (docs/design.md "Start-up time"): the pod start as kubelet sees it,
+// through a real containerd's CRI (test/helpers/cri-containerd.ts, driven over gRPC by
+// test/helpers/cri.ts), on the same network with and without mesh-cni, the agent's pod lookup
+// socket up.
 //
 // One containerd per network, all running at once, each with its own CNI conflist:
 //   bridge + portmap                      Debian's plugins (the baseline)

@@ -1,8 +1,8 @@
-// The install bench's storm part (the race --mesh-owned-cni-config closes): the real install-cni process, and the primary
-// rewritten REWRITES times (temp file + rename, 1 ms apart, no entry of ours) while a reader
-// thread parses the file the runtime would pick (test/helpers/rewrite-storm.ts, the storm the
-// test runs). One row per mode, from the same storm: reads that saw no entry of ours are the
-// pods that would have started without mesh-cni.
+// The install bench's storm part (the race --mesh-owned-cni-config closes): the real install-cni
+// process, and the primary rewritten REWRITES times (temp file + rename, 1 ms apart, no entry of
+// ours) while a reader thread parses the file the runtime would pick
+// (test/helpers/rewrite-storm.ts, the storm the test runs). One row per mode, from the same storm:
+// reads that saw no entry of ours are the pods that would have started without mesh-cni.
 
 import { readFileSync } from 'node:fs';
 import fs from 'node:fs/promises';
