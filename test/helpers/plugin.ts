@@ -10,7 +10,7 @@ import { cniEnv, run, type ChainEnv, type Run } from './netns.ts';
 
 // The plugin under test: its sources under Node 24, or, with MESH_TEST_SHIPPED=1 (set by
 // test/node/plugin-shipped.test.ts, which re-runs the plugin and validation suites so), the
-// shipped executables whichever runtime built them (issue 20).
+// shipped executables whichever runtime built them (docs/design.md "Start-up time").
 const SHIPPED = process.env.MESH_TEST_SHIPPED === '1';
 export const MESH_CNI_SOURCE: readonly string[] = SHIPPED
   ? [path.join(ROOT, 'dist/bin/mesh-cni')]

@@ -1,8 +1,9 @@
 // A private podman for tests: its own storage (--root/--runroot, vfs), its own containers.conf
 // (CONTAINERS_CONF: CNI network backend, runc + cgroupfs, no default ulimits, file events,
 // private tmp/volume dirs) and storage.conf, its own CNI network config dir. The machine's
-// podman configuration and storage are never read or written. SPEC.md section 6 lists the
-// podman 4.3 quirks this works around.
+// podman configuration and storage are never read or written. podman 4.3 needs this:
+// it reads only the state these point it at (docs/install.md "Tests of the manifests and the
+// image").
 //
 // With `hostNetns`, every podman command runs inside that network namespace (nsenter --net,
 // mount namespace unchanged so podman's /run/netns bind mounts stay visible): the CNI plugins

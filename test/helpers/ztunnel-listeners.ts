@@ -1,7 +1,7 @@
 // Stand-ins for ztunnel's proxies and for a pod's app: python3 listeners inside a netns, which
 // answer each connection with "<listening port> <source address> <SO_ORIGINAL_DST>" and report
 // the same line on their stdout (so the harness records what reached them, the way ztunnel would
-// see it). No ztunnel exists here (research/ambient.md §4): these are what the in-pod rules must
+// see it). No ztunnel exists here (it is not ours to ship): these are what the in-pod rules must
 // send traffic to.
 //
 // - listenIn(netns, ports): listeners in a netns given by path (`/run/netns/x`, `/proc/<pid>/ns/net`);

@@ -1,7 +1,7 @@
-// What ambient mode adds to the installer's plugin entry and to the agent's pod lookup (issue 17,
-// A2): the entry carries ambient_enabled, the plugin event socket and the selectors whenever the
-// agent runs ambient, whatever the template says; the lookup's hit carries the namespace's labels
-// when the agent knows them, so the plugin decides without the API server.
+// What ambient mode adds to the installer's plugin entry and to the agent's pod lookup
+// (docs/ambient.md): the entry carries ambient_enabled, the plugin event socket and the selectors
+// whenever the agent runs ambient, whatever the template says; the lookup's hit carries the
+// namespace's labels when the agent knows them, so the plugin decides without the API server.
 
 import assert from 'node:assert/strict';
 import { readFileSync } from 'node:fs';

@@ -1,7 +1,7 @@
-// The agent's /cmdadd server (issue 17, A8; src/ambient/cmdadd.ts): the response codes of
-// research/ambient.md §1.8 with a stand-in dataplane and this node's pod watch fed by the test API
-// server; the socket's mode; bounded requests. Then the real plugin against it: an enrolled pod
-// starts, a ztunnel failure fails the ADD with code 11 naming ztunnel.
+// The agent's /cmdadd server (src/ambient/cmdadd.ts): the response codes of docs/plugin.md
+// "Ambient mode: the plugin's ADD" with a stand-in dataplane and this node's pod watch fed by the
+// test API server; the socket's mode; bounded requests. Then the real plugin against it: an
+// enrolled pod starts, a ztunnel failure fails the ADD with code 11 naming ztunnel.
 
 import type { V1Pod } from '@kubernetes/client-node';
 import assert from 'node:assert/strict';

@@ -1,9 +1,10 @@
-// The plugin's ambient branch (issue 17, A2) as a runtime runs it: Debian bridge + host-local in a
-// netns, then mesh-cni with "ambient_enabled" against the test API server and a stand-in agent
-// (an HTTP server on a unix socket recording each POST /cmdadd and answering what the case asks).
-// An ambient pod is handed to the agent with the prevResult IPs and gets no rules of the plugin's;
-// an agent that is down, slow or says no fails the ADD with code 11 (fail closed); other pods
-// take the sidecar path as before. The main cases run on both runtimes the plugin ships with.
+// The plugin's ambient branch (docs/plugin.md "Ambient mode: the plugin's ADD") as a runtime runs
+// it: Debian bridge + host-local in a netns, then mesh-cni with "ambient_enabled" against the test
+// API server and a stand-in agent (an HTTP server on a unix socket recording each POST /cmdadd and
+// answering what the case asks). An ambient pod is handed to the agent with the prevResult IPs and
+// gets no rules of the plugin's; an agent that is down, slow or says no fails the ADD with code 11
+// (fail closed); other pods take the sidecar path as before. The main cases run on both runtimes
+// the plugin ships with.
 
 import type { V1Pod } from '@kubernetes/client-node';
 import assert from 'node:assert/strict';

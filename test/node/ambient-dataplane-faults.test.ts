@@ -1,4 +1,4 @@
-// Faults of the ambient dataplane found in review (R5), each on real things as
+// Faults of the ambient dataplane (partial failures, stale state), each on real things as
 // ambient-dataplane.test.ts does: a test netns stands for the node (probe ipset, MESH_POSTRT),
 // pods are `ip netns add` netns with an address in 198.18.0.0/15 (a `sleep` in a kubelet-shaped
 // cgroup where the /proc scan must find them), real iptables, the fake ztunnel on a real socket.

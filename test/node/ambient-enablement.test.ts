@@ -1,5 +1,6 @@
-// Which pods are ambient (issue 17, A3): the enablement table, with the default selectors and
-// operator-given ones, and the pod facts the informer reads (redirection, terminal, IPs).
+// Which pods are ambient (docs/ambient.md "How pods are selected"): the enablement table, with the
+// default selectors and operator-given ones, and the pod facts the informer reads (redirection,
+// terminal, IPs).
 
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';

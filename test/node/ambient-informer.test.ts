@@ -1,4 +1,4 @@
-// The ambient informer (issue 17, A3): the decision table of research/ambient.md §1.5 as a pure
+// The ambient informer: the decision table of src/ambient/informer.ts's header as a pure
 // function, and the AmbientInformer around it (pending events per pod, the namespace relabel, the
 // queue's retries and drops) with a fake dataplane that records its calls.
 

@@ -1,11 +1,11 @@
-// Ambient rules on real iptables, both flavours, in netns this test makes (research/ambient.md
-// §4.1.1): peer <-> node <-> pod, 198.18.89.0/24 and 198.18.88.0/24 (and 2001:db8:89::/64,
-// 2001:db8:88::/64 for the IPv6 run), forwarding in the node netns,
-// which stands for the host (its ipset and MESH_POSTRT). No ztunnel exists here: a python3
-// listener in the pod netns stands in for it on 15001/15006/15008 (and the app on 8080), and
-// answers each connection with "<listening port> <source address> <SO_ORIGINAL_DST>".
-// Every netns, set and process made here is removed after each test, pass or fail (ipsets and
-// rules live in the netns and go with it).
+// Ambient rules on real iptables, both flavours, in netns this test makes (docs/ambient.md
+// "Ambient mode's rules"): peer <-> node <-> pod, 198.18.89.0/24 and 198.18.88.0/24 (and
+// 2001:db8:89::/64, 2001:db8:88::/64 for the IPv6 run), forwarding in the node netns, which stands
+// for the host (its ipset and MESH_POSTRT). No ztunnel exists here: a python3 listener in the pod
+// netns stands in for it on 15001/15006/15008 (and the app on 8080), and answers each connection
+// with "<listening port> <source address> <SO_ORIGINAL_DST>". Every netns, set and process made
+// here is removed after each test, pass or fail (ipsets and rules live in the netns and go with
+// it).
 
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';

@@ -1,5 +1,5 @@
-// Ambient mode's settings (issue 17, A1): the flags, their env settings and defaults, and the
-// one-line refusals of bad values; --ebpf-enabled stays refused with the reason.
+// Ambient mode's settings (docs/flags.md "ambient"): the flags, their env settings and defaults,
+// and the one-line refusals of bad values; --ebpf-enabled stays refused with the reason.
 
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';

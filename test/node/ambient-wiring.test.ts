@@ -1,4 +1,4 @@
-// Ambient mode wired into the agent (issue 17, A3/A9/A10): startAmbient on the node's one pod
+// Ambient mode wired into the agent (docs/ambient.md): startAmbient on the node's one pod
 // watch and a namespace watch, against the test HTTPS API server, with a fake dataplane (the real
 // one programs the node; it has tests of its own). The readiness gate, the start-up snapshot, a
 // namespace relabel, one pod list/watch shared with the pod lookup, the stop decision; and the

@@ -439,7 +439,7 @@ describe('deploy: kustomize build deploy/', () => {
     assert.deepEqual(agentContainer(withBoth.objects).securityContext?.capabilities?.add, [...IN_PLACE_CAPABILITIES]);
   });
 
-  // --- ambient mode (issue 17, A11): deploy/overlays/ambient grants what it needs, only where it is used.
+  // --- ambient mode: deploy/overlays/ambient grants what it needs, only where it is used.
 
   /** The rules of one role, as rendered. */
   const rulesOf = (objs: readonly K8sObject[], kind: string, name: string) =>

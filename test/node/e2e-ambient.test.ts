@@ -1,4 +1,4 @@
-// Ambient mode end to end on one node (issue 17, research/ambient.md §4.2) with a real container
+// Ambient mode end to end on one node (docs/ambient.md) with a real container
 // runtime: podman (CNI backend) starts containers in kubelet-shaped cgroups
 // (/kubepods/besteffort/pod<uid>/libpod-<id>) on a bridge network whose conflist install-cni
 // edits; the runtime runs the mesh-cni executable install-cni copied; the test API server holds

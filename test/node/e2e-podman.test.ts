@@ -371,7 +371,7 @@ function nodeSuite(mode: 'label' | 'delete'): void {
       assert.ok(!existsSync(path.join(tree.netDir, 'ZZZ-mesh-cni-orchconfig')), 'orchconfig removed');
       assert.ok(existsSync(path.join(tree.binDir, 'mesh-cni')), 'plugin executable kept for the DELs still to come');
 
-      // 6. Issue 12.5: the late pod, started with our entry, goes after the uninstall. A runtime
+      // 6. The late pod, started with our entry, goes after the uninstall. A runtime
       // that tears down with the config it cached at ADD (CRI-O) still runs mesh-cni first; the
       // test plays that runtime from libcni's own cache entry, which podman wrote at ADD (podman
       // 4.3 itself re-reads the config dir). mesh-cni, without its orchconfig now, removes its

@@ -1,13 +1,13 @@
-// In-place repair end to end (issue 16) with a real container runtime: podman starts a container
-// in a kubelet-shaped cgroup (/kubepods/besteffort/pod<uid>/libpod-<id>) on a bridge network
-// WITHOUT mesh-cni in the chain, so the container runs unredirected, as a pod that raced the
-// plugin does. The test API server holds its pod: the sidecar annotation, the IP the container
-// really got, and the validation init container's last run terminated with 126. The agent
+// In-place repair end to end (docs/repair.md "Repair in place") with a real container runtime:
+// podman starts a container in a kubelet-shaped cgroup (/kubepods/besteffort/pod<uid>/libpod-<id>)
+// on a bridge network WITHOUT mesh-cni in the chain, so the container runs unredirected, as a pod
+// that raced the plugin does. The test API server holds its pod: the sidecar annotation, the IP the
+// container really got, and the validation init container's last run terminated with 126. The agent
 // (install-cni from source, repair in place on, the host's /proc being this machine's) must find
-// the container's netns through /proc, program the redirect rules there, prove them, and count
-// the pod repaired: no delete, no label. Then the faults: the netns gone, the IP not the
-// container's, iptables failing, the process exiting mid-repair, each with its reason and the
-// fall-through to the operator's label (or delete).
+// the container's netns through /proc, program the redirect rules there, prove them, and count the
+// pod repaired: no delete, no label. Then the faults: the netns gone, the IP not the container's,
+// iptables failing, the process exiting mid-repair, each with its reason and the fall-through to
+// the operator's label (or delete).
 //
 // The node: a netns made here stands in for the node's host network (podman and the CNI plugins
 // it runs enter it), so the bridge and its routes never touch the machine's own network. The

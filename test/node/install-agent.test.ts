@@ -57,8 +57,8 @@ describe('install-cni process', () => {
     assert.deepEqual(await fs.readdir(t.binDir), ['mesh-cni']);
   });
 
-  // Issue 12.1 as reported: a run that leaves everything, then one with another log level that
-  // uninstalls; the uninstall put the first run's entry back.
+  // An upgrade that changes the entry: a run that leaves everything, then one with another log
+  // level that uninstalls; the uninstall put the first run's entry back.
   it('never/warn, then always/debug and SIGTERM: the primary is given back with no entry of ours', async () => {
     const t = await tree();
     const primary = path.join(t.netDir, '10-bridge.conflist');
@@ -74,7 +74,7 @@ describe('install-cni process', () => {
     assert.equal(readFileSync(primary, 'utf8'), BRIDGE_CONFLIST);
   });
 
-  // Issue 12.2: files passed over are named in /readyz also while ready (by name and reason).
+  // Files passed over are named in /readyz also while ready (by name and reason).
   it('names the files it passed over in /readyz, ready or not, never with their contents', async () => {
     const t = await tree();
     await fs.writeFile(path.join(t.netDir, '00-notes.conf'), 'token-like-secret-text\n');

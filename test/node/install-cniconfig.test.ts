@@ -108,7 +108,7 @@ describe('choosing the primary config as the runtime does', () => {
     [['05-cilium.conflist', '10-calico.conflist'], '10-calico.conflist', '10-calico.conflist'],
     [['05-cilium.conflist'], '10-calico.conflist', null],
     [['10-flannel.conflist'], '10-flannel.conf', '10-flannel.conflist'],
-    // Issue 12.3: and the other way round, as Istio does.
+    // And the other way round, as Istio does.
     [['10-flannel.conf'], '10-flannel.conflist', '10-flannel.conf'],
     [['10-flannel.conf', '10-flannel.conflist'], '10-flannel.conflist', '10-flannel.conflist'],
     [['10-flannel.conf', '10-flannel.conflist'], '10-flannel.conf', '10-flannel.conf'],

@@ -1,7 +1,7 @@
-// The agent installs a Bun-built plugin only on a CPU that can run it (issue 20): Bun's x86-64
-// executables need SSE4.2, and on an older CPU every pod start would fail with SIGILL. The
-// executables are real (a Bun build of an empty script, Debian's Go `bridge` for a build that is
-// not Bun's); the CPU is a cpuinfo file given through the settings object.
+// The agent installs a Bun-built plugin only on a CPU that can run it (docs/design.md "Start-up
+// time"): Bun's x86-64 executables need SSE4.2, and on an older CPU every pod start would fail with
+// SIGILL. The executables are real (a Bun build of an empty script, Debian's Go `bridge` for a
+// build that is not Bun's); the CPU is a cpuinfo file given through the settings object.
 
 import assert from 'node:assert/strict';
 import { copyFileSync, existsSync, linkSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';

@@ -287,7 +287,7 @@ describe('installer reads only regular files of bounded size', () => {
   });
 });
 
-describe('binaries are read only when needed (issue 12.6)', () => {
+describe('binaries are read only when needed', () => {
   // The installer reads an installed binary only to compare it with its source (binaries.ts,
   // counted in binaryCompares), and the source only to compare or to copy it (a copy is a write:
   // a new inode). The count is the installer's own: an earlier version of this test watched

@@ -1,9 +1,9 @@
-// A net-dir writer racing the agent (issue 11, second review): a primary that is a symbolic
-// link is edited where it points (11.4), but only in a directory no net-dir writer can swap:
-// the net dir itself, or a root-owned directory outside it that only root may write, held open
-// by fd from the check until the rename. A directory made inside the net dir could be swapped
-// (renameat2 RENAME_EXCHANGE) for a link to the CNI binaries dir between the check and the
-// write, and the root agent would then overwrite a binary with the attacker's JSON.
+// A net-dir writer racing the agent (docs/security.md "Security: the trust model"): a primary
+// that is a symbolic link is edited where it points, but only in a directory no net-dir writer can
+// swap: the net dir itself, or a root-owned directory outside it that only root may write, held
+// open by fd from the check until the rename. A directory made inside the net dir could be swapped
+// (renameat2 RENAME_EXCHANGE) for a link to the CNI binaries dir between the check and the write,
+// and the root agent would then overwrite a binary with the attacker's JSON.
 
 import assert from 'node:assert/strict';
 import { execFileSync, spawn } from 'node:child_process';

@@ -210,7 +210,7 @@ describe('installer', () => {
     }
   });
 
-  // Issue 12.1: the second run replaced the first run's entry (another log level) and recorded
+  // An upgrade: the second run replaced the first run's entry (another log level) and recorded
   // the file *with* that entry as the original, so the uninstall put an entry of ours back.
   for (const [what, name, initial] of [
     ['a conflist', '10-bridge.conflist', BRIDGE_CONFLIST],
@@ -260,7 +260,7 @@ describe('installer', () => {
     await installer.stop('SIGTERM');
     assert.equal(read(path.join(tree.netDir, '10-bridge.conflist')), BRIDGE_CONFLIST);
     assert.deepEqual(await fs.readdir(tree.netDir), ['10-bridge.conflist']);
-    // Issue 12.5: pods started while we were installed run mesh-cni on DEL from the runtime's
+    // Pods started while we were installed run mesh-cni on DEL from the runtime's
     // cached config; without the binary their DEL stops there and their IP leases leak.
     assert.deepEqual(await fs.readdir(tree.binDir), ['mesh-cni']);
     assert.equal(read(path.join(tree.binDir, 'mesh-cni')), read(path.join(tree.binariesDir, 'mesh-cni')));
@@ -444,7 +444,7 @@ describe('installer', () => {
     assert.deepEqual(plugins(file), ['bridge', 'mesh-cni']);
   });
 
-  // Issue 12.2: the runtime (libcni, as CRI-O reads the dir) skips files it cannot load and
+  // The runtime (libcni, as CRI-O reads the dir) skips files it cannot load and
   // takes the first one it can; so do we, and say which we skipped and why.
   for (const [what, first, firstText] of [
     ['a non-JSON file', '00-notes.conf', 'this is no JSON\n'],
@@ -508,7 +508,7 @@ describe('installer', () => {
     assert.doesNotMatch(reasons, /secret-token-like-text/);
   });
 
-  // Issue 12.3: --cni-conf-name X.conflist takes X.conf and the other way round, as Istio does;
+  // --cni-conf-name X.conflist takes X.conf and the other way round, as Istio does;
   // our own uninstall turns X.conflist back into X.conf, so the next install must find it.
   it('--cni-conf-name X.conflist falls back to X.conf, also after our uninstall gave the .conf back', async () => {
     const conf = '{"cniVersion":"0.3.1","name":"cbr0","type":"flannel"}\n';
@@ -544,7 +544,7 @@ describe('installer', () => {
     }
   });
 
-  // Issue 12.4: a .conf name promises a single-plugin config (type at the top), which is what a
+  // A .conf name promises a single-plugin config (type at the top), which is what a
   // runtime reads from a .conf; a conflist body there is skipped or rejected.
   it('standalone mode with a .conf name writes a single-plugin config', async () => {
     const { installer, tree } = await startInstaller({
@@ -563,7 +563,7 @@ describe('installer', () => {
     );
   });
 
-  // Issue 11.4: a primary that is a symbolic link (some CNIs keep their config elsewhere and
+  // A primary that is a symbolic link (some CNIs keep their config elsewhere and
   // link it into the net dir) is edited where it points, and stays a link, also on uninstall.
   it('edits a symlinked primary in its target, atomically, and keeps the link, also on uninstall', async () => {
     const { installer, tree } = await startInstaller({}, {}, async (t) => {

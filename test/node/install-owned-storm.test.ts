@@ -1,4 +1,5 @@
-// The window issue 13 is about, and that --mesh-owned-cni-config closes it: the primary CNI
+// The window between a primary CNI's rewrite and our next pass, and that
+// --mesh-owned-cni-config closes it: the primary CNI
 // rewrites its config 1,000 times (without our entry) while a reader in another thread keeps
 // parsing the file the runtime would pick. With our entry spliced into the primary's file, some
 // reads find it without our entry (a pod starting then would run without mesh-cni); with our

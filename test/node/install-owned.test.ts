@@ -505,8 +505,8 @@ describe('owned config: the reconcile pass on a real net dir', () => {
   });
 });
 
-// Gaps a review found after the owned file was made the default (issue 13 stays open for the
-// rest; docs/installer.md "Owned config"). Each test was seen failing before its fix.
+// Files at our names that we did not write, and leftovers of our own (docs/installer.md
+// "install-cni: the installer", Owned config). Each test was seen failing before its fix.
 describe('owned config: files at our names that we did not write', () => {
   const trees: HostTree[] = [];
   afterEach(async () => {

@@ -406,7 +406,7 @@ describe('one watch of the node pods per agent', () => {
   }
 });
 
-// SPEC §7: a cached answer may never lead to fewer rules than the API server's current pod. A
+// A cached answer may never lead to fewer rules than the API server's current pod. A
 // watch that went silent (the stream open, nothing coming) still looks alive for up to its
 // silence timeout, while its cache holds a pod that may since have been replaced.
 describe('a stale pod watch never lets a pod start without its rules', () => {

@@ -1,4 +1,4 @@
-// Issue 11.4: a symlinked primary is edited where its link points (the primary CNI keeps its
+// A symlinked primary is edited where its link points (the primary CNI keeps its
 // config there and updates it there). That directory is watched too, as long as that primary is
 // the one we follow: a rewrite of the target is seen at once, not by the periodic pass.
 

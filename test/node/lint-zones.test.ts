@@ -1,4 +1,4 @@
-// The import directions (issue 14) are a lint rule, not a convention: eslint.config.js's zones
+// The import directions are a lint rule, not a convention: eslint.config.js's zones
 // are run here on small snippets placed, by file name only, in each folder (nothing is written),
 // so a zone that stops biting (a glob or a pattern gone wrong) fails this test, not a review.
 // Then the tree itself is linted with only those rules.
@@ -70,7 +70,7 @@ const CASES: [string, string, RegExp | null][] = [
     /src\/ imports from cni-plugin\/ only cni-plugin\/shared\//,
   ],
   ['src/install/zz-probe.ts', "import { isObject } from '../../cni-plugin/shared/json.ts';", null],
-  // ...and the rule builder (issue 16: in-place repair builds the plugin's rules), which stays pure.
+  // ...and the rule builder (in-place repair builds the plugin's rules), which stays pure.
   ['src/repair/zz-probe.ts', "import { specForPod } from '../../cni-plugin/redirect/spec.ts';", null],
   [
     'src/repair/zz-probe.ts',

@@ -1,9 +1,10 @@
-// The exact bytes of both output formats for every kind of field value (issue 14 §5): the console
-// line is written directly now, no longer parsed back from pino's JSON, and must stay what it
-// was. The expected lines were taken from the round-trip implementation. Deliberate changes: a
-// console field NAME that is not bare (blank, quote, `=`, `\`, control character) is JSON-quoted
-// like a value, so a sender cannot forge a field (`x pod` printed bare read as ` pod=`); in JSON,
-// field names that are array indices ("1") come before "time" (marked below).
+// The exact bytes of both output formats for every kind of field value (docs/observability.md
+// "Logs"): the console line is written directly now, no longer parsed back from pino's JSON, and
+// must stay what it was. The expected lines were taken from the round-trip implementation.
+// Deliberate changes: a console field NAME that is not bare (blank, quote, `=`, `\`, control
+// character) is JSON-quoted like a value, so a sender cannot forge a field (`x pod` printed bare
+// read as ` pod=`); in JSON, field names that are array indices ("1") come before "time" (marked
+// below).
 
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';

@@ -1,6 +1,6 @@
-// The pod lookup socket under abuse (issue 11.6): the lookup protocol is one request per
-// connection, so input after the first request is never parsed; a sender trickling its request
-// is cut at a deadline; connections that hold every slot cannot lock the plugin out.
+// The pod lookup socket under abuse (docs/security.md "Socket paths"): the lookup protocol is one
+// request per connection, so input after the first request is never parsed; a sender trickling its
+// request is cut at a deadline; connections that hold every slot cannot lock the plugin out.
 
 import assert from 'node:assert/strict';
 import net from 'node:net';

@@ -1,8 +1,9 @@
-// Issue 19 (fleet scale): what the agent's pod watch asks of the API server. The real pod source
-// and API client against the test API server: lists from the watch cache (resourceVersion=0, no
-// limit) or the streaming watch-list, the same after a 410, a closed watch resumed without a
-// list, logged fallbacks for servers that refuse either, the client-side rate limit, Retry-After,
-// the spread of re-watches after a cut, and the plugin's GET staying a consistent read.
+// Fleet scale (docs/design.md "Fleet scale"): what the agent's pod watch asks of the API server.
+// The real pod source and API client against the test API server: lists from the watch cache
+// (resourceVersion=0, no limit) or the streaming watch-list, the same after a 410, a closed watch
+// resumed without a list, logged fallbacks for servers that refuse either, the client-side rate
+// limit, Retry-After, the spread of re-watches after a cut, and the plugin's GET staying a
+// consistent read.
 
 import assert from 'node:assert/strict';
 import { mkdtemp, rm } from 'node:fs/promises';
@@ -281,7 +282,7 @@ describe('fleet scale: the pod watch', () => {
     assert.equal(times.length, 5);
     // Two at once (the burst), then one each half second.
     assert.ok(times[4]! >= 1300, `5 requests within ${times[4]} ms at 2/s after a burst of 2`);
-    assert.equal(orchContext(k)!.limiter.stats.delayed, 3);
+    assert.equal(orchContext(settings.orch).limiter.stats.delayed, 3);
   });
 
   it('honours Retry-After on 429 and 503 (a floor under the backoff)', async () => {

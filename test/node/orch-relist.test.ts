@@ -1,4 +1,4 @@
-// Issue 19 review (R6): after a 410 the pod watch reads the state again without going back in
+// After a 410 the pod watch reads the state again without going back in
 // time. A resourceVersion=0 list is "any age": an API server whose watch cache is behind
 // another's answers an older state than the agent had already seen (a pod deleted since is back
 // in the cache, repair and the lookup read it). client-go's reflector relists with the last

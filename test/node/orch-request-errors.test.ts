@@ -1,6 +1,6 @@
 // An API answer that is not JSON: the error says so, where, and how long the answer was, never
 // its text. The text may be a token (a TokenRequest answer cut short), and this error reaches
-// /readyz through the plugin token's last error (issue 11, second review).
+// /readyz through the plugin token's last error, which anyone who can read /readyz sees.
 
 import assert from 'node:assert/strict';
 import http from 'node:http';

@@ -1,8 +1,8 @@
-// --vklog: the agent's API requests logged in scope klog (issue 14 §5), against the test HTTPS API
-// server: nothing at -v 0-3; at 4 one line a request (method, path with query, status, latency);
-// at 8 the bodies too (a watch: its events). A token never appears in any line at any level: not
-// the bearer token the agent sends, not the token a TokenRequest answers with, not a JWT in an
-// answer that is not JSON.
+// --vklog: the agent's API requests logged in scope klog (docs/observability.md "Logs"), against
+// the test HTTPS API server: nothing at -v 0-3; at 4 one line a request (method, path with query,
+// status, latency); at 8 the bodies too (a watch: its events). A token never appears in any line at
+// any level: not the bearer token the agent sends, not the token a TokenRequest answers with, not a
+// JWT in an answer that is not JSON.
 
 import assert from 'node:assert/strict';
 import http from 'node:http';

@@ -1,4 +1,4 @@
-// Issue 19 review (R6): the agent's own watch stream (src/orch/request.ts apiWatch) as the pod
+// The agent's own watch stream (src/orch/request.ts apiWatch) as the pod
 // source reads it, against a loopback HTTP server that writes the lines we choose. A line that
 // is not a watch event (not JSON, or JSON without an object) ends the watch with an error, as
 // client-go's stream watcher does: skipping it lost the event it stood for (a DELETED never

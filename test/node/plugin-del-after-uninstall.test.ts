@@ -1,8 +1,8 @@
-// DEL after mesh-cni was uninstalled from the node (issue 12.5, the plugin's half). Pods started
-// while we were installed have our entry in the runtime's cached config, so their DEL still
-// runs mesh-cni, with the orchconfig, the agent's sockets and maybe the API server gone. DEL
-// must then succeed on its own (our rules out if the netns is still there), so the runtime goes
-// on down the chain and host-local frees the pod's address.
+// DEL after mesh-cni was uninstalled from the node (docs/uninstall.md, the plugin's half). Pods
+// started while we were installed have our entry in the runtime's cached config, so their DEL still
+// runs mesh-cni, with the orchconfig, the agent's sockets and maybe the API server gone. DEL must
+// then succeed on its own (our rules out if the netns is still there), so the runtime goes on down
+// the chain and host-local frees the pod's address.
 
 import assert from 'node:assert/strict';
 import { existsSync, readdirSync, rmSync } from 'node:fs';

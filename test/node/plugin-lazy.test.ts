@@ -1,5 +1,5 @@
-// The short calls do only their own work (issue 20, item 4): which of our modules and which
-// Node built-ins each call loads, seen from inside the process.
+// The short calls do only their own work (docs/design.md "Start-up time"): which of our modules and
+// which Node built-ins each call loads, seen from inside the process.
 //   - from source: a module hook records every cni-plugin/ file Node loads;
 //   - from the shipped bundle (dist/mesh-cni.cjs, what every executable runs): the built-ins
 //     required, so esbuild's lazy initializers are checked to really skip the work.

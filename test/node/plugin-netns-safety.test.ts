@@ -1,6 +1,6 @@
-// What mesh-cni may touch (SPEC §7): only the netns of the pod it was called for, and there only
-// its own chains and its one jump from each builtin chain.
-// - Rules someone else put in the pod netns (another chained plugin, the pod itself), in every
+// What mesh-cni may touch (docs/security.md "Security: the trust model"): only the netns of the pod
+// it was called for, and there only its own chains and its one jump from each builtin chain. -
+// Rules someone else put in the pod netns (another chained plugin, the pod itself), in every
 //   table, survive our ADD, a second ADD and our DEL, on both iptables flavours; CHECK still
 //   passes with them there.
 // - A CNI_NETNS that is the plugin's own netns or PID 1's is refused for ADD, CHECK and DEL.

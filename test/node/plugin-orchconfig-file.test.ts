@@ -1,8 +1,9 @@
-// The root plugin reads only its orchconfig, and reads it safely (issue 11, second review): the
-// orchconfig sits in the net dir, which others may write, so a file there naming another host
-// file (user.tokenFile, cluster.certificate-authority) must not have the plugin read that file
-// and send it as a Bearer token to a server the same file names; and the orchconfig itself must
-// be a regular file of bounded size (a FIFO would block every CNI call, /dev/zero never ends).
+// The root plugin reads only its orchconfig, and reads it safely (docs/security.md "What the agent
+// and the plugin read, and who writes it"): the orchconfig sits in the net dir, which others may
+// write, so a file there naming another host file (user.tokenFile, cluster.certificate-authority)
+// must not have the plugin read that file and send it as a Bearer token to a server the same file
+// names; and the orchconfig itself must be a regular file of bounded size (a FIFO would block every
+// CNI call, /dev/zero never ends).
 
 import assert from 'node:assert/strict';
 import { execFileSync, spawnSync } from 'node:child_process';

@@ -1,5 +1,5 @@
 // Every plugin and mesh-validation end-to-end test, run again against the shipped executables
-// (dist/bin/mesh-cni, dist/mesh-validation) whichever runtime built them (issue 20: the
+// (dist/bin/mesh-cni, dist/mesh-validation) whichever runtime built them (the
 // runtime is a build choice, MESH_PLUGIN_RUNTIME), on a PATH with no Node.js on it: the host's
 // tools linked one by one into a temp dir, node and its launchers left out. Then what a
 // runtime could change and the sources under Node never show: a .env or bunfig.toml in the

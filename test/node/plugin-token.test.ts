@@ -1,4 +1,4 @@
-// Issue 11.1: the node's disk holds no cluster-wide write credential. The agent mints the plugin's
+// The node's disk holds no cluster-wide write credential. The agent mints the plugin's
 // own short-lived token (TokenRequest, mesh-cni-plugin: pods get only) and puts that, never its
 // own token, into the orchconfig in the host's CNI net dir; it refreshes the token at 50-80% of
 // its lifetime, keeps the old one while refreshing fails, and says so on /readyz and in a metric.

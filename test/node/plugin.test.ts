@@ -1,6 +1,7 @@
 // mesh-cni as a runtime runs it: Debian bridge + host-local in a netns, then mesh-cni with the
 // bridge's result as prevResult, against the test API server (HTTPS, bearer token). Plus every
-// bad input of SPEC §5 for the plugin, and the CNI result conversions.
+// bad input of the plugin (docs/plugin.md "mesh-cni: the CNI plugin"), and the CNI result
+// conversions.
 
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';

@@ -1,8 +1,9 @@
-// In-place repair's place in the repair controller (issue 16): the precedence (in place, then the
-// operator's label/delete, else a report), the did-not-hold rule, the start-up capability check
-// said once, metrics and Events, against the test HTTPS API server with the production
-// controller and watch. The in-place repairer itself is a fake here (its outcome is the input of
-// the decision); repair-inplace-netns.test.ts runs the real rule application in real netns.
+// In-place repair's place in the repair controller (docs/repair.md "Repair in place"): the
+// precedence (in place, then the operator's label/delete, else a report), the did-not-hold rule,
+// the start-up capability check said once, metrics and Events, against the test HTTPS API server
+// with the production controller and watch. The in-place repairer itself is a fake here (its
+// outcome is the input of the decision); repair-inplace-netns.test.ts runs the real rule
+// application in real netns.
 
 import assert from 'node:assert/strict';
 import { mkdtemp, rm, writeFile } from 'node:fs/promises';

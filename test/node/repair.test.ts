@@ -1,6 +1,7 @@
 // The repair controller end to end against the test API server (real HTTPS, real client-node
-// wire, real watch streams), with the API server misbehaving in the ways issue 5 lists. Timings
-// are shortened through the controller's timing options; the logic is the production one.
+// wire, real watch streams), with the API server misbehaving in the ways a real one can
+// (throttling, errors, dropped watches). Timings are shortened through the controller's timing
+// options; the logic is the production one.
 
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';

@@ -122,7 +122,7 @@ function whoAnswers(sock: string): Promise<string> {
 describe('a socket another user can take over', () => {
   const tmp = tempDir();
   let n = 0;
-  /** A dir of root's, mode 0777: where the review found the sockets served and taken over. */
+  /** A dir of root's, mode 0777: where sockets could be served by and taken over by anyone. */
   const sharedDir = (name: string) => {
     chmodSync(tmp.dir, 0o755); // mkdtemp's 0700 would keep uid 65534 out of everything below
     const d = path.join(tmp.dir, `${name}-${++n}`);
