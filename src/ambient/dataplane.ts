@@ -1,4 +1,4 @@
-// Ambient mode's node dataplane (issue 17): enrolls pods into the node proxy, ztunnel. After
+// Ambient mode's node dataplane (docs/ambient.md): enrolls pods into the node proxy, ztunnel. After
 // Istio's cni/pkg/nodeagent (meshdataplane_linux.go, net_linux.go), our code:
 // - a pod is added in a fixed order: its netns held -> in-pod rules -> ztunnel told (AddWorkload
 //   + the netns fd, acked) -> its IPs in the node's probe ipset -> annotated `enabled`. Rules go in
