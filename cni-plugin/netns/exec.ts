@@ -21,6 +21,8 @@ export interface ExecOptions {
   readonly timeoutMs?: number;
   /** Collect stdout; false saves a pipe on the pod's critical path (iptables-restore prints nothing). */
   readonly stdout?: boolean;
+  /** Bytes kept of each of stdout and stderr; default 1 MiB. */
+  readonly maxOutput?: number;
 }
 
 /** What exec and execNow give the child: the pipes asked for, and our PATH. */
@@ -33,13 +35,13 @@ function childSetup(input: string | null, wantStdout: boolean): { stdio: StdioOp
 
 const timedOut = (file: string, timeoutMs: number) => `${file} did not finish within ${timeoutMs} ms`;
 
-/** What execNow keeps of each of stdout and stderr (Node's spawnSync default); a child writing more is killed. */
+/** What exec and execNow keep of each of stdout and stderr unless told (Node's spawnSync default); a child writing more is killed. */
 const MAX_OUTPUT = 1024 * 1024;
-const tooMuch = (file: string): ExecResult => ({
+const tooMuch = (file: string, maxOutput: number): ExecResult => ({
   code: null,
   stdout: '',
   stderr: '',
-  error: `${file} wrote more than ${MAX_OUTPUT} bytes of output; killed`,
+  error: `${file} wrote more than ${maxOutput} bytes of output; killed`,
 });
 
 /** The part of Bun's API used here (the plugin is type-checked against Node's types). */
@@ -55,8 +57,8 @@ interface BunSpawnOptions {
 }
 interface BunRuntime {
   spawn(o: BunSpawnOptions): {
-    stdout: ReadableStream | null;
-    stderr: ReadableStream;
+    stdout: ReadableStream<Uint8Array> | null;
+    stderr: ReadableStream<Uint8Array>;
     exited: Promise<number>;
     signalCode: string | null;
     kill(signal: 'SIGKILL'): void;
@@ -68,9 +70,11 @@ interface BunRuntime {
     exitedDueToTimeout?: boolean;
     exitedDueToMaxBuffer?: boolean;
   };
-  readableStreamToText(s: ReadableStream): Promise<string>;
 }
 const bun = (globalThis as { Bun?: BunRuntime }).Bun;
+
+/** A child's output past its cap (execBun's streams). */
+class TooMuch extends Error {}
 
 function bunOptions(
   file: string,
@@ -99,6 +103,23 @@ const cannotRun = (file: string, e: unknown, code: number | null): ExecResult =>
   error: `cannot run ${file}: ${(e as Error).message}`,
 });
 
+/** All of `s` as text, or null once more than `maxOutput` bytes came (the rest is not read). */
+async function readCapped(s: ReadableStream<Uint8Array>, maxOutput: number): Promise<string | null> {
+  const chunks: Uint8Array[] = [];
+  let size = 0;
+  const reader = s.getReader();
+  for (;;) {
+    const { done, value } = await reader.read();
+    if (done) return Buffer.concat(chunks).toString('utf8');
+    size += value.byteLength;
+    if (size > maxOutput) {
+      void reader.cancel().catch(() => undefined);
+      return null;
+    }
+    chunks.push(value);
+  }
+}
+
 async function execBun(
   b: BunRuntime,
   file: string,
@@ -106,6 +127,7 @@ async function execBun(
   input: string | null,
   timeoutMs: number,
   wantStdout: boolean,
+  maxOutput: number,
 ): Promise<ExecResult> {
   let p;
   try {
@@ -123,16 +145,22 @@ async function execBun(
       resolve(timeUp(file, timeoutMs));
     }, timeoutMs);
   });
-  const done = Promise.all([
-    p.stdout ? b.readableStreamToText(p.stdout) : '',
-    b.readableStreamToText(p.stderr),
-    p.exited,
-  ]).then(
+  // Either stream past the cap ends the child at once, as under Node.
+  const capped = (s: ReadableStream<Uint8Array>) =>
+    readCapped(s, maxOutput).then((t) => {
+      if (t === null) {
+        p.kill('SIGKILL');
+        throw new TooMuch();
+      }
+      return t;
+    });
+  const done = Promise.all([p.stdout ? capped(p.stdout) : '', capped(p.stderr), p.exited]).then(
     ([stdout, stderr, status]): ExecResult => {
       // As Node reports it: no exit code for a child a signal ended.
       return { code: p.signalCode ? null : status, stdout, stderr, error: null };
     },
     (e: unknown): ExecResult => {
+      if (e instanceof TooMuch) return tooMuch(file, maxOutput);
       const error = `cannot read the output of ${file}: ${(e as Error).message}`;
       return { code: null, stdout: '', stderr: '', error };
     },
@@ -156,29 +184,43 @@ const timeUp = (file: string, timeoutMs: number): ExecResult => ({
 export function exec(
   file: string,
   args: readonly string[],
-  { input = null, timeoutMs = 10_000, stdout: wantStdout = true }: ExecOptions = {},
+  { input = null, timeoutMs = 10_000, stdout: wantStdout = true, maxOutput = MAX_OUTPUT }: ExecOptions = {},
 ): Promise<ExecResult> {
-  if (bun) return execBun(bun, file, args, input, timeoutMs, wantStdout);
+  if (bun) return execBun(bun, file, args, input, timeoutMs, wantStdout, maxOutput);
   // Loaded on first use, like node:https in the pod client (startup snapshot, skipped pods).
   const { spawn } = process.getBuiltinModule('node:child_process');
   return new Promise((resolve) => {
     const child = spawn(file, args, childSetup(input, wantStdout));
-    let stdout = '';
-    let stderr = '';
+    const out = { stdout: [] as Buffer[], stderr: [] as Buffer[] };
+    const size = { stdout: 0, stderr: 0 };
     let error: string | null = null;
-    const timer = setTimeout(() => {
+    let done = false;
+    // Resolved at once when the child is killed: a process it started may hold the pipes open.
+    const stop = (r: ExecResult) => {
+      if (done) return;
+      done = true;
+      clearTimeout(timer);
       child.kill('SIGKILL');
       for (const s of [child.stdin, child.stdout, child.stderr]) s?.destroy();
-      resolve(timeUp(file, timeoutMs));
-    }, timeoutMs);
-    child.stdout?.setEncoding('utf8').on('data', (d: string) => (stdout += d));
-    child.stderr!.setEncoding('utf8').on('data', (d: string) => (stderr += d));
+      resolve(r);
+    };
+    const timer = setTimeout(() => stop(timeUp(file, timeoutMs)), timeoutMs);
+    for (const which of ['stdout', 'stderr'] as const) {
+      child[which]?.on('data', (d: Buffer) => {
+        size[which] += d.length;
+        if (size[which] > maxOutput) stop(tooMuch(file, maxOutput));
+        else out[which].push(d);
+      });
+    }
     child.on('error', (e) => {
       error = `cannot run ${file}: ${e.message}`;
     });
     child.on('close', (code) => {
+      if (done) return;
+      done = true;
       clearTimeout(timer);
-      resolve({ code, stdout, stderr, error });
+      const text = (b: Buffer[]) => Buffer.concat(b).toString('utf8');
+      resolve({ code, stdout: text(out.stdout), stderr: text(out.stderr), error });
     });
     if (input !== null && child.stdin) {
       child.stdin.on('error', () => {
@@ -197,16 +239,16 @@ export function exec(
 export function execNow(
   file: string,
   args: readonly string[],
-  { input = null, timeoutMs = 10_000, stdout: wantStdout = true }: ExecOptions = {},
+  { input = null, timeoutMs = 10_000, stdout: wantStdout = true, maxOutput = MAX_OUTPUT }: ExecOptions = {},
 ): ExecResult {
   if (bun) {
     let r;
     try {
-      r = bun.spawnSync({ ...bunOptions(file, args, input, wantStdout, timeoutMs), maxBuffer: MAX_OUTPUT });
+      r = bun.spawnSync({ ...bunOptions(file, args, input, wantStdout, timeoutMs), maxBuffer: maxOutput });
     } catch (e) {
       return cannotRun(file, e, null);
     }
-    if (r.exitedDueToMaxBuffer) return tooMuch(file);
+    if (r.exitedDueToMaxBuffer) return tooMuch(file, maxOutput);
     const text = (b: Uint8Array | null) =>
       b ? Buffer.from(b.buffer, b.byteOffset, b.byteLength).toString('utf8') : '';
     return {
@@ -223,9 +265,9 @@ export function execNow(
     timeout: timeoutMs,
     killSignal: 'SIGKILL',
     encoding: 'utf8',
-    maxBuffer: MAX_OUTPUT,
+    maxBuffer: maxOutput,
   });
-  if ((r.error as NodeJS.ErrnoException | undefined)?.code === 'ENOBUFS') return tooMuch(file);
+  if ((r.error as NodeJS.ErrnoException | undefined)?.code === 'ENOBUFS') return tooMuch(file, maxOutput);
   let error: string | null = null;
   if (r.error) {
     error =

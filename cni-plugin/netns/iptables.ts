@@ -22,11 +22,16 @@ export {
   type RuleSet,
 } from '../redirect/iptables.ts';
 
-/** The host's own iptables (the plugin runs in the host netns). */
+/** The host's own iptables (the plugin runs in the host netns); a busy node's save is a few MiB at most. */
 const HOST: NetnsRunner = {
   where: 'on this host',
   run: (argv, o) =>
-    exec(argv[0]!, argv.slice(1), { timeoutMs: 5000, input: o.input ?? null, stdout: o.stdout ?? true }),
+    exec(argv[0]!, argv.slice(1), {
+      timeoutMs: 5000,
+      input: o.input ?? null,
+      stdout: o.stdout ?? true,
+      maxOutput: 16 << 20,
+    }),
 };
 
 export function detectFlavour(): Promise<Detection> {

@@ -29,7 +29,7 @@ const runs = {
   // ends the call (not when the pipes close, here with "late" read from them, or never).
   timeLimitHeldPipes: sh('(sleep 2; echo late; echo late >&2) & exec sleep 5', { timeoutMs: 300 }),
   signalled: sh('kill -9 $$', {}),
-  // More than execNow keeps (1 MiB, Node's spawnSync default): ended and failed on both runtimes.
+  // More than exec and execNow keep (1 MiB, Node's spawnSync default): ended and failed on both runtimes.
   tooMuchOutput: sh('yes | head -c 1100000 >&2; exit 0', { stdout: false }),
   missing: ['mesh-no-such-binary', [], {}],
 };
@@ -134,7 +134,7 @@ describe("the plugin's spawns and unix sockets give the same results under Node 
       assert.deepEqual(onNode[`${how}:timeLimitHeldPipes`], want, how);
     }
     const tooMuch = { code: null, stdout: '', stderr: '', error: 'sh wrote more than 1048576 bytes of output; killed' };
-    assert.deepEqual(onNode['execNow:tooMuchOutput'], tooMuch);
+    for (const how of ['exec', 'execNow']) assert.deepEqual(onNode[`${how}:tooMuchOutput`], tooMuch, how);
     assert.deepEqual(onNode['execNow:signalled'], { code: null, stdout: '', stderr: '', error: null });
     assert.deepEqual((onNode['exec:missing'] as { error: string }).error, 'cannot run mesh-no-such-binary: ...');
     assert.deepEqual(onNode.answers, { events: ['open', 'close'], text: '{"pod":"é"}\n' });
