@@ -3,7 +3,8 @@
 import js from '@eslint/js';
 import tseslint from 'typescript-eslint';
 
-// Import zones (issue 14). An import the zone refuses, as a regex over the specifier as written;
+// Import zones: pure planning never reaches for I/O, and each folder imports only what its job
+// needs. An import the zone refuses, as a regex over the specifier as written;
 // each names the direction and what to do instead.
 const NO_SRC = {
   regex: '(^|/)src/',
@@ -18,8 +19,9 @@ const ONLY_SHARED = {
     'move what the agent needs there (Node built-ins only).',
 };
 // The rule builder (constants, net parsing, spec, rules, the runner-generic iptables code) is
-// what the agent's in-place repair shares with the plugin (issue 16): it stays pure, importing
-// only its own files and cni-plugin/shared/, so src/ importing it pulls in nothing else.
+// what the agent's in-place repair shares with the plugin (docs/repair.md "Repair in place"): it
+// stays pure, importing only its own files and cni-plugin/shared/, so src/ importing it pulls in
+// nothing else.
 const REDIRECT_SELF = {
   regex: '^(?!\\./[^/]+$|\\.\\./shared/[^/]+$)',
   message:
@@ -54,9 +56,9 @@ const NODE_SELF = {
     'src/node/ does not import src/install/, src/repair/, src/ambient/ or src/podnetns/: it is handed the ' +
     "agent's readiness and the stop's uninstall decision (src/agent.ts wires them).",
 };
-// The pod-netns module (issue 16; ambient, issue 17, reuses it): the /proc scan and the nsenter
-// runner on Node built-ins alone (and the agent's logger and src/concurrency.ts), so both users
-// import it and nothing more comes with it.
+// The pod-netns module (in-place repair and ambient mode both use it): the /proc scan and the
+// nsenter runner on Node built-ins alone (and the agent's logger and src/concurrency.ts), so both
+// users import it and nothing more comes with it.
 const PODNETNS_SELF = {
   regex: '^(?!node:|\\./[^/]+$|\\.\\./monitoring/logging\\.ts$|\\.\\./concurrency\\.ts$)',
   message:
@@ -74,7 +76,7 @@ const MONITORING_NOT_CMD = {
   message: 'src/monitoring/ does not import src/cmd/: the CLI layer wires monitoring, not the other way.',
 };
 
-// One convention for private members (issue 14): ECMAScript #private, which the runtime enforces,
+// One convention for private members: ECMAScript #private, which the runtime enforces,
 // not TypeScript's `private`, which only the compiler sees. A `private constructor` (a class made
 // only by its static factory) has no #-form and stays.
 const PRIVATE_MEMBERS = [

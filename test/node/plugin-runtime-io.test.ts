@@ -1,7 +1,8 @@
 // The plugin spawns its helpers (nsenter, iptables-restore, ip) and talks to the agent's unix
 // sockets through the runtime's own API: node:child_process / node:net under Node, Bun.spawn /
-// Bun.connect under Bun (issue 20: Bun's node: modules cost milliseconds on every call). The same
-// cases run here on both runtimes, from the sources, and must give the same results: exit codes,
+// Bun.connect under Bun (docs/design.md "Start-up time": Bun's node: modules cost milliseconds on
+// every call). The same cases run here on both runtimes, from the sources, and must give the
+// same results: exit codes,
 // output, the time limit (also with the child's own child holding the pipes), a missing binary, a child a signal ended, a socket that answers, closes
 // without an answer, is not there, or splits a UTF-8 character across two writes.
 
