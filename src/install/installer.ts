@@ -214,7 +214,7 @@ export class Installer implements Component {
     try {
       const verify = this.#verifyPending;
       this.#verifyPending = false;
-      outcome = await this.#installPass.reconcile({ verify });
+      outcome = await this.#installPass.run({ verify });
     } catch (e) {
       outcome = {
         notReady: [`reconcile failed: ${(e as Error).message}`],

@@ -118,7 +118,7 @@ export class InstallPass {
    * One pass. `verify` (the default; false only for a pass brought by watch events) checks every
    * cached config file by its stat identity; else the cache trusts what no event has touched.
    */
-  async reconcile(opts: { verify?: boolean } = {}): Promise<PassReport> {
+  async run(opts: { verify?: boolean } = {}): Promise<PassReport> {
     this.files.startPass(opts.verify ?? true);
     const out: Applied = { writes: [], problems: [], notReady: [], notes: [], groupErrors: [] };
     const { notReady, problems, writes } = out;

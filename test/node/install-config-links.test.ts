@@ -26,7 +26,7 @@ describe('a primary that is a link to another config file in the net dir', () =>
     const s = buildSettings(t.flags, t.env);
     const r = new InstallPass(s.install, s.env);
     for (let pass = 1; pass <= 3; pass++) {
-      const out = await r.reconcile();
+      const out = await r.run();
       assert.deepEqual(out.notReady, [], `pass ${pass}: ready`);
       assert.equal(out.primary, '01-alias.conflist');
       assert.deepEqual(
@@ -50,7 +50,7 @@ describe('two config names linked to one file outside the net dir', () => {
     const s = buildSettings(t.flags, t.env);
     const r = new InstallPass(s.install, s.env);
     for (let pass = 1; pass <= 3; pass++) {
-      const out = await r.reconcile();
+      const out = await r.run();
       assert.deepEqual(out.notReady, [], `pass ${pass}: ready`);
       assert.deepEqual(
         runtimeView(t.netDir),
@@ -74,7 +74,7 @@ describe('two config names linked to one file that holds a stale entry of ours',
     await fs.symlink(path.join(real, 'old.conflist'), path.join(t.netDir, '30-old.conflist'));
     const s = buildSettings(t.flags, t.env);
     const r = new InstallPass(s.install, s.env);
-    const out = await r.reconcile();
+    const out = await r.run();
     assert.deepEqual(out.problems, []);
     assert.deepEqual(out.notReady, []);
     assert.deepEqual(runtimeView(t.netDir), { file: '10-bridge.conflist', entries: 1, chain: ['bridge', 'mesh-cni'] });

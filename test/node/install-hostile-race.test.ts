@@ -53,7 +53,7 @@ async function tree(): Promise<HostTree> {
   return t;
 }
 
-function reconciler(t: HostTree): InstallPass {
+function installPass(t: HostTree): InstallPass {
   const s = buildSettings({ 'reconcile-interval': '1h', ...t.flags }, t.env);
   return new InstallPass(s.install, s.env);
 }
@@ -70,8 +70,8 @@ describe('a link in the net dir is written through only into a directory no net-
     await fs.writeFile(path.join(net, 'd', 'host-local'), WITH_OURS);
     await fs.symlink(path.relative(net, t.binDir), path.join(net, 'dlink'));
     await fs.symlink('d/host-local', path.join(net, '99-z.conflist'));
-    const r = reconciler(t);
-    await r.reconcile().catch(() => {});
+    const r = installPass(t);
+    await r.run().catch(() => {});
     const dir = await fs.open(path.join(net, 'd'), 'r');
     defer(() => dir.close());
     const swapper = spawn(exe, [path.join(net, 'd'), path.join(net, 'dlink')], { stdio: 'ignore' });
@@ -81,7 +81,7 @@ describe('a link in the net dir is written through only into a directory no net-
     while (Date.now() < until) {
       // The planted file is put back through the held fd, wherever its dir is now.
       await fs.writeFile(`/proc/self/fd/${dir.fd}/host-local`, WITH_OURS);
-      await r.reconcile().catch(() => {});
+      await r.run().catch(() => {});
       passes++;
       assert.equal(
         readFileSync(path.join(t.binDir, 'host-local'), 'utf8'),
@@ -99,7 +99,7 @@ describe('a link in the net dir is written through only into a directory no net-
     await fs.mkdir(path.join(t.netDir, 'd'));
     await fs.writeFile(path.join(t.netDir, 'd', 'x.conflist'), WITH_OURS);
     await fs.symlink('d/x.conflist', path.join(t.netDir, '99-z.conflist'));
-    const out = await reconciler(t).reconcile();
+    const out = await installPass(t).run();
     assert.equal(readFileSync(path.join(t.netDir, 'd', 'x.conflist'), 'utf8'), WITH_OURS);
     assert.match(out.notReady.join('\n'), /inside the net dir/);
   });
@@ -111,7 +111,7 @@ describe('a link in the net dir is written through only into a directory no net-
     await fs.chmod(open, 0o777);
     await fs.writeFile(path.join(open, 'x.conflist'), WITH_OURS);
     await fs.symlink(path.join(open, 'x.conflist'), path.join(t.netDir, '99-z.conflist'));
-    const out = await reconciler(t).reconcile();
+    const out = await installPass(t).run();
     assert.equal(readFileSync(path.join(open, 'x.conflist'), 'utf8'), WITH_OURS);
     assert.match(out.notReady.join('\n'), /writable by group or others/);
   });
@@ -123,7 +123,7 @@ describe('a link in the net dir is written through only into a directory no net-
     await fs.mkdir(vendor, { recursive: true, mode: 0o755 });
     await fs.writeFile(path.join(vendor, '10-bridge.conflist'), BRIDGE_CONFLIST);
     await fs.symlink(path.join(vendor, '10-bridge.conflist'), path.join(t.netDir, '10-bridge.conflist'));
-    const out = await reconciler(t).reconcile();
+    const out = await installPass(t).run();
     assert.deepEqual(out.notReady, []);
     assert.ok((await fs.lstat(path.join(t.netDir, '10-bridge.conflist'))).isSymbolicLink());
     assert.match(readFileSync(path.join(vendor, '10-bridge.conflist'), 'utf8'), /mesh-cni/);

@@ -240,7 +240,7 @@ describe('owned config: the reconcile pass on a real net dir', () => {
   it('writes ours (0600) before the primary, never touches the primary, and the runtime reads ours', async () => {
     const { tree, net, make } = await setup();
     const r = make();
-    const out = await r.reconcile();
+    const out = await r.run();
     assert.deepEqual(out.notReady, []);
     assert.equal(out.primary, OWNED);
     assert.equal(readFileSync(net('10-bridge.conflist'), 'utf8'), BRIDGE_CONFLIST);
@@ -248,22 +248,22 @@ describe('owned config: the reconcile pass on a real net dir', () => {
     assert.equal(statSync(net(OWNED)).mode & 0o7777, 0o600);
     assert.deepEqual(runtimeView(tree.netDir), { file: OWNED, entries: 1, chain: ['bridge', 'mesh-cni'] });
     // Nothing to do the second time.
-    assert.deepEqual((await r.reconcile()).writes, []);
+    assert.deepEqual((await r.run()).writes, []);
   });
 
   it("takes the primary's mode when it is stricter", async () => {
     const { net, make } = await setup();
     await fs.chmod(net('10-bridge.conflist'), 0o400);
-    await make().reconcile();
+    await make().run();
     assert.equal(statSync(net(OWNED)).mode & 0o7777, 0o400);
   });
 
   it('makes ours again when the primary changes, and follows a new primary that takes first place', async () => {
     const { tree, net, make } = await setup();
     const r = make();
-    await r.reconcile();
+    await r.run();
     await fs.writeFile(net('10-bridge.conflist'), BRIDGE_CONFLIST.replace('"bridge",', '"bridge", "mtu": 1400,'));
-    await r.reconcile();
+    await r.run();
     assert.equal(
       readFileSync(net(OWNED), 'utf8'),
       ownedText(
@@ -275,7 +275,7 @@ describe('owned config: the reconcile pass on a real net dir', () => {
     const ptp =
       '{"cniVersion":"1.0.0","name":"ptp-net","type":"ptp","ipam":{"type":"host-local","subnet":"198.18.125.0/24"}}\n';
     await fs.writeFile(net('05-ptp.conf'), ptp);
-    const out = await r.reconcile();
+    const out = await r.run();
     assert.deepEqual(out.notReady, []);
     assert.deepEqual(runtimeView(tree.netDir), { file: OWNED, entries: 1, chain: ['ptp', 'mesh-cni'] });
     assert.equal(readFileSync(net('05-ptp.conf'), 'utf8'), ptp);
@@ -288,10 +288,10 @@ describe('owned config: the reconcile pass on a real net dir', () => {
   it('keeps ours when the primary is gone, not ready, saying why; made again when it is back', async () => {
     const { tree, net, make } = await setup();
     const r = make();
-    await r.reconcile();
+    await r.run();
     const ours = readFileSync(net(OWNED), 'utf8');
     await fs.rm(net('10-bridge.conflist'));
-    const out = await r.reconcile();
+    const out = await r.run();
     assert.equal(readFileSync(net(OWNED), 'utf8'), ours);
     assert.match(
       out.notReady.join('\n'),
@@ -300,21 +300,21 @@ describe('owned config: the reconcile pass on a real net dir', () => {
     assert.deepEqual(runtimeView(tree.netDir).chain, ['bridge', 'mesh-cni']);
     // A restarted agent knows the name from the record beside ours.
     assert.match(
-      (await make().reconcile()).notReady.join('\n'),
+      (await make().run()).notReady.join('\n'),
       /primary CNI config 10-bridge.conflist our 02-mesh-cni.conflist was made from is gone/,
     );
     await fs.writeFile(net('10-bridge.conflist'), BRIDGE_CONFLIST);
-    assert.deepEqual((await r.reconcile()).notReady, []);
+    assert.deepEqual((await r.run()).notReady, []);
   });
 
   it("a config sorting before ours (Multus's 00-multus.conf): our entry goes into it, ready, with a note on /readyz", async () => {
     const { tree, net, make } = await setup();
     const r = make();
-    await r.reconcile();
+    await r.run();
     const early =
       '{"cniVersion":"1.0.0","name":"early","plugins":[{"type":"ptp","ipam":{"type":"host-local","subnet":"198.18.126.0/24"}}]}\n';
     await fs.writeFile(net('01-early.conflist'), early);
-    const out = await r.reconcile();
+    const out = await r.run();
     // The runtime reads a file with our entry: ready (a rollout on such nodes must not stall),
     // and said as a note, for the window a rewrite of that file opens.
     assert.deepEqual(out.notReady, []);
@@ -325,7 +325,7 @@ describe('owned config: the reconcile pass on a real net dir', () => {
     // Fail closed: the file the runtime reads has our entry, once.
     assert.deepEqual(runtimeView(tree.netDir), { file: '01-early.conflist', entries: 1, chain: ['ptp', 'mesh-cni'] });
     await fs.rm(net('01-early.conflist'));
-    const back = await r.reconcile();
+    const back = await r.run();
     assert.deepEqual(back.notReady, []);
     assert.deepEqual(back.notes ?? [], []);
     assert.deepEqual(runtimeView(tree.netDir), { file: OWNED, entries: 1, chain: ['bridge', 'mesh-cni'] });
@@ -402,7 +402,7 @@ describe('owned config: the reconcile pass on a real net dir', () => {
       { '00-calico.conflist': BRIDGE_CONFLIST },
     );
     const r = make();
-    assert.deepEqual((await r.reconcile()).notReady, []);
+    assert.deepEqual((await r.run()).notReady, []);
     assert.deepEqual(runtimeView(tree.netDir), {
       file: '00-calico-mesh-cni.conflist',
       entries: 1,
@@ -410,14 +410,14 @@ describe('owned config: the reconcile pass on a real net dir', () => {
     });
     assert.equal(readFileSync(net('00-calico.conflist'), 'utf8'), BRIDGE_CONFLIST);
     // Switched to the splice with the same --cni-conf-name: ours found by the same name, removed.
-    assert.deepEqual((await make({ 'mesh-owned-cni-config': 'false' }).reconcile()).notReady, []);
+    assert.deepEqual((await make({ 'mesh-owned-cni-config': 'false' }).run()).notReady, []);
     assert.deepEqual(runtimeView(tree.netDir), {
       file: '00-calico.conflist',
       entries: 1,
       chain: ['bridge', 'mesh-cni'],
     });
     assert.ok(!(await fs.readdir(tree.netDir)).includes('00-calico-mesh-cni.conflist'));
-    await make().reconcile();
+    await make().run();
     await make().cleanup();
     assert.equal(readFileSync(net('00-calico.conflist'), 'utf8'), BRIDGE_CONFLIST);
     assert.ok(!(await fs.readdir(tree.netDir)).some((n) => n.includes('mesh-cni.conflist')));
@@ -426,7 +426,7 @@ describe('owned config: the reconcile pass on a real net dir', () => {
   it('uninstall removes ours; the primary was never touched', async () => {
     const { tree, net, make } = await setup();
     const r = make();
-    await r.reconcile();
+    await r.run();
     const writes = await r.cleanup();
     assert.ok(writes.some((w) => w.file === net(OWNED) && w.action === 'remove'));
     assert.deepEqual((await fs.readdir(tree.netDir)).sort(), ['10-bridge.conflist']);
@@ -448,7 +448,7 @@ describe('owned config: the reconcile pass on a real net dir', () => {
     await first.stop('SIGTERM');
     assert.equal(readFileSync(net(OWNED), 'utf8'), ours);
     const next = new InstallPass(settings.install, settings.env);
-    const out = await next.reconcile();
+    const out = await next.run();
     assert.deepEqual(out.notReady, []);
     assert.deepEqual(
       out.writes.filter((w) => w.kind === 'cni_config'),
@@ -459,8 +459,8 @@ describe('owned config: the reconcile pass on a real net dir', () => {
 
   it('standalone mode (--chained-cni-plugin=false) leaves no owned file behind', async () => {
     const { tree, net, make } = await setup();
-    await make().reconcile();
-    await make({ 'chained-cni-plugin': 'false' }).reconcile();
+    await make().run();
+    await make({ 'chained-cni-plugin': 'false' }).run();
     assert.deepEqual((await fs.readdir(tree.netDir)).filter((n) => n.endsWith('.conflist')).sort(), [
       '10-bridge.conflist',
       'YY-mesh-cni.conflist',
@@ -475,13 +475,13 @@ describe('owned config: the reconcile pass on a real net dir', () => {
       const primaryText = primaryName.endsWith('.conf') ? ptp : BRIDGE_CONFLIST;
       const { tree, net, make } = await setup({}, { [primaryName]: primaryText });
       // Spliced first (an agent of before), then owned: the primary gets its bytes back.
-      await make({ 'mesh-owned-cni-config': 'false' }).reconcile();
+      await make({ 'mesh-owned-cni-config': 'false' }).run();
       assert.equal(runtimeView(tree.netDir).entries, 1);
       const owned = make();
-      assert.deepEqual((await owned.reconcile()).notReady, []);
+      assert.deepEqual((await owned.run()).notReady, []);
       // A .conf made a .conflist by the splice is given back as the .conf: a second pass then
       // makes ours from it.
-      await owned.reconcile();
+      await owned.run();
       assert.deepEqual(runtimeView(tree.netDir), {
         file: OWNED,
         entries: 1,
@@ -494,7 +494,7 @@ describe('owned config: the reconcile pass on a real net dir', () => {
       );
       // And back: the entry into the primary first, then ours removed.
       const spliced = make({ 'mesh-owned-cni-config': 'false' });
-      const out = await spliced.reconcile();
+      const out = await spliced.run();
       assert.deepEqual(out.notReady, []);
       assert.ok(!(await fs.readdir(tree.netDir)).includes(OWNED), 'no stale owned file');
       assert.equal(runtimeView(tree.netDir).entries, 1);
@@ -534,7 +534,7 @@ describe('owned config: files at our names that we did not write', () => {
     const { tree, net, make } = await setup({ '10-bridge.conflist': BRIDGE_CONFLIST, [OWNED]: stale });
     const r = make({ 'mesh-owned-cni-config': 'false' });
     for (let i = 0; i < 2; i++) {
-      const out = await r.reconcile();
+      const out = await r.run();
       assert.ok(reasons(out).includes('config_shadowed'), `pass ${i}: ${out.notReady.join('; ')}`);
       assert.match(
         out.notReady.join('\n'),
@@ -546,20 +546,20 @@ describe('owned config: files at our names that we did not write', () => {
     assert.deepEqual(runtimeView(tree.netDir), { file: OWNED, entries: 0, chain: ['bridge'] });
     // Once it is gone, ready.
     await fs.rm(net(OWNED));
-    assert.deepEqual((await r.reconcile()).notReady, []);
+    assert.deepEqual((await r.run()).notReady, []);
   });
 
   it('a rollback copy (ours with our entry taken out by a version without the owned file) is known by its record and content: removed with the splice, made ours again when owned', async () => {
     // The owned agent wrote ours and its record; a version without the owned file took our entry
     // out of it (its splice or uninstall), leaving a byte-exact copy of the primary.
     const { tree, net, make } = await setup({ '10-bridge.conflist': BRIDGE_CONFLIST });
-    assert.deepEqual((await make().reconcile()).notReady, []);
+    assert.deepEqual((await make().run()).notReady, []);
     const rollback = async () =>
       await fs.writeFile(net(OWNED), withoutOurEntry(readFileSync(net(OWNED), 'utf8'), OWNED)!);
     await rollback();
     assert.equal(readFileSync(net(OWNED), 'utf8'), BRIDGE_CONFLIST);
     // With the splice: a copy of a config that is still there loses nothing when removed.
-    const spliced = await make({ 'mesh-owned-cni-config': 'false' }).reconcile();
+    const spliced = await make({ 'mesh-owned-cni-config': 'false' }).run();
     assert.deepEqual(spliced.notReady, []);
     assert.deepEqual(runtimeView(tree.netDir), {
       file: '10-bridge.conflist',
@@ -572,19 +572,19 @@ describe('owned config: files at our names that we did not write', () => {
       'the copy and its record gone',
     );
     // Owned: the copy at our name is made ours again (not file_refused).
-    await make().reconcile();
+    await make().run();
     await rollback();
-    const owned = await make().reconcile();
+    const owned = await make().run();
     assert.deepEqual(owned.notReady, []);
     assert.deepEqual(runtimeView(tree.netDir), { file: OWNED, entries: 1, chain: ['bridge', 'mesh-cni'] });
   });
 
   it('a rollback copy of a primary that changed since: still config_shadowed, the reason naming our record and what to remove', async () => {
     const { net, make } = await setup({ '10-bridge.conflist': BRIDGE_CONFLIST });
-    await make().reconcile();
+    await make().run();
     await fs.writeFile(net(OWNED), withoutOurEntry(readFileSync(net(OWNED), 'utf8'), OWNED)!);
     await fs.writeFile(net('10-bridge.conflist'), BRIDGE_CONFLIST.replace('mcni-br0', 'mcni-br5'));
-    const out = await make({ 'mesh-owned-cni-config': 'false' }).reconcile();
+    const out = await make({ 'mesh-owned-cni-config': 'false' }).run();
     assert.ok(reasons(out).includes('config_shadowed'), out.notReady.join('; '));
     assert.match(
       out.notReady.join('\n'),
@@ -593,10 +593,10 @@ describe('owned config: files at our names that we did not write', () => {
   });
   it('owned: a rollback copy of a primary that changed since at the owned name: file_refused, the reason naming our record', async () => {
     const { net, make } = await setup({ '10-bridge.conflist': BRIDGE_CONFLIST });
-    await make().reconcile();
+    await make().run();
     await fs.writeFile(net(OWNED), withoutOurEntry(readFileSync(net(OWNED), 'utf8'), OWNED)!);
     await fs.writeFile(net('10-bridge.conflist'), BRIDGE_CONFLIST.replace('mcni-br0', 'mcni-br5'));
-    const out = await make().reconcile();
+    const out = await make().run();
     assert.ok(reasons(out).includes('file_refused'), out.notReady.join('; '));
     assert.match(
       out.notReady.join('\n'),
@@ -606,8 +606,8 @@ describe('owned config: files at our names that we did not write', () => {
 
   it('with the splice, our owned file that holds our entry is no shadow (it is removed once the primary has the entry)', async () => {
     const { make } = await setup({ '10-bridge.conflist': BRIDGE_CONFLIST });
-    await make().reconcile();
-    const out = await make({ 'mesh-owned-cni-config': 'false' }).reconcile();
+    await make().run();
+    const out = await make({ 'mesh-owned-cni-config': 'false' }).run();
     assert.deepEqual(out.notReady, []);
   });
 
@@ -618,14 +618,14 @@ describe('owned config: files at our names that we did not write', () => {
       'ZZ-bridge.conflist': BRIDGE_CONFLIST,
       'YY-mesh-cni.conflist': BRIDGE_CONFLIST.replace('mcni-br0', 'mcni-br9'),
     });
-    const out = await make({ 'mesh-owned-cni-config-filename': 'YZ-mesh.conflist' }).reconcile();
+    const out = await make({ 'mesh-owned-cni-config-filename': 'YZ-mesh.conflist' }).run();
     assert.ok(reasons(out).includes('config_shadowed'), out.notReady.join('; '));
     assert.match(
       out.notReady.join('\n'),
       /YY-mesh-cni.conflist in .* holds no entry of ours and sorts before YZ-mesh.conflist/,
     );
     await fs.writeFile(net('YY-mesh-cni.conflist'), BRIDGE_CONFLIST);
-    assert.deepEqual((await make({ 'mesh-owned-cni-config-filename': 'YZ-mesh.conflist' }).reconcile()).notReady, []);
+    assert.deepEqual((await make({ 'mesh-owned-cni-config-filename': 'YZ-mesh.conflist' }).run()).notReady, []);
     assert.ok(!(await fs.readdir(path.dirname(net('x')))).includes('YY-mesh-cni.conflist'));
   });
 
@@ -634,7 +634,7 @@ describe('owned config: files at our names that we did not write', () => {
       '{"cniVersion":"1.0.0","name":"someone-else","plugins":[{"type":"ptp","ipam":{"type":"host-local","subnet":"198.18.124.0/24"}}]}\n';
     const { net, make } = await setup({ '10-bridge.conflist': BRIDGE_CONFLIST, [OWNED]: foreign });
     const r = make();
-    const out = await r.reconcile();
+    const out = await r.run();
     assert.ok(reasons(out).includes('file_refused'), out.notReady.join('; '));
     assert.match(out.notReady.join('\n'), /02-mesh-cni.conflist in .* holds no entry of ours/);
     assert.equal(readFileSync(net(OWNED), 'utf8'), foreign);
@@ -648,7 +648,7 @@ describe('owned config: files at our names that we did not write', () => {
       '{"cniVersion":"1.0.0","name":"ptp-net","plugins":[{"type":"ptp","ipam":{"type":"host-local","subnet":"198.18.123.0/24"}}]}\n';
     const { net, make } = await setup({ '10-bridge.conflist': BRIDGE_CONFLIST, '20-ptp.conflist': ptp });
     const r = make({ 'mesh-owned-cni-config-filename': '10-bridge.conflist' });
-    const out = await r.reconcile();
+    const out = await r.run();
     assert.ok(reasons(out).includes('file_refused'), out.notReady.join('; '));
     assert.equal(readFileSync(net('10-bridge.conflist'), 'utf8'), BRIDGE_CONFLIST);
     assert.equal(readFileSync(net('20-ptp.conflist'), 'utf8'), ptp);
@@ -673,7 +673,7 @@ describe('owned config: the primary ours was made from, unloadable or just gone'
       buildSettings({ ...tree.flags, 'mesh-owned-cni-config': 'true' }, tree.env).install,
       buildSettings({}, tree.env).env,
     );
-    assert.deepEqual((await r.reconcile()).notReady, []);
+    assert.deepEqual((await r.run()).notReady, []);
     assert.deepEqual(runtimeView(tree.netDir).chain, ['bridge', 'mesh-cni']);
     return { tree, r, net: (n: string) => path.join(tree.netDir, n) };
   }
@@ -682,7 +682,7 @@ describe('owned config: the primary ours was made from, unloadable or just gone'
     const { tree, r, net } = await setup();
     const ours = readFileSync(net(OWNED), 'utf8');
     await fs.writeFile(net('10-bridge.conflist'), BRIDGE_CONFLIST.slice(0, 40));
-    const out = await r.reconcile();
+    const out = await r.run();
     assert.equal(readFileSync(net(OWNED), 'utf8'), ours, 'ours not made from 20-ptp.conflist');
     assert.match(
       out.notReady.join('\n'),
@@ -690,11 +690,11 @@ describe('owned config: the primary ours was made from, unloadable or just gone'
     );
     assert.deepEqual(runtimeView(tree.netDir).chain, ['bridge', 'mesh-cni']);
     await fs.writeFile(net('10-bridge.conflist'), BRIDGE_CONFLIST);
-    assert.deepEqual((await r.reconcile()).notReady, []);
+    assert.deepEqual((await r.run()).notReady, []);
     // One that sorts before it is followed, as the runtime would read it.
     await fs.writeFile(net('10-bridge.conflist'), BRIDGE_CONFLIST.slice(0, 40));
     await fs.writeFile(net('05-ptp.conflist'), ptp);
-    assert.deepEqual((await r.reconcile()).notReady, []);
+    assert.deepEqual((await r.run()).notReady, []);
     assert.deepEqual(runtimeView(tree.netDir).chain, ['ptp', 'mesh-cni']);
   });
 
@@ -708,13 +708,13 @@ describe('owned config: the primary ours was made from, unloadable or just gone'
     const ours = readFileSync(net(OWNED), 'utf8');
     await fs.writeFile(net('10-bridge.conflist'), BRIDGE_CONFLIST.slice(0, 40));
     assert.match(
-      (await restarted().reconcile()).notReady.join('\n'),
+      (await restarted().run()).notReady.join('\n'),
       /10-bridge.conflist our 02-mesh-cni.conflist was made from cannot be loaded now/,
     );
     assert.equal(readFileSync(net(OWNED), 'utf8'), ours);
     await fs.rm(net('10-bridge.conflist'));
     assert.match(
-      (await restarted().reconcile()).notReady.join('\n'),
+      (await restarted().run()).notReady.join('\n'),
       /10-bridge.conflist our 02-mesh-cni.conflist was made from is gone/,
     );
     assert.equal(readFileSync(net(OWNED), 'utf8'), ours);
@@ -728,7 +728,7 @@ describe('owned config: the primary ours was made from, unloadable or just gone'
     const { tree, r, net } = await setup();
     const ours = readFileSync(net(OWNED), 'utf8');
     await fs.rm(net('10-bridge.conflist'));
-    const out = await r.reconcile();
+    const out = await r.run();
     assert.equal(readFileSync(net(OWNED), 'utf8'), ours, 'ours not made from 20-ptp.conflist at once');
     assert.match(
       out.notReady.join('\n'),
@@ -736,13 +736,13 @@ describe('owned config: the primary ours was made from, unloadable or just gone'
     );
     // Back within the grace period (a primary CNI that deletes, then writes): made from it again.
     await fs.writeFile(net('10-bridge.conflist'), BRIDGE_CONFLIST);
-    assert.deepEqual((await r.reconcile()).notReady, []);
+    assert.deepEqual((await r.run()).notReady, []);
     assert.deepEqual(runtimeView(tree.netDir).chain, ['bridge', 'mesh-cni']);
     // Gone for good: after the grace period the next file is the primary.
     await fs.rm(net('10-bridge.conflist'));
-    assert.notDeepEqual((await r.reconcile()).notReady, []);
+    assert.notDeepEqual((await r.run()).notReady, []);
     await new Promise((resolve) => setTimeout(resolve, PRIMARY_GONE_GRACE_MS + 100));
-    assert.deepEqual((await r.reconcile()).notReady, []);
+    assert.deepEqual((await r.run()).notReady, []);
     assert.deepEqual(runtimeView(tree.netDir).chain, ['ptp', 'mesh-cni']);
   });
 
@@ -762,7 +762,7 @@ describe('owned config: the primary ours was made from, unloadable or just gone'
     };
     const s = buildSettings({ ...t.flags, 'mesh-owned-cni-config': 'true' }, t.env);
     const r = new InstallPass(s.install, s.env, token);
-    assert.deepEqual((await r.reconcile()).notReady, []);
+    assert.deepEqual((await r.run()).notReady, []);
     assert.equal(runtimeView(t.netDir).file, OWNED);
     const ours = await fs.readFile(path.join(t.netDir, OWNED), 'utf8');
 
@@ -770,11 +770,11 @@ describe('owned config: the primary ours was made from, unloadable or just gone'
     await fs.rm(path.join(t.netDir, '10-bridge.conflist'));
     await fs.writeFile(path.join(t.netDir, '20-other.conflist'), BRIDGE_CONFLIST.replace('bridge-net', 'other-net'));
     holdMs = PRIMARY_GONE_GRACE_MS + 300;
-    const first = await r.reconcile();
+    const first = await r.run();
     assert.match(first.notReady.join('\n'), /is gone from/, 'held on the pass that saw it gone');
     holdMs = 0;
     // The very next pass, a moment after the dir was read: well within the grace.
-    const next = await r.reconcile();
+    const next = await r.run();
     assert.match(next.notReady.join('\n'), /is gone from/, 'still held within the grace');
     assert.equal(await fs.readFile(path.join(t.netDir, OWNED), 'utf8'), ours, 'ours kept as it was');
   });
@@ -795,10 +795,7 @@ describe('owned config: a copy of ours left under an earlier --mesh-owned-cni-co
         buildSettings({}, tree.env).env,
       );
     // The agent of before wrote its owned file under another name, then was restarted with this one.
-    assert.deepEqual(
-      (await make({ 'mesh-owned-cni-config-filename': '05-mesh-old.conflist' }).reconcile()).notReady,
-      [],
-    );
+    assert.deepEqual((await make({ 'mesh-owned-cni-config-filename': '05-mesh-old.conflist' }).run()).notReady, []);
     return { tree, make, net: (n: string) => path.join(tree.netDir, n) };
   }
   const reasons = (out: { problems: readonly { reason: string }[] }) => out.problems.map((p) => p.reason);
@@ -807,7 +804,7 @@ describe('owned config: a copy of ours left under an earlier --mesh-owned-cni-co
     const { make, net } = await setup();
     await fs.rm(net('.05-mesh-old.conflist.mesh-from'));
     const old = readFileSync(net('05-mesh-old.conflist'), 'utf8');
-    const out = await make().reconcile();
+    const out = await make().run();
     assert.ok(reasons(out).includes('config_shadowed'), out.notReady.join('; '));
     assert.match(out.notReady.join('\n'), /05-mesh-old.conflist in .* is a copy of 10-bridge.conflist with our entry/);
     assert.equal(readFileSync(net('05-mesh-old.conflist'), 'utf8'), old, 'left as it is');
@@ -817,7 +814,7 @@ describe('owned config: a copy of ours left under an earlier --mesh-owned-cni-co
     const { tree, make, net } = await setup();
     // The primary changes while the agent is stopped: the copy is no longer what we would make.
     await fs.writeFile(net('10-bridge.conflist'), BRIDGE_CONFLIST.replace('mcni-br0', 'mcni-br7'));
-    const out = await make().reconcile();
+    const out = await make().run();
     assert.deepEqual(out.notReady, []);
     assert.deepEqual(runtimeView(tree.netDir).file, OWNED);
     assert.match(readFileSync(net(OWNED), 'utf8'), /mcni-br7/, 'ours made from the primary as it is now');
@@ -832,7 +829,7 @@ describe('owned config: a copy of ours left under an earlier --mesh-owned-cni-co
   it('known as ours by its hidden record: removed with the splice once the primary holds our entry, and on uninstall', async () => {
     const { tree, make, net } = await setup();
     await fs.writeFile(net('10-bridge.conflist'), BRIDGE_CONFLIST.replace('mcni-br0', 'mcni-br7'));
-    assert.deepEqual((await make({ 'mesh-owned-cni-config': 'false' }).reconcile()).notReady, []);
+    assert.deepEqual((await make({ 'mesh-owned-cni-config': 'false' }).run()).notReady, []);
     assert.deepEqual(runtimeView(tree.netDir), {
       file: '10-bridge.conflist',
       entries: 1,
@@ -853,7 +850,7 @@ describe('owned config: a copy of ours left under an earlier --mesh-owned-cni-co
   it('with the splice, left by an agent before the hidden record: config_shadowed too', async () => {
     const { make, net } = await setup();
     await fs.rm(net('.05-mesh-old.conflist.mesh-from'));
-    const out = await make({ 'mesh-owned-cni-config': 'false' }).reconcile();
+    const out = await make({ 'mesh-owned-cni-config': 'false' }).run();
     assert.ok(reasons(out).includes('config_shadowed'), out.notReady.join('; '));
   });
 });

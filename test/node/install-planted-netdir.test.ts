@@ -38,7 +38,7 @@ async function pass(
     { 'reconcile-interval': '1h', ...tree.flags, 'mesh-owned-cni-config': String(owned) },
     tree.env,
   );
-  const out = await new InstallPass(s.install, s.env).reconcile();
+  const out = await new InstallPass(s.install, s.env).run();
   return { tree, out };
 }
 

@@ -14,10 +14,10 @@ const settings = buildSettings(
   },
   { KUBERNETES_SERVICE_HOST: '198.18.96.1', KUBERNETES_SERVICE_PORT: '443' },
 );
-const reconciler = new InstallPass(settings.install, settings.env);
+const installPass = new InstallPass(settings.install, settings.env);
 let writes = 0;
 const tick = async () => {
-  const out = await reconciler.reconcile();
+  const out = await installPass.run();
   writes += out.writes.filter((w) => w.kind === 'cni_config' && w.action === 'write').length;
 };
 await tick();
