@@ -18,6 +18,7 @@ import { checkInstalledBinaries } from './install/binaries.ts';
 import { DEFAULT_POD_LOOKUP, startPodLookup } from './install/podlookup.ts';
 import { clientNodeApi, type OrchApi } from './orch/api.ts';
 import { orchKubeConfig } from './orch/client.ts';
+import { orchContext } from './orch/ratelimit.ts';
 import { nodePodSource, type PodSource } from './orch/podsource.ts';
 import { startPluginToken } from './install/tokenrequest.ts';
 import { startControlz } from './monitoring/ctrlz.ts';
@@ -63,7 +64,7 @@ export async function runAgent(settings: Settings): Promise<number> {
     let api: OrchApi | undefined;
     let kc: KubeConfig | undefined;
     const orchKc = () => (kc ??= orchKubeConfig(settings));
-    const orchApi = () => (api ??= clientNodeApi(orchKc()));
+    const orchApi = () => (api ??= clientNodeApi(orchKc(), orchContext(settings.orch)));
     const watches = podWatches(settings, orchApi);
     components.push(...watches.components);
     components.push(watches.repair ? startRepair(settings, watches.repair, orchApi()) : disabledComponent('repair'));

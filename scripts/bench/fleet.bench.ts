@@ -116,7 +116,7 @@ async function runFleet(a: FleetArgs): Promise<void> {
     agents.map(async ({ settings }) => {
       // As src/agent.ts: the node's watch once, repair and the lookup reading it.
       const kc = orchKubeConfig(settings);
-      const api = clientNodeApi(kc);
+      const api = clientNodeApi(kc, orchContext(settings.orch));
       const watch = nodePodSource(api, settings.env.nodeName, 'repair');
       watch.start();
       const repair = startRepair(settings, watch, api);
@@ -124,7 +124,7 @@ async function runFleet(a: FleetArgs): Promise<void> {
       running.push({ stop: () => lookup.stop('SIGTERM') });
       running.push({ stop: () => repair.stop('SIGTERM') }, { stop: () => watch.stop() });
       void watch.synced.then(() => synced.push(Date.now() - t0));
-      return { watch, limiter: orchContext(kc)?.limiter };
+      return { watch, limiter: orchContext(settings.orch).limiter };
     }),
   );
   process.on('message', (m: { cmd: string }) => {

@@ -31,8 +31,7 @@ import { scope } from '../monitoring/logging.ts';
 import { combinations, knownCounter } from '../monitoring/metrics.ts';
 import { listenUnix } from '../monitoring/unixsocket.ts';
 import { socketRefusal } from '../../cni-plugin/shared/trustedpath.ts';
-import { clientNodeApi } from '../orch/api.ts';
-import { orchKubeConfig } from '../orch/client.ts';
+import { orchApi } from '../orch/client.ts';
 import { nodePodSource, type PodSource } from '../orch/podsource.ts';
 import { isPodWithUid } from '../../cni-plugin/shared/poduid.ts';
 import {
@@ -157,7 +156,7 @@ export async function startPodLookup(
     log.warn('NODE_NAME is not set: the plugin will read pods from the API server itself', { address });
     return disabledComponent('pod-lookup');
   }
-  const own = nodePods ? undefined : nodePodSource(clientNodeApi(orchKubeConfig(settings)), nodeName, 'install');
+  const own = nodePods ? undefined : nodePodSource(orchApi(settings), nodeName, 'install');
   own?.start();
   const pods = new NodePods(nodePods ?? own!);
   const server = net.createServer((socket) => {

@@ -9,13 +9,14 @@ import path from 'node:path';
 import type { KubeConfig } from '@kubernetes/client-node/dist/config.js';
 import type { Component } from '../component.ts';
 import type { Settings } from '../config/settings.ts';
-import { orchKubeConfig } from '../orch/client.ts';
+import { orchKubeConfig, orchLimiter } from '../orch/client.ts';
 import * as metrics from './metrics.ts';
 import { readRegularFile, UnsafeFileError } from './safefile.ts';
 import { pluginTokenRefusal, serviceAccountOfToken, tokenClaims, TokenRefusedError } from './tokencheck.ts';
 import { scope } from '../monitoring/logging.ts';
 import { ApiError, toApiError } from '../orch/errors.ts';
 import { apiRequest } from '../orch/request.ts';
+import type { RequestLimiter } from '../orch/ratelimit.ts';
 
 const log = scope('install');
 
@@ -57,7 +58,7 @@ const EXPIRY_DISAGREEMENT_S = 5;
  * against that API server and nowhere else. Not bound to the agent's pod: a token that died with
  * the agent's pod would fail every pod start on the node during each agent restart or upgrade.
  */
-export function tokenRequestMint(kc: KubeConfig, t: TokenRequestTarget): Mint {
+export function tokenRequestMint(kc: KubeConfig, t: TokenRequestTarget, limiter?: RequestLimiter): Mint {
   const where = `/api/v1/namespaces/${encodeURIComponent(t.namespace)}/serviceaccounts/${encodeURIComponent(t.serviceAccount)}/token`;
   const what = `minting a token for service account ${t.namespace}/${t.serviceAccount} (TokenRequest)`;
   return async (signal) => {
@@ -69,6 +70,7 @@ export function tokenRequestMint(kc: KubeConfig, t: TokenRequestTarget): Mint {
     }>(kc, 'POST', where, what, {
       body: { apiVersion: 'authentication.k8s.io/v1', kind: 'TokenRequest', spec },
       signal,
+      limiter,
     });
     const token = answer?.status?.token;
     if (typeof token !== 'string' || token === '')
@@ -408,13 +410,17 @@ export async function startPluginToken(settings: Settings): Promise<PluginTokenS
         } catch (e) {
           throw new ApiError('reaching the API server', undefined, (e as Error).message);
         }
-        mint = tokenRequestMint(kc, {
-          namespace,
-          serviceAccount: s.pluginServiceAccount,
-          expirationSeconds: Math.round(s.pluginTokenExpirationMs / 1000),
-          audiences: s.pluginTokenAudiences,
-          agentToken: () => agentOwnToken(settings),
-        });
+        mint = tokenRequestMint(
+          kc,
+          {
+            namespace,
+            serviceAccount: s.pluginServiceAccount,
+            expirationSeconds: Math.round(s.pluginTokenExpirationMs / 1000),
+            audiences: s.pluginTokenAudiences,
+            agentToken: () => agentOwnToken(settings),
+          },
+          orchLimiter(settings),
+        );
       }
       return mint(signal);
     },

@@ -17,7 +17,7 @@ import type { Settings } from '../config/settings.ts';
 import { scope } from '../monitoring/logging.ts';
 import { ApiError } from '../orch/errors.ts';
 import { apiRequest } from '../orch/request.ts';
-import { orchKubeConfig } from '../orch/client.ts';
+import { orchKubeConfig, orchLimiter } from '../orch/client.ts';
 import * as metrics from './metrics.ts';
 import type { CleanupReason } from './metrics.ts';
 import { daemonSetTargetsNode } from './nodematch.ts';
@@ -203,7 +203,10 @@ type Read<T> = { readonly ok: T } | { readonly notFound: ApiError } | { readonly
 async function read<T>(ask: Ask, apiPath: string, what: string): Promise<Read<T>> {
   const signal = AbortSignal.timeout(ask.timeoutMs());
   try {
-    const body = await apiRequest<T>(ask.kc, 'GET', apiPath, `reading ${what}`, { signal });
+    const body = await apiRequest<T>(ask.kc, 'GET', apiPath, `reading ${what}`, {
+      signal,
+      limiter: orchLimiter(ask.settings),
+    });
     if (typeof body !== 'object' || body === null || Array.isArray(body))
       return { failed: failure(new ApiError(`reading ${what}`, 200, 'the answer is not an object'), false) };
     return { ok: body };

@@ -20,26 +20,23 @@ export interface NodeClient {
 export function nodeClient(kc: KubeConfig, nodeName: string): NodeClient {
   const path = `/api/v1/nodes/${encodeURIComponent(nodeName)}`;
   return {
-    getNode: (signal) => apiRequest<NodeView>(kc, 'GET', path, `reading node ${nodeName}`, { signal, unlimited: true }),
+    getNode: (signal) => apiRequest<NodeView>(kc, 'GET', path, `reading node ${nodeName}`, { signal }),
     patchStatus: (patch, signal) =>
       apiRequest<NodeView>(kc, 'PATCH', `${path}/status`, `setting the condition of node ${nodeName}`, {
         body: patch,
         contentType: 'application/strategic-merge-patch+json',
         signal,
-        unlimited: true,
       }),
     patchNode: (patch, signal) =>
       apiRequest<NodeView>(kc, 'PATCH', path, `removing the start-up taint of node ${nodeName}`, {
         body: patch,
         contentType: 'application/merge-patch+json',
         signal,
-        unlimited: true,
       }),
     recordEvent: async (event, signal) => {
       await apiRequest(kc, 'POST', '/api/v1/namespaces/default/events', `recording an event on node ${nodeName}`, {
         body: event,
         signal,
-        unlimited: true,
       });
     },
   };

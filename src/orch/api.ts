@@ -9,7 +9,7 @@
 import type { CoreV1Event, V1Pod } from '@kubernetes/client-node';
 import type { KubeConfig } from '@kubernetes/client-node/dist/config.js';
 import { apiRequest, apiWatch } from './request.ts';
-import { orchContext, type ListMode } from './ratelimit.ts';
+import type { ListMode, OrchContext } from './ratelimit.ts';
 
 /** One page of a list: its objects, as the server sent them. */
 export interface ObjectList {
@@ -83,9 +83,14 @@ export interface OrchApi {
 const podPath = (p: V1Pod) =>
   `/api/v1/namespaces/${encodeURIComponent(p.metadata!.namespace!)}/pods/${encodeURIComponent(p.metadata!.name!)}`;
 
-export function clientNodeApi(kc: KubeConfig): OrchApi {
+/**
+ * The API over `kc`. `orch`: the agent's rate limit, which its lists and watches wait on, and its
+ * list settings; none (a test, a tool): no limit, FLEET_DEFAULTS (informer.ts).
+ */
+export function clientNodeApi(kc: KubeConfig, orch?: OrchContext): OrchApi {
   const name = (p: V1Pod) => `pod ${p.metadata?.namespace}/${p.metadata?.name}`;
-  const ctx = orchContext(kc)?.settings;
+  const ctx = orch?.settings;
+  const limiter = orch?.limiter;
   return {
     ...(ctx
       ? {
@@ -112,6 +117,7 @@ export function clientNodeApi(kc: KubeConfig): OrchApi {
             continue: q.continueToken,
           },
           signal,
+          limiter,
         },
       );
       return {
@@ -134,7 +140,7 @@ export function clientNodeApi(kc: KubeConfig): OrchApi {
       try {
         const forward = (e: { type?: unknown; object?: unknown }) => onEvent(e.type as WatchEventType, e.object);
         const opening = signal ? AbortSignal.any([controller.signal, signal]) : controller.signal;
-        const stream = await apiWatch(kc, `/api/v1/${resource}`, what, query, forward, done, opening);
+        const stream = await apiWatch(kc, `/api/v1/${resource}`, what, query, forward, done, opening, limiter);
         controller.signal.addEventListener('abort', () => stream.abort(), { once: true });
       } catch (e) {
         done(e);
@@ -149,7 +155,6 @@ export function clientNodeApi(kc: KubeConfig): OrchApi {
         body: { metadata: { uid: pod.metadata!.uid, labels: { [key]: value } } },
         contentType: 'application/merge-patch+json',
         signal,
-        unlimited: true,
       });
     },
     async annotatePod(pod, key, value, signal) {
@@ -158,14 +163,12 @@ export function clientNodeApi(kc: KubeConfig): OrchApi {
         body: { metadata: { uid: pod.uid, annotations: { [key]: value } } },
         contentType: 'application/merge-patch+json',
         signal,
-        unlimited: true,
       });
     },
     async deletePod(pod, signal) {
       await apiRequest(kc, 'DELETE', podPath(pod), `deleting ${name(pod)}`, {
         body: { preconditions: { uid: pod.metadata!.uid } },
         signal,
-        unlimited: true,
       });
     },
     async createEvent(namespace, event: CoreV1Event, signal) {
@@ -174,7 +177,7 @@ export function clientNodeApi(kc: KubeConfig): OrchApi {
         'POST',
         `/api/v1/namespaces/${encodeURIComponent(namespace)}/events`,
         `recording an event in namespace ${namespace}`,
-        { body: event, signal, unlimited: true },
+        { body: event, signal },
       );
     },
   };

@@ -7,7 +7,8 @@
 import { KubeConfig } from '@kubernetes/client-node/dist/config.js';
 import path from 'node:path';
 import type { Settings } from '../config/settings.ts';
-import { bindOrchContext } from './ratelimit.ts';
+import { clientNodeApi, type OrchApi } from './api.ts';
+import { orchContext, type RequestLimiter } from './ratelimit.ts';
 
 /** `https://host:port`, with an IPv6 literal in brackets (also the orchconfig's server, install/orchconfig.ts). */
 export function serverUrl(host: string, port: string): string {
@@ -15,15 +16,19 @@ export function serverUrl(host: string, port: string): string {
   return `https://${h}${port ? `:${port}` : ''}`;
 }
 
-/** The agent's KubeConfig, tied to its request limiter and list settings (ratelimit.ts). */
-export function orchKubeConfig(settings: Settings): KubeConfig {
-  const kc = loadKubeConfig(settings);
+/** The agent's API: its KubeConfig, under its request limiter and with its list settings (ratelimit.ts). */
+export function orchApi(settings: Settings, kc: KubeConfig = orchKubeConfig(settings)): OrchApi {
   // Settings made by hand (tests) may have no orch part: then no limit.
-  if (settings.orch) bindOrchContext(kc, settings.orch);
-  return kc;
+  return clientNodeApi(kc, settings.orch ? orchContext(settings.orch) : undefined);
 }
 
-function loadKubeConfig(settings: Settings): KubeConfig {
+/** The rate limit the agent's own requests wait on (--orch-qps/--orch-burst); none without an orch part. */
+export function orchLimiter(settings: Settings): RequestLimiter | undefined {
+  return settings.orch ? orchContext(settings.orch).limiter : undefined;
+}
+
+/** How the agent reaches the API server (no limit of its own: each request says which it waits on). */
+export function orchKubeConfig(settings: Settings): KubeConfig {
   const kc = new KubeConfig();
   if (settings.orchconfig) {
     try {

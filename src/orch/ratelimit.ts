@@ -2,7 +2,6 @@
 // (--orch-qps, --orch-burst) that every list, watch, GET and TokenRequest waits on. The agent runs
 // on every node, so it is multiplied by the node count: docs/design.md "Fleet scale".
 
-import type { KubeConfig } from '@kubernetes/client-node/dist/config.js';
 import type { OrchSettings } from '../config/settings.ts';
 import { realClock, TokenBucket, type Clock } from './limits.ts';
 
@@ -41,20 +40,13 @@ export function requestLimiter(qps: number, burst: number, clock: Clock = realCl
 }
 
 // One context per agent (its settings object), so the repair controller's, the pod lookup's and
-// the token minter's connections (each its own KubeConfig) share one bucket; a test or the fleet
-// bench with many agents in one process gets one per agent.
+// the token minter's connections share one bucket; a test or the fleet bench with many agents in
+// one process gets one per agent. Whoever sends a request passes the limiter it waits on.
 const bySettings = new WeakMap<OrchSettings, OrchContext>();
-const byKubeConfig = new WeakMap<KubeConfig, OrchContext>();
 
-/** Ties a KubeConfig to its agent's limiter and list settings (orchKubeConfig does this). */
-export function bindOrchContext(kc: KubeConfig, settings: OrchSettings): OrchContext {
+/** The limiter and list settings of the agent these settings are of. */
+export function orchContext(settings: OrchSettings): OrchContext {
   let ctx = bySettings.get(settings);
   if (!ctx) bySettings.set(settings, (ctx = { limiter: requestLimiter(settings.qps, settings.burst), settings }));
-  byKubeConfig.set(kc, ctx);
   return ctx;
-}
-
-/** The context bound to a KubeConfig, if any (a KubeConfig made elsewhere has none: no limit). */
-export function orchContext(kc: KubeConfig): OrchContext | undefined {
-  return byKubeConfig.get(kc);
 }

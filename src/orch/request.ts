@@ -6,7 +6,7 @@ import https from 'node:https';
 import type { KubeConfig } from '@kubernetes/client-node/dist/config.js';
 import { statusMessage } from '../../cni-plugin/shared/apistatus.ts';
 import { ApiError, parseRetryAfter } from './errors.ts';
-import { orchContext } from './ratelimit.ts';
+import type { RequestLimiter } from './ratelimit.ts';
 import { logApiCall, logWatchEvent } from './requestlog.ts';
 
 export interface RequestOptions {
@@ -14,8 +14,11 @@ export interface RequestOptions {
   readonly body?: unknown;
   readonly contentType?: string;
   readonly signal?: AbortSignal;
-  /** Not under --orch-qps: repair actions, which --repair-qps limits already. */
-  readonly unlimited?: boolean;
+  /**
+   * The agent's rate limit (--orch-qps/--orch-burst) this request waits on; none: sent at once
+   * (repair actions, which --repair-qps limits already; the node's own status).
+   */
+  readonly limiter?: RequestLimiter;
 }
 
 /** Retry-After counts on 429 and 503 only (what the API server's priority and fairness sends). */
@@ -91,7 +94,7 @@ export async function apiRequest<T>(
   for (const [k, v] of Object.entries(o.query ?? {}))
     if (v !== undefined && v !== '') url.searchParams.set(k, String(v));
   const body = o.body === undefined ? undefined : JSON.stringify(o.body);
-  if (!o.unlimited) await waitTurn(kc, what, o.signal);
+  await waitTurn(o.limiter, what, o.signal);
   const opts: https.RequestOptions = { method, headers: { Accept: 'application/json' } };
   try {
     await kc.applyToHTTPSOptions(opts);
@@ -138,10 +141,10 @@ export async function apiRequest<T>(
   });
 }
 
-/** Waits for the agent's rate limit (--orch-qps/--orch-burst), if its KubeConfig has one. */
-async function waitTurn(kc: KubeConfig, what: string, signal: AbortSignal | undefined): Promise<void> {
+/** Waits for the agent's rate limit (--orch-qps/--orch-burst), if the request is under one. */
+async function waitTurn(limiter: RequestLimiter | undefined, what: string, signal?: AbortSignal): Promise<void> {
   try {
-    await orchContext(kc)?.limiter.take(signal);
+    await limiter?.take(signal);
   } catch {
     throw new ApiError(what, undefined, 'no answer in time (aborted while waiting for the client-side rate limit)');
   }
@@ -188,13 +191,14 @@ export async function apiWatch(
   onEvent: (event: { type?: unknown; object?: unknown }) => void,
   done: (err: ApiError | null) => void,
   signal?: AbortSignal,
+  limiter?: RequestLimiter,
 ): Promise<WatchStream> {
   const cluster = kc.getCurrentCluster();
   if (!cluster) throw new ApiError(what, undefined, 'the orchconfig has no current cluster');
   const url = new URL(cluster.server.replace(/\/+$/, '') + apiPath);
   url.searchParams.set('watch', 'true');
   for (const [k, v] of Object.entries(query)) if (v !== undefined && v !== '') url.searchParams.set(k, String(v));
-  await waitTurn(kc, what, signal);
+  await waitTurn(limiter, what, signal);
   const opts: https.RequestOptions = { method: 'GET', headers: { Accept: 'application/json' } };
   try {
     await kc.applyToHTTPSOptions(opts);

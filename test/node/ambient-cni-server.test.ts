@@ -15,8 +15,7 @@ import { EnrollError } from '../../src/ambient/dataplane.ts';
 import { ambientPodOf } from '../../src/ambient/enablement.ts';
 import { buildSettings } from '../../src/config/settings.ts';
 import { registry } from '../../src/monitoring/metrics.ts';
-import { clientNodeApi } from '../../src/orch/api.ts';
-import { orchKubeConfig } from '../../src/orch/client.ts';
+import { orchApi } from '../../src/orch/client.ts';
 import { realClock } from '../../src/orch/limits.ts';
 import { nodePodQuery, PodSource, WATCH_DEFAULTS } from '../../src/orch/podsource.ts';
 import { DEFAULT_ENABLEMENT_SELECTORS, isAmbientPod } from '../../cni-plugin/shared/enablement.ts';
@@ -122,7 +121,7 @@ describe('the /cmdadd server (stand-in dataplane, the node pod watch on the test
   before(async () => {
     api = await startTestApiServer();
     const orchconfig = api.writeOrchconfig(path.join(tmp.dir, 'orchconfig'));
-    pods = new PodSource(clientNodeApi(orchKubeConfig(buildSettings({ orchconfig }, {}))), null, {
+    pods = new PodSource(orchApi(buildSettings({ orchconfig }, {})), null, {
       ...WATCH_DEFAULTS,
       query: nodePodQuery(NODE),
       backoff: { baseMs: 20, maxMs: 100 },
@@ -365,7 +364,7 @@ describe('the real plugin against the /cmdadd server', () => {
     api = await startTestApiServer();
     orchconfig = api.writeOrchconfig(path.join(tmp.dir, 'orchconfig'));
     api.upsertNamespace({ metadata: { name: 'shop' } });
-    pods = new PodSource(clientNodeApi(orchKubeConfig(buildSettings({ orchconfig }, {}))), null, {
+    pods = new PodSource(orchApi(buildSettings({ orchconfig }, {})), null, {
       ...WATCH_DEFAULTS,
       query: nodePodQuery(NODE),
       backoff: { baseMs: 20, maxMs: 100 },

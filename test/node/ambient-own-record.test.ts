@@ -27,8 +27,8 @@ import { applyInpod, podOptions, type Runner } from '../../src/ambient/podrules.
 import { podsAtStart } from '../../src/ambient/snapshot.ts';
 import { buildSettings, type Settings } from '../../src/config/settings.ts';
 import { configureLogging } from '../../src/monitoring/logging.ts';
-import { clientNodeApi, type OrchApi } from '../../src/orch/api.ts';
-import { orchKubeConfig } from '../../src/orch/client.ts';
+import { type OrchApi } from '../../src/orch/api.ts';
+import { orchApi } from '../../src/orch/client.ts';
 import { NamespaceSource } from '../../src/orch/namespacesource.ts';
 import { nodePodSource, type PodSource } from '../../src/orch/podsource.ts';
 import { openNetns, runInNetns } from '../../src/podnetns/index.ts';
@@ -99,7 +99,7 @@ async function node(): Promise<Node> {
       },
       { NODE_NAME: NODE },
     );
-  const orch = clientNodeApi(orchKubeConfig(settingsOf({})));
+  const orch = orchApi(settingsOf({}));
   return {
     api,
     orch,

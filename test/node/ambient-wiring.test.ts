@@ -18,8 +18,8 @@ import { buildSettings, type Settings } from '../../src/config/settings.ts';
 import { DEFAULT_POD_LOOKUP, startPodLookup } from '../../src/install/podlookup.ts';
 import { configureLogging } from '../../src/monitoring/logging.ts';
 import { registry } from '../../src/monitoring/metrics.ts';
-import { clientNodeApi, type OrchApi } from '../../src/orch/api.ts';
-import { orchKubeConfig } from '../../src/orch/client.ts';
+import { type OrchApi } from '../../src/orch/api.ts';
+import { orchApi } from '../../src/orch/client.ts';
 import { ApiError } from '../../src/orch/errors.ts';
 import { realClock } from '../../src/orch/limits.ts';
 import { NamespaceSource } from '../../src/orch/namespacesource.ts';
@@ -133,7 +133,7 @@ describe('ambient mode in the agent', () => {
       },
       { NODE_NAME: 'node-1' },
     );
-    orch = clientNodeApi(orchKubeConfig(settings));
+    orch = orchApi(settings);
     pods = nodePodSource(orch, 'node-1', 'install');
     pods.start();
   });
@@ -236,7 +236,7 @@ describe('the redirection annotator (pods/status merge patch)', () => {
   it('sets and removes the annotation, keeping the others; a replaced pod (new uid) is never annotated', async () => {
     const p = api.upsertPod(nodePod('shop', 'cart', { annotations: { keep: 'me', 'sidecar.example/x': '1' } }));
     const settings = buildSettings({ orchconfig: api.writeOrchconfig(path.join(tmp.dir, 'oc')) }, {});
-    const annotator = apiAnnotator(clientNodeApi(orchKubeConfig(settings)));
+    const annotator = apiAnnotator(orchApi(settings));
     const ref = { namespace: 'shop', name: 'cart', uid: p.metadata!.uid! };
     await annotator.setRedirection(ref, 'pending');
     assert.deepEqual(api.getPod('shop', 'cart')!.metadata!.annotations, {
@@ -273,7 +273,7 @@ describe('the namespace watch (src/orch/namespacesource.ts)', () => {
     api.upsertNamespace({ metadata: { name: 'a', labels: { x: '1' } } });
     const settings = buildSettings({ orchconfig: api.writeOrchconfig(path.join(tmp.dir, 'oc')) }, {});
     const seen: string[] = [];
-    const source = new NamespaceSource(clientNodeApi(orchKubeConfig(settings)), {
+    const source = new NamespaceSource(orchApi(settings), {
       backoff: { baseMs: 10, maxMs: 50 },
       tuning: { reconnectSpreadMs: 100 },
     });
@@ -325,7 +325,7 @@ describe('the namespace relist after 410 Gone', () => {
     try {
       api.upsertNamespace({ metadata: { name: 'a' } });
       const settings = buildSettings({ orchconfig: api.writeOrchconfig(path.join(tmp.dir, 'oc')) }, {});
-      const source = new NamespaceSource(clientNodeApi(orchKubeConfig(settings)), {
+      const source = new NamespaceSource(orchApi(settings), {
         backoff: { baseMs: 10, maxMs: 50 },
         tuning: { startJitterMs: 0 },
       });
@@ -479,7 +479,7 @@ describe('the namespace cache', () => {
       };
       api.upsertNamespace(big);
       const settings = buildSettings({ orchconfig: api.writeOrchconfig(path.join(tmp.dir, 'oc')) }, {});
-      const source = new NamespaceSource(clientNodeApi(orchKubeConfig(settings)), { tuning: { startJitterMs: 0 } });
+      const source = new NamespaceSource(orchApi(settings), { tuning: { startJitterMs: 0 } });
       const seen: unknown[] = [];
       source.addHandler({ upsert: (ns) => seen.push(ns), remove: () => {} });
       source.start();
@@ -564,7 +564,7 @@ describe('a dataplane that cannot start', () => {
       },
       { NODE_NAME: 'node-1' },
     );
-    const orch = clientNodeApi(orchKubeConfig(settings));
+    const orch = orchApi(settings);
     const pods = nodePodSource(orch, 'node-1', 'install');
     pods.start();
     let attempts = 0;
@@ -631,7 +631,7 @@ describe('a namespace watch that keeps failing', () => {
       { NODE_NAME: 'node-1' },
     );
     api.upsertNamespace({ metadata: { name: 'shop', labels: {} } });
-    const orch = clientNodeApi(orchKubeConfig(settings));
+    const orch = orchApi(settings);
     const pods = nodePodSource(orch, 'node-1', 'install');
     pods.start();
     const namespaces = new NamespaceSource(orch, { backoff: { baseMs: 10, maxMs: 50 }, notReadyAfterMs: 0 });

@@ -13,8 +13,8 @@ import { after, afterEach, before, describe, it } from 'node:test';
 import type { V1Pod } from '@kubernetes/client-node';
 import { buildSettings, type RawFlags } from '../../src/config/settings.ts';
 import { configureLogging } from '../../src/monitoring/logging.ts';
-import { clientNodeApi, type OrchApi } from '../../src/orch/api.ts';
-import { orchKubeConfig } from '../../src/orch/client.ts';
+import { type OrchApi } from '../../src/orch/api.ts';
+import { orchApi } from '../../src/orch/client.ts';
 import { realClock } from '../../src/orch/limits.ts';
 import { PodSource, WATCH_DEFAULTS, type PodSourceOptions } from '../../src/orch/podsource.ts';
 import { orchContext } from '../../src/orch/ratelimit.ts';
@@ -49,7 +49,7 @@ function podRequests(since = 0) {
 
 function apiFor(flags: RawFlags = {}): OrchApi {
   const kc = s.writeOrchconfig(path.join(dir, `kc-${Math.random().toString(36).slice(2)}.json`));
-  return clientNodeApi(orchKubeConfig(buildSettings({ orchconfig: kc, ...flags }, {})));
+  return orchApi(buildSettings({ orchconfig: kc, ...flags }, {}));
 }
 
 function source(api: OrchApi, o: Partial<PodSourceOptions> = {}): PodSource {
@@ -273,8 +273,8 @@ describe('fleet scale: the pod watch', () => {
   it("the agent's requests wait for its rate limit (--orch-qps/--orch-burst)", async () => {
     await cluster();
     const kc = s.writeOrchconfig(path.join(dir, 'rl.json'));
-    const k = orchKubeConfig(buildSettings({ orchconfig: kc, 'orch-qps': '2', 'orch-burst': '2' }, {}));
-    const api = clientNodeApi(k);
+    const settings = buildSettings({ orchconfig: kc, 'orch-qps': '2', 'orch-burst': '2' }, {});
+    const api = orchApi(settings);
     const t0 = Date.now();
     const list = { fieldSelector: 'spec.nodeName=node-a', labelSelector: '', resourceVersion: '0' };
     for (let i = 0; i < 5; i++) await api.list('pods', list, AbortSignal.timeout(10_000));

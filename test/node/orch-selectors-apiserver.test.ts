@@ -10,8 +10,7 @@ import path from 'node:path';
 import { after, before, describe, it } from 'node:test';
 import { buildSettings } from '../../src/config/settings.ts';
 import { configureLogging } from '../../src/monitoring/logging.ts';
-import { clientNodeApi } from '../../src/orch/api.ts';
-import { orchKubeConfig } from '../../src/orch/client.ts';
+import { orchApi } from '../../src/orch/client.ts';
 import { realClock } from '../../src/orch/limits.ts';
 import { PodSource, WATCH_DEFAULTS } from '../../src/orch/podsource.ts';
 import { podQuery } from '../../src/repair/controller.ts';
@@ -70,7 +69,7 @@ describe('a pod query the API server refuses', () => {
 
   it('is said to be the query, backs off, and never falls back to other ways of reading', async () => {
     const orchconfig = s.writeOrchconfig(path.join(dir, 'kc.json'));
-    const api = clientNodeApi(orchKubeConfig(buildSettings({ orchconfig }, {})));
+    const api = orchApi(buildSettings({ orchconfig }, {}));
     const query = { fieldSelector: 'spec.nodeName=node-a,spec.host=node-a', labelSelector: '' };
     const src = new PodSource(api, null, {
       ...WATCH_DEFAULTS,

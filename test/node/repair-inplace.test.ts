@@ -18,8 +18,7 @@ import type { RepairController, RepairTiming } from '../../src/repair/controller
 import { inPlaceFor, repairPodSource, startRepair } from '../../src/repair/index.ts';
 import { InPlaceRepairer, type InPlaceReason, type InPlaceResult } from '../../src/repair/inplace.ts';
 import { inPlaceMissing, missingCapabilities } from '../../src/repair/capabilities.ts';
-import { clientNodeApi } from '../../src/orch/api.ts';
-import { orchKubeConfig } from '../../src/orch/client.ts';
+import { orchApi } from '../../src/orch/client.ts';
 import { startTestApiServer, type TestApiServer } from '../helpers/apiserver.ts';
 import { waitFor as pollFor } from '../helpers/poll.ts';
 import { brokenPod, testPod } from '../helpers/pods.ts';
@@ -109,7 +108,7 @@ describe('in-place repair in the repair controller', () => {
   }
 
   async function start(settings: Settings, inPlace: FakeInPlace | 'unavailable'): Promise<RepairController> {
-    const api = clientNodeApi(orchKubeConfig(settings));
+    const api = orchApi(settings);
     const pods = repairPodSource(settings, api, FAST);
     pods.start();
     running.push({ stop: () => pods.stop() });
@@ -403,7 +402,7 @@ describe('in-place repair: a labelled pod that keeps failing is not acted on or 
       { 'repair-enabled': true, 'repair-node-name': 'node-a', orchconfig: kc },
       { NODE_NAME: 'node-a', POD_NAME: 'mesh-cni-test', REPAIR_REPAIR_PODS: 'true', REPAIR_LABEL_PODS: 'true' },
     );
-    const api = clientNodeApi(orchKubeConfig(settings));
+    const api = orchApi(settings);
     const pods = repairPodSource(settings, api, FAST);
     pods.start();
     running.push({ stop: () => pods.stop() });
@@ -439,7 +438,7 @@ describe('in-place repair: a labelled pod that keeps failing is not acted on or 
       { 'repair-enabled': true, 'repair-node-name': 'node-a', orchconfig: kc },
       { NODE_NAME: 'node-a', POD_NAME: 'mesh-cni-test', REPAIR_REPAIR_PODS: 'true', REPAIR_LABEL_PODS: 'true' },
     );
-    const api = clientNodeApi(orchKubeConfig(settings));
+    const api = orchApi(settings);
     const pods = repairPodSource(settings, api, FAST);
     pods.start();
     running.push({ stop: () => pods.stop() });
@@ -478,7 +477,7 @@ describe('in-place repair: what a pod netns prints cannot blow up an Event or a 
       { 'repair-enabled': true, 'repair-node-name': 'node-a', orchconfig: kc },
       { NODE_NAME: 'node-a', POD_NAME: 'mesh-cni-test', REPAIR_REPAIR_PODS: 'true', REPAIR_LABEL_PODS: 'true' },
     );
-    const api = clientNodeApi(orchKubeConfig(settings));
+    const api = orchApi(settings);
     const pods = repairPodSource(settings, api, FAST);
     pods.start();
     running.push({ stop: () => pods.stop() });

@@ -15,8 +15,7 @@ import { configureLogging } from '../../src/monitoring/logging.ts';
 import { registry } from '../../src/monitoring/metrics.ts';
 import type { RepairController, RepairTiming } from '../../src/repair/controller.ts';
 import { repairPodSource, startRepair } from '../../src/repair/index.ts';
-import { clientNodeApi } from '../../src/orch/api.ts';
-import { orchKubeConfig } from '../../src/orch/client.ts';
+import { orchApi } from '../../src/orch/client.ts';
 import type { Settings } from '../../src/config/settings.ts';
 import { ROOT } from '../helpers/cli.ts';
 import { apiRequest, startTestApiServer, type TestApiServer } from '../helpers/apiserver.ts';
@@ -66,7 +65,7 @@ describe('repair controller end to end', () => {
 
   /** Repair on a watch of its own, as the agent runs it (the watch started first, stopped last). */
   function launch(settings: Settings, timing: Partial<RepairTiming>): RepairController {
-    const api = clientNodeApi(orchKubeConfig(settings));
+    const api = orchApi(settings);
     const pods = repairPodSource(settings, api, timing);
     pods.start();
     running.push({ stop: () => pods.stop() });
