@@ -12,7 +12,6 @@ import type { PodAnnotator } from './dataplane.ts';
 const TIMEOUT_MS = 10_000;
 
 export function apiAnnotator(api: OrchApi): PodAnnotator {
-  if (!api.annotatePod) throw new Error('internal: this API client cannot annotate pods');
   const annotate = api.annotatePod.bind(api);
   return {
     async setRedirection(pod, value) {

@@ -70,7 +70,7 @@ export interface OrchApi {
    * Sets (or with null removes) one annotation of a pod through pods/status, a merge patch that
    * keeps its other annotations, with the uid as precondition (ambient's redirection annotation).
    */
-  annotatePod?(
+  annotatePod(
     pod: { readonly namespace: string; readonly name: string; readonly uid: string },
     key: string,
     value: string | null,

@@ -259,6 +259,7 @@ describe('fleet scale: the pod watch', () => {
       labelPod: refuse,
       deletePod: refuse,
       createEvent: refuse,
+      annotatePod: refuse,
     };
     const src = source(api, { clock, random: () => 0.5, tuning: { listMode: 'cache', reconnectSpreadMs: 400 } });
     try {

@@ -156,6 +156,7 @@ describe('Retry-After on a watch refused after it counted as healthy', () => {
       labelPod: refuse,
       deletePod: refuse,
       createEvent: refuse,
+      annotatePod: refuse,
     };
     const sleeps: number[] = [];
     const clock: Clock = { now: realClock.now, sleep: (ms, signal) => (sleeps.push(ms), realClock.sleep(1, signal)) };
