@@ -91,6 +91,20 @@ export function podNetnsWithVeth(tag: string, ip: string, defer: Defer): Netns {
   return n;
 }
 
+/**
+ * Every iptables table in a netns as both backends see it (whichever the plugin used), without
+ * their '# Generated ... on <time>' lines; a backend that cannot read it adds nothing.
+ */
+export function rulesIn(netnsPath: string): string {
+  return ['iptables-nft-save', 'iptables-legacy-save']
+    .map((bin) => {
+      const r = spawnSync('nsenter', [`--net=${netnsPath}`, '--', bin], { encoding: 'utf8' });
+      return r.status === 0 ? r.stdout : '';
+    })
+    .join('\n')
+    .replace(/^#.*\n/gm, '');
+}
+
 export interface ChainEnv {
   readonly containerId: string;
   readonly netns: string;

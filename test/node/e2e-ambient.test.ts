@@ -48,6 +48,7 @@ import { waitFor } from '../helpers/poll.ts';
 import { connectFrom, listenIn, ZtunnelListeners, type Listening } from '../helpers/ztunnel-listeners.ts';
 import { DEFAULT_TEMPLATE } from '../../src/install/template.ts';
 import { sh } from '../helpers/sh.ts';
+import { rulesIn } from '../helpers/netns.ts';
 
 const NODE = 'node-1';
 const NS = 'demo';
@@ -61,17 +62,6 @@ const HOST_RULE = /^-A POSTROUTING -j MESH_POSTRT$/m;
 const CNI_CACHE = '/var/lib/cni/results';
 const SELF = { name: 'mesh-cni-node-amb', namespace: 'mesh-system' };
 const DAEMONSET = 'mesh-cni-node';
-
-/** Every iptables table in a netns, as both backends see it (their '# Generated ... on <time>' lines left out). */
-function rulesIn(netnsPath: string): string {
-  return ['iptables-nft-save', 'iptables-legacy-save']
-    .map((bin) => {
-      const r = spawnSync('nsenter', [`--net=${netnsPath}`, '--', bin], { encoding: 'utf8' });
-      return r.status === 0 ? r.stdout : '';
-    })
-    .join('\n')
-    .replace(/^#.*\n/gm, '');
-}
 
 function primaryConflist(network: string, subnet: string, bridge: string, ipamDir: string): string {
   // What a primary CNI would write: indented its own way, with a field we do not know.

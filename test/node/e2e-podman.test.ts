@@ -27,7 +27,7 @@ import { apiRequest, startTestApiServer, type TestApiServer } from '../helpers/a
 import { ROOT } from '../helpers/cli.ts';
 import { makeHostTree, type HostTree } from '../helpers/hosttree.ts';
 import { eventually } from '../helpers/poll.ts';
-import { run, type Run } from '../helpers/netns.ts';
+import { rulesIn, run, type Run } from '../helpers/netns.ts';
 import {
   delFromCachedConfig,
   forwardLoopback,
@@ -47,16 +47,6 @@ const CNI_CACHE = '/var/lib/cni/results';
 const SUBNET = '198.19.0.0/24';
 const REPAIR_LABEL = 'cni.mesh.io/uninitialized';
 const OUR_CHAIN = /^:MESH_OUTPUT /m;
-
-/** Every iptables table in a netns, as both backends see it (whichever the plugin used). */
-function rulesIn(netnsPath: string): string {
-  return ['iptables-nft-save', 'iptables-legacy-save']
-    .map((bin) => {
-      const r = spawnSync('nsenter', [`--net=${netnsPath}`, '--', bin], { encoding: 'utf8' });
-      return r.status === 0 ? r.stdout : '';
-    })
-    .join('\n');
-}
 
 function validate(netnsPath: string): Promise<Run> {
   return run(

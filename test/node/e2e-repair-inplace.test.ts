@@ -40,7 +40,7 @@ import {
   runPodContainer,
   type KubepodsContainer,
 } from '../helpers/kubepods.ts';
-import { run, type Run } from '../helpers/netns.ts';
+import { rulesIn, run, type Run } from '../helpers/netns.ts';
 import { importBusybox, makePodman, type Podman } from '../helpers/podman.ts';
 import { brokenPod } from '../helpers/pods.ts';
 import { waitFor } from '../helpers/poll.ts';
@@ -57,16 +57,6 @@ const LABEL = 'cni.mesh.io/uninitialized';
 const OUR_CHAIN = /^:MESH_OUTPUT /m;
 /** libcni's result cache: podman 4.3 gives no setting for it, so it is the machine's. */
 const CNI_CACHE = '/var/lib/cni/results';
-
-/** Every iptables table in a netns, as both backends see it. */
-function rulesIn(netnsPath: string): string {
-  return ['iptables-nft-save', 'iptables-legacy-save']
-    .map((bin) => {
-      const r = spawnSync('nsenter', [`--net=${netnsPath}`, '--', bin], { encoding: 'utf8' });
-      return r.status === 0 ? r.stdout : '';
-    })
-    .join('\n');
-}
 
 /** mesh-validation, the bundle with this Node, inside the netns: what the init container runs. */
 function validate(netnsPath: string): Promise<Run> {
