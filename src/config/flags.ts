@@ -109,7 +109,7 @@ export function scopesAt(level: LogLevel): Record<LogScope, LogLevel> {
 }
 
 export const CLEANUP_MODES = ['auto', 'always', 'never'] as const;
-/** --orch-list-mode: how the pod source reads the state it then watches from (src/orch/ratelimit.ts). */
+/** --orch-list-mode: how the pod watch reads the state it then watches from (src/orch/informer.ts). */
 export const LIST_MODES = ['auto', 'cache', 'consistent'] as const;
 export type ListMode = (typeof LIST_MODES)[number];
 /** --ctrlz_write: auto lets ControlZ change levels only when it listens on loopback alone. */
