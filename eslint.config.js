@@ -42,6 +42,12 @@ const CONFIG_NOT_ORCH = {
   regex: '(^\\.\\./|/src/)orch/',
   message: 'src/config/ does not import src/orch/: settings are built before any API client, from flags and env alone.',
 };
+const CONFIG_NOT_INSTALL = {
+  regex: '(^\\.\\./|/src/)install/',
+  message:
+    'src/config/ does not import src/install/: the installer is built from the settings; the file-name ' +
+    'rules both need live in src/config/cnifiles.ts.',
+};
 const AMBIENT_NOT_INSTALL_REPAIR = {
   regex: '(^(\\.\\./)+|/src/)(install|repair)/',
   message:
@@ -141,7 +147,7 @@ export default tseslint.config(
   },
   zone(['src/**/*.ts'], [ONLY_SHARED]),
   zone(['src/orch/**/*.ts'], [ONLY_SHARED, ORCH_NOT_INSTALL]),
-  zone(['src/config/**/*.ts'], [ONLY_SHARED, CONFIG_NOT_ORCH]),
+  zone(['src/config/**/*.ts'], [ONLY_SHARED, CONFIG_NOT_ORCH, CONFIG_NOT_INSTALL]),
   zone(['src/monitoring/**/*.ts'], [ONLY_SHARED, MONITORING_NOT_CMD]),
   zone(['src/ambient/**/*.ts'], [ONLY_SHARED, AMBIENT_NOT_INSTALL_REPAIR]),
   zone(['src/podnetns/**/*.ts'], [ONLY_SHARED, PODNETNS_SELF]),

@@ -22,9 +22,7 @@ import {
   type LogLevel,
   type LogScope,
 } from './flags.ts';
-import { TEMP_MARKER } from '../install/atomicfile.ts';
-import { byteOrder, CONFIG_EXTENSIONS } from '../install/cniconfig.ts';
-import { DEFAULT_OWNED_NAME } from '../install/owned.ts';
+import { byteOrder, CONFIG_EXTENSIONS, DEFAULT_OWNED_NAME, TEMP_MARKER } from './cnifiles.ts';
 import {
   ConfigError,
   ConfigErrors,

@@ -9,9 +9,10 @@ import { randomBytes } from 'node:crypto';
 import { constants, lstatSync, type BigIntStats } from 'node:fs';
 import fs from 'node:fs/promises';
 import path from 'node:path';
+import { TEMP_MARKER } from '../config/cnifiles.ts';
 import { fileKind, identity } from './safefile.ts';
 
-export const TEMP_MARKER = '.mesh-tmp-';
+export { TEMP_MARKER };
 
 function tempPath(file: string): string {
   return path.join(

@@ -9,6 +9,8 @@
 import path from 'node:path';
 import { isDeepStrictEqual } from 'node:util';
 import { arrayElements, lineIndent, objectMembers, skipWs, type Span } from './jsonspans.ts';
+import { CONFIG_EXTENSIONS } from '../config/cnifiles.ts';
+import type { Json, JsonObject } from './json.ts';
 import { byteOrder, libcniVerdict } from './libcni.ts';
 import { describeParseError } from '../../cni-plugin/shared/parseerror.ts';
 import { isObject as isJsonObject } from '../../cni-plugin/shared/json.ts';
@@ -18,8 +20,8 @@ import { PLUGIN_TYPE } from '../../cni-plugin/shared/netconf.ts';
 export { PLUGIN_TYPE };
 /** Which files the runtime loads, judged as libcni does, and the dir's order: libcni.ts. */
 export { byteOrder, CannotJudgeError, GO_MAX_NESTING, libcniVerdict, type Verdict } from './libcni.ts';
-/** What libcni reads from the net dir, as the runtime does. */
-export const CONFIG_EXTENSIONS: readonly string[] = ['.conf', '.conflist', '.json'];
+/** What libcni reads from the net dir, as the runtime does: src/config/cnifiles.ts. */
+export { CONFIG_EXTENSIONS };
 
 export class CniConfigError extends Error {
   constructor(message: string) {
@@ -28,8 +30,7 @@ export class CniConfigError extends Error {
   }
 }
 
-export type Json = null | boolean | number | string | Json[] | { [k: string]: Json };
-export type JsonObject = { [k: string]: Json };
+export type { Json, JsonObject };
 
 export type ParsedConfig =
   | { readonly kind: 'conflist'; readonly value: JsonObject; readonly plugins: readonly JsonObject[] }

@@ -4,17 +4,12 @@
 
 import path from 'node:path';
 import { describeParseError } from '../../cni-plugin/shared/parseerror.ts';
-import type { Json, JsonObject } from './cniconfig.ts';
+import { byteOrder } from '../config/cnifiles.ts';
+import type { Json, JsonObject } from './json.ts';
 import { arrayElements, objectMembers, skipWs, valueEnd } from './jsonspans.ts';
 
-/**
- * Go's sort.Strings order, which libcni sorts the dir by: the names' UTF-8 bytes. Not JS's `<`
- * (UTF-16 code units: U+10000 before U+E000, the other way round in bytes), not locale. Every
- * place that orders file names uses this.
- */
-export function byteOrder(a: string, b: string): number {
-  return Buffer.compare(Buffer.from(a), Buffer.from(b));
-}
+/** The dir's order (src/config/cnifiles.ts), for the installer's files that sort names. */
+export { byteOrder };
 
 /**
  * Whether the runtime would load this file, judged as libcni does (ConfListFromFile for a

@@ -8,11 +8,12 @@
 // and name and what our file holds now. The planner's owned mode (planmodes.ts) asks it, with the
 // record of the primary ours was made from (records.ts); apply.ts does the I/O.
 
+import { DEFAULT_OWNED_NAME } from '../config/cnifiles.ts';
 import { byteOrder, withOurEntry, type JsonObject } from './cniconfig.ts';
 import { ownedFromRecord } from './records.ts';
 
-/** Our file's name unless --mesh-owned-cni-config-filename says otherwise. */
-export const DEFAULT_OWNED_NAME = '02-mesh-cni.conflist';
+/** Our file's name unless --mesh-owned-cni-config-filename says otherwise: src/config/cnifiles.ts. */
+export { DEFAULT_OWNED_NAME };
 /** Our file's mode unless the primary's is stricter. */
 export const OWNED_MODE = 0o600;
 

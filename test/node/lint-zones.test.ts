@@ -4,6 +4,7 @@
 // Then the tree itself is linted with only those rules.
 
 import assert from 'node:assert/strict';
+import { readdirSync, readFileSync } from 'node:fs';
 import path from 'node:path';
 import { describe, it } from 'node:test';
 import { ESLint } from 'eslint';
@@ -108,6 +109,14 @@ const CASES: [string, string, RegExp | null][] = [
     /src\/config\/ does not import src\/orch\//,
   ],
   ['src/config/zz-probe.ts', "import { durationMs } from '../../cni-plugin/shared/duration.ts';", null],
+  // Settings are built from flags and env before anything is installed: the file-name rules they
+  // check against live in src/config/cnifiles.ts, which the installer imports.
+  [
+    'src/config/zz-probe.ts',
+    "import { TEMP_MARKER } from '../install/atomicfile.ts';",
+    /src\/config\/ does not import src\/install\//,
+  ],
+  ['src/install/zz-probe.ts', "import { byteOrder } from '../config/cnifiles.ts';", null],
   [
     'src/monitoring/zz-probe.ts',
     "import { program } from '../cmd/program.ts';",
@@ -160,5 +169,64 @@ describe('import zones (eslint.config.js)', () => {
         .map((m) => `${path.relative(ROOT, r.filePath)}:${m.line}: ${m.message}`),
     );
     assert.deepEqual(broken, []);
+  });
+});
+
+// Every import, type-only ones too, as written in the source: a relative path is an edge of the
+// graph between the tree's own files.
+const IMPORT = /(?:^|\n)\s*(?:import|export)\b[^;'"]*?\bfrom\s*'(\.[^']+)'|\bimport\(\s*'(\.[^']+)'\s*\)/g;
+
+function sourceFiles(dir: string): string[] {
+  return readdirSync(path.join(ROOT, dir), { withFileTypes: true, recursive: true })
+    .filter((e) => e.isFile() && e.name.endsWith('.ts'))
+    .map((e) => path.relative(ROOT, path.join(e.parentPath, e.name)));
+}
+
+/** Each file's imports of the tree's own files, as paths relative to the repo. */
+function importGraph(files: readonly string[]): Map<string, string[]> {
+  const graph = new Map<string, string[]>();
+  for (const file of files) {
+    const text = readFileSync(path.join(ROOT, file), 'utf8');
+    const targets = [...text.matchAll(IMPORT)].map((m) => path.join(path.dirname(file), m[1] ?? m[2] ?? ''));
+    graph.set(file, targets);
+  }
+  return graph;
+}
+
+/** One import circle per strongly connected set of files, as the path round it; none: []. */
+function circles(graph: Map<string, string[]>): string[][] {
+  const found: string[][] = [];
+  const state = new Map<string, 'open' | 'done'>();
+  const stack: string[] = [];
+  const visit = (file: string): void => {
+    state.set(file, 'open');
+    stack.push(file);
+    for (const next of graph.get(file) ?? []) {
+      if (!graph.has(next)) continue;
+      if (state.get(next) === 'open') found.push([...stack.slice(stack.indexOf(next)), next]);
+      else if (!state.has(next)) visit(next);
+    }
+    stack.pop();
+    state.set(file, 'done');
+  };
+  for (const file of [...graph.keys()].sort()) if (!state.has(file)) visit(file);
+  return found;
+}
+
+describe('import circles', () => {
+  it('finds a circle through a type-only import', () => {
+    const graph = importGraph([]);
+    graph.set('src/a.ts', ['src/b.ts']);
+    graph.set('src/b.ts', ['src/a.ts']);
+    graph.set('src/c.ts', ['src/a.ts']);
+    assert.deepEqual(circles(graph), [['src/a.ts', 'src/b.ts', 'src/a.ts']]);
+    const [line] = [..."import type { Json } from './cniconfig.ts';".matchAll(IMPORT)];
+    assert.equal(line?.[1], './cniconfig.ts');
+  });
+
+  it('the tree has none: each module can be read (and loaded) after what it imports', () => {
+    const graph = importGraph([...sourceFiles('src'), ...sourceFiles('cni-plugin')]);
+    assert.ok(graph.size > 50, `found only ${graph.size} source files`);
+    assert.deepEqual(circles(graph), []);
   });
 });
