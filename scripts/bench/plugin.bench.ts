@@ -4,6 +4,8 @@
 // interleaved: per pod, every row below runs once, in an order that rotates from pod to pod, so
 // load from other work on the machine falls on every row alike. Rows:
 //   floor             `node -e 0`, and each runtime's executable of an empty script
+//   minimal IO        Bun only: an executable built with the plugin's flags that reads stdin and
+//                     writes it to stdout with Bun's own IO, what a plugin call cannot go below
 //   bridge VERSION    Debian's Go reference plugin: what the targets compare with
 //   VERSION           per runtime
 //   DEL, netns gone   per runtime (a runtime's second DEL, a node after reboot)
@@ -80,8 +82,13 @@ if (build.status !== 0) process.exit(1);
 const bundle = path.join(ROOT, 'dist/mesh-cni.cjs');
 const emptyScript = path.join(tmp, 'empty.cjs');
 writeFileSync(emptyScript, 'process.exit(0);\n');
+// The least a Bun plugin does: read the request, write a result, with Bun's own IO (no node:
+// modules loaded); VERSION and DEL with the netns gone are compared with it.
+const ioScript = path.join(tmp, 'io.js');
+writeFileSync(ioScript, 'const s = await Bun.stdin.text();\nawait Bun.write(Bun.stdout, s);\n');
 const exe = new Map<string, string>();
 const emptyExe = new Map<string, string>();
+const ioExe = new Map<string, string>();
 if (BASELINE) {
   if (BASELINE.endsWith('.cjs')) {
     exe.set('bun-baseline', path.join(tmp, 'mesh-cni-baseline'));
@@ -102,6 +109,10 @@ for (const runtime of RUNTIMES) {
   buildExecutable({ root: ROOT, main: bundle, out: exe.get(runtime)!, runtime, seaMode: 'codecache' });
   emptyExe.set(runtime, path.join(tmp, `empty-${runtime}`));
   buildExecutable({ root: ROOT, main: emptyScript, out: emptyExe.get(runtime)!, runtime, seaMode: 'codecache' });
+  if (runtime === 'bun') {
+    ioExe.set(runtime, path.join(tmp, `io-${runtime}`));
+    buildExecutable({ root: ROOT, main: ioScript, out: ioExe.get(runtime)!, runtime, seaMode: 'codecache' });
+  }
 }
 
 // As on a node: a log socket dir, where the plugin also remembers the host's iptables flavour.
@@ -200,6 +211,15 @@ function tasksFor(pod: V1Pod, i: number): Task[] {
     if (empty)
       tasks.push(async () => {
         await measured(`${runtime}: floor (empty script)`, { argv: [empty], env: {} });
+      });
+    const io = ioExe.get(runtime);
+    if (io)
+      tasks.push(async () => {
+        await measured(`${runtime}: minimal IO (stdin to stdout)`, {
+          argv: [io],
+          env: {},
+          input: '{"cniVersion":"1.0.0"}',
+        });
       });
     tasks.push(async () => {
       await measured(`${runtime}: VERSION`, { argv, env: { CNI_COMMAND: 'VERSION' }, input: '{"cniVersion":"1.0.0"}' });
@@ -395,11 +415,12 @@ if (PARTS.has('calls')) {
   );
   for (const runtime of LABELS) {
     for (const flavour of ['nft', 'legacy'] as const) {
-      const alone = row(`${flavour}: the same rules restored alone`).p50;
+      const restore = row(`${flavour}: the same rules restored alone`);
+      const alone = restore.p50;
       for (const by of ['agent', 'API server']) {
         const add = row(`${runtime}: ADD, pod from the ${by}, ${flavour}`);
         console.log(
-          `  ${runtime}, ${flavour}, pod from the ${by}: ADD p50 ${add.p50.toFixed(1)} - restore alone ${alone.toFixed(1)} = ${(add.p50 - alone).toFixed(1)} ms (<= 15: ${verdict(add.p50 - alone <= 15)}); CPU ${add.cpu.toFixed(1)} ms/ADD (<= 15: ${verdict(add.cpu <= 15)})`,
+          `  ${runtime}, ${flavour}, pod from the ${by}: ADD p50 ${add.p50.toFixed(1)} - restore alone ${alone.toFixed(1)} = ${(add.p50 - alone).toFixed(1)} ms (<= 15: ${verdict(add.p50 - alone <= 15)}); CPU ${add.cpu.toFixed(1)} - restore alone ${restore.cpu.toFixed(1)} = ${(add.cpu - restore.cpu).toFixed(1)} ms/ADD (<= 15: ${verdict(add.cpu - restore.cpu <= 15)})`,
         );
       }
     }
@@ -415,6 +436,13 @@ if (PARTS.has('calls')) {
       console.log(
         `  ${runtime}: its floor, an empty script, p50 ${floor.p50.toFixed(1)} ms = ${(floor.p50 / bridgeVersion).toFixed(2)} x bridge; ` +
           `VERSION - floor ${(v - floor.p50).toFixed(1)} ms, DEL netns gone - floor ${(d - floor.p50).toFixed(1)} ms`,
+      );
+    }
+    const io = rows.find((r) => r.name === `${runtime}: minimal IO (stdin to stdout)`);
+    if (io) {
+      const over = (x: number) => `${(x - io.p50).toFixed(1)} ms (<= 3: ${verdict(x - io.p50 <= 3)})`;
+      console.log(
+        `  ${runtime}: minimal IO program p50 ${io.p50.toFixed(1)} ms; VERSION - it ${over(v)}, DEL netns gone - it ${over(d)}`,
       );
     }
   }
