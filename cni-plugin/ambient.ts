@@ -36,7 +36,7 @@ import {
   type CmdAddRequest,
 } from './shared/pluginevent.ts';
 import { fixTrust } from './shared/trustedpath.ts';
-import { connectUnix, type UnixSocket } from './unixsocket.ts';
+import { askUnix } from './unixsocket.ts';
 
 /** The pod as the lookup found it, with its namespace's labels when the agent sent them. */
 export interface FoundPod {
@@ -206,6 +206,9 @@ export type PostAnswer =
   /** Not connected: the socket is not to be trusted (why, shared/trustedpath.ts). */
   | { readonly refused: string };
 
+/** The agent's answer to /cmdadd is a status and a line of JSON: more is not the agent's answer. */
+const MAX_ANSWER_BYTES = 1024 * 1024;
+
 /**
  * One HTTP/1.1 POST over the unix socket at `address`, on the runtime's own socket (unixsocket.ts:
  * Bun.connect under Bun, node:net under Node; node:http under Bun costs what node:net does and
@@ -216,35 +219,17 @@ export function postCmdAdd(address: string, body: CmdAddRequest, timeoutMs: numb
   const request =
     `POST ${CMDADD_PATH} HTTP/1.1\r\nHost: mesh-cni-agent\r\nContent-Type: application/json\r\n` +
     `Content-Length: ${Buffer.byteLength(payload)}\r\nConnection: close\r\n\r\n${payload}`;
-  return new Promise((resolve) => {
-    let settled = false;
-    let sent = false;
-    let text = '';
-    const finish = (a: PostAnswer) => {
-      if (settled) return;
-      settled = true;
-      clearTimeout(timer);
-      socket.destroy();
-      resolve(a);
-    };
-    const timer = setTimeout(
-      () => finish({ error: `the agent did not answer on ${address} within ${timeoutMs} ms`, timedOut: sent }),
-      timeoutMs,
-    );
-    const socket: UnixSocket = connectUnix(address, {
-      open: () => {
-        sent = true;
-        socket.write(request);
-      },
-      data: (chunk) => {
-        text += chunk;
-        const r = parseResponse(text, false);
-        if (r) finish(r);
-      },
-      error: (message) => finish({ error: `cannot reach the agent at ${address}: ${message}` }),
-      close: () => finish(parseResponse(text, true) ?? { error: `the agent at ${address} closed without an answer` }),
-      refused: (reason) => finish({ refused: reason }),
-    });
+  return askUnix(address, request, {
+    timeoutMs,
+    maxAnswerBytes: MAX_ANSWER_BYTES,
+    read: (text, closed) => parseResponse(text, closed),
+  }).then((asked): PostAnswer => {
+    if ('answer' in asked) return asked.answer;
+    if ('refused' in asked) return { refused: asked.refused };
+    if ('error' in asked) return { error: `cannot reach the agent at ${address}: ${asked.error}` };
+    if ('closed' in asked) return { error: `the agent at ${address} closed without an answer` };
+    if ('tooLong' in asked) return { error: `the agent at ${address} sent more than ${asked.tooLong} bytes of answer` };
+    return { error: `the agent did not answer on ${address} within ${timeoutMs} ms`, timedOut: asked.sent };
   });
 }
 

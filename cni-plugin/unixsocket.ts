@@ -175,3 +175,73 @@ function viaBun(bun: BunConnect, path: string, on: UnixSocketEvents, unref: bool
     },
   };
 }
+
+/** How one request/answer exchange ended (askUnix). */
+export type UnixExchange<T> =
+  /** `read` found a complete answer (or made one of what came before the close). */
+  | { readonly answer: T }
+  /** The socket is not to be trusted (why, with its path): not connected, nothing sent. */
+  | { readonly refused: string }
+  /** Connecting or the connection failed (the socket's own words). */
+  | { readonly error: string }
+  /** The other end closed and `read` found no answer in what it sent. */
+  | { readonly closed: true }
+  /** More than `maxAnswerBytes` came without a complete answer: the connection is dropped. */
+  | { readonly tooLong: number }
+  /** No answer within `timeoutMs`; `sent`: connected and the request written. */
+  | { readonly timeout: true; readonly sent: boolean };
+
+export interface AskOptions<T> {
+  timeoutMs: number;
+  maxAnswerBytes: number;
+  /**
+   * The answer in `text` (all that arrived, decoded), or null while it is not complete; `closed`:
+   * the other end closed, nothing more will come.
+   */
+  read(text: string, closed: boolean): T | null;
+}
+
+/**
+ * Connects to `path`, sends `request`, and settles once with what came back: the plugin's one
+ * shape of talk with the agent (the pod lookup, the ambient ADD). Never rejects; the connection is
+ * dropped when it settles, and a timer or an answer too long cannot leave it open.
+ */
+export function askUnix<T>(
+  path: string,
+  request: string,
+  { timeoutMs, maxAnswerBytes, read }: AskOptions<T>,
+): Promise<UnixExchange<T>> {
+  return new Promise((resolve) => {
+    let settled = false;
+    let sent = false;
+    let text = '';
+    let bytes = 0;
+    const finish = (how: UnixExchange<T>) => {
+      if (settled) return;
+      settled = true;
+      clearTimeout(timer);
+      socket.destroy();
+      resolve(how);
+    };
+    const timer = setTimeout(() => finish({ timeout: true, sent }), timeoutMs);
+    const socket: UnixSocket = connectUnix(path, {
+      open: () => {
+        sent = true;
+        socket.write(request);
+      },
+      data: (chunk) => {
+        text += chunk;
+        const answer = read(text, false);
+        if (answer !== null) return finish({ answer });
+        bytes += Buffer.byteLength(chunk);
+        if (bytes > maxAnswerBytes) finish({ tooLong: maxAnswerBytes });
+      },
+      error: (message) => finish({ error: message }),
+      close: () => {
+        const answer = read(text, true);
+        finish(answer === null ? { closed: true } : { answer });
+      },
+      refused: (reason) => finish({ refused: reason }),
+    });
+  });
+}

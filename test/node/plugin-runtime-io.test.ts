@@ -4,7 +4,8 @@
 // every call). The same cases run here on both runtimes, from the sources, and must give the
 // same results: exit codes,
 // output, the time limit (also with the child's own child holding the pipes), a missing binary, a child a signal ended, a socket that answers, closes
-// without an answer, is not there, or splits a UTF-8 character across two writes.
+// without an answer, is not there, or splits a UTF-8 character across two writes; and askUnix, the
+// one request/answer exchange both the pod lookup and the ambient ADD use, through each ending.
 
 import assert from 'node:assert/strict';
 import { spawnSync } from 'node:child_process';
@@ -18,7 +19,7 @@ import { tempDir } from '../helpers/plugin.ts';
 
 const CASES = `
 import { exec, execNow } from ${JSON.stringify(path.join(ROOT, 'cni-plugin/netns/exec.ts'))};
-import { connectUnix } from ${JSON.stringify(path.join(ROOT, 'cni-plugin/unixsocket.ts'))};
+import { askUnix, connectUnix } from ${JSON.stringify(path.join(ROOT, 'cni-plugin/unixsocket.ts'))};
 const dir = process.argv[2];
 const out = {};
 const sh = (script, o) => ['sh', ['-c', script], o];
@@ -62,6 +63,17 @@ out.missing = await talk('nothing-here', 'ask\\n');
 out.split = await talk('split', 'ask\\n');
 out.early = await talk('echo', null);
 out.endAfterWrite = await talk('sink', 'x'.repeat(200000) + '\\n', { end: true });
+// One exchange (askUnix): an answer is what read() makes of the text, once it is complete.
+const line = (text, closed) => (text.includes('\\n') ? 'line ' + text : closed ? (text === '' ? null : 'partial ' + text) : null);
+const ask = (name, o = {}) => askUnix(dir + '/' + name + '.sock', 'ask\\n', { timeoutMs: 2000, maxAnswerBytes: 1000, read: line, ...o })
+  .then((r) => JSON.parse(JSON.stringify(r).replace(dir, '<dir>')));
+out.askAnswers = await ask('answer');
+out.askSplit = await ask('split');
+out.askCloses = await ask('silent');
+out.askHalfLine = await ask('halfline');
+out.askMissing = await ask('nothing-here');
+out.askMute = await ask('mute', { timeoutMs: 200 });
+out.askTooLong = await ask('flood');
 console.log(JSON.stringify(out));
 process.exit(0);
 `;
@@ -87,6 +99,13 @@ describe("the plugin's spawns and unix sockets give the same results under Node 
       }),
     );
     await serve('echo', (c) => c.once('data', (d) => c.end(d)));
+    await serve('halfline', (c) => c.once('data', () => c.end('{"half":')));
+    await serve('mute', () => {});
+    // Never a newline, never a close: only the cap ends it (the peer's write fails once we go).
+    await serve('flood', (c) => {
+      c.on('error', () => {});
+      c.once('data', () => c.write('x'.repeat(5000)));
+    });
     await serve('sink', (c) => {
       c.on('data', (d: Buffer) => (sunk += d.length));
       c.on('end', () => c.end());
@@ -143,6 +162,13 @@ describe("the plugin's spawns and unix sockets give the same results under Node 
     assert.deepEqual(onNode.split, { events: ['open', 'close'], text: '{"x":"é"}\n' });
     assert.deepEqual(onNode.early, { events: ['open', 'close'], text: 'early\n' });
     assert.deepEqual(onNode.endAfterWrite, { events: ['open', 'ended'], text: '' });
+    assert.deepEqual(onNode.askAnswers, { answer: 'line {"pod":"é"}\n' });
+    assert.deepEqual(onNode.askSplit, { answer: 'line {"x":"é"}\n' });
+    assert.deepEqual(onNode.askCloses, { closed: true });
+    assert.deepEqual(onNode.askHalfLine, { answer: 'partial {"half":' });
+    assert.deepEqual(onNode.askMissing, { error: 'connect ENOENT <dir>/nothing-here.sock' });
+    assert.deepEqual(onNode.askMute, { timeout: true, sent: true });
+    assert.deepEqual(onNode.askTooLong, { tooLong: 1000 });
     assert.deepEqual(onBun, onNode);
   });
 });
