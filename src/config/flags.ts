@@ -6,6 +6,7 @@
 // setting, as in Istio's.
 
 import { LOG_LEVELS, type LogLevel } from '../../cni-plugin/shared/loglevels.ts';
+import { DEFAULT_OWNED_NAME } from './cnifiles.ts';
 
 export type FlagKind = 'bool' | 'string' | 'int' | 'duration' | 'list';
 
@@ -142,7 +143,7 @@ export const FLAGS: readonly FlagSpec[] = [
   installFlag(
     'mesh-owned-cni-config-filename',
     'string',
-    '02-mesh-cni.conflist',
+    DEFAULT_OWNED_NAME,
     "Name of our own config file; it must sort before the primary CNI's file (byte order).",
     {
       details:

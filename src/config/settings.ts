@@ -397,59 +397,64 @@ export function buildSettings(flags: RawFlags, env: Env, cwd: string = process.c
     return { value: spec.default ?? '', source: `--${spec.name}` };
   };
   const byName = new Map(FLAGS.map((f) => [f.name, f]));
-  function get<T>(name: string, parse: (source: string, value: string) => T, fallback: T): T {
+  // A bad value is reported, and the checks after it see the flag's default (the flag table is the
+  // one place defaults live): the other values are judged as they would be with it unset. The
+  // settings themselves are thrown away with the errors.
+  function get<T>(name: string, parse: (source: string, value: string) => T): T {
     const spec = byName.get(name);
     if (!spec) throw new Error(`internal: no flag ${name}`);
     const { value, source } = raw(spec);
     try {
       return parse(source, value);
     } catch (e) {
-      if (e instanceof ConfigError) {
-        errors.push(e);
-        return fallback;
-      }
-      throw e;
+      if (!(e instanceof ConfigError)) throw e;
+      errors.push(e);
+    }
+    try {
+      return parse(`--${spec.name}`, spec.default ?? '');
+    } catch (e) {
+      throw new Error(`internal: the default of --${spec.name} in the flag table is refused: ${(e as Error).message}`, {
+        cause: e,
+      });
     }
   }
-  const str = (name: string) => get(name, (_s, v) => v, '');
-  const bool = (name: string) => get(name, parseBool, false);
-  const int = (name: string, min: number, max: number) => get(name, (s, v) => parseInt10(s, v, min, max), min);
+  const str = (name: string) => get(name, (_s, v) => v);
+  const bool = (name: string) => get(name, parseBool);
+  const int = (name: string, min: number, max: number) => get(name, (s, v) => parseInt10(s, v, min, max));
   // Path flags are the ones the flag table marks `path:` (completion reads the same mark).
   const pathFlag = (name: string, allowEmpty: boolean) => {
     if (!byName.get(name)?.path)
       throw new Error(`internal: flag ${name} is read as a path but not marked path: in the flag table`);
-    return get(name, (s, v) => (v === '' && allowEmpty ? '' : parsePath(s, v, cwd)), allowEmpty ? '' : '/');
+    return get(name, (s, v) => (v === '' && allowEmpty ? '' : parsePath(s, v, cwd)));
   };
   const abs = (name: string) => pathFlag(name, false);
   const absOrEmpty = (name: string) => pathFlag(name, true);
 
   // The flag keeps its place (Istio's install-cni has it), but there is nothing to turn on.
-  get(
-    'ebpf-enabled',
-    (s, v) => {
-      if (parseBool(s, v))
-        throw new ConfigError(
-          s,
-          v,
-          'eBPF redirection was removed from Istio in 1.21 and ztunnel no longer consumes it; ' +
-            'ambient mode (--ambient-enabled) redirects with in-pod iptables rules: remove the setting or set it to false',
-        );
-      return false;
-    },
-    false,
-  );
+  get('ebpf-enabled', (s, v) => {
+    if (parseBool(s, v))
+      throw new ConfigError(
+        s,
+        v,
+        'eBPF redirection was removed from Istio in 1.21 and ztunnel no longer consumes it; ' +
+          'ambient mode (--ambient-enabled) redirects with in-pod iptables rules: remove the setting or set it to false',
+      );
+    return false;
+  });
 
-  const cniConfName = get('cni-conf-name', (s, v) => parseFileName(s, v, true), '');
+  const cniConfName = get('cni-conf-name', (s, v) => parseFileName(s, v, true));
   const ownedSpec = byName.get('mesh-owned-cni-config-filename')!;
   const ownedNameGiven =
     flags[ownedSpec.name] !== undefined || (ownedSpec.env !== null && env[ownedSpec.env] !== undefined);
+  // Read once: a bad value is reported once, however often the mode is parsed.
+  const allowGroupOtherRead = bool('orchconfig-allow-group-other-read');
   const install: InstallSettings = {
     chained: bool('chained-cni-plugin'),
     cniConfName,
     meshOwnedCniConfig: bool('mesh-owned-cni-config'),
     // Given (flag or env): taken as given, refused below if it does not sort first.
     meshOwnedCniConfigFilename: ownedNameGiven
-      ? get('mesh-owned-cni-config-filename', parseOwnedFileName, DEFAULT_OWNED_NAME)
+      ? get('mesh-owned-cni-config-filename', parseOwnedFileName)
       : defaultOwnedFileName(cniConfName),
     cniNetDir: abs('cni-net-dir'),
     mountedCniNetDir: abs('mounted-cni-net-dir'),
@@ -458,34 +463,22 @@ export function buildSettings(flags: RawFlags, env: Env, cwd: string = process.c
     cniBinariesDir: abs('cni-binaries-dir'),
     cniNetworkConfig: str('cni-network-config'),
     cniNetworkConfigFile: absOrEmpty('cni-network-config-file'),
-    orchcfgFileName: get('orchcfg-file-name', parseOrchcfgFileName, 'x'),
-    orchconfigMode: get(
-      'orchconfig-mode',
-      (s, v) => parseOrchconfigMode(s, v, bool('orchconfig-allow-group-other-read')),
-      0o600,
-    ),
+    orchcfgFileName: get('orchcfg-file-name', parseOrchcfgFileName),
+    orchconfigMode: get('orchconfig-mode', (s, v) => parseOrchconfigMode(s, v, allowGroupOtherRead)),
     orchCaFile: absOrEmpty('orch-ca-file'),
     skipTlsVerify: bool('skip-tls-verify'),
     serviceAccountDir: abs('service-account-dir'),
-    pluginServiceAccount: get('plugin-service-account', parseObjectName, 'mesh-cni-plugin'),
-    pluginTokenExpirationMs: get('plugin-token-expiration', parsePluginTokenExpiration, 3_600_000),
-    pluginTokenAudiences: get('plugin-token-audiences', (_s, v) => parseList(v), []),
+    pluginServiceAccount: get('plugin-service-account', parseObjectName),
+    pluginTokenExpirationMs: get('plugin-token-expiration', parsePluginTokenExpiration),
+    pluginTokenAudiences: get('plugin-token-audiences', (_s, v) => parseList(v)),
     pluginTokenFile: absOrEmpty('plugin-token-file'),
-    pluginLogLevel: get('log-level', (s, v) => parseEnum(s, v, LOG_LEVELS), 'warn'),
+    pluginLogLevel: get('log-level', (s, v) => parseEnum(s, v, LOG_LEVELS)),
     logUdsAddress: absOrEmpty('log-uds-address'),
     podLookupUdsAddress: absOrEmpty('pod-lookup-uds-address'),
-    excludeNamespaces: get('exclude-namespaces', (_s, v) => parseList(v), []),
-    cleanupOnExit: get('cleanup-on-exit', (s, v) => parseEnum(s, v, CLEANUP_MODES), 'auto'),
-    reconcileIntervalMs: get(
-      'reconcile-interval',
-      (s, v) => parseDuration(s, v, { min: 100, max: MAX_TIMER_MS }),
-      5000,
-    ),
-    reconcileTimeoutMs: get(
-      'reconcile-timeout',
-      (s, v) => parseDuration(s, v, { min: 100, max: MAX_TIMER_MS }),
-      30_000,
-    ),
+    excludeNamespaces: get('exclude-namespaces', (_s, v) => parseList(v)),
+    cleanupOnExit: get('cleanup-on-exit', (s, v) => parseEnum(s, v, CLEANUP_MODES)),
+    reconcileIntervalMs: get('reconcile-interval', (s, v) => parseDuration(s, v, { min: 100, max: MAX_TIMER_MS })),
+    reconcileTimeoutMs: get('reconcile-timeout', (s, v) => parseDuration(s, v, { min: 100, max: MAX_TIMER_MS })),
     cpuinfoPath: '/proc/cpuinfo',
   };
   if (install.pluginTokenFile !== '' && install.pluginTokenFile === path.join(install.serviceAccountDir, 'token')) {
@@ -527,18 +520,18 @@ export function buildSettings(flags: RawFlags, env: Env, cwd: string = process.c
     enabled: bool('repair-enabled'),
     deletePods: bool('repair-delete-pods'),
     labelPods: bool('repair-label-pods'),
-    labelKey: get('repair-broken-pod-label-key', parseLabelKey, ''),
-    labelValue: get('repair-broken-pod-label-value', parseLabelValue, ''),
+    labelKey: get('repair-broken-pod-label-key', parseLabelKey),
+    labelValue: get('repair-broken-pod-label-value', parseLabelValue),
     // Checked the way the API server would, so a typo fails at start-up, not on every list call.
-    fieldSelectors: get('repair-field-selectors', (s, v) => checkSelector(s, v, parseFieldSelector), ''),
-    labelSelectors: get('repair-label-selectors', (s, v) => checkSelector(s, v, parseLabelSelector), ''),
+    fieldSelectors: get('repair-field-selectors', (s, v) => checkSelector(s, v, parseFieldSelector)),
+    labelSelectors: get('repair-label-selectors', (s, v) => checkSelector(s, v, parseLabelSelector)),
     initContainerExitCode: int('repair-init-container-exit-code', 0, 255),
-    initContainerName: get('repair-init-container-name', parseContainerName, '-'),
+    initContainerName: get('repair-init-container-name', parseContainerName),
     initContainerTerminationMessage: str('repair-init-container-termination-message'),
     // Istio's default is empty (all nodes); on a node the DaemonSet passes NODE_NAME, which
     // is what an operator means: repair the pods of this node. All nodes only when both are empty.
-    nodeName: get('repair-node-name', parseNodeName, '') || nodeName,
-    sidecarAnnotation: get('repair-sidecar-annotation', parseAnnotationKey, '-'),
+    nodeName: get('repair-node-name', parseNodeName) || nodeName,
+    sidecarAnnotation: get('repair-sidecar-annotation', parseAnnotationKey),
     qps: int('repair-qps', 1, 10_000),
     burst: int('repair-burst', 1, 100_000),
     concurrency: int('repair-concurrency', 1, 1000),
@@ -561,8 +554,8 @@ export function buildSettings(flags: RawFlags, env: Env, cwd: string = process.c
       errors.push(new ConfigError(raw(byName.get('repair-field-selectors')!).source, repair.fieldSelectors, why));
     }
   }
-  // Empty matches no pod: no container and no annotation has an empty name. (After a bad value,
-  // the placeholder '-' keeps the error to the one already reported.)
+  // Empty matches no pod: no container and no annotation has an empty name. (The value as given is
+  // read: a bad one is not empty, so its error is the one already reported.)
   for (const [name, what] of [
     ['repair-init-container-name', 'the validation init container'],
     ['repair-sidecar-annotation', 'the annotation of sidecar pods'],
@@ -574,17 +567,13 @@ export function buildSettings(flags: RawFlags, env: Env, cwd: string = process.c
 
   const ambient: AmbientSettings = {
     enabled: bool('ambient-enabled'),
-    enablementSelectors: get('ambient-enablement-selector', parseSelectorsFlag, DEFAULT_ENABLEMENT_SELECTORS),
+    enablementSelectors: get('ambient-enablement-selector', parseSelectorsFlag),
     pluginEventUdsAddress: abs('pluginevent-uds-address'),
     ztunnelUdsAddress: abs('ztunnel-uds-address'),
     dnsCapture: bool('ambient-dns-capture'),
     reconcilePodRulesOnStartup: bool('ambient-reconcile-pod-rules-on-startup'),
-    hostProbeSnatIp: get('host-probe-snat-ip', (s, v) => parseAddress(s, v, 4), '169.254.7.127'),
-    hostProbeSnatIpv6: get(
-      'host-probe-snat-ipv6',
-      (s, v) => parseAddress(s, v, 6),
-      'fd16:9254:7127:1337:ffff:ffff:ffff:ffff',
-    ),
+    hostProbeSnatIp: get('host-probe-snat-ip', (s, v) => parseAddress(s, v, 4)),
+    hostProbeSnatIpv6: get('host-probe-snat-ipv6', (s, v) => parseAddress(s, v, 6)),
     ipv6: bool('ambient-ipv6'),
     hostRoot: abs('host-root'),
   };
@@ -596,11 +585,11 @@ export function buildSettings(flags: RawFlags, env: Env, cwd: string = process.c
     errors.push(new ConfigError(source, value, why));
   }
 
-  const conditionType = get('node-readiness-condition', parseConditionType, '');
+  const conditionType = get('node-readiness-condition', parseConditionType);
   const nodeReadiness: NodeReadinessSettings = {
     conditionType,
-    startupTaint: get('startup-taint', parseTaint, undefined),
-    intervalMs: get('node-readiness-interval', (s, v) => parseDuration(s, v, { min: 10, max: MAX_TIMER_MS }), 1000),
+    startupTaint: get('startup-taint', parseTaint),
+    intervalMs: get('node-readiness-interval', (s, v) => parseDuration(s, v, { min: 10, max: MAX_TIMER_MS })),
   };
   if (conditionType !== '' && nodeName === '') {
     const { value, source } = raw(byName.get('node-readiness-condition')!);
@@ -612,33 +601,25 @@ export function buildSettings(flags: RawFlags, env: Env, cwd: string = process.c
 
   const logging: LoggingSettings = {
     asJson: bool('log_as_json'),
-    caller: get('log_caller', parseScopes, []),
-    outputLevels: get('log_output_level', (s, v) => parseScopeLevels(s, v, 'info'), parseScopeLevels('', '', 'info')),
-    stacktraceLevels: get(
-      'log_stacktrace_level',
-      (s, v) => parseScopeLevels(s, v, 'none'),
-      parseScopeLevels('', '', 'none'),
-    ),
+    caller: get('log_caller', parseScopes),
+    outputLevels: get('log_output_level', (s, v) => parseScopeLevels(s, v, 'info')),
+    stacktraceLevels: get('log_stacktrace_level', (s, v) => parseScopeLevels(s, v, 'none')),
     rotate: absOrEmpty('log_rotate'),
     rotateMaxAgeDays: int('log_rotate_max_age', 0, 1_000_000),
     rotateMaxBackups: int('log_rotate_max_backups', 0, 1_000_000),
     rotateMaxSizeMb: int('log_rotate_max_size', 1, Number.MAX_SAFE_INTEGER),
-    targets: get(
-      'log_target',
-      (s, v) => {
-        const t = parseList(v);
-        if (t.length === 0) throw new ConfigError(s, v, 'expected stdout, stderr or file paths, comma-separated');
-        return t;
-      },
-      ['stdout'],
-    ),
+    targets: get('log_target', (s, v) => {
+      const t = parseList(v);
+      if (t.length === 0) throw new ConfigError(s, v, 'expected stdout, stderr or file paths, comma-separated');
+      return t;
+    }),
     vklog: int('vklog', 0, 10),
   };
 
   const orch: OrchSettings = {
     qps: int('orch-qps', 1, 10_000),
     burst: int('orch-burst', 1, 100_000),
-    listMode: get('orch-list-mode', (s, v) => parseEnum(s, v, LIST_MODES), 'auto'),
+    listMode: get('orch-list-mode', (s, v) => parseEnum(s, v, LIST_MODES)),
     // Not flags: a cut of every watch at once comes back over 12 s; a mass restart over 1 s.
     reconnectSpreadMs: 12_000,
     startJitterMs: 1000,
@@ -655,7 +636,7 @@ export function buildSettings(flags: RawFlags, env: Env, cwd: string = process.c
     ctrlz: {
       address: str('ctrlz_address'),
       port: int('ctrlz_port', 0, 65535),
-      write: get('ctrlz_write', (s, v) => parseEnum(s, v, CTRLZ_WRITE_MODES), 'auto'),
+      write: get('ctrlz_write', (s, v) => parseEnum(s, v, CTRLZ_WRITE_MODES)),
     },
     orchconfig: absOrEmpty('orchconfig'),
     env: {

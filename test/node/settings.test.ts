@@ -170,6 +170,31 @@ describe('settings', () => {
       (e: unknown) => e instanceof ConfigErrors && e.errors.length === 2,
     );
   });
+
+  it('checks the other values against the default of a bad one, and reports each bad value once', () => {
+    // --chained-cni-plugin defaults to true: an owned file named to sort after the primary's is
+    // wrong whatever the operator meant by "maybe", so both are reported, not only the first.
+    const flags = {
+      'chained-cni-plugin': 'maybe',
+      'mesh-owned-cni-config': 'true',
+      'cni-conf-name': '05-primary.conflist',
+      'mesh-owned-cni-config-filename': '10-ours.conflist',
+    };
+    assert.throws(
+      () => buildSettings(flags, {}),
+      (e: unknown) =>
+        e instanceof ConfigErrors &&
+        assert.deepEqual(
+          e.errors.map((x) => x.flag),
+          ['--chained-cni-plugin', '--mesh-owned-cni-config-filename'],
+        ) === undefined,
+    );
+    // A bad value read while another flag is parsed (the mode's escape hatch) is reported once.
+    assert.throws(
+      () => buildSettings({ 'orchconfig-allow-group-other-read': 'x', 'orchconfig-mode': 'y' }, {}),
+      (e: unknown) => e instanceof ConfigErrors && e.errors.length === 2,
+    );
+  });
 });
 
 describe('install-cni CLI', () => {
