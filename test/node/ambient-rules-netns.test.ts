@@ -294,20 +294,23 @@ describe('host probe set: races and spellings', () => {
   it("a new pod's add of a reused IP that lands between a removal's list and its delete is kept", async () => {
     const node = await netns('node', defer);
     const plain = runnerIn(node);
-    await applyHost(plain, 'nft', [4]);
-    await addProbeIP(plain, POD, UID_A);
-    // The runner of the late removal of pod A: right after its `ipset save` the IP goes to pod B
-    // (another enrollment of the same agent, not awaited), and A's delete comes 300 ms later.
+    // The agent's one host runner. Once armed, right after the late removal of pod A has run its
+    // `ipset save`, the IP goes to pod B (another enrollment of the same agent, not awaited), and
+    // A's delete comes 300 ms later.
+    let armed = false;
     let added: Promise<void> | null = null;
-    const slow: Runner = async (argv, opts) => {
+    const run: Runner = async (argv, opts) => {
       const r = await plain(argv, opts);
-      if (argv[1] === 'save' && added === null) {
-        added = addProbeIP(plain, POD, UID_B);
+      if (armed && argv[1] === 'save' && added === null) {
+        added = addProbeIP(run, POD, UID_B);
         await new Promise((res) => setTimeout(res, 300));
       }
       return r;
     };
-    const removal = await removeProbeIP(slow, POD, UID_A);
+    await applyHost(run, 'nft', [4]);
+    await addProbeIP(run, POD, UID_A);
+    armed = true;
+    const removal = await removeProbeIP(run, POD, UID_A);
     await added;
     assert.deepEqual([...(await entriesOf(node, PROBE_SET_V4))], [[POD, UID_B]], "pod B's entry survives");
     // One after the other: A's entry went first, then B's add.
