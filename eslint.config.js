@@ -54,6 +54,15 @@ const AMBIENT_NOT_INSTALL_REPAIR = {
     'src/ambient/ does not import src/install/ or src/repair/: ambient mode talks to ztunnel and pod netns, ' +
     'beside the installer and repair; what they share goes in a module of its own that each imports.',
 };
+// Ambient mode is handed its own slice of the settings (AmbientArgs, cut by src/agent.ts, as Istio
+// builds its AmbientArgs), so it reads nothing of another part's: the whole Settings is refused.
+const AMBIENT_OWN_ARGS = {
+  regex: '(^\\.\\./|/src/)config/settings\\.ts$',
+  importNames: ['Settings'],
+  message:
+    'src/ambient/ takes AmbientArgs (src/ambient/args.ts), which src/agent.ts cuts from the settings, ' +
+    "not the whole Settings: add what it needs to AmbientArgs, so it reads no other part's settings.",
+};
 // The node's readiness (src/node/) writes the agent's own Node from the agent's readiness: it is
 // handed the readiness and the stop's uninstall decision, and reaches the API through src/orch/.
 const NODE_SELF = {
@@ -107,7 +116,16 @@ function zone(files, zoneBans) {
   return {
     files,
     rules: {
-      'no-restricted-imports': ['error', { patterns: bans.map(({ regex, message }) => ({ regex, message })) }],
+      'no-restricted-imports': [
+        'error',
+        {
+          patterns: bans.map(({ regex, message, importNames }) => ({
+            regex,
+            message,
+            ...(importNames && { importNames }),
+          })),
+        },
+      ],
       'no-restricted-syntax': [
         'error',
         {
@@ -149,7 +167,7 @@ export default tseslint.config(
   zone(['src/orch/**/*.ts'], [ONLY_SHARED, ORCH_NOT_INSTALL]),
   zone(['src/config/**/*.ts'], [ONLY_SHARED, CONFIG_NOT_ORCH, CONFIG_NOT_INSTALL]),
   zone(['src/monitoring/**/*.ts'], [ONLY_SHARED, MONITORING_NOT_CMD]),
-  zone(['src/ambient/**/*.ts'], [ONLY_SHARED, AMBIENT_NOT_INSTALL_REPAIR]),
+  zone(['src/ambient/**/*.ts'], [ONLY_SHARED, AMBIENT_NOT_INSTALL_REPAIR, AMBIENT_OWN_ARGS]),
   zone(['src/podnetns/**/*.ts'], [ONLY_SHARED, PODNETNS_SELF]),
   zone(['src/node/**/*.ts'], [ONLY_SHARED, NODE_SELF]),
   zone(['cni-plugin/**/*.ts'], [NO_SRC]),

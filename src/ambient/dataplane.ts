@@ -18,7 +18,7 @@
 import { lstat, rm, stat, statfs } from 'node:fs/promises';
 import path from 'node:path';
 import { untrustedDirChain } from '../../cni-plugin/shared/trustedpath.ts';
-import type { Settings } from '../config/settings.ts';
+import type { AmbientArgs } from './args.ts';
 import { hostFlavourDetector } from '../hostnet/flavour.ts';
 import { KeyedSerial, Limit } from '../concurrency.ts';
 import { runOnHost } from '../hostnet/run.ts';
@@ -224,7 +224,7 @@ interface Enrollment {
 }
 
 class Dataplane implements MeshDataplane {
-  readonly #s: Settings['ambient'];
+  readonly #s: AmbientArgs;
   readonly #nsOpts: PodNetnsOptions;
   readonly #annotator: PodAnnotator;
   readonly #host: Runner;
@@ -250,9 +250,9 @@ class Dataplane implements MeshDataplane {
   /** UIDs of pods removed as deleted (newest last, at most DELETED_KEPT): never enrolled again. */
   readonly #deleted = new Set<string>();
 
-  constructor(settings: Settings, deps: DataplaneDeps) {
-    this.#s = settings.ambient;
-    this.#nsOpts = { hostProcDir: settings.repair.hostProcDir, hostNetnsPath: settings.repair.hostNetnsPath };
+  constructor(args: AmbientArgs, deps: DataplaneDeps) {
+    this.#s = args;
+    this.#nsOpts = { hostProcDir: args.hostProcDir, hostNetnsPath: args.hostNetnsPath };
     this.#annotator = deps.annotator;
     this.#host = deps.host ?? ((argv, opts) => runOnHost(argv, { input: opts?.input ?? null }));
     this.#flavour = deps.flavour ?? hostFlavourDetector();
@@ -727,6 +727,6 @@ class Dataplane implements MeshDataplane {
   }
 }
 
-export function createDataplane(settings: Settings, deps: DataplaneDeps): MeshDataplane {
-  return new Dataplane(settings, deps);
+export function createDataplane(args: AmbientArgs, deps: DataplaneDeps): MeshDataplane {
+  return new Dataplane(args, deps);
 }

@@ -9,7 +9,7 @@ import {
   type AmbientRules,
   type EnablementSelector,
 } from '../../cni-plugin/shared/enablement.ts';
-import type { Settings } from '../config/settings.ts';
+import type { AmbientArgs } from './args.ts';
 
 export {
   DATAPLANE_MODE_AMBIENT,
@@ -55,8 +55,8 @@ export function isAmbientPod(
 }
 
 /** The rules of these settings: the namespaces the plugin leaves alone. */
-export function ambientRules(settings: Settings): AmbientRules {
-  return { excludeNamespaces: settings.install.excludeNamespaces };
+export function ambientRules(args: Pick<AmbientArgs, 'excludeNamespaces'>): AmbientRules {
+  return { excludeNamespaces: args.excludeNamespaces };
 }
 
 export type Redirection = 'enabled' | 'pending';

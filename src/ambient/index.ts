@@ -13,7 +13,7 @@
 
 import type { V1Pod } from '@kubernetes/client-node';
 import type { Component } from '../component.ts';
-import type { Settings } from '../config/settings.ts';
+import type { AmbientArgs } from './args.ts';
 import { scope } from '../monitoring/logging.ts';
 import type { OrchApi } from '../orch/api.ts';
 import { realClock, type Clock } from '../orch/limits.ts';
@@ -57,12 +57,12 @@ export interface AmbientComponent extends Component {
 
 type State = 'waiting_for_caches' | 'starting_dataplane' | 'starting_cmdadd' | 'running' | 'stopped';
 
-export function startAmbient(settings: Settings, deps: AmbientDeps): AmbientComponent {
+export function startAmbient(args: AmbientArgs, deps: AmbientDeps): AmbientComponent {
   const clock = deps.clock ?? realClock;
   const namespaces = deps.namespaces ?? new NamespaceSource(deps.api);
-  const dataplane = deps.dataplane ?? createDataplane(settings, { annotator: apiAnnotator(deps.api) });
-  const selectors = settings.ambient.enablementSelectors;
-  const rules = ambientRules(settings);
+  const dataplane = deps.dataplane ?? createDataplane(args, { annotator: apiAnnotator(deps.api) });
+  const selectors = args.enablementSelectors;
+  const rules = ambientRules(args);
   const isAmbient = (pod: V1Pod, labels = namespaces.labels(pod.metadata?.namespace ?? '')) =>
     isAmbientPod(pod, labels, selectors, rules);
   const informer = new AmbientInformer({
@@ -120,7 +120,7 @@ export function startAmbient(settings: Settings, deps: AmbientDeps): AmbientComp
     // closed: the plugin cannot reach the socket and the kubelet retries).
     for (;;) {
       try {
-        cmdAdd = await startCmdAddServer(settings.ambient.pluginEventUdsAddress, {
+        cmdAdd = await startCmdAddServer(args.pluginEventUdsAddress, {
           pods: deps.pods,
           dataplane,
           isAmbient: (pod) => isAmbient(pod),

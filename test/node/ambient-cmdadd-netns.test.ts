@@ -18,6 +18,7 @@ import { startCmdAddServer } from '../../src/ambient/cmdadd.ts';
 import { createDataplane, type PodAnnotator } from '../../src/ambient/dataplane.ts';
 import { ambientPodOf } from '../../src/ambient/enablement.ts';
 import { buildSettings, type Settings } from '../../src/config/settings.ts';
+import { ambientArgs } from '../../src/agent.ts';
 import { configureLogging } from '../../src/monitoring/logging.ts';
 import { registry } from '../../src/monitoring/metrics.ts';
 import { openNetns, runInNetns } from '../../src/podnetns/index.ts';
@@ -133,7 +134,7 @@ async function agentUnderTest() {
     repair: { ...base.repair, hostProcDir: '/proc', hostNetnsPath: '/proc/self/ns/net' },
   };
   const annotator = new RecordingAnnotator();
-  const dp = createDataplane(settings, {
+  const dp = createDataplane(ambientArgs(settings), {
     annotator,
     host: (argv, o) => runInNetns(nodeHeld, argv, { input: o?.input ?? null }),
     flavour: async () => 'nft',

@@ -18,6 +18,7 @@ import { parseProbeSet, PROBE_SET_V4 } from '../../src/ambient/hostrules.ts';
 import { applyInpod, removeInpod, type Flavour, type Runner } from '../../src/ambient/podrules.ts';
 import type { ZdsTimings } from '../../src/ambient/ztunnelserver.ts';
 import { buildSettings, type Settings } from '../../src/config/settings.ts';
+import { ambientArgs } from '../../src/agent.ts';
 import { openNetns, runInNetns } from '../../src/podnetns/index.ts';
 import { cleanupAfterEach } from '../helpers/cleanup.ts';
 import { FakeZtunnel } from '../helpers/fake-ztunnel.ts';
@@ -72,7 +73,7 @@ function socketPath(): string {
 }
 
 function dataplane(sock: string, host: Runner, flavour: Flavour, over: Partial<Settings['ambient']> = {}) {
-  const dp = createDataplane(settingsFor(sock, over), {
+  const dp = createDataplane(ambientArgs(settingsFor(sock, over)), {
     annotator: new FakeAnnotator(),
     host,
     flavour: async () => flavour,
@@ -342,7 +343,7 @@ describe("ambient dataplane: the CNI ADD's netns path", () => {
     // Nothing may be written into this test's own netns: the flavour fails, so a path let
     // through shows as a rules failure instead of the netns refusal.
     const dp = createDataplane(
-      { ...settingsFor(sock), repair: { ...settingsFor(sock).repair, hostNetnsPath: elsewhere.path } },
+      { ...ambientArgs(settingsFor(sock)), hostNetnsPath: elsewhere.path },
       {
         annotator: new FakeAnnotator(),
         host: node.run,
@@ -421,7 +422,7 @@ describe('ambient dataplane: a pod found without its netns at start-up', () => {
     // ours in it, and no process of it to be found by at start-up.
     const pod = ambientPod(['198.18.69.2']);
     const annotator = new FakeAnnotator();
-    const dp = createDataplane(settingsFor(sock), {
+    const dp = createDataplane(ambientArgs(settingsFor(sock)), {
       annotator,
       host: node.run,
       flavour: async () => 'nft',

@@ -24,6 +24,7 @@ import { parseProbeSet, PROBE_SET_V4, PROBE_SET_V6 } from '../../src/ambient/hos
 import { applyInpod, podOptions, type Flavour } from '../../src/ambient/podrules.ts';
 import type { ZdsTimings } from '../../src/ambient/ztunnelserver.ts';
 import { buildSettings, type Settings } from '../../src/config/settings.ts';
+import { ambientArgs } from '../../src/agent.ts';
 import { openNetns, runInNetns } from '../../src/podnetns/index.ts';
 import { cleanupAfterEach } from '../helpers/cleanup.ts';
 import { FakeZtunnel } from '../helpers/fake-ztunnel.ts';
@@ -90,7 +91,7 @@ function dataplane(
   flavour: Flavour,
   over: Partial<Settings['ambient']> = {},
 ): MeshDataplane {
-  const dp = createDataplane(settingsFor(sock, over), {
+  const dp = createDataplane(ambientArgs(settingsFor(sock, over)), {
     annotator: ann,
     host: node.run,
     flavour: async () => flavour,
@@ -351,7 +352,7 @@ for (const flavour of ['nft', 'legacy'] as const) {
       const ns = podNetnsWithVeth('pod', '198.18.50.8', defer);
       const sock = socketPath();
       let broken = false;
-      const dp = createDataplane(settingsFor(sock), {
+      const dp = createDataplane(ambientArgs(settingsFor(sock)), {
         annotator: new FakeAnnotator(),
         host: node.run,
         flavour: async () => {
@@ -563,7 +564,7 @@ for (const flavour of ['nft', 'legacy'] as const) {
       const sock = socketPath();
       const ann = new FakeAnnotator();
       const pod = ambientPod('198.18.53.2');
-      const first = createDataplane(settingsFor(sock), {
+      const first = createDataplane(ambientArgs(settingsFor(sock)), {
         annotator: ann,
         host: node.run,
         flavour: async () => flavour,
@@ -579,7 +580,7 @@ for (const flavour of ['nft', 'legacy'] as const) {
       assert.equal(probeEntries(node.ns)?.get('198.18.53.2'), pod.uid);
       assert.equal(inpodRules(ns, flavour), true);
       // The new agent of the upgrade: the pod found again, ztunnel reconnects and gets it.
-      const second = createDataplane(settingsFor(sock), {
+      const second = createDataplane(ambientArgs(settingsFor(sock)), {
         annotator: ann,
         host: node.run,
         flavour: async () => flavour,

@@ -16,6 +16,7 @@ import {
   type EnablementSelector,
 } from '../../src/ambient/enablement.ts';
 import { buildSettings } from '../../src/config/settings.ts';
+import { ambientArgs } from '../../src/agent.ts';
 import { sidecarSkipReason } from '../../cni-plugin/shared/sidecar.ts';
 import { ambientRules } from '../../src/ambient/enablement.ts';
 
@@ -51,7 +52,7 @@ function pod(
 }
 
 const AMBIENT_NS = { [MODE]: 'ambient' };
-const rules = ambientRules(buildSettings({}, {}));
+const rules = ambientRules(ambientArgs(buildSettings({}, {})));
 
 describe('isAmbientPod with the default selectors', () => {
   const table: [string, V1Pod, Record<string, string> | undefined, boolean][] = [
@@ -104,7 +105,7 @@ describe('isAmbientPod with the default selectors', () => {
   // --repair-sidecar-annotation only says which pods repair looks at. Before, a pod carrying it
   // was never ambient for the agent, while the plugin (which never reads the flag) handed it over.
   it('--repair-sidecar-annotation makes no pod a sidecar pod: the sidecar path decides', () => {
-    const r = ambientRules(buildSettings({ 'repair-sidecar-annotation': 'inject.example/done' }, {}));
+    const r = ambientRules(ambientArgs(buildSettings({ 'repair-sidecar-annotation': 'inject.example/done' }, {})));
     const p = pod({ annotations: { 'inject.example/done': 'x' }, proxy: true });
     assert.equal(isAmbientPod(p, AMBIENT_NS, DEFAULT_ENABLEMENT_SELECTORS, r), true);
     const q = pod({ annotations: { 'sidecar.mesh.io/status': 'x' }, proxy: true });

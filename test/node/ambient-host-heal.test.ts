@@ -24,6 +24,7 @@ import {
 } from '../../src/ambient/hostrules.ts';
 import { applyInpod, type Flavour, type Runner } from '../../src/ambient/podrules.ts';
 import { buildSettings, type Settings } from '../../src/config/settings.ts';
+import { ambientArgs } from '../../src/agent.ts';
 import { registry } from '../../src/monitoring/metrics.ts';
 import type { Clock } from '../../src/orch/limits.ts';
 import { cleanupAfterEach } from '../helpers/cleanup.ts';
@@ -320,7 +321,7 @@ describe('host probe path: healed by the dataplane from start to stop', () => {
     const dir = mkdtempSync('/run/mcni-heal-');
     defer(async () => rmSync(dir, { recursive: true, force: true }));
     const clock = new StepClock();
-    const dp = createDataplane(settingsFor(path.join(dir, 'ztunnel.sock')), {
+    const dp = createDataplane(ambientArgs(settingsFor(path.join(dir, 'ztunnel.sock'))), {
       annotator,
       host: runnerIn(node),
       flavour: async () => flavour,

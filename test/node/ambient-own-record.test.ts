@@ -26,6 +26,7 @@ import { startAmbient, type AmbientComponent } from '../../src/ambient/index.ts'
 import { applyInpod, podOptions, type Runner } from '../../src/ambient/podrules.ts';
 import { podsAtStart } from '../../src/ambient/snapshot.ts';
 import { buildSettings, type Settings } from '../../src/config/settings.ts';
+import { ambientArgs } from '../../src/agent.ts';
 import { configureLogging } from '../../src/monitoring/logging.ts';
 import { type OrchApi } from '../../src/orch/api.ts';
 import { orchApi } from '../../src/orch/client.ts';
@@ -115,12 +116,12 @@ async function node(): Promise<Node> {
       const pods = nodePodSource(orch, NODE, 'install');
       pods.start();
       defer(() => pods.stop());
-      const dataplane: MeshDataplane = createDataplane(settings, {
+      const dataplane: MeshDataplane = createDataplane(ambientArgs(settings), {
         annotator: apiAnnotator(orch),
         host: (argv, o) => runInNetns(held, argv, { input: o?.input ?? null }),
         flavour: async () => 'nft',
       });
-      const ambient = startAmbient(settings, {
+      const ambient = startAmbient(ambientArgs(settings), {
         pods,
         api: orch,
         dataplane,
@@ -349,7 +350,7 @@ function bareDataplane(run: Runner): { dp: MeshDataplane; sock: string } {
     ambient: { ...base.ambient, ztunnelUdsAddress: sock, hostRoot: '/', ipv6: false },
     repair: { ...base.repair, hostProcDir: '/proc', hostNetnsPath: '/proc/self/ns/net' },
   };
-  const dp = createDataplane(settings, {
+  const dp = createDataplane(ambientArgs(settings), {
     annotator: { setRedirection: async () => {} },
     host: run,
     flavour: async () => 'nft',

@@ -15,6 +15,7 @@ import { apiAnnotator } from '../../src/ambient/annotator.ts';
 import { startAmbient, type AmbientComponent } from '../../src/ambient/index.ts';
 import type { Component } from '../../src/component.ts';
 import { buildSettings, type Settings } from '../../src/config/settings.ts';
+import { ambientArgs } from '../../src/agent.ts';
 import { DEFAULT_POD_LOOKUP, startPodLookup } from '../../src/install/podlookup.ts';
 import { configureLogging } from '../../src/monitoring/logging.ts';
 import { registry } from '../../src/monitoring/metrics.ts';
@@ -146,7 +147,7 @@ describe('ambient mode in the agent', () => {
   });
 
   it('stays not ready until the caches are read and the dataplane started, then starts the informer', async () => {
-    ambient = startAmbient(settings, {
+    ambient = startAmbient(ambientArgs(settings), {
       pods,
       api: orch,
       dataplane: fake.dp,
@@ -583,7 +584,7 @@ describe('a dataplane that cannot start', () => {
     };
     // The backoff's waits, shortened (the sleeps still happen, and stop still cuts them).
     const clock = { now: () => performance.now(), sleep: (_ms: number, s?: AbortSignal) => realClock.sleep(5, s) };
-    const amb = startAmbient(settings, {
+    const amb = startAmbient(ambientArgs(settings), {
       pods,
       api: orch,
       dataplane,
@@ -637,7 +638,7 @@ describe('a namespace watch that keeps failing', () => {
     const namespaces = new NamespaceSource(orch, { backoff: { baseMs: 10, maxMs: 50 }, notReadyAfterMs: 0 });
     const fake = fakeDataplane();
     fake.release();
-    const amb = startAmbient(settings, {
+    const amb = startAmbient(ambientArgs(settings), {
       pods,
       api: orch,
       dataplane: fake.dp,

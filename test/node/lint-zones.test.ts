@@ -123,6 +123,14 @@ const CASES: [string, string, RegExp | null][] = [
     /src\/monitoring\/ does not import src\/cmd\//,
   ],
   ['src/monitoring/zz-probe.ts', "import { registry } from './metrics.ts';", null],
+  // Ambient mode is handed its own slice of the settings, never the whole.
+  [
+    'src/ambient/zz-probe.ts',
+    "import type { Settings } from '../config/settings.ts';",
+    /src\/ambient\/ takes AmbientArgs/,
+  ],
+  ['src/ambient/zz-probe.ts', "const m = () => import('../config/settings.ts');", /src\/ambient\/ takes AmbientArgs/],
+  ['src/ambient/zz-probe.ts', "import type { AmbientSettings } from '../config/settings.ts';", null],
   // src/node/ is handed what it needs by the agent.
   [
     'src/node/zz-probe.ts',
