@@ -60,7 +60,7 @@ export async function runAgent(settings: Settings): Promise<number> {
   try {
     // Calls on pod paths (netns opens) the kernel hangs on: named on /readyz until they return.
     components.push(podPathCallsPart());
-    components.push(await startPluginLogServer(settings));
+    components.push(await startPluginLogServer(settings.install.logUdsAddress));
     // One API client for the agent's watches and repair (one connection pool, one read of the orchconfig).
     let api: OrchApi | undefined;
     let kc: KubeConfig | undefined;

@@ -88,7 +88,7 @@ async function serve(role: Role, address: string): Promise<void> {
     configureLogging(settings.logging);
     // Throughput rows measure parsing and printing: no read rate limit. Floods run the defaults.
     await startPluginLogServer(
-      settings,
+      settings.install.logUdsAddress,
       role === 'agent-flood' ? DEFAULT_LIMITS : { ...DEFAULT_LIMITS, maxBytesPerSecond: Number.MAX_SAFE_INTEGER },
     );
     const metric = registry.getSingleMetric('mesh_cni_plugin_log_lines_received_total');

@@ -17,7 +17,6 @@
 
 import net from 'node:net';
 import { Counter, Gauge } from 'prom-client';
-import type { Settings } from '../config/settings.ts';
 import { disabledComponent, type Component } from '../component.ts';
 import { LineSplitter } from './lines.ts';
 import { ReadPacer } from './pacer.ts';
@@ -129,11 +128,11 @@ const BURST_MS = 100;
 // default rate this is at most 32 000 lines a second.
 const LINE_COST = 512;
 
+/** The server on `address` (--log-uds-address, handed over by src/agent.ts); empty: off. */
 export async function startPluginLogServer(
-  settings: Settings,
+  address: string,
   limits: LogServerLimits = DEFAULT_LIMITS,
 ): Promise<Component> {
-  const address = settings.install.logUdsAddress;
   if (address === '') return disabledComponent('plugin-log-server');
 
   const sockets = new Set<net.Socket>();

@@ -72,7 +72,7 @@ describe('README example log lines are what the agent prints', () => {
       sink,
     );
     const logUds = path.join(tmp.dir, 'run/log.sock');
-    logServer = await startPluginLogServer(buildSettings({ 'log-uds-address': logUds }, {}));
+    logServer = await startPluginLogServer(buildSettings({ 'log-uds-address': logUds }, {}).install.logUdsAddress);
     ctrlz = await startControlz(buildSettings({ ctrlz_address: 'localhost', ctrlz_port: '0' }, {}), {
       components: () => [],
     });

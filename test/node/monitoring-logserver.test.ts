@@ -42,7 +42,10 @@ let n = 0;
 function setup(limits: Partial<LogServerLimits> = {}) {
   const address = path.join(tmp, `run${++n}`, 'mesh-cni', 'log.sock');
   const settings = buildSettings({ 'log-uds-address': address }, {});
-  return { address, start: () => startPluginLogServer(settings, { ...DEFAULT_LIMITS, ...limits }) };
+  return {
+    address,
+    start: () => startPluginLogServer(settings.install.logUdsAddress, { ...DEFAULT_LIMITS, ...limits }),
+  };
 }
 
 describe('plugin log server', () => {
@@ -482,7 +485,7 @@ describe('plugin log server', () => {
   });
 
   it('is off when --log-uds-address is empty', async () => {
-    const c = await startPluginLogServer(buildSettings({ 'log-uds-address': '' }, {}));
+    const c = await startPluginLogServer(buildSettings({ 'log-uds-address': '' }, {}).install.logUdsAddress);
     assert.deepEqual(c.status(), { enabled: false });
   });
 });

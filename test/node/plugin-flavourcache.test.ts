@@ -181,7 +181,7 @@ describe('the agent makes the cache directory', () => {
       const cacheDir = path.dirname(cacheFileFor(sock)!);
       for (const before of ['absent', 'wide']) {
         if (before === 'wide') chmodSync(cacheDir, 0o755);
-        const server = await startPluginLogServer(buildSettings({ 'log-uds-address': sock }, {}));
+        const server = await startPluginLogServer(buildSettings({ 'log-uds-address': sock }, {}).install.logUdsAddress);
         try {
           const st = lstatSync(cacheDir);
           assert.ok(st.isDirectory(), before);

@@ -149,7 +149,7 @@ describe("the plugin's log file when the agent is down", () => {
   }
 
   async function startAgent(sock: string): Promise<Component> {
-    const c = await startPluginLogServer(buildSettings({ 'log-uds-address': sock }, {}));
+    const c = await startPluginLogServer(buildSettings({ 'log-uds-address': sock }, {}).install.logUdsAddress);
     defer(() => c.stop('SIGTERM'));
     return c;
   }

@@ -151,7 +151,7 @@ describe('a socket another user can take over', () => {
         'the plugin log socket (--log-uds-address)',
         (sock) =>
           settle(
-            startPluginLogServer(buildSettings({ 'log-uds-address': sock }, {})).then((c) => ({
+            startPluginLogServer(buildSettings({ 'log-uds-address': sock }, {}).install.logUdsAddress).then((c) => ({
               close: () => c.stop('SIGTERM'),
             })),
           ),
