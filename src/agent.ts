@@ -86,7 +86,7 @@ export async function runAgent(settings: Settings): Promise<number> {
     const pluginToken = await startPluginToken(settings);
     components.push(pluginToken);
     components.push(await startInstaller(settings, pluginToken, decide, binaryCheck));
-    components.push(await startControlz(settings, { components: () => components, readiness }));
+    components.push(await startControlz(settings.ctrlz, { components: () => components, readiness }));
     readiness.markStarted();
     agentReached('started');
     // Last, so its first pass reads the whole agent's readiness, and it stops first: on an

@@ -17,7 +17,6 @@ import { buildInfo } from './buildinfo.ts';
 import type { Component } from '../component.ts';
 import { maskedArgs, maskedEnvironment } from '../config/environ.ts';
 import { LOG_LEVELS, type CtrlzWriteMode, type LogLevel, type LogScope } from '../config/flags.ts';
-import type { Settings } from '../config/settings.ts';
 import { CONTROLZ_CSP, CONTROLZ_PAGE } from './ctrlz-page.ts';
 import { boundedHttpServer, HTTP_BOUNDS } from './httpbounds.ts';
 import { SCOPES } from '../config/flags.ts';
@@ -349,9 +348,16 @@ export async function serveControlz(
   };
 }
 
-export async function startControlz(settings: Settings, deps: ControlzDeps): Promise<Component> {
-  const { address, port } = settings.ctrlz;
-  const access = writeAccess(address, settings.ctrlz.write);
+/** What ControlZ reads of the settings (--ctrlz_address, --ctrlz_port, --ctrlz_write): src/agent.ts hands it over. */
+export interface ControlzArgs {
+  readonly address: string;
+  readonly port: number;
+  readonly write: CtrlzWriteMode;
+}
+
+export async function startControlz(args: ControlzArgs, deps: ControlzDeps): Promise<Component> {
+  const { address, port } = args;
+  const access = writeAccess(address, args.write);
   let server: ControlzServer;
   try {
     server = await serveControlz(address, port, deps, access);

@@ -45,7 +45,7 @@ describe('ControlZ API', () => {
     process.env.MESH_TEST_ORCH_TOKEN = 's3cret-token';
     process.env.MESH_TEST_PLAIN = 'plain <b>value</b>';
     configureLogging(buildSettings({ log_caller: 'repair' }, {}).logging, sink);
-    ctrlz = await startControlz(buildSettings({ ctrlz_address: 'localhost', ctrlz_port: '0' }, {}), {
+    ctrlz = await startControlz(buildSettings({ ctrlz_address: 'localhost', ctrlz_port: '0' }, {}).ctrlz, {
       components: () => [installerLike, broken, ctrlz],
     });
     const st = ctrlz.status() as { listening: boolean; port: number };
@@ -208,7 +208,7 @@ describe('ControlZ API', () => {
 
   it('keeps the agent running without ControlZ when the port is taken', async () => {
     const port = String((ctrlz.status() as { port: number }).port);
-    const second = await startControlz(buildSettings({ ctrlz_address: 'localhost', ctrlz_port: port }, {}), {
+    const second = await startControlz(buildSettings({ ctrlz_address: 'localhost', ctrlz_port: port }, {}).ctrlz, {
       components: () => [],
     });
     assert.deepEqual(second.notReadyReasons(), []);
@@ -219,7 +219,7 @@ describe('ControlZ API', () => {
   });
 
   it('listens on every address for *', async () => {
-    const any = await startControlz(buildSettings({ ctrlz_address: '*', ctrlz_port: '0' }, {}), {
+    const any = await startControlz(buildSettings({ ctrlz_address: '*', ctrlz_port: '0' }, {}).ctrlz, {
       components: () => [],
     });
     try {
@@ -270,7 +270,7 @@ describe('ControlZ level changes on record', () => {
   const changes = () => sink.lines.filter((l) => l.includes('\tControlZ: changing scope levels\t'));
 
   before(async () => {
-    ctrlz = await startControlz(buildSettings({ ctrlz_address: 'localhost', ctrlz_port: '0' }, {}), {
+    ctrlz = await startControlz(buildSettings({ ctrlz_address: 'localhost', ctrlz_port: '0' }, {}).ctrlz, {
       components: () => [],
     });
     base = `http://localhost:${(ctrlz.status() as { port: number }).port}`;
@@ -332,7 +332,7 @@ describe('ControlZ write switch (--ctrlz_write)', () => {
     for (const c of running) await c.stop('SIGTERM');
   });
   async function start(flags: Record<string, string>) {
-    const c = await startControlz(buildSettings({ ctrlz_port: '0', ...flags }, {}), { components: () => [] });
+    const c = await startControlz(buildSettings({ ctrlz_port: '0', ...flags }, {}).ctrlz, { components: () => [] });
     running.push(c);
     const base = `http://127.0.0.1:${(c.status() as { port: number }).port}`;
     const headers = { host: 'localhost', 'content-type': 'application/json' };

@@ -73,7 +73,7 @@ describe('README example log lines are what the agent prints', () => {
     );
     const logUds = path.join(tmp.dir, 'run/log.sock');
     logServer = await startPluginLogServer(buildSettings({ 'log-uds-address': logUds }, {}).install.logUdsAddress);
-    ctrlz = await startControlz(buildSettings({ ctrlz_address: 'localhost', ctrlz_port: '0' }, {}), {
+    ctrlz = await startControlz(buildSettings({ ctrlz_address: 'localhost', ctrlz_port: '0' }, {}).ctrlz, {
       components: () => [],
     });
     api = await startTestApiServer();
