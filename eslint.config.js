@@ -63,6 +63,15 @@ const AMBIENT_OWN_ARGS = {
     'src/ambient/ takes AmbientArgs (src/ambient/args.ts), which src/agent.ts cuts from the settings, ' +
     "not the whole Settings: add what it needs to AmbientArgs, so it reads no other part's settings.",
 };
+// Monitoring and the node's readiness are handed their own settings too (src/agent.ts passes the
+// slice or the values each reads).
+const OWN_SLICE = {
+  regex: '(^\\.\\./|/src/)config/settings\\.ts$',
+  importNames: ['Settings'],
+  message:
+    'this part takes the settings it reads (its slice, or the values), which src/agent.ts hands it, ' +
+    "not the whole Settings: so it reads no other part's settings.",
+};
 // The node's readiness (src/node/) writes the agent's own Node from the agent's readiness: it is
 // handed the readiness and the stop's uninstall decision, and reaches the API through src/orch/.
 const NODE_SELF = {
@@ -166,10 +175,10 @@ export default tseslint.config(
   zone(['src/**/*.ts'], [ONLY_SHARED]),
   zone(['src/orch/**/*.ts'], [ONLY_SHARED, ORCH_NOT_INSTALL]),
   zone(['src/config/**/*.ts'], [ONLY_SHARED, CONFIG_NOT_ORCH, CONFIG_NOT_INSTALL]),
-  zone(['src/monitoring/**/*.ts'], [ONLY_SHARED, MONITORING_NOT_CMD]),
+  zone(['src/monitoring/**/*.ts'], [ONLY_SHARED, MONITORING_NOT_CMD, OWN_SLICE]),
   zone(['src/ambient/**/*.ts'], [ONLY_SHARED, AMBIENT_NOT_INSTALL_REPAIR, AMBIENT_OWN_ARGS]),
   zone(['src/podnetns/**/*.ts'], [ONLY_SHARED, PODNETNS_SELF]),
-  zone(['src/node/**/*.ts'], [ONLY_SHARED, NODE_SELF]),
+  zone(['src/node/**/*.ts'], [ONLY_SHARED, NODE_SELF, OWN_SLICE]),
   zone(['cni-plugin/**/*.ts'], [NO_SRC]),
   zone(['cni-plugin/shared/**/*.ts'], [NO_SRC, SHARED_SELF]),
   zone(['cni-plugin/redirect/**/*.ts'], [NO_SRC, REDIRECT_SELF]),

@@ -131,6 +131,13 @@ const CASES: [string, string, RegExp | null][] = [
   ],
   ['src/ambient/zz-probe.ts', "const m = () => import('../config/settings.ts');", /src\/ambient\/ takes AmbientArgs/],
   ['src/ambient/zz-probe.ts', "import type { AmbientSettings } from '../config/settings.ts';", null],
+  [
+    'src/monitoring/zz-probe.ts',
+    "import type { Settings } from '../config/settings.ts';",
+    /takes the settings it reads/,
+  ],
+  ['src/node/zz-probe.ts', "import { type Settings } from '../config/settings.ts';", /takes the settings it reads/],
+  ['src/monitoring/zz-probe.ts', "import type { LoggingSettings } from '../config/settings.ts';", null],
   // src/node/ is handed what it needs by the agent.
   [
     'src/node/zz-probe.ts',
