@@ -20,10 +20,22 @@ export type PodSourceOptions = InformerOptions;
 
 const podKey = (p: V1Pod) => `${p.metadata?.namespace ?? ''}/${p.metadata?.name ?? ''}`;
 
+/**
+ * What is kept of a pod: all of it but metadata.managedFields, the API server's record of which
+ * client wrote which field (~1-4 KB a pod), which no reader reads; the cache holds every pod of
+ * the node for the agent's life.
+ */
+function slim(p: V1Pod): V1Pod {
+  if (p.metadata?.managedFields === undefined) return p;
+  const { managedFields: _, ...metadata } = p.metadata;
+  return { ...p, metadata };
+}
+
 const PODS: Resource<V1Pod> = {
   plural: 'pods',
   singular: 'pod',
   key: podKey,
+  slim,
   queryHint: 'check its selectors (for repair: --repair-field-selectors, --repair-label-selectors)',
 };
 
