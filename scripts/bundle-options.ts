@@ -3,6 +3,7 @@
 
 import type { BuildOptions } from 'esbuild';
 import { builtinsByRequire } from './builtins-by-require.ts';
+import { asciiSource } from './ascii-source.ts';
 import { lazyModules } from './lazy-modules.ts';
 import { slimClientNode } from './slim-client-node.ts';
 
@@ -34,8 +35,9 @@ export function bundleOptions(format: 'esm' | 'cjs', buildInfo: BuildInfo): Buil
     alias: { punycode: 'punycode/' },
     // The agent: only the parts of client-node it runs (see slim-client-node.ts), built-ins
     // loaded without an ESM facade (see builtins-by-require.ts), and what only some paths use
-    // loaded on first use (see lazy-modules.ts).
-    plugins: format === 'esm' ? [slimClientNode(), builtinsByRequire(), lazyModules()] : [],
+    // loaded on first use (see lazy-modules.ts), its source one byte a character in V8's heap
+    // (see ascii-source.ts).
+    plugins: format === 'esm' ? [slimClientNode(), builtinsByRequire(), lazyModules(), asciiSource()] : [],
     logLevel: 'warning',
   };
 }
