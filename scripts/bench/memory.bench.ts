@@ -14,7 +14,7 @@
 // The breakdown: JS heap (used / committed), code space, external (Buffers, ArrayBuffers: TLS,
 // sockets), and the rest of RSS (the node binary's pages, native allocations, stacks).
 //
-//   npm run bench -- memory        (PODS=250 ROUNDS=3 SETTLE_MS=4000 by default)
+//   npm run bench -- memory        (PODS=250 ROUNDS=3 SETTLE_MS=4000 by default; NODE_FLAGS=...)
 
 import * as esbuild from 'esbuild';
 import { spawn, type ChildProcess } from 'node:child_process';
@@ -299,7 +299,8 @@ async function stop(child: ChildProcess): Promise<void> {
   await closed;
 }
 
-const NODE_FLAGS = ['--no-deprecation'];
+/** The agent's and the floor's node flags; NODE_FLAGS adds some to both (a V8 setting tried). */
+const NODE_FLAGS = ['--no-deprecation', ...(process.env.NODE_FLAGS ?? '').split(' ').filter(Boolean)];
 
 async function floor(dir: string, preload: string): Promise<Memory> {
   const out = path.join(dir, 'floor.json');
