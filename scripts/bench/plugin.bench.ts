@@ -84,8 +84,8 @@ const emptyScript = path.join(tmp, 'empty.cjs');
 writeFileSync(emptyScript, 'process.exit(0);\n');
 // The least a Bun plugin does: read the request, write a result, with Bun's own IO (no node:
 // modules loaded); VERSION and DEL with the netns gone are compared with it.
-const ioScript = path.join(tmp, 'io.js');
-writeFileSync(ioScript, 'const s = await Bun.stdin.text();\nawait Bun.write(Bun.stdout, s);\n');
+const ioScript = path.join(tmp, 'io.cjs');
+writeFileSync(ioScript, 'Bun.stdin.text().then((s) => Bun.write(Bun.stdout, s));\n');
 const exe = new Map<string, string>();
 const emptyExe = new Map<string, string>();
 const ioExe = new Map<string, string>();
