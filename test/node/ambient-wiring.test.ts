@@ -28,6 +28,7 @@ import { nodePodSource, type PodSource } from '../../src/orch/podsource.ts';
 import { spawnAgent } from '../helpers/agent.ts';
 import { ALLOW_ALL, startTestApiServer, type TestApiServer } from '../helpers/apiserver.ts';
 import { BRIDGE_CONFLIST, makeHostTree } from '../helpers/hosttree.ts';
+import { noFirewallPath } from '../helpers/nofirewall.ts';
 import { tempDir } from '../helpers/plugin.ts';
 import { eventually } from '../helpers/poll.ts';
 
@@ -528,8 +529,9 @@ describe('the agent with ambient mode on, stopping', () => {
           NODE_NAME: 'node-1',
           POD_NAME: 'mesh-cni-node-abcde',
           POD_NAMESPACE: 'mesh-system',
-          // No iptables or ipset to find: the real dataplane cannot start, so it touches nothing here.
-          PATH: '/nonexistent-mesh-cni-test',
+          // No working iptables or ipset to find: the real dataplane cannot start, so it touches
+          // nothing here.
+          PATH: noFirewallPath(),
         },
       );
       try {

@@ -18,6 +18,7 @@ import { makeHostTree } from '../helpers/hosttree.ts';
 import { eventually, waitFor } from '../helpers/poll.ts';
 import { BridgeNetwork, Netns, type ChainEnv } from '../helpers/netns.ts';
 import { k8sArgs, meshCni, meshPod, pluginConfig, tempDir } from '../helpers/plugin.ts';
+import { noFirewallPath } from '../helpers/nofirewall.ts';
 
 configureLogging(
   { asJson: true, outputLevels: buildSettings({ log_output_level: 'all:none' }, {}).logging.outputLevels },
@@ -310,9 +311,9 @@ describe('one watch of the node pods per agent', () => {
   }
 
   const node = 'fields=spec.nodeName=node-1 labels=';
-  // The real dataplane programs the node (MESH_POSTRT, ipsets): here it finds no iptables or ipset
-  // on an empty PATH, so its start fails and is retried, touching nothing; the watches are up before.
-  const AMBIENT_ENV = { PATH: '/nonexistent-mesh-cni-test' };
+  // The real dataplane programs the node (MESH_POSTRT, ipsets): here it finds no working iptables
+  // or ipset, so its start fails and is retried, touching nothing; the watches are up before.
+  const AMBIENT_ENV = { PATH: noFirewallPath() };
   const table: {
     name: string;
     flags: Record<string, string>;

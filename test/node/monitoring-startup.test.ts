@@ -16,6 +16,7 @@ import { startTestApiServer, type TestApiServer } from '../helpers/apiserver.ts'
 import { cleanupAfterEach } from '../helpers/cleanup.ts';
 import { BRIDGE_CONFLIST, makeHostTree, type HostTree } from '../helpers/hosttree.ts';
 import { run } from '../helpers/netns.ts';
+import { noFirewallPath } from '../helpers/nofirewall.ts';
 import { promtoolProblems, request } from '../helpers/observability.ts';
 import { waitFor } from '../helpers/poll.ts';
 
@@ -165,8 +166,8 @@ describe('start-up stages of the running agent', () => {
   it('an agent never ready (ambient mode cannot start here): both watches in order, no ready series, reasons with since in /readyz and ControlZ alike', async () => {
     const { api, tree } = await cluster();
     await writeFile(path.join(tree.netDir, '10-bridge.conflist'), BRIDGE_CONFLIST);
-    // No iptables or ipset to find: the dataplane cannot start, so it touches nothing here.
-    const a = agentOn(api, tree, { 'ambient-enabled': 'true' }, { PATH: '/nonexistent-mesh-cni-test' });
+    // No working iptables or ipset to find: the dataplane cannot start, so it touches nothing here.
+    const a = agentOn(api, tree, { 'ambient-enabled': 'true' }, { PATH: noFirewallPath() });
     const ctrlz = await a.waitForLog((r) => r.msg === 'ControlZ listening', 'ControlZ', 20_000);
     const s = await waitFor(
       'both watches to have their state',
