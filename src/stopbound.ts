@@ -4,13 +4,11 @@
 // uninstall leaves the node part way, which the uninstall's order makes safe but not tidy.
 
 import type { Settings } from './config/settings.ts';
+import { STOP_GRACE_MS as AMBIENT_QUEUE_GRACE_MS } from './ambient/index.ts';
 import { DECISION_DEADLINE_MS } from './install/uninstall.ts';
-/** One API call of the node readiness part (its condition write on uninstall: a read and a patch under one timeout). */
-const NODE_CALL_MS = 10_000;
-/** Ambient mode's event queue is given this long to drain (src/ambient/index.ts). */
-const AMBIENT_QUEUE_GRACE_MS = 5000;
-/** One iptables/ipset command on the host before it is killed (src/hostnet/run.ts). */
-const HOST_COMMAND_MS = 5000;
+import { CALL_TIMEOUT_MS as NODE_CALL_MS } from './node/index.ts';
+import { DEFAULT_TIMEOUT_MS as HOST_COMMAND_MS } from './podnetns/program.ts';
+
 /**
  * Host commands of ambient mode's stop, at most: a heal pass in flight (save, restore, ipset) and
  * the uninstall's removal (save, restore, ipset destroy) for each of IPv4 and IPv6.

@@ -32,6 +32,9 @@ const log = scope('ambient');
 /** Uninstall or upgrade (the installer's --cleanup-on-exit decision, src/install/uninstall.ts). */
 export type CleanupDecider = () => Promise<{ readonly cleanup: boolean; readonly why: string }>;
 
+/** How long ambient mode's event queue is given to drain when it stops (a part of the stop's bound). */
+export const STOP_GRACE_MS = 5000;
+
 export interface AmbientDeps {
   /** The node's pod watch (never a second one). */
   readonly pods: PodSource;
@@ -182,7 +185,7 @@ export function startAmbient(args: AmbientArgs, deps: AmbientDeps): AmbientCompo
       stopping.abort();
       await started.catch(() => {});
       await cmdAdd?.close();
-      await informer.stop(deps.stopGraceMs ?? 5000);
+      await informer.stop(deps.stopGraceMs ?? STOP_GRACE_MS);
       const decision = await deps.decideCleanup();
       log.info(decision.cleanup ? 'ambient: uninstall, removing the host rules' : 'ambient: keeping the node as is', {
         signal,

@@ -32,7 +32,7 @@ import {
 const log = scope('install');
 
 /** One API call's longest wait: a pass that hangs would hold every later one back. */
-const CALL_TIMEOUT_MS = 10_000;
+export const CALL_TIMEOUT_MS = 10_000;
 /** Reads and patches in one pass when the node keeps changing under the taint patch. */
 const TAINT_ATTEMPTS = 3;
 
