@@ -81,12 +81,13 @@ const NODE_SELF = {
     "agent's readiness and the stop's uninstall decision (src/agent.ts wires them).",
 };
 // The pod-netns module (in-place repair and ambient mode both use it): the /proc scan and the
-// nsenter runner on Node built-ins alone (and the agent's logger and src/concurrency.ts), so both
-// users import it and nothing more comes with it.
+// nsenter runner on Node built-ins alone (and the agent's logger and its leaf modules
+// src/concurrency.ts and src/filekind.ts), so both users import it and nothing more comes with it.
 const PODNETNS_SELF = {
-  regex: '^(?!node:|\\./[^/]+$|\\.\\./monitoring/logging\\.ts$|\\.\\./concurrency\\.ts$)',
+  regex: '^(?!node:|\\./[^/]+$|\\.\\./monitoring/logging\\.ts$|\\.\\./(concurrency|filekind)\\.ts$)',
   message:
-    'src/podnetns/ imports only node: built-ins, its own files, ../monitoring/logging.ts and ../concurrency.ts: ' +
+    'src/podnetns/ imports only node: built-ins, its own files, ../monitoring/logging.ts, ../concurrency.ts and ' +
+    '../filekind.ts: ' +
     'repair and ambient both use it, so it does not import src/orch/, src/repair/ or src/install/ (its caller passes what it needs).',
 };
 // The bans match the path as written, so a detour they cannot see through (./../install/,

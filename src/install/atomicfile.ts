@@ -10,7 +10,8 @@ import { constants, lstatSync, type BigIntStats } from 'node:fs';
 import fs from 'node:fs/promises';
 import path from 'node:path';
 import { TEMP_MARKER } from '../config/cnifiles.ts';
-import { fileKind, identity } from './safefile.ts';
+import { fileKind } from '../filekind.ts';
+import { identity } from './safefile.ts';
 
 export { TEMP_MARKER };
 
@@ -158,7 +159,7 @@ export async function removeStaleTemps(dir: string): Promise<StaleTemps> {
       try {
         const st = await fs.lstat(file);
         if (!st.isFile() && !st.isSymbolicLink()) {
-          out.skipped.push({ name: n, why: `${fileKind(st)}, not a file of ours` });
+          out.skipped.push({ name: n, why: `${fileKind(st.mode)}, not a file of ours` });
           return;
         }
         // unlink removes a link itself and fails on a directory swapped in meanwhile (EISDIR).

@@ -7,6 +7,7 @@
 
 import { constants, type BigIntStats } from 'node:fs';
 import fs from 'node:fs/promises';
+import { fileKind } from '../filekind.ts';
 
 /** Largest config, token, CA or template file read: CNI configs are a few KiB. */
 export const MAX_FILE_BYTES = 1024 * 1024;
@@ -23,24 +24,6 @@ export class UnsafeFileError extends Error {
     this.file = file;
     this.reason = reason;
   }
-}
-
-/** `a FIFO`, `a character device`, ...: what a non-regular file is, for messages. */
-export function fileKind(st: {
-  isFIFO(): boolean;
-  isCharacterDevice(): boolean;
-  isBlockDevice(): boolean;
-  isSocket(): boolean;
-  isDirectory(): boolean;
-  isSymbolicLink(): boolean;
-}): string {
-  if (st.isFIFO()) return 'a FIFO';
-  if (st.isCharacterDevice()) return 'a character device';
-  if (st.isBlockDevice()) return 'a block device';
-  if (st.isSocket()) return 'a socket';
-  if (st.isDirectory()) return 'a directory';
-  if (st.isSymbolicLink()) return 'a symbolic link';
-  return 'not a regular file';
 }
 
 /** The stat identity of a file: equal identities mean the same bytes (outside the racy window). */
@@ -75,7 +58,7 @@ export async function openRegular(
   try {
     const stat = await fh.stat({ bigint: true });
     if (!stat.isFile())
-      throw new UnsafeFileError(file, 'not_regular', `${file} is ${fileKind(stat)}, not a regular file`);
+      throw new UnsafeFileError(file, 'not_regular', `${file} is ${fileKind(stat.mode)}, not a regular file`);
     return { fh, stat };
   } catch (e) {
     await fh.close();

@@ -17,7 +17,7 @@
 import fs from 'node:fs';
 import fsp from 'node:fs/promises';
 import { promisify } from 'node:util';
-import { fileKind } from './filekind.ts';
+import { fileKind } from '../filekind.ts';
 import { podPathCalls, type FsCallGate } from './fscalls.ts';
 
 /** An open netns, held by fd (O_RDONLY|O_NONBLOCK|O_CLOEXEC). close() is idempotent. */

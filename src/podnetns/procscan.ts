@@ -11,7 +11,7 @@ import fs from 'node:fs';
 import fsp from 'node:fs/promises';
 import path from 'node:path';
 import { podUidFromCgroup } from './cgroup.ts';
-import { fileKind } from './filekind.ts';
+import { fileKind } from '../filekind.ts';
 import { nsKey, sameNs, type NsId } from './held.ts';
 import { canonicalIp } from './addresses.ts';
 

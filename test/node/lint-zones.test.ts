@@ -146,6 +146,16 @@ const CASES: [string, string, RegExp | null][] = [
   ],
   ['src/node/zz-probe.ts', "const m = () => import('../repair/index.ts');", /src\/node\/ does not import/],
   ['src/node/zz-probe.ts', "import { apiRequest } from '../orch/request.ts';", null],
+  // src/podnetns/ stands on Node built-ins and the agent's leaf modules alone: the file-kind
+  // names it shares with the installer live in src/filekind.ts, not in src/install/.
+  ['src/podnetns/zz-probe.ts', "import { fileKind } from '../filekind.ts';", null],
+  ['src/podnetns/zz-probe.ts', "import { Limit } from '../concurrency.ts';", null],
+  [
+    'src/podnetns/zz-probe.ts',
+    "import { openRegular } from '../install/safefile.ts';",
+    /src\/podnetns\/ imports only node: built-ins/,
+  ],
+  ['src/podnetns/zz-probe.ts', "import { apiRequest } from '../orch/request.ts';", /src\/podnetns\/ imports only/],
   // require(), in any zone.
   ['cni-plugin/zz-probe.ts', "const m = require('../src/agent.ts');", /require\(\)/],
   ['src/orch/zz-probe.ts', "const m = require('../install/installer.ts');", /require\(\)/],

@@ -1,4 +1,5 @@
-// What a file is, for messages that refuse it: "is a FIFO", "is a directory". Pure.
+// What a file is, for messages that refuse it: "is a FIFO", "is a directory". Pure, on Node
+// built-ins alone: the installer's safe reads and the pod-netns module both name files with it.
 
 import { constants } from 'node:fs';
 
