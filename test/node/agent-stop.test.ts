@@ -8,7 +8,6 @@ import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
 import { readFileSync } from 'node:fs';
 import fs from 'node:fs/promises';
-import os from 'node:os';
 import path from 'node:path';
 import { describe, it } from 'node:test';
 import { parseAllDocuments } from 'yaml';
@@ -16,6 +15,7 @@ import type { V1DaemonSet } from '@kubernetes/client-node';
 import { spawnAgent, type AgentEntry, type AgentProcess } from '../helpers/agent.ts';
 import { BRIDGE_CONFLIST, makeHostTreeFor, type HostTree } from '../helpers/hosttree.ts';
 import { ROOT } from '../helpers/cli.ts';
+import { startSandbox } from '../helpers/sandbox.ts';
 import { eventually } from '../helpers/poll.ts';
 import { cleanupAfterEach } from '../helpers/cleanup.ts';
 import { buildSettings, type RawFlags } from '../../src/config/settings.ts';
@@ -171,9 +171,8 @@ describe('install-cni stops cleanly, every time', () => {
   // Ctrl-C is a SIGINT to each of them. Sent here to a group of its own, twice, the second once
   // the agent says it is stopping; npm's own build step is left out (npm exec, not npm start).
   it("npm start's sandbox: Ctrl-C twice to the process group uninstalls as once does", async () => {
-    const dir = await fs.mkdtemp(path.join(os.tmpdir(), 'mcni-sandbox-'));
-    defer(() => fs.rm(dir, { recursive: true, force: true }));
-    const child = spawn(
+    const sandbox = await startSandbox(
+      defer,
       'npm',
       [
         'exec',
@@ -186,33 +185,15 @@ describe('install-cni stops cleanly, every time', () => {
         '--log_as_json',
         '--cleanup-on-exit=always',
       ],
-      {
-        cwd: ROOT,
-        detached: true,
-        env: {
-          ...process.env,
-          PATH: `${path.dirname(process.execPath)}:${process.env.PATH ?? ''}`,
-          MESH_SANDBOX_DIR: dir,
-        },
-        stdio: ['ignore', 'pipe', 'pipe'],
-      },
+      { env: () => ({ PATH: `${path.dirname(process.execPath)}:${process.env.PATH ?? ''}` }) },
     );
-    const group = child.pid!;
-    defer(async () => {
-      try {
-        process.kill(-group, 'SIGKILL');
-      } catch {
-        // gone
-      }
-    });
-    let out = '';
-    let err = '';
-    child.stdout.on('data', (d: Buffer) => (out += d.toString()));
-    child.stderr.on('data', (d: Buffer) => (err += d.toString()));
-    // The agent is the last of the group to hold the pipe: its end is the pipe's.
-    const closed = new Promise<void>((resolve) => child.stdout.on('close', resolve));
-    await eventually(() => /"msg":"mesh-cni is installed and ready"/.test(out), `the sandbox ready: ${err}`, 30_000);
-    await eventually(() => /"msg":"install-cni started"/.test(out), 'started');
+    const { dir, group, out } = sandbox;
+    await eventually(
+      () => /"msg":"mesh-cni is installed and ready"/.test(out()),
+      `the sandbox ready: ${sandbox.err()}`,
+      30_000,
+    );
+    await eventually(() => /"msg":"install-cni started"/.test(out()), 'started');
     const netDir = path.join(dir, 'host/etc/cni/net.d');
     assert.deepEqual((await fs.readdir(netDir)).sort(), ['10-bridge.conflist', 'ZZZ-mesh-cni-orchconfig']);
     const agentPid = (await fs.readdir('/proc'))
@@ -229,15 +210,15 @@ describe('install-cni stops cleanly, every time', () => {
       });
     assert.ok(agentPid, 'the agent shows as install-cni in its process group');
     process.kill(-group, 'SIGINT');
-    await eventually(() => /"msg":"stopping"/.test(out), 'stopping');
+    await eventually(() => /"msg":"stopping"/.test(out()), 'stopping');
     try {
       process.kill(-group, 'SIGINT');
     } catch {
       // the whole group is gone already
     }
-    await closed;
-    assert.doesNotMatch(out, /"msg":"the stop did not finish/);
-    assert.match(out, /"msg":"uninstalling mesh-cni from this node"/);
+    await sandbox.closed;
+    assert.doesNotMatch(out(), /"msg":"the stop did not finish/);
+    assert.match(out(), /"msg":"uninstalling mesh-cni from this node"/);
     assert.deepEqual(await fs.readdir(netDir), ['10-bridge.conflist']);
     assert.doesNotMatch(readFileSync(path.join(netDir, '10-bridge.conflist'), 'utf8'), /mesh-cni/);
     assert.deepEqual(await fs.readdir(path.join(dir, 'host/opt/cni/bin')), ['mesh-cni']);

@@ -4,15 +4,15 @@
 // needs no root. Run in a temp dir (MESH_SANDBOX_DIR), metrics and ControlZ on free ports.
 
 import assert from 'node:assert/strict';
-import { spawn, spawnSync } from 'node:child_process';
+import { spawnSync } from 'node:child_process';
 import { readFileSync } from 'node:fs';
 import fs from 'node:fs/promises';
-import os from 'node:os';
 import path from 'node:path';
 import { describe, it } from 'node:test';
 import { ROOT } from '../helpers/cli.ts';
 import { waitFor } from '../helpers/poll.ts';
 import { cleanupAfterEach } from '../helpers/cleanup.ts';
+import { startSandbox } from '../helpers/sandbox.ts';
 
 const defer = cleanupAfterEach();
 
@@ -29,40 +29,16 @@ function unreadableBy(uid: number): string | null {
 }
 
 async function runSandbox(uid: number | undefined): Promise<void> {
-  const dir = await fs.mkdtemp(path.join(os.tmpdir(), 'mcni-sandbox-'));
-  defer(() => fs.rm(dir, { recursive: true, force: true }));
-  if (uid !== undefined) await fs.chown(dir, uid, uid);
-  const child = spawn(
+  const { dir, group, out, exited, context } = await startSandbox(
+    defer,
     process.execPath,
     ['scripts/sandbox.ts', '--monitoring-port=0', '--ctrlz_port=0', '--log_as_json'],
-    {
-      cwd: ROOT,
-      detached: true,
-      env: { ...process.env, MESH_SANDBOX_DIR: dir, HOME: dir },
-      stdio: ['ignore', 'pipe', 'pipe'],
-      ...(uid === undefined ? {} : { uid, gid: uid }),
-    },
+    { uid, env: (home) => ({ HOME: home }) },
   );
-  const group = child.pid!;
-  defer(async () => {
-    try {
-      process.kill(-group, 'SIGKILL');
-    } catch {
-      // gone
-    }
-  });
-  let out = '';
-  let err = '';
-  child.stdout.on('data', (d: Buffer) => (out += d.toString()));
-  child.stderr.on('data', (d: Buffer) => (err += d.toString()));
-  const exited = new Promise<number | string>((resolve) =>
-    child.on('exit', (code, signal) => resolve(code ?? signal ?? 'unknown')),
-  );
-  const context = () => `stdout:\n${out}\nstderr:\n${err}`;
 
   const port = await waitFor(
     'the monitoring port',
-    () => /"port":(\d+),[^\n]*"msg":"monitoring server listening"/.exec(out)?.[1],
+    () => /"port":(\d+),[^\n]*"msg":"monitoring server listening"/.exec(out())?.[1],
     {
       timeoutMs: 30_000,
       context,
@@ -83,7 +59,7 @@ async function runSandbox(uid: number | undefined): Promise<void> {
 
   process.kill(-group, 'SIGINT'); // the terminal's Ctrl-C
   assert.equal(await exited, 0, context());
-  assert.match(out, /"msg":"uninstalling mesh-cni from this node"/, context());
+  assert.match(out(), /"msg":"uninstalling mesh-cni from this node"/, context());
   assert.deepEqual(await fs.readdir(netDir), ['10-bridge.conflist']);
   assert.doesNotMatch(readFileSync(path.join(netDir, '10-bridge.conflist'), 'utf8'), /mesh-cni/);
   assert.deepEqual(await fs.readdir(path.join(dir, 'host/opt/cni/bin')), ['mesh-cni']);
