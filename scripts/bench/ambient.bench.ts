@@ -37,6 +37,7 @@ import { forwardLoopback } from '../../test/helpers/podman.ts';
 import { waitFor } from '../../test/helpers/poll.ts';
 import { pct } from './lib/stats.ts';
 import { RusageDriver, type Measured } from './lib/rusage.ts';
+import { printTable } from './lib/table.ts';
 
 const PODS = Number(process.env.PODS ?? 250);
 const ADDS = Number(process.env.ADDS ?? 20);
@@ -98,14 +99,6 @@ function cpuMs(pid: number): number {
   const f = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
   // fields 14-17 (utime stime cutime cstime) are 12-15 after the comm
   return ((Number(f[11]) + Number(f[12]) + Number(f[13]) + Number(f[14])) * 1000) / CLK_TCK;
-}
-
-function table(head: string[], rows: string[][]): void {
-  const widths = head.map((h, i) => Math.max(h.length, ...rows.map((r) => r[i]!.length)));
-  const line = (r: string[]) => r.map((c, i) => c.padEnd(widths[i]!)).join(' | ');
-  console.log(line(head));
-  console.log(widths.map((w) => '-'.repeat(w)).join('-|-'));
-  for (const r of rows) console.log(line(r));
 }
 
 /** An API server holding namespace demo (ambient) and `pods`, reachable in the node netns too. */
@@ -347,7 +340,7 @@ await empty.close();
 fleet.remove();
 
 console.log(`\nADD, spawn to exit (${ADDS} each, interleaved; plugin ${path.relative(ROOT, pluginExe)}, nft)`);
-table(
+printTable(
   ['call', 'p50 wall', 'p99 wall', 'p50 CPU (user+sys, children incl.)'],
   [...samples].map(([k, xs]) => [
     k,
@@ -371,7 +364,7 @@ console.log(
   `\nStart-up snapshot, median of ${ROUNDS} runs ` +
     '(fake ztunnel waiting for the socket; later runs find the rules in place)',
 );
-table(
+printTable(
   ['start', 'first run (rules applied)', 'spawn -> SnapshotSent', 'ztunnel connected -> SnapshotSent', 'Adds'],
   snapRows.map(({ what, runs }) => [
     what,
@@ -383,7 +376,7 @@ table(
 );
 
 console.log(`\nAgent RSS, ${PODS} pods on the node, 2 s after settling`);
-table(
+printTable(
   ['mode', 'RSS'],
   [
     ['sidecar mode (ambient off), pods in the watch', `${rssSidecar.toFixed(1)} MB`],

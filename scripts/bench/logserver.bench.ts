@@ -20,6 +20,7 @@ import net from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
+import { printTable } from './lib/table.ts';
 
 interface Stats {
   readonly records: number;
@@ -453,15 +454,6 @@ async function measureFlood(
       served: role === 'baseline' ? 'n/a' : `${served}/${runs}`,
     };
   });
-}
-
-function printTable(header: string[], rows: string[][], leftCols: number): void {
-  const widths = header.map((h, i) => Math.max(h.length, ...rows.map((row) => row[i]!.length)));
-  const fmt = (cells: string[]) =>
-    cells.map((c, i) => (i < leftCols ? c.padEnd(widths[i]!) : c.padStart(widths[i]!))).join(' | ');
-  console.log(fmt(header));
-  console.log(widths.map((w) => '-'.repeat(w)).join('-|-'));
-  for (const row of rows) console.log(fmt(row));
 }
 
 async function main(): Promise<void> {

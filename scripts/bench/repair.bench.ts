@@ -37,6 +37,7 @@ import { buildFamilyRules } from '../../cni-plugin/redirect/rules.ts';
 import { specForPod } from '../../cni-plugin/redirect/spec.ts';
 import { makeNetnsPods, type NetnsPods } from '../../test/helpers/kubepods.ts';
 import { RusageDriver } from './lib/rusage.ts';
+import { printTable } from './lib/table.ts';
 
 const PODS = Number(process.env.PODS ?? 1000);
 const REACTIONS = Number(process.env.REACTIONS ?? 200);
@@ -202,14 +203,6 @@ async function idle(c: Contender) {
   return { rssMb: rss };
 }
 
-function table(head: string[], rows: string[][]): void {
-  const widths = head.map((h, i) => Math.max(h.length, ...rows.map((r) => r[i]!.length)));
-  const line = (r: string[]) => r.map((c, i) => c.padEnd(widths[i]!)).join(' | ');
-  console.log(line(head));
-  console.log(widths.map((w) => '-'.repeat(w)).join('-|-'));
-  for (const r of rows) console.log(line(r));
-}
-
 if (PARTS.includes('label')) {
   const rows: string[][] = [];
   for (const c of [agent, poller]) {
@@ -228,7 +221,7 @@ if (PARTS.includes('label')) {
       `${i.rssMb.toFixed(1)} MB`,
     ]);
   }
-  table(
+  printTable(
     [
       'contender',
       `${PODS} broken: all handled`,
@@ -463,7 +456,7 @@ if (PARTS.includes('inplace')) {
     `${floor.cpuMs.toFixed(1)} ms`,
     '0',
   ]);
-  table(
+  printTable(
     ['contender', `${n} broken: all handled`, 'agent CPU', 'its children CPU', 'CPU per pod', 'API requests'],
     rows,
   );
