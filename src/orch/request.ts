@@ -9,8 +9,11 @@ import { ApiError, parseRetryAfter } from './errors.ts';
 import type { RequestLimiter } from './ratelimit.ts';
 import { logApiCall, logWatchEvent } from './requestlog.ts';
 
+/** A call's query: a value that is undefined or empty is left out. */
+export type Query = Readonly<Record<string, string | number | boolean | undefined>>;
+
 export interface RequestOptions {
-  readonly query?: Readonly<Record<string, string | number | boolean | undefined>>;
+  readonly query?: Query;
   readonly body?: unknown;
   readonly contentType?: string;
   readonly signal?: AbortSignal;
@@ -88,20 +91,8 @@ export async function apiRequest<T>(
   what: string,
   o: RequestOptions = {},
 ): Promise<T> {
-  const cluster = kc.getCurrentCluster();
-  if (!cluster) throw new ApiError(what, undefined, 'the orchconfig has no current cluster');
-  const url = new URL(cluster.server.replace(/\/+$/, '') + apiPath);
-  for (const [k, v] of Object.entries(o.query ?? {}))
-    if (v !== undefined && v !== '') url.searchParams.set(k, String(v));
   const body = o.body === undefined ? undefined : JSON.stringify(o.body);
-  await waitTurn(o.limiter, what, o.signal);
-  const opts: https.RequestOptions = { method, headers: { Accept: 'application/json' } };
-  try {
-    await kc.applyToHTTPSOptions(opts);
-  } catch (e) {
-    throw new ApiError(what, undefined, `cannot authenticate: ${(e as Error).message}`);
-  }
-  opts.agent = keptAlive(kc, opts.agent);
+  const { url, opts, send } = await prepareCall(kc, method, apiPath, what, o.query ?? {}, o.signal, o.limiter);
   // Content-Length always: Node sends a DELETE body neither chunked nor sized otherwise.
   if (body !== undefined)
     opts.headers = {
@@ -110,7 +101,6 @@ export async function apiRequest<T>(
       'Content-Length': Buffer.byteLength(body),
     };
   if (o.signal) opts.signal = o.signal;
-  const send = url.protocol === 'http:' ? http.request : https.request;
   const startedAt = performance.now();
   return new Promise<T>((resolve, reject) => {
     const req = send(url, opts, (res) => {
@@ -139,6 +129,35 @@ export async function apiRequest<T>(
     });
     req.end(body);
   });
+}
+
+/**
+ * Where one call goes and how, once the limiter lets it go: the orchconfig's server with the
+ * query (an empty or unset value left out), its auth and TLS (client-node's applyToHTTPSOptions)
+ * on the kept-alive agent, and http or https as the server's URL says.
+ */
+async function prepareCall(
+  kc: KubeConfig,
+  method: string,
+  apiPath: string,
+  what: string,
+  query: Query,
+  signal: AbortSignal | undefined,
+  limiter: RequestLimiter | undefined,
+): Promise<{ url: URL; opts: https.RequestOptions; send: typeof https.request }> {
+  const cluster = kc.getCurrentCluster();
+  if (!cluster) throw new ApiError(what, undefined, 'the orchconfig has no current cluster');
+  const url = new URL(cluster.server.replace(/\/+$/, '') + apiPath);
+  for (const [k, v] of Object.entries(query)) if (v !== undefined && v !== '') url.searchParams.set(k, String(v));
+  await waitTurn(limiter, what, signal);
+  const opts: https.RequestOptions = { method, headers: { Accept: 'application/json' } };
+  try {
+    await kc.applyToHTTPSOptions(opts);
+  } catch (e) {
+    throw new ApiError(what, undefined, `cannot authenticate: ${(e as Error).message}`);
+  }
+  opts.agent = keptAlive(kc, opts.agent);
+  return { url, opts, send: url.protocol === 'http:' ? http.request : https.request };
 }
 
 /** Waits for the agent's rate limit (--orch-qps/--orch-burst), if the request is under one. */
@@ -187,26 +206,13 @@ export async function apiWatch(
   kc: KubeConfig,
   apiPath: string,
   what: string,
-  query: Readonly<Record<string, string | number | boolean | undefined>>,
+  query: Query,
   onEvent: (event: { type?: unknown; object?: unknown }) => void,
   done: (err: ApiError | null) => void,
   signal?: AbortSignal,
   limiter?: RequestLimiter,
 ): Promise<WatchStream> {
-  const cluster = kc.getCurrentCluster();
-  if (!cluster) throw new ApiError(what, undefined, 'the orchconfig has no current cluster');
-  const url = new URL(cluster.server.replace(/\/+$/, '') + apiPath);
-  url.searchParams.set('watch', 'true');
-  for (const [k, v] of Object.entries(query)) if (v !== undefined && v !== '') url.searchParams.set(k, String(v));
-  await waitTurn(limiter, what, signal);
-  const opts: https.RequestOptions = { method: 'GET', headers: { Accept: 'application/json' } };
-  try {
-    await kc.applyToHTTPSOptions(opts);
-  } catch (e) {
-    throw new ApiError(what, undefined, `cannot authenticate: ${(e as Error).message}`);
-  }
-  opts.agent = keptAlive(kc, opts.agent);
-  const send = url.protocol === 'http:' ? http.request : https.request;
+  const { url, opts, send } = await prepareCall(kc, 'GET', apiPath, what, { watch: true, ...query }, signal, limiter);
   const startedAt = performance.now();
   return new Promise<WatchStream>((resolve, reject) => {
     let ended = false;
