@@ -10,7 +10,6 @@
 // kernel names it, before it applies, in a record no level can silence.
 
 import type http from 'node:http';
-import type { AddressInfo } from 'node:net';
 import os from 'node:os';
 import { isObject } from '../../cni-plugin/shared/json.ts';
 import { buildInfo } from './buildinfo.ts';
@@ -18,7 +17,7 @@ import type { Component } from '../component.ts';
 import { maskedArgs, maskedEnvironment } from '../config/environ.ts';
 import { LOG_LEVELS, type CtrlzWriteMode, type LogLevel, type LogScope } from '../config/flags.ts';
 import { CONTROLZ_CSP, CONTROLZ_PAGE } from './ctrlz-page.ts';
-import { boundedHttpServer, HTTP_BOUNDS } from './httpbounds.ts';
+import { boundedHttpServer, HTTP_BOUNDS, listenTcp } from './httpbounds.ts';
 import { SCOPES } from '../config/flags.ts';
 import {
   callerScopes,
@@ -325,27 +324,11 @@ export async function serveControlz(
       fail,
     );
   }, HTTP_BOUNDS.ctrlzMaxConnections);
-  await new Promise<void>((resolve, reject) => {
-    server.once('error', (e: NodeJS.ErrnoException) =>
-      reject(
-        new Error(
-          `cannot serve ControlZ on ${address}:${port}: ${e.code ?? e.message}; choose another --ctrlz_port or --ctrlz_address`,
-          { cause: e },
-        ),
-      ),
-    );
-    server.listen(port, host, () => resolve());
+  return listenTcp(server, port, host, {
+    what: 'ControlZ',
+    where: `${address}:${port}`,
+    fix: 'choose another --ctrlz_port or --ctrlz_address',
   });
-  const bound = server.address() as AddressInfo;
-  return {
-    port: bound.port,
-    host: bound.address,
-    close: () =>
-      new Promise((resolve) => {
-        server.close(() => resolve());
-        server.closeAllConnections();
-      }),
-  };
 }
 
 /** What ControlZ reads of the settings (--ctrlz_address, --ctrlz_port, --ctrlz_write): src/agent.ts hands it over. */

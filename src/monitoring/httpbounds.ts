@@ -2,9 +2,10 @@
 // ControlZ): without them Node waits 60 s for a request's headers (checked every 30 s), 5 min
 // for its body, and holds any number of connections, so one client opening connections or
 // sending its headers a byte at a time could keep the kubelet's /readyz probe from an answer.
+// Both listen on TCP the same way too (listenTcp), failing with what to do.
 
 import http from 'node:http';
-import type net from 'node:net';
+import type { AddressInfo, Socket } from 'node:net';
 import { holdSlots } from './unixsocket.ts';
 
 export const HTTP_BOUNDS = {
@@ -39,9 +40,46 @@ export const BOUNDED_SERVER_OPTIONS: http.ServerOptions = {
 export function boundedHttpServer(
   handler: http.RequestListener,
   maxConnections: number,
-  onEvict?: (socket: net.Socket) => void,
+  onEvict?: (socket: Socket) => void,
 ): http.Server {
   const server = http.createServer(BOUNDED_SERVER_OPTIONS, handler);
   holdSlots(server, { maxConnections, onEvict });
   return server;
+}
+
+/** A server listening on a TCP port: where it is, and its close, which ends open connections too. */
+export interface Listening {
+  readonly port: number;
+  readonly host: string;
+  close(): Promise<void>;
+}
+
+/**
+ * Listens on `host`:`port` (every address when host is undefined). A failure says which server,
+ * where and what to do: `cannot serve <what> on <where>: EADDRINUSE; <fix>`.
+ */
+export async function listenTcp(
+  server: http.Server,
+  port: number,
+  host: string | undefined,
+  said: { readonly what: string; readonly where: string; readonly fix: string },
+): Promise<Listening> {
+  await new Promise<void>((resolve, reject) => {
+    server.once('error', (e: NodeJS.ErrnoException) =>
+      reject(
+        new Error(`cannot serve ${said.what} on ${said.where}: ${e.code ?? e.message}; ${said.fix}`, { cause: e }),
+      ),
+    );
+    server.listen(port, host, () => resolve());
+  });
+  const bound = server.address() as AddressInfo;
+  return {
+    port: bound.port,
+    host: bound.address,
+    close: () =>
+      new Promise((resolve) => {
+        server.close(() => resolve());
+        server.closeAllConnections();
+      }),
+  };
 }

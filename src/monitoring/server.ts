@@ -1,8 +1,7 @@
 // The monitoring HTTP server on --monitoring-port: /metrics, /readyz, /healthz.
 
 import type http from 'node:http';
-import type { AddressInfo } from 'node:net';
-import { boundedHttpServer } from './httpbounds.ts';
+import { boundedHttpServer, listenTcp } from './httpbounds.ts';
 import { registry } from './metrics.ts';
 import { scope } from './logging.ts';
 import { OPENMETRICS_CONTENT_TYPE, toOpenMetrics, wantsOpenMetrics } from './openmetrics.ts';
@@ -49,27 +48,13 @@ export async function startMonitoringServer(opts: {
       if (!res.headersSent) send(500, 'internal error\n');
     });
   }, MONITORING_MAX_CONNECTIONS);
-  await new Promise<void>((resolve, reject) => {
-    server.once('error', (e: NodeJS.ErrnoException) =>
-      reject(
-        new Error(
-          `cannot serve metrics on ${opts.host ?? '*'}:${opts.port}: ${e.code ?? e.message}; choose a free --monitoring-port`,
-          { cause: e },
-        ),
-      ),
-    );
-    server.listen(opts.port, opts.host, () => resolve());
+  const { port, close } = await listenTcp(server, opts.port, opts.host, {
+    what: 'metrics',
+    where: `${opts.host ?? '*'}:${opts.port}`,
+    fix: 'choose a free --monitoring-port',
   });
-  const port = (server.address() as AddressInfo).port;
   log.info('monitoring server listening', { port });
-  return {
-    port,
-    close: () =>
-      new Promise((resolve) => {
-        server.close(() => resolve());
-        server.closeAllConnections();
-      }),
-  };
+  return { port, close };
 }
 
 type Send = (status: number, body: string, type?: string) => void;
