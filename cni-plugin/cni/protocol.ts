@@ -42,6 +42,8 @@ export interface PluginConfig {
   readonly podLookupTimeoutMs: number;
   readonly podLookupAttemptTimeoutMs: number;
   readonly iptablesFlavour: IptablesFlavour;
+  /** `native_nftables`: the agent chose native nftables rules for this node. */
+  readonly nativeNftables: boolean;
   /** Ambient mode: `ambient_enabled`, the agent's `pluginevent_uds_address` (non-empty when enabled). */
   readonly ambientEnabled: boolean;
   readonly pluginEventUdsAddress: string;
@@ -226,6 +228,15 @@ export function parseConfig(stdin: string, command: Command): PluginConfig {
       'expected auto, legacy or nft',
     );
   }
+  // The agent writes the backend it chose, a boolean: anything else is no choice to guess at.
+  const nativeNftables = raw.native_nftables ?? false;
+  if (typeof nativeNftables !== 'boolean') {
+    throw new CniError(
+      CNI_ERROR.INVALID_CONFIG,
+      'invalid network config: native_nftables must be true or false',
+      `got ${JSON.stringify(nativeNftables)}; install-cni writes the redirect backend it chose there (--native-nftables)`,
+    );
+  }
   const ambient = raw.ambient_enabled ?? false;
   if (typeof ambient !== 'boolean') {
     throw new CniError(
@@ -281,6 +292,7 @@ export function parseConfig(stdin: string, command: Command): PluginConfig {
     podLookupTimeoutMs: num(raw, 'pod_lookup_timeout_ms', 10_000),
     podLookupAttemptTimeoutMs: num(raw, 'pod_lookup_attempt_timeout_ms', 2_000),
     iptablesFlavour: flavour as IptablesFlavour,
+    nativeNftables,
     ambientEnabled: ambient,
     pluginEventUdsAddress: pluginEventUds,
     enablementSelectors: raw.enablement_selectors,

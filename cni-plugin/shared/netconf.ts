@@ -42,6 +42,8 @@ export interface MeshNetConf {
   readonly pod_lookup_attempt_timeout_ms?: number;
   /** Default auto. */
   readonly iptables_flavour?: IptablesFlavour;
+  /** Redirect with native nftables, not iptables: the agent's choice (--native-nftables). Default false. */
+  readonly native_nftables?: boolean;
   /** Ambient mode (--ambient-enabled): an ambient pod is handed to the agent, no sidecar rules. Default false. */
   readonly ambient_enabled?: boolean;
   /** The agent's plugin event socket (pluginevent.ts); needed when ambient_enabled. */

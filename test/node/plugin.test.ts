@@ -245,6 +245,13 @@ describe('mesh-cni bad input (no API server needed)', () => {
       /invalid CNI_CONTAINERID/,
     ],
     ['bad log_level', () => meshCni('ADD', chain, conf({ log_level: 'loud' })), 7, /log_level "loud"/],
+    // The agent writes the backend it chose, a boolean: anything else is no choice to guess at.
+    [
+      'native_nftables that is no boolean',
+      () => meshCni('ADD', chain, conf({ native_nftables: 'auto' })),
+      7,
+      /native_nftables must be true or false: got "auto"/,
+    ],
     [
       'a namespace to assume that is no namespace name',
       () =>
