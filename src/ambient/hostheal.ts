@@ -30,10 +30,12 @@ export interface HostDrift {
   readonly detail: string;
 }
 
-/** How the node's probe path is read and written: iptables + ipset today (hostrules.ts). */
+/** How the node's probe path is read and written: iptables + ipset (hostrules.ts) or nftables (hostnft.ts). */
 export interface HostStateBackend {
   /** e.g. "iptables-nft + ipset", for the log. */
   readonly name: string;
+  /** What of ours a person looks for on the node; default: iptables' chain and the ipsets. */
+  readonly holds?: string;
   /** What of ours differs from what it should be; [] when all is there. Reads only. */
   inspect(): Promise<HostDrift[]>;
   /** Writes ours again (everything of ours, idempotently); touches nothing that is not ours. */
@@ -214,10 +216,11 @@ export class HostHealer {
     const out: string[] = [];
     if (this.#fighting) {
       out.push(
-        `ambient: the host probe path (MESH_POSTRT, the mesh-inpod-probes ipsets) keeps being undone by another ` +
+        `ambient: the host probe path (${this.#backend.holds ?? 'MESH_POSTRT, the mesh-inpod-probes ipsets'}) keeps being undone by another ` +
           `writer: ${this.#heals.length} heals within ${seconds(this.#t.windowMs)}, last missing: ${this.#lastMissing}; ` +
           `now healed at most every ${seconds(this.#delay)}, so kubelet probes of ambient pods fail in between. ` +
-          `Find what rewrites the node's iptables or ipsets (a firewalld reload, a full iptables-restore) and make ` +
+          `Find what rewrites the node's iptables, ipsets or nftables (a firewalld reload, a full iptables-restore, ` +
+          `an nft flush ruleset) and make ` +
           `it keep them`,
       );
     }
