@@ -8,6 +8,7 @@ import { convertResult, resultFamilies } from './cni/result.ts';
 import type { UdsLog } from './log/udslog.ts';
 import { netnsExists, notANamespaceFile, notAPodNetns } from './netns/guard.ts';
 import type { Flavour } from './netns/iptables.ts';
+import type { PodUserns } from './netns/userns.ts';
 import { orchAccessForPod, readOrchconfig } from './orch/orchconfig.ts';
 import type { Family } from './redirect/net.ts';
 import { AnnotationError, specForPod, type PodLike, type RedirectSpec } from './redirect/spec.ts';
@@ -61,6 +62,23 @@ async function decide(
 // not run.
 const iptables = () => import('./netns/iptables.ts');
 const ruleBuilder = () => import('./redirect/rules.ts');
+
+/**
+ * The pod's own user namespace when it owns CNI_NETNS (a `hostUsers: false` pod), for iptables to
+ * run in too (netns/userns.ts); null for every other pod. Throws the error `fail` makes when that
+ * cannot be told or done: nothing is written from the host's user namespace instead.
+ */
+async function podUsernsFor(req: CniRequest, log: UdsLog, fail: (why: string) => Error): Promise<PodUserns | null> {
+  const { podUserns } = await import('./netns/userns.ts');
+  let userns;
+  try {
+    userns = await podUserns(req.netns);
+  } catch (e) {
+    throw fail((e as Error).message);
+  }
+  if (userns !== null) log.debug("the pod's user namespace owns its netns: entering both", { userns: userns.path });
+  return userns;
+}
 
 /**
  * The pod from the agent's watch when it has it (with its namespace's labels in ambient mode),
@@ -187,6 +205,9 @@ export async function cmdAdd(req: CniRequest, log: UdsLog): Promise<Record<strin
   }
   const fams = families(result);
   const flavour = await flavourP;
+  const cannotApply = (why: string) =>
+    new CniError(CNI_ERROR.RULES_FAILED, 'cannot apply the redirect rules in the pod netns', why);
+  const userns = await podUsernsFor(req, log, cannotApply);
   const [{ applyRules, ipBatch }, { buildFamilyRules }] = await Promise.all([iptables(), ruleBuilder()]);
   try {
     // A single family (most pods) restores with a blocking spawn, a little sooner; two run side
@@ -194,19 +215,22 @@ export async function cmdAdd(req: CniRequest, log: UdsLog): Promise<Record<strin
     await Promise.all(
       fams.map(async (fam) => {
         const r = buildFamilyRules(d.spec, fam);
-        const how = await applyRules(req.netns, flavour, fam, r.restore, fams.length === 1);
+        const how = await applyRules(req.netns, flavour, fam, r.restore, fams.length === 1, userns?.path ?? null);
         if (how === 'reconciled') log.debug('rules of ours were there already: replaced', { family: fam });
-        await ipBatch(req.netns, fam, r.ipBatch);
+        await ipBatch(req.netns, fam, r.ipBatch, userns?.path ?? null);
       }),
     );
   } catch (e) {
-    throw new CniError(
-      CNI_ERROR.RULES_FAILED,
-      'cannot apply the redirect rules in the pod netns',
-      (e as Error).message,
-    );
+    throw cannotApply((e as Error).message);
+  } finally {
+    userns?.close();
   }
-  log.info('redirect rules applied', { families: fams, flavour, interceptionMode: d.spec.interceptionMode });
+  log.info('redirect rules applied', {
+    families: fams,
+    flavour,
+    interceptionMode: d.spec.interceptionMode,
+    podUserns: userns !== null,
+  });
   return result;
 }
 
@@ -217,17 +241,26 @@ export async function cmdCheck(req: CniRequest, log: UdsLog): Promise<void> {
   const d = await decide(req, req.pod!, log);
   if ('skip' in d) return;
   const flavour = await flavourFor(req, log);
+  const userns = await podUsernsFor(
+    req,
+    log,
+    (why) => new CniError(CNI_ERROR.RULES_MISMATCH, 'cannot read the redirect rules in the pod netns', why),
+  );
   const [{ diffRules, parseRules, save }, { buildFamilyRules }] = await Promise.all([iptables(), ruleBuilder()]);
   const problems: string[] = [];
-  for (const fam of families(result)) {
-    const want = parseRules(buildFamilyRules(d.spec, fam).restore);
-    const have = parseRules(
-      await save(req.netns, flavour, fam).catch((e: Error) => {
-        problems.push(e.message);
-        return '';
-      }),
-    );
-    problems.push(...diffRules(want, have).map((p) => `IPv${fam} ${p}`));
+  try {
+    for (const fam of families(result)) {
+      const want = parseRules(buildFamilyRules(d.spec, fam).restore);
+      const have = parseRules(
+        await save(req.netns, flavour, fam, userns?.path ?? null).catch((e: Error) => {
+          problems.push(e.message);
+          return '';
+        }),
+      );
+      problems.push(...diffRules(want, have).map((p) => `IPv${fam} ${p}`));
+    }
+  } finally {
+    userns?.close();
   }
   if (problems.length > 0) {
     throw new CniError(
@@ -253,12 +286,18 @@ export async function cmdDel(req: CniRequest, log: UdsLog): Promise<void> {
   refuseHostNetns(req);
   try {
     const flavour = await flavourFor(req, log);
+    const userns = await podUsernsFor(req, log, (why) => new Error(why));
     const { removeRules } = await iptables();
-    await Promise.all(
-      ([4, 6] as const).map(async (fam) => {
-        if (await removeRules(req.netns, flavour, fam)) log.debug('redirect rules removed', { family: fam });
-      }),
-    );
+    try {
+      await Promise.all(
+        ([4, 6] as const).map(async (fam) => {
+          if (await removeRules(req.netns, flavour, fam, userns?.path ?? null))
+            log.debug('redirect rules removed', { family: fam });
+        }),
+      );
+    } finally {
+      userns?.close();
+    }
   } catch (e) {
     log.warn('could not remove redirect rules (ignored: DEL is best effort)', { error: (e as Error).message });
   }

@@ -23,13 +23,19 @@ export interface ExecOptions {
   readonly stdout?: boolean;
   /** Bytes kept of each of stdout and stderr; default 1 MiB. */
   readonly maxOutput?: number;
+  /** Set in the child's environment on top of ours. */
+  readonly env?: Readonly<Record<string, string>>;
 }
 
 /** What exec and execNow give the child: the pipes asked for, and our PATH. */
-function childSetup(input: string | null, wantStdout: boolean): { stdio: StdioOptions; env: NodeJS.ProcessEnv } {
+function childSetup(
+  input: string | null,
+  wantStdout: boolean,
+  env: Readonly<Record<string, string>> = {},
+): { stdio: StdioOptions; env: NodeJS.ProcessEnv } {
   return {
     stdio: [input === null ? 'ignore' : 'pipe', wantStdout ? 'pipe' : 'ignore', 'pipe'],
-    env: { ...process.env, PATH },
+    env: { ...process.env, ...env, PATH },
   };
 }
 
@@ -82,8 +88,9 @@ function bunOptions(
   input: string | null,
   wantStdout: boolean,
   timeoutMs: number,
+  extraEnv?: Readonly<Record<string, string>>,
 ): BunSpawnOptions {
-  const { env } = childSetup(input, wantStdout);
+  const { env } = childSetup(input, wantStdout, extraEnv);
   return {
     cmd: [file, ...args],
     env,
@@ -128,12 +135,13 @@ async function execBun(
   timeoutMs: number,
   wantStdout: boolean,
   maxOutput: number,
+  env?: Readonly<Record<string, string>>,
 ): Promise<ExecResult> {
   let p;
   try {
     // Our own timer, as exec does under Node: Bun's `killed` is also true for a child a signal
     // from elsewhere ended, so it cannot tell our time limit apart.
-    p = b.spawn({ ...bunOptions(file, args, input, wantStdout, timeoutMs), timeout: undefined });
+    p = b.spawn({ ...bunOptions(file, args, input, wantStdout, timeoutMs, env), timeout: undefined });
   } catch (e) {
     const errno = (e as NodeJS.ErrnoException).errno;
     return cannotRun(file, e, typeof errno === 'number' ? errno : null);
@@ -184,13 +192,13 @@ const timeUp = (file: string, timeoutMs: number): ExecResult => ({
 export function exec(
   file: string,
   args: readonly string[],
-  { input = null, timeoutMs = 10_000, stdout: wantStdout = true, maxOutput = MAX_OUTPUT }: ExecOptions = {},
+  { input = null, timeoutMs = 10_000, stdout: wantStdout = true, maxOutput = MAX_OUTPUT, env }: ExecOptions = {},
 ): Promise<ExecResult> {
-  if (bun) return execBun(bun, file, args, input, timeoutMs, wantStdout, maxOutput);
+  if (bun) return execBun(bun, file, args, input, timeoutMs, wantStdout, maxOutput, env);
   // Loaded on first use, like node:https in the pod client (startup snapshot, skipped pods).
   const { spawn } = process.getBuiltinModule('node:child_process');
   return new Promise((resolve) => {
-    const child = spawn(file, args, childSetup(input, wantStdout));
+    const child = spawn(file, args, childSetup(input, wantStdout, env));
     const out = { stdout: [] as Buffer[], stderr: [] as Buffer[] };
     const size = { stdout: 0, stderr: 0 };
     let error: string | null = null;
@@ -239,12 +247,12 @@ export function exec(
 export function execNow(
   file: string,
   args: readonly string[],
-  { input = null, timeoutMs = 10_000, stdout: wantStdout = true, maxOutput = MAX_OUTPUT }: ExecOptions = {},
+  { input = null, timeoutMs = 10_000, stdout: wantStdout = true, maxOutput = MAX_OUTPUT, env }: ExecOptions = {},
 ): ExecResult {
   if (bun) {
     let r;
     try {
-      r = bun.spawnSync({ ...bunOptions(file, args, input, wantStdout, timeoutMs), maxBuffer: maxOutput });
+      r = bun.spawnSync({ ...bunOptions(file, args, input, wantStdout, timeoutMs, env), maxBuffer: maxOutput });
     } catch (e) {
       return cannotRun(file, e, null);
     }
@@ -260,7 +268,7 @@ export function execNow(
   }
   const { spawnSync } = process.getBuiltinModule('node:child_process');
   const r = spawnSync(file, args, {
-    ...childSetup(input, wantStdout),
+    ...childSetup(input, wantStdout, env),
     input: input ?? undefined,
     timeout: timeoutMs,
     killSignal: 'SIGKILL',

@@ -1,6 +1,7 @@
 // iptables in a pod netns for the plugin: pick the flavour the host uses, restore a document in
 // one call per family, read it back. Everything runs through `nsenter --net=<CNI_NETNS>` (the
-// plugin itself stays in the host netns, where the runtime runs it). The work itself is
+// plugin itself stays in the host netns, where the runtime runs it), with `--user=` too for a pod
+// whose own user namespace owns that netns (netns/userns.ts). The work itself is
 // redirect/iptables.ts, runner-generic, which the agent's in-place repair runs by fd instead.
 //
 // Flavour detection follows Kubernetes' iptables-wrapper, read-only in the host netns: kubelet's
@@ -38,20 +39,36 @@ export function detectFlavour(): Promise<Detection> {
   return generic.detectFlavour(HOST);
 }
 
-/** Runs argv in the netns at `netns` (a path); blocking: execNow (see exec.ts). */
-export function byPath(netns: string): NetnsRunner {
+/**
+ * Runs argv in the netns at `netns` (a path); blocking: execNow (see exec.ts). With `userns` (the
+ * pod's own user namespace owns the netns: netns/userns.ts) nsenter enters it too for whatever
+ * writes, and runs it as the pod's root there; legacy iptables then locks the netns file itself,
+ * as /run/xtables.lock is the host root's alone. A save only reads, which the host's root may do
+ * (and the pod's root may not when the netns's /proc/net files stayed the host's): it does not
+ * enter (docs/plugin.md "User-namespaced pods").
+ */
+export function byPath(netns: string, userns: string | null = null): NetnsRunner {
+  const inUserns = userns === null ? null : { enter: `--user=${userns}`, env: { XTABLES_LOCKFILE: netns } };
   return {
-    where: `in ${netns}`,
+    where: userns === null ? `in ${netns}` : `in ${netns} (and its user namespace)`,
     run: (argv, o) => {
-      const args = [`--net=${netns}`, '--', ...argv];
-      const options = { input: o.input ?? null, stdout: o.stdout ?? true };
+      const writes = inUserns !== null && !argv[0]!.endsWith('-save');
+      const args = [...(writes ? [inUserns.enter] : []), `--net=${netns}`, '--', ...argv];
+      const options = { input: o.input ?? null, stdout: o.stdout ?? true, env: writes ? inUserns.env : undefined };
       return o.blocking ? execNow('nsenter', args, options) : exec('nsenter', args, options);
     },
   };
 }
 
-export function restore(netns: string, flavour: Flavour, family: Family, doc: string, blocking = false): Promise<void> {
-  return generic.restore(byPath(netns), flavour, family, doc, blocking);
+export function restore(
+  netns: string,
+  flavour: Flavour,
+  family: Family,
+  doc: string,
+  blocking = false,
+  userns: string | null = null,
+): Promise<void> {
+  return generic.restore(byPath(netns, userns), flavour, family, doc, blocking);
 }
 
 export function applyRules(
@@ -60,18 +77,29 @@ export function applyRules(
   family: Family,
   doc: string,
   blocking = false,
+  userns: string | null = null,
 ): Promise<'created' | 'reconciled'> {
-  return generic.applyRules(byPath(netns), flavour, family, doc, blocking);
+  return generic.applyRules(byPath(netns, userns), flavour, family, doc, blocking);
 }
 
-export function removeRules(netns: string, flavour: Flavour, family: Family): Promise<boolean> {
-  return generic.removeRules(byPath(netns), flavour, family);
+export function removeRules(
+  netns: string,
+  flavour: Flavour,
+  family: Family,
+  userns: string | null = null,
+): Promise<boolean> {
+  return generic.removeRules(byPath(netns, userns), flavour, family);
 }
 
-export function ipBatch(netns: string, family: Family, lines: readonly string[]): Promise<void> {
-  return generic.ipBatch(byPath(netns), family, lines);
+export function ipBatch(
+  netns: string,
+  family: Family,
+  lines: readonly string[],
+  userns: string | null = null,
+): Promise<void> {
+  return generic.ipBatch(byPath(netns, userns), family, lines);
 }
 
-export function save(netns: string, flavour: Flavour, family: Family): Promise<string> {
-  return generic.save(byPath(netns), flavour, family);
+export function save(netns: string, flavour: Flavour, family: Family, userns: string | null = null): Promise<string> {
+  return generic.save(byPath(netns, userns), flavour, family);
 }
