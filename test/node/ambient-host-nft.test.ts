@@ -13,6 +13,7 @@ import { HOST_TABLE, NftHostProbes } from '../../src/ambient/hostnft.ts';
 import { PROBE_SET_V4, PROBE_SET_V6 } from '../../src/ambient/hostrules.ts';
 import type { Runner } from '../../src/ambient/podrules.ts';
 import { cleanupAfterEach } from '../helpers/cleanup.ts';
+import { FOREIGN_TABLES, foreignTables } from '../helpers/nftables.ts';
 import { Netns, run } from '../helpers/netns.ts';
 import { sh, shStatus } from '../helpers/sh.ts';
 import { CLIENT, listenIn, PYTHON } from '../helpers/ztunnel-listeners.ts';
@@ -28,22 +29,6 @@ const PROBE = '169.254.7.127';
 const KUBELET_UID = 4242;
 const UID_A = '5a1e0c2e-0000-4000-8000-00000000000a';
 const UID_B = '5a1e0c2e-0000-4000-8000-00000000000b';
-
-/** Someone else's tables on the node: never ours to touch. */
-const FOREIGN = `
-table inet filter {
-	chain input {
-		type filter hook input priority filter; policy accept;
-		tcp dport 22 counter accept
-	}
-}
-table ip nat {
-	chain postrouting {
-		type nat hook postrouting priority srcnat; policy accept;
-		ip saddr 198.18.7.0/24 counter masquerade
-	}
-}
-`;
 
 function netns(tag: string): Netns {
   const n = new Netns(tag);
@@ -63,8 +48,6 @@ function runnerIn(ns: Netns): Runner {
 }
 
 const nftIn = (ns: Netns, ...args: string[]) => ns.exec(['nft', ...args]);
-const foreignText = (ns: Netns) =>
-  nftIn(ns, '-a', 'list', 'table', 'inet', 'filter') + nftIn(ns, '-a', 'list', 'table', 'ip', 'nat');
 
 /** node <-> pod, node <-> outside (the node forwards), a listener on the pod's 8080. */
 async function topology(): Promise<{ node: Netns; pod: Netns; outside: Netns }> {
@@ -167,8 +150,8 @@ describe('ambient host probe path, native nftables', () => {
 
   it('healed: the table deleted, a set flushed, the chain flushed; foreign tables untouched', async () => {
     const node = netns('nftnode');
-    node.exec(['nft', '-f', '-'], FOREIGN);
-    const before = foreignText(node);
+    node.exec(['nft', '-f', '-'], FOREIGN_TABLES);
+    const before = foreignTables(node);
     const host = new NftHostProbes(runnerIn(node), { families: [4], kubeletUid: 0 });
     await host.apply();
     await host.addProbeIP(POD, UID_A);
@@ -197,11 +180,11 @@ describe('ambient host probe path, native nftables', () => {
     assert.deepEqual(await host.inspect(), [{ what: 'rule', family: 4, detail: 'postrouting is empty (flushed)' }]);
     assert.equal(await healer.pass(), 'healed');
     assert.equal(await healer.pass(), 'intact');
-    assert.equal(foreignText(node), before);
+    assert.equal(foreignTables(node), before);
 
     assert.equal(await host.remove(), 'removed');
     assert.doesNotMatch(nftIn(node, 'list', 'tables'), new RegExp(HOST_TABLE));
-    assert.equal(foreignText(node), before, 'uninstall: only ours went');
+    assert.equal(foreignTables(node), before, 'uninstall: only ours went');
     assert.equal(await host.remove(), 'absent');
   });
 

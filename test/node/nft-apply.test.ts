@@ -23,6 +23,7 @@ import {
   removeTable,
 } from '../../cni-plugin/redirect/nft.ts';
 import { cleanupAfterEach } from '../helpers/cleanup.ts';
+import { FOREIGN_TABLES, foreignTables } from '../helpers/nftables.ts';
 import { Netns } from '../helpers/netns.ts';
 import { sh, shStatus } from '../helpers/sh.ts';
 
@@ -56,22 +57,6 @@ chain output {
 }
 `;
 
-/** Someone else's tables in the pod: another CNI's filter and a nat of theirs. */
-const FOREIGN = `
-table inet filter {
-	chain input {
-		type filter hook input priority filter; policy accept;
-		tcp dport 22 counter accept
-	}
-}
-table ip nat {
-	chain postrouting {
-		type nat hook postrouting priority srcnat; policy accept;
-		ip saddr 198.18.7.0/24 counter masquerade
-	}
-}
-`;
-
 function netns(): Netns {
   const n = new Netns('nft');
   defer(async () => n.remove());
@@ -80,8 +65,6 @@ function netns(): Netns {
 
 const nftIn = (ns: Netns, ...args: string[]) => ns.exec(['nft', ...args]);
 /** Someone else's tables as `nft -a list` prints them: handles too, so a table made again shows. */
-const foreignText = (ns: Netns) =>
-  nftIn(ns, '-a', 'list', 'table', 'inet', 'filter') + nftIn(ns, '-a', 'list', 'table', 'ip', 'nat');
 const ourTables = (ns: Netns) =>
   nftIn(ns, 'list', 'tables')
     .split('\n')
@@ -138,12 +121,12 @@ async function rejectsWith(p: Promise<unknown>, pattern: RegExp, permanent?: boo
 describe('nft applier: our table, whole, and nothing else', () => {
   it('ADD, re-ADD and DEL write and remove only our table; foreign tables stay byte-for-byte', async () => {
     const ns = netns();
-    ns.exec(['nft', '-f', '-'], FOREIGN);
-    const before = foreignText(ns);
+    ns.exec(['nft', '-f', '-'], FOREIGN_TABLES);
+    const before = foreignTables(ns);
     const run = byPath(ns.path);
 
     assert.equal(await applyTable(run, TABLE, BODY), 'created');
-    assert.equal(foreignText(ns), before, 'ADD');
+    assert.equal(foreignTables(ns), before, 'ADD');
     const first = await readTable(run, TABLE);
     assert.ok(first && first.digest !== null, 'ours, by its owner set');
     assert.deepEqual([...first.chains.keys()].sort(), ['output', 'prerouting']);
@@ -152,7 +135,7 @@ describe('nft applier: our table, whole, and nothing else', () => {
     assert.match(nftIn(ns, 'list', 'table', 'inet', TABLE), /comment "written by mesh-cni; it removes it"/);
 
     assert.equal(await applyTable(run, TABLE, BODY_2), 'replaced');
-    assert.equal(foreignText(ns), before, 're-ADD');
+    assert.equal(foreignTables(ns), before, 're-ADD');
     const second = await readTable(run, TABLE);
     assert.ok(second);
     assert.notEqual(second.handle, first.handle, 'a new table, not an edited one');
@@ -162,7 +145,7 @@ describe('nft applier: our table, whole, and nothing else', () => {
     assert.deepEqual(ourTables(ns), [`table inet ${TABLE}`]);
 
     assert.equal(await removeTable(run, TABLE), 'removed');
-    assert.equal(foreignText(ns), before, 'DEL');
+    assert.equal(foreignTables(ns), before, 'DEL');
     assert.deepEqual(ourTables(ns), []);
     assert.equal(await removeTable(run, TABLE), 'absent', 'a second DEL finds nothing');
   });
@@ -246,7 +229,7 @@ describe('nft applier: our table, whole, and nothing else', () => {
 
   it("what we write reads back with the host's nft: list ruleset, its JSON, and the text applies again", async () => {
     const ns = netns();
-    ns.exec(['nft', '-f', '-'], FOREIGN);
+    ns.exec(['nft', '-f', '-'], FOREIGN_TABLES);
     await applyTable(byPath(ns.path), TABLE, BODY);
     const text = shStatus(['ip', 'netns', 'exec', ns.name, 'nft', 'list', 'ruleset']);
     assert.equal(text.code, 0, text.out);
