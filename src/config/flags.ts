@@ -117,6 +117,9 @@ export type ListMode = (typeof LIST_MODES)[number];
 export const CTRLZ_WRITE_MODES = ['auto', 'true', 'false'] as const;
 export type CtrlzWriteMode = (typeof CTRLZ_WRITE_MODES)[number];
 export type CleanupMode = (typeof CLEANUP_MODES)[number];
+/** --native-nftables: auto decides from the node (src/install/nfthost.ts), true and false pin it. */
+export const NATIVE_NFTABLES_MODES = ['auto', 'true', 'false'] as const;
+export type NativeNftablesMode = (typeof NATIVE_NFTABLES_MODES)[number];
 
 export const FLAGS: readonly FlagSpec[] = [
   // --- install: where the plugin goes and how the agent keeps it there (seed flags first)
@@ -319,6 +322,21 @@ export const FLAGS: readonly FlagSpec[] = [
   pluginFlag('log-level', 'string', 'warn', 'Log level of the CNI plugin (written into its config).', {
     choices: LOG_LEVELS,
   }),
+  pluginFlag(
+    'native-nftables',
+    'string',
+    'false',
+    'Redirect with native nftables rules: true, false, or auto (when the node can and uses nftables).',
+    {
+      choices: NATIVE_NFTABLES_MODES,
+      details:
+        'Redirect with native nftables rules instead of iptables: true, false, or auto (nftables when the node ' +
+        "can run it, nft >= 1.0.1 with JSON and nf_tables in the kernel, and uses it: kube-proxy's nftables " +
+        "table). Checked once at start; the choice goes into the plugin's config as native_nftables. With true " +
+        'on a node that cannot, /readyz is not ready (docs/plugin.md "Native nftables"). The default, false, ' +
+        'will be decided from the rules benchmark.',
+    },
+  ),
   pluginFlag(
     'log-uds-address',
     'string',

@@ -21,6 +21,7 @@ import {
   type ListMode,
   type LogLevel,
   type LogScope,
+  type NativeNftablesMode,
 } from './flags.ts';
 import { byteOrder, CONFIG_EXTENSIONS, DEFAULT_OWNED_NAME, TEMP_MARKER } from './cnifiles.ts';
 import {
@@ -86,6 +87,8 @@ export interface InstallSettings {
   readonly reconcileTimeoutMs: number;
   /** Where the node's CPU flags are read before a Bun-built plugin is installed (cpucheck.ts); no flag: tests give a fake. */
   readonly cpuinfoPath: string;
+  /** --native-nftables: the redirect backend asked for (src/install/nfthost.ts decides auto). */
+  readonly nativeNftables: NativeNftablesMode;
 }
 
 export interface RepairSettings {
@@ -375,6 +378,19 @@ function parseOrchconfigMode(flag: string, value: string, allowGroupOtherRead: b
 }
 
 /**
+ * --native-nftables: auto, or a boolean as Go's strconv.ParseBool reads it (Istio's
+ * NATIVE_NFTABLES is one), kept as the word true or false.
+ */
+function parseNativeNftables(flag: string, value: string): NativeNftablesMode {
+  if (value === 'auto') return 'auto';
+  try {
+    return parseBool(flag, value) ? 'true' : 'false';
+  } catch {
+    throw new ConfigError(flag, value, 'expected auto, true or false (also 1/0, t/f)');
+  }
+}
+
+/**
  * mesh-validation.cjs, which in-place repair runs in a pod's netns: beside the agent bundle, in
  * dist/ and in the image (/opt/mesh-cni/); from source (tests), the built one in dist/.
  */
@@ -480,6 +496,7 @@ export function buildSettings(flags: RawFlags, env: Env, cwd: string = process.c
     reconcileIntervalMs: get('reconcile-interval', (s, v) => parseDuration(s, v, { min: 100, max: MAX_TIMER_MS })),
     reconcileTimeoutMs: get('reconcile-timeout', (s, v) => parseDuration(s, v, { min: 100, max: MAX_TIMER_MS })),
     cpuinfoPath: '/proc/cpuinfo',
+    nativeNftables: get('native-nftables', parseNativeNftables),
   };
   if (install.pluginTokenFile !== '' && install.pluginTokenFile === path.join(install.serviceAccountDir, 'token')) {
     errors.push(
