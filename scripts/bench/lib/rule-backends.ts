@@ -100,7 +100,8 @@ export const BACKENDS: readonly Backend[] = [
     // No native renderer yet: ours is the native applier (nft.ts applyTable: owner set, body
     // checks, one transaction) on the hand-written body. When the renderer is in the tree, each
     // mode's program renders the pod's plan and applies it, and the floor becomes `nft -f` of
-    // what was fed (as for iptables); pluginConf then names the plugin's switch to it.
+    // what was fed (as for iptables); once the plugin's ADD honours it, pluginConf is
+    // { native_nftables: true } (the key the agent writes into our entry).
     program: {
       'sidecar REDIRECT': (exec) =>
         applyTable(runnerOf(exec), NFT_FLOOR_TABLE, SIDECAR_REDIRECT_NFT_BODY).then(() => undefined),
