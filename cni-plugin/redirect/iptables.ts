@@ -15,9 +15,9 @@ export interface Detection {
 }
 
 /**
- * What a run gave: the plugin's result type (cni-plugin/netns/exec.ts gives it). The agent's
- * runner gives its own of the same fields (the import zones keep the halves apart), so the
- * agent's in-place repair hands its runner here as it is.
+ * What a run gave: one type for both bundles. The plugin's runner (cni-plugin/netns/exec.ts)
+ * gives it, and the agent's (src/podnetns/program.ts) declares its RunResult as this one, so the
+ * agent's in-place repair and ambient mode hand their runners here as they are.
  */
 export interface RunResult {
   readonly code: number | null;
@@ -156,52 +156,78 @@ export async function ensureRules(
   flavour: Flavour,
   family: Family,
   doc: string,
+  owns: Owns = isOurs,
 ): Promise<'unchanged' | 'replaced' | 'created'> {
   const want = parseRules(doc);
   const have = parseRules(await save(runner, flavour, family));
-  if (diffRules(want, have).length === 0) return 'unchanged';
-  const hadOurs = [...have.values()].some((chains) => [...chains.keys()].some(isOurs));
-  const fix = reconcileRestore(want, have);
+  if (diffRules(want, have, owns).length === 0) return 'unchanged';
+  const hadOurs = [...have.values()].some((chains) => [...chains.keys()].some(owns));
+  const fix = reconcileRestore(want, have, owns);
   if (fix !== null) await restore(runner, flavour, family, fix);
   return hadOurs ? 'replaced' : 'created';
 }
 
 /** DEL: our jumps, then our chains, out of the netns; nothing else. False when there was nothing of ours. */
-export async function removeRules(runner: NetnsRunner, flavour: Flavour, family: Family): Promise<boolean> {
-  const doc = reconcileRestore(null, parseRules(await save(runner, flavour, family)));
+export async function removeRules(
+  runner: NetnsRunner,
+  flavour: Flavour,
+  family: Family,
+  owns: Owns = isOurs,
+): Promise<boolean> {
+  const doc = reconcileRestore(null, parseRules(await save(runner, flavour, family)), owns);
   if (doc === null) return false;
   await restore(runner, flavour, family, doc);
   return true;
 }
 
-/** `ip -batch`; "File exists" (a rule left by an earlier ADD) is success. */
-export async function ipBatch(runner: NetnsRunner, family: Family, lines: readonly string[]): Promise<void> {
+/**
+ * `ip -batch` of `lines` (restoredoc.ts: ipBatchLines). What the op wants that is already so is
+ * success: "File exists" for an add (a rule left by an earlier ADD), "No such ..." / "Cannot
+ * find" for a del. A non-zero exit that says nothing else (or only "Command failed") left the
+ * rule or route unknown: a failure.
+ */
+export async function ipBatch(
+  runner: NetnsRunner,
+  family: Family,
+  lines: readonly string[],
+  op: 'add' | 'del' = 'add',
+): Promise<void> {
   if (lines.length === 0) return;
   const r = await runner.run(['ip', `-${family}`, '-force', '-batch', '-'], {
     input: lines.join('\n') + '\n',
     stdout: false,
   });
-  if (r.error !== null) throw new NetnsError(`ip -${family} -batch ${runner.where}: ${r.error}`);
-  if (r.code !== 0) {
-    const real = r.stderr.split('\n').filter((l) => l.trim() !== '' && !/File exists|^Command failed/.test(l));
-    if (real.length > 0) throw new NetnsError(`ip -${family} -batch ${runner.where} failed: ${real.join('; ')}`);
-  }
+  const what = `ip -${family} -batch (${op}) failed ${runner.where}`;
+  if (r.error !== null) throw new NetnsError(`${what}: ${r.error}`);
+  const fine = op === 'add' ? /File exists/ : /No such|Cannot find/;
+  const said = r.stderr.split('\n').filter((l) => l.trim() !== '');
+  const real = said.filter((l) => !fine.test(l) && !/^Command failed/.test(l));
+  if (r.code !== 0 && (real.length > 0 || !said.some((l) => fine.test(l))))
+    throw new NetnsError(`${what} (exit ${r.code}): ${real.join('; ') || said.join('; ') || 'no output'}`);
 }
 
 /** table -> chain -> rules (`-A <chain> ...`), for the tables we may use; comments, counters and policies dropped. */
 export type RuleSet = Map<string, Map<string, string[]>>;
 
-/** Our chains are the MESH_* ones (rules.ts); everything else in the netns belongs to someone else. */
-const isOurs = (chain: string): boolean => chain.startsWith(OWN_CHAIN_PREFIX);
+/**
+ * In a pod netns our chains are the MESH_* ones (the sidecar's and ambient's alike: either mode
+ * sweeps the other's leftovers, as Istio sweeps ISTIO_*); everything else belongs to someone else.
+ */
+export const isOurs = (chain: string): boolean => chain.startsWith(OWN_CHAIN_PREFIX);
+/**
+ * Which chains a reconcile owns (rewrites, deletes, and whose jumps it moves): isOurs in a pod
+ * netns; on the host, where other MESH_* chains are not ours to touch, exactly ambient's own.
+ */
+export type Owns = (chain: string) => boolean;
 
 /**
- * A rule that jumps (-j) or goes (-g) into one of our chains: one of our jumps when it sits in
- * another chain. Quoted strings (comments; iptables-save writes \" inside them) are blanked
+ * A rule that jumps (-j) or goes (-g) into a chain `owns` claims: one of our jumps when it sits
+ * in another chain. Quoted strings (comments; iptables-save writes \" inside them) are blanked
  * first: another's rule that only names our chain in its comment is not ours to delete.
  */
-function jumpsToOurs(rule: string): boolean {
+function jumpsTo(owns: Owns, rule: string): boolean {
   const m = / -[jg] (\S+)/.exec(rule.replace(/"(?:[^"\\]|\\.)*"/g, '""'));
-  return m !== null && isOurs(m[1]!);
+  return m !== null && owns(m[1]!);
 }
 
 /**
@@ -239,13 +265,14 @@ export function parseRules(text: string): RuleSet {
  * Differences between what we meant and what is there, in what is ours only: our chains whole,
  * and in every other chain just the rules that jump into ours. [] when equal.
  */
-export function diffRules(expected: RuleSet, actual: RuleSet): string[] {
+export function diffRules(expected: RuleSet, actual: RuleSet, owns: Owns = isOurs): string[] {
+  const jumpsToOurs = (rule: string) => jumpsTo(owns, rule);
   const problems: string[] = [];
   for (const table of OWNED_TABLES) {
     const e = expected.get(table) ?? new Map<string, string[]>();
     const a = actual.get(table) ?? new Map<string, string[]>();
     for (const chain of new Set([...e.keys(), ...a.keys()])) {
-      const ours = isOurs(chain);
+      const ours = owns(chain);
       if (ours && e.has(chain) !== a.has(chain)) {
         problems.push(`${table}: chain ${chain} ${e.has(chain) ? 'missing' : 'unexpected'}`);
         continue;
@@ -271,14 +298,15 @@ export function diffRules(expected: RuleSet, actual: RuleSet): string[] {
  * Per table, in one commit: our jumps out, every chain of ours declared (created, or flushed if
  * there), the ones no longer wanted deleted, then our rules and our jumps (first in their chain).
  */
-export function reconcileRestore(want: RuleSet | null, have: RuleSet): string | null {
+export function reconcileRestore(want: RuleSet | null, have: RuleSet, owns: Owns = isOurs): string | null {
+  const jumpsToOurs = (rule: string) => jumpsTo(owns, rule);
   const out: string[] = [];
   for (const table of OWNED_TABLES) {
     const w = want?.get(table) ?? new Map<string, string[]>();
     const h = have.get(table) ?? new Map<string, string[]>();
-    const oursWanted = [...w.keys()].filter(isOurs);
-    const oursThere = [...h.keys()].filter(isOurs);
-    const jumpsThere = [...h].filter(([c]) => !isOurs(c)).flatMap(([, rules]) => rules.filter(jumpsToOurs));
+    const oursWanted = [...w.keys()].filter(owns);
+    const oursThere = [...h.keys()].filter(owns);
+    const jumpsThere = [...h].filter(([c]) => !owns(c)).flatMap(([, rules]) => rules.filter(jumpsToOurs));
     if (oursWanted.length === 0 && oursThere.length === 0 && jumpsThere.length === 0) continue;
     out.push(`*${table}`);
     out.push(...jumpsThere.map((r) => `-D ${r.slice(3)}`));
@@ -286,7 +314,7 @@ export function reconcileRestore(want: RuleSet | null, have: RuleSet): string | 
     for (const c of oursThere.filter((c) => !w.has(c)).sort()) out.push(`-X ${c}`);
     for (const c of oursWanted.sort()) out.push(...w.get(c)!);
     for (const [c, rules] of w) {
-      if (!isOurs(c))
+      if (!owns(c))
         out.push(
           ...rules
             .filter(jumpsToOurs)

@@ -38,12 +38,9 @@ import { addProbeIP, applyHost, canonicalIP, iptablesHostState, removeHost, remo
 import { PodCache } from './podcache.ts';
 import {
   applyInpod,
-  CHAIN_OUTPUT,
-  CHAIN_PRERT,
-  parseSave,
   podOptions,
+  redirectsToZtunnel,
   removeInpod,
-  saveRules,
   type Family,
   type Flavour,
   type Runner,
@@ -192,20 +189,6 @@ export async function openCniNetns(hostRoot: string, netnsPath: string, host: Ns
     throw e;
   }
   return ns;
-}
-
-/**
- * Whether the pod's netns redirects to ztunnel in each family: nat's jumps into our chains and our
- * outbound chain not empty. What the start-up checks when it is not to rewrite running pods' rules.
- */
-async function redirectsToZtunnel(run: Runner, flavour: Flavour, families: readonly Family[]): Promise<boolean> {
-  for (const f of families) {
-    const nat = parseSave(await saveRules(run, flavour, f)).get('nat');
-    const jumps = (chain: string, to: string) => (nat?.get(chain) ?? []).some((l) => l === `-A ${chain} -j ${to}`);
-    if (!jumps('PREROUTING', CHAIN_PRERT) || !jumps('OUTPUT', CHAIN_OUTPUT)) return false;
-    if ((nat?.get(CHAIN_OUTPUT) ?? []).length === 0) return false;
-  }
-  return true;
 }
 
 /**

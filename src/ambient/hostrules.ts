@@ -5,23 +5,25 @@
 // IP is in an ipset; each entry carries the pod UID as comment, so that a late removal for an old
 // pod never evicts a new pod that got the same IP.
 //
-// Pure builders first, then a small applier over a runner the caller passes in (the agent: the
-// host netns), and the reader the healer (hostheal.ts) checks them with.
+// The rule is a plan in the one rule model (cni-plugin/redirect/model.ts), written and read back by
+// the one applier (cni-plugin/redirect/iptables.ts) over a runner the caller passes in (the agent:
+// the host netns), owning only MESH_POSTRT there; the sets are ipset's. Then the reader the healer
+// (hostheal.ts) checks them with.
 
 import { isIPv4, isIPv6 } from 'node:net';
 import type { HostDrift, HostStateBackend } from './hostheal.ts';
 import { Serial } from '../concurrency.ts';
+import { diffRules, ensureRules, parseRules, removeRules } from '../../cni-plugin/redirect/iptables.ts';
+import { host, PlanBuilder, type Plan } from '../../cni-plugin/redirect/model.ts';
+import { renderRestore } from '../../cni-plugin/redirect/restoredoc.ts';
 import {
   AmbientRulesError,
   ipv6Text,
-  parseSave,
+  netnsRunner,
   PROBE_SNAT_V4,
   PROBE_SNAT_V6,
-  reconcileDocument,
-  reconcileRules,
   type Family,
   type Flavour,
-  type Rule,
   type RunResult,
   type Runner,
 } from './podrules.ts';
@@ -35,22 +37,26 @@ export const probeSet = (family: Family): string => (family === 4 ? PROBE_SET_V4
 const ownsHost = (chain: string): boolean => chain === CHAIN_POSTRT;
 
 /** nat POSTROUTING -> MESH_POSTRT (first, as Istio inserts it) -> SNAT of node sockets to enrolled pods. */
-export function hostRules(family: Family, snatAddress?: string): Rule[] {
+export function hostPlan(family: Family, snatAddress?: string): Plan {
   const given = snatAddress ?? (family === 4 ? PROBE_SNAT_V4 : PROBE_SNAT_V6);
   if (!(family === 4 ? isIPv4(given) : isIPv6(given) && !given.includes('%')))
     throw new AmbientRulesError(`probe SNAT address "${given}" is not an IPv${family} address`);
-  const snat = family === 4 ? given : ipv6Text(given);
-  return [
-    { table: 'nat', chain: 'POSTROUTING', args: ['-j', CHAIN_POSTRT], first: true },
-    {
-      table: 'nat',
-      chain: CHAIN_POSTRT,
-      // prettier-ignore
-      args: ['-m', 'owner', '--socket-exists', '-p', 'tcp', '-m', 'set', '--match-set', probeSet(family), 'dst',
-        '-j', 'SNAT', '--to-source', snat],
-    },
-  ];
+  const b = new PlanBuilder(family);
+  b.hook('nat', 'POSTROUTING', CHAIN_POSTRT);
+  b.add(
+    'nat',
+    CHAIN_POSTRT,
+    { proto: 'tcp', ext: [{ kind: 'socket-exists' }, { kind: 'set', name: probeSet(family), dir: 'dst' }] },
+    { kind: 'snat', addr: host(family === 4 ? given : ipv6Text(given), family).addr },
+  );
+  return b.plan();
 }
+
+/** The host plan as an iptables-restore document (restoredoc.ts). */
+export const hostRestore = (family: Family, snatAddress?: string): string =>
+  renderRestore(hostPlan(family, snatAddress));
+
+const ON_HOST = 'on the host';
 
 // A pod UID (RFC 4122 text) or at least something that cannot break out of ipset's quoted comment.
 const UID = /^[A-Za-z0-9][A-Za-z0-9-]{0,62}$/;
@@ -158,8 +164,8 @@ export async function applyHost(
   await oneAtATime(run, () => ipset(run, ['restore', '-exist'], probeSetsDocument(families)));
   let result: 'unchanged' | 'applied' = 'unchanged';
   for (const f of families) {
-    if ((await reconcileRules(run, flavour, f, hostRules(f, f === 4 ? snat.v4 : snat.v6), ownsHost)) === 'applied')
-      result = 'applied';
+    const doc = hostRestore(f, f === 4 ? snat.v4 : snat.v6);
+    if ((await ensureRules(netnsRunner(run, ON_HOST), flavour, f, doc, ownsHost)) !== 'unchanged') result = 'applied';
   }
   return result;
 }
@@ -223,7 +229,7 @@ export async function removeProbeIP(run: Runner, ip: string, uid: string): Promi
 /** Uninstall: the rule and chain out first (a set in use cannot be destroyed), then the sets. */
 export async function removeHost(run: Runner, flavour: Flavour, families: readonly Family[]): Promise<void> {
   for (const f of families) {
-    await reconcileRules(run, flavour, f, [], ownsHost);
+    await removeRules(netnsRunner(run, ON_HOST), flavour, f, ownsHost);
     const r = await oneAtATime(run, () => {
       for (const ip of [...ledger(run).keys()]) if (canonicalIP(ip).family === f) ledger(run).delete(ip);
       return run(['ipset', 'destroy', probeSet(f)]);
@@ -238,8 +244,9 @@ export async function removeHost(run: Runner, flavour: Flavour, families: readon
 
 /** What differs between our nat rules in `saveText` (iptables-save -t nat) and the plan; null: none. */
 export function hostRulesDrift(saveText: string, family: Family, snatAddress?: string): string | null {
-  if (reconcileDocument(hostRules(family, snatAddress), saveText, family, ownsHost) === null) return null;
-  const nat = parseSave(saveText).get('nat');
+  const have = parseRules(saveText);
+  if (diffRules(parseRules(hostRestore(family, snatAddress)), have, ownsHost).length === 0) return null;
+  const nat = have.get('nat');
   const chain = nat?.get(CHAIN_POSTRT);
   const jump = (nat?.get('POSTROUTING') ?? []).some((l) => l.split(' ').slice(-2).join(' ') === `-j ${CHAIN_POSTRT}`);
   if (chain === undefined) {
@@ -310,7 +317,8 @@ export function iptablesHostState(
               .join(''),
         );
       });
-      for (const f of families) await reconcileRules(run, flavour, f, hostRules(f, snatOf(f)), ownsHost);
+      for (const f of families)
+        await ensureRules(netnsRunner(run, ON_HOST), flavour, f, hostRestore(f, snatOf(f)), ownsHost);
     },
   };
 }

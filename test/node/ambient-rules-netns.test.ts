@@ -364,3 +364,39 @@ describe('a probe address spelled otherwise than iptables-save prints it', () =>
     });
   }
 });
+
+describe('in-pod hooks go first in their builtins', () => {
+  for (const flavour of ['nft', 'legacy'] as const) {
+    it(`iptables-${flavour}: a pod's own ACCEPT already in nat PREROUTING does not take inbound past ztunnel`, async () => {
+      const t = await topology(defer);
+      await listen(t.pod, [8080, 15006], defer);
+      // Someone else's rule first (a chained plugin, the pod's own init container): it would
+      // decide before a jump appended after it.
+      await must([
+        'ip',
+        'netns',
+        'exec',
+        t.pod,
+        `iptables-${flavour}`,
+        '-t',
+        'nat',
+        '-A',
+        'PREROUTING',
+        '-p',
+        'tcp',
+        '-j',
+        'ACCEPT',
+      ]);
+      await applyInpod(runnerIn(t.pod), flavour, [4], DEFAULT);
+      assert.deepEqual(await connect(t.peer, POD, 8080), ['15006', PEER, `${POD}:8080`], 'peer -> pod: still 15006');
+      const prerouting = (await must(['ip', 'netns', 'exec', t.pod, `iptables-${flavour}-save`, '-t', 'nat']))
+        .split('\n')
+        .filter((l) => l.startsWith('-A PREROUTING '));
+      assert.deepEqual(
+        prerouting,
+        ['-A PREROUTING -j MESH_PRERT', '-A PREROUTING -p tcp -j ACCEPT'],
+        'ours first, theirs kept',
+      );
+    });
+  }
+});

@@ -1,36 +1,36 @@
-// Ambient rule builders (src/ambient/podrules.ts, hostrules.ts) against our fixtures in
+// Ambient rule builders (src/ambient/podrules.ts, hostrules.ts: plans in the one rule model,
+// rendered by cni-plugin/redirect/restoredoc.ts) against our fixtures in
 // test/node/fixtures/ambient/: per case, pod annotations in (cases.json), one iptables-restore
 // document per family out. UPDATE_FIXTURES=1 rewrites the expected files (review the diff!).
 //
 // The fixtures are the test. That they say what Istio says is shown by the second part: each of
-// Istio's in-pod and host goldens, read from the read-only mirror at test time, equals our
-// builder's output for the same inputs once ISTIO_* is renamed MESH_*. On a machine without the
-// mirror that part is skipped, by name, with the path it looked for.
+// Istio's in-pod and host goldens, read from the read-only mirror at test time, holds the same
+// rules in each chain as our plan for the same inputs once ISTIO_* is renamed MESH_* and Istio's
+// spelling is put in iptables-save's (ours is already). On a machine without the mirror that part
+// is skipped, by name, with the path it looked for.
 
 import assert from 'node:assert/strict';
 import { spawnSync } from 'node:child_process';
 import { existsSync, readFileSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 import { describe, it } from 'node:test';
+import { diffRules, parseRules, reconcileRestore, type RuleSet } from '../../cni-plugin/redirect/iptables.ts';
+import { ipBatchLines } from '../../cni-plugin/redirect/restoredoc.ts';
 import {
   addProbeCommand,
-  hostRules,
+  hostPlan,
+  hostRestore,
   parseProbeSet,
   probeSetsDocument,
   PROBE_SET_V4,
 } from '../../src/ambient/hostrules.ts';
 import {
   AmbientRulesError,
-  byTable,
-  canonicalRule,
-  inpodRouteCommands,
-  inpodRules,
+  inpodPlan,
+  inpodRestore,
   podOptions,
-  reconcileDocument,
-  renderRestore,
   type Family,
   type InpodOptions,
-  type Rule,
 } from '../../src/ambient/podrules.ts';
 import { ROOT } from '../helpers/cli.ts';
 
@@ -65,15 +65,15 @@ describe('in-pod rules: fixtures', () => {
   for (const c of cases) {
     for (const family of [4, 6] as const) {
       it(`${c.name} IPv${family}: ${c.description}`, () => {
-        const rules = inpodRules(family, podOptions(c.annotations, c.globalDnsCapture));
-        checkFixture(`${c.name}.v${family}.rules`, header(c.name, family, c.description), renderRestore(rules));
+        const doc = inpodRestore(family, podOptions(c.annotations, c.globalDnsCapture));
+        checkFixture(`${c.name}.v${family}.rules`, header(c.name, family, c.description), doc);
       });
     }
   }
   for (const family of [4, 6] as const) {
     it(`host probe SNAT IPv${family}`, () => {
       const desc = 'node sockets to enrolled pods SNATed to the probe address';
-      checkFixture(`hostprobe.v${family}.rules`, header('hostprobe', family, desc), renderRestore(hostRules(family)));
+      checkFixture(`hostprobe.v${family}.rules`, header('hostprobe', family, desc), hostRestore(family));
     });
   }
 });
@@ -108,22 +108,27 @@ describe('in-pod rules: options', () => {
   });
   it('refuses a probe address of the wrong family', () => {
     const o: InpodOptions = { ingressMode: false, dnsCapture: false, virtualInterfaces: [], probeSnatV4: '::1' };
-    assert.throws(() => inpodRules(4, o), /"::1" is not an IPv4 address/);
-    assert.throws(() => hostRules(6, '10.0.0.1'), /"10.0.0.1" is not an IPv6 address/);
+    assert.throws(() => inpodPlan(4, o), /"::1" is not an IPv4 address/);
+    assert.throws(() => hostPlan(6, '10.0.0.1'), /"10.0.0.1" is not an IPv6 address/);
   });
-  it('the ip rule and route to table 100, added and removed', () => {
-    assert.deepEqual(inpodRouteCommands(4, 'add'), [
-      ['route', 'replace', 'local', '0.0.0.0/0', 'dev', 'lo', 'table', '100'],
-      ['rule', 'add', 'fwmark', '0x111/0xfff', 'pref', '32764', 'lookup', '100'],
+  it('the ip rule and route to table 100, added and removed (the route left out where lo has no IPv6)', () => {
+    const opts: InpodOptions = { ingressMode: false, dnsCapture: false, virtualInterfaces: [] };
+    assert.deepEqual(ipBatchLines(inpodPlan(4, opts), 'add'), [
+      'route replace local default dev lo table 100',
+      'rule add fwmark 0x111/0xfff lookup 100 priority 32764',
     ]);
-    assert.deepEqual(inpodRouteCommands(6, 'del'), [
-      ['rule', 'del', 'fwmark', '0x111/0xfff', 'pref', '32764', 'lookup', '100'],
-      ['route', 'del', 'local', '::/0', 'dev', 'lo', 'table', '100'],
+    assert.deepEqual(ipBatchLines(inpodPlan(6, opts), 'del'), [
+      'rule del fwmark 0x111/0xfff lookup 100 priority 32764',
+      'route del local default dev lo table 100',
     ]);
+    assert.deepEqual(ipBatchLines(inpodPlan(6, opts), 'add', false), [
+      'rule add fwmark 0x111/0xfff lookup 100 priority 32764',
+    ]);
+    assert.equal(ipBatchLines(inpodPlan(4, opts), 'add', false).length, 2, 'IPv4 has no optional route');
   });
 });
 
-describe('reconcile documents', () => {
+describe('reconcile documents (the one applier, cni-plugin/redirect/iptables.ts)', () => {
   const opts: InpodOptions = { ingressMode: false, dnsCapture: false, virtualInterfaces: [] };
   // What iptables-save prints after our default IPv4 document, plus someone else's rules.
   const saved = [
@@ -158,28 +163,34 @@ describe('reconcile documents', () => {
     'COMMIT',
   ].join('\n');
 
+  const want = (o: InpodOptions): RuleSet => parseRules(inpodRestore(4, o));
   it('nothing to do when what is there is ours as wanted (iptables-save form read back)', () => {
-    assert.equal(reconcileDocument(inpodRules(4, opts), saved, 4), null);
+    assert.deepEqual(diffRules(want(opts), parseRules(saved)), []);
   });
   it('removal: our jumps out, our chains flushed and deleted, nothing else named', () => {
-    const doc = reconcileDocument([], saved, 4)!;
+    const doc = reconcileRestore(null, parseRules(saved))!;
     checkFixture('removal.v4.rules', '# removal of ours from the state in ambient-rules.test.ts\n', doc);
     assert.doesNotMatch(doc, /OTHER|9999/);
   });
   it('a changed option rewrites ours in one document per table, and adds raw only when DNS is captured', () => {
-    const doc = reconcileDocument(inpodRules(4, { ...opts, dnsCapture: true }), saved, 4)!;
-    assert.match(doc, /^\*raw\n:MESH_OUTPUT - \[0:0\]\n:MESH_PRERT - \[0:0\]\n-A PREROUTING -j MESH_PRERT\n/m);
-    assert.match(doc, /^\*nat\n-D PREROUTING -j MESH_PRERT\n-D OUTPUT -j MESH_OUTPUT\n:MESH_PRERT - \[0:0\]/m);
+    const dns = want({ ...opts, dnsCapture: true });
+    assert.notDeepEqual(diffRules(dns, parseRules(saved)), []);
+    const doc = reconcileRestore(dns, parseRules(saved))!;
+    assert.match(doc, /^\*raw\n:MESH_OUTPUT - \[0:0\]\n:MESH_PRERT - \[0:0\]\n-A MESH_OUTPUT /m);
+    assert.match(doc, /\*raw\n(.|\n)*-I PREROUTING 1 -j MESH_PRERT\n-I OUTPUT 1 -j MESH_OUTPUT\nCOMMIT\n$/);
+    assert.match(doc, /^\*nat\n-D PREROUTING -j MESH_PRERT\n-D OUTPUT -j MESH_OUTPUT\n:MESH_OUTPUT - \[0:0\]/m);
   });
   it("in a pod, a sidecar mode's MESH_* leftovers go (as Istio sweeps ISTIO_*); a caller can own less", () => {
     const leftover = saved.replace(
       '*nat\n',
       '*nat\n:MESH_INBOUND - [0:0]\n-A PREROUTING -p tcp -j MESH_INBOUND\n-A MESH_INBOUND -p tcp -j RETURN\n',
     );
-    const doc = reconcileDocument(inpodRules(4, opts), leftover, 4)!;
+    assert.notDeepEqual(diffRules(want(opts), parseRules(leftover)), []);
+    const doc = reconcileRestore(want(opts), parseRules(leftover))!;
     assert.match(doc, /^-D PREROUTING -p tcp -j MESH_INBOUND\n(.|\n)*^-X MESH_INBOUND$/m);
     const only = (c: string) => c === 'MESH_PRERT' || c === 'MESH_OUTPUT';
-    assert.equal(reconcileDocument(inpodRules(4, opts), leftover, 4, only), null);
+    assert.deepEqual(diffRules(want(opts), parseRules(leftover), only), []);
+    assert.doesNotMatch(reconcileRestore(want(opts), parseRules(leftover), only)!, /MESH_INBOUND/);
   });
   it("another component's rule that names our chain only in a comment is not ours: kept, and no rewrite", () => {
     // iptables-save quotes comments (with \" inside); the target is the -j/-g outside them.
@@ -188,28 +199,9 @@ describe('reconcile documents', () => {
       '-A PREROUTING -p udp -m udp --dport 9999 -m comment --comment "sends \\"-j MESH_PRERT\\" elsewhere" -j ACCEPT\n' +
         '-A PREROUTING -m comment --comment "before -j MESH_PRERT" -j OTHER',
     );
-    assert.equal(reconcileDocument(inpodRules(4, opts), commented, 4), null, 'nothing of ours changed');
-    const removal = reconcileDocument([], commented, 4)!;
+    assert.deepEqual(diffRules(want(opts), parseRules(commented)), [], 'nothing of ours changed');
+    const removal = reconcileRestore(null, parseRules(commented))!;
     assert.doesNotMatch(removal, /comment/, "removal names no rule of another's");
-  });
-  it('canonical forms: what iptables-save prints for what we write', () => {
-    assert.equal(
-      canonicalRule('-A X -s 1.2.3.4 -p tcp -m tcp -j ACCEPT', 4),
-      '-A X -s 1.2.3.4/32 -p tcp -m tcp -j ACCEPT',
-    );
-    assert.equal(
-      canonicalRule('-A X -p tcp --dport 53 -j REDIRECT --to-port 1', 4),
-      '-A X -p tcp -m tcp --dport 53 -j REDIRECT --to-ports 1',
-    );
-    assert.equal(canonicalRule('-I X 1 -j MESH_Y', 6), '-A X -j MESH_Y');
-    assert.equal(
-      canonicalRule('-A X -m owner --socket-exists -p tcp -m set --match-set s dst -j SNAT', 4),
-      '-A X -p tcp -m owner --socket-exists -m set --match-set s dst -j SNAT',
-    );
-    assert.equal(
-      canonicalRule('-A X -p tcp ! --dport 1 ! -d ::1 -j A', 6),
-      '-A X ! -d ::1/128 -p tcp -m tcp ! --dport 1 -j A',
-    );
   });
 });
 
@@ -258,22 +250,77 @@ function istioGolden(name: string): string | null {
   return r.status === 0 ? r.stdout : null;
 }
 
-/** Istio's golden, renamed, as lines: the version-detection lines dropped, ISTIO_ -> MESH_. */
-function renamed(golden: string): string[] {
-  return golden
-    .replaceAll('ISTIO_', 'MESH_')
-    .replaceAll('istio-inpod-probes', 'mesh-inpod-probes')
-    .split('\n')
-    .map((l) => l.trimEnd())
-    .filter((l) => l !== '' && l !== 'iptables-save' && l !== 'ip6tables-save');
+const BASIC_OPTIONS = ['-s', '-d', '-i', '-o', '-p'];
+
+/**
+ * Istio's spelling of a rule in iptables-save's (ours is already in it, restoredoc.ts): the basic
+ * options (-s -d -i -o -p) first, addresses with their prefix length, a port match's implicit
+ * `-m tcp`/`-m udp` right after them, `--to-port` as `--to-ports`, `-I X 1` as `-A X`.
+ */
+function savedForm(line: string, family: Family): string {
+  const [, chain, ...t] = line.replace(/^-I (\S+) 1 /, '-A $1 ').split(' ');
+  const basic = new Map<string, string[]>();
+  const rest: string[] = [];
+  for (let i = 0; i < t.length; i++) {
+    const neg = t[i] === '!' && BASIC_OPTIONS.includes(t[i + 1]!);
+    const opt = neg ? t[++i]! : t[i]!;
+    if (BASIC_OPTIONS.includes(opt) && t[i + 1] !== undefined) {
+      let value = t[++i]!;
+      if ((opt === '-s' || opt === '-d') && !value.includes('/')) value += `/${family === 4 ? 32 : 128}`;
+      basic.set(opt, neg ? ['!', opt, value] : [opt, value]);
+    } else {
+      rest.push(opt === '--to-port' ? '--to-ports' : opt);
+    }
+  }
+  const proto = basic.get('-p')?.at(-1);
+  const hasPort = rest.includes('--dport') || rest.includes('--sport');
+  const explicit = rest.some((x, j) => x === '-m' && rest[j + 1] === proto);
+  if ((proto === 'tcp' || proto === 'udp') && hasPort && !explicit) rest.unshift('-m', proto);
+  return ['-A', chain!, ...BASIC_OPTIONS.flatMap((o) => basic.get(o) ?? []), ...rest].join(' ');
 }
 
-/** Our rules in the layout of Istio's builder output (`* table`, `-N chain`), for the comparison only. */
-function istioLayout(rules: readonly Rule[]): string[] {
-  const out: string[] = [];
-  for (const [t, { chains, lines }] of byTable(rules))
-    out.push(`* ${t}`, ...chains.map((c) => `-N ${c}`), ...lines, 'COMMIT');
-  return out;
+/** Per family: `table chain` -> its rules, sorted by key; builtins only by their jumps into ours. */
+type Chains = [string, string[]][];
+const sorted = (m: Map<string, string[]>): Chains => [...m].sort(([a], [b]) => (a < b ? -1 : 1));
+
+/**
+ * Istio's golden, renamed (ISTIO_ -> MESH_), as Chains per family: a table seen again starts
+ * the next family's part (the _ipv6 goldens hold the IPv4 rules, then the IPv6 ones).
+ */
+function goldenChains(golden: string): Chains[] {
+  const parts: Map<string, string[]>[] = [];
+  let seen = new Set<string>();
+  let m = new Map<string, string[]>();
+  let table = '';
+  const lines = golden.replaceAll('ISTIO_', 'MESH_').replaceAll('istio-inpod-probes', 'mesh-inpod-probes').split('\n');
+  for (const line of lines.map((l) => l.trim())) {
+    if (line.startsWith('* ')) {
+      table = line.slice(2);
+      if (seen.has(table)) {
+        parts.push(m);
+        m = new Map();
+        seen = new Set();
+      }
+      seen.add(table);
+    } else if (line.startsWith('-N ')) {
+      m.set(`${table} ${line.slice(3)}`, m.get(`${table} ${line.slice(3)}`) ?? []);
+    } else if (line.startsWith('-A ') || line.startsWith('-I ')) {
+      const key = `${table} ${line.split(' ')[1]}`;
+      (m.get(key) ?? m.set(key, []).get(key)!).push(line);
+    }
+  }
+  parts.push(m);
+  return parts.map((p, i) => {
+    const family: Family = i === 0 ? 4 : 6;
+    return sorted(new Map([...p].map(([k, rules]) => [k, rules.map((r) => savedForm(r, family))])));
+  });
+}
+
+/** Our restore document as Chains (parseRules reads `-I X 1` as the rule it puts in X). */
+function ourChains(doc: string): Chains {
+  const m = new Map<string, string[]>();
+  for (const [t, chains] of parseRules(doc)) for (const [c, rules] of chains) m.set(`${t} ${c}`, rules);
+  return sorted(m);
 }
 
 const mirrorThere = existsSync(MIRROR);
@@ -287,7 +334,7 @@ describe(
         it(golden, () => {
           const text = istioGolden(golden);
           assert.ok(text !== null, `${GOLDENS}/${golden}.golden is not in ${MIRROR}`);
-          const want = renamed(text);
+          const want = goldenChains(text);
           // Istio's inputs, read off its own golden: the interface names and its test IPv6 probe address.
           const ifaces = [...new Set([...text.matchAll(/ -i (\S+)/g)].map((m) => m[1]!))];
           const v6probe = /-d ([0-9a-f:]+) -p tcp -m tcp -j ACCEPT/.exec(text.split('* mangle').slice(2).join(''))?.[1];
@@ -295,8 +342,10 @@ describe(
             { ...c.annotations, 'mesh.io/reroute-virtual-interfaces': ifaces.join(',') },
             c.globalDnsCapture,
           );
-          const mine = istioLayout(inpodRules(4, opts));
-          if (v6) mine.push(...istioLayout(inpodRules(6, { ...opts, probeSnatV6: v6probe! })));
+          const mine = [ourChains(inpodRestore(4, opts))];
+          if (v6) mine.push(ourChains(inpodRestore(6, { ...opts, probeSnatV6: v6probe! })));
+          // The same rules in each chain, in order; where the hooks sit in the builtins differs
+          // (Istio appends them, we put them first: docs/ambient.md "Ambient mode's rules").
           assert.deepEqual(mine, want);
         });
       }
@@ -306,10 +355,9 @@ describe(
       it(golden, () => {
         const text = istioGolden(golden);
         assert.ok(text !== null, `${GOLDENS}/${golden}.golden is not in ${MIRROR}`);
-        const mine = istioLayout(hostRules(4));
-        if (v6) mine.push(...istioLayout(hostRules(6)));
-        // Istio's builder writes an insert as it is run: -I POSTROUTING 1 (so do we).
-        assert.deepEqual(mine, renamed(text));
+        const mine = [ourChains(hostRestore(4))];
+        if (v6) mine.push(ourChains(hostRestore(6)));
+        assert.deepEqual(mine, goldenChains(text));
       });
     }
   },
