@@ -63,14 +63,14 @@ const AMBIENT_OWN_ARGS = {
     'src/ambient/ takes AmbientArgs (src/ambient/args.ts), which src/agent.ts cuts from the settings, ' +
     "not the whole Settings: add what it needs to AmbientArgs, so it reads no other part's settings.",
 };
-// Monitoring and the node's readiness are handed their own settings too (src/agent.ts passes the
-// slice or the values each reads).
+// Every other part is handed its own settings too (src/partargs.ts cuts each part's slice, and
+// src/agent.ts passes it, or the values a part reads): the whole Settings stops at that wiring.
 const OWN_SLICE = {
-  regex: '(^\\.\\./|/src/)config/settings\\.ts$',
+  regex: '(^\\.{1,2}/|/src/)config/settings\\.ts$',
   importNames: ['Settings'],
   message:
-    'this part takes the settings it reads (its slice, or the values), which src/agent.ts hands it, ' +
-    "not the whole Settings: so it reads no other part's settings.",
+    'this part takes the settings it reads (its slice, or the values), which src/partargs.ts cuts and ' +
+    "src/agent.ts hands it, not the whole Settings: so it reads no other part's settings.",
 };
 // The node's readiness (src/node/) writes the agent's own Node from the agent's readiness: it is
 // handed the readiness and the stop's uninstall decision, and reaches the API through src/orch/.
@@ -83,11 +83,14 @@ const NODE_SELF = {
 // The pod-netns module (in-place repair and ambient mode both use it): the /proc scan and the
 // nsenter runner on Node built-ins alone (and the agent's logger and its leaf modules
 // src/concurrency.ts and src/filekind.ts), so both users import it and nothing more comes with it.
+// Its run result is the rule applier's (cni-plugin/redirect/iptables.ts, pure itself), so one
+// type serves the plugin's runner and the agent's.
 const PODNETNS_SELF = {
-  regex: '^(?!node:|\\./[^/]+$|\\.\\./monitoring/logging\\.ts$|\\.\\./(concurrency|filekind)\\.ts$)',
+  regex:
+    '^(?!node:|\\./[^/]+$|\\.\\./monitoring/logging\\.ts$|\\.\\./(concurrency|filekind)\\.ts$|\\.\\./\\.\\./cni-plugin/redirect/iptables\\.ts$)',
   message:
-    'src/podnetns/ imports only node: built-ins, its own files, ../monitoring/logging.ts, ../concurrency.ts and ' +
-    '../filekind.ts: ' +
+    'src/podnetns/ imports only node: built-ins, its own files, ../monitoring/logging.ts, ../concurrency.ts, ' +
+    '../filekind.ts and ../../cni-plugin/redirect/iptables.ts (the one run result type): ' +
     'repair and ambient both use it, so it does not import src/orch/, src/repair/ or src/install/ (its caller passes what it needs).',
 };
 // The bans match the path as written, so a detour they cannot see through (./../install/,
@@ -173,8 +176,10 @@ export default tseslint.config(
     files: ['src/config/**', 'cni-plugin/**', 'bin/**', 'scripts/**', 'test/**', 'src/cmd/**'],
     rules: { 'no-restricted-properties': 'off' },
   },
-  zone(['src/**/*.ts'], [ONLY_SHARED]),
-  zone(['src/orch/**/*.ts'], [ONLY_SHARED, ORCH_NOT_INSTALL]),
+  zone(['src/**/*.ts'], [ONLY_SHARED, OWN_SLICE]),
+  // The wiring, where the whole Settings is cut into the parts' slices.
+  zone(['src/agent.ts', 'src/partargs.ts'], [ONLY_SHARED]),
+  zone(['src/orch/**/*.ts'], [ONLY_SHARED, ORCH_NOT_INSTALL, OWN_SLICE]),
   zone(['src/config/**/*.ts'], [ONLY_SHARED, CONFIG_NOT_ORCH, CONFIG_NOT_INSTALL]),
   zone(['src/monitoring/**/*.ts'], [ONLY_SHARED, MONITORING_NOT_CMD, OWN_SLICE]),
   zone(['src/ambient/**/*.ts'], [ONLY_SHARED, AMBIENT_NOT_INSTALL_REPAIR, AMBIENT_OWN_ARGS]),

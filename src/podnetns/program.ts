@@ -4,15 +4,14 @@
 // in src/hostnet/, because the import zones let src/podnetns/ import only its own files.
 
 import { spawn } from 'node:child_process';
+import type { RunResult } from '../../cni-plugin/redirect/iptables.ts';
 
-/** What a run gave; never a rejection: failures to start or finish come back in `error`. */
-export interface RunResult {
-  readonly code: number | null;
-  readonly stdout: string;
-  readonly stderr: string;
-  /** Set when nothing ran (netns closed, program missing) or the child was killed (time, output). */
-  readonly error: string | null;
-}
+/**
+ * What a run gave; never a rejection: failures to start or finish come back in `error` (nothing
+ * ran: netns closed, program missing; or the child was killed for its time or output). The rule
+ * applier's own type, so the agent's runners go to it as they are.
+ */
+export type { RunResult };
 
 export const DEFAULT_TIMEOUT_MS = 5_000;
 /** What is kept of each of stdout and stderr unless a caller says otherwise; a child writing more is killed. */
