@@ -26,7 +26,7 @@
 import assert from 'node:assert/strict';
 import { spawnSync } from 'node:child_process';
 import { randomUUID } from 'node:crypto';
-import { copyFileSync, existsSync, linkSync, statSync } from 'node:fs';
+import { existsSync, statSync } from 'node:fs';
 import fs from 'node:fs/promises';
 import path from 'node:path';
 import { after, before, describe, it } from 'node:test';
@@ -34,6 +34,7 @@ import type { V1Pod } from '@kubernetes/client-node';
 import { spawnAgent, type AgentProcess } from '../helpers/agent.ts';
 import { PLUGIN_SERVICE_ACCOUNT, startTestApiServer, type TestApiServer } from '../helpers/apiserver.ts';
 import { ROOT } from '../helpers/cli.ts';
+import { addHostNetns, podmanOn, putBuiltPlugin, runCleanups } from '../helpers/e2e-node.ts';
 import { FakeZtunnel } from '../helpers/fake-ztunnel.ts';
 import { makeHostTree, type HostTree } from '../helpers/hosttree.ts';
 import {
@@ -43,7 +44,7 @@ import {
   runPodContainer,
   type KubepodsContainer,
 } from '../helpers/kubepods.ts';
-import { forwardLoopback, importBusybox, makePodman, type Podman } from '../helpers/podman.ts';
+import { forwardLoopback, type Podman } from '../helpers/podman.ts';
 import { waitFor } from '../helpers/poll.ts';
 import { connectFrom, listenIn, ZtunnelListeners, type Listening } from '../helpers/ztunnel-listeners.ts';
 import { DEFAULT_TEMPLATE } from '../../src/install/template.ts';
@@ -58,8 +59,6 @@ const PROBE_SET = 'mesh-inpod-probes-v4';
 const PROBE_SNAT = '169.254.7.127';
 const IN_POD_CHAIN = /^:MESH_PRERT /m;
 const HOST_RULE = /^-A POSTROUTING -j MESH_POSTRT$/m;
-/** libcni's result cache: podman 4.3 gives no setting for it, so it is the machine's. */
-const CNI_CACHE = '/var/lib/cni/results';
 const SELF = { name: 'mesh-cni-node-amb', namespace: 'mesh-system' };
 const DAEMONSET = 'mesh-cni-node';
 
@@ -239,9 +238,7 @@ function ambientSuite(flavour: 'nft' | 'legacy', subnet: string): void {
       before(async () => {
         for (const bin of ['dist/bin/mesh-cni'])
           assert.ok(existsSync(path.join(ROOT, bin)), `${bin} is missing: run npm run build first`);
-        sh(['ip', 'netns', 'add', hostNetns]);
-        cleanups.push(() => spawnSync('ip', ['netns', 'del', hostNetns]));
-        sh(['ip', '-n', hostNetns, 'link', 'set', 'lo', 'up']);
+        addHostNetns(hostNetns, cleanups);
         // Kubernetes' flavour hint (iptables-wrapper): a node whose kubelet uses iptables-legacy.
         if (flavour === 'legacy') inNode(['iptables-legacy', '-t', 'mangle', '-N', 'KUBE-IPTABLES-HINT']);
 
@@ -252,13 +249,7 @@ function ambientSuite(flavour: 'nft' | 'legacy', subnet: string): void {
 
         tree = await makeHostTree({ token: api.token, ca: api.caPem });
         cleanups.push(() => tree.remove());
-        const exe = path.join(tree.binariesDir, 'mesh-cni');
-        await fs.rm(exe);
-        try {
-          linkSync(path.join(ROOT, 'dist/bin/mesh-cni'), exe);
-        } catch {
-          copyFileSync(path.join(ROOT, 'dist/bin/mesh-cni'), exe);
-        }
+        await putBuiltPlugin(tree);
         const ipamDir = path.join(tree.root, 'ipam');
         await fs.mkdir(ipamDir);
         primaryFile = path.join(tree.netDir, '10-mcni-amb.conflist');
@@ -269,17 +260,12 @@ function ambientSuite(flavour: 'nft' | 'legacy', subnet: string): void {
         zdsDir = path.join(tree.root, 'ztunnel');
         zdsSocket = path.join(zdsDir, 'ztunnel.sock');
 
-        podman = makePodman({
-          cniPluginDirs: [tree.binDir, '/usr/lib/cni'],
-          networkConfigDir: tree.netDir,
-          hostNetns: hostNetnsPath,
-        });
-        cleanups.push(async () => {
-          for (const f of await fs.readdir(CNI_CACHE).catch(() => [] as string[]))
-            if (f.startsWith(`${NETWORK}-`)) await fs.rm(path.join(CNI_CACHE, f), { force: true });
-        });
-        cleanups.push(() => podman.remove());
-        await importBusybox(podman, IMAGE);
+        podman = await podmanOn(
+          NETWORK,
+          IMAGE,
+          { cniPluginDirs: [tree.binDir, '/usr/lib/cni'], networkConfigDir: tree.netDir, hostNetns: hostNetnsPath },
+          cleanups,
+        );
 
         api.upsertNamespace({ metadata: { name: NS, labels: { [MODE_LABEL]: 'ambient' } } });
         api.upsertNamespace({ metadata: { name: SELF.namespace } });
@@ -322,13 +308,7 @@ function ambientSuite(flavour: 'nft' | 'legacy', subnet: string): void {
       after(async () => {
         await agent?.stop('SIGKILL');
         await stopFake().catch(() => undefined);
-        for (const c of cleanups.reverse()) {
-          try {
-            await c();
-          } catch (e) {
-            console.error(`e2e-ambient cleanup: ${(e as Error).message}`);
-          }
-        }
+        await runCleanups(cleanups, 'e2e-ambient cleanup');
       });
 
       it('pre-existing pod: enrolled at start-up (not ready before), Add with its netns, SnapshotSent', async () => {

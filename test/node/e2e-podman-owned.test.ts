@@ -18,25 +18,22 @@
 // passes these calls through (no pod to redirect): it is in the chain, which is what counts.
 
 import assert from 'node:assert/strict';
-import { spawnSync } from 'node:child_process';
-import { copyFileSync, existsSync, linkSync, readFileSync } from 'node:fs';
+import { existsSync, readFileSync } from 'node:fs';
 import fs from 'node:fs/promises';
 import path from 'node:path';
 import { after, before, describe, it } from 'node:test';
 import { spawnAgent, type AgentProcess } from '../helpers/agent.ts';
 import { startTestApiServer, type TestApiServer } from '../helpers/apiserver.ts';
 import { ROOT } from '../helpers/cli.ts';
+import { addHostNetns, CNI_CACHE, podmanOn, putBuiltPlugin, runCleanups } from '../helpers/e2e-node.ts';
 import { makeHostTree, type HostTree } from '../helpers/hosttree.ts';
 import { eventually } from '../helpers/poll.ts';
-import { forwardLoopback, importBusybox, makePodman, type LoopbackForward, type Podman } from '../helpers/podman.ts';
+import { forwardLoopback, type LoopbackForward, type Podman } from '../helpers/podman.ts';
 import { runtimeView } from '../helpers/runtime-view.ts';
-import { sh } from '../helpers/sh.ts';
 
 const TAG = `mcni-own-${process.pid}`;
 const NETWORK = TAG;
 const NODE = 'node-1';
-/** libcni's result cache: podman 4.3 gives no setting for it, so it is the machine's. */
-const CNI_CACHE = '/var/lib/cni/results';
 const SUBNET = '198.19.1.0/24';
 const STARTS = 20;
 const REWRITES = 50;
@@ -79,47 +76,27 @@ describe('e2e: a primary CNI rewriting its config while podman starts containers
   const cleanups: (() => unknown)[] = [];
 
   before(async () => {
-    sh(['ip', 'netns', 'add', hostNetns]);
-    cleanups.push(() => spawnSync('ip', ['netns', 'del', hostNetns]));
-    sh(['ip', '-n', hostNetns, 'link', 'set', 'lo', 'up']);
+    addHostNetns(hostNetns, cleanups);
     api = await startTestApiServer();
     cleanups.push(() => api.close());
     forward = await forwardLoopback(hostNetnsPath, api.port);
     cleanups.push(() => forward?.close());
     tree = await makeHostTree({ token: api.token, ca: api.caPem });
     cleanups.push(() => tree.remove());
-    const exe = path.join(tree.binariesDir, 'mesh-cni');
-    await fs.rm(exe);
-    try {
-      linkSync(path.join(ROOT, 'dist/bin/mesh-cni'), exe);
-    } catch {
-      copyFileSync(path.join(ROOT, 'dist/bin/mesh-cni'), exe);
-    }
+    await putBuiltPlugin(tree);
     ipamDir = path.join(tree.root, 'ipam');
     await fs.mkdir(ipamDir);
-    podman = makePodman({
-      cniPluginDirs: [tree.binDir, '/usr/lib/cni'],
-      networkConfigDir: tree.netDir,
-      hostNetns: hostNetnsPath,
-    });
-    cleanups.push(async () => {
-      for (const f of await fs.readdir(CNI_CACHE).catch(() => [] as string[])) {
-        if (f.startsWith(`${NETWORK}-`)) await fs.rm(path.join(CNI_CACHE, f), { force: true });
-      }
-    });
-    cleanups.push(() => podman.remove());
-    await importBusybox(podman, BUSYBOX);
+    podman = await podmanOn(
+      NETWORK,
+      BUSYBOX,
+      { cniPluginDirs: [tree.binDir, '/usr/lib/cni'], networkConfigDir: tree.netDir, hostNetns: hostNetnsPath },
+      cleanups,
+    );
   });
 
   after(async () => {
     await agent?.stop('SIGKILL');
-    for (const c of cleanups.reverse()) {
-      try {
-        await c();
-      } catch (e) {
-        console.error(`e2e cleanup: ${(e as Error).message}`);
-      }
-    }
+    await runCleanups(cleanups, 'e2e cleanup');
   });
 
   /** What the primary's file held just before each rewrite replaced it: ours in it or not. */

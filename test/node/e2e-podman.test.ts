@@ -16,8 +16,7 @@
 // the busybox-static container has no libc to run it with.
 
 import assert from 'node:assert/strict';
-import { spawnSync } from 'node:child_process';
-import { existsSync, linkSync, copyFileSync } from 'node:fs';
+import { existsSync } from 'node:fs';
 import fs from 'node:fs/promises';
 import path from 'node:path';
 import { after, before, describe, it } from 'node:test';
@@ -25,25 +24,16 @@ import type { V1Pod } from '@kubernetes/client-node';
 import { spawnAgent, type AgentProcess } from '../helpers/agent.ts';
 import { apiRequest, startTestApiServer, type TestApiServer } from '../helpers/apiserver.ts';
 import { ROOT } from '../helpers/cli.ts';
+import { addHostNetns, CNI_CACHE, podmanOn, putBuiltPlugin, runCleanups } from '../helpers/e2e-node.ts';
 import { makeHostTree, type HostTree } from '../helpers/hosttree.ts';
 import { eventually } from '../helpers/poll.ts';
 import { rulesIn, run, type Run } from '../helpers/netns.ts';
-import {
-  delFromCachedConfig,
-  forwardLoopback,
-  importBusybox,
-  makePodman,
-  type LoopbackForward,
-  type Podman,
-} from '../helpers/podman.ts';
+import { delFromCachedConfig, forwardLoopback, type LoopbackForward, type Podman } from '../helpers/podman.ts';
 import { meshPod } from '../helpers/plugin.ts';
 import { DEFAULT_TEMPLATE } from '../../src/install/template.ts';
-import { sh } from '../helpers/sh.ts';
 
 const RUN = `mcni-e2e-${process.pid}`;
 const NODE = 'node-1';
-/** libcni's result cache: podman 4.3 gives no setting for it, so it is the machine's. */
-const CNI_CACHE = '/var/lib/cni/results';
 const SUBNET = '198.19.0.0/24';
 const REPAIR_LABEL = 'cni.mesh.io/uninitialized';
 const OUR_CHAIN = /^:MESH_OUTPUT /m;
@@ -154,9 +144,7 @@ function nodeSuite(mode: 'label' | 'delete'): void {
 
     before(async () => {
       // The node's "host" network: loopback only, removed (with the bridge in it) at the end.
-      sh(['ip', 'netns', 'add', hostNetns]);
-      cleanups.push(() => spawnSync('ip', ['netns', 'del', hostNetns]));
-      sh(['ip', '-n', hostNetns, 'link', 'set', 'lo', 'up']);
+      addHostNetns(hostNetns, cleanups);
 
       api = await startTestApiServer();
       cleanups.push(() => api.close());
@@ -165,44 +153,24 @@ function nodeSuite(mode: 'label' | 'delete'): void {
 
       tree = await makeHostTree({ token: api.token, ca: api.caPem });
       cleanups.push(() => tree.remove());
-      // The image's binaries dir holds the plugin executable only (see scripts/image.sh).
-      const exe = path.join(tree.binariesDir, 'mesh-cni');
-      await fs.rm(exe);
-      try {
-        linkSync(path.join(ROOT, 'dist/bin/mesh-cni'), exe);
-      } catch {
-        copyFileSync(path.join(ROOT, 'dist/bin/mesh-cni'), exe);
-      }
+      await putBuiltPlugin(tree);
       ipamDir = path.join(tree.root, 'ipam');
       await fs.mkdir(ipamDir);
       primaryFile = path.join(tree.netDir, '10-mcni-e2e.conflist');
       await fs.writeFile(primaryFile, primaryConflist(NETWORK, bridge, ipamDir));
       primaryBytes = await fs.readFile(primaryFile);
 
-      podman = makePodman({
-        cniPluginDirs: [tree.binDir, '/usr/lib/cni'],
-        networkConfigDir: tree.netDir,
-        hostNetns: hostNetnsPath,
-      });
-      // DEL (podman rm) removes podman's cache entries; whatever a failed run left is ours by name.
-      cleanups.push(async () => {
-        for (const f of await fs.readdir(CNI_CACHE).catch(() => [] as string[])) {
-          if (f.startsWith(`${NETWORK}-`)) await fs.rm(path.join(CNI_CACHE, f), { force: true });
-        }
-      });
-      cleanups.push(() => podman.remove());
-      await importBusybox(podman, BUSYBOX);
+      podman = await podmanOn(
+        NETWORK,
+        BUSYBOX,
+        { cniPluginDirs: [tree.binDir, '/usr/lib/cni'], networkConfigDir: tree.netDir, hostNetns: hostNetnsPath },
+        cleanups,
+      );
     });
 
     after(async () => {
       await agent?.stop('SIGKILL');
-      for (const c of cleanups.reverse()) {
-        try {
-          await c();
-        } catch (e) {
-          console.error(`e2e cleanup: ${(e as Error).message}`);
-        }
-      }
+      await runCleanups(cleanups, 'e2e cleanup');
     });
 
     it(`redirects the pods started after install-cni is ready, ${mode}s the one that raced it, and uninstalls cleanly`, async () => {

@@ -20,7 +20,6 @@
 // has no Node of its own.
 
 import assert from 'node:assert/strict';
-import { spawnSync } from 'node:child_process';
 import { randomUUID } from 'node:crypto';
 import { existsSync } from 'node:fs';
 import fs from 'node:fs/promises';
@@ -31,6 +30,7 @@ import type { V1Pod } from '@kubernetes/client-node';
 import { spawnAgent, type AgentEntry, type AgentProcess } from '../helpers/agent.ts';
 import { startTestApiServer, type TestApiServer } from '../helpers/apiserver.ts';
 import { ROOT } from '../helpers/cli.ts';
+import { addHostNetns, podmanOn, runCleanups } from '../helpers/e2e-node.ts';
 import { cleanupAfterEach } from '../helpers/cleanup.ts';
 import { makeHostTree } from '../helpers/hosttree.ts';
 import {
@@ -41,7 +41,7 @@ import {
   type KubepodsContainer,
 } from '../helpers/kubepods.ts';
 import { rulesIn, run, type Run } from '../helpers/netns.ts';
-import { importBusybox, makePodman, type Podman } from '../helpers/podman.ts';
+import type { Podman } from '../helpers/podman.ts';
 import { brokenPod } from '../helpers/pods.ts';
 import { waitFor } from '../helpers/poll.ts';
 import { sh } from '../helpers/sh.ts';
@@ -55,8 +55,6 @@ const GATEWAY = '198.19.7.1';
 const NOBODYS_IP = '198.19.7.250';
 const LABEL = 'cni.mesh.io/uninitialized';
 const OUR_CHAIN = /^:MESH_OUTPUT /m;
-/** libcni's result cache: podman 4.3 gives no setting for it, so it is the machine's. */
-const CNI_CACHE = '/var/lib/cni/results';
 
 /** mesh-validation, the bundle with this Node, inside the netns: what the init container runs. */
 function validate(netnsPath: string): Promise<Run> {
@@ -125,9 +123,7 @@ describe('e2e: in-place repair of a running podman container in a kubelet-shaped
   before(async () => {
     for (const bin of ['dist/mesh-validation.cjs'])
       assert.ok(existsSync(path.join(ROOT, bin)), `${bin} is missing: run npm run build first`);
-    sh(['ip', 'netns', 'add', hostNetns]);
-    suiteCleanups.push(() => spawnSync('ip', ['netns', 'del', hostNetns]));
-    sh(['ip', '-n', hostNetns, 'link', 'set', 'lo', 'up']);
+    addHostNetns(hostNetns, suiteCleanups);
     scratch = await fs.mkdtemp(path.join(os.tmpdir(), 'mcni-rip-'));
     suiteCleanups.push(() => fs.rm(scratch, { recursive: true, force: true }));
     const netDir = path.join(scratch, 'net.d');
@@ -136,24 +132,10 @@ describe('e2e: in-place repair of a running podman container in a kubelet-shaped
     await fs.mkdir(ipamDir);
     // The primary CNI alone: containers started here are never redirected by the plugin.
     await fs.writeFile(path.join(netDir, '10-rip.conflist'), bridgeConflist(bridge, ipamDir));
-    podman = makePodman({ networkConfigDir: netDir, hostNetns: hostNetnsPath });
-    suiteCleanups.push(async () => {
-      for (const f of await fs.readdir(CNI_CACHE).catch(() => [] as string[]))
-        if (f.startsWith(`${NETWORK}-`)) await fs.rm(path.join(CNI_CACHE, f), { force: true });
-    });
-    suiteCleanups.push(() => podman.remove());
-    await importBusybox(podman, IMAGE);
+    podman = await podmanOn(NETWORK, IMAGE, { networkConfigDir: netDir, hostNetns: hostNetnsPath }, suiteCleanups);
   });
 
-  after(async () => {
-    for (const c of suiteCleanups.reverse()) {
-      try {
-        await c();
-      } catch (e) {
-        console.error(`e2e-repair-inplace cleanup: ${(e as Error).message}`);
-      }
-    }
-  });
+  after(() => runCleanups(suiteCleanups, 'e2e-repair-inplace cleanup'));
 
   /** A container of a new pod, removed (with its cgroup dirs) after the test. */
   async function startPodContainer(name: string): Promise<KubepodsContainer & { uid: string }> {

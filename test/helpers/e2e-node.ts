@@ -1,0 +1,69 @@
+// The node the podman end-to-end tests share: a netns standing in for the node's own network, the
+// built plugin where the image puts it, a private podman with a busybox image on the test's CNI
+// network, and the suite's cleanups run newest first at the end. Each piece is removed with the
+// suite, even when the suite fails.
+
+import { spawnSync } from 'node:child_process';
+import { copyFileSync, linkSync } from 'node:fs';
+import fs from 'node:fs/promises';
+import path from 'node:path';
+import { ROOT } from './cli.ts';
+import type { HostTree } from './hosttree.ts';
+import { importBusybox, makePodman, type Podman, type PodmanOptions } from './podman.ts';
+import { sh } from './sh.ts';
+
+/** What a suite removes at its end, pushed as it makes each thing. */
+export type SuiteCleanups = (() => unknown)[];
+
+/** libcni's result cache: podman 4.3 gives no setting for it, so it is the machine's. */
+export const CNI_CACHE = '/var/lib/cni/results';
+
+/** Adds netns `name` (/run/netns/<name>) with loopback up: the node's "host" network. */
+export function addHostNetns(name: string, cleanups: SuiteCleanups): void {
+  sh(['ip', 'netns', 'add', name]);
+  cleanups.push(() => spawnSync('ip', ['netns', 'del', name]));
+  sh(['ip', '-n', name, 'link', 'set', 'lo', 'up']);
+}
+
+/** The image's binaries dir holds the plugin executable only (see scripts/image.sh): the built one. */
+export async function putBuiltPlugin(tree: HostTree): Promise<void> {
+  const exe = path.join(tree.binariesDir, 'mesh-cni');
+  await fs.rm(exe);
+  try {
+    linkSync(path.join(ROOT, 'dist/bin/mesh-cni'), exe);
+  } catch {
+    copyFileSync(path.join(ROOT, 'dist/bin/mesh-cni'), exe);
+  }
+}
+
+/**
+ * A private podman (`opts`) with busybox imported as `image`. DEL (podman rm) removes podman's
+ * cache entries; whatever a failed run left in libcni's cache for `network` is ours by name, and
+ * goes with the podman at the end.
+ */
+export async function podmanOn(
+  network: string,
+  image: string,
+  opts: PodmanOptions,
+  cleanups: SuiteCleanups,
+): Promise<Podman> {
+  const podman = makePodman(opts);
+  cleanups.push(async () => {
+    for (const f of await fs.readdir(CNI_CACHE).catch(() => [] as string[]))
+      if (f.startsWith(`${network}-`)) await fs.rm(path.join(CNI_CACHE, f), { force: true });
+  });
+  cleanups.push(() => podman.remove());
+  await importBusybox(podman, image);
+  return podman;
+}
+
+/** Runs the cleanups newest first; one that fails is logged as `<label>: why` and the rest still run. */
+export async function runCleanups(cleanups: SuiteCleanups, label: string): Promise<void> {
+  for (const c of cleanups.reverse()) {
+    try {
+      await c();
+    } catch (e) {
+      console.error(`${label}: ${(e as Error).message}`);
+    }
+  }
+}
