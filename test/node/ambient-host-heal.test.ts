@@ -25,7 +25,7 @@ import {
 import { applyInpod, type Flavour, type Runner } from '../../src/ambient/podrules.ts';
 import { buildSettings, type Settings } from '../../src/config/settings.ts';
 import { ambientArgs } from '../../src/agent.ts';
-import { registry } from '../../src/monitoring/metrics.ts';
+import { metricValue } from '../helpers/metrics.ts';
 import type { Clock } from '../../src/orch/limits.ts';
 import { cleanupAfterEach } from '../helpers/cleanup.ts';
 import { Netns, run } from '../helpers/netns.ts';
@@ -142,10 +142,7 @@ async function probe(node: Netns): Promise<string> {
   return (await connectFrom(node.path, POD, 8080)).slice(0, 2).join(' ');
 }
 
-async function heals(what: HealWhat): Promise<number> {
-  const m = await registry.getSingleMetric('mesh_cni_ambient_host_heals_total')!.get();
-  return m.values.find((v) => v.labels.what === what)?.value ?? 0;
-}
+const heals = (what: HealWhat) => metricValue('mesh_cni_ambient_host_heals_total', { what });
 
 async function healsNow(): Promise<Record<HealWhat, number>> {
   return { rule: await heals('rule'), set: await heals('set'), entry: await heals('entry') };

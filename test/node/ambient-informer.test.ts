@@ -12,7 +12,7 @@ import {
   type Redirection,
 } from '../../src/ambient/enablement.ts';
 import { decide, AmbientInformer, type Action, type DecisionInput } from '../../src/ambient/informer.ts';
-import { registry } from '../../src/monitoring/metrics.ts';
+import { metricValue } from '../helpers/metrics.ts';
 import { eventually } from '../helpers/poll.ts';
 
 const MODE = 'mesh.io/dataplane-mode';
@@ -341,10 +341,7 @@ function harness(dp = fakeDataplane()) {
   return { r, dp, cache, nsLabels, upsert, remove, idle };
 }
 
-async function metric(type: string): Promise<number> {
-  const m = await registry.getSingleMetric('mesh_cni_ambient_reconcile_events_total')!.get();
-  return m.values.find((v) => v.labels.type === type)?.value ?? 0;
-}
+const metric = (type: string) => metricValue('mesh_cni_ambient_reconcile_events_total', { type });
 
 describe('the AmbientInformer', () => {
   it('holds events until started, then catches every pod up once (labelled while the agent was down)', async () => {

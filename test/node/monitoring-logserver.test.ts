@@ -14,18 +14,11 @@ import { LineSplitter } from '../../src/monitoring/lines.ts';
 import { registry } from '../../src/monitoring/metrics.ts';
 import { parsePluginLine } from '../../src/monitoring/pluginrecord.ts';
 import { captureSink, promtoolProblems } from '../helpers/observability.ts';
+import { metricValue } from '../helpers/metrics.ts';
 import { waitFor } from '../helpers/poll.ts';
 
 const tmp = mkdtempSync(path.join(os.tmpdir(), 'mcni-obs-uds-'));
 after(() => rmSync(tmp, { recursive: true, force: true }));
-
-async function metric(name: string, labels: Record<string, string> = {}): Promise<number> {
-  const m = registry.getSingleMetric(name);
-  assert.ok(m, `metric ${name} is registered`);
-  const { values } = await m.get();
-  const v = values.find((x) => Object.entries(labels).every(([k, want]) => x.labels[k] === want));
-  return v?.value ?? 0;
-}
 
 /** Connects, writes `data` (all at once), half-closes, and waits for the server to close. */
 function send(address: string, data: string | Buffer): Promise<void> {
@@ -123,10 +116,10 @@ describe('plugin log server', () => {
   it('drops junk with a counter per reason and keeps reading the same connection', async () => {
     const { address } = await start();
     const before = {
-      lines: await metric('mesh_cni_plugin_log_lines_received_total'),
-      json: await metric('mesh_cni_plugin_log_lines_dropped_total', { reason: 'invalid_json' }),
-      rec: await metric('mesh_cni_plugin_log_lines_dropped_total', { reason: 'invalid_record' }),
-      big: await metric('mesh_cni_plugin_log_lines_dropped_total', { reason: 'oversized' }),
+      lines: await metricValue('mesh_cni_plugin_log_lines_received_total'),
+      json: await metricValue('mesh_cni_plugin_log_lines_dropped_total', { reason: 'invalid_json' }),
+      rec: await metricValue('mesh_cni_plugin_log_lines_dropped_total', { reason: 'invalid_record' }),
+      big: await metricValue('mesh_cni_plugin_log_lines_dropped_total', { reason: 'oversized' }),
     };
     const huge = JSON.stringify({ level: 'error', msg: 'x'.repeat(100 * 1024) });
     await send(
@@ -142,21 +135,24 @@ describe('plugin log server', () => {
     assert.match(lines[0]!, /\twarn\tcni\tstill here\tpod=a\/b\n$/);
     assert.match(lines[1]!, /\tinfo\tcni\tlast line, no newline\n$/);
     assert.equal(
-      (await metric('mesh_cni_plugin_log_lines_dropped_total', { reason: 'invalid_json' })) - before.json,
+      (await metricValue('mesh_cni_plugin_log_lines_dropped_total', { reason: 'invalid_json' })) - before.json,
       2,
     );
     assert.equal(
-      (await metric('mesh_cni_plugin_log_lines_dropped_total', { reason: 'invalid_record' })) - before.rec,
+      (await metricValue('mesh_cni_plugin_log_lines_dropped_total', { reason: 'invalid_record' })) - before.rec,
       2,
     );
-    assert.equal((await metric('mesh_cni_plugin_log_lines_dropped_total', { reason: 'oversized' })) - before.big, 1);
-    assert.equal((await metric('mesh_cni_plugin_log_lines_received_total')) - before.lines, 7);
+    assert.equal(
+      (await metricValue('mesh_cni_plugin_log_lines_dropped_total', { reason: 'oversized' })) - before.big,
+      1,
+    );
+    assert.equal((await metricValue('mesh_cni_plugin_log_lines_received_total')) - before.lines, 7);
     assert.equal(await promtoolProblems(await registry.metrics()), '');
   });
 
   it('survives 8 MiB without a newline: one oversized drop, then the next line prints', async () => {
     const { address } = await start();
-    const before = await metric('mesh_cni_plugin_log_lines_dropped_total', { reason: 'oversized' });
+    const before = await metricValue('mesh_cni_plugin_log_lines_dropped_total', { reason: 'oversized' });
     await new Promise<void>((resolve, reject) => {
       const s = net.createConnection({ path: address });
       s.on('error', reject);
@@ -174,12 +170,12 @@ describe('plugin log server', () => {
       s.once('connect', pump);
     });
     await waitFor('the line after the flood', () => cniLines().find((l) => l.includes('after the flood')));
-    assert.equal((await metric('mesh_cni_plugin_log_lines_dropped_total', { reason: 'oversized' })) - before, 1);
+    assert.equal((await metricValue('mesh_cni_plugin_log_lines_dropped_total', { reason: 'oversized' })) - before, 1);
   });
 
   it('closes a connection that stays silent past the idle timeout', async () => {
     const { address } = await start({ idleTimeoutMs: 200 });
-    const before = await metric('mesh_cni_plugin_log_connections_closed_total', { reason: 'idle' });
+    const before = await metricValue('mesh_cni_plugin_log_connections_closed_total', { reason: 'idle' });
     await new Promise<void>((resolve, reject) => {
       const s = net.createConnection({ path: address }, () => s.write('{"level":"info","msg":"half a li'));
       s.on('error', reject);
@@ -187,13 +183,13 @@ describe('plugin log server', () => {
       s.resume();
       setTimeout(() => s.destroy(new Error('the server kept an idle connection open')), 10_000).unref();
     });
-    assert.equal((await metric('mesh_cni_plugin_log_connections_closed_total', { reason: 'idle' })) - before, 1);
+    assert.equal((await metricValue('mesh_cni_plugin_log_connections_closed_total', { reason: 'idle' })) - before, 1);
     assert.equal(cniLines().length, 0, 'a partial line is not printed when the server gives up');
   });
 
   it('cuts a sender that trickles a line a byte at a time, though it is never idle', async () => {
     const { address } = await start({ idleTimeoutMs: 5_000, lineTimeoutMs: 300 });
-    const before = await metric('mesh_cni_plugin_log_connections_closed_total', { reason: 'line_timeout' });
+    const before = await metricValue('mesh_cni_plugin_log_connections_closed_total', { reason: 'line_timeout' });
     await new Promise<void>((resolve, reject) => {
       const s = net.createConnection({ path: address });
       const drip = setInterval(() => s.write('x'), 50);
@@ -210,14 +206,14 @@ describe('plugin log server', () => {
       setTimeout(() => s.destroy(new Error('the server kept a trickling sender')), 4_000).unref();
     });
     assert.equal(
-      (await metric('mesh_cni_plugin_log_connections_closed_total', { reason: 'line_timeout' })) - before,
+      (await metricValue('mesh_cni_plugin_log_connections_closed_total', { reason: 'line_timeout' })) - before,
       1,
     );
   });
 
   it('cuts a connection at its lifetime, however it behaves', async () => {
     const { address } = await start({ maxConnectionMs: 300 });
-    const before = await metric('mesh_cni_plugin_log_connections_closed_total', { reason: 'lifetime' });
+    const before = await metricValue('mesh_cni_plugin_log_connections_closed_total', { reason: 'lifetime' });
     await new Promise<void>((resolve, reject) => {
       const s = net.createConnection({ path: address });
       const chat = setInterval(() => s.write('{"level":"debug","msg":"keep-alive"}\n'), 50);
@@ -233,12 +229,15 @@ describe('plugin log server', () => {
       s.resume();
       setTimeout(() => s.destroy(new Error('the server kept a connection past its lifetime')), 4_000).unref();
     });
-    assert.equal((await metric('mesh_cni_plugin_log_connections_closed_total', { reason: 'lifetime' })) - before, 1);
+    assert.equal(
+      (await metricValue('mesh_cni_plugin_log_connections_closed_total', { reason: 'lifetime' })) - before,
+      1,
+    );
   });
 
   it('serves a plugin run while slow connections hold every slot: the oldest one goes', async () => {
     const { address } = await start({ maxConnections: 8 });
-    const evictedBefore = await metric('mesh_cni_plugin_log_connections_closed_total', { reason: 'evicted' });
+    const evictedBefore = await metricValue('mesh_cni_plugin_log_connections_closed_total', { reason: 'evicted' });
     const held: net.Socket[] = [];
     const chat = setInterval(() => {
       for (const s of held) if (!s.destroyed) s.write('\n');
@@ -252,7 +251,7 @@ describe('plugin log server', () => {
         await new Promise((r) => s.once('connect', r));
       }
       await waitFor('8 open connections', async () =>
-        (await metric('mesh_cni_plugin_log_connections_open')) === 8 ? true : undefined,
+        (await metricValue('mesh_cni_plugin_log_connections_open')) === 8 ? true : undefined,
       );
       const client = new UdsLog(
         address,
@@ -264,7 +263,7 @@ describe('plugin log server', () => {
       await client.flush(2000);
       await waitFor('the plugin record', () => cniLines().find((l) => l.includes('served despite the slow ones')));
       assert.equal(
-        (await metric('mesh_cni_plugin_log_connections_closed_total', { reason: 'evicted' })) - evictedBefore,
+        (await metricValue('mesh_cni_plugin_log_connections_closed_total', { reason: 'evicted' })) - evictedBefore,
         1,
       );
       await waitFor('the oldest connection closed', () => held[0]!.closed);
@@ -282,7 +281,7 @@ describe('plugin log server', () => {
   it('never closes a plugin run that waits for its first read to make room: a newcomer goes instead', async () => {
     // A tiny rate: every read puts the server in debt, so new connections wait for their turn.
     const { address } = await start({ maxConnections: 4, maxBytesPerSecond: 8 * 1024 });
-    const before = await metric('mesh_cni_plugin_log_connections_closed_total', { reason: 'rejected' });
+    const before = await metricValue('mesh_cni_plugin_log_connections_closed_total', { reason: 'rejected' });
     const socks: net.Socket[] = [];
     const connect = async () => {
       const s = net.createConnection({ path: address });
@@ -294,7 +293,7 @@ describe('plugin log server', () => {
     try {
       for (let i = 0; i < 4; i++) (await connect()).write('{"level":"info","msg":"flood"}\n'.repeat(2000));
       await waitFor('reading paced', async () =>
-        (await metric('mesh_cni_plugin_log_read_pauses_total')) > 0 ? true : undefined,
+        (await metricValue('mesh_cni_plugin_log_read_pauses_total')) > 0 ? true : undefined,
       );
       const client = new UdsLog(
         address,
@@ -307,7 +306,9 @@ describe('plugin log server', () => {
       // Connections that keep coming while the run waits: they take the flooders' slots, then are refused.
       for (let i = 0; i < 6; i++) await connect();
       await waitFor('the waiting run printed', () => cniLines().find((l) => l.includes('waited for its turn')));
-      assert.ok((await metric('mesh_cni_plugin_log_connections_closed_total', { reason: 'rejected' })) - before >= 1);
+      assert.ok(
+        (await metricValue('mesh_cni_plugin_log_connections_closed_total', { reason: 'rejected' })) - before >= 1,
+      );
     } finally {
       for (const s of socks) s.destroy();
     }
@@ -326,7 +327,7 @@ describe('plugin log server', () => {
     try {
       await connect('{"level":"debug","msg":"x"}\n'.repeat(2000)); // puts the server in debt
       await waitFor('reading paced', async () =>
-        (await metric('mesh_cni_plugin_log_read_pauses_total')) > 0 ? true : undefined,
+        (await metricValue('mesh_cni_plugin_log_read_pauses_total')) > 0 ? true : undefined,
       );
       // Three new connections ahead of the run: it waits for their turns first, well past 300 ms.
       for (let i = 0; i < 3; i++) await connect('{"level":"debug","msg":"ahead"}\n'.repeat(500));
@@ -345,14 +346,14 @@ describe('plugin log server', () => {
       await new Promise((r) => s.once('connect', r));
       for (let i = 0; i < 3000; i++) s.write('a'); // a byte a write: 3000 partial-line bytes
       const held = await waitFor('3000 bytes held', async () => {
-        const b = await metric('mesh_cni_plugin_log_buffered_bytes');
+        const b = await metricValue('mesh_cni_plugin_log_buffered_bytes');
         return b >= 3000 ? b : undefined;
       });
       assert.ok(held <= 4096, `held ${held} bytes for one connection, over its 4096-byte line cap`);
       assert.ok((c.status() as { bufferedBytes: number }).bufferedBytes <= 4096);
       s.write('b'.repeat(2000)); // over the cap: the line is dropped, nothing kept
       await waitFor('nothing held', async () =>
-        (await metric('mesh_cni_plugin_log_buffered_bytes')) === 0 ? true : undefined,
+        (await metricValue('mesh_cni_plugin_log_buffered_bytes')) === 0 ? true : undefined,
       );
     } finally {
       s.destroy();
@@ -361,7 +362,7 @@ describe('plugin log server', () => {
 
   it('holds at most the total budget across connections: the one that would go over is closed', async () => {
     const { address } = await start({ maxLineBytes: 4096, maxBufferedBytes: 10_000 });
-    const before = await metric('mesh_cni_plugin_log_connections_closed_total', { reason: 'over_budget' });
+    const before = await metricValue('mesh_cni_plugin_log_connections_closed_total', { reason: 'over_budget' });
     const socks: net.Socket[] = [];
     try {
       for (let i = 0; i < 6; i++) {
@@ -373,31 +374,31 @@ describe('plugin log server', () => {
         await new Promise((r) => setTimeout(r, 30));
       }
       await waitFor('3 closed over the budget', async () =>
-        (await metric('mesh_cni_plugin_log_connections_closed_total', { reason: 'over_budget' })) - before >= 3
+        (await metricValue('mesh_cni_plugin_log_connections_closed_total', { reason: 'over_budget' })) - before >= 3
           ? true
           : undefined,
       );
-      assert.ok((await metric('mesh_cni_plugin_log_buffered_bytes')) <= 10_000);
+      assert.ok((await metricValue('mesh_cni_plugin_log_buffered_bytes')) <= 10_000);
       await send(address, '{"level":"info","msg":"whole lines need no budget"}\n');
       await waitFor('a whole line printed', () => cniLines().find((l) => l.includes('whole lines need no budget')));
     } finally {
       for (const s of socks) s.destroy();
     }
     await waitFor('nothing held', async () =>
-      (await metric('mesh_cni_plugin_log_buffered_bytes')) === 0 ? true : undefined,
+      (await metricValue('mesh_cni_plugin_log_buffered_bytes')) === 0 ? true : undefined,
     );
   });
 
   it('reads no faster than its rate limit, pausing every connection, and loses no line', async () => {
     const { address } = await start({ maxBytesPerSecond: 256 * 1024 });
-    const before = await metric('mesh_cni_plugin_log_read_pauses_total');
+    const before = await metricValue('mesh_cni_plugin_log_read_pauses_total');
     const line = JSON.stringify({ level: 'info', msg: 'paced', pad: 'z'.repeat(4000) }) + '\n';
     const t0 = Date.now();
     await send(address, line.repeat(200)); // ~790 KiB: about three seconds at 256 KiB/s
     await waitFor('200 paced lines', () =>
       cniLines().filter((l) => l.includes('\tpaced\t')).length === 200 ? true : undefined,
     );
-    assert.ok((await metric('mesh_cni_plugin_log_read_pauses_total')) - before >= 2);
+    assert.ok((await metricValue('mesh_cni_plugin_log_read_pauses_total')) - before >= 2);
     // A lower bound only (a busy machine makes it longer): the rate held, whatever the chunk size
     // (the 64 KiB reads are paid for after they are read, so the last one's pause comes after).
     assert.ok(Date.now() - t0 >= 2_000, `790 KiB read in ${Date.now() - t0} ms at 256 KiB/s`);
@@ -405,7 +406,7 @@ describe('plugin log server', () => {
 
   it('serves a plugin run while flooding connections use up the read rate', async () => {
     const { address, c } = await start();
-    const linesBefore = await metric('mesh_cni_plugin_log_lines_received_total');
+    const linesBefore = await metricValue('mesh_cni_plugin_log_lines_received_total');
     // The flood comes from another process, as it would: in this one it would share our event loop.
     const flooder = spawn(
       process.execPath,
@@ -429,7 +430,7 @@ describe('plugin log server', () => {
         'the flood under way',
         async () => {
           const waiting = (c.status() as { waitingToRead?: { new: number } }).waitingToRead;
-          return (await metric('mesh_cni_plugin_log_lines_received_total')) - linesBefore >= 100_000 &&
+          return (await metricValue('mesh_cni_plugin_log_lines_received_total')) - linesBefore >= 100_000 &&
             (waiting?.new ?? 0) === 0
             ? true
             : undefined;

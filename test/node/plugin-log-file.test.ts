@@ -34,24 +34,16 @@ import type { Component } from '../../src/component.ts';
 import { buildSettings } from '../../src/config/settings.ts';
 import { configureLogging } from '../../src/monitoring/logging.ts';
 import { startPluginLogServer } from '../../src/monitoring/logserver.ts';
-import { registry } from '../../src/monitoring/metrics.ts';
 import { cleanupAfterEach } from '../helpers/cleanup.ts';
 import { ROOT } from '../helpers/cli.ts';
 import { Netns, type Run } from '../helpers/netns.ts';
 import { captureSink } from '../helpers/observability.ts';
+import { metricValue } from '../helpers/metrics.ts';
 import { MESH_CNI_SOURCE, meshCni, pluginConfig, tempDir } from '../helpers/plugin.ts';
 import { waitFor } from '../helpers/poll.ts';
 
 const NOBODY = 65534;
 const SHIPPED = [path.join(ROOT, 'dist/bin/mesh-cni')];
-
-async function metric(name: string, labels: Record<string, string> = {}): Promise<number> {
-  const m = registry.getSingleMetric(name);
-  assert.ok(m, `metric ${name} is registered`);
-  const { values } = await m.get();
-  const v = values.find((x) => Object.entries(labels).every(([k, want]) => x.labels[k] === want));
-  return v?.value ?? 0;
-}
 
 interface Rec {
   readonly time: string;
@@ -266,11 +258,11 @@ describe("the plugin's log file when the agent is down", () => {
       { mode: 0o600 },
     );
     const before = {
-      replayed: await metric('mesh_cni_plugin_log_file_records_total', { result: 'replayed' }),
-      json: await metric('mesh_cni_plugin_log_file_records_total', { result: 'invalid_json' }),
-      rec: await metric('mesh_cni_plugin_log_file_records_total', { result: 'invalid_record' }),
-      big: await metric('mesh_cni_plugin_log_file_records_total', { result: 'oversized' }),
-      socket: await metric('mesh_cni_plugin_log_lines_received_total'),
+      replayed: await metricValue('mesh_cni_plugin_log_file_records_total', { result: 'replayed' }),
+      json: await metricValue('mesh_cni_plugin_log_file_records_total', { result: 'invalid_json' }),
+      rec: await metricValue('mesh_cni_plugin_log_file_records_total', { result: 'invalid_record' }),
+      big: await metricValue('mesh_cni_plugin_log_file_records_total', { result: 'oversized' }),
+      socket: await metricValue('mesh_cni_plugin_log_lines_received_total'),
     };
     const fromPlugin = records(files.current);
     const c = await startAgent(sock);
@@ -293,13 +285,13 @@ describe("the plugin's log file when the agent is down", () => {
       );
     }
     const d = async (result: string, was: number) =>
-      (await metric('mesh_cni_plugin_log_file_records_total', { result })) - was;
+      (await metricValue('mesh_cni_plugin_log_file_records_total', { result })) - was;
     assert.equal(await d('replayed', before.replayed), 6);
     assert.equal(await d('invalid_json', before.json), 1);
     assert.equal(await d('invalid_record', before.rec), 1);
     assert.equal(await d('oversized', before.big), 1);
     assert.equal(
-      await metric('mesh_cni_plugin_log_lines_received_total'),
+      await metricValue('mesh_cni_plugin_log_lines_received_total'),
       before.socket,
       'not counted as socket lines',
     );
