@@ -33,11 +33,11 @@ export function withSbinDirs(path: string): string {
   return [...dirs, ...SBIN_DIRS.filter((d) => !dirs.includes(d))].join(':');
 }
 
-/** The agent's environment, as spawn would hand it down, with the sbin dirs after its PATH. */
-function childEnv(): NodeJS.ProcessEnv {
+/** The agent's environment, as spawn would hand it down, with `extra` and the sbin dirs after its PATH. */
+function childEnv(extra: Readonly<Record<string, string>>): NodeJS.ProcessEnv {
   // eslint-disable-next-line no-restricted-properties -- not a setting: the environment every child inherits
   const env = process.env;
-  return { ...env, PATH: withSbinDirs(env.PATH ?? '') };
+  return { ...env, ...extra, PATH: withSbinDirs(env.PATH ?? '') };
 }
 
 export const failed = (error: string): RunResult => ({ code: null, stdout: '', stderr: '', error });
@@ -55,11 +55,13 @@ export interface ProgramOptions {
   readonly what?: string;
   /** What a failure to start says first (default `cannot run <file>`). */
   readonly cannotRun?: string;
+  /** Set in the child's environment on top of the agent's. */
+  readonly env?: Readonly<Record<string, string>>;
 }
 
 /** Runs `file args...` on the agent's PATH and the sbin dirs; never throws, never rejects. */
 export function runProgram(file: string, args: readonly string[], opts: ProgramOptions = {}): Promise<RunResult> {
-  const { input = null, timeoutMs = DEFAULT_TIMEOUT_MS, maxOutput = MAX_OUTPUT, fds = [] } = opts;
+  const { input = null, timeoutMs = DEFAULT_TIMEOUT_MS, maxOutput = MAX_OUTPUT, fds = [], env = {} } = opts;
   const what = opts.what ?? file;
   const cannotRun = opts.cannotRun ?? `cannot run ${file}`;
   return new Promise((resolve) => {
@@ -67,7 +69,7 @@ export function runProgram(file: string, args: readonly string[], opts: ProgramO
     try {
       child = spawn(file, args, {
         stdio: [input === null ? 'ignore' : 'pipe', 'pipe', 'pipe', ...fds],
-        env: childEnv(),
+        env: childEnv(env),
       });
     } catch (e) {
       resolve(failed(`${cannotRun}: ${(e as Error).message}`));

@@ -3,10 +3,20 @@
 // pod's netns would open every socket and child it makes meanwhile there, libuv's thread pool
 // would stay behind, and an exception between the two setns calls would leave the agent in the
 // pod (ambient.md §3: no faster than nsenter either).
+//
+// A netns a `hostUsers: false` pod's own user namespace owns takes the proxy's `-m owner` rules
+// only from inside that user namespace (userns.ts). There what writes rules (writesRules) runs as
+// `nsenter --user=/proc/self/fd/4 --net=/proc/self/fd/3`, as the pod's root, the owner's fd handed
+// as fd 4, as the plugin runs it (docs/plugin.md "User-namespaced pods"). Legacy iptables then
+// locks the netns file itself (XTABLES_LOCKFILE; the plugin locks the same inode through its
+// path): /run/xtables.lock is the host root's, which the pod's root may not open. Reads stay the
+// host root's: a save, `ip addr show`, the validation check.
 
 import fs from 'node:fs';
+import path from 'node:path';
 import { sameNs, type HeldNetns } from './held.ts';
 import { DEFAULT_TIMEOUT_MS, failed, MAX_OUTPUT, runProgram, type RunResult } from './program.ts';
+import { netnsOwner } from './userns.ts';
 
 export { DEFAULT_TIMEOUT_MS, MAX_OUTPUT, type RunResult };
 export interface RunOptions {
@@ -32,18 +42,47 @@ function stillHeld(netns: HeldNetns): string | null {
   return `fd ${netns.fd} no longer holds ${what}; find it again`;
 }
 
-/** `nsenter --net=/proc/self/fd/3 -- argv...`; never throws, never rejects. */
+/**
+ * What writes a pod's rules: iptables but its saves (any flavour, either family), and `ip -batch`.
+ * Only these enter the pod's user namespace; anything else runs as the host's root as before.
+ */
+export function writesRules(argv: readonly string[]): boolean {
+  const prog = path.basename(argv[0] ?? '');
+  return /^ip6?tables(-legacy|-nft)?(-restore)?$/.test(prog) || (prog === 'ip' && argv.includes('-batch'));
+}
+
+/**
+ * `nsenter --net=/proc/self/fd/3 -- argv...`, with `--user=/proc/self/fd/4` too for a writer in a
+ * netns another user namespace owns; never throws, never rejects. When that owner cannot be told,
+ * a writer does not run (the result's error says why): nothing is written from the wrong one.
+ */
 export function runInNetns(netns: HeldNetns, argv: readonly string[], opts: RunOptions = {}): Promise<RunResult> {
   const { input = null, timeoutMs = DEFAULT_TIMEOUT_MS } = opts;
   const name = argv[0] ?? '';
   if (argv.length === 0) return Promise.resolve(failed('runInNetns: no program given'));
   const notHeld = stillHeld(netns);
   if (notHeld) return Promise.resolve(failed(`cannot run ${name}: ${notHeld}`));
-  return runProgram('nsenter', ['--net=/proc/self/fd/3', '--', ...argv], {
-    input,
-    timeoutMs,
-    fds: [netns.fd],
-    what: `${name} in the netns of pid ${netns.pid}`,
-    cannotRun: `cannot run nsenter for ${name}`,
-  });
+  const where = `the netns of pid ${netns.pid}`;
+  let owner: number | null = null;
+  if (writesRules(argv)) {
+    try {
+      owner = netnsOwner(netns.fd, where);
+    } catch (e) {
+      return Promise.resolve(failed(`cannot run ${name}: ${(e as Error).message}`));
+    }
+  }
+  const common = { input, timeoutMs, cannotRun: `cannot run nsenter for ${name}` };
+  if (owner === null)
+    return runProgram('nsenter', ['--net=/proc/self/fd/3', '--', ...argv], {
+      ...common,
+      fds: [netns.fd],
+      what: `${name} in ${where}`,
+    });
+  const userns = owner;
+  return runProgram('nsenter', ['--user=/proc/self/fd/4', '--net=/proc/self/fd/3', '--', ...argv], {
+    ...common,
+    fds: [netns.fd, userns],
+    env: { XTABLES_LOCKFILE: '/proc/self/fd/3' },
+    what: `${name} in ${where} as the root of its user namespace`,
+  }).finally(() => fs.closeSync(userns));
 }

@@ -6,7 +6,7 @@
 import { spawn, spawnSync } from 'node:child_process';
 import { readlinkSync, writeFileSync } from 'node:fs';
 import type { Defer } from './cleanup.ts';
-import { uniqueName } from './netns.ts';
+import { Netns, uniqueName } from './netns.ts';
 import { waitFor } from './poll.ts';
 import { sh } from './sh.ts';
 
@@ -51,4 +51,53 @@ export async function usernsNetns(tag: string, defer: Defer): Promise<UsernsNetn
     userns,
     as: (uid) => ['nsenter', `--user=${userns}`, `--net=${path}`, `--setuid=${uid}`, `--setgid=${uid}`, '--'],
   };
+}
+
+/** A server in `netns` that answers every connection with `tag` and closes it. */
+export async function tagServer(netns: string, port: number, tag: string, defer: Defer): Promise<void> {
+  const script = `require('node:net').createServer((s) => s.end(${JSON.stringify(tag)})).listen(${port}, '0.0.0.0', () => console.log('ready'));`;
+  const child = spawn('nsenter', [`--net=${netns}`, '--', process.execPath, '-e', script], {
+    stdio: ['ignore', 'pipe', 'inherit'],
+  });
+  defer(async () => {
+    child.kill('SIGKILL');
+  });
+  await new Promise<void>((resolve, reject) => {
+    child.stdout.once('data', () => resolve());
+    child.once('exit', (code) => reject(new Error(`tag server ${tag} exited (${code})`)));
+  });
+}
+
+/** What a connection from the pod to dst:8080, made as `uid` inside the pod's user namespace, reaches. */
+export function reachedAs(pod: UsernsNetns, uid: number, dst: string): string {
+  const r = spawnSync(
+    pod.as(uid)[0]!,
+    [...pod.as(uid).slice(1), 'bash', '-c', `exec 3<>/dev/tcp/${dst}/8080 && head -c 16 <&3`],
+    { encoding: 'utf8', timeout: 10_000 },
+  );
+  return r.status === 0 ? r.stdout : `failed (${r.status ?? r.signal}): ${r.stderr}`;
+}
+
+/**
+ * A userns-owned pod netns at `subnet`.2 on eth0 (its default route), a veth to a plain netns at `subnet`.9 where a
+ * server answers "dest" on :8080, and the proxy's port 15001 in the pod answering "proxy".
+ */
+export async function podWithTraffic(subnet: string, defer: Defer): Promise<{ pod: UsernsNetns; dst: string }> {
+  const pod = await usernsNetns('uns', defer);
+  const far = new Netns('dst');
+  defer(async () => far.remove());
+  sh(['ip', '-n', far.name, 'link', 'add', 'vd', 'type', 'veth', 'peer', 'name', 'eth0', 'netns', pod.name]);
+  sh(['ip', '-n', far.name, 'addr', 'add', `${subnet}.9/24`, 'dev', 'vd']);
+  sh(['ip', '-n', far.name, 'link', 'set', 'vd', 'up']);
+  for (const a of [
+    ['link', 'set', 'lo', 'up'],
+    ['addr', 'add', `${subnet}.2/24`, 'dev', 'eth0'],
+    ['link', 'set', 'eth0', 'up'],
+    // As a pod has one: the validation check's probe address is routed nowhere else.
+    ['route', 'add', 'default', 'dev', 'eth0'],
+  ])
+    sh(['ip', '-n', pod.name, ...a]);
+  await tagServer(far.path, 8080, 'dest', defer);
+  await tagServer(pod.path, 15001, 'proxy', defer);
+  return { pod, dst: `${subnet}.9` };
 }

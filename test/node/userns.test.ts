@@ -6,18 +6,17 @@
 // redirected to the proxy port, on legacy iptables and on the nft shim.
 
 import assert from 'node:assert/strict';
-import { spawn, spawnSync } from 'node:child_process';
 import { statSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 import { after, before, describe, it } from 'node:test';
 import { bunBinary } from '../../scripts/plugin-runtime.ts';
 import { startTestApiServer, type TestApiServer } from '../helpers/apiserver.ts';
-import { cleanupAfterEach, type Defer } from '../helpers/cleanup.ts';
+import { cleanupAfterEach } from '../helpers/cleanup.ts';
 import { ROOT } from '../helpers/cli.ts';
 import { Netns, rulesIn, type ChainEnv } from '../helpers/netns.ts';
 import { k8sArgs, MESH_CNI_SOURCE, meshCni, meshPod, pluginConfig, tempDir } from '../helpers/plugin.ts';
 import { sh } from '../helpers/sh.ts';
-import { usernsNetns, type UsernsNetns } from '../helpers/userns.ts';
+import { podWithTraffic, reachedAs, usernsNetns, type UsernsNetns } from '../helpers/userns.ts';
 
 const BUN = bunBinary(ROOT);
 // The sources under Bun; with MESH_TEST_SHIPPED=1 the shipped executable (Bun's by default).
@@ -26,53 +25,6 @@ const PLUGIN_UNDER_BUN =
 const PLUGIN_UNDER_NODE = [process.execPath, path.join(ROOT, 'bin/mesh-cni.js')];
 const PROXY_UID = 1337;
 const APP_UID = 1000;
-
-/** A server in `netns` that answers every connection with `tag` and closes it. */
-async function tagServer(netns: string, port: number, tag: string, defer: Defer): Promise<void> {
-  const script = `require('node:net').createServer((s) => s.end(${JSON.stringify(tag)})).listen(${port}, '0.0.0.0', () => console.log('ready'));`;
-  const child = spawn('nsenter', [`--net=${netns}`, '--', process.execPath, '-e', script], {
-    stdio: ['ignore', 'pipe', 'inherit'],
-  });
-  defer(async () => {
-    child.kill('SIGKILL');
-  });
-  await new Promise<void>((resolve, reject) => {
-    child.stdout.once('data', () => resolve());
-    child.once('exit', (code) => reject(new Error(`tag server ${tag} exited (${code})`)));
-  });
-}
-
-/** What a connection from the pod to dst:8080, made as `uid` inside the pod's user namespace, reaches. */
-function reachedAs(pod: UsernsNetns, uid: number, dst: string): string {
-  const r = spawnSync(
-    pod.as(uid)[0]!,
-    [...pod.as(uid).slice(1), 'bash', '-c', `exec 3<>/dev/tcp/${dst}/8080 && head -c 16 <&3`],
-    { encoding: 'utf8', timeout: 10_000 },
-  );
-  return r.status === 0 ? r.stdout : `failed (${r.status ?? r.signal}): ${r.stderr}`;
-}
-
-/**
- * A userns-owned pod netns at `subnet`.2 on eth0, a veth to a plain netns at `subnet`.9 where a
- * server answers "dest" on :8080, and the proxy's port 15001 in the pod answering "proxy".
- */
-async function podWithTraffic(subnet: string, defer: Defer): Promise<{ pod: UsernsNetns; dst: string }> {
-  const pod = await usernsNetns('uns', defer);
-  const far = new Netns('dst');
-  defer(async () => far.remove());
-  sh(['ip', '-n', far.name, 'link', 'add', 'vd', 'type', 'veth', 'peer', 'name', 'eth0', 'netns', pod.name]);
-  sh(['ip', '-n', far.name, 'addr', 'add', `${subnet}.9/24`, 'dev', 'vd']);
-  sh(['ip', '-n', far.name, 'link', 'set', 'vd', 'up']);
-  for (const a of [
-    ['link', 'set', 'lo', 'up'],
-    ['addr', 'add', `${subnet}.2/24`, 'dev', 'eth0'],
-    ['link', 'set', 'eth0', 'up'],
-  ])
-    sh(['ip', '-n', pod.name, ...a]);
-  await tagServer(far.path, 8080, 'dest', defer);
-  await tagServer(pod.path, 15001, 'proxy', defer);
-  return { pod, dst: `${subnet}.9` };
-}
 
 describe('the netns owner: NS_GET_USERNS (Bun) or the sysctl owner (Node)', () => {
   const defer = cleanupAfterEach();

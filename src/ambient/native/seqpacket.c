@@ -5,6 +5,10 @@
 // readiness (watch) and calls again. Errors are returned as -errno numbers, never thrown, so the
 // TS module builds one kind of Error (with `code`, as Node's) for all of them.
 //
+// And one ioctl for src/podnetns/userns.ts, which Node cannot make either: NS_GET_USERNS, the user
+// namespace owning a pod's netns (a `hostUsers: false` pod's own). It lives in this addon, not a
+// second one, so the agent ships and loads one native file (docs/plugin.md "User-namespaced pods").
+//
 // Built by scripts/native.ts with cc against node-api-headers (N-API, ABI-stable across Node
 // versions) and libuv's uv.h (ABI-stable within libuv 1.x); every napi_* and uv_* symbol is
 // resolved from the node process when the addon loads.
@@ -15,6 +19,7 @@
 #include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h> // fchmod
 #include <sys/un.h>
@@ -226,6 +231,20 @@ static napi_value js_close(napi_env env, napi_callback_info info) {
   return make_int(env, close(fd) < 0 ? -errno : 0);
 }
 
+// _IO(0xb7, 0x1) of <linux/nsfs.h>, spelled out: that header is not in every libc's set.
+#define MESH_NS_GET_USERNS _IO(0xb7, 0x1)
+
+// nsGetUserns(fd) -> fd of the user namespace owning the namespace `fd` names (close-on-exec: the
+// kernel opens it so) | -errno (-ENOTTY before Linux 4.9, -EPERM when that user namespace is
+// outside ours).
+static napi_value js_ns_get_userns(napi_env env, napi_callback_info info) {
+  napi_value argv[1];
+  int32_t fd;
+  if (get_args(env, info, 1, argv) || get_int(env, argv[0], &fd)) return NULL;
+  int r = ioctl(fd, MESH_NS_GET_USERNS);
+  return make_int(env, r < 0 ? -errno : r);
+}
+
 // Readiness. One watch per fd for its whole life (libuv allows one active poll handle per fd),
 // its events changed with setEvents; 0 stops it, and a stopped watch keeps no event loop alive.
 // The JS handle is an external; the struct is freed once both libuv has closed the handle and the
@@ -357,6 +376,7 @@ NAPI_MODULE_INIT(/* napi_env env, napi_value exports */) {
       {"socket", js_socket}, {"bind", js_bind},       {"listen", js_listen},       {"accept", js_accept},
       {"connect", js_connect}, {"send", js_send},     {"recv", js_recv},           {"close", js_close},
       {"watch", js_watch},   {"setEvents", js_set_events}, {"unwatch", js_unwatch},
+      {"nsGetUserns", js_ns_get_userns},
   };
   for (size_t i = 0; i < sizeof(fns) / sizeof(fns[0]); i++) {
     napi_value f;

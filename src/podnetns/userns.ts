@@ -1,0 +1,88 @@
+// Which user namespace owns a held netns. A `hostUsers: false` pod's netns is owned by the pod's
+// own user namespace, and the kernel takes an `-m owner --uid-owner` rule into it only from a
+// process in that user namespace (from the host's: EINVAL, on legacy iptables and the nft shim
+// alike). So what writes a pod's rules (runInNetns, run.ts) asks the kernel for the owner
+// (ioctl NS_GET_USERNS on the netns fd) and enters it too when it is not the host's
+// (docs/plugin.md "User-namespaced pods").
+//
+// Node has no ioctl: it is the agent's native addon's (src/ambient/native/seqpacket.c). This file
+// loads that addon itself, with the same path rule as src/ambient/seqpacket.ts, rather than
+// import it from there: the import zones let src/podnetns/ import only its own files, so that
+// repair and ambient both use it and nothing more comes with it. Node loads an N-API addon once
+// per process and hands each loader its own exports.
+
+import fs from 'node:fs';
+import { constants as osConstants } from 'node:os';
+import { fileURLToPath } from 'node:url';
+import type { NsId } from './held.ts';
+
+/** The owner of a netns cannot be told: nothing is run there as if the host's owned it. */
+export class UsernsError extends Error {
+  readonly code = 'ERR_NETNS_USERNS';
+}
+
+interface Addon {
+  /** fd of the owning user namespace (close-on-exec) or -errno. */
+  nsGetUserns(fd: number): number;
+}
+
+// Bundled, the agent sits beside native/; run from source, the addon is the build's dist/native/.
+const ADDON_PATH = fileURLToPath(
+  new URL(
+    import.meta.url.endsWith('.ts') ? '../../dist/native/seqpacket.node' : './native/seqpacket.node',
+    import.meta.url,
+  ),
+);
+let addon: Addon | undefined;
+
+/** Loaded on first use: only a write into a pod's netns needs it. */
+function native(): Addon {
+  if (addon) return addon;
+  const mod = { exports: {} as Partial<Addon> };
+  try {
+    process.dlopen(mod, ADDON_PATH, osConstants.dlopen.RTLD_NOW);
+  } catch (err) {
+    throw new UsernsError(
+      `cannot load the native addon ${ADDON_PATH} to ask which user namespace owns a pod's netns: ` +
+        `${(err as Error).message}; npm run build compiles it from src/ambient/native/seqpacket.c`,
+      { cause: err },
+    );
+  }
+  if (typeof mod.exports.nsGetUserns !== 'function')
+    throw new UsernsError(`the native addon ${ADDON_PATH} has no nsGetUserns: it predates it; run npm run build`);
+  addon = mod.exports as Addon;
+  return addon;
+}
+
+const ENOTTY = osConstants.errno.ENOTTY;
+
+/** The user namespace this agent runs in: the host's. */
+function ours(): NsId {
+  return fs.statSync('/proc/self/ns/user', { bigint: true });
+}
+
+/**
+ * An fd of the user namespace owning the netns `netnsFd` names when that is not the agent's own
+ * (the caller closes it), else null. `what` names the netns in errors. Throws UsernsError when
+ * the kernel does not answer.
+ */
+export function netnsOwner(netnsFd: number, what: string): number | null {
+  const rc = native().nsGetUserns(netnsFd);
+  // No such ioctl (before Linux 4.9): a kernel that old runs no user-namespaced pods.
+  if (rc === -ENOTTY) return null;
+  if (rc < 0) throw new UsernsError(`ioctl NS_GET_USERNS on ${what} failed (errno ${-rc}); not writing there`);
+  let hosts: boolean;
+  try {
+    const owner = fs.fstatSync(rc, { bigint: true });
+    const host = ours();
+    hosts = owner.dev === host.dev && owner.ino === host.ino;
+  } catch (e) {
+    fs.closeSync(rc);
+    throw new UsernsError(`cannot compare the user namespace owning ${what} with ours: ${(e as Error).message}`, {
+      cause: e,
+    });
+  }
+  if (!hosts) return rc;
+  fs.closeSync(rc);
+  return null;
+}
