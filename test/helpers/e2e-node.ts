@@ -1,15 +1,17 @@
 // The node the podman end-to-end tests share: a netns standing in for the node's own network, the
-// built plugin where the image puts it, a private podman with a busybox image on the test's CNI
-// network, and the suite's cleanups run newest first at the end. Each piece is removed with the
+// test API server reachable from it, a host tree with the built plugin where the image puts it, a
+// private podman with a busybox image on the test's CNI network, and the suite's cleanups run
+// newest first at the end. Each piece is removed with the
 // suite, even when the suite fails.
 
 import { spawnSync } from 'node:child_process';
 import { copyFileSync, linkSync } from 'node:fs';
 import fs from 'node:fs/promises';
 import path from 'node:path';
+import { startTestApiServer, type TestApiServer, type TestApiServerOptions } from './apiserver.ts';
 import { ROOT } from './cli.ts';
-import type { HostTree } from './hosttree.ts';
-import { importBusybox, makePodman, type Podman, type PodmanOptions } from './podman.ts';
+import { makeHostTree, type HostTree } from './hosttree.ts';
+import { forwardLoopback, importBusybox, makePodman, type Podman, type PodmanOptions } from './podman.ts';
 import { sh } from './sh.ts';
 
 /** What a suite removes at its end, pushed as it makes each thing. */
@@ -25,8 +27,28 @@ export function addHostNetns(name: string, cleanups: SuiteCleanups): void {
   sh(['ip', '-n', name, 'link', 'set', 'lo', 'up']);
 }
 
+/**
+ * The test API server (`apiOptions`), reachable on loopback inside the host netns at
+ * `hostNetnsPath` as a node reaches its own, and a host tree with its token and CA and the built
+ * plugin.
+ */
+export async function apiAndTree(
+  hostNetnsPath: string,
+  cleanups: SuiteCleanups,
+  apiOptions?: TestApiServerOptions,
+): Promise<{ api: TestApiServer; tree: HostTree }> {
+  const api = await startTestApiServer(apiOptions);
+  cleanups.push(() => api.close());
+  const forward = await forwardLoopback(hostNetnsPath, api.port);
+  cleanups.push(() => forward.close());
+  const tree = await makeHostTree({ token: api.token, ca: api.caPem });
+  cleanups.push(() => tree.remove());
+  await putBuiltPlugin(tree);
+  return { api, tree };
+}
+
 /** The image's binaries dir holds the plugin executable only (see scripts/image.sh): the built one. */
-export async function putBuiltPlugin(tree: HostTree): Promise<void> {
+async function putBuiltPlugin(tree: HostTree): Promise<void> {
   const exe = path.join(tree.binariesDir, 'mesh-cni');
   await fs.rm(exe);
   try {

@@ -32,11 +32,11 @@ import path from 'node:path';
 import { after, before, describe, it } from 'node:test';
 import type { V1Pod } from '@kubernetes/client-node';
 import { spawnAgent, type AgentProcess } from '../helpers/agent.ts';
-import { PLUGIN_SERVICE_ACCOUNT, startTestApiServer, type TestApiServer } from '../helpers/apiserver.ts';
+import { PLUGIN_SERVICE_ACCOUNT, type TestApiServer } from '../helpers/apiserver.ts';
 import { ROOT } from '../helpers/cli.ts';
-import { addHostNetns, podmanOn, putBuiltPlugin, runCleanups } from '../helpers/e2e-node.ts';
+import { addHostNetns, apiAndTree, podmanOn, runCleanups } from '../helpers/e2e-node.ts';
 import { FakeZtunnel } from '../helpers/fake-ztunnel.ts';
-import { makeHostTree, type HostTree } from '../helpers/hosttree.ts';
+import type { HostTree } from '../helpers/hosttree.ts';
 import {
   makeNetnsPods,
   podCgroupParent,
@@ -44,7 +44,7 @@ import {
   runPodContainer,
   type KubepodsContainer,
 } from '../helpers/kubepods.ts';
-import { forwardLoopback, type Podman } from '../helpers/podman.ts';
+import type { Podman } from '../helpers/podman.ts';
 import { waitFor } from '../helpers/poll.ts';
 import { connectFrom, listenIn, ZtunnelListeners, type Listening } from '../helpers/ztunnel-listeners.ts';
 import { DEFAULT_TEMPLATE } from '../../src/install/template.ts';
@@ -242,14 +242,7 @@ function ambientSuite(flavour: 'nft' | 'legacy', subnet: string): void {
         // Kubernetes' flavour hint (iptables-wrapper): a node whose kubelet uses iptables-legacy.
         if (flavour === 'legacy') inNode(['iptables-legacy', '-t', 'mangle', '-N', 'KUBE-IPTABLES-HINT']);
 
-        api = await startTestApiServer({ bookmarkIntervalMs: 1000 });
-        cleanups.push(() => api.close());
-        const forward = await forwardLoopback(hostNetnsPath, api.port);
-        cleanups.push(() => forward.close());
-
-        tree = await makeHostTree({ token: api.token, ca: api.caPem });
-        cleanups.push(() => tree.remove());
-        await putBuiltPlugin(tree);
+        ({ api, tree } = await apiAndTree(hostNetnsPath, cleanups, { bookmarkIntervalMs: 1000 }));
         const ipamDir = path.join(tree.root, 'ipam');
         await fs.mkdir(ipamDir);
         primaryFile = path.join(tree.netDir, '10-mcni-amb.conflist');

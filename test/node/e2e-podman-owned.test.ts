@@ -23,12 +23,12 @@ import fs from 'node:fs/promises';
 import path from 'node:path';
 import { after, before, describe, it } from 'node:test';
 import { spawnAgent, type AgentProcess } from '../helpers/agent.ts';
-import { startTestApiServer, type TestApiServer } from '../helpers/apiserver.ts';
+import type { TestApiServer } from '../helpers/apiserver.ts';
 import { ROOT } from '../helpers/cli.ts';
-import { addHostNetns, CNI_CACHE, podmanOn, putBuiltPlugin, runCleanups } from '../helpers/e2e-node.ts';
-import { makeHostTree, type HostTree } from '../helpers/hosttree.ts';
+import { addHostNetns, apiAndTree, CNI_CACHE, podmanOn, runCleanups } from '../helpers/e2e-node.ts';
+import type { HostTree } from '../helpers/hosttree.ts';
 import { eventually } from '../helpers/poll.ts';
-import { forwardLoopback, type LoopbackForward, type Podman } from '../helpers/podman.ts';
+import type { Podman } from '../helpers/podman.ts';
 import { runtimeView } from '../helpers/runtime-view.ts';
 
 const TAG = `mcni-own-${process.pid}`;
@@ -69,7 +69,6 @@ describe('e2e: a primary CNI rewriting its config while podman starts containers
   let api: TestApiServer;
   let tree: HostTree;
   let podman: Podman;
-  let forward: LoopbackForward | undefined;
   let agent: AgentProcess | undefined;
   let ipamDir: string;
   let generation = 0;
@@ -77,13 +76,7 @@ describe('e2e: a primary CNI rewriting its config while podman starts containers
 
   before(async () => {
     addHostNetns(hostNetns, cleanups);
-    api = await startTestApiServer();
-    cleanups.push(() => api.close());
-    forward = await forwardLoopback(hostNetnsPath, api.port);
-    cleanups.push(() => forward?.close());
-    tree = await makeHostTree({ token: api.token, ca: api.caPem });
-    cleanups.push(() => tree.remove());
-    await putBuiltPlugin(tree);
+    ({ api, tree } = await apiAndTree(hostNetnsPath, cleanups));
     ipamDir = path.join(tree.root, 'ipam');
     await fs.mkdir(ipamDir);
     podman = await podmanOn(

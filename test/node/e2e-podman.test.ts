@@ -22,13 +22,13 @@ import path from 'node:path';
 import { after, before, describe, it } from 'node:test';
 import type { V1Pod } from '@kubernetes/client-node';
 import { spawnAgent, type AgentProcess } from '../helpers/agent.ts';
-import { apiRequest, startTestApiServer, type TestApiServer } from '../helpers/apiserver.ts';
+import { apiRequest, type TestApiServer } from '../helpers/apiserver.ts';
 import { ROOT } from '../helpers/cli.ts';
-import { addHostNetns, CNI_CACHE, podmanOn, putBuiltPlugin, runCleanups } from '../helpers/e2e-node.ts';
-import { makeHostTree, type HostTree } from '../helpers/hosttree.ts';
+import { addHostNetns, apiAndTree, CNI_CACHE, podmanOn, runCleanups } from '../helpers/e2e-node.ts';
+import type { HostTree } from '../helpers/hosttree.ts';
 import { eventually } from '../helpers/poll.ts';
 import { rulesIn, run, type Run } from '../helpers/netns.ts';
-import { delFromCachedConfig, forwardLoopback, type LoopbackForward, type Podman } from '../helpers/podman.ts';
+import { delFromCachedConfig, type Podman } from '../helpers/podman.ts';
 import { meshPod } from '../helpers/plugin.ts';
 import { DEFAULT_TEMPLATE } from '../../src/install/template.ts';
 
@@ -88,7 +88,6 @@ function nodeSuite(mode: 'label' | 'delete'): void {
     let api: TestApiServer;
     let tree: HostTree;
     let podman: Podman;
-    let forward: LoopbackForward | undefined;
     let agent: AgentProcess | undefined;
     let primaryFile: string;
     let primaryBytes: Buffer;
@@ -145,15 +144,7 @@ function nodeSuite(mode: 'label' | 'delete'): void {
     before(async () => {
       // The node's "host" network: loopback only, removed (with the bridge in it) at the end.
       addHostNetns(hostNetns, cleanups);
-
-      api = await startTestApiServer();
-      cleanups.push(() => api.close());
-      forward = await forwardLoopback(hostNetnsPath, api.port);
-      cleanups.push(() => forward?.close());
-
-      tree = await makeHostTree({ token: api.token, ca: api.caPem });
-      cleanups.push(() => tree.remove());
-      await putBuiltPlugin(tree);
+      ({ api, tree } = await apiAndTree(hostNetnsPath, cleanups));
       ipamDir = path.join(tree.root, 'ipam');
       await fs.mkdir(ipamDir);
       primaryFile = path.join(tree.netDir, '10-mcni-e2e.conflist');
