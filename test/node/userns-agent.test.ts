@@ -15,7 +15,6 @@ import path from 'node:path';
 import { describe, it } from 'node:test';
 import type { V1Pod } from '@kubernetes/client-node';
 import { createDataplane, type AmbientPod, type PodAnnotator } from '../../src/ambient/dataplane.ts';
-import type { ZdsTimings } from '../../src/ambient/ztunnelserver.ts';
 import { ambientArgs } from '../../src/agent.ts';
 import { buildSettings } from '../../src/config/settings.ts';
 import { openNetns, runInNetns, type HeldNetns } from '../../src/podnetns/index.ts';
@@ -54,6 +53,15 @@ describe("a held netns's owner: NS_GET_USERNS through the agent's addon", () => 
       closeSync(owner!);
     }
     assert.equal(netnsOwner((await held(plain.path)).fd, plain.path), null);
+  });
+
+  it('a kernel that does not answer is an error naming the netns, never "the host\'s"', () => {
+    // No fd has this number here: EBADF.
+    assert.throws(() => netnsOwner(1 << 20, 'the netns of pid 42'), {
+      name: 'Error',
+      code: 'ERR_NETNS_USERNS',
+      message: /ioctl NS_GET_USERNS on the netns of pid 42 failed \(errno 9\); not writing there/,
+    });
   });
 
   it('only what writes rules enters: iptables but its saves, ip -batch', () => {
@@ -133,15 +141,6 @@ describe("in-place repair of a hostUsers: false pod: the writers enter the pod's
   }
 });
 
-const FAST: Partial<ZdsTimings> = {
-  acceptsPerSecond: 1000,
-  helloTimeoutMs: 2000,
-  writeTimeoutMs: 2000,
-  ackTimeoutMs: 2000,
-  keepaliveIntervalMs: 50,
-  keepaliveReadMs: 10,
-};
-
 const annotator: PodAnnotator = { setRedirection: async () => {} };
 
 describe('ambient enrollment of a hostUsers: false pod', () => {
@@ -163,7 +162,6 @@ describe('ambient enrollment of a hostUsers: false pod', () => {
         annotator,
         host: (argv, o) => runInNetns(nodeHeld, argv, { input: o?.input ?? null }),
         flavour: async () => flavour,
-        zdsTimings: FAST,
       });
       defer(() => dp.stop(false));
       await dp.start([]);
@@ -183,6 +181,8 @@ describe('ambient enrollment of a hostUsers: false pod', () => {
       await dp.addPodToMesh(ambient, pod.path);
       assert.equal(dp.isEnrolled(ambient.uid), true);
       assert.match(rulesIn(pod.path), /:MESH_PRERT/);
+      const add = await zt.waitFor((r) => r.kind === 'add');
+      assert.equal(add.kind === 'add' ? add.netnsIno : null, statSync(pod.path, { bigint: true }).ino);
       await dp.removePodFromMesh(ambient, false);
       assert.doesNotMatch(rulesIn(pod.path), /MESH_/);
     });
