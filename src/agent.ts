@@ -37,6 +37,8 @@ import { decideCleanup, type CleanupDecision } from './install/uninstall.ts';
 import { startNodeReadiness } from './node/index.ts';
 import { nodeClient } from './node/nodeclient.ts';
 import { stopBound } from './stopbound.ts';
+import { repairArgs, stopBoundArgs } from './partargs.ts';
+import type { RepairArgs } from './repair/args.ts';
 import type { KubeConfig } from '@kubernetes/client-node/dist/config.js';
 
 const log = scope('default');
@@ -66,9 +68,10 @@ export async function runAgent(settings: Settings): Promise<number> {
     let kc: KubeConfig | undefined;
     const orchKc = () => (kc ??= orchKubeConfig(settings));
     const orchApi = () => (api ??= clientNodeApi(orchKc(), orchContext(settings.orch)));
-    const watches = podWatches(settings, orchApi);
+    const repair = repairArgs(settings);
+    const watches = podWatches(settings, repair, orchApi);
     components.push(...watches.components);
-    components.push(watches.repair ? startRepair(settings, watches.repair, orchApi()) : disabledComponent('repair'));
+    components.push(watches.repair ? startRepair(repair, watches.repair, orchApi()) : disabledComponent('repair'));
     // One uninstall-or-upgrade decision on stop, for the installer and ambient mode alike (Istio's
     // ShouldStopCleanup): asked once, so the two never disagree (one keeping the plugin entry for an
     // upgrade while the other removes the node's probe rule).
@@ -95,12 +98,12 @@ export async function runAgent(settings: Settings): Promise<number> {
       components.push(nodeReadinessPart(settings, orchKc(), readiness, decide));
     log.info('install-cni started', { components: components.map((c) => c.name) });
     const signal = await stopSignal;
-    const bound = stopBound(settings);
+    const bound = stopBound(stopBoundArgs(settings));
     log.info('stopping', { signal, boundMs: bound.totalMs });
     return (await stopAll(components, signal, bound.totalMs)) ? 0 : 1;
   } catch (e) {
     log.error('install-cni failed', { error: e instanceof Error ? e.message : String(e) });
-    await stopAll(components, 'SIGTERM', stopBound(settings).totalMs);
+    await stopAll(components, 'SIGTERM', stopBound(stopBoundArgs(settings)).totalMs);
     return 1;
   } finally {
     readiness.stop();
@@ -179,10 +182,10 @@ interface PodWatches {
 }
 
 /** The watches the parts that are on need: the node's once, another only for a reader of other pods. */
-function podWatches(settings: Settings, orchApi: () => OrchApi): PodWatches {
+function podWatches(settings: Settings, repair: RepairArgs, orchApi: () => OrchApi): PodWatches {
   const node = settings.env.nodeName;
   const lookupReadsNode = settings.install.podLookupUdsAddress !== '' && node !== '';
-  const repairReadsNode = settings.repair.enabled && repairWatchesNode(settings);
+  const repairReadsNode = repair.enabled && repairWatchesNode(repair);
   // Ambient mode needs it even with the lookup off (settings refuse ambient without NODE_NAME).
   const ambientReadsNode = settings.ambient.enabled && node !== '';
   // Its messages keep the scope they had before the watch was shared: repair's when repair reads it.
@@ -190,11 +193,7 @@ function podWatches(settings: Settings, orchApi: () => OrchApi): PodWatches {
     lookupReadsNode || repairReadsNode || ambientReadsNode
       ? nodePodSource(orchApi(), node, repairReadsNode ? 'repair' : 'install')
       : undefined;
-  const repairWatch = !settings.repair.enabled
-    ? undefined
-    : repairReadsNode
-      ? nodeWatch
-      : repairPodSource(settings, orchApi());
+  const repairWatch = !repair.enabled ? undefined : repairReadsNode ? nodeWatch : repairPodSource(repair, orchApi());
   const components: Component[] = [];
   if (nodeWatch) components.push(watchComponent('node-pod-watch', nodeWatch));
   if (repairWatch && repairWatch !== nodeWatch) components.push(watchComponent('repair-pod-watch', repairWatch));

@@ -3,7 +3,6 @@
 // terminationGracePeriodSeconds must be longer (docs/installer.md "Stopping"): a SIGKILL in the middle of an
 // uninstall leaves the node part way, which the uninstall's order makes safe but not tidy.
 
-import type { Settings } from './config/settings.ts';
 import { STOP_GRACE_MS as AMBIENT_QUEUE_GRACE_MS } from './ambient/index.ts';
 import { DECISION_DEADLINE_MS } from './install/uninstall.ts';
 import { CALL_TIMEOUT_MS as NODE_CALL_MS } from './node/index.ts';
@@ -17,6 +16,16 @@ const AMBIENT_HOST_COMMANDS = 3 + 3 * 2;
 /** Closing sockets and servers, flushing the log files: what has no bound of its own. */
 const REST_MS = 5000;
 
+/** What the bound reads of the settings: which parts are on, and the installer's own timeout. */
+export interface StopBoundArgs {
+  /** --node-readiness-condition is set: the condition is written on stop. */
+  readonly nodeReadiness: boolean;
+  /** --reconcile-timeout. */
+  readonly reconcileTimeoutMs: number;
+  /** --ambient-enabled. */
+  readonly ambient: boolean;
+}
+
 export interface StopBound {
   /** Asking whether this stop is an uninstall; asked once, shared by the parts below. */
   readonly decision: number;
@@ -28,13 +37,13 @@ export interface StopBound {
   readonly totalMs: number;
 }
 
-/** The stop's worst case in ms for these settings, with what each part may take. */
-export function stopBound(settings: Settings): StopBound {
+/** The stop's worst case in ms for the parts that are on, with what each part may take. */
+export function stopBound(on: StopBoundArgs): StopBound {
   const parts = {
     decision: DECISION_DEADLINE_MS,
-    nodeReadiness: settings.nodeReadiness?.conditionType ? NODE_CALL_MS : 0,
-    installer: 2 * settings.install.reconcileTimeoutMs,
-    ambient: settings.ambient.enabled ? AMBIENT_QUEUE_GRACE_MS + AMBIENT_HOST_COMMANDS * HOST_COMMAND_MS : 0,
+    nodeReadiness: on.nodeReadiness ? NODE_CALL_MS : 0,
+    installer: 2 * on.reconcileTimeoutMs,
+    ambient: on.ambient ? AMBIENT_QUEUE_GRACE_MS + AMBIENT_HOST_COMMANDS * HOST_COMMAND_MS : 0,
     rest: REST_MS,
   };
   return { ...parts, totalMs: Object.values(parts).reduce((a, b) => a + b, 0) };

@@ -87,8 +87,17 @@ export const DEFAULT_TIMING: RepairTiming = {
 
 export type RepairMode = 'label' | 'delete' | 'label+delete' | 'report';
 
+/**
+ * What the controller reads of repair's settings: what is broken, what to do about it and how
+ * fast; where the host's netns are and the validation check are the in-place repairer's (index.ts).
+ */
+export type RepairControllerSettings = Omit<
+  RepairSettings,
+  'enabled' | 'hostProcDir' | 'hostNetnsPath' | 'validationBundle'
+>;
+
 export interface RepairControllerOptions {
-  readonly settings: RepairSettings;
+  readonly settings: RepairControllerSettings;
   readonly api: OrchApi;
   /** The watch of the pods to look at; started and stopped by whoever built it. */
   readonly pods: PodSource;
@@ -158,7 +167,7 @@ export class RepairController implements Component {
   readonly name = 'repair';
   /** The selectors of the watch, worked out once from the settings. */
   readonly query: PodQuery;
-  readonly #s: RepairSettings;
+  readonly #s: RepairControllerSettings;
   readonly #api: OrchApi;
   readonly #pods: PodSource;
   readonly #reporter: RepairControllerOptions['reporter'];

@@ -6,7 +6,7 @@
 // The pods come from a watch the agent's wiring hands in (src/agent.ts): the node's pod watch,
 // shared with the pod lookup, or repairPodSource's when repair asks for other pods than the node's.
 
-import type { Settings } from '../config/settings.ts';
+import type { RepairArgs } from './args.ts';
 import type { OrchApi } from '../orch/api.ts';
 import { realClock } from '../orch/limits.ts';
 import { PodSource } from '../orch/podsource.ts';
@@ -27,17 +27,16 @@ import { scope } from '../monitoring/logging.ts';
 const log = scope('repair');
 
 /** Repair watches exactly the pods of this node (so it can read the node's pod watch). */
-export function repairWatchesNode(settings: Settings): boolean {
-  const r = settings.repair;
-  const node = settings.env.nodeName;
+export function repairWatchesNode(r: RepairArgs): boolean {
+  const node = r.agentNodeName;
   return node !== '' && r.nodeName === node && r.fieldSelectors === '' && r.labelSelectors === '';
 }
 
 /** A watch of repair's own (not started): --repair-node-name and the operator's selectors. */
-export function repairPodSource(settings: Settings, api: OrchApi, timing?: Partial<RepairTiming>): PodSource {
+export function repairPodSource(r: RepairArgs, api: OrchApi, timing?: Partial<RepairTiming>): PodSource {
   const t = { ...DEFAULT_TIMING, ...timing };
   return new PodSource(api, null, {
-    query: podQuery(settings.repair),
+    query: podQuery(r),
     pageSize: t.pageSize,
     requestTimeoutMs: t.requestTimeoutMs,
     watchTimeoutSeconds: t.watchTimeoutSeconds,
@@ -55,16 +54,15 @@ export function repairPodSource(settings: Settings, api: OrchApi, timing?: Parti
  * missing and what to add. `env` overrides where the check looks (tests).
  */
 export function inPlaceFor(
-  settings: Settings,
+  r: RepairArgs,
   podNetns: PodNetnsModule | null,
   env: Partial<InPlaceEnv> = {},
 ): Exclude<RepairControllerOptions['inPlace'], undefined> {
-  const r = settings.repair;
   const missing = inPlaceMissing({
     selfStatusPath: '/proc/self/status',
     hostProcDir: r.hostProcDir,
     // runInNetns searches the sbin dirs after PATH (a container's PATH may lack them): so does the check.
-    path: podnetns.withSbinDirs(settings.env.path),
+    path: podnetns.withSbinDirs(r.path),
     hostNetnsPath: r.hostNetnsPath,
     xtablesLock: '/run/xtables.lock',
     ...env,
@@ -77,7 +75,7 @@ export function inPlaceFor(
   // Only the agent on a pod's node can find its netns. Watching other nodes' pods (every node's,
   // with no node name), agents would find no netns for them (final) and label/delete them at once,
   // before the pod's own agent repaired it in place.
-  const node = settings.env.nodeName;
+  const node = r.agentNodeName;
   if (r.nodeName === '' || (node !== '' && r.nodeName !== node))
     missing.push(
       `the pods of this agent's node only (--repair-node-name ${JSON.stringify(r.nodeName)}, NODE_NAME ` +
@@ -102,20 +100,20 @@ export function inPlaceFor(
  * real one over src/podnetns/ when the start-up check passes (inPlaceFor).
  */
 export function startRepair(
-  settings: Settings,
+  r: RepairArgs,
   pods: PodSource,
   api: OrchApi,
   timing?: Partial<RepairTiming>,
   inPlace?: RepairControllerOptions['inPlace'],
 ): RepairController {
-  if (settings.repair.nodeName === '') {
+  if (r.nodeName === '') {
     // Istio's default, but on a DaemonSet it means every agent repairs every pod.
     log.warn(
       'repairing pods of ALL nodes: neither --repair-node-name nor NODE_NAME is set; every agent that runs like this watches and acts on every pod of the cluster',
     );
   }
-  const repairer = settings.repair.repairPods ? (inPlace ?? inPlaceFor(settings, podnetns)) : undefined;
-  if (repairMode(settings.repair) === 'report' && (repairer === undefined || repairer === 'unavailable')) {
+  const repairer = r.repairPods ? (inPlace ?? inPlaceFor(r, podnetns)) : undefined;
+  if (repairMode(r) === 'report' && (repairer === undefined || repairer === 'unavailable')) {
     // --repair-enabled alone: an operator who meant repair to act learns it here, not per pod.
     log.warn(
       'repair is report only: broken pods are logged and counted, none is repaired, labelled or deleted; ' +
@@ -123,10 +121,10 @@ export function startRepair(
     );
   }
   const controller = new RepairController({
-    settings: settings.repair,
+    settings: r,
     api,
     pods,
-    reporter: { host: settings.env.nodeName || settings.repair.nodeName, instance: settings.env.podName || 'mesh-cni' },
+    reporter: { host: r.agentNodeName || r.nodeName, instance: r.podName || 'mesh-cni' },
     ...(timing ? { timing } : {}),
     ...(repairer !== undefined ? { inPlace: repairer } : {}),
   });

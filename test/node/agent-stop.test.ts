@@ -20,6 +20,7 @@ import { eventually } from '../helpers/poll.ts';
 import { cleanupAfterEach } from '../helpers/cleanup.ts';
 import { buildSettings, type RawFlags } from '../../src/config/settings.ts';
 import { stopBound } from '../../src/stopbound.ts';
+import { stopBoundArgs } from '../../src/partargs.ts';
 
 const defer = cleanupAfterEach();
 
@@ -260,7 +261,7 @@ describe('install-cni stops cleanly, every time', () => {
       'node-readiness-condition': 'example.com/MeshCNIReady',
     } as unknown as RawFlags;
     const env = { KUBERNETES_SERVICE_HOST: '10.96.0.1', KUBERNETES_SERVICE_PORT: '443', NODE_NAME: 'n' };
-    const bound = stopBound(buildSettings(flags, env));
+    const bound = stopBound(stopBoundArgs(buildSettings(flags, env)));
     assert.ok(bound.ambient > 0 && bound.nodeReadiness > 0, 'every part counted');
     assert.ok(
       grace * 1000 > bound.totalMs,

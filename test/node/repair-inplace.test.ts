@@ -22,6 +22,7 @@ import { orchApi } from '../../src/orch/client.ts';
 import { startTestApiServer, type TestApiServer } from '../helpers/apiserver.ts';
 import { waitFor as pollFor } from '../helpers/poll.ts';
 import { brokenPod, testPod } from '../helpers/pods.ts';
+import { repairArgs } from '../../src/partargs.ts';
 
 const FAST: Partial<RepairTiming> = {
   watchBackoffBaseMs: 50,
@@ -109,10 +110,10 @@ describe('in-place repair in the repair controller', () => {
 
   async function start(settings: Settings, inPlace: FakeInPlace | 'unavailable'): Promise<RepairController> {
     const api = orchApi(settings);
-    const pods = repairPodSource(settings, api, FAST);
+    const pods = repairPodSource(repairArgs(settings), api, FAST);
     pods.start();
     running.push({ stop: () => pods.stop() });
-    const c = startRepair(settings, pods, api, FAST, inPlace);
+    const c = startRepair(repairArgs(settings), pods, api, FAST, inPlace);
     running.push(c);
     await c.synced;
     return c;
@@ -244,7 +245,7 @@ describe('in-place repair in the repair controller', () => {
     });
     const before = await failures('no_capability');
     const mark = logs.length;
-    const inPlace = inPlaceFor(settings, null, { selfStatusPath: statusFile, path: dir });
+    const inPlace = inPlaceFor(repairArgs(settings), null, { selfStatusPath: statusFile, path: dir });
     assert.equal(inPlace, 'unavailable');
     const c = await start(settings, inPlace as 'unavailable');
     await waitFor('all labelled', () => [0, 1, 2].every((i) => labelled(`cap-${i}`)));
@@ -361,12 +362,15 @@ describe('the start-up check of in-place repair: what every repair would fail on
     const check = { ...env({ hostNetnsPath: '/proc/self/ns/net', xtablesLock: path.join(tmp, 'l2') }) };
     const flags = { 'repair-enabled': true, 'repair-repair-pods': 'true', 'host-netns-path': '/proc/self/ns/net' };
     const mark = logs.length;
-    assert.notEqual(inPlaceFor(buildSettings(flags, { NODE_NAME: 'node-a' }), module, check), 'unavailable');
+    assert.notEqual(
+      inPlaceFor(repairArgs(buildSettings(flags, { NODE_NAME: 'node-a' })), module, check),
+      'unavailable',
+    );
     for (const [extra, envv] of [
       [{}, {}],
       [{ 'repair-node-name': 'node-a' }, { NODE_NAME: 'node-b' }],
     ] as const) {
-      assert.equal(inPlaceFor(buildSettings({ ...flags, ...extra }, envv), module, check), 'unavailable');
+      assert.equal(inPlaceFor(repairArgs(buildSettings({ ...flags, ...extra }, envv)), module, check), 'unavailable');
     }
     const warned = logs.slice(mark).filter((l) => /in-place repair \(--repair-repair-pods\) is off/.test(l));
     assert.equal(warned.length, 2, warned.join(''));
@@ -403,11 +407,11 @@ describe('in-place repair: a labelled pod that keeps failing is not acted on or 
       { NODE_NAME: 'node-a', POD_NAME: 'mesh-cni-test', REPAIR_REPAIR_PODS: 'true', REPAIR_LABEL_PODS: 'true' },
     );
     const api = orchApi(settings);
-    const pods = repairPodSource(settings, api, FAST);
+    const pods = repairPodSource(repairArgs(settings), api, FAST);
     pods.start();
     running.push({ stop: () => pods.stop() });
     const fake = new FakeInPlace({});
-    const c = startRepair(settings, pods, api, FAST, fake);
+    const c = startRepair(repairArgs(settings), pods, api, FAST, fake);
     running.push(c);
     await c.synced;
     const events = () => s.events().filter((e) => e.involvedObject.name === 'loop-0');
@@ -439,10 +443,10 @@ describe('in-place repair: a labelled pod that keeps failing is not acted on or 
       { NODE_NAME: 'node-a', POD_NAME: 'mesh-cni-test', REPAIR_REPAIR_PODS: 'true', REPAIR_LABEL_PODS: 'true' },
     );
     const api = orchApi(settings);
-    const pods = repairPodSource(settings, api, FAST);
+    const pods = repairPodSource(repairArgs(settings), api, FAST);
     pods.start();
     running.push({ stop: () => pods.stop() });
-    const c = startRepair(settings, pods, api, FAST, fake);
+    const c = startRepair(repairArgs(settings), pods, api, FAST, fake);
     running.push(c);
     await c.synced;
     const events = () => s.events().filter((e) => e.involvedObject.name === 'loop-1');
@@ -478,13 +482,13 @@ describe('in-place repair: what a pod netns prints cannot blow up an Event or a 
       { NODE_NAME: 'node-a', POD_NAME: 'mesh-cni-test', REPAIR_REPAIR_PODS: 'true', REPAIR_LABEL_PODS: 'true' },
     );
     const api = orchApi(settings);
-    const pods = repairPodSource(settings, api, FAST);
+    const pods = repairPodSource(repairArgs(settings), api, FAST);
     pods.start();
     running.push({ stop: () => pods.stop() });
     const huge = `no netns of the pod holds 198.18.7.1: netns inode 1 holds ${'198.18.9.9, '.repeat(17_000)}`;
     const fake = new FakeInPlace({ 'long-0': [{ ok: false, reason: 'ip_mismatch', detail: huge, final: true }] });
     const mark = logs.length;
-    const c = startRepair(settings, pods, api, FAST, fake);
+    const c = startRepair(repairArgs(settings), pods, api, FAST, fake);
     running.push(c);
     await c.synced;
     const events = () => s.events().filter((e) => e.involvedObject.name === 'long-0');

@@ -24,6 +24,7 @@ import { brokenPod, testPod } from '../helpers/pods.ts';
 import { DEPLOY_DIR, kustomize } from '../helpers/podman-daemonset.ts';
 import { scratchAgentFlags } from '../helpers/agent.ts';
 import { rulesFor } from '../helpers/rbac.ts';
+import { repairArgs } from '../../src/partargs.ts';
 
 const FAST: Partial<RepairTiming> = {
   watchBackoffBaseMs: 50,
@@ -66,10 +67,10 @@ describe('repair controller end to end', () => {
   /** Repair on a watch of its own, as the agent runs it (the watch started first, stopped last). */
   function launch(settings: Settings, timing: Partial<RepairTiming>): RepairController {
     const api = orchApi(settings);
-    const pods = repairPodSource(settings, api, timing);
+    const pods = repairPodSource(repairArgs(settings), api, timing);
     pods.start();
     running.push({ stop: () => pods.stop() });
-    const c = startRepair(settings, pods, api, timing);
+    const c = startRepair(repairArgs(settings), pods, api, timing);
     running.push(c);
     return c;
   }
