@@ -116,6 +116,16 @@ const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 const until = (what: string, pred: () => boolean, timeoutMs: number, everyMs = 5) =>
   waitFor(what, pred, { timeoutMs, everyMs });
 
+/** Waits for the agent's first pod list, then 1.5 s for its start-up to settle before measuring. */
+async function listedAndSettled(server: TestApiServer): Promise<void> {
+  await until(
+    'the first pod list',
+    () => server.requests.some((r) => r.method === 'GET' && r.path === '/api/v1/pods' && r.status === 200),
+    20_000,
+  );
+  await sleep(1500);
+}
+
 /** Starts a contender against a fresh server holding `pods`, waits until it has listed them. */
 async function launch(c: Contender, pods: number) {
   const server = await startTestApiServer({ bookmarkIntervalMs: 60_000 });
@@ -123,12 +133,7 @@ async function launch(c: Contender, pods: number) {
   const dir = await mkdtemp(path.join(os.tmpdir(), 'mcni-repair-bench-'));
   for (const d of ['net.d', 'bin', 'src']) await mkdir(path.join(dir, d));
   const child = c.start(server, dir);
-  await until(
-    'the first pod list',
-    () => server.requests.some((r) => r.method === 'GET' && r.path === '/api/v1/pods' && r.status === 200),
-    20_000,
-  );
-  await sleep(1500);
+  await listedAndSettled(server);
   return {
     server,
     child,
@@ -309,12 +314,7 @@ async function inPlaceRun(mode: InPlaceMode, fleet: NetnsPods) {
   const killAgent = () => child.kill('SIGKILL');
   process.once('exit', killAgent);
   try {
-    await until(
-      'the first pod list',
-      () => server.requests.some((r) => r.method === 'GET' && r.path === '/api/v1/pods' && r.status === 200),
-      20_000,
-    );
-    await sleep(1500);
+    await listedAndSettled(server);
     const before = server.requests.length;
     const cpu0 = cpuMs(child.pid!);
     const t0 = performance.now();
