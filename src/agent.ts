@@ -37,7 +37,7 @@ import { decideCleanup, type CleanupDecision } from './install/uninstall.ts';
 import { startNodeReadiness } from './node/index.ts';
 import { nodeClient } from './node/nodeclient.ts';
 import { stopBound } from './stopbound.ts';
-import { repairArgs, stopBoundArgs } from './partargs.ts';
+import { cleanupArgs, orchClientArgs, pluginTokenArgs, podLookupArgs, repairArgs, stopBoundArgs } from './partargs.ts';
 import type { RepairArgs } from './repair/args.ts';
 import type { KubeConfig } from '@kubernetes/client-node/dist/config.js';
 
@@ -66,8 +66,9 @@ export async function runAgent(settings: Settings): Promise<number> {
     // One API client for the agent's watches and repair (one connection pool, one read of the orchconfig).
     let api: OrchApi | undefined;
     let kc: KubeConfig | undefined;
-    const orchKc = () => (kc ??= orchKubeConfig(settings));
-    const orchApi = () => (api ??= clientNodeApi(orchKc(), orchContext(settings.orch)));
+    const orch = orchClientArgs(settings);
+    const orchKc = () => (kc ??= orchKubeConfig(orch));
+    const orchApi = () => (api ??= clientNodeApi(orchKc(), orchContext(orch.limits)));
     const repair = repairArgs(settings);
     const watches = podWatches(settings, repair, orchApi);
     components.push(...watches.components);
@@ -76,17 +77,17 @@ export async function runAgent(settings: Settings): Promise<number> {
     // ShouldStopCleanup): asked once, so the two never disagree (one keeping the plugin entry for an
     // upgrade while the other removes the node's probe rule).
     let decision: Promise<CleanupDecision> | undefined;
-    const decide = (s: Settings) => (decision ??= decideCleanup(s));
-    const ambient = ambientPart(settings, watches.node, orchApi, () => decide(settings));
+    const decide = () => (decision ??= decideCleanup(cleanupArgs(settings)));
+    const ambient = ambientPart(settings, watches.node, orchApi, decide);
     components.push(ambient ?? disabledComponent('ambient'));
     // With ambient on, a lookup hit carries the pod's namespace labels (the plugin's ambient decision).
     const lookupOptions = ambient
       ? { ...DEFAULT_POD_LOOKUP, namespaceLabels: ambient.namespaceLabels }
       : DEFAULT_POD_LOOKUP;
-    components.push(await startPodLookup(settings, lookupOptions, watches.node));
+    components.push(await startPodLookup(podLookupArgs(settings), lookupOptions, watches.node));
     // The orchconfig on the node's disk gets the plugin's own short-lived token, minted here;
     // the agent keeps using its own token, which never leaves this pod.
-    const pluginToken = await startPluginToken(settings);
+    const pluginToken = await startPluginToken(pluginTokenArgs(settings));
     components.push(pluginToken);
     components.push(await startInstaller(settings, pluginToken, decide, binaryCheck));
     components.push(await startControlz(settings.ctrlz, { components: () => components, readiness }));
@@ -237,7 +238,7 @@ function nodeReadinessPart(
   settings: Settings,
   kc: KubeConfig,
   readiness: AgentReadiness,
-  decide: (s: Settings) => Promise<CleanupDecision>,
+  decide: () => Promise<CleanupDecision>,
 ): Component {
   const { nodeName, podName } = settings.env;
   return startNodeReadiness(settings.nodeReadiness!, {
@@ -245,6 +246,6 @@ function nodeReadinessPart(
     nodeName,
     podName,
     notReadyReasons: () => readiness.notReadyReasons(),
-    decideCleanup: () => decide(settings),
+    decideCleanup: decide,
   });
 }

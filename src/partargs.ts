@@ -4,6 +4,10 @@
 // Settings stops here and in src/agent.ts (eslint.config.js refuses it in the parts' folders).
 
 import type { Settings } from './config/settings.ts';
+import type { PodLookupArgs } from './install/podlookup.ts';
+import type { PluginTokenArgs } from './install/tokenrequest.ts';
+import type { CleanupArgs } from './install/uninstall.ts';
+import type { OrchClientArgs } from './orch/client.ts';
 import type { RepairArgs } from './repair/args.ts';
 import type { StopBoundArgs } from './stopbound.ts';
 
@@ -23,5 +27,56 @@ export function stopBoundArgs(settings: Settings): StopBoundArgs {
     nodeReadiness: (settings.nodeReadiness?.conditionType ?? '') !== '',
     reconcileTimeoutMs: settings.install.reconcileTimeoutMs,
     ambient: settings.ambient.enabled,
+  };
+}
+
+/**
+ * How the agent reaches the API server. Every part that calls it gets this, with the one
+ * OrchSettings object of these settings: the request limiter is kept per that object, so all of
+ * them wait on one bucket (src/orch/ratelimit.ts).
+ */
+export function orchClientArgs(settings: Settings): OrchClientArgs {
+  return {
+    orchconfig: settings.orchconfig,
+    serviceHost: settings.env.orchServiceHost,
+    servicePort: settings.env.orchServicePort,
+    serviceAccountDir: settings.install.serviceAccountDir,
+    orchCaFile: settings.install.orchCaFile,
+    skipTlsVerify: settings.install.skipTlsVerify,
+    limits: settings.orch,
+  };
+}
+
+/** The stop's uninstall-or-upgrade decision: --cleanup-on-exit and the agent's own pod and node. */
+export function cleanupArgs(settings: Settings): CleanupArgs {
+  return {
+    cleanupOnExit: settings.install.cleanupOnExit,
+    podName: settings.env.podName,
+    podNamespace: settings.env.podNamespace,
+    nodeName: settings.env.nodeName,
+    orch: orchClientArgs(settings),
+  };
+}
+
+/** The plugin's pod lookups: where they are served, and for which node. */
+export function podLookupArgs(settings: Settings): PodLookupArgs {
+  return {
+    address: settings.install.podLookupUdsAddress,
+    nodeName: settings.env.nodeName,
+    orch: orchClientArgs(settings),
+  };
+}
+
+/** The plugin's own token: its file or its account, lifetime and audiences, and the agent's namespace. */
+export function pluginTokenArgs(settings: Settings): PluginTokenArgs {
+  const s = settings.install;
+  return {
+    pluginTokenFile: s.pluginTokenFile,
+    pluginServiceAccount: s.pluginServiceAccount,
+    pluginTokenExpirationMs: s.pluginTokenExpirationMs,
+    pluginTokenAudiences: s.pluginTokenAudiences,
+    serviceAccountDir: s.serviceAccountDir,
+    podNamespace: settings.env.podNamespace,
+    orch: orchClientArgs(settings),
   };
 }

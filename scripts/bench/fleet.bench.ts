@@ -74,7 +74,7 @@ async function runFleet(a: FleetArgs): Promise<void> {
   const { nodePodSource } = await import('../../src/orch/podsource.ts');
   const { orchContext } = await import('../../src/orch/ratelimit.ts');
   const { startRepair } = await import('../../src/repair/index.ts');
-  const { repairArgs } = await import('../../src/partargs.ts');
+  const { orchClientArgs, podLookupArgs, repairArgs } = await import('../../src/partargs.ts');
   const { DEFAULT_POD_LOOKUP, startPodLookup } = await import('../../src/install/podlookup.ts');
   configureLogging(buildSettings({ log_output_level: 'all:none' }, {}).logging);
   const caData = Buffer.from(a.caPem).toString('base64');
@@ -116,12 +116,12 @@ async function runFleet(a: FleetArgs): Promise<void> {
   const watches = await Promise.all(
     agents.map(async ({ settings }) => {
       // As src/agent.ts: the node's watch once, repair and the lookup reading it.
-      const kc = orchKubeConfig(settings);
+      const kc = orchKubeConfig(orchClientArgs(settings));
       const api = clientNodeApi(kc, orchContext(settings.orch));
       const watch = nodePodSource(api, settings.env.nodeName, 'repair');
       watch.start();
       const repair = startRepair(repairArgs(settings), watch, api);
-      const lookup = await startPodLookup(settings, DEFAULT_POD_LOOKUP, watch);
+      const lookup = await startPodLookup(podLookupArgs(settings), DEFAULT_POD_LOOKUP, watch);
       running.push({ stop: () => lookup.stop('SIGTERM') });
       running.push({ stop: () => repair.stop('SIGTERM') }, { stop: () => watch.stop() });
       void watch.synced.then(() => synced.push(Date.now() - t0));

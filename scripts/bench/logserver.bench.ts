@@ -58,6 +58,7 @@ async function serve(role: Role, address: string): Promise<void> {
     const { buildSettings } = await import('../../src/config/settings.ts');
     const { configureLogging } = await import('../../src/monitoring/logging.ts');
     const { startPodLookup } = await import('../../src/install/podlookup.ts');
+    const { podLookupArgs } = await import('../../src/partargs.ts');
     const { registry } = await import('../../src/monitoring/metrics.ts');
     const { startTestApiServer } = await import('../../test/helpers/apiserver.ts');
     const { meshPod } = await import('../../test/helpers/plugin.ts');
@@ -67,7 +68,7 @@ async function serve(role: Role, address: string): Promise<void> {
     const orchconfig = api.writeOrchconfig(path.join(path.dirname(address), 'orchconfig'));
     const settings = buildSettings({ 'pod-lookup-uds-address': address, orchconfig }, { NODE_NAME: 'node-1' });
     configureLogging(settings.logging);
-    const lookup = await startPodLookup(settings);
+    const lookup = await startPodLookup(podLookupArgs(settings));
     while ((lookup.status() as { state?: string }).state !== 'watching') await new Promise((r) => setTimeout(r, 20));
     const metric = registry.getSingleMetric('mesh_cni_pod_lookups_total');
     records = async () => ((await metric?.get())?.values ?? []).reduce((sum, v) => sum + v.value, 0);

@@ -51,6 +51,7 @@ import { specForPod } from '../../cni-plugin/redirect/spec.ts';
 import { buildSettings } from '../../src/config/settings.ts';
 import { startPodLookup } from '../../src/install/podlookup.ts';
 import { configureLogging } from '../../src/monitoring/logging.ts';
+import { podLookupArgs } from '../../src/partargs.ts';
 
 configureLogging({
   asJson: false,
@@ -126,7 +127,7 @@ const burstNetwork = new BridgeNetwork('198.18.4.0/24');
 // The agent's pod lookup (in this process: it answers from its watch while the plugin runs).
 const podLookupSocket = path.join(tmp, 'run/pods.sock');
 const lookup = await startPodLookup(
-  buildSettings({ 'pod-lookup-uds-address': podLookupSocket, orchconfig }, { NODE_NAME: 'node-1' }),
+  podLookupArgs(buildSettings({ 'pod-lookup-uds-address': podLookupSocket, orchconfig }, { NODE_NAME: 'node-1' })),
 );
 const driver = new RusageDriver();
 const excludedNetns = new Netns('x');

@@ -16,18 +16,18 @@ import { Installer, type InstallerOptions } from './installer.ts';
 
 /**
  * The orchconfig gets `pluginToken`: the plugin's own token, never the agent's. `decideCleanup`:
- * the agent's one uninstall-or-upgrade decision, shared with ambient mode (else asked here).
+ * the agent's one uninstall-or-upgrade decision, shared with ambient mode.
  * `binaryCheck`: the comparison of the installed binaries the agent began at its start.
  */
 export async function startInstaller(
   settings: Settings,
   pluginToken: PluginTokenSource,
-  decideCleanup?: InstallerOptions['decideCleanup'],
+  decideCleanup: InstallerOptions['decideCleanup'],
   binaryCheck?: InstallerOptions['binaryCheck'],
 ): Promise<Component> {
   const installer = new Installer(settings, {
     pluginToken,
-    ...(decideCleanup ? { decideCleanup } : {}),
+    decideCleanup,
     ...(binaryCheck ? { binaryCheck } : {}),
   });
   await installer.start();

@@ -11,7 +11,7 @@ import { isOwnWrite, removeStaleTemps, TEMP_MARKER } from './atomicfile.ts';
 import * as metrics from './metrics.ts';
 import { InstallPass, type PassReport } from './pass.ts';
 import { entryLogLevel } from './template.ts';
-import { decideCleanup, type CleanupDecision } from './uninstall.ts';
+import type { CleanupDecision } from './uninstall.ts';
 import { DirWatcher, type Trigger } from './watch.ts';
 import { watchdogReasons } from './watchdog.ts';
 import type { PluginTokenSource } from './tokenrequest.ts';
@@ -30,8 +30,8 @@ const PACE_EVERY_MS = 20;
 const WATCH_TRIGGERS: ReadonlySet<Trigger> = new Set<Trigger>(['net_dir', 'bin_dir', 'token', 'ca', 'template']);
 
 export interface InstallerOptions {
-  /** Decides uninstall vs restart on stop; the default asks the API server (--cleanup-on-exit). */
-  readonly decideCleanup?: (settings: Settings) => Promise<CleanupDecision>;
+  /** Decides uninstall vs restart on stop: the agent's one decision (uninstall.ts decideCleanup), shared with ambient mode. */
+  readonly decideCleanup: () => Promise<CleanupDecision>;
   /** The plugin's token for the orchconfig (the agent always passes one); else the service-account token. */
   readonly pluginToken?: PluginTokenSource;
   /** The agent's comparison of the installed binaries, begun at its start (binaries.ts checkInstalledBinaries). */
@@ -43,7 +43,7 @@ export class Installer implements Component {
   readonly #settings: Settings;
   readonly #installPass: InstallPass;
   readonly #watcher: DirWatcher;
-  readonly #decide: (settings: Settings) => Promise<CleanupDecision>;
+  readonly #decide: () => Promise<CleanupDecision>;
   #running: Promise<void> | null = null;
   #pending: Trigger | null = null;
   #timer: NodeJS.Timeout | null = null;
@@ -63,7 +63,7 @@ export class Installer implements Component {
   #lastPassWrote = false;
   #paceAt = 0;
 
-  constructor(settings: Settings, opts: InstallerOptions = {}) {
+  constructor(settings: Settings, opts: InstallerOptions) {
     this.#settings = settings;
     // With ambient mode on, our entry tells the plugin so, and where the agent takes its ADDs.
     const ambient = settings.ambient.enabled
@@ -83,7 +83,7 @@ export class Installer implements Component {
     if (opts.binaryCheck) this.#installPass.useBinaryCheck(opts.binaryCheck);
     // A new token goes into the orchconfig at once.
     opts.pluginToken?.onChange(() => this.schedule('token'));
-    this.#decide = opts.decideCleanup ?? decideCleanup;
+    this.#decide = opts.decideCleanup;
     const s = settings.install;
     const dirs: { dir: string; trigger: Trigger }[] = [
       { dir: s.mountedCniNetDir, trigger: 'net_dir' },
@@ -354,7 +354,7 @@ export class Installer implements Component {
       });
       return;
     }
-    const decision = await this.#decide(this.#settings);
+    const decision = await this.#decide();
     if (!decision.cleanup) {
       log.info('leaving mesh-cni installed', { signal, why: decision.why });
       return;

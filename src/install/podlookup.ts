@@ -25,13 +25,12 @@ import type { V1Pod } from '@kubernetes/client-node';
 import net from 'node:net';
 import type { Component } from '../component.ts';
 import { disabledComponent } from '../component.ts';
-import type { Settings } from '../config/settings.ts';
 import { LineSplitter } from '../monitoring/lines.ts';
 import { scope } from '../monitoring/logging.ts';
 import { combinations, knownCounter } from '../monitoring/metrics.ts';
 import { listenUnix } from '../monitoring/unixsocket.ts';
 import { socketRefusal } from '../../cni-plugin/shared/trustedpath.ts';
-import { orchApi } from '../orch/client.ts';
+import { orchApi, type OrchClientArgs } from '../orch/client.ts';
 import { nodePodSource, type PodSource } from '../orch/podsource.ts';
 import { isPodWithUid } from '../../cni-plugin/shared/poduid.ts';
 import {
@@ -138,25 +137,34 @@ function matches(pod: V1Pod, req: Request): boolean {
   return pod.metadata?.namespace === req.namespace && pod.metadata?.name === req.name && isPodWithUid(pod, req.uid);
 }
 
+/** What the pod lookup reads of the settings. */
+export interface PodLookupArgs {
+  /** --pod-lookup-uds-address; empty: off. */
+  readonly address: string;
+  /** NODE_NAME: the node whose pods are served; empty: off. */
+  readonly nodeName: string;
+  /** For a node watch of the lookup's own, when it is handed none. */
+  readonly orch: OrchClientArgs;
+}
+
 /**
  * Serves pod lookups from `nodePods`, the node's pod watch the agent runs. Without one (a lookup
  * on its own, as tests and benchmarks run it) it starts a node watch for itself and stops it after.
  */
 export async function startPodLookup(
-  settings: Settings,
+  args: PodLookupArgs,
   options: Partial<PodLookupOptions> = {},
   nodePods?: PodSource,
 ): Promise<Component> {
   const opts: PodLookupOptions = { ...DEFAULT_POD_LOOKUP, ...options };
-  const address = settings.install.podLookupUdsAddress;
-  const nodeName = settings.env.nodeName;
+  const { address, nodeName } = args;
   if (address === '') return disabledComponent('pod-lookup');
   if (nodeName === '') {
     // Watching every pod of the cluster from every node is not an option.
     log.warn('NODE_NAME is not set: the plugin will read pods from the API server itself', { address });
     return disabledComponent('pod-lookup');
   }
-  const own = nodePods ? undefined : nodePodSource(orchApi(settings), nodeName, 'install');
+  const own = nodePods ? undefined : nodePodSource(orchApi(args.orch), nodeName, 'install');
   own?.start();
   const pods = new NodePods(nodePods ?? own!);
   const server = net.createServer((socket) => {

@@ -8,8 +8,8 @@
 import path from 'node:path';
 import type { KubeConfig } from '@kubernetes/client-node/dist/config.js';
 import type { Component } from '../component.ts';
-import type { Settings } from '../config/settings.ts';
-import { orchKubeConfig, orchLimiter } from '../orch/client.ts';
+import type { InstallSettings } from '../config/settings.ts';
+import { orchKubeConfig, orchLimiter, type OrchClientArgs } from '../orch/client.ts';
 import * as metrics from './metrics.ts';
 import { readRegularFile, UnsafeFileError } from './safefile.ts';
 import { pluginTokenRefusal, serviceAccountOfToken, tokenClaims, TokenRefusedError } from './tokencheck.ts';
@@ -333,16 +333,27 @@ export function fileTokenSource(file: string, agentTokenFile: string): PluginTok
 
 export { serviceAccountOfToken } from './tokencheck.ts';
 
+/** What the plugin's token source reads of the settings: minted (TokenRequest) or from --plugin-token-file. */
+export interface PluginTokenArgs extends Pick<
+  InstallSettings,
+  'pluginTokenFile' | 'pluginServiceAccount' | 'pluginTokenExpirationMs' | 'pluginTokenAudiences' | 'serviceAccountDir'
+> {
+  /** POD_NAMESPACE: the agent's namespace, where the plugin's account is; empty: the service account's. */
+  readonly podNamespace: string;
+  /** The agent's own credentials (never written for the plugin) and how it mints. */
+  readonly orch: OrchClientArgs;
+}
+
 /** The token the agent itself calls the API server with: --orchconfig's user's, else its service account's. */
-async function agentOwnToken(settings: Settings): Promise<string | null> {
-  if (settings.orchconfig) {
+async function agentOwnToken(args: PluginTokenArgs): Promise<string | null> {
+  if (args.orch.orchconfig) {
     try {
-      return orchKubeConfig(settings).getCurrentUser()?.token ?? null;
+      return orchKubeConfig(args.orch).getCurrentUser()?.token ?? null;
     } catch {
       return null;
     }
   }
-  return readRegularFile(path.join(settings.install.serviceAccountDir, 'token')).then(
+  return readRegularFile(path.join(args.serviceAccountDir, 'token')).then(
     (r) => r.text.trim(),
     () => null,
   );
@@ -353,12 +364,12 @@ async function agentOwnToken(settings: Settings): Promise<string | null> {
  * write the agent's own rights (pods watch, labels) to the node's disk, stopped only by RBAC's
  * resourceNames. A token that is not a service-account JWT cannot be told: RBAC still stands.
  */
-async function refuseOwnAccount(settings: Settings): Promise<void> {
-  const token = await agentOwnToken(settings);
+async function refuseOwnAccount(args: PluginTokenArgs): Promise<void> {
+  const token = await agentOwnToken(args);
   const own = token === null ? null : serviceAccountOfToken(token);
   if (!own) return;
-  const namespace = await agentNamespace(settings).catch(() => own.namespace);
-  const name = settings.install.pluginServiceAccount;
+  const namespace = await agentNamespace(args).catch(() => own.namespace);
+  const name = args.pluginServiceAccount;
   if (own.namespace === namespace && own.name === name) {
     throw new Error(
       `--plugin-service-account ${name} is the agent's own service account (${namespace}/${name}): its token would be written to the node's disk; name the plugin's own account (mesh-cni-plugin in deploy/)`,
@@ -367,9 +378,9 @@ async function refuseOwnAccount(settings: Settings): Promise<void> {
 }
 
 /** The agent's own namespace: POD_NAMESPACE (downward API), else its service-account dir's. */
-async function agentNamespace(settings: Settings): Promise<string> {
-  if (settings.env.podNamespace) return settings.env.podNamespace;
-  const file = path.join(settings.install.serviceAccountDir, 'namespace');
+async function agentNamespace(args: PluginTokenArgs): Promise<string> {
+  if (args.podNamespace) return args.podNamespace;
+  const file = path.join(args.serviceAccountDir, 'namespace');
   const ns = await readRegularFile(file).then(
     (r) => r.text.trim(),
     () => '',
@@ -384,8 +395,7 @@ async function agentNamespace(settings: Settings): Promise<string> {
 }
 
 /** The agent's source of the plugin's token: --plugin-token-file if given, else a minter. */
-export async function startPluginToken(settings: Settings): Promise<PluginTokenSource & Component> {
-  const s = settings.install;
+export async function startPluginToken(s: PluginTokenArgs): Promise<PluginTokenSource & Component> {
   if (s.pluginTokenFile) {
     const source = fileTokenSource(s.pluginTokenFile, path.join(s.serviceAccountDir, 'token'));
     return {
@@ -396,17 +406,17 @@ export async function startPluginToken(settings: Settings): Promise<PluginTokenS
       stop: async () => {},
     };
   }
-  await refuseOwnAccount(settings);
+  await refuseOwnAccount(s);
   let mint: Mint | undefined;
-  let namespace = settings.env.podNamespace;
+  let namespace = s.podNamespace;
   const minter = new PluginTokenMinter(
     async (signal) => {
       if (!mint) {
         // Worked out on first use, so a missing namespace or API server shows on /readyz, retried.
-        namespace = await agentNamespace(settings);
+        namespace = await agentNamespace(s);
         let kc: KubeConfig;
         try {
-          kc = orchKubeConfig(settings);
+          kc = orchKubeConfig(s.orch);
         } catch (e) {
           throw new ApiError('reaching the API server', undefined, (e as Error).message);
         }
@@ -417,9 +427,9 @@ export async function startPluginToken(settings: Settings): Promise<PluginTokenS
             serviceAccount: s.pluginServiceAccount,
             expirationSeconds: Math.round(s.pluginTokenExpirationMs / 1000),
             audiences: s.pluginTokenAudiences,
-            agentToken: () => agentOwnToken(settings),
+            agentToken: () => agentOwnToken(s),
           },
-          orchLimiter(settings),
+          orchLimiter(s.orch),
         );
       }
       return mint(signal);

@@ -13,11 +13,11 @@
 import { setTimeout as sleep } from 'node:timers/promises';
 import type { KubeConfig } from '@kubernetes/client-node/dist/config.js';
 import type { V1DaemonSet, V1Node, V1Pod } from '@kubernetes/client-node';
-import type { Settings } from '../config/settings.ts';
+import type { CleanupMode } from '../config/flags.ts';
 import { scope } from '../monitoring/logging.ts';
 import { ApiError } from '../orch/errors.ts';
 import { apiRequest } from '../orch/request.ts';
-import { orchKubeConfig, orchLimiter } from '../orch/client.ts';
+import { orchKubeConfig, orchLimiter, type OrchClientArgs } from '../orch/client.ts';
 import * as metrics from './metrics.ts';
 import type { CleanupReason } from './metrics.ts';
 import { daemonSetTargetsNode } from './nodematch.ts';
@@ -27,6 +27,18 @@ const log = scope('install');
 export interface CleanupDecision {
   readonly cleanup: boolean;
   readonly why: string;
+}
+
+/** What the decision reads of the settings: --cleanup-on-exit, the agent's own pod and node, the API. */
+export interface CleanupArgs {
+  /** --cleanup-on-exit. */
+  readonly cleanupOnExit: CleanupMode;
+  /** POD_NAME and POD_NAMESPACE: the agent's own pod, whose DaemonSet is asked about. */
+  readonly podName: string;
+  readonly podNamespace: string;
+  /** NODE_NAME: the node asked about when our pod names none. */
+  readonly nodeName: string;
+  readonly orch: OrchClientArgs;
 }
 
 export interface DecideOptions {
@@ -55,8 +67,8 @@ type ReasonedDecision = (
 const KEEPING = 'keeping mesh-cni in place';
 
 /** Decides, logs and counts the decision once. */
-export async function decideCleanup(settings: Settings, opts: DecideOptions = {}): Promise<CleanupDecision> {
-  const { outcome, attempts } = await decide(settings, opts);
+export async function decideCleanup(args: CleanupArgs, opts: DecideOptions = {}): Promise<CleanupDecision> {
+  const { outcome, attempts } = await decide(args, opts);
   const decision = outcome.cleanup ? 'uninstall' : 'keep';
   metrics.cleanupDecisions.inc(
     outcome.cleanup ? { decision: 'uninstall', reason: outcome.reason } : { decision: 'keep', reason: outcome.reason },
@@ -69,22 +81,22 @@ export async function decideCleanup(settings: Settings, opts: DecideOptions = {}
 }
 
 async function decide(
-  settings: Settings,
+  args: CleanupArgs,
   opts: DecideOptions,
 ): Promise<{ outcome: ReasonedDecision; attempts: number }> {
-  const mode = settings.install.cleanupOnExit;
+  const mode = args.cleanupOnExit;
   if (mode === 'always')
     return { outcome: { cleanup: true, reason: 'flag', why: '--cleanup-on-exit=always' }, attempts: 0 };
   if (mode === 'never')
     return { outcome: { cleanup: false, reason: 'flag', why: '--cleanup-on-exit=never' }, attempts: 0 };
-  const { podName, podNamespace } = settings.env;
+  const { podName, podNamespace } = args;
   if (!podName || !podNamespace) {
     const why = `POD_NAME/POD_NAMESPACE are not set, so our DaemonSet cannot be found: ${KEEPING} (set them from the downward API, as deploy/daemonset.yaml does)`;
     return { outcome: { cleanup: false, reason: 'no_pod_name', why }, attempts: 0 };
   }
   let kc: KubeConfig;
   try {
-    kc = orchKubeConfig(settings);
+    kc = orchKubeConfig(args.orch);
   } catch (e) {
     const why = `cannot ask the API server whether this is an uninstall (${(e as Error).message}): ${KEEPING}`;
     return { outcome: { cleanup: false, reason: 'unreachable', why }, attempts: 0 };
@@ -93,7 +105,7 @@ async function decide(
   const deadline = startedAt + (opts.deadlineMs ?? DECISION_DEADLINE_MS);
   const ask: Ask = {
     kc,
-    settings,
+    args,
     timeoutMs: () => Math.max(1, Math.min(opts.attemptTimeoutMs ?? ATTEMPT_TIMEOUT_MS, deadline - Date.now())),
   };
   for (let attempt = 1; ; attempt++) {
@@ -114,7 +126,7 @@ async function decide(
 
 interface Ask {
   readonly kc: KubeConfig;
-  readonly settings: Settings;
+  readonly args: CleanupArgs;
   readonly timeoutMs: () => number;
 }
 
@@ -151,7 +163,7 @@ async function askOnce(ask: Ask, namespace: string, podName: string): Promise<Re
     return { cleanup: true, reason: 'daemonset_deleting', why: `${dsName} is being deleted: uninstall` };
   // The node our pod was bound to is the one whose evidence counts; NODE_NAME is configuration,
   // and one that names another node (not from the downward API) would judge the wrong node.
-  const envNode = ask.settings.env.nodeName;
+  const envNode = ask.args.nodeName;
   const podNode = pod.spec?.nodeName ?? '';
   if (envNode && podNode && envNode !== podNode)
     return {
@@ -205,7 +217,7 @@ async function read<T>(ask: Ask, apiPath: string, what: string): Promise<Read<T>
   try {
     const body = await apiRequest<T>(ask.kc, 'GET', apiPath, `reading ${what}`, {
       signal,
-      limiter: orchLimiter(ask.settings),
+      limiter: orchLimiter(ask.args.orch),
     });
     if (typeof body !== 'object' || body === null || Array.isArray(body))
       return { failed: failure(new ApiError(`reading ${what}`, 200, 'the answer is not an object'), false) };

@@ -21,6 +21,7 @@ import { BRIDGE_CONFLIST, makeHostTree } from '../helpers/hosttree.ts';
 import { FIXTURE_VALUES } from '../helpers/install-fixtures.ts';
 import { eventually } from '../helpers/poll.ts';
 import { meshPod, tempDir } from '../helpers/plugin.ts';
+import { podLookupArgs } from '../../src/partargs.ts';
 
 configureLogging(
   { asJson: true, outputLevels: buildSettings({ log_output_level: 'all:none' }, {}).logging.outputLevels },
@@ -145,7 +146,7 @@ describe("the agent's pod lookup carries the namespace's labels when it knows th
       ['without', undefined],
     ] as const) {
       const settings = buildSettings({ 'pod-lookup-uds-address': socket(name), orchconfig }, { NODE_NAME: 'node-1' });
-      const c = await startPodLookup(settings, { waitMs: 200, maxConnections: 8, namespaceLabels });
+      const c = await startPodLookup(podLookupArgs(settings), { waitMs: 200, maxConnections: 8, namespaceLabels });
       lookups.push(c);
       await eventually(() => (c.status() as { state: string }).state === 'watching', 'the pod watch');
     }

@@ -23,6 +23,7 @@ import { startTestApiServer, type TestApiServer } from '../helpers/apiserver.ts'
 import { BridgeNetwork, Netns, type ChainEnv } from '../helpers/netns.ts';
 import { k8sArgs, meshCni, pluginConfig, tempDir } from '../helpers/plugin.ts';
 import { waitFor } from '../helpers/poll.ts';
+import { orchClientArgs } from '../../src/partargs.ts';
 
 const NODE = 'node-1';
 
@@ -121,7 +122,7 @@ describe('the /cmdadd server (stand-in dataplane, the node pod watch on the test
   before(async () => {
     api = await startTestApiServer();
     const orchconfig = api.writeOrchconfig(path.join(tmp.dir, 'orchconfig'));
-    pods = new PodSource(orchApi(buildSettings({ orchconfig }, {})), null, {
+    pods = new PodSource(orchApi(orchClientArgs(buildSettings({ orchconfig }, {}))), null, {
       ...WATCH_DEFAULTS,
       query: nodePodQuery(NODE),
       backoff: { baseMs: 20, maxMs: 100 },
@@ -364,7 +365,7 @@ describe('the real plugin against the /cmdadd server', () => {
     api = await startTestApiServer();
     orchconfig = api.writeOrchconfig(path.join(tmp.dir, 'orchconfig'));
     api.upsertNamespace({ metadata: { name: 'shop' } });
-    pods = new PodSource(orchApi(buildSettings({ orchconfig }, {})), null, {
+    pods = new PodSource(orchApi(orchClientArgs(buildSettings({ orchconfig }, {}))), null, {
       ...WATCH_DEFAULTS,
       query: nodePodQuery(NODE),
       backoff: { baseMs: 20, maxMs: 100 },

@@ -40,6 +40,7 @@ import { makeNetnsPods, type NetnsPod } from '../helpers/kubepods.ts';
 import { Netns } from '../helpers/netns.ts';
 import { waitFor } from '../helpers/poll.ts';
 import { shStatus } from '../helpers/sh.ts';
+import { orchClientArgs } from '../../src/partargs.ts';
 
 configureLogging(
   { asJson: true, outputLevels: buildSettings({ log_output_level: 'all:none' }, {}).logging.outputLevels },
@@ -100,7 +101,7 @@ async function node(): Promise<Node> {
       },
       { NODE_NAME: NODE },
     );
-  const orch = orchApi(settingsOf({}));
+  const orch = orchApi(orchClientArgs(settingsOf({})));
   return {
     api,
     orch,

@@ -31,6 +31,7 @@ import { BRIDGE_CONFLIST, makeHostTree } from '../helpers/hosttree.ts';
 import { noFirewallPath } from '../helpers/nofirewall.ts';
 import { tempDir } from '../helpers/plugin.ts';
 import { eventually } from '../helpers/poll.ts';
+import { orchClientArgs, podLookupArgs } from '../../src/partargs.ts';
 
 configureLogging(
   { asJson: true, outputLevels: buildSettings({ log_output_level: 'all:none' }, {}).logging.outputLevels },
@@ -135,7 +136,7 @@ describe('ambient mode in the agent', () => {
       },
       { NODE_NAME: 'node-1' },
     );
-    orch = orchApi(settings);
+    orch = orchApi(orchClientArgs(settings));
     pods = nodePodSource(orch, 'node-1', 'install');
     pods.start();
   });
@@ -154,7 +155,11 @@ describe('ambient mode in the agent', () => {
       dataplane: fake.dp,
       decideCleanup: async () => ({ cleanup: false, why: 'the test: an upgrade' }),
     });
-    lookup = await startPodLookup(settings, { ...DEFAULT_POD_LOOKUP, namespaceLabels: ambient.namespaceLabels }, pods);
+    lookup = await startPodLookup(
+      podLookupArgs(settings),
+      { ...DEFAULT_POD_LOOKUP, namespaceLabels: ambient.namespaceLabels },
+      pods,
+    );
     assert.notDeepEqual(ambient.notReadyReasons(), [], 'not ready at once');
     await eventually(() => fake.startedWith.length === 1, 'the dataplane asked to start', 15_000);
     // The start-up snapshot: the running pods that should be ambient (by the agent's decision, not
@@ -238,7 +243,7 @@ describe('the redirection annotator (pods/status merge patch)', () => {
   it('sets and removes the annotation, keeping the others; a replaced pod (new uid) is never annotated', async () => {
     const p = api.upsertPod(nodePod('shop', 'cart', { annotations: { keep: 'me', 'sidecar.example/x': '1' } }));
     const settings = buildSettings({ orchconfig: api.writeOrchconfig(path.join(tmp.dir, 'oc')) }, {});
-    const annotator = apiAnnotator(orchApi(settings));
+    const annotator = apiAnnotator(orchApi(orchClientArgs(settings)));
     const ref = { namespace: 'shop', name: 'cart', uid: p.metadata!.uid! };
     await annotator.setRedirection(ref, 'pending');
     assert.deepEqual(api.getPod('shop', 'cart')!.metadata!.annotations, {
@@ -275,7 +280,7 @@ describe('the namespace watch (src/orch/namespacesource.ts)', () => {
     api.upsertNamespace({ metadata: { name: 'a', labels: { x: '1' } } });
     const settings = buildSettings({ orchconfig: api.writeOrchconfig(path.join(tmp.dir, 'oc')) }, {});
     const seen: string[] = [];
-    const source = new NamespaceSource(orchApi(settings), {
+    const source = new NamespaceSource(orchApi(orchClientArgs(settings)), {
       backoff: { baseMs: 10, maxMs: 50 },
       tuning: { reconnectSpreadMs: 100 },
     });
@@ -327,7 +332,7 @@ describe('the namespace relist after 410 Gone', () => {
     try {
       api.upsertNamespace({ metadata: { name: 'a' } });
       const settings = buildSettings({ orchconfig: api.writeOrchconfig(path.join(tmp.dir, 'oc')) }, {});
-      const source = new NamespaceSource(orchApi(settings), {
+      const source = new NamespaceSource(orchApi(orchClientArgs(settings)), {
         backoff: { baseMs: 10, maxMs: 50 },
         tuning: { startJitterMs: 0 },
       });
@@ -481,7 +486,7 @@ describe('the namespace cache', () => {
       };
       api.upsertNamespace(big);
       const settings = buildSettings({ orchconfig: api.writeOrchconfig(path.join(tmp.dir, 'oc')) }, {});
-      const source = new NamespaceSource(orchApi(settings), { tuning: { startJitterMs: 0 } });
+      const source = new NamespaceSource(orchApi(orchClientArgs(settings)), { tuning: { startJitterMs: 0 } });
       const seen: unknown[] = [];
       source.addHandler({ upsert: (ns) => seen.push(ns), remove: () => {} });
       source.start();
@@ -567,7 +572,7 @@ describe('a dataplane that cannot start', () => {
       },
       { NODE_NAME: 'node-1' },
     );
-    const orch = orchApi(settings);
+    const orch = orchApi(orchClientArgs(settings));
     const pods = nodePodSource(orch, 'node-1', 'install');
     pods.start();
     let attempts = 0;
@@ -634,7 +639,7 @@ describe('a namespace watch that keeps failing', () => {
       { NODE_NAME: 'node-1' },
     );
     api.upsertNamespace({ metadata: { name: 'shop', labels: {} } });
-    const orch = orchApi(settings);
+    const orch = orchApi(orchClientArgs(settings));
     const pods = nodePodSource(orch, 'node-1', 'install');
     pods.start();
     const namespaces = new NamespaceSource(orch, { backoff: { baseMs: 10, maxMs: 50 }, notReadyAfterMs: 0 });

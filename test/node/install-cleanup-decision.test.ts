@@ -20,6 +20,7 @@ import { ROOT } from '../helpers/cli.ts';
 import { tempDir } from '../helpers/plugin.ts';
 import type { K8sObject } from '../helpers/podman-daemonset.ts';
 import { rulesFor } from '../helpers/rbac.ts';
+import { cleanupArgs } from '../../src/partargs.ts';
 
 const defer = cleanupAfterEach();
 
@@ -105,7 +106,7 @@ async function decide(
   const decision = want.cleanup ? 'uninstall' : 'keep';
   const before = await decisions(decision, want.reason);
   const from = records.length;
-  const got = await decideCleanup(s, FAST);
+  const got = await decideCleanup(cleanupArgs(s), FAST);
   assert.equal(got.cleanup, want.cleanup, got.why);
   assert.match(got.why, want.why);
   assert.equal(

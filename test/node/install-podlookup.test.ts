@@ -19,6 +19,7 @@ import { eventually, waitFor } from '../helpers/poll.ts';
 import { BridgeNetwork, Netns, type ChainEnv } from '../helpers/netns.ts';
 import { k8sArgs, meshCni, meshPod, pluginConfig, tempDir } from '../helpers/plugin.ts';
 import { noFirewallPath } from '../helpers/nofirewall.ts';
+import { podLookupArgs } from '../../src/partargs.ts';
 
 configureLogging(
   { asJson: true, outputLevels: buildSettings({ log_output_level: 'all:none' }, {}).logging.outputLevels },
@@ -54,7 +55,7 @@ describe('pod lookups served by the agent', () => {
     api.upsertPod(onNode('shop', 'elsewhere', 'node-2'));
     const orchconfig = api.writeOrchconfig(path.join(tmp.dir, 'agent-orchconfig'));
     const settings = buildSettings({ 'pod-lookup-uds-address': socket(), orchconfig }, { NODE_NAME: 'node-1' });
-    lookup = await startPodLookup(settings, { waitMs: 300, maxConnections: 16 });
+    lookup = await startPodLookup(podLookupArgs(settings), { waitMs: 300, maxConnections: 16 });
     await eventually(() => (lookup.status() as { state: string }).state === 'watching', 'the pod watch');
   });
   after(async () => {
@@ -136,13 +137,15 @@ describe('pod lookups served by the agent', () => {
     writeFileSync(notASocket, 'not a socket');
     const orchconfig = api.writeOrchconfig(path.join(tmp.dir, 'agent-orchconfig-2'));
     const c = await startPodLookup(
-      buildSettings({ 'pod-lookup-uds-address': notASocket, orchconfig }, { NODE_NAME: 'node-1' }),
+      podLookupArgs(buildSettings({ 'pod-lookup-uds-address': notASocket, orchconfig }, { NODE_NAME: 'node-1' })),
     );
     assert.match(String((c.status() as { error: string }).error), /it exists and is not a socket/);
   });
 
   it('is off without a node name (no cluster-wide watch from every node)', async () => {
-    const c = await startPodLookup(buildSettings({ 'pod-lookup-uds-address': path.join(tmp.dir, 'x.sock') }, {}));
+    const c = await startPodLookup(
+      podLookupArgs(buildSettings({ 'pod-lookup-uds-address': path.join(tmp.dir, 'x.sock') }, {})),
+    );
     assert.deepEqual(c.status(), { enabled: false });
   });
 });
@@ -160,7 +163,7 @@ describe('mesh-cni ADD with the agent answering the pod lookup', () => {
     api = await startTestApiServer();
     orchconfig = api.writeOrchconfig(path.join(tmp.dir, 'ZZZ-mesh-cni-orchconfig'));
     lookup = await startPodLookup(
-      buildSettings({ 'pod-lookup-uds-address': socket(), orchconfig }, { NODE_NAME: 'node-1' }),
+      podLookupArgs(buildSettings({ 'pod-lookup-uds-address': socket(), orchconfig }, { NODE_NAME: 'node-1' })),
     );
     await eventually(() => (lookup.status() as { state: string }).state === 'watching', 'the pod watch');
     network = new BridgeNetwork('198.18.96.0/24');
@@ -424,7 +427,7 @@ describe('a stale pod watch never lets a pod start without its rules', () => {
     api = await startTestApiServer();
     orchconfig = api.writeOrchconfig(path.join(tmp.dir, 'ZZZ-mesh-cni-orchconfig'));
     lookup = await startPodLookup(
-      buildSettings({ 'pod-lookup-uds-address': socket(), orchconfig }, { NODE_NAME: 'node-1' }),
+      podLookupArgs(buildSettings({ 'pod-lookup-uds-address': socket(), orchconfig }, { NODE_NAME: 'node-1' })),
     );
     await eventually(() => (lookup.status() as { state: string }).state === 'watching', 'the pod watch');
     network = new BridgeNetwork('198.18.97.0/24');

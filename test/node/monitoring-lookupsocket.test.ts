@@ -15,6 +15,7 @@ import { registry } from '../../src/monitoring/metrics.ts';
 import { startTestApiServer, type TestApiServer } from '../helpers/apiserver.ts';
 import { eventually } from '../helpers/poll.ts';
 import { meshPod, tempDir } from '../helpers/plugin.ts';
+import { podLookupArgs } from '../../src/partargs.ts';
 
 configureLogging(
   { asJson: true, outputLevels: buildSettings({ log_output_level: 'all:none' }, {}).logging.outputLevels },
@@ -56,7 +57,7 @@ describe('pod lookup socket under abuse', () => {
     assert.notEqual(uid, '');
     const orchconfig = api.writeOrchconfig(path.join(tmp.dir, 'agent-orchconfig'));
     const settings = buildSettings({ 'pod-lookup-uds-address': socket(), orchconfig }, { NODE_NAME: 'node-1' });
-    lookup = await startPodLookup(settings, { waitMs: 200, maxConnections: 4, requestTimeoutMs: 300 });
+    lookup = await startPodLookup(podLookupArgs(settings), { waitMs: 200, maxConnections: 4, requestTimeoutMs: 300 });
     await eventually(() => (lookup.status() as { state: string }).state === 'watching', 'the pod watch');
   });
   after(async () => {

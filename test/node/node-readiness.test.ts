@@ -27,6 +27,7 @@ import { k8sArgs, meshCni, meshPod, pluginConfig } from '../helpers/plugin.ts';
 import { DEPLOY_DIR, kustomize } from '../helpers/podman-daemonset.ts';
 import { eventually, waitFor } from '../helpers/poll.ts';
 import { rulesFor } from '../helpers/rbac.ts';
+import { orchClientArgs } from '../../src/partargs.ts';
 
 configureLogging(
   { asJson: true, outputLevels: buildSettings({ log_output_level: 'all:none' }, {}).logging.outputLevels },
@@ -294,7 +295,7 @@ describe('node writes the agent may not make', () => {
     const orchconfig = api.writeOrchconfig(path.join(dir, 'agent-orchconfig'), { token });
     const settings = buildSettings({ orchconfig, 'node-readiness-condition': 'MeshCNIReady' }, { NODE_NAME: NODE });
     const part = startNodeReadiness(settings.nodeReadiness!, {
-      client: nodeClient(orchKubeConfig(settings), NODE),
+      client: nodeClient(orchKubeConfig(orchClientArgs(settings)), NODE),
       nodeName: NODE,
       podName: 'mesh-cni-node-test',
       notReadyReasons: () => [],
@@ -324,7 +325,7 @@ describe('the start-up taint removal keeps what changed under it', () => {
     api.upsertNode(freshNode());
     const orchconfig = api.writeOrchconfig(path.join(dir, 'agent-orchconfig'));
     const settings = buildSettings({ orchconfig, 'node-readiness-condition': 'MeshCNIReady' }, { NODE_NAME: NODE });
-    const real = nodeClient(orchKubeConfig(settings), NODE);
+    const real = nodeClient(orchKubeConfig(orchClientArgs(settings)), NODE);
     let reads = 0;
     // Another writer (a cloud controller adding its own taint) lands between the first read and the patch.
     const client = {

@@ -23,6 +23,7 @@ import { NodePods } from '../../src/install/podlookup.ts';
 import { ConfigErrors } from '../../src/config/parse.ts';
 import { startTestApiServer, type RequestRecord, type TestApiServer } from '../helpers/apiserver.ts';
 import { waitFor } from '../helpers/poll.ts';
+import { orchClientArgs } from '../../src/partargs.ts';
 
 const logs: string[] = [];
 let dir = '';
@@ -49,7 +50,7 @@ function podRequests(since = 0) {
 
 function apiFor(flags: RawFlags = {}): OrchApi {
   const kc = s.writeOrchconfig(path.join(dir, `kc-${Math.random().toString(36).slice(2)}.json`));
-  return orchApi(buildSettings({ orchconfig: kc, ...flags }, {}));
+  return orchApi(orchClientArgs(buildSettings({ orchconfig: kc, ...flags }, {})));
 }
 
 function source(api: OrchApi, o: Partial<PodSourceOptions> = {}): PodSource {
@@ -275,7 +276,7 @@ describe('fleet scale: the pod watch', () => {
     await cluster();
     const kc = s.writeOrchconfig(path.join(dir, 'rl.json'));
     const settings = buildSettings({ orchconfig: kc, 'orch-qps': '2', 'orch-burst': '2' }, {});
-    const api = orchApi(settings);
+    const api = orchApi(orchClientArgs(settings));
     const t0 = Date.now();
     const list = { fieldSelector: 'spec.nodeName=node-a', labelSelector: '', resourceVersion: '0' };
     for (let i = 0; i < 5; i++) await api.list('pods', list, AbortSignal.timeout(10_000));

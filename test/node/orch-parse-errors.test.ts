@@ -12,6 +12,7 @@ import { OrchconfigError, parseOrchconfig } from '../../cni-plugin/orch/orchconf
 import { buildSettings } from '../../src/config/settings.ts';
 import { orchKubeConfig } from '../../src/orch/client.ts';
 import { tempDir } from '../helpers/plugin.ts';
+import { orchClientArgs } from '../../src/partargs.ts';
 
 const SECRET = 'eyJhbGciOiJSUzI1NiJ9.c2VjcmV0LXRva2VuLWRvLW5vdC1sZWFr.sig';
 const leaks = /eyJ|c2Vj|\.sig/;
@@ -28,7 +29,7 @@ describe('orchconfig parse errors name the file and place, never its text', () =
     );
     let message = '';
     try {
-      orchKubeConfig(buildSettings({ orchconfig: file }, {}));
+      orchKubeConfig(orchClientArgs(buildSettings({ orchconfig: file }, {})));
     } catch (e) {
       message = (e as Error).message;
     }

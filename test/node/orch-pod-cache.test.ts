@@ -15,6 +15,7 @@ import { realClock } from '../../src/orch/limits.ts';
 import { PodSource, WATCH_DEFAULTS } from '../../src/orch/podsource.ts';
 import { startTestApiServer } from '../helpers/apiserver.ts';
 import { waitFor } from '../helpers/poll.ts';
+import { orchClientArgs } from '../../src/partargs.ts';
 
 const managedFields = [
   {
@@ -47,7 +48,9 @@ describe('the pod cache', () => {
       const s = await startTestApiServer({ bookmarkIntervalMs: 200 });
       try {
         s.upsertPod(pod('listed', 'a'));
-        const kc = orchKubeConfig(buildSettings({ orchconfig: s.writeOrchconfig(path.join(dir, 'kc.json')) }, {}));
+        const kc = orchKubeConfig(
+          orchClientArgs(buildSettings({ orchconfig: s.writeOrchconfig(path.join(dir, 'kc.json')) }, {})),
+        );
         const seen: V1Pod[] = [];
         const src = new PodSource(
           clientNodeApi(kc),

@@ -17,6 +17,7 @@ import { realClock } from '../../src/orch/limits.ts';
 import { PodSource, WATCH_DEFAULTS } from '../../src/orch/podsource.ts';
 import { startTestApiServer, type TestApiServer } from '../helpers/apiserver.ts';
 import { waitFor } from '../helpers/poll.ts';
+import { orchClientArgs } from '../../src/partargs.ts';
 
 const pod = (name: string): V1Pod => ({
   metadata: { name, namespace: 'default' },
@@ -39,7 +40,9 @@ describe('pod watch readers', () => {
     it(`a reader that throws on a pod leaves the watch current and the other readers served (${mode})`, async () => {
       s.upsertPod(pod(`a-${mode}`));
       s.upsertPod(pod(`bad-${mode}`));
-      const kc = orchKubeConfig(buildSettings({ orchconfig: s.writeOrchconfig(path.join(dir, 'kc.json')) }, {}));
+      const kc = orchKubeConfig(
+        orchClientArgs(buildSettings({ orchconfig: s.writeOrchconfig(path.join(dir, 'kc.json')) }, {})),
+      );
       const thrower = (p: V1Pod) => {
         if (p.metadata?.name?.startsWith('bad-')) throw new RangeError('Invalid time value');
       };

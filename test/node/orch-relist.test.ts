@@ -18,6 +18,7 @@ import { realClock } from '../../src/orch/limits.ts';
 import { PodSource, WATCH_DEFAULTS } from '../../src/orch/podsource.ts';
 import { startTestApiServer, type TestApiServer } from '../helpers/apiserver.ts';
 import { waitFor } from '../helpers/poll.ts';
+import { orchClientArgs } from '../../src/partargs.ts';
 
 let dir = '';
 let s: TestApiServer | undefined;
@@ -44,7 +45,9 @@ describe('relist after a 410', () => {
     s = await startTestApiServer({ bookmarkIntervalMs: 200 });
     s.upsertPod(pod('stays'));
     s.upsertPod(pod('deleted'));
-    const kc = orchKubeConfig(buildSettings({ orchconfig: s.writeOrchconfig(path.join(dir, 'kc.json')) }, {}));
+    const kc = orchKubeConfig(
+      orchClientArgs(buildSettings({ orchconfig: s.writeOrchconfig(path.join(dir, 'kc.json')) }, {})),
+    );
     const back: string[] = [];
     let deleted = false;
     const src = new PodSource(

@@ -16,6 +16,7 @@ import { PodSource, WATCH_DEFAULTS } from '../../src/orch/podsource.ts';
 import { podQuery } from '../../src/repair/controller.ts';
 import { apiRequest, startTestApiServer, type TestApiServer } from '../helpers/apiserver.ts';
 import { waitFor } from '../helpers/poll.ts';
+import { orchClientArgs } from '../../src/partargs.ts';
 
 describe('the pod query, as the test API server reads it', () => {
   let s: TestApiServer;
@@ -69,7 +70,7 @@ describe('a pod query the API server refuses', () => {
 
   it('is said to be the query, backs off, and never falls back to other ways of reading', async () => {
     const orchconfig = s.writeOrchconfig(path.join(dir, 'kc.json'));
-    const api = orchApi(buildSettings({ orchconfig }, {}));
+    const api = orchApi(orchClientArgs(buildSettings({ orchconfig }, {})));
     const query = { fieldSelector: 'spec.nodeName=node-a,spec.host=node-a', labelSelector: '' };
     const src = new PodSource(api, null, {
       ...WATCH_DEFAULTS,

@@ -24,6 +24,7 @@ import { startTestApiServer, type TestApiServer } from '../helpers/apiserver.ts'
 import { BridgeNetwork, cniEnv, Netns, run, type ChainEnv } from '../helpers/netns.ts';
 import { k8sArgs, MESH_CNI_SOURCE, meshCni, meshPod, pluginConfig, tempDir } from '../helpers/plugin.ts';
 import { eventually } from '../helpers/poll.ts';
+import { podLookupArgs } from '../../src/partargs.ts';
 
 configureLogging(
   { asJson: true, outputLevels: buildSettings({ log_output_level: 'all:none' }, {}).logging.outputLevels },
@@ -185,7 +186,7 @@ describe("mesh-cni refuses a netns that is not a pod's", () => {
     api = await startTestApiServer();
     const orchconfig = api.writeOrchconfig(path.join(tmp.dir, 'agent-orchconfig'));
     lookup = await startPodLookup(
-      buildSettings({ 'pod-lookup-uds-address': socket(), orchconfig }, { NODE_NAME: 'node-1' }),
+      podLookupArgs(buildSettings({ 'pod-lookup-uds-address': socket(), orchconfig }, { NODE_NAME: 'node-1' })),
     );
     await eventually(() => (lookup.status() as { state: string }).state === 'watching', 'the pod watch');
   });

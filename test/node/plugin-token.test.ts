@@ -36,6 +36,7 @@ import { waitFor } from '../helpers/poll.ts';
 import { testPod } from '../helpers/pods.ts';
 import { rulesFor } from '../helpers/rbac.ts';
 import { cleanupAfterEach } from '../helpers/cleanup.ts';
+import { orchClientArgs } from '../../src/partargs.ts';
 
 const defer = cleanupAfterEach();
 
@@ -61,7 +62,9 @@ async function cluster(): Promise<{ api: TestApiServer; agentToken: string }> {
 /** A minter of the plugin's token as the agent has it, against a server that grants 2 s (refreshed after 1-1.6 s). */
 async function shortLivedMinter(api: TestApiServer, agentToken: string): Promise<PluginTokenMinter> {
   const kc = orchKubeConfig(
-    buildSettings({ orchconfig: api.writeOrchconfig(path.join(await tmp(), 'agent.kc'), { token: agentToken }) }, {}),
+    orchClientArgs(
+      buildSettings({ orchconfig: api.writeOrchconfig(path.join(await tmp(), 'agent.kc'), { token: agentToken }) }, {}),
+    ),
   );
   api.tokenMaxSeconds = 2;
   const minter = new PluginTokenMinter(
@@ -111,7 +114,12 @@ describe("the plugin's token", () => {
   it("is minted with the agent's rights from deploy/ for mesh-cni-plugin alone, for the asked lifetime and the default audience, and can only get pods", async () => {
     const { api, agentToken } = await cluster();
     const kc = orchKubeConfig(
-      buildSettings({ orchconfig: api.writeOrchconfig(path.join(await tmp(), 'agent.kc'), { token: agentToken }) }, {}),
+      orchClientArgs(
+        buildSettings(
+          { orchconfig: api.writeOrchconfig(path.join(await tmp(), 'agent.kc'), { token: agentToken }) },
+          {},
+        ),
+      ),
     );
     const mint = tokenRequestMint(kc, {
       namespace: 'mesh-system',
@@ -190,7 +198,12 @@ describe("the plugin's token", () => {
     const { api, agentToken } = await cluster();
     api.clockSkewMs = 3_000_000;
     const kc = orchKubeConfig(
-      buildSettings({ orchconfig: api.writeOrchconfig(path.join(await tmp(), 'agent.kc'), { token: agentToken }) }, {}),
+      orchClientArgs(
+        buildSettings(
+          { orchconfig: api.writeOrchconfig(path.join(await tmp(), 'agent.kc'), { token: agentToken }) },
+          {},
+        ),
+      ),
     );
     const t = await tokenRequestMint(kc, {
       namespace: 'mesh-system',
@@ -216,7 +229,7 @@ describe("the plugin's token", () => {
       {},
     );
     assert.equal(settings.install.pluginTokenExpirationMs, 1_200_000);
-    const mint = tokenRequestMint(orchKubeConfig(settings), {
+    const mint = tokenRequestMint(orchKubeConfig(orchClientArgs(settings)), {
       namespace: 'mesh-system',
       serviceAccount: settings.install.pluginServiceAccount,
       expirationSeconds: settings.install.pluginTokenExpirationMs / 1000,
@@ -389,9 +402,11 @@ describe("the plugin's token", () => {
       const { api, agentToken } = await cluster();
       api.faults.tokenAnswer = tamper;
       const kc = orchKubeConfig(
-        buildSettings(
-          { orchconfig: api.writeOrchconfig(path.join(await tmp(), 'agent.kc'), { token: agentToken }) },
-          {},
+        orchClientArgs(
+          buildSettings(
+            { orchconfig: api.writeOrchconfig(path.join(await tmp(), 'agent.kc'), { token: agentToken }) },
+            {},
+          ),
         ),
       );
       return tokenRequestMint(kc, {

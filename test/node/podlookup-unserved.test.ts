@@ -15,6 +15,7 @@ import { configureLogging } from '../../src/monitoring/logging.ts';
 import { startTestApiServer, type TestApiServer } from '../helpers/apiserver.ts';
 import { captureSink } from '../helpers/observability.ts';
 import { tempDir } from '../helpers/plugin.ts';
+import { podLookupArgs } from '../../src/partargs.ts';
 
 const sink = captureSink();
 configureLogging(
@@ -40,7 +41,7 @@ describe('the pod lookup socket the agent cannot serve', () => {
     const orchconfig = api.writeOrchconfig(path.join(tmp.dir, `orchconfig-${++n}`));
     const before = sink.lines.length;
     const c = await startPodLookup(
-      buildSettings({ 'pod-lookup-uds-address': sock, orchconfig }, { NODE_NAME: 'node-1' }),
+      podLookupArgs(buildSettings({ 'pod-lookup-uds-address': sock, orchconfig }, { NODE_NAME: 'node-1' })),
     );
     await c.stop('SIGTERM');
     assert.equal((c.status() as { enabled?: boolean }).enabled, false, 'the lookup is off');

@@ -16,13 +16,13 @@ import { configureLogging } from '../../src/monitoring/logging.ts';
 import { registry } from '../../src/monitoring/metrics.ts';
 import type { RepairController, RepairTiming } from '../../src/repair/controller.ts';
 import { inPlaceFor, repairPodSource, startRepair } from '../../src/repair/index.ts';
+import { orchClientArgs, repairArgs } from '../../src/partargs.ts';
 import { InPlaceRepairer, type InPlaceReason, type InPlaceResult } from '../../src/repair/inplace.ts';
 import { inPlaceMissing, missingCapabilities } from '../../src/repair/capabilities.ts';
 import { orchApi } from '../../src/orch/client.ts';
 import { startTestApiServer, type TestApiServer } from '../helpers/apiserver.ts';
 import { waitFor as pollFor } from '../helpers/poll.ts';
 import { brokenPod, testPod } from '../helpers/pods.ts';
-import { repairArgs } from '../../src/partargs.ts';
 
 const FAST: Partial<RepairTiming> = {
   watchBackoffBaseMs: 50,
@@ -109,7 +109,7 @@ describe('in-place repair in the repair controller', () => {
   }
 
   async function start(settings: Settings, inPlace: FakeInPlace | 'unavailable'): Promise<RepairController> {
-    const api = orchApi(settings);
+    const api = orchApi(orchClientArgs(settings));
     const pods = repairPodSource(repairArgs(settings), api, FAST);
     pods.start();
     running.push({ stop: () => pods.stop() });
@@ -406,7 +406,7 @@ describe('in-place repair: a labelled pod that keeps failing is not acted on or 
       { 'repair-enabled': true, 'repair-node-name': 'node-a', orchconfig: kc },
       { NODE_NAME: 'node-a', POD_NAME: 'mesh-cni-test', REPAIR_REPAIR_PODS: 'true', REPAIR_LABEL_PODS: 'true' },
     );
-    const api = orchApi(settings);
+    const api = orchApi(orchClientArgs(settings));
     const pods = repairPodSource(repairArgs(settings), api, FAST);
     pods.start();
     running.push({ stop: () => pods.stop() });
@@ -442,7 +442,7 @@ describe('in-place repair: a labelled pod that keeps failing is not acted on or 
       { 'repair-enabled': true, 'repair-node-name': 'node-a', orchconfig: kc },
       { NODE_NAME: 'node-a', POD_NAME: 'mesh-cni-test', REPAIR_REPAIR_PODS: 'true', REPAIR_LABEL_PODS: 'true' },
     );
-    const api = orchApi(settings);
+    const api = orchApi(orchClientArgs(settings));
     const pods = repairPodSource(repairArgs(settings), api, FAST);
     pods.start();
     running.push({ stop: () => pods.stop() });
@@ -481,7 +481,7 @@ describe('in-place repair: what a pod netns prints cannot blow up an Event or a 
       { 'repair-enabled': true, 'repair-node-name': 'node-a', orchconfig: kc },
       { NODE_NAME: 'node-a', POD_NAME: 'mesh-cni-test', REPAIR_REPAIR_PODS: 'true', REPAIR_LABEL_PODS: 'true' },
     );
-    const api = orchApi(settings);
+    const api = orchApi(orchClientArgs(settings));
     const pods = repairPodSource(repairArgs(settings), api, FAST);
     pods.start();
     running.push({ stop: () => pods.stop() });

@@ -15,6 +15,7 @@ import { configureLogging } from '../../src/monitoring/logging.ts';
 import { registry } from '../../src/monitoring/metrics.ts';
 import type { RepairController, RepairTiming } from '../../src/repair/controller.ts';
 import { repairPodSource, startRepair } from '../../src/repair/index.ts';
+import { orchClientArgs, repairArgs } from '../../src/partargs.ts';
 import { orchApi } from '../../src/orch/client.ts';
 import type { Settings } from '../../src/config/settings.ts';
 import { ROOT } from '../helpers/cli.ts';
@@ -24,7 +25,6 @@ import { brokenPod, testPod } from '../helpers/pods.ts';
 import { DEPLOY_DIR, kustomize } from '../helpers/podman-daemonset.ts';
 import { scratchAgentFlags } from '../helpers/agent.ts';
 import { rulesFor } from '../helpers/rbac.ts';
-import { repairArgs } from '../../src/partargs.ts';
 
 const FAST: Partial<RepairTiming> = {
   watchBackoffBaseMs: 50,
@@ -66,7 +66,7 @@ describe('repair controller end to end', () => {
 
   /** Repair on a watch of its own, as the agent runs it (the watch started first, stopped last). */
   function launch(settings: Settings, timing: Partial<RepairTiming>): RepairController {
-    const api = orchApi(settings);
+    const api = orchApi(orchClientArgs(settings));
     const pods = repairPodSource(repairArgs(settings), api, timing);
     pods.start();
     running.push({ stop: () => pods.stop() });

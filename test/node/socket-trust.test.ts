@@ -27,6 +27,7 @@ import { ROOT } from '../helpers/cli.ts';
 import { BridgeNetwork, Netns, type ChainEnv } from '../helpers/netns.ts';
 import { k8sArgs, MESH_CNI_SOURCE, meshCni, meshPod, pluginConfig, tempDir } from '../helpers/plugin.ts';
 import { waitFor } from '../helpers/poll.ts';
+import { podLookupArgs } from '../../src/partargs.ts';
 
 configureLogging(
   { asJson: true, outputLevels: buildSettings({ log_output_level: 'all:none' }, {}).logging.outputLevels },
@@ -161,7 +162,7 @@ describe('a socket another user can take over', () => {
         async (sock) => {
           const orchconfig = api.writeOrchconfig(path.join(tmp.dir, `orchconfig-${++n}`));
           const c = await startPodLookup(
-            buildSettings({ 'pod-lookup-uds-address': sock, orchconfig }, { NODE_NAME: 'node-1' }),
+            podLookupArgs(buildSettings({ 'pod-lookup-uds-address': sock, orchconfig }, { NODE_NAME: 'node-1' })),
           );
           // A lookup it cannot serve is logged and left off (the plugin asks the API server).
           const error = (c.status() as { error?: string }).error;
