@@ -62,6 +62,7 @@ async function decide(
 // not run.
 const iptables = () => import('./netns/iptables.ts');
 const ruleBuilder = () => import('./redirect/rules.ts');
+const nftPod = () => import('./netns/nftpod.ts');
 
 /**
  * The pod's own user namespace when it owns CNI_NETNS (a `hostUsers: false` pod), for iptables to
@@ -204,22 +205,28 @@ export async function cmdAdd(req: CniRequest, log: UdsLog): Promise<Record<strin
     return result;
   }
   const fams = families(result);
-  const flavour = await flavourP;
   const cannotApply = (why: string) =>
     new CniError(CNI_ERROR.RULES_FAILED, 'cannot apply the redirect rules in the pod netns', why);
+  if (req.config.nativeNftables) {
+    await addNative(req, d.spec, fams, flavourP, log, cannotApply);
+    return result;
+  }
+  const flavour = await flavourP;
   const userns = await podUsernsFor(req, log, cannotApply);
   const [{ applyRules, ipBatch }, { buildFamilyRules }] = await Promise.all([iptables(), ruleBuilder()]);
   try {
     // A single family (most pods) restores with a blocking spawn, a little sooner; two run side
-    // by side, each nf_tables commit waiting out its own grace period.
-    await Promise.all(
-      fams.map(async (fam) => {
+    // by side, each nf_tables commit waiting out its own grace period. Our nftables table, left
+    // by an ADD before the node switched back to iptables, goes at the same time.
+    await Promise.all([
+      removeNftLeftover(req.netns, log),
+      ...fams.map(async (fam) => {
         const r = buildFamilyRules(d.spec, fam);
         const how = await applyRules(req.netns, flavour, fam, r.restore, fams.length === 1, userns?.path ?? null);
         if (how === 'reconciled') log.debug('rules of ours were there already: replaced', { family: fam });
         await ipBatch(req.netns, fam, r.ipBatch, userns?.path ?? null);
       }),
-    );
+    ]);
   } catch (e) {
     throw cannotApply((e as Error).message);
   } finally {
@@ -234,12 +241,81 @@ export async function cmdAdd(req: CniRequest, log: UdsLog): Promise<Record<strin
   return result;
 }
 
+/** Our nftables table out of a pod redirected with iptables; a host without nft has none. */
+async function removeNftLeftover(netns: string, log: UdsLog): Promise<void> {
+  const gone = await (await nftPod()).removePodTable(netns);
+  if (gone === 'removed') log.info('removed our nftables table: this node now redirects with iptables');
+  if (gone === 'foreign') log.warn("a table inet mesh_pod that is not mesh-cni's is in the pod netns: left alone");
+}
+
+/**
+ * ADD with native nftables (`native_nftables: true`): our iptables rules in the netns, if an ADD
+ * before the switch left any, go first; then the table, whole, in one nft transaction, and the
+ * policy routing. Any failure fails the ADD: the runtime then DELs, which takes out what we wrote.
+ */
+async function addNative(
+  req: CniRequest,
+  spec: RedirectSpec,
+  fams: readonly Family[],
+  flavourP: Promise<Flavour>,
+  log: UdsLog,
+  cannotApply: (why: string) => CniError,
+): Promise<void> {
+  const [{ sidecarPlan }, { applyPodTable, podTableBody }] = await Promise.all([ruleBuilder(), nftPod()]);
+  const userns = await podUsernsFor(req, log, cannotApply);
+  try {
+    // Rendered before anything is touched: a plan nft cannot say fails the pod with nothing done.
+    const plans = fams.map((fam) => sidecarPlan(spec, fam));
+    const body = podTableBody(plans);
+    await removeIptablesRules(req, flavourP, userns?.path ?? null, log);
+    const how = await applyPodTable(req.netns, body, plans, userns?.path ?? null);
+    log.info('redirect rules applied', {
+      families: fams,
+      backend: 'nftables',
+      table: how,
+      interceptionMode: spec.interceptionMode,
+      podUserns: userns !== null,
+    });
+  } catch (e) {
+    throw cannotApply((e as Error).message);
+  } finally {
+    userns?.close();
+  }
+}
+
+/**
+ * Our iptables chains and jumps out of the netns, both families. A host where no iptables runs
+ * (flavour detection found neither) has none of ours to remove.
+ */
+async function removeIptablesRules(
+  req: CniRequest,
+  flavourP: Promise<Flavour>,
+  userns: string | null,
+  log: UdsLog,
+): Promise<void> {
+  let flavour: Flavour;
+  try {
+    flavour = await flavourP;
+  } catch (e) {
+    log.debug('no iptables on this host: no iptables rules of ours to remove', { why: (e as Error).message });
+    return;
+  }
+  const { removeRules } = await iptables();
+  await Promise.all(
+    ([4, 6] as const).map(async (fam) => {
+      if (await removeRules(req.netns, flavour, fam, userns))
+        log.info('removed our iptables rules: this node now redirects with nftables', { family: fam });
+    }),
+  );
+}
+
 export async function cmdCheck(req: CniRequest, log: UdsLog): Promise<void> {
   const result = convertResult(req.config.prevResult, req.config.cniVersion);
   requireNetns(req);
   if (skipWithoutLookup(req) !== null) return;
   const d = await decide(req, req.pod!, log);
   if ('skip' in d) return;
+  if (req.config.nativeNftables) return checkNative(req, d.spec, families(result));
   const flavour = await flavourFor(req, log);
   const userns = await podUsernsFor(
     req,
@@ -271,7 +347,32 @@ export async function cmdCheck(req: CniRequest, log: UdsLog): Promise<void> {
   }
 }
 
-/** Best effort: the netns may be gone (that is success); our jumps and chains go, nothing else. */
+/** CHECK with native nftables: our table as the pod's plans make it (shape and digest). */
+async function checkNative(req: CniRequest, spec: RedirectSpec, fams: readonly Family[]): Promise<void> {
+  const [{ sidecarPlan }, { checkPodTable }] = await Promise.all([ruleBuilder(), nftPod()]);
+  let problems: string[];
+  try {
+    problems = await checkPodTable(
+      req.netns,
+      fams.map((fam) => sidecarPlan(spec, fam)),
+    );
+  } catch (e) {
+    problems = [(e as Error).message];
+  }
+  if (problems.length > 0) {
+    throw new CniError(
+      CNI_ERROR.RULES_MISMATCH,
+      'redirect rules in the pod netns are missing or changed',
+      problems.slice(0, 5).join('; '),
+    );
+  }
+}
+
+/**
+ * Best effort: the netns may be gone (that is success); our jumps and chains go, nothing else.
+ * Both backends' rules of ours go, whichever this node uses now: a pod ADDed before a switch
+ * leaves nothing behind.
+ */
 export async function cmdDel(req: CniRequest, log: UdsLog): Promise<void> {
   if (!netnsExists(req.netns)) {
     log.debug('netns already gone', { netns: req.netns });
@@ -284,6 +385,16 @@ export async function cmdDel(req: CniRequest, log: UdsLog): Promise<void> {
     return;
   }
   refuseHostNetns(req);
+  const nft = nftPod()
+    .then(({ removePodTable }) => removePodTable(req.netns))
+    .then(
+      (gone) => {
+        if (gone === 'removed') log.debug('nftables table removed');
+        if (gone === 'foreign')
+          log.warn("a table inet mesh_pod that is not mesh-cni's is in the pod netns: left alone");
+      },
+      (e: Error) => log.warn('could not remove our nftables table (ignored: DEL is best effort)', { error: e.message }),
+    );
   try {
     const flavour = await flavourFor(req, log);
     const userns = await podUsernsFor(req, log, (why) => new Error(why));
@@ -299,8 +410,11 @@ export async function cmdDel(req: CniRequest, log: UdsLog): Promise<void> {
       userns?.close();
     }
   } catch (e) {
-    log.warn('could not remove redirect rules (ignored: DEL is best effort)', { error: (e as Error).message });
+    // Under native nftables a host without iptables has no iptables rules of ours.
+    const level = req.config.nativeNftables ? 'debug' : 'warn';
+    log[level]('could not remove redirect rules (ignored: DEL is best effort)', { error: (e as Error).message });
   }
+  await nft;
 }
 
 /** STATUS (1.1): ready when the orchconfig install-cni writes is usable. */
