@@ -37,7 +37,15 @@ import { decideCleanup, type CleanupDecision } from './install/uninstall.ts';
 import { startNodeReadiness } from './node/index.ts';
 import { nodeClient } from './node/nodeclient.ts';
 import { stopBound } from './stopbound.ts';
-import { cleanupArgs, orchClientArgs, pluginTokenArgs, podLookupArgs, repairArgs, stopBoundArgs } from './partargs.ts';
+import {
+  cleanupArgs,
+  installerArgs,
+  orchClientArgs,
+  pluginTokenArgs,
+  podLookupArgs,
+  repairArgs,
+  stopBoundArgs,
+} from './partargs.ts';
 import type { RepairArgs } from './repair/args.ts';
 import type { KubeConfig } from '@kubernetes/client-node/dist/config.js';
 
@@ -89,7 +97,7 @@ export async function runAgent(settings: Settings): Promise<number> {
     // the agent keeps using its own token, which never leaves this pod.
     const pluginToken = await startPluginToken(pluginTokenArgs(settings));
     components.push(pluginToken);
-    components.push(await startInstaller(settings, pluginToken, decide, binaryCheck));
+    components.push(await startInstaller(installerArgs(settings), pluginToken, decide, binaryCheck));
     components.push(await startControlz(settings.ctrlz, { components: () => components, readiness }));
     readiness.markStarted();
     agentReached('started');

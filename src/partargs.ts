@@ -4,6 +4,7 @@
 // Settings stops here and in src/agent.ts (eslint.config.js refuses it in the parts' folders).
 
 import type { Settings } from './config/settings.ts';
+import type { InstallerArgs } from './install/installer.ts';
 import type { PodLookupArgs } from './install/podlookup.ts';
 import type { PluginTokenArgs } from './install/tokenrequest.ts';
 import type { CleanupArgs } from './install/uninstall.ts';
@@ -78,5 +79,50 @@ export function pluginTokenArgs(settings: Settings): PluginTokenArgs {
     serviceAccountDir: s.serviceAccountDir,
     podNamespace: settings.env.podNamespace,
     orch: orchClientArgs(settings),
+  };
+}
+
+/**
+ * The installer: its flags, the `cni` log scope's level (the plugin's entry carries it), the
+ * API server and node our entry names, and ambient mode's keys of the entry when it is on.
+ */
+export function installerArgs(settings: Settings): InstallerArgs {
+  const s = settings.install;
+  const a = settings.ambient;
+  return {
+    chained: s.chained,
+    cniConfName: s.cniConfName,
+    meshOwnedCniConfig: s.meshOwnedCniConfig,
+    meshOwnedCniConfigFilename: s.meshOwnedCniConfigFilename,
+    cniNetDir: s.cniNetDir,
+    mountedCniNetDir: s.mountedCniNetDir,
+    cniBinDir: s.cniBinDir,
+    mountedCniBinDir: s.mountedCniBinDir,
+    cniBinariesDir: s.cniBinariesDir,
+    cniNetworkConfig: s.cniNetworkConfig,
+    cniNetworkConfigFile: s.cniNetworkConfigFile,
+    orchcfgFileName: s.orchcfgFileName,
+    orchconfigMode: s.orchconfigMode,
+    orchCaFile: s.orchCaFile,
+    skipTlsVerify: s.skipTlsVerify,
+    serviceAccountDir: s.serviceAccountDir,
+    pluginTokenFile: s.pluginTokenFile,
+    pluginLogLevel: s.pluginLogLevel,
+    logUdsAddress: s.logUdsAddress,
+    podLookupUdsAddress: s.podLookupUdsAddress,
+    excludeNamespaces: s.excludeNamespaces,
+    reconcileIntervalMs: s.reconcileIntervalMs,
+    reconcileTimeoutMs: s.reconcileTimeoutMs,
+    cpuinfoPath: s.cpuinfoPath,
+    cniScopeLevel: settings.logging.outputLevels.cni,
+    env: {
+      orchServiceHost: settings.env.orchServiceHost,
+      orchServicePort: settings.env.orchServicePort,
+      nodeName: settings.env.nodeName,
+      hostIp: settings.env.hostIp,
+    },
+    ambient: a.enabled
+      ? { pluginEventUdsAddress: a.pluginEventUdsAddress, enablementSelectors: a.enablementSelectors }
+      : undefined,
   };
 }

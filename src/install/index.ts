@@ -10,9 +10,8 @@
 //     apply.ts        the applier: the steps, in order (atomicfile.ts, fd-pinned link targets)
 //   template.ts       our plugin entry;  podlookup.ts  the plugin's pod lookups;  metrics.ts
 import type { Component } from '../component.ts';
-import type { Settings } from '../config/settings.ts';
 import type { PluginTokenSource } from './tokenrequest.ts';
-import { Installer, type InstallerOptions } from './installer.ts';
+import { Installer, type InstallerArgs, type InstallerOptions } from './installer.ts';
 
 /**
  * The orchconfig gets `pluginToken`: the plugin's own token, never the agent's. `decideCleanup`:
@@ -20,12 +19,12 @@ import { Installer, type InstallerOptions } from './installer.ts';
  * `binaryCheck`: the comparison of the installed binaries the agent began at its start.
  */
 export async function startInstaller(
-  settings: Settings,
+  args: InstallerArgs,
   pluginToken: PluginTokenSource,
   decideCleanup: InstallerOptions['decideCleanup'],
   binaryCheck?: InstallerOptions['binaryCheck'],
 ): Promise<Component> {
-  const installer = new Installer(settings, {
+  const installer = new Installer(args, {
     pluginToken,
     decideCleanup,
     ...(binaryCheck ? { binaryCheck } : {}),

@@ -5,12 +5,13 @@
 import fs from 'node:fs/promises';
 import path from 'node:path';
 import type { Component } from '../component.ts';
-import type { Settings } from '../config/settings.ts';
+import type { InstallSettings } from '../config/settings.ts';
+import type { LogLevel } from '../config/flags.ts';
 import { scope } from '../monitoring/logging.ts';
 import { isOwnWrite, removeStaleTemps, TEMP_MARKER } from './atomicfile.ts';
 import * as metrics from './metrics.ts';
-import { InstallPass, type PassReport } from './pass.ts';
-import { entryLogLevel } from './template.ts';
+import { InstallPass, type EntryEnv, type PassReport, type PassSettings } from './pass.ts';
+import { entryLogLevel, type AmbientEntryValues } from './template.ts';
 import type { CleanupDecision } from './uninstall.ts';
 import { DirWatcher, type Trigger } from './watch.ts';
 import { watchdogReasons } from './watchdog.ts';
@@ -29,6 +30,17 @@ const PACE_BURST = 10;
 const PACE_EVERY_MS = 20;
 const WATCH_TRIGGERS: ReadonlySet<Trigger> = new Set<Trigger>(['net_dir', 'bin_dir', 'token', 'ca', 'template']);
 
+/** What the installer reads of the settings: what a pass reads, how often it runs, what it watches, our entry's extras. */
+export interface InstallerArgs
+  extends PassSettings, Pick<InstallSettings, 'reconcileIntervalMs' | 'reconcileTimeoutMs' | 'pluginTokenFile'> {
+  /** The level the agent's own `cni` log scope was started at (--log_output_level): the plugin sends what it prints. */
+  readonly cniScopeLevel: LogLevel;
+  /** The API server, this node and its address, as our entry names them. */
+  readonly env: EntryEnv;
+  /** Ambient mode's keys of our entry; undefined: ambient mode is off. */
+  readonly ambient: AmbientEntryValues | undefined;
+}
+
 export interface InstallerOptions {
   /** Decides uninstall vs restart on stop: the agent's one decision (uninstall.ts decideCleanup), shared with ambient mode. */
   readonly decideCleanup: () => Promise<CleanupDecision>;
@@ -40,7 +52,7 @@ export interface InstallerOptions {
 
 export class Installer implements Component {
   readonly name = 'install';
-  readonly #settings: Settings;
+  readonly #s: InstallerArgs;
   readonly #installPass: InstallPass;
   readonly #watcher: DirWatcher;
   readonly #decide: () => Promise<CleanupDecision>;
@@ -63,28 +75,16 @@ export class Installer implements Component {
   #lastPassWrote = false;
   #paceAt = 0;
 
-  constructor(settings: Settings, opts: InstallerOptions) {
-    this.#settings = settings;
-    // With ambient mode on, our entry tells the plugin so, and where the agent takes its ADDs.
-    const ambient = settings.ambient.enabled
-      ? {
-          pluginEventUdsAddress: settings.ambient.pluginEventUdsAddress,
-          enablementSelectors: settings.ambient.enablementSelectors,
-        }
-      : undefined;
-    // The plugin sends what the agent's `cni` scope was started to print (template.ts).
-    const pluginLogLevel = entryLogLevel(settings.install.pluginLogLevel, settings.logging.outputLevels.cni);
-    this.#installPass = new InstallPass(
-      { ...settings.install, pluginLogLevel },
-      settings.env,
-      opts.pluginToken,
-      ambient,
-    );
+  constructor(s: InstallerArgs, opts: InstallerOptions) {
+    this.#s = s;
+    // The plugin sends what the agent's `cni` scope was started to print (template.ts). With
+    // ambient mode on, our entry tells the plugin so, and where the agent takes its ADDs.
+    const pluginLogLevel = entryLogLevel(s.pluginLogLevel, s.cniScopeLevel);
+    this.#installPass = new InstallPass({ ...s, pluginLogLevel }, s.env, opts.pluginToken, s.ambient);
     if (opts.binaryCheck) this.#installPass.useBinaryCheck(opts.binaryCheck);
     // A new token goes into the orchconfig at once.
     opts.pluginToken?.onChange(() => this.schedule('token'));
     this.#decide = opts.decideCleanup;
-    const s = settings.install;
     const dirs: { dir: string; trigger: Trigger }[] = [
       { dir: s.mountedCniNetDir, trigger: 'net_dir' },
       { dir: s.mountedCniBinDir, trigger: 'bin_dir' },
@@ -112,7 +112,7 @@ export class Installer implements Component {
   }
 
   async start(): Promise<void> {
-    const s = this.#settings.install;
+    const s = this.#s;
     for (const dir of [s.mountedCniNetDir, s.mountedCniBinDir]) {
       const stale = await removeStaleTemps(dir);
       if (stale.removed.length > 0)
@@ -259,7 +259,7 @@ export class Installer implements Component {
   /** The directory a symlinked primary's link resolves into (to its end); null: not a link. */
   async #linkTargetDir(primary: string | null): Promise<string | null> {
     if (primary === null) return null;
-    const file = path.join(this.#settings.install.mountedCniNetDir, primary);
+    const file = path.join(this.#s.mountedCniNetDir, primary);
     const st = await fs.lstat(file).catch(() => null);
     if (!st?.isSymbolicLink()) return null;
     const target = await fs.realpath(file).catch(() => null);
@@ -297,7 +297,7 @@ export class Installer implements Component {
   notReadyReasons(): readonly string[] {
     const last = this.#last ? this.#last.notReady : ['the installer has not run yet'];
     // The last pass's answer only counts while passes still run and finish (watchdog.ts).
-    const s = this.#settings.install;
+    const s = this.#s;
     const stuck = watchdogReasons({
       now: Date.now(),
       runningSince: this.#runningSince,
@@ -313,15 +313,14 @@ export class Installer implements Component {
   notes(): readonly string[] {
     return [
       ...(this.#last?.skipped ?? []).map(
-        (k) =>
-          `passed over ${path.join(this.#settings.install.mountedCniNetDir, k.file)}, as the runtime would: ${k.reason}`,
+        (k) => `passed over ${path.join(this.#s.mountedCniNetDir, k.file)}, as the runtime would: ${k.reason}`,
       ),
       ...(this.#last?.notes ?? []),
     ];
   }
 
   status(): Record<string, unknown> {
-    const s = this.#settings.install;
+    const s = this.#s;
     return {
       ready: this.#last?.notReady.length === 0,
       mode: s.chained ? 'chained' : 'standalone',
@@ -344,7 +343,7 @@ export class Installer implements Component {
     if (this.#timer) clearInterval(this.#timer);
     if (this.#retryTimer) clearTimeout(this.#retryTimer);
     this.#watcher.close();
-    const timeoutMs = this.#settings.install.reconcileTimeoutMs;
+    const timeoutMs = this.#s.reconcileTimeoutMs;
     if (!(await within(this.settled(), timeoutMs))) {
       // Uninstalling beside a pass that may still write would race it; the plugin keeps working
       // with everything left in place, which is the state of a restart.

@@ -14,13 +14,21 @@ import { agentTokenMatch } from './tokencheck.ts';
 
 type Fail = (reason: ErrorReason, message: string) => void;
 
+/** What keeping the orchconfig reads: where it goes, in what mode, and how the plugin trusts the API server. */
+export type OrchconfigSettings = Pick<
+  InstallSettings,
+  'mountedCniNetDir' | 'orchcfgFileName' | 'orchconfigMode' | 'serviceAccountDir' | 'orchCaFile' | 'skipTlsVerify'
+>;
+/** KUBERNETES_SERVICE_HOST and _PORT: the API server the orchconfig names. */
+export type OrchconfigEnv = Pick<EnvironmentFacts, 'orchServiceHost' | 'orchServicePort'>;
+
 /**
  * The orchconfig in place. `pluginToken`: the plugin's token; without one, the service-account
  * token (the installer run alone, in tests).
  */
 export async function syncOrchconfig(
-  s: InstallSettings,
-  env: EnvironmentFacts,
+  s: OrchconfigSettings,
+  env: OrchconfigEnv,
   pluginToken: PluginTokenSource | undefined,
   writes: Write[],
   fail: Fail,
@@ -94,7 +102,7 @@ export async function syncOrchconfig(
  * other orchconfig (an earlier plugin token, maybe still valid) stays. Until a token is minted, a
  * plugin ADD the agent's pod lookup cannot answer then fails closed (CNI error 11, try again later).
  */
-async function dropAgentTokenOrchconfig(s: InstallSettings, target: string, writes: Write[]): Promise<void> {
+async function dropAgentTokenOrchconfig(s: OrchconfigSettings, target: string, writes: Write[]): Promise<void> {
   const own = await readRegularFile(path.join(s.serviceAccountDir, 'token')).then(
     (r) => r.text.trim(),
     () => '',
@@ -124,7 +132,7 @@ function orchconfigToken(text: string): string | null {
   return user?.name === 'mesh-cni' && typeof user.user?.token === 'string' ? user.user.token : null;
 }
 
-async function serviceAccountToken(s: InstallSettings, fail: Fail): Promise<string | null> {
+async function serviceAccountToken(s: OrchconfigSettings, fail: Fail): Promise<string | null> {
   const tokenFile = path.join(s.serviceAccountDir, 'token');
   let token: string | null;
   try {

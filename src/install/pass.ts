@@ -11,6 +11,7 @@
 import fs from 'node:fs/promises';
 import path from 'node:path';
 import type { EnvironmentFacts, InstallSettings } from '../config/settings.ts';
+import type { OrchconfigSettings } from './orchconfigsync.ts';
 import type { PluginTokenSource } from './tokenrequest.ts';
 import { applySteps, type Applied, type MutableMemory, type Problem, type Write } from './apply.ts';
 import { BinaryInstaller, type CheckedBinaries } from './binaries.ts';
@@ -48,6 +49,29 @@ export interface PassReport {
   readonly notes?: readonly string[];
 }
 
+/** What one pass reads of the settings: the dirs and names, the plugin's entry, and the orchconfig's. */
+export type PassSettings = OrchconfigSettings &
+  Pick<
+    InstallSettings,
+    | 'chained'
+    | 'cniConfName'
+    | 'meshOwnedCniConfig'
+    | 'meshOwnedCniConfigFilename'
+    | 'cniNetDir'
+    | 'cniBinDir'
+    | 'mountedCniBinDir'
+    | 'cniBinariesDir'
+    | 'cniNetworkConfig'
+    | 'cniNetworkConfigFile'
+    | 'pluginLogLevel'
+    | 'logUdsAddress'
+    | 'podLookupUdsAddress'
+    | 'excludeNamespaces'
+    | 'cpuinfoPath'
+  >;
+/** What our entry names of the agent's surroundings: the API server, this node and its address. */
+export type EntryEnv = Pick<EnvironmentFacts, 'orchServiceHost' | 'orchServicePort' | 'nodeName' | 'hostIp'>;
+
 const isFile = (file: string) =>
   fs.stat(file).then(
     (st) => st.isFile(),
@@ -55,8 +79,8 @@ const isFile = (file: string) =>
   );
 
 export class InstallPass {
-  readonly #s: InstallSettings;
-  readonly #env: EnvironmentFacts;
+  readonly #s: PassSettings;
+  readonly #env: EntryEnv;
   readonly #binaries: BinaryInstaller;
   /** What passes remember between them (plancontext.ts Memory), changed only by applied steps. */
   readonly #memory: MutableMemory = { ...emptyMemory(), originals: new Map() };
@@ -75,12 +99,7 @@ export class InstallPass {
   /** A check of the installed binaries begun before the first pass (useBinaryCheck), until that pass takes it. */
   #binaryCheck: Promise<CheckedBinaries> | undefined;
 
-  constructor(
-    settings: InstallSettings,
-    env: EnvironmentFacts,
-    pluginToken?: PluginTokenSource,
-    ambient?: AmbientEntryValues,
-  ) {
+  constructor(settings: PassSettings, env: EntryEnv, pluginToken?: PluginTokenSource, ambient?: AmbientEntryValues) {
     this.#s = settings;
     this.#env = env;
     this.#pluginToken = pluginToken;

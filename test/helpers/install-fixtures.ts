@@ -27,6 +27,7 @@ import path from 'node:path';
 import { buildSettings } from '../../src/config/settings.ts';
 import { Installer } from '../../src/install/installer.ts';
 import { makeHostTree } from './hosttree.ts';
+import { installerArgs } from '../../src/partargs.ts';
 
 export interface ConformanceCase {
   readonly reference: string;
@@ -72,7 +73,7 @@ export async function runConformanceCase(caseDir: string): Promise<ConformanceRu
     };
     const settings = buildSettings(flags, tree.env);
     const orchconfig = settings.install.orchcfgFileName;
-    const installer = new Installer(settings, {
+    const installer = new Installer(installerArgs(settings), {
       decideCleanup: async () => ({ cleanup: true, why: 'conformance case' }),
     });
     let stopped = false;

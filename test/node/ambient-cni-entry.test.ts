@@ -21,7 +21,7 @@ import { BRIDGE_CONFLIST, makeHostTree } from '../helpers/hosttree.ts';
 import { FIXTURE_VALUES } from '../helpers/install-fixtures.ts';
 import { eventually } from '../helpers/poll.ts';
 import { meshPod, tempDir } from '../helpers/plugin.ts';
-import { podLookupArgs } from '../../src/partargs.ts';
+import { installerArgs, podLookupArgs } from '../../src/partargs.ts';
 
 configureLogging(
   { asJson: true, outputLevels: buildSettings({ log_output_level: 'all:none' }, {}).logging.outputLevels },
@@ -101,7 +101,9 @@ describe('the installer writes the ambient keys from the settings', () => {
         { 'reconcile-interval': '1h', ...tree.flags, ...flags },
         { ...tree.env, NODE_NAME: 'node-1' },
       );
-      const installer = new Installer(settings, { decideCleanup: async () => ({ cleanup: true, why: 'test' }) });
+      const installer = new Installer(installerArgs(settings), {
+        decideCleanup: async () => ({ cleanup: true, why: 'test' }),
+      });
       await installer.start();
       await installer.settled();
       const conf = JSON.parse(readFileSync(path.join(tree.netDir, '10-bridge.conflist'), 'utf8')) as {

@@ -15,6 +15,7 @@ import { Installer } from '../../src/install/installer.ts';
 import { configureLogging } from '../../src/monitoring/logging.ts';
 import { cleanupAfterEach } from '../helpers/cleanup.ts';
 import { BRIDGE_CONFLIST, makeHostTreeFor, type HostTree } from '../helpers/hosttree.ts';
+import { installerArgs } from '../../src/partargs.ts';
 
 configureLogging(
   { asJson: true, outputLevels: buildSettings({ log_output_level: 'all:none' }, {}).logging.outputLevels },
@@ -37,10 +38,13 @@ async function installedTree(bytes: Buffer): Promise<{ tree: HostTree; src: stri
 }
 
 async function firstPass(tree: HostTree, binaryCheck: ReturnType<typeof checkInstalledBinaries>): Promise<Installer> {
-  const installer = new Installer(buildSettings({ 'reconcile-interval': '1h', ...tree.flags }, tree.env), {
-    decideCleanup: async () => ({ cleanup: false, why: 'test' }),
-    binaryCheck,
-  });
+  const installer = new Installer(
+    installerArgs(buildSettings({ 'reconcile-interval': '1h', ...tree.flags }, tree.env)),
+    {
+      decideCleanup: async () => ({ cleanup: false, why: 'test' }),
+      binaryCheck,
+    },
+  );
   defer(() => installer.stop('SIGTERM'));
   await installer.start();
   await installer.settled();

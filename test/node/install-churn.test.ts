@@ -14,6 +14,7 @@ import { Installer } from '../../src/install/installer.ts';
 import { configureLogging } from '../../src/monitoring/logging.ts';
 import { BRIDGE_CONFLIST, makeHostTree } from '../helpers/hosttree.ts';
 import { eventually } from '../helpers/poll.ts';
+import { installerArgs } from '../../src/partargs.ts';
 
 configureLogging(
   { asJson: true, outputLevels: buildSettings({ log_output_level: 'all:none' }, {}).logging.outputLevels },
@@ -28,9 +29,12 @@ describe('installer under churn', () => {
     const tree = await makeHostTree();
     // strictatime: every read of a file moves its atime.
     execFileSync('mount', ['-t', 'tmpfs', '-o', 'strictatime,size=16m,mode=0755', 'mcni-test', tree.netDir]);
-    const installer = new Installer(buildSettings({ 'reconcile-interval': '1h', ...tree.flags }, tree.env), {
-      decideCleanup: async () => ({ cleanup: false, why: 'test' }),
-    });
+    const installer = new Installer(
+      installerArgs(buildSettings({ 'reconcile-interval': '1h', ...tree.flags }, tree.env)),
+      {
+        decideCleanup: async () => ({ cleanup: false, why: 'test' }),
+      },
+    );
     try {
       await fs.writeFile(path.join(tree.netDir, '10-bridge.conflist'), BRIDGE_CONFLIST);
       const others = Array.from({ length: 200 }, (_, i) => path.join(tree.netDir, `50-other-${i}.conflist`));
@@ -65,9 +69,12 @@ describe('installer under churn', () => {
 
   it("the watch events of our own writes bring no pass; another writer's do", async () => {
     const tree = await makeHostTree();
-    const installer = new Installer(buildSettings({ 'reconcile-interval': '1h', ...tree.flags }, tree.env), {
-      decideCleanup: async () => ({ cleanup: false, why: 'test' }),
-    });
+    const installer = new Installer(
+      installerArgs(buildSettings({ 'reconcile-interval': '1h', ...tree.flags }, tree.env)),
+      {
+        decideCleanup: async () => ({ cleanup: false, why: 'test' }),
+      },
+    );
     try {
       const primary = path.join(tree.netDir, '10-bridge.conflist');
       await fs.writeFile(primary, BRIDGE_CONFLIST);
@@ -91,9 +98,12 @@ describe('installer under churn', () => {
 
   it('a burst of rewrites of the primary ends with our entry in it: the last change gets a pass', async () => {
     const tree = await makeHostTree();
-    const installer = new Installer(buildSettings({ 'reconcile-interval': '1h', ...tree.flags }, tree.env), {
-      decideCleanup: async () => ({ cleanup: false, why: 'test' }),
-    });
+    const installer = new Installer(
+      installerArgs(buildSettings({ 'reconcile-interval': '1h', ...tree.flags }, tree.env)),
+      {
+        decideCleanup: async () => ({ cleanup: false, why: 'test' }),
+      },
+    );
     try {
       const primary = path.join(tree.netDir, '10-bridge.conflist');
       await fs.writeFile(primary, BRIDGE_CONFLIST);

@@ -18,6 +18,7 @@ import { renderOrchconfig, type OrchconfigInput } from '../../src/install/orchco
 import { ROOT } from '../helpers/cli.ts';
 import { BRIDGE_CONFLIST, makeHostTree } from '../helpers/hosttree.ts';
 import { dirFiles, runConformanceCase, type ConformanceCase } from '../helpers/install-fixtures.ts';
+import { installerArgs } from '../../src/partargs.ts';
 
 const CONFORMANCE = path.join(ROOT, 'test/node/fixtures/install-conformance');
 const LIBCNI = path.join(ROOT, 'test/node/fixtures/libcni');
@@ -64,9 +65,12 @@ describe("a conflist's <name>/ plugin dir, read as libcni reads it (links git ca
       await fs.writeFile(path.join(tree.netDir, '00-pods.conflist'), POD_LIST);
       await fs.writeFile(path.join(tree.netDir, '10-bridge.conflist'), BRIDGE_CONFLIST);
       await fs.symlink(link, path.join(tree.netDir, 'pods'));
-      const installer = new Installer(buildSettings({ 'reconcile-interval': '1h', ...tree.flags }, tree.env), {
-        decideCleanup: async () => ({ cleanup: true, why: 'test' }),
-      });
+      const installer = new Installer(
+        installerArgs(buildSettings({ 'reconcile-interval': '1h', ...tree.flags }, tree.env)),
+        {
+          decideCleanup: async () => ({ cleanup: true, why: 'test' }),
+        },
+      );
       try {
         await installer.start();
         await installer.settled();

@@ -17,6 +17,7 @@ import { configureLogging } from '../../src/monitoring/logging.ts';
 import { buildExecutable } from '../../scripts/plugin-runtime.ts';
 import { BRIDGE_CONFLIST, makeHostTree, type HostTree } from '../helpers/hosttree.ts';
 import { ROOT } from '../helpers/cli.ts';
+import { installerArgs } from '../../src/partargs.ts';
 
 const quiet = buildSettings({ log_output_level: 'all:none' }, {}).logging.outputLevels;
 configureLogging({ asJson: true, outputLevels: quiet }, { write: () => {} });
@@ -65,10 +66,9 @@ async function install(plugin: string, cpuinfo: string | null) {
   const cpuinfoPath = path.join(tree.root, 'cpuinfo');
   if (cpuinfo !== null) writeFileSync(cpuinfoPath, cpuinfo);
   const settings = buildSettings({ 'reconcile-interval': '1h', ...tree.flags }, tree.env);
-  const installer = new Installer(
-    { ...settings, install: { ...settings.install, cpuinfoPath } },
-    { decideCleanup: async () => ({ cleanup: true, why: 'test' }) },
-  );
+  const installer = new Installer(installerArgs({ ...settings, install: { ...settings.install, cpuinfoPath } }), {
+    decideCleanup: async () => ({ cleanup: true, why: 'test' }),
+  });
   running.push({ installer, tree });
   await installer.start();
   await installer.settled();

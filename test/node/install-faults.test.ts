@@ -13,6 +13,7 @@ import { Installer } from '../../src/install/installer.ts';
 import { configureLogging } from '../../src/monitoring/logging.ts';
 import { BRIDGE_CONFLIST, makeHostTree } from '../helpers/hosttree.ts';
 import { eventually } from '../helpers/poll.ts';
+import { installerArgs } from '../../src/partargs.ts';
 
 configureLogging(
   { asJson: true, outputLevels: buildSettings({ log_output_level: 'all:none' }, {}).logging.outputLevels },
@@ -27,9 +28,12 @@ async function withTmpfsNetDir(
 ): Promise<void> {
   const tree = await makeHostTree();
   mount('-t', 'tmpfs', '-o', `size=${size},mode=0755`, 'mcni-test', tree.netDir);
-  const installer = new Installer(buildSettings({ 'reconcile-interval': '1h', ...tree.flags }, tree.env), {
-    decideCleanup: async () => ({ cleanup: false, why: 'test' }),
-  });
+  const installer = new Installer(
+    installerArgs(buildSettings({ 'reconcile-interval': '1h', ...tree.flags }, tree.env)),
+    {
+      decideCleanup: async () => ({ cleanup: false, why: 'test' }),
+    },
+  );
   try {
     await body({ installer, netDir: tree.netDir });
   } finally {
@@ -73,9 +77,12 @@ describe('installer on a faulty file system', () => {
       { write: (l) => void lines.push(l) },
     );
     mount('-t', 'tmpfs', '-o', 'size=1m,ro', 'mcni-test', tree.binDir);
-    const installer = new Installer(buildSettings({ 'reconcile-interval': '1h', ...tree.flags }, tree.env), {
-      decideCleanup: async () => ({ cleanup: false, why: 'test' }),
-    });
+    const installer = new Installer(
+      installerArgs(buildSettings({ 'reconcile-interval': '1h', ...tree.flags }, tree.env)),
+      {
+        decideCleanup: async () => ({ cleanup: false, why: 'test' }),
+      },
+    );
     try {
       await fs.writeFile(path.join(tree.netDir, '10-bridge.conflist'), BRIDGE_CONFLIST);
       await installer.start();
@@ -176,7 +183,7 @@ describe('installer reads only regular files of bounded size', () => {
     const tree = await makeHostTree();
     const fifos: string[] = [];
     const installer = new Installer(
-      buildSettings({ 'reconcile-interval': '1h', ...tree.flags, ...flags(tree) }, tree.env),
+      installerArgs(buildSettings({ 'reconcile-interval': '1h', ...tree.flags, ...flags(tree) }, tree.env)),
       { decideCleanup: async () => ({ cleanup: true, why: 'test' }) },
     );
     try {
@@ -300,7 +307,9 @@ describe('binaries are read only when needed', () => {
     const settings = buildSettings({ 'reconcile-interval': '1h', ...tree.flags }, tree.env);
     const installers: Installer[] = [];
     const run = async () => {
-      const installer = new Installer(settings, { decideCleanup: async () => ({ cleanup: false, why: 'test' }) });
+      const installer = new Installer(installerArgs(settings), {
+        decideCleanup: async () => ({ cleanup: false, why: 'test' }),
+      });
       installers.push(installer);
       await installer.start();
       await installer.settled();
@@ -354,9 +363,12 @@ describe('stale temp files at start-up', () => {
       { asJson: true, outputLevels: buildSettings({ log_output_level: 'install:info' }, {}).logging.outputLevels },
       { write: (l) => void lines.push(l) },
     );
-    const installer = new Installer(buildSettings({ 'reconcile-interval': '1h', ...tree.flags }, tree.env), {
-      decideCleanup: async () => ({ cleanup: false, why: 'test' }),
-    });
+    const installer = new Installer(
+      installerArgs(buildSettings({ 'reconcile-interval': '1h', ...tree.flags }, tree.env)),
+      {
+        decideCleanup: async () => ({ cleanup: false, why: 'test' }),
+      },
+    );
     const outside = await fs.mkdtemp(path.join(tree.root, 'outside-'));
     try {
       await fs.writeFile(path.join(tree.netDir, '10-bridge.conflist'), BRIDGE_CONFLIST);

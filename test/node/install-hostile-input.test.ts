@@ -15,6 +15,7 @@ import { configureLogging } from '../../src/monitoring/logging.ts';
 import { fileTokenSource } from '../../src/install/tokenrequest.ts';
 import { unsignedJwt } from '../helpers/apiserver.ts';
 import { BRIDGE_CONFLIST, makeHostTree, type HostTree } from '../helpers/hosttree.ts';
+import { installerArgs } from '../../src/partargs.ts';
 
 configureLogging(
   { asJson: true, outputLevels: buildSettings({ log_output_level: 'all:none' }, {}).logging.outputLevels },
@@ -36,7 +37,7 @@ async function start(
   const tree = await makeHostTree();
   await prepare(tree);
   const installer = new Installer(
-    buildSettings({ 'reconcile-interval': '1h', ...tree.flags, ...flags(tree) }, tree.env),
+    installerArgs(buildSettings({ 'reconcile-interval': '1h', ...tree.flags, ...flags(tree) }, tree.env)),
     { decideCleanup: async () => ({ cleanup: true, why: 'test' }) },
   );
   running.push({ installer, tree });
@@ -280,7 +281,7 @@ describe('an orchconfig from before the plugin had a token of its own', () => {
     await fs.rm(path.join(tree.root, 'plugin-token'));
     const settings = buildSettings({ 'reconcile-interval': '1h', ...tree.flags }, tree.env);
     const pluginToken = fileTokenSource(path.join(tree.root, 'plugin-token'), path.join(tree.saDir, 'token'));
-    const installer = new Installer(settings, {
+    const installer = new Installer(installerArgs(settings), {
       decideCleanup: async () => ({ cleanup: true, why: 'test' }),
       pluginToken,
     });

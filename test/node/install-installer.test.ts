@@ -13,6 +13,7 @@ import { registry } from '../../src/monitoring/metrics.ts';
 import { BRIDGE_CONFLIST, makeHostTree, SAMPLE_CA, type HostTree } from '../helpers/hosttree.ts';
 import { eventually } from '../helpers/poll.ts';
 import { configureLogging } from '../../src/monitoring/logging.ts';
+import { installerArgs } from '../../src/partargs.ts';
 
 const logLines: string[] = [];
 configureLogging(
@@ -33,7 +34,9 @@ async function startInstaller(
   if (prepare) await prepare(tree);
   const extra = typeof flags === 'function' ? flags(tree) : flags;
   const settings = buildSettings({ 'reconcile-interval': '1h', ...tree.flags, ...extra }, { ...tree.env, ...env });
-  const installer = new Installer(settings, { decideCleanup: async () => ({ cleanup: true, why: 'test' }) });
+  const installer = new Installer(installerArgs(settings), {
+    decideCleanup: async () => ({ cleanup: true, why: 'test' }),
+  });
   running.push({ installer, tree });
   await installer.start();
   await installer.settled();
@@ -197,7 +200,9 @@ describe('installer', () => {
         [2, false],
         [3, true],
       ] as const) {
-        const installer = new Installer(settings, { decideCleanup: async () => ({ cleanup, why: `run ${run}` }) });
+        const installer = new Installer(installerArgs(settings), {
+          decideCleanup: async () => ({ cleanup, why: `run ${run}` }),
+        });
         await installer.start();
         assert.deepEqual(plugins(path.join(tree.netDir, '10-flannel.conflist')), ['flannel', 'mesh-cni'], `run ${run}`);
         await installer.stop('SIGTERM');
@@ -233,7 +238,7 @@ describe('installer', () => {
             },
             tree.env,
           );
-          const installer = new Installer(settings, {
+          const installer = new Installer(installerArgs(settings), {
             decideCleanup: async () => ({ cleanup, why: `log level ${level}` }),
           });
           await installer.start();
@@ -269,9 +274,12 @@ describe('installer', () => {
   it('leaves everything in place when the decision is a restart', async () => {
     const tree = await makeHostTree();
     await fs.writeFile(path.join(tree.netDir, '10-bridge.conflist'), BRIDGE_CONFLIST);
-    const installer = new Installer(buildSettings({ 'reconcile-interval': '1h', ...tree.flags }, tree.env), {
-      decideCleanup: async () => ({ cleanup: false, why: 'upgrade' }),
-    });
+    const installer = new Installer(
+      installerArgs(buildSettings({ 'reconcile-interval': '1h', ...tree.flags }, tree.env)),
+      {
+        decideCleanup: async () => ({ cleanup: false, why: 'upgrade' }),
+      },
+    );
     try {
       await installer.start();
       await installer.stop('SIGTERM');
@@ -517,7 +525,9 @@ describe('installer', () => {
       await fs.writeFile(path.join(tree.netDir, '10-flannel.conf'), conf);
       const run = async (confName: string, check: () => void) => {
         const installer = new Installer(
-          buildSettings({ 'reconcile-interval': '1h', 'cni-conf-name': confName, ...tree.flags }, tree.env),
+          installerArgs(
+            buildSettings({ 'reconcile-interval': '1h', 'cni-conf-name': confName, ...tree.flags }, tree.env),
+          ),
           { decideCleanup: async () => ({ cleanup: true, why: 'test' }) },
         );
         try {

@@ -18,6 +18,7 @@ import { BRIDGE_CONFLIST, makeHostTree, type HostTree } from '../helpers/hosttre
 import { eventually } from '../helpers/poll.ts';
 import { runtimeView } from '../helpers/runtime-view.ts';
 import { cleanupAfterEach } from '../helpers/cleanup.ts';
+import { installerArgs } from '../../src/partargs.ts';
 
 configureLogging(
   { asJson: true, outputLevels: buildSettings({ log_output_level: 'all:none' }, {}).logging.outputLevels },
@@ -39,7 +40,7 @@ async function tree(): Promise<HostTree> {
 /** An installer with watches but no periodic pass: only the events bring a change back. */
 async function installer(t: HostTree): Promise<Installer> {
   const i = new Installer(
-    buildSettings({ 'reconcile-interval': '1h', ...t.flags, 'mesh-owned-cni-config': 'true' }, t.env),
+    installerArgs(buildSettings({ 'reconcile-interval': '1h', ...t.flags, 'mesh-owned-cni-config': 'true' }, t.env)),
     { decideCleanup: async () => ({ cleanup: true, why: 'test' }) },
   );
   defer(() => i.stop('SIGTERM'));

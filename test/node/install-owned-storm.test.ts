@@ -17,6 +17,7 @@ import { BRIDGE_CONFLIST, makeHostTree } from '../helpers/hosttree.ts';
 import { eventually } from '../helpers/poll.ts';
 import { rewriteStorm, type StormResult } from '../helpers/rewrite-storm.ts';
 import { runtimeView } from '../helpers/runtime-view.ts';
+import { installerArgs } from '../../src/partargs.ts';
 
 const REWRITES = 1000;
 // Thousands of passes: their log lines would only bury the result.
@@ -41,7 +42,9 @@ async function storm(owned: boolean, opts: { rewrites?: number; readiness?: Read
     { ...tree.flags, 'reconcile-interval': '1h', 'mesh-owned-cni-config': String(owned) },
     tree.env,
   );
-  const installer = new Installer(settings, { decideCleanup: async () => ({ cleanup: true, why: 'test' }) });
+  const installer = new Installer(installerArgs(settings), {
+    decideCleanup: async () => ({ cleanup: true, why: 'test' }),
+  });
   try {
     await installer.start();
     await installer.settled();

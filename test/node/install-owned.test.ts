@@ -19,6 +19,7 @@ import { ROOT } from '../helpers/cli.ts';
 import { BRIDGE_CONFLIST, makeHostTree, type HostTree } from '../helpers/hosttree.ts';
 import { FIXTURE_ENTRY } from '../helpers/install-fixtures.ts';
 import { runtimeView } from '../helpers/runtime-view.ts';
+import { installerArgs } from '../../src/partargs.ts';
 
 const FIXTURES = path.join(ROOT, 'test/node/fixtures/install-owned');
 const OWNED = '02-mesh-cni.conflist';
@@ -341,7 +342,7 @@ describe('owned config: the reconcile pass on a real net dir', () => {
       },
     );
     const s = buildSettings({ ...tree.flags, 'mesh-owned-cni-config': 'true', 'reconcile-interval': '1h' }, tree.env);
-    const inst = new Installer(s, { decideCleanup: async () => ({ cleanup: true, why: 'test' }) });
+    const inst = new Installer(installerArgs(s), { decideCleanup: async () => ({ cleanup: true, why: 'test' }) });
     await inst.start();
     try {
       await inst.settled();
@@ -366,7 +367,7 @@ describe('owned config: the reconcile pass on a real net dir', () => {
           },
           t.env,
         );
-        const inst = new Installer(s, { decideCleanup: async () => ({ cleanup: true, why: 'test' }) });
+        const inst = new Installer(installerArgs(s), { decideCleanup: async () => ({ cleanup: true, why: 'test' }) });
         await inst.start();
         await inst.settled();
         return inst;
@@ -439,7 +440,7 @@ describe('owned config: the reconcile pass on a real net dir', () => {
       { ...tree.flags, 'mesh-owned-cni-config': 'true', 'reconcile-interval': '1h' },
       tree.env,
     );
-    const first = new Installer(settings, {
+    const first = new Installer(installerArgs(settings), {
       decideCleanup: async () => ({ cleanup: false, why: 'DaemonSet still exists' }),
     });
     await first.start();

@@ -13,6 +13,7 @@ import { configureLogging } from '../../src/monitoring/logging.ts';
 import { BRIDGE_CONFLIST, makeHostTree, type HostTree } from '../helpers/hosttree.ts';
 import { eventually } from '../helpers/poll.ts';
 import { cleanupAfterEach } from '../helpers/cleanup.ts';
+import { installerArgs } from '../../src/partargs.ts';
 
 configureLogging(
   { asJson: true, outputLevels: buildSettings({ log_output_level: 'all:none' }, {}).logging.outputLevels },
@@ -56,9 +57,12 @@ async function linkedPrimary(): Promise<{
   const link = path.join(tree.netDir, '10-bridge.conflist');
   await fs.symlink(path.join(vendor('vendor-a'), '10-bridge.conflist'), link);
   // The periodic pass is a minute away: only a watch can bring our entry back within seconds.
-  const installer = new Installer(buildSettings({ ...tree.flags, 'reconcile-interval': '60s' }, tree.env), {
-    decideCleanup: async () => ({ cleanup: false, why: 'test' }),
-  });
+  const installer = new Installer(
+    installerArgs(buildSettings({ ...tree.flags, 'reconcile-interval': '60s' }, tree.env)),
+    {
+      decideCleanup: async () => ({ cleanup: false, why: 'test' }),
+    },
+  );
   defer(() => installer.stop('SIGTERM'));
   await installer.start();
   await installer.settled();

@@ -13,6 +13,7 @@ import { watchdogReasons, type PassTimes } from '../../src/install/watchdog.ts';
 import { configureLogging } from '../../src/monitoring/logging.ts';
 import { BRIDGE_CONFLIST, makeHostTree } from '../helpers/hosttree.ts';
 import { eventually } from '../helpers/poll.ts';
+import { installerArgs } from '../../src/partargs.ts';
 
 const logLines: string[] = [];
 configureLogging(
@@ -92,7 +93,9 @@ describe('installer watchdog', () => {
     const tree = await makeHostTree();
     const hangDir = await fs.mkdtemp(path.join(tree.root, 'hang-'));
     const installer = new Installer(
-      buildSettings({ 'reconcile-interval': '1h', 'reconcile-timeout': '300ms', ...tree.flags }, tree.env),
+      installerArgs(
+        buildSettings({ 'reconcile-interval': '1h', 'reconcile-timeout': '300ms', ...tree.flags }, tree.env),
+      ),
       { decideCleanup: async () => ({ cleanup: true, why: 'test' }) },
     );
     let release = () => {};
