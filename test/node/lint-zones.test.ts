@@ -138,6 +138,18 @@ const CASES: [string, string, RegExp | null][] = [
   ],
   ['src/node/zz-probe.ts', "import { type Settings } from '../config/settings.ts';", /takes the settings it reads/],
   ['src/monitoring/zz-probe.ts', "import type { LoggingSettings } from '../config/settings.ts';", null],
+  // So are the installer's parts, the API client, repair and the stop's bound: the whole Settings
+  // stops at the wiring (src/agent.ts, src/partargs.ts), which cuts each part its own slice.
+  ['src/install/zz-probe.ts', "import type { Settings } from '../config/settings.ts';", /takes the settings it reads/],
+  ['src/orch/zz-probe.ts', "import { type Settings } from '../config/settings.ts';", /takes the settings it reads/],
+  ['src/repair/zz-probe.ts', "import type { Settings } from '../config/settings.ts';", /takes the settings it reads/],
+  ['src/zz-probe.ts', "import type { Settings } from './config/settings.ts';", /takes the settings it reads/],
+  ['src/cmd/zz-probe.ts', "import type { Settings } from '../config/settings.ts';", /takes the settings it reads/],
+  ['src/install/zz-probe.ts', "import type { InstallSettings } from '../config/settings.ts';", null],
+  ['src/repair/zz-probe.ts', "import type { RepairSettings } from '../config/settings.ts';", null],
+  ['src/cmd/zz-probe.ts', "import { buildSettings } from '../config/settings.ts';", null],
+  ['src/partargs.ts', "import type { Settings } from './config/settings.ts';", null],
+  ['src/agent.ts', "import type { Settings } from './config/settings.ts';", null],
   // src/node/ is handed what it needs by the agent.
   [
     'src/node/zz-probe.ts',
