@@ -46,6 +46,16 @@ function unquoted(line: string): string {
   return line.replace(/"[^"]*"/g, '""').replace(/#.*$/, '');
 }
 
+/** Whether `line` ends inside a quoted string (a `#` outside quotes starts a comment). */
+function quoteLeftOpen(line: string): boolean {
+  let open = false;
+  for (const c of line) {
+    if (c === '"') open = !open;
+    else if (c === '#' && !open) break;
+  }
+  return open;
+}
+
 function braces(text: string): number {
   let d = 0;
   for (const c of text) d += c === '{' ? 1 : c === '}' ? -1 : 0;
@@ -75,7 +85,8 @@ function statements(line: string): string[] {
  * `chain NAME {` / `set NAME {` / `map NAME {` blocks (each header and each chain's closing `}` on
  * a line of its own); in a chain, `type`/`policy`/`comment` or one rule per statement, and every
  * rule has a `counter` (the counters are how anyone sees which of our rules traffic took). The
- * braces never close more than they opened, so nothing in a body reaches outside our table.
+ * braces never close more than they opened, so nothing in a body reaches outside our table; no
+ * quoted string spans lines, and nothing reaches outside nft (no `include`, `define`, `$var`).
  */
 export function checkBody(body: string): BodyShape {
   const chains = new Map<string, number>();
@@ -85,8 +96,15 @@ export function checkBody(body: string): BodyShape {
   const bad = (n: number, why: string) => new NftError(`nft table body line ${n}: ${why}`);
   body.split('\n').forEach((raw, i) => {
     const n = i + 1;
+    // nft's quoted string runs to the next `"`, newlines and all: one left open here would have
+    // nft read the lines below differently from this check.
+    if (quoteLeftOpen(raw)) throw bad(n, `a quoted string must close on its own line: ${raw.trim()}`);
     const line = unquoted(raw).trim();
     if (line === '') return;
+    // Run as the node's root, nft reads the file an `include` names (in any block, and prints its
+    // first line in the syntax error) and expands `define`d `$variables`: no body of ours has any.
+    if (/(^|[^A-Za-z0-9_])(include|define|redefine|undefine)([^A-Za-z0-9_]|$)|\$/.test(line))
+      throw bad(n, `include, define and $variables are not for our tables: ${raw.trim()}`);
     if (depth === 0) {
       const m = /^(chain|set|map) ([A-Za-z][A-Za-z0-9_-]{0,62}) \{(.*)$/.exec(line);
       if (!m) throw bad(n, `expected "chain NAME {", "set NAME {" or "map NAME {", found: ${raw.trim()}`);

@@ -180,6 +180,31 @@ describe('nft applier: our table, whole, and nothing else', () => {
     assert.throws(() => checkBody('chain c {\n\tip daddr { 1.1.1.1,\n}\n'), /one rule per line/);
   });
 
+  it('a body that has nft read a host file, or a quoted string nft reads past its line, never runs', async () => {
+    // nft, run as the node's root, takes `include` in a set or map block as in a chain: the file
+    // is read and its first line printed in the syntax error, which a CNI error hands to the pod.
+    const secret = path.join(tempDir(), 'secret');
+    writeFileSync(secret, 'host-secret-7f3a\n');
+    const ns = netns();
+    const { bin, log } = stub('exec nft "$@"');
+    for (const body of [
+      `set s {\n\ttype ipv4_addr\n\tinclude "${secret}"\n}\n`,
+      `map m {\n\ttype ipv4_addr : verdict\n\tinclude "${secret}"\n}\n`,
+      `set s {\n\ttype ipv4_addr; include "${secret}"; }\n`,
+      `define x = 1\nchain c {\n\tcounter accept\n}\n`,
+      `chain c {\n\tip daddr $x counter accept\n}\n`,
+    ]) {
+      const err = await rejectsWith(applyTable(runnerWith(ns, bin), TABLE, body), /include|define|variable/);
+      assert.doesNotMatch(err.message, /host-secret/);
+    }
+    // nft's quoted string runs to the next `"`, newlines and all: a `}` the line-wise check saw
+    // inside quotes would be outside them for nft.
+    const split = 'set s {\n\ttype ipv4_addr; comment "a\n}\nchain c {\n\tcounter accept comment "b"\n}\n';
+    await rejectsWith(applyTable(runnerWith(ns, bin), TABLE, split), /quoted string/);
+    assert.deepEqual(calls(log), [], 'nft never ran');
+    assert.deepEqual(ourTables(ns), []);
+  });
+
   it('a ruleset with an error in its last rule leaves nothing of ours, and on re-ADD the old table whole', async () => {
     const ns = netns();
     const run = byPath(ns.path);
