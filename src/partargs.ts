@@ -28,6 +28,7 @@ export function stopBoundArgs(settings: Settings): StopBoundArgs {
     nodeReadiness: (settings.nodeReadiness?.conditionType ?? '') !== '',
     reconcileTimeoutMs: settings.install.reconcileTimeoutMs,
     ambient: settings.ambient.enabled,
+    repair: settings.repair.enabled,
   };
 }
 

@@ -7,6 +7,7 @@ import { STOP_GRACE_MS as AMBIENT_QUEUE_GRACE_MS } from './ambient/index.ts';
 import { DECISION_DEADLINE_MS } from './install/uninstall.ts';
 import { CALL_TIMEOUT_MS as NODE_CALL_MS } from './node/index.ts';
 import { DEFAULT_TIMEOUT_MS as HOST_COMMAND_MS } from './podnetns/program.ts';
+import { DEFAULT_TIMING as REPAIR_TIMING } from './repair/controller.ts';
 
 /**
  * Host commands of ambient mode's stop, at most: a heal pass in flight (save, restore, ipset) and
@@ -24,6 +25,8 @@ export interface StopBoundArgs {
   readonly reconcileTimeoutMs: number;
   /** --ambient-enabled. */
   readonly ambient: boolean;
+  /** --repair-enabled. */
+  readonly repair: boolean;
 }
 
 export interface StopBound {
@@ -33,6 +36,8 @@ export interface StopBound {
   /** Waiting for a running pass, then the uninstall: --reconcile-timeout each. */
   readonly installer: number;
   readonly ambient: number;
+  /** Repairs under way finish their attempt (label, Event, delete) before they are cancelled. */
+  readonly repair: number;
   readonly rest: number;
   readonly totalMs: number;
 }
@@ -44,6 +49,7 @@ export function stopBound(on: StopBoundArgs): StopBound {
     nodeReadiness: on.nodeReadiness ? NODE_CALL_MS : 0,
     installer: 2 * on.reconcileTimeoutMs,
     ambient: on.ambient ? AMBIENT_QUEUE_GRACE_MS + AMBIENT_HOST_COMMANDS * HOST_COMMAND_MS : 0,
+    repair: on.repair ? REPAIR_TIMING.stopGraceMs : 0,
     rest: REST_MS,
   };
   return { ...parts, totalMs: Object.values(parts).reduce((a, b) => a + b, 0) };

@@ -259,10 +259,11 @@ describe('install-cni stops cleanly, every time', () => {
     const flags: RawFlags = {
       'ambient-enabled': 'true',
       'node-readiness-condition': 'example.com/MeshCNIReady',
+      'repair-enabled': 'true',
     } as unknown as RawFlags;
     const env = { KUBERNETES_SERVICE_HOST: '10.96.0.1', KUBERNETES_SERVICE_PORT: '443', NODE_NAME: 'n' };
     const bound = stopBound(stopBoundArgs(buildSettings(flags, env)));
-    assert.ok(bound.ambient > 0 && bound.nodeReadiness > 0, 'every part counted');
+    assert.ok(bound.ambient > 0 && bound.nodeReadiness > 0 && bound.repair > 0, 'every part counted');
     assert.ok(
       grace * 1000 > bound.totalMs,
       `grace ${grace} s is not longer than the stop's worst case ${bound.totalMs} ms`,
