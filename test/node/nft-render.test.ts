@@ -14,11 +14,14 @@ import { applyTable, checkBody, readTable } from '../../cni-plugin/redirect/nft.
 import { NftRenderError, POD_TABLE, renderNftBody } from '../../cni-plugin/redirect/nftrender.ts';
 import { sidecarPlan } from '../../cni-plugin/redirect/rules.ts';
 import { specForPod, type PodLike } from '../../cni-plugin/redirect/spec.ts';
+import { hostPlan } from '../../src/ambient/hostrules.ts';
+import { inpodPlan, podOptions } from '../../src/ambient/podrules.ts';
 import { cleanupAfterEach } from '../helpers/cleanup.ts';
 import { ROOT } from '../helpers/cli.ts';
 import { Netns } from '../helpers/netns.ts';
 
 const DIR = path.join(ROOT, 'test/node/fixtures/rules');
+const AMBIENT_DIR = path.join(ROOT, 'test/node/fixtures/ambient');
 const defer = cleanupAfterEach();
 
 interface Fixture {
@@ -115,6 +118,34 @@ describe('nft renderer fixtures', () => {
   });
 });
 
+interface AmbientCase {
+  readonly name: string;
+  readonly description: string;
+  readonly annotations: Record<string, string>;
+  readonly globalDnsCapture: boolean;
+}
+const ambientCases = (
+  JSON.parse(readFileSync(path.join(AMBIENT_DIR, 'cases.json'), 'utf8')) as { cases: AmbientCase[] }
+).cases;
+const ambientBody = (c: AmbientCase): string =>
+  renderNftBody(([4, 6] as const).map((fam) => inpodPlan(fam, podOptions(c.annotations, c.globalDnsCapture))));
+
+describe('nft renderer: the ambient in-pod cases', () => {
+  for (const c of ambientCases) {
+    it(`${c.name}: ${c.description}`, () => {
+      const file = path.join(AMBIENT_DIR, `${c.name}.nft`);
+      const body = ambientBody(c);
+      if (process.env.UPDATE_FIXTURES === '1' || !existsSync(file)) writeFileSync(file, body);
+      assert.equal(body, readFileSync(file, 'utf8'));
+      checkBody(body);
+    });
+  }
+
+  it("refuses the node's probe plan: its ipset is no set of the pod table's", () => {
+    assert.throws(() => renderNftBody([hostPlan(4)]), /is an ipset of the agent's/);
+  });
+});
+
 describe('nft renderer refuses what it cannot say exactly', () => {
   const plan = (build: (b: PlanBuilder) => void): Plan => {
     const b = new PlanBuilder(4);
@@ -208,8 +239,12 @@ describe('nft renderer output in the real nft 1.0.6', () => {
     const ns = new Netns('nftr');
     defer(async () => ns.remove());
     const runner = byPath(ns.path);
-    for (const f of fixtures) {
-      const body = bodyOf(f);
+    const bodies = [
+      ...fixtures.map((f) => ({ name: f.name, body: bodyOf(f) })),
+      ...ambientCases.map((c) => ({ name: `ambient ${c.name}`, body: ambientBody(c) })),
+    ];
+    for (const f of bodies) {
+      const body = f.body;
       await applyTable(runner, POD_TABLE, body);
       const have = await readTable(runner, POD_TABLE);
       assert.ok(have !== null, f.name);
