@@ -54,13 +54,13 @@ const AMBIENT_NOT_INSTALL_REPAIR = {
     'src/ambient/ does not import src/install/ or src/repair/: ambient mode talks to ztunnel and pod netns, ' +
     'beside the installer and repair; what they share goes in a module of its own that each imports.',
 };
-// Ambient mode is handed its own slice of the settings (AmbientArgs, cut by src/agent.ts, as Istio
-// builds its AmbientArgs), so it reads nothing of another part's: the whole Settings is refused.
+// Ambient mode is handed its own slice of the settings (AmbientArgs, cut by src/partargs.ts, as
+// Istio builds its AmbientArgs), so it reads nothing of another part's: the whole Settings is refused.
 const AMBIENT_OWN_ARGS = {
   regex: '(^\\.\\./|/src/)config/settings\\.ts$',
   importNames: ['Settings'],
   message:
-    'src/ambient/ takes AmbientArgs (src/ambient/args.ts), which src/agent.ts cuts from the settings, ' +
+    'src/ambient/ takes AmbientArgs (src/ambient/args.ts), which src/partargs.ts cuts from the settings, ' +
     "not the whole Settings: add what it needs to AmbientArgs, so it reads no other part's settings.",
 };
 // Every other part is handed its own settings too (src/partargs.ts cuts each part's slice, and

@@ -32,12 +32,12 @@ import { agentReached } from './monitoring/startup.ts';
 import { repairPodSource, repairWatchesNode, startRepair } from './repair/index.ts';
 import { disabledComponent } from './component.ts';
 import { startAmbient, type AmbientComponent } from './ambient/index.ts';
-import type { AmbientArgs } from './ambient/args.ts';
 import { decideCleanup, type CleanupDecision } from './install/uninstall.ts';
 import { startNodeReadiness } from './node/index.ts';
 import { nodeClient } from './node/nodeclient.ts';
 import { stopBound } from './stopbound.ts';
 import {
+  ambientArgs,
   cleanupArgs,
   installerArgs,
   orchClientArgs,
@@ -219,20 +219,6 @@ function ambientPart(
   if (!settings.ambient.enabled) return undefined;
   if (!nodeWatch) throw new Error('internal: ambient mode without the node pod watch');
   return startAmbient(ambientArgs(settings), { pods: nodeWatch, api: orchApi(), decideCleanup: decide });
-}
-
-/**
- * Ambient mode's own slice of the settings: its flags, the namespaces the plugin leaves alone and
- * where the host's /proc and netns are (flags it shares with in-place repair). Cut here, so the
- * part reads no other part's settings.
- */
-export function ambientArgs(settings: Settings): AmbientArgs {
-  return {
-    ...settings.ambient,
-    excludeNamespaces: settings.install.excludeNamespaces,
-    hostProcDir: settings.repair.hostProcDir,
-    hostNetnsPath: settings.repair.hostNetnsPath,
-  };
 }
 
 /** A watch as a part of the agent: started now, stopped after its readers (components stop in reverse). */

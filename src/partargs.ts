@@ -3,6 +3,7 @@
 // it reads no other part's settings and a test hands it exactly what it needs. The whole
 // Settings stops here and in src/agent.ts (eslint.config.js refuses it in the parts' folders).
 
+import type { AmbientArgs } from './ambient/args.ts';
 import type { Settings } from './config/settings.ts';
 import type { InstallerArgs } from './install/installer.ts';
 import type { PodLookupArgs } from './install/podlookup.ts';
@@ -125,5 +126,18 @@ export function installerArgs(settings: Settings): InstallerArgs {
     ambient: a.enabled
       ? { pluginEventUdsAddress: a.pluginEventUdsAddress, enablementSelectors: a.enablementSelectors }
       : undefined,
+  };
+}
+
+/**
+ * Ambient mode: its flags, the namespaces the plugin leaves alone and where the host's /proc and
+ * netns are (flags it shares with in-place repair).
+ */
+export function ambientArgs(settings: Settings): AmbientArgs {
+  return {
+    ...settings.ambient,
+    excludeNamespaces: settings.install.excludeNamespaces,
+    hostProcDir: settings.repair.hostProcDir,
+    hostNetnsPath: settings.repair.hostNetnsPath,
   };
 }

@@ -18,7 +18,7 @@ import { startCmdAddServer } from '../../src/ambient/cmdadd.ts';
 import { createDataplane, type PodAnnotator } from '../../src/ambient/dataplane.ts';
 import { ambientPodOf } from '../../src/ambient/enablement.ts';
 import { buildSettings, type Settings } from '../../src/config/settings.ts';
-import { ambientArgs } from '../../src/agent.ts';
+import { ambientArgs } from '../../src/partargs.ts';
 import { configureLogging } from '../../src/monitoring/logging.ts';
 import { registry } from '../../src/monitoring/metrics.ts';
 import { openNetns, runInNetns } from '../../src/podnetns/index.ts';

@@ -18,7 +18,7 @@ import { parseProbeSet, PROBE_SET_V4 } from '../../src/ambient/hostrules.ts';
 import { applyInpod, removeInpod, type Flavour, type Runner } from '../../src/ambient/podrules.ts';
 import type { ZdsTimings } from '../../src/ambient/ztunnelserver.ts';
 import { buildSettings, type Settings } from '../../src/config/settings.ts';
-import { ambientArgs } from '../../src/agent.ts';
+import { ambientArgs } from '../../src/partargs.ts';
 import { openNetns, runInNetns } from '../../src/podnetns/index.ts';
 import { cleanupAfterEach } from '../helpers/cleanup.ts';
 import { FakeZtunnel } from '../helpers/fake-ztunnel.ts';

@@ -16,7 +16,7 @@ import {
   type EnablementSelector,
 } from '../../src/ambient/enablement.ts';
 import { buildSettings } from '../../src/config/settings.ts';
-import { ambientArgs } from '../../src/agent.ts';
+import { ambientArgs } from '../../src/partargs.ts';
 import { sidecarSkipReason } from '../../cni-plugin/shared/sidecar.ts';
 import { ambientRules } from '../../src/ambient/enablement.ts';
 

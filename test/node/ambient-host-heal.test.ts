@@ -24,7 +24,7 @@ import {
 } from '../../src/ambient/hostrules.ts';
 import { applyInpod, type Flavour, type Runner } from '../../src/ambient/podrules.ts';
 import { buildSettings, type Settings } from '../../src/config/settings.ts';
-import { ambientArgs } from '../../src/agent.ts';
+import { ambientArgs } from '../../src/partargs.ts';
 import { metricValue } from '../helpers/metrics.ts';
 import type { Clock } from '../../src/orch/limits.ts';
 import { cleanupAfterEach } from '../helpers/cleanup.ts';

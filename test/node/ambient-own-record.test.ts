@@ -26,7 +26,7 @@ import { startAmbient, type AmbientComponent } from '../../src/ambient/index.ts'
 import { applyInpod, podOptions, type Runner } from '../../src/ambient/podrules.ts';
 import { podsAtStart } from '../../src/ambient/snapshot.ts';
 import { buildSettings, type Settings } from '../../src/config/settings.ts';
-import { ambientArgs } from '../../src/agent.ts';
+import { ambientArgs, orchClientArgs } from '../../src/partargs.ts';
 import { configureLogging } from '../../src/monitoring/logging.ts';
 import { type OrchApi } from '../../src/orch/api.ts';
 import { orchApi } from '../../src/orch/client.ts';
@@ -40,7 +40,6 @@ import { makeNetnsPods, type NetnsPod } from '../helpers/kubepods.ts';
 import { Netns } from '../helpers/netns.ts';
 import { waitFor } from '../helpers/poll.ts';
 import { shStatus } from '../helpers/sh.ts';
-import { orchClientArgs } from '../../src/partargs.ts';
 
 configureLogging(
   { asJson: true, outputLevels: buildSettings({ log_output_level: 'all:none' }, {}).logging.outputLevels },

@@ -15,7 +15,7 @@ import { apiAnnotator } from '../../src/ambient/annotator.ts';
 import { startAmbient, type AmbientComponent } from '../../src/ambient/index.ts';
 import type { Component } from '../../src/component.ts';
 import { buildSettings, type Settings } from '../../src/config/settings.ts';
-import { ambientArgs } from '../../src/agent.ts';
+import { ambientArgs, orchClientArgs, podLookupArgs } from '../../src/partargs.ts';
 import { DEFAULT_POD_LOOKUP, startPodLookup } from '../../src/install/podlookup.ts';
 import { configureLogging } from '../../src/monitoring/logging.ts';
 import { registry } from '../../src/monitoring/metrics.ts';
@@ -31,7 +31,6 @@ import { BRIDGE_CONFLIST, makeHostTree } from '../helpers/hosttree.ts';
 import { noFirewallPath } from '../helpers/nofirewall.ts';
 import { tempDir } from '../helpers/plugin.ts';
 import { eventually } from '../helpers/poll.ts';
-import { orchClientArgs, podLookupArgs } from '../../src/partargs.ts';
 
 configureLogging(
   { asJson: true, outputLevels: buildSettings({ log_output_level: 'all:none' }, {}).logging.outputLevels },

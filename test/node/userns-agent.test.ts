@@ -15,7 +15,7 @@ import path from 'node:path';
 import { describe, it } from 'node:test';
 import type { V1Pod } from '@kubernetes/client-node';
 import { createDataplane, type AmbientPod, type PodAnnotator } from '../../src/ambient/dataplane.ts';
-import { ambientArgs } from '../../src/agent.ts';
+import { ambientArgs } from '../../src/partargs.ts';
 import { buildSettings } from '../../src/config/settings.ts';
 import { openNetns, runInNetns, type HeldNetns } from '../../src/podnetns/index.ts';
 import { writesRules } from '../../src/podnetns/run.ts';
