@@ -1,5 +1,5 @@
-// What ambient mode reads of the settings, and nothing more: src/agent.ts cuts it from the whole
-// (ambientArgs), as Istio's install-cni builds its AmbientArgs, so this part reads no other
+// What ambient mode reads of the settings, and nothing more: src/partargs.ts cuts it from the
+// whole (ambientArgs), as Istio's install-cni builds its AmbientArgs, so this part reads no other
 // part's settings and a test hands it exactly what it needs.
 
 import type { AmbientSettings } from '../config/settings.ts';
