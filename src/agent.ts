@@ -103,8 +103,7 @@ export async function runAgent(settings: Settings): Promise<number> {
     agentReached('started');
     // Last, so its first pass reads the whole agent's readiness, and it stops first: on an
     // uninstall the condition turns False before the installer removes the plugin.
-    if (settings.nodeReadiness?.conditionType)
-      components.push(nodeReadinessPart(settings, orchKc(), readiness, decide));
+    if (settings.nodeReadiness.conditionType) components.push(nodeReadinessPart(settings, orchKc(), readiness, decide));
     log.info('install-cni started', { components: components.map((c) => c.name) });
     const signal = await stopSignal;
     const bound = stopBound(stopBoundArgs(settings));
@@ -235,7 +234,7 @@ function nodeReadinessPart(
   decide: () => Promise<CleanupDecision>,
 ): Component {
   const { nodeName, podName } = settings.env;
-  return startNodeReadiness(settings.nodeReadiness!, {
+  return startNodeReadiness(settings.nodeReadiness, {
     client: nodeClient(kc, nodeName),
     nodeName,
     podName,

@@ -26,7 +26,7 @@ export function repairArgs(settings: Settings): RepairArgs {
 /** Which parts of the stop are on, and the installer's timeout: what the stop's bound adds up. */
 export function stopBoundArgs(settings: Settings): StopBoundArgs {
   return {
-    nodeReadiness: (settings.nodeReadiness?.conditionType ?? '') !== '',
+    nodeReadiness: settings.nodeReadiness.conditionType !== '',
     reconcileTimeoutMs: settings.install.reconcileTimeoutMs,
     ambient: settings.ambient.enabled,
     repair: settings.repair.enabled,

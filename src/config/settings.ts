@@ -213,8 +213,7 @@ export interface Settings {
   readonly logging: LoggingSettings;
   readonly orch: OrchSettings;
   readonly monitoring: { readonly port: number };
-  /** Optional only for settings made by hand in tests: buildSettings always gives it. */
-  readonly nodeReadiness?: NodeReadinessSettings;
+  readonly nodeReadiness: NodeReadinessSettings;
   readonly ctrlz: { readonly address: string; readonly port: number; readonly write: CtrlzWriteMode };
   readonly orchconfig: string;
   readonly env: EnvironmentFacts;
