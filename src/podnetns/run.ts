@@ -84,5 +84,11 @@ export function runInNetns(netns: HeldNetns, argv: readonly string[], opts: RunO
     fds: [netns.fd, userns],
     env: { XTABLES_LOCKFILE: '/proc/self/fd/3' },
     what: `${name} in ${where} as the root of its user namespace`,
-  }).finally(() => fs.closeSync(userns));
+  }).finally(() => {
+    try {
+      fs.closeSync(userns);
+    } catch {
+      /* closed behind our back (EBADF): nothing of ours is left open, and the run's result stands */
+    }
+  });
 }

@@ -56,9 +56,11 @@ function native(): Addon {
 
 const ENOTTY = osConstants.errno.ENOTTY;
 
-/** The user namespace this agent runs in: the host's. */
+let host: NsId | undefined;
+/** The agent's user namespace (the host's), read once: the kernel lets no threaded process leave it. */
 function ours(): NsId {
-  return fs.statSync('/proc/self/ns/user', { bigint: true });
+  host ??= fs.statSync('/proc/self/ns/user', { bigint: true });
+  return host;
 }
 
 /**
@@ -74,8 +76,8 @@ export function netnsOwner(netnsFd: number, what: string): number | null {
   let hosts: boolean;
   try {
     const owner = fs.fstatSync(rc, { bigint: true });
-    const host = ours();
-    hosts = owner.dev === host.dev && owner.ino === host.ino;
+    const self = ours();
+    hosts = owner.dev === self.dev && owner.ino === self.ino;
   } catch (e) {
     fs.closeSync(rc);
     throw new UsernsError(`cannot compare the user namespace owning ${what} with ours: ${(e as Error).message}`, {
