@@ -25,6 +25,8 @@ export interface ExecOptions {
   readonly maxOutput?: number;
   /** Set in the child's environment on top of ours. */
   readonly env?: Readonly<Record<string, string>>;
+  /** Our fds the child gets as its fds 3, 4, ... (they stay ours to close). */
+  readonly fds?: readonly number[];
 }
 
 /** What exec and execNow give the child: the pipes asked for, and our PATH. */
@@ -32,9 +34,10 @@ function childSetup(
   input: string | null,
   wantStdout: boolean,
   env: Readonly<Record<string, string>> = {},
+  fds: readonly number[] = [],
 ): { stdio: StdioOptions; env: NodeJS.ProcessEnv } {
   return {
-    stdio: [input === null ? 'ignore' : 'pipe', wantStdout ? 'pipe' : 'ignore', 'pipe'],
+    stdio: [input === null ? 'ignore' : 'pipe', wantStdout ? 'pipe' : 'ignore', 'pipe', ...fds],
     env: { ...process.env, ...env, PATH },
   };
 }
@@ -60,6 +63,8 @@ interface BunSpawnOptions {
   timeout: number | undefined;
   killSignal: 'SIGKILL';
   maxBuffer?: number;
+  /** stdin, stdout, stderr as above, then fds the child gets as 3, 4, ...; set only with fds. */
+  stdio?: ('ignore' | 'pipe' | Uint8Array | number)[];
 }
 interface BunRuntime {
   spawn(o: BunSpawnOptions): {
@@ -89,16 +94,20 @@ function bunOptions(
   wantStdout: boolean,
   timeoutMs: number,
   extraEnv?: Readonly<Record<string, string>>,
+  fds: readonly number[] = [],
 ): BunSpawnOptions {
   const { env } = childSetup(input, wantStdout, extraEnv);
+  const stdin = input === null ? 'ignore' : Buffer.from(input, 'utf8');
+  const stdout = wantStdout ? 'pipe' : 'ignore';
   return {
     cmd: [file, ...args],
     env,
-    stdin: input === null ? 'ignore' : Buffer.from(input, 'utf8'),
-    stdout: wantStdout ? 'pipe' : 'ignore',
+    stdin,
+    stdout,
     stderr: 'pipe',
     timeout: timeoutMs,
     killSignal: 'SIGKILL',
+    ...(fds.length > 0 ? { stdio: [stdin, stdout, 'pipe', ...fds] } : {}),
   };
 }
 
@@ -136,12 +145,13 @@ async function execBun(
   wantStdout: boolean,
   maxOutput: number,
   env?: Readonly<Record<string, string>>,
+  fds?: readonly number[],
 ): Promise<ExecResult> {
   let p;
   try {
     // Our own timer, as exec does under Node: Bun's `killed` is also true for a child a signal
     // from elsewhere ended, so it cannot tell our time limit apart.
-    p = b.spawn({ ...bunOptions(file, args, input, wantStdout, timeoutMs, env), timeout: undefined });
+    p = b.spawn({ ...bunOptions(file, args, input, wantStdout, timeoutMs, env, fds), timeout: undefined });
   } catch (e) {
     const errno = (e as NodeJS.ErrnoException).errno;
     return cannotRun(file, e, typeof errno === 'number' ? errno : null);
@@ -192,13 +202,13 @@ const timeUp = (file: string, timeoutMs: number): ExecResult => ({
 export function exec(
   file: string,
   args: readonly string[],
-  { input = null, timeoutMs = 10_000, stdout: wantStdout = true, maxOutput = MAX_OUTPUT, env }: ExecOptions = {},
+  { input = null, timeoutMs = 10_000, stdout: wantStdout = true, maxOutput = MAX_OUTPUT, env, fds }: ExecOptions = {},
 ): Promise<ExecResult> {
-  if (bun) return execBun(bun, file, args, input, timeoutMs, wantStdout, maxOutput, env);
+  if (bun) return execBun(bun, file, args, input, timeoutMs, wantStdout, maxOutput, env, fds);
   // Loaded on first use, like node:https in the pod client (startup snapshot, skipped pods).
   const { spawn } = process.getBuiltinModule('node:child_process');
   return new Promise((resolve) => {
-    const child = spawn(file, args, childSetup(input, wantStdout, env));
+    const child = spawn(file, args, childSetup(input, wantStdout, env, fds));
     const out = { stdout: [] as Buffer[], stderr: [] as Buffer[] };
     const size = { stdout: 0, stderr: 0 };
     let error: string | null = null;
@@ -247,12 +257,12 @@ export function exec(
 export function execNow(
   file: string,
   args: readonly string[],
-  { input = null, timeoutMs = 10_000, stdout: wantStdout = true, maxOutput = MAX_OUTPUT, env }: ExecOptions = {},
+  { input = null, timeoutMs = 10_000, stdout: wantStdout = true, maxOutput = MAX_OUTPUT, env, fds }: ExecOptions = {},
 ): ExecResult {
   if (bun) {
     let r;
     try {
-      r = bun.spawnSync({ ...bunOptions(file, args, input, wantStdout, timeoutMs, env), maxBuffer: maxOutput });
+      r = bun.spawnSync({ ...bunOptions(file, args, input, wantStdout, timeoutMs, env, fds), maxBuffer: maxOutput });
     } catch (e) {
       return cannotRun(file, e, null);
     }
@@ -268,7 +278,7 @@ export function execNow(
   }
   const { spawnSync } = process.getBuiltinModule('node:child_process');
   const r = spawnSync(file, args, {
-    ...childSetup(input, wantStdout, env),
+    ...childSetup(input, wantStdout, env, fds),
     input: input ?? undefined,
     timeout: timeoutMs,
     killSignal: 'SIGKILL',

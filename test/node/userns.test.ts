@@ -6,6 +6,7 @@
 // redirected to the proxy port, on legacy iptables and on the nft shim.
 
 import assert from 'node:assert/strict';
+import { spawn } from 'node:child_process';
 import { statSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 import { after, before, describe, it } from 'node:test';
@@ -15,7 +16,8 @@ import { cleanupAfterEach } from '../helpers/cleanup.ts';
 import { ROOT } from '../helpers/cli.ts';
 import { Netns, rulesIn, type ChainEnv } from '../helpers/netns.ts';
 import { k8sArgs, MESH_CNI_SOURCE, meshCni, meshPod, pluginConfig, tempDir } from '../helpers/plugin.ts';
-import { sh } from '../helpers/sh.ts';
+import { waitFor } from '../helpers/poll.ts';
+import { sh, shStatus } from '../helpers/sh.ts';
 import { podWithTraffic, reachedAs, usernsNetns, type UsernsNetns } from '../helpers/userns.ts';
 
 const BUN = bunBinary(ROOT);
@@ -117,6 +119,28 @@ describe('mesh-cni ADD, CHECK, DEL for a hostUsers: false pod', () => {
       assert.equal(reachedAs(pod, APP_UID, dst), 'dest', 'after DEL nothing is redirected');
     });
   }
+
+  it("legacy: a node user's lock on the netns file keeps no ADD waiting (the lock is the plugin's own)", async () => {
+    const pod = await usernsNetns('uns', defer);
+    // Anyone on the node can open a netns file (0444 under /run/netns) and flock it.
+    const holder = spawn(
+      'setpriv',
+      ['--reuid=65534', '--regid=65534', '--clear-groups', 'flock', pod.path, 'sleep', 'infinity'],
+      { stdio: 'ignore', detached: true },
+    );
+    defer(async () => process.kill(-holder.pid!, 'SIGKILL'));
+    await waitFor(
+      `uid 65534 to hold a flock on ${pod.path}`,
+      () => shStatus(['flock', '-n', pod.path, 'true']).code === 1,
+    );
+    const { chain, stdin } = request(pod, 'legacy', '198.18.6.2');
+    const add = await meshCni('ADD', chain, stdin, PLUGIN_UNDER_BUN);
+    assert.equal(add.code, 0, add.stdout + add.stderr);
+    assert.match(rulesIn(pod.path), /-A MESH_OUTPUT -m owner --uid-owner 1337 -j RETURN/);
+    const del = await meshCni('DEL', chain, stdin, PLUGIN_UNDER_BUN);
+    assert.equal(del.code, 0, del.stdout + del.stderr);
+    assert.doesNotMatch(rulesIn(pod.path), /MESH_/);
+  });
 
   it('under Node, ADD fails closed and writes nothing into the pod netns', async () => {
     const pod = await usernsNetns('uns', defer);
