@@ -5,7 +5,7 @@
 // (review the diff!).
 
 import assert from 'node:assert/strict';
-import { existsSync, readdirSync, readFileSync, writeFileSync } from 'node:fs';
+import { existsSync, readFileSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 import { describe, it } from 'node:test';
 import { byPath } from '../../cni-plugin/netns/iptables.ts';
@@ -13,53 +13,22 @@ import { PlanBuilder, type Plan } from '../../cni-plugin/redirect/model.ts';
 import { applyTable, checkBody, readTable } from '../../cni-plugin/redirect/nft.ts';
 import { NftRenderError, POD_TABLE, renderNftBody } from '../../cni-plugin/redirect/nftrender.ts';
 import { sidecarPlan } from '../../cni-plugin/redirect/rules.ts';
-import { specForPod, type PodLike } from '../../cni-plugin/redirect/spec.ts';
+import { specForPod } from '../../cni-plugin/redirect/spec.ts';
 import { hostPlan } from '../../src/ambient/hostrules.ts';
 import { inpodPlan, podOptions } from '../../src/ambient/podrules.ts';
 import { cleanupAfterEach } from '../helpers/cleanup.ts';
 import { ROOT } from '../helpers/cli.ts';
 import { Netns } from '../helpers/netns.ts';
+import { fixturePod, RULE_FIXTURES, ruleFixtures, type RuleFixture } from '../helpers/rulefixtures.ts';
 
-const DIR = path.join(ROOT, 'test/node/fixtures/rules');
+const DIR = RULE_FIXTURES;
 const AMBIENT_DIR = path.join(ROOT, 'test/node/fixtures/ambient');
 const defer = cleanupAfterEach();
 
-interface Fixture {
-  readonly name: string;
-  readonly description: string;
-  readonly annotations: Record<string, string>;
-  readonly proxyEnv?: Record<string, string>;
-  readonly proxySecurityContext?: { runAsUser?: number; runAsGroup?: number };
-  readonly error?: string;
-}
+const fixtures = ruleFixtures().filter((f) => f.error === undefined);
 
-const fixtures: Fixture[] = readdirSync(DIR)
-  .filter((f) => f.endsWith('.json'))
-  .sort()
-  .map((f) => ({
-    name: f.replace(/\.json$/, ''),
-    ...(JSON.parse(readFileSync(path.join(DIR, f), 'utf8')) as Omit<Fixture, 'name'>),
-  }))
-  .filter((f) => f.error === undefined);
-
-function podOf(f: Fixture): PodLike {
-  return {
-    metadata: { name: f.name, namespace: 'default', annotations: { 'sidecar.mesh.io/status': '{}', ...f.annotations } },
-    spec: {
-      containers: [
-        { name: 'app' },
-        {
-          name: 'mesh-proxy',
-          env: Object.entries(f.proxyEnv ?? {}).map(([name, value]) => ({ name, value })),
-          ...(f.proxySecurityContext ? { securityContext: f.proxySecurityContext } : {}),
-        },
-      ],
-    },
-  };
-}
-
-const bodyOf = (f: Fixture, fams: readonly (4 | 6)[] = [4, 6]): string => {
-  const spec = specForPod(podOf(f));
+const bodyOf = (f: RuleFixture, fams: readonly (4 | 6)[] = [4, 6]): string => {
+  const spec = specForPod(fixturePod(f));
   return renderNftBody(fams.map((fam) => sidecarPlan(spec, fam)));
 };
 
@@ -80,7 +49,7 @@ describe('nft renderer fixtures', () => {
   }
 
   it('renders the same text every time, whatever order the plans come in', () => {
-    const spec = specForPod(podOf(fixtures.find((f) => f.name === 'tproxy-everything')!));
+    const spec = specForPod(fixturePod(fixtures.find((f) => f.name === 'tproxy-everything')!));
     const a = renderNftBody([sidecarPlan(spec, 4), sidecarPlan(spec, 6)]);
     const b = renderNftBody([sidecarPlan(spec, 6), sidecarPlan(spec, 4)]);
     assert.equal(a, b);

@@ -4,7 +4,7 @@
 // expected files (review the diff!).
 
 import assert from 'node:assert/strict';
-import { existsSync, readdirSync, readFileSync, writeFileSync } from 'node:fs';
+import { existsSync, readFileSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 import { after, describe, it } from 'node:test';
 import {
@@ -20,44 +20,12 @@ import {
 import { canonicalAddress, parseCidr, parsePortList } from '../../cni-plugin/redirect/net.ts';
 import { buildFamilyRules } from '../../cni-plugin/redirect/rules.ts';
 import { AnnotationError, specForPod, type PodLike } from '../../cni-plugin/redirect/spec.ts';
-import { ROOT } from '../helpers/cli.ts';
 import { Netns } from '../helpers/netns.ts';
+import { fixturePod, RULE_FIXTURES, ruleFixtures } from '../helpers/rulefixtures.ts';
 
-const DIR = path.join(ROOT, 'test/node/fixtures/rules');
-
-interface Fixture {
-  readonly name: string;
-  readonly description: string;
-  readonly annotations: Record<string, string>;
-  readonly proxyEnv?: Record<string, string>;
-  /** The mesh-proxy container's securityContext (runAsUser/runAsGroup). */
-  readonly proxySecurityContext?: { runAsUser?: number; runAsGroup?: number };
-  readonly error?: string;
-}
-
-const fixtures: Fixture[] = readdirSync(DIR)
-  .filter((f) => f.endsWith('.json'))
-  .sort()
-  .map((f) => ({
-    name: f.replace(/\.json$/, ''),
-    ...(JSON.parse(readFileSync(path.join(DIR, f), 'utf8')) as Omit<Fixture, 'name'>),
-  }));
-
-function podOf(f: Fixture): PodLike {
-  return {
-    metadata: { name: f.name, namespace: 'default', annotations: { 'sidecar.mesh.io/status': '{}', ...f.annotations } },
-    spec: {
-      containers: [
-        { name: 'app' },
-        {
-          name: 'mesh-proxy',
-          env: Object.entries(f.proxyEnv ?? {}).map(([name, value]) => ({ name, value })),
-          ...(f.proxySecurityContext ? { securityContext: f.proxySecurityContext } : {}),
-        },
-      ],
-    },
-  };
-}
+const DIR = RULE_FIXTURES;
+const fixtures = ruleFixtures();
+const podOf = fixturePod;
 
 const good = fixtures.filter((f) => f.error === undefined);
 const bad = fixtures.filter((f) => f.error !== undefined);
