@@ -8,15 +8,15 @@
 // only from inside that user namespace (userns.ts). There what writes rules (writesRules) runs as
 // `nsenter --user=/proc/self/fd/4 --net=/proc/self/fd/3`, as the pod's root, the owner's fd handed
 // as fd 4, as the plugin runs it (docs/plugin.md "User-namespaced pods"). Legacy iptables then
-// locks the netns file itself (XTABLES_LOCKFILE; the plugin locks the same inode through its
-// path): /run/xtables.lock is the host root's, which the pod's root may not open. Reads stay the
-// host root's: a save, `ip addr show`, the validation check.
+// locks a file of the agent's own, handed as fd 5 (XTABLES_LOCKFILE, userns.ts privateLockFile):
+// /run/xtables.lock is the host root's, which the pod's root may not open. Reads stay the host
+// root's: a save, `ip addr show`, the validation check.
 
 import fs from 'node:fs';
 import path from 'node:path';
 import { sameNs, type HeldNetns } from './held.ts';
 import { DEFAULT_TIMEOUT_MS, failed, MAX_OUTPUT, runProgram, type RunResult } from './program.ts';
-import { netnsOwner } from './userns.ts';
+import { netnsOwner, privateLockFile } from './userns.ts';
 
 export { DEFAULT_TIMEOUT_MS, MAX_OUTPUT, type RunResult };
 export interface RunOptions {
@@ -52,8 +52,8 @@ export function writesRules(argv: readonly string[]): boolean {
 }
 
 /**
- * `nsenter --net=/proc/self/fd/3 -- argv...`, with `--user=/proc/self/fd/4` too for a writer in a
- * netns another user namespace owns; never throws, never rejects. When that owner cannot be told,
+ * `nsenter --net=/proc/self/fd/3 -- argv...`, with `--user=/proc/self/fd/4` (and the lock file as
+ * fd 5) too for a writer in a netns another user namespace owns; never throws, never rejects. When that owner cannot be told,
  * a writer does not run (the result's error says why): nothing is written from the wrong one.
  */
 export function runInNetns(netns: HeldNetns, argv: readonly string[], opts: RunOptions = {}): Promise<RunResult> {
@@ -64,10 +64,13 @@ export function runInNetns(netns: HeldNetns, argv: readonly string[], opts: RunO
   if (notHeld) return Promise.resolve(failed(`cannot run ${name}: ${notHeld}`));
   const where = `the netns of pid ${netns.pid}`;
   let owner: number | null = null;
+  let lock = -1;
   if (writesRules(argv)) {
     try {
       owner = netnsOwner(netns.fd, where);
+      if (owner !== null) lock = privateLockFile();
     } catch (e) {
+      if (owner !== null) fs.closeSync(owner);
       return Promise.resolve(failed(`cannot run ${name}: ${(e as Error).message}`));
     }
   }
@@ -81,8 +84,8 @@ export function runInNetns(netns: HeldNetns, argv: readonly string[], opts: RunO
   const userns = owner;
   return runProgram('nsenter', ['--user=/proc/self/fd/4', '--net=/proc/self/fd/3', '--', ...argv], {
     ...common,
-    fds: [netns.fd, userns],
-    env: { XTABLES_LOCKFILE: '/proc/self/fd/3' },
+    fds: [netns.fd, userns, lock],
+    env: { XTABLES_LOCKFILE: '/proc/self/fd/5' },
     what: `${name} in ${where} as the root of its user namespace`,
   }).finally(() => {
     try {

@@ -13,6 +13,7 @@
 
 import fs from 'node:fs';
 import { constants as osConstants } from 'node:os';
+import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import type { NsId } from './held.ts';
 
@@ -87,4 +88,44 @@ export function netnsOwner(netnsFd: number, what: string): number | null {
   if (!hosts) return rc;
   fs.closeSync(rc);
   return null;
+}
+
+/**
+ * Where the lock file is made: the dir of legacy iptables' own /run/xtables.lock, which is
+ * writable wherever the agent runs legacy iptables (an emptyDir over /run in the DaemonSet, whose
+ * root file system is read-only: no /tmp).
+ */
+const LOCK_DIR = '/run';
+let lockFd: number | undefined;
+
+/**
+ * An open file no one but this process can reach, for legacy iptables run as a pod's root to lock
+ * (XTABLES_LOCKFILE=/proc/self/fd/<n>). /run/xtables.lock is the host root's (0600), which the
+ * pod's root may not open; the netns file it could open any node user can open and flock too (0444
+ * under /run/netns), keeping every legacy write into that pod waiting out its 5 s. Made 0444 (the
+ * pod's root opens it read-only through /proc/self/fd, as iptables opens its lock) in a 0700 dir,
+ * unlinked at once. One for the agent's life, made on first use: its user-namespaced writers lock
+ * each other out as its other writers do on /run/xtables.lock.
+ */
+export function privateLockFile(): number {
+  if (lockFd !== undefined) return lockFd;
+  let dir: string;
+  try {
+    dir = fs.mkdtempSync(path.join(LOCK_DIR, 'mesh-cni-xtlock-'));
+  } catch (e) {
+    throw new UsernsError(
+      `cannot make a lock file for legacy iptables in a pod's user namespace under ${LOCK_DIR}: ` +
+        `${(e as Error).message}; ${LOCK_DIR} must be writable (the DaemonSet mounts an emptyDir there)`,
+      { cause: e },
+    );
+  }
+  const file = path.join(dir, 'lock');
+  try {
+    lockFd = fs.openSync(file, fs.constants.O_RDONLY | fs.constants.O_CREAT | fs.constants.O_EXCL, 0o444);
+  } catch (e) {
+    throw new UsernsError(`cannot make the lock file ${file}: ${(e as Error).message}`, { cause: e });
+  } finally {
+    fs.rmSync(dir, { recursive: true, force: true });
+  }
+  return lockFd;
 }

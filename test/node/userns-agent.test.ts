@@ -8,6 +8,7 @@
 // Root, a built dist/ (mesh-validation.cjs, native/seqpacket.node).
 
 import assert from 'node:assert/strict';
+import { spawn } from 'node:child_process';
 import { randomUUID } from 'node:crypto';
 import { closeSync, fstatSync, mkdtempSync, rmSync, statSync } from 'node:fs';
 import os from 'node:os';
@@ -27,6 +28,8 @@ import { FakeZtunnel } from '../helpers/fake-ztunnel.ts';
 import { fdSnapshot, fdsOpenedSince } from '../helpers/fds.ts';
 import { Netns, rulesIn } from '../helpers/netns.ts';
 import { testPod } from '../helpers/pods.ts';
+import { waitFor } from '../helpers/poll.ts';
+import { shStatus } from '../helpers/sh.ts';
 import { podWithTraffic, reachedAs, usernsNetns } from '../helpers/userns.ts';
 
 const defer = cleanupAfterEach();
@@ -91,11 +94,49 @@ describe("a held netns's owner: NS_GET_USERNS through the agent's addon", () => 
     const writer = await runInNetns(h, ['iptables', '-t', 'nat', '-A', 'OUTPUT', '-m', 'owner', '--uid-owner', '1337']);
     assert.equal(writer.error, null, writer.error ?? '');
     assert.equal(writer.code, 0, writer.stderr);
-    assert.deepEqual(fdsOpenedSince(before), []);
+    assert.deepEqual(
+      fdsOpenedSince(before).filter((fd) => !/\/mesh-cni-xtlock-/.test(fd)),
+      [],
+      'no fd left but the lock file',
+    );
     assert.match(rulesIn(pod.path), /-A OUTPUT -m owner --uid-owner 1337/);
     const save = await runInNetns(h, ['iptables-save', '-t', 'nat']);
     assert.equal(save.code, 0, save.stderr);
     assert.match(save.stdout, /--uid-owner 1337/);
+  });
+});
+
+describe("legacy iptables in a pod's user namespace locks a file of the agent's own", () => {
+  it("a node user's lock on the netns file keeps no write waiting", async () => {
+    const pod = await usernsNetns('unslock', defer);
+    // Anyone on the node can open a netns file (0444 under /run/netns) and flock it.
+    const holder = spawn(
+      'setpriv',
+      ['--reuid=65534', '--regid=65534', '--clear-groups', 'flock', pod.path, 'sleep', 'infinity'],
+      { stdio: 'ignore', detached: true },
+    );
+    defer(async () => process.kill(-holder.pid!, 'SIGKILL'));
+    await waitFor(
+      `uid 65534 to hold a flock on ${pod.path}`,
+      () => shStatus(['flock', '-n', pod.path, 'true']).code === 1,
+    );
+    const h = await held(pod.path);
+    const before = fdSnapshot();
+    const rule = ['-t', 'nat', '-A', 'OUTPUT', '-m', 'owner', '--uid-owner', '1337', '-j', 'RETURN'];
+    const r = await runInNetns(h, ['iptables-legacy', '-w', '5', ...rule], { timeoutMs: 20_000 });
+    assert.equal(r.error, null, r.error ?? '');
+    assert.equal(r.code, 0, r.stderr);
+    assert.match(rulesIn(pod.path), /-A OUTPUT -m owner --uid-owner 1337 -j RETURN/);
+    const again = await runInNetns(h, ['iptables-legacy-restore', '--noflush', '-w', '5'], {
+      input: '*nat\n-A OUTPUT -m owner --uid-owner 1338 -j RETURN\nCOMMIT\n',
+      timeoutMs: 20_000,
+    });
+    assert.equal(again.code, 0, again.stderr);
+    assert.deepEqual(
+      fdsOpenedSince(before).filter((fd) => !/\/mesh-cni-xtlock-/.test(fd)),
+      [],
+      'no fd left but the lock file',
+    );
   });
 });
 
