@@ -15,6 +15,7 @@ import type { Component } from './component.ts';
 import type { Settings } from './config/settings.ts';
 import { startInstaller } from './install/index.ts';
 import { checkInstalledBinaries } from './install/binaries.ts';
+import { startNftBackend } from './install/nftbackend.ts';
 import { DEFAULT_POD_LOOKUP, startPodLookup } from './install/podlookup.ts';
 import { clientNodeApi, type OrchApi } from './orch/api.ts';
 import { orchKubeConfig } from './orch/client.ts';
@@ -40,6 +41,7 @@ import {
   ambientArgs,
   cleanupArgs,
   installerArgs,
+  nftBackendArgs,
   orchClientArgs,
   pluginTokenArgs,
   podLookupArgs,
@@ -97,7 +99,12 @@ export async function runAgent(settings: Settings): Promise<number> {
     // the agent keeps using its own token, which never leaves this pod.
     const pluginToken = await startPluginToken(pluginTokenArgs(settings));
     components.push(pluginToken);
-    components.push(await startInstaller(installerArgs(settings), pluginToken, decide, binaryCheck));
+    // The redirect backend, decided from the node once, before our entry is written: the entry
+    // carries it, and /readyz says when --native-nftables=true cannot be had here.
+    const nft = await startNftBackend(nftBackendArgs(settings));
+    components.push(nft);
+    const nativeNftables = nft.choice.backend === 'nftables';
+    components.push(await startInstaller(installerArgs(settings), pluginToken, decide, binaryCheck, nativeNftables));
     components.push(await startControlz(settings.ctrlz, { components: () => components, readiness }));
     readiness.markStarted();
     agentReached('started');

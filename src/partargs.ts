@@ -6,10 +6,12 @@
 import type { AmbientArgs } from './ambient/args.ts';
 import type { Settings } from './config/settings.ts';
 import type { InstallerArgs } from './install/installer.ts';
+import type { NftBackendArgs } from './install/nftbackend.ts';
 import type { PodLookupArgs } from './install/podlookup.ts';
 import type { PluginTokenArgs } from './install/tokenrequest.ts';
 import type { CleanupArgs } from './install/uninstall.ts';
 import type { OrchClientArgs } from './orch/client.ts';
+import { withSbinDirs } from './podnetns/program.ts';
 import type { RepairArgs } from './repair/args.ts';
 import type { StopBoundArgs } from './stopbound.ts';
 
@@ -127,6 +129,11 @@ export function installerArgs(settings: Settings): InstallerArgs {
       ? { pluginEventUdsAddress: a.pluginEventUdsAddress, enablementSelectors: a.enablementSelectors }
       : undefined,
   };
+}
+
+/** The redirect backend: the mode asked for, and the dirs the agent's runner finds nft in. */
+export function nftBackendArgs(settings: Settings): NftBackendArgs {
+  return { mode: settings.install.nativeNftables, dirs: withSbinDirs(settings.env.path).split(':') };
 }
 
 /**

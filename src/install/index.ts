@@ -9,6 +9,7 @@
 //                     read through a view (netdirview.ts, filecache.ts, safefile.ts) -> steps
 //     apply.ts        the applier: the steps, in order (atomicfile.ts, fd-pinned link targets)
 //   template.ts       our plugin entry;  podlookup.ts  the plugin's pod lookups;  metrics.ts
+//   nftbackend.ts     native nftables or iptables, decided once at start (nfthost.ts from nftprobe.ts)
 import type { Component } from '../component.ts';
 import type { PluginTokenSource } from './tokenrequest.ts';
 import { Installer, type InstallerArgs, type InstallerOptions } from './installer.ts';
@@ -23,11 +24,13 @@ export async function startInstaller(
   pluginToken: PluginTokenSource,
   decideCleanup: InstallerOptions['decideCleanup'],
   binaryCheck?: InstallerOptions['binaryCheck'],
+  nativeNftables = false,
 ): Promise<Component> {
   const installer = new Installer(args, {
     pluginToken,
     decideCleanup,
     ...(binaryCheck ? { binaryCheck } : {}),
+    nativeNftables,
   });
   await installer.start();
   return installer;

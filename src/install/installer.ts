@@ -48,6 +48,8 @@ export interface InstallerOptions {
   readonly pluginToken?: PluginTokenSource;
   /** The agent's comparison of the installed binaries, begun at its start (binaries.ts checkInstalledBinaries). */
   readonly binaryCheck?: Promise<CheckedBinaries>;
+  /** The agent chose native nftables for the node (nftbackend.ts): our entry says so. */
+  readonly nativeNftables?: boolean;
 }
 
 export class Installer implements Component {
@@ -82,6 +84,7 @@ export class Installer implements Component {
     const pluginLogLevel = entryLogLevel(s.pluginLogLevel, s.cniScopeLevel);
     this.#installPass = new InstallPass({ ...s, pluginLogLevel }, s.env, opts.pluginToken, s.ambient);
     if (opts.binaryCheck) this.#installPass.useBinaryCheck(opts.binaryCheck);
+    if (opts.nativeNftables) this.#installPass.useNativeNftables();
     // A new token goes into the orchconfig at once.
     opts.pluginToken?.onChange(() => this.schedule('token'));
     this.#decide = opts.decideCleanup;

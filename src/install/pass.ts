@@ -98,6 +98,8 @@ export class InstallPass {
   readonly #ambient: AmbientEntryValues | undefined;
   /** A check of the installed binaries begun before the first pass (useBinaryCheck), until that pass takes it. */
   #binaryCheck: Promise<CheckedBinaries> | undefined;
+  /** Our entry says native_nftables: true (the agent's backend choice, useNativeNftables). */
+  #nativeNftables = false;
 
   constructor(settings: PassSettings, env: EntryEnv, pluginToken?: PluginTokenSource, ambient?: AmbientEntryValues) {
     this.#s = settings;
@@ -127,6 +129,11 @@ export class InstallPass {
    */
   useBinaryCheck(check: Promise<CheckedBinaries>): void {
     this.#binaryCheck = check;
+  }
+
+  /** Our entry tells the plugin to redirect with native nftables (the agent decided so at start). */
+  useNativeNftables(): void {
+    this.#nativeNftables = true;
   }
 
   #context(): PlanContext {
@@ -259,6 +266,7 @@ export class InstallPass {
         cniBinDir: this.#s.cniBinDir,
         excludeNamespaces: this.#s.excludeNamespaces,
         ...(this.#ambient ? { ambient: this.#ambient } : {}),
+        nativeNftables: this.#nativeNftables,
       },
       source,
     );

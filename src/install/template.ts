@@ -53,6 +53,8 @@ export interface TemplateValues {
   readonly excludeNamespaces: readonly string[];
   /** Ambient mode (--ambient-enabled): absent when off. */
   readonly ambient?: AmbientEntryValues;
+  /** The agent chose native nftables (--native-nftables, nftbackend.ts); absent or false: iptables. */
+  readonly nativeNftables?: boolean;
 }
 
 /** What the plugin's ambient branch reads from the entry (cni-plugin/ambient.ts). */
@@ -131,6 +133,9 @@ export function renderEntry(template: string, values: TemplateValues, source: st
     return v;
   });
   const out = JSON.parse(strict) as JsonObject;
+  // The backend is the agent's choice, made from the node at start: never the template's.
+  if (values.nativeNftables) out.native_nftables = true;
+  else delete out.native_nftables;
   // Ambient mode: the entry always says so, whatever the template holds: a template without the
   // keys (or with ambient_enabled false) would start ambient pods with no redirection at all.
   if (values.ambient) {
