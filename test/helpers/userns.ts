@@ -8,7 +8,7 @@ import { readlinkSync, writeFileSync } from 'node:fs';
 import type { Defer } from './cleanup.ts';
 import { Netns, uniqueName } from './netns.ts';
 import { waitFor } from './poll.ts';
-import { sh } from './sh.ts';
+import { sh, shStatus } from './sh.ts';
 
 /** Where uid/gid 0 inside lands on the host; the proxy's 1337 inside is HOST_BASE + 1337. */
 export const HOST_BASE = 200_000;
@@ -100,4 +100,21 @@ export async function podWithTraffic(subnet: string, defer: Defer): Promise<{ po
   await tagServer(far.path, 8080, 'dest', defer);
   await tagServer(pod.path, 15001, 'proxy', defer);
   return { pod, dst: `${subnet}.9` };
+}
+
+/**
+ * A user of the node (uid 65534) holding a flock on `file` until the test ends: anyone on the
+ * node can open a netns file (0444 under /run/netns) and flock it. Returns once it is held.
+ */
+export async function flockedByNodeUser(file: string, defer: Defer): Promise<void> {
+  const holder = spawn(
+    'setpriv',
+    ['--reuid=65534', '--regid=65534', '--clear-groups', 'flock', file, 'sleep', 'infinity'],
+    {
+      stdio: 'ignore',
+      detached: true,
+    },
+  );
+  defer(async () => process.kill(-holder.pid!, 'SIGKILL'));
+  await waitFor(`uid 65534 to hold a flock on ${file}`, () => shStatus(['flock', '-n', file, 'true']).code === 1);
 }

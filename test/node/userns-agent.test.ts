@@ -8,7 +8,6 @@
 // Root, a built dist/ (mesh-validation.cjs, native/seqpacket.node).
 
 import assert from 'node:assert/strict';
-import { spawn } from 'node:child_process';
 import { randomUUID } from 'node:crypto';
 import { closeSync, fstatSync, mkdtempSync, rmSync, statSync } from 'node:fs';
 import os from 'node:os';
@@ -28,9 +27,7 @@ import { FakeZtunnel } from '../helpers/fake-ztunnel.ts';
 import { fdSnapshot, fdsOpenedSince } from '../helpers/fds.ts';
 import { Netns, rulesIn } from '../helpers/netns.ts';
 import { testPod } from '../helpers/pods.ts';
-import { waitFor } from '../helpers/poll.ts';
-import { shStatus } from '../helpers/sh.ts';
-import { podWithTraffic, reachedAs, usernsNetns } from '../helpers/userns.ts';
+import { flockedByNodeUser, podWithTraffic, reachedAs, usernsNetns } from '../helpers/userns.ts';
 
 const defer = cleanupAfterEach();
 const VALIDATION = path.join(ROOT, 'dist', 'mesh-validation.cjs');
@@ -109,17 +106,7 @@ describe("a held netns's owner: NS_GET_USERNS through the agent's addon", () => 
 describe("legacy iptables in a pod's user namespace locks a file of the agent's own", () => {
   it("a node user's lock on the netns file keeps no write waiting", async () => {
     const pod = await usernsNetns('unslock', defer);
-    // Anyone on the node can open a netns file (0444 under /run/netns) and flock it.
-    const holder = spawn(
-      'setpriv',
-      ['--reuid=65534', '--regid=65534', '--clear-groups', 'flock', pod.path, 'sleep', 'infinity'],
-      { stdio: 'ignore', detached: true },
-    );
-    defer(async () => process.kill(-holder.pid!, 'SIGKILL'));
-    await waitFor(
-      `uid 65534 to hold a flock on ${pod.path}`,
-      () => shStatus(['flock', '-n', pod.path, 'true']).code === 1,
-    );
+    await flockedByNodeUser(pod.path, defer);
     const h = await held(pod.path);
     const before = fdSnapshot();
     const rule = ['-t', 'nat', '-A', 'OUTPUT', '-m', 'owner', '--uid-owner', '1337', '-j', 'RETURN'];

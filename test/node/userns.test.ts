@@ -6,7 +6,6 @@
 // redirected to the proxy port, on legacy iptables and on the nft shim.
 
 import assert from 'node:assert/strict';
-import { spawn } from 'node:child_process';
 import { statSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 import { after, before, describe, it } from 'node:test';
@@ -16,9 +15,8 @@ import { cleanupAfterEach } from '../helpers/cleanup.ts';
 import { ROOT } from '../helpers/cli.ts';
 import { Netns, rulesIn, type ChainEnv } from '../helpers/netns.ts';
 import { k8sArgs, MESH_CNI_SOURCE, meshCni, meshPod, pluginConfig, tempDir } from '../helpers/plugin.ts';
-import { waitFor } from '../helpers/poll.ts';
-import { sh, shStatus } from '../helpers/sh.ts';
-import { podWithTraffic, reachedAs, usernsNetns, type UsernsNetns } from '../helpers/userns.ts';
+import { sh } from '../helpers/sh.ts';
+import { flockedByNodeUser, podWithTraffic, reachedAs, usernsNetns, type UsernsNetns } from '../helpers/userns.ts';
 
 const BUN = bunBinary(ROOT);
 // The sources under Bun; with MESH_TEST_SHIPPED=1 the shipped executable (Bun's by default).
@@ -122,17 +120,7 @@ describe('mesh-cni ADD, CHECK, DEL for a hostUsers: false pod', () => {
 
   it("legacy: a node user's lock on the netns file keeps no ADD waiting (the lock is the plugin's own)", async () => {
     const pod = await usernsNetns('uns', defer);
-    // Anyone on the node can open a netns file (0444 under /run/netns) and flock it.
-    const holder = spawn(
-      'setpriv',
-      ['--reuid=65534', '--regid=65534', '--clear-groups', 'flock', pod.path, 'sleep', 'infinity'],
-      { stdio: 'ignore', detached: true },
-    );
-    defer(async () => process.kill(-holder.pid!, 'SIGKILL'));
-    await waitFor(
-      `uid 65534 to hold a flock on ${pod.path}`,
-      () => shStatus(['flock', '-n', pod.path, 'true']).code === 1,
-    );
+    await flockedByNodeUser(pod.path, defer);
     const { chain, stdin } = request(pod, 'legacy', '198.18.6.2');
     const add = await meshCni('ADD', chain, stdin, PLUGIN_UNDER_BUN);
     assert.equal(add.code, 0, add.stdout + add.stderr);
