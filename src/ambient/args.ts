@@ -11,4 +11,9 @@ export interface AmbientArgs extends AmbientSettings {
   readonly hostProcDir: string;
   /** --host-netns-path: the host's own netns, which is never a pod's. */
   readonly hostNetnsPath: string;
+  /**
+   * The redirect backend the agent decided from --native-nftables (src/install/nfthost.ts): true,
+   * the node's probe path and the pods' rules as nftables tables; false or absent, iptables and ipset.
+   */
+  readonly nativeNftables?: boolean;
 }

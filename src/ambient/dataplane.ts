@@ -12,8 +12,9 @@
 // - start(): the node's probe rule and sets, every running pod that should be ambient found and
 //   its rules made so (snapshot.ts), then the ZDS socket opens and each ztunnel that connects
 //   gets the snapshot.
-// The pieces: podrules.ts / hostrules.ts (rules), src/podnetns/ (netns by fd, nsenter),
-// ztunnelserver.ts (ZDS), podcache.ts (the held netns), hostprobes.ts (the ipset sync).
+// The pieces: podnft.ts (the in-pod rules, iptables or nftables) and hostbackend.ts (the node's
+// probe path: hostrules.ts or hostnft.ts), as --native-nftables decided; src/podnetns/ (netns by
+// fd, nsenter), ztunnelserver.ts (ZDS), podcache.ts (the held netns), hostprobes.ts (the sync).
 
 import { lstat, rm, stat, statfs } from 'node:fs/promises';
 import path from 'node:path';
@@ -33,18 +34,14 @@ import {
   type NsId,
   type PodNetnsOptions,
 } from '../podnetns/index.ts';
+import { copyEntries, type HostProbes } from './hostbackend.ts';
 import { HostHealer, type HealOptions } from './hostheal.ts';
-import { addProbeIP, applyHost, canonicalIP, iptablesHostState, removeHost, removeProbeIP } from './hostrules.ts';
+import { NftHostProbes } from './hostnft.ts';
+import { canonicalIP, IptablesHostProbes } from './hostrules.ts';
+import { DEFAULT_KUBELET_UID, findKubeletUid } from './kubeletuid.ts';
 import { PodCache } from './podcache.ts';
-import {
-  applyInpod,
-  podOptions,
-  redirectsToZtunnel,
-  removeInpod,
-  type Family,
-  type Flavour,
-  type Runner,
-} from './podrules.ts';
+import { iptablesInpod, nftInpod, type InpodBackend } from './podnft.ts';
+import { podOptions, type Family, type Flavour, type Runner } from './podrules.ts';
 import { REDIRECTION_ANNOTATION, type AmbientPodInfo, type Redirection } from './enablement.ts';
 import { buildStartupState, type StartupPod } from './snapshot.ts';
 import type { WorkloadInfo } from './zds.ts';
@@ -117,6 +114,8 @@ export interface DataplaneDeps {
   readonly zdsTimings?: Partial<ZdsTimings>;
   /** The host probe path's healer (hostheal.ts): its clock and timings. */
   readonly hostHeal?: HealOptions;
+  /** kubelet's uid for the nftables probe rule; default: found in --host-proc-dir at start (kubeletuid.ts). */
+  readonly kubeletUid?: () => Promise<number>;
 }
 
 /** statfs type of a namespace file (NSFS_MAGIC). */
@@ -223,6 +222,11 @@ class Dataplane implements MeshDataplane {
   #started = false;
   #stopped = false;
   readonly #healOpts: HealOptions | undefined;
+  /** The in-pod rules' backend (podnft.ts), as the agent chose. */
+  readonly #inpodRules: InpodBackend;
+  readonly #kubeletUid: () => Promise<number>;
+  /** The node's probe path in the chosen backend; made at start (nftables needs kubelet's uid). */
+  #hostProbes: HostProbes | null = null;
   /** Puts the node's probe rule and sets back when another writer takes them (from start to stop). */
   #heal: HostHealer | null = null;
   readonly #snapshotHolds = new Map<number, () => void>();
@@ -242,6 +246,43 @@ class Dataplane implements MeshDataplane {
     this.#timings = deps.zdsTimings;
     this.#healOpts = deps.hostHeal;
     this.#hostFamilies = this.#s.ipv6 ? [4, 6] : [4];
+    this.#inpodRules = args.nativeNftables === true ? nftInpod(this.#flavour) : iptablesInpod(this.#flavour);
+    this.#kubeletUid = deps.kubeletUid ?? (() => kubeletUidAtStart(args.hostProcDir, args.hostNetnsPath));
+  }
+
+  #snat() {
+    return { v4: this.#s.hostProbeSnatIp, v6: this.#s.hostProbeSnatIpv6 };
+  }
+
+  /** Our nftables probe table, only to remove it: the rule it would write does not matter. */
+  #nftToRemove(): NftHostProbes {
+    return new NftHostProbes(this.#host, { families: this.#hostFamilies, kubeletUid: DEFAULT_KUBELET_UID });
+  }
+
+  #iptablesHost(): IptablesHostProbes {
+    return new IptablesHostProbes(this.#host, this.#flavour, this.#hostFamilies, this.#snat());
+  }
+
+  /** The node's probe path in the chosen backend, and the other one (to move from), made once. */
+  async #hostBackends(): Promise<{ chosen: HostProbes; other: HostProbes }> {
+    const nft = async () =>
+      new NftHostProbes(this.#host, {
+        families: this.#hostFamilies,
+        kubeletUid: await this.#kubeletUid(),
+        snat: this.#snat(),
+      });
+    if (this.#s.nativeNftables) {
+      this.#hostProbes ??= await nft();
+      return { chosen: this.#hostProbes, other: this.#iptablesHost() };
+    }
+    this.#hostProbes ??= this.#iptablesHost();
+    return { chosen: this.#hostProbes, other: this.#nftToRemove() };
+  }
+
+  /** The probe path, once start() made it. */
+  #probes(): HostProbes {
+    if (this.#hostProbes === null) throw new Error('the host probe path is not set up yet (ambient is starting)');
+    return this.#hostProbes;
   }
 
   /** Runs `fn` after every earlier operation on the same pod has settled. */
@@ -268,8 +309,7 @@ class Dataplane implements MeshDataplane {
 
   async #programRules(pod: AmbientPod, netns: HeldNetns): Promise<void> {
     const opts = this.#podOptions(pod);
-    const flavour = await this.#flavour();
-    await this.#inpod.run(() => applyInpod(runnerIn(netns), flavour, this.#podFamilies(pod), opts));
+    await this.#inpod.run(() => this.#inpodRules.apply(runnerIn(netns), this.#podFamilies(pod), opts));
   }
 
   /**
@@ -280,9 +320,8 @@ class Dataplane implements MeshDataplane {
    */
   async #rulesAtStart(pod: AmbientPod, netns: HeldNetns): Promise<void> {
     if (this.#s.reconcilePodRulesOnStartup) return this.#programRules(pod, netns);
-    const flavour = await this.#flavour();
     const families = this.#podFamilies(pod);
-    if (await this.#inpod.run(() => redirectsToZtunnel(runnerIn(netns), flavour, families))) return;
+    if (await this.#inpod.run(() => this.#inpodRules.redirects(runnerIn(netns), families))) return;
     await this.#programRules(pod, netns);
   }
 
@@ -296,7 +335,7 @@ class Dataplane implements MeshDataplane {
     const rec = this.#record.get(pod.uid);
     const now = new Set<string>();
     for (const ip of ips) {
-      await addProbeIP(this.#host, ip, pod.uid);
+      await this.#probes().addProbeIP(ip, pod.uid);
       now.add(probeKey(ip));
       if (rec && !rec.probeIPs.includes(probeKey(ip))) rec.probeIPs.push(probeKey(ip));
     }
@@ -309,7 +348,7 @@ class Dataplane implements MeshDataplane {
 
   /** Out of the probe set if the entry is still this pod's (a reused IP keeps its new owner). */
   async #removeProbeIP(pod: AmbientPod, ip: string): Promise<void> {
-    const r = await removeProbeIP(this.#host, ip, pod.uid);
+    const r = await this.#probes().removeProbeIP(ip, pod.uid);
     if (!r.removed && r.owner !== null) {
       log.warn('probe ipset entry kept: the IP is now another pod', { pod: podName(pod), ip, owner: r.owner });
     }
@@ -417,15 +456,9 @@ class Dataplane implements MeshDataplane {
   /** Best effort, each family on its own: '' or what could not be taken out. */
   async #rollBackRules(netns: HeldNetns): Promise<string> {
     const failed: string[] = [];
-    let flavour: Flavour;
-    try {
-      flavour = await this.#flavour();
-    } catch (e) {
-      return ` (and its rules could not be taken out again: ${(e as Error).message})`;
-    }
     for (const f of [4, 6] as const) {
       try {
-        await this.#inpod.run(() => removeInpod(runnerIn(netns), flavour, [f]));
+        await this.#inpod.run(() => this.#inpodRules.remove(runnerIn(netns), [f]));
       } catch (e) {
         failed.push(`IPv${f}: ${(e as Error).message}`);
       }
@@ -474,8 +507,7 @@ class Dataplane implements MeshDataplane {
     const netns = held ?? found;
     if (!isDelete && netns !== null) {
       try {
-        const flavour = await this.#flavour();
-        await this.#inpod.run(() => removeInpod(runnerIn(netns), flavour, this.#podFamilies(pod)));
+        await this.#inpod.run(() => this.#inpodRules.remove(runnerIn(netns), this.#podFamilies(pod)));
       } catch (e) {
         // Back in the cache: the retry needs the netns to take the rules out (Istio drops it
         // here, and a retry then leaves the rules in a pod ztunnel no longer serves).
@@ -573,13 +605,17 @@ class Dataplane implements MeshDataplane {
     const now = new Set(pods.map((p) => p.uid));
     for (const uid of this.#startupUids) if (!now.has(uid)) this.#cache.release(this.#cache.take(uid));
     this.#startupUids = now;
-    const flavour = await this.#flavour();
-    const snat = { v4: this.#s.hostProbeSnatIp, v6: this.#s.hostProbeSnatIpv6 };
+    const { chosen, other } = await this.#hostBackends();
     try {
-      await applyHost(this.#host, flavour, this.#hostFamilies, snat);
+      await chosen.apply();
     } catch (e) {
-      throw new Error(`cannot set up ambient's host probe rules (${flavour}): ${(e as Error).message}`, { cause: e });
+      throw new Error(`cannot set up ambient's host probe rules (${chosen.name}): ${(e as Error).message}`, {
+        cause: e,
+      });
     }
+    // What the other backend held (a node that switched) first, so the sync below keeps the
+    // entries of pods without an IP yet as it would have in the other.
+    const copied = await copyEntries(chosen, other);
     const startup: StartupPod[] = pods.map((p) => ({
       uid: p.uid,
       namespace: p.namespace,
@@ -591,8 +627,7 @@ class Dataplane implements MeshDataplane {
     const byUid = new Map(pods.map((p) => [p.uid, p]));
     const r = await buildStartupState(startup, {
       cache: this.#cache,
-      host: this.#host,
-      hostFamilies: this.#hostFamilies,
+      host: chosen,
       findMany: (list) => findPodsNetns(list, this.#nsOpts),
       rules: (p, netns) => this.#rulesAtStart(byUid.get(p.uid)!, netns),
     });
@@ -610,7 +645,8 @@ class Dataplane implements MeshDataplane {
       if (!this.#record.has(p.uid)) this.#record.set(p.uid, { state: 'pending', probeIPs: [] });
     this.#started = true;
     for (const p of pods) if (p.annotations[REDIRECTION_ANNOTATION] !== 'enabled') this.#tellEnabled(p);
-    this.#heal = new HostHealer(iptablesHostState(this.#host, flavour, this.#hostFamilies, snat), this.#healOpts);
+    await this.#leave(other, chosen, copied);
+    this.#heal = new HostHealer(chosen, this.#healOpts);
     this.#heal.start();
     log.info('ambient dataplane started', {
       pods: pods.length,
@@ -623,6 +659,31 @@ class Dataplane implements MeshDataplane {
       probePruned: r.probes.pruned,
       socket: this.#s.ztunnelUdsAddress,
     });
+  }
+
+  /**
+   * The other backend's probe path out, once the chosen one holds every enrolled pod's entry (a
+   * node whose --native-nftables choice changed). A failure is said, not fatal: the chosen one
+   * SNATs first, so what is left of the other changes no probe; the next start tries again.
+   */
+  async #leave(other: HostProbes, chosen: HostProbes, copied: number): Promise<void> {
+    try {
+      const r = await other.remove();
+      if (r === 'removed')
+        log.info("moved the host probe path: the other backend's rule and sets are removed", {
+          from: other.name,
+          to: chosen.name,
+          entriesCopied: copied,
+        });
+      if (r === 'foreign')
+        log.warn('a table of our name that is not ours is on the node: left alone', { in: other.name });
+    } catch (e) {
+      log.warn("cannot remove the other backend's host probe path; the chosen one SNATs first, so probes work", {
+        from: other.name,
+        to: chosen.name,
+        error: (e as Error).message,
+      });
+    }
   }
 
   /**
@@ -704,10 +765,29 @@ class Dataplane implements MeshDataplane {
     if (cleanup) {
       // Uninstall: the node's probe rule and sets go. Running pods keep their in-pod rules (as
       // Istio: unlabel first; docs/uninstall.md), so their traffic never leaves ztunnel's path unasked.
-      await removeHost(this.#host, await this.#flavour(), this.#hostFamilies);
+      // Both backends: a node that switched keeps nothing of ours in either.
+      const chosen = this.#hostProbes ?? (this.#s.nativeNftables ? this.#nftToRemove() : this.#iptablesHost());
+      const other = this.#s.nativeNftables ? this.#iptablesHost() : this.#nftToRemove();
+      await chosen.remove();
+      await other.remove();
     }
     this.#cache.clear();
   }
+}
+
+/** kubelet's uid from the host's /proc; the default (0) when it cannot be told, said in the log. */
+async function kubeletUidAtStart(procDir: string, hostNetns: string): Promise<number> {
+  const r = await findKubeletUid(procDir, hostNetns);
+  if (r.found) {
+    log.info("kubelet's uid for the nftables probe rule", { uid: r.uid, process: r.comm, pid: r.pid });
+    return r.uid;
+  }
+  log.warn(
+    "kubelet's uid not found: the nftables probe rule SNATs the connections of uid 0 (kubelet as root); " +
+      'if kubelet runs as another uid here its probes of ambient pods fail (docs/ambient.md "Native nftables")',
+    { uid: DEFAULT_KUBELET_UID, why: r.why },
+  );
+  return DEFAULT_KUBELET_UID;
 }
 
 export function createDataplane(args: AmbientArgs, deps: DataplaneDeps): MeshDataplane {

@@ -23,13 +23,15 @@ import {
   bodyDigest,
   deleteTableCommand,
   foreignTable,
+  NftError,
   ownerCommands,
   readTable,
   runTransaction,
   type NftTableState,
 } from '../../cni-plugin/redirect/nft.ts';
 import { Serial } from '../concurrency.ts';
-import type { HostDrift, HostStateBackend } from './hostheal.ts';
+import type { HostProbes } from './hostbackend.ts';
+import type { HostDrift } from './hostheal.ts';
 import { canonicalIP, probeSet, type ProbeRemoval } from './hostrules.ts';
 import { AmbientRulesError, ipv6Text, PROBE_SNAT_V4, PROBE_SNAT_V6, type Family, type Runner } from './podrules.ts';
 
@@ -72,7 +74,8 @@ export function probeRule(family: Family, kubeletUid: number, snatAddress?: stri
  * agent's): it keeps the record of what it put in the sets, which a heal puts back, and orders
  * every change of the sets (a removal is a read, then a delete if the entry is still the pod's).
  */
-export class NftHostProbes implements HostStateBackend {
+export class NftHostProbes implements HostProbes {
+  readonly kind = 'nftables';
   readonly name = `nftables (table inet ${HOST_TABLE})`;
   readonly holds = `table inet ${HOST_TABLE}`;
   readonly #nft: NetnsRunner;
@@ -164,7 +167,12 @@ export class NftHostProbes implements HostStateBackend {
 
   /** Many adds in one transaction: all in, or (false) none. */
   async addProbeIPs(entries: readonly (readonly [ip: string, uid: string])[]): Promise<boolean> {
-    const each = entries.map(([ip, uid]) => ({ uid, ...this.#elementCommands(ip, uid) }));
+    let each: { uid: string; key: string; commands: string[] }[];
+    try {
+      each = entries.map(([ip, uid]) => ({ uid, ...this.#elementCommands(ip, uid) }));
+    } catch {
+      return false; // one refused: the caller's adds one by one say which
+    }
     return this.#serial.run(async () => {
       try {
         await runTransaction(
@@ -206,11 +214,31 @@ export class NftHostProbes implements HostStateBackend {
     });
   }
 
-  /** Uninstall: our table out (rules, sets and elements); a table of our name not ours stays. */
+  /** An element with no pod UID on it: out of its set, whatever it is (gone already is fine). */
+  async dropProbeIP(ip: string): Promise<void> {
+    const { family, text } = canonicalIP(ip);
+    await this.#serial.run(async () => {
+      const have = await this.#ours();
+      if (![...(have?.sets.get(probeSet(family))?.elements.keys() ?? [])].some((e) => canonicalIP(e).text === text))
+        return;
+      await runTransaction(this.#nft, [`delete element inet ${HOST_TABLE} ${probeSet(family)} { ${text} }`]);
+    });
+  }
+
+  /**
+   * Uninstall, or a switch back to iptables: our table out (rules, sets and elements); a table of
+   * our name not ours stays. A node without nft has no table of ours: absent.
+   */
   async remove(): Promise<'removed' | 'absent' | 'foreign'> {
     return this.#serial.run(async () => {
       this.#ledger.clear();
-      const have = await readTable(this.#nft, HOST_TABLE);
+      let have: NftTableState | null;
+      try {
+        have = await readTable(this.#nft, HOST_TABLE);
+      } catch (e) {
+        if (e instanceof NftError && e.permanent && /^cannot run nft /.test(e.message)) return 'absent';
+        throw e;
+      }
       if (have === null) return 'absent';
       if (have.digest === null) return 'foreign';
       await runTransaction(this.#nft, [deleteTableCommand(have)]);

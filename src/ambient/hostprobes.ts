@@ -7,16 +7,8 @@
 // the next pod with that IP the node's traffic from the probe address.
 
 import { scope } from '../monitoring/logging.ts';
-import {
-  addProbeCommand,
-  addProbeIP,
-  addProbeIPs,
-  canonicalIP,
-  parseProbeSet,
-  probeSet,
-  removeProbeIP,
-} from './hostrules.ts';
-import type { Family, Runner } from './podrules.ts';
+import type { HostProbes } from './hostbackend.ts';
+import { canonicalIP } from './hostrules.ts';
 
 const log = scope('ambient');
 /** What hostrules takes for a pod UID (an entry's comment). */
@@ -55,12 +47,8 @@ function addFailed(pod: ProbePod, ip: string, e: unknown): string {
   return `${pod.namespace}/${pod.name} ${ip}: ${(e as Error).message}`;
 }
 
-/** Adds every pod's IPs, then prunes the rest of `families`' sets (but a pod without an IP's). */
-export async function syncProbeSets(
-  run: Runner,
-  families: readonly Family[],
-  pods: readonly ProbePod[],
-): Promise<ProbeSync> {
+/** Adds every pod's IPs, then prunes the rest of the sets (but a pod without an IP's). */
+export async function syncProbeSets(host: HostProbes, pods: readonly ProbePod[]): Promise<ProbeSync> {
   const expected = new Set<string>();
   const failed: string[] = [];
   const withoutIp: string[] = [];
@@ -72,8 +60,9 @@ export async function syncProbeSets(
     }
     for (const ip of pod.ips) {
       try {
-        // ['add', set, ip, 'comment', uid, '-exist'], checked and in ipset's own spelling.
-        const text = addProbeCommand(ip, pod.uid)[2]!;
+        if (!UID.test(pod.uid)) throw new Error(`pod UID "${pod.uid}" is not a UID (letters, digits and -)`);
+        // Checked, and in the one spelling both backends read back.
+        const text = canonicalIP(ip).text;
         entries.push({ pod, ip });
         // As ipset prints it (and parseProbeSet reads it): another spelling would look stale.
         expected.add(text);
@@ -83,23 +72,17 @@ export async function syncProbeSets(
     }
   }
   let added = 0;
-  // One `ipset restore` for all (a node of 250 pods: one process, not 250). If it fails, one add
-  // per IP says which (ipset restore stops at the first bad line). Through hostrules, which
-  // records what is in for the healer (hostheal.ts).
-  const batch =
-    entries.length > 0
-      ? await addProbeIPs(
-          run,
-          entries.map((e) => [e.ip, e.pod.uid] as const),
-        )
-      : true;
+  // One batch for all (a node of 250 pods: one process, not 250). If it fails, one add per IP
+  // says which (ipset restore stops at the first bad line, an nft transaction takes none). The
+  // backend records what is in for the healer (hostheal.ts).
+  const batch = entries.length > 0 ? await host.addProbeIPs(entries.map((e) => [e.ip, e.pod.uid] as const)) : true;
   if (batch) {
     added = entries.length;
   } else {
     expected.clear(); // only what is known to be in: a failed IP's entry is stale
     for (const { pod, ip } of entries) {
       try {
-        await addProbeIP(run, ip, pod.uid);
+        await host.addProbeIP(ip, pod.uid);
         expected.add(canonicalIP(ip).text);
         added++;
       } catch (e) {
@@ -116,31 +99,21 @@ export async function syncProbeSets(
   let pruned = 0;
   let keptWithoutIp = 0;
   const kept = new Map<string, string[]>();
-  for (const f of families) {
-    const set = probeSet(f);
-    const saved = await run(['ipset', 'save', set]);
-    if (saved.error !== null || saved.code !== 0) {
-      throw new Error(`ipset save ${set} failed (exit ${saved.code}): ${(saved.error ?? saved.stderr).trim()}`);
+  for (const [ip, owner] of await host.entries()) {
+    if (expected.has(ip)) continue;
+    if (keepOwners.has(owner)) {
+      keptWithoutIp++;
+      kept.set(owner, [...(kept.get(owner) ?? []), ip]);
+      continue;
     }
-    for (const [ip, owner] of parseProbeSet(saved.stdout)) {
-      if (expected.has(ip)) continue;
-      if (keepOwners.has(owner)) {
-        keptWithoutIp++;
-        kept.set(owner, [...(kept.get(owner) ?? []), ip]);
-        continue;
-      }
-      // Through removeProbeIP when the entry has an owner: serialized with every other change of
-      // the sets, and only if it is still that owner's (a pod enrolled meanwhile keeps its entry).
-      if (UID.test(owner)) {
-        if ((await removeProbeIP(run, ip, owner)).removed) pruned++;
-        continue;
-      }
-      const r = await run(['ipset', 'del', set, ip, '-exist']);
-      if (r.error !== null || r.code !== 0) {
-        throw new Error(`ipset del ${set} ${ip} failed (exit ${r.code}): ${(r.error ?? r.stderr).trim()}`);
-      }
-      pruned++;
+    // Through removeProbeIP when the entry has an owner: serialized with every other change of
+    // the sets, and only if it is still that owner's (a pod enrolled meanwhile keeps its entry).
+    if (UID.test(owner)) {
+      if ((await host.removeProbeIP(ip, owner)).removed) pruned++;
+      continue;
     }
+    await host.dropProbeIP(ip);
+    pruned++;
   }
   return { added, pruned, keptWithoutIp, kept, failed };
 }

@@ -11,6 +11,7 @@
 // (hostheal.ts) checks them with.
 
 import { isIPv4, isIPv6 } from 'node:net';
+import type { HostProbes } from './hostbackend.ts';
 import type { HostDrift, HostStateBackend } from './hostheal.ts';
 import { Serial } from '../concurrency.ts';
 import { diffRules, ensureRules, parseRules, removeRules } from '../../cni-plugin/redirect/iptables.ts';
@@ -226,18 +227,22 @@ export async function removeProbeIP(run: Runner, ip: string, uid: string): Promi
   });
 }
 
-/** Uninstall: the rule and chain out first (a set in use cannot be destroyed), then the sets. */
-export async function removeHost(run: Runner, flavour: Flavour, families: readonly Family[]): Promise<void> {
+/**
+ * Uninstall: the rule and chain out first (a set in use cannot be destroyed), then the sets.
+ * True when anything of ours was there. `flavour` null: no iptables on the node, only the sets.
+ */
+export async function removeHost(run: Runner, flavour: Flavour | null, families: readonly Family[]): Promise<boolean> {
+  let any = false;
   for (const f of families) {
-    await removeRules(netnsRunner(run, ON_HOST), flavour, f, ownsHost);
+    if (flavour !== null && (await removeRules(netnsRunner(run, ON_HOST), flavour, f, ownsHost))) any = true;
     const r = await oneAtATime(run, () => {
       for (const ip of [...ledger(run).keys()]) if (canonicalIP(ip).family === f) ledger(run).delete(ip);
       return run(['ipset', 'destroy', probeSet(f)]);
     });
-    if ((r.error !== null || r.code !== 0) && !/does not exist/.test(r.stderr)) {
-      throw failed(`ipset destroy ${probeSet(f)}`, r);
-    }
+    if (r.error === null && r.code === 0) any = true;
+    else if (!/does not exist/.test(r.stderr)) throw failed(`ipset destroy ${probeSet(f)}`, r);
   }
+  return any;
 }
 
 // ---- healing: what of ours is there, read back (hostheal.ts runs it) ----
@@ -321,4 +326,90 @@ export function iptablesHostState(
         await ensureRules(netnsRunner(run, ON_HOST), flavour, f, hostRestore(f, snatOf(f)), ownsHost);
     },
   };
+}
+
+/**
+ * The probe path as iptables (the node's flavour, detected when first needed) and ipset write it,
+ * in the one shape the dataplane calls (hostbackend.ts). One per host runner: the ledger and the
+ * order of set changes are that runner's (stateOf).
+ */
+export class IptablesHostProbes implements HostProbes {
+  readonly kind = 'iptables';
+  readonly name: string;
+  readonly #run: Runner;
+  readonly #flavour: () => Promise<Flavour>;
+  readonly #families: readonly Family[];
+  readonly #snat: { readonly v4?: string; readonly v6?: string };
+
+  constructor(
+    run: Runner,
+    flavour: () => Promise<Flavour>,
+    families: readonly Family[],
+    snat: { readonly v4?: string; readonly v6?: string } = {},
+  ) {
+    this.#run = run;
+    this.#flavour = flavour;
+    this.#families = [...families];
+    this.#snat = snat;
+    this.name = 'iptables + ipset';
+  }
+
+  async #state(): Promise<HostStateBackend> {
+    return iptablesHostState(this.#run, await this.#flavour(), this.#families, this.#snat);
+  }
+
+  async apply(): Promise<'unchanged' | 'applied'> {
+    return applyHost(this.#run, await this.#flavour(), this.#families, this.#snat);
+  }
+
+  addProbeIP(ip: string, uid: string): Promise<void> {
+    return addProbeIP(this.#run, ip, uid);
+  }
+
+  addProbeIPs(entries: readonly (readonly [ip: string, uid: string])[]): Promise<boolean> {
+    return addProbeIPs(this.#run, entries);
+  }
+
+  removeProbeIP(ip: string, uid: string): Promise<ProbeRemoval> {
+    return removeProbeIP(this.#run, ip, uid);
+  }
+
+  async dropProbeIP(ip: string): Promise<void> {
+    const { family, text } = canonicalIP(ip);
+    await oneAtATime(this.#run, () => ipset(this.#run, ['del', probeSet(family), text, '-exist']));
+  }
+
+  /** Both sets' entries; a set that is not there has none. */
+  async entries(): Promise<Map<string, string>> {
+    const out = new Map<string, string>();
+    for (const f of this.#families) {
+      const r = await this.#run(['ipset', 'save', probeSet(f)]);
+      if (r.error === null && r.code !== 0 && /does not exist/.test(r.stderr)) continue;
+      if (r.error !== null || r.code !== 0) throw failed(`ipset save ${probeSet(f)}`, r);
+      for (const [ip, uid] of parseProbeSet(r.stdout)) out.set(ip, uid);
+    }
+    return out;
+  }
+
+  /**
+   * The rule, the chain and the sets out. A node without iptables (no flavour found) or without
+   * ipset has none of ours there: absent, not an error.
+   */
+  async remove(): Promise<'removed' | 'absent'> {
+    const flavour = await this.#flavour().catch(() => null);
+    try {
+      return (await removeHost(this.#run, flavour, this.#families)) ? 'removed' : 'absent';
+    } catch (e) {
+      if (/ENOENT|not found|No such file/.test((e as Error).message)) return 'absent';
+      throw e;
+    }
+  }
+
+  async inspect(): Promise<HostDrift[]> {
+    return (await this.#state()).inspect();
+  }
+
+  async repair(drift: readonly HostDrift[]): Promise<void> {
+    return (await this.#state()).repair(drift);
+  }
 }

@@ -224,7 +224,7 @@ const IN_POD = "in the pod's netns";
  * Whether the pod's lo carries IPv6 (Istio reads net.ipv6.conf.lo.disable_ipv6; the image has no
  * cat or sysctl to read it in the pod's netns, and lo loses ::1 exactly when IPv6 is off on it).
  */
-async function loHasIPv6(run: Runner): Promise<boolean> {
+export async function loHasIPv6(run: Runner): Promise<boolean> {
   const r = await run(['ip', '-6', '-o', 'addr', 'show', 'dev', 'lo']);
   if (r.error !== null || r.code !== 0)
     throw new AmbientRulesError(

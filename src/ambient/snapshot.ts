@@ -18,9 +18,9 @@ import { mapBounded } from '../concurrency.ts';
 import { scope } from '../monitoring/logging.ts';
 import type { FindResult, HeldNetns, PodToFind } from '../podnetns/index.ts';
 import { isTerminal, redirectionOf } from './enablement.ts';
+import type { HostProbes } from './hostbackend.ts';
 import { syncProbeSets, type ProbeSync } from './hostprobes.ts';
 import type { PodCache } from './podcache.ts';
-import type { Family, Runner } from './podrules.ts';
 import type { WorkloadInfo } from './zds.ts';
 
 const log = scope('ambient');
@@ -65,9 +65,8 @@ export interface StartupPod {
 
 export interface StartupDeps {
   readonly cache: PodCache;
-  /** Runs on the node (the probe ipset). */
-  readonly host: Runner;
-  readonly hostFamilies: readonly Family[];
+  /** The node's probe path (iptables + ipset, or nftables). */
+  readonly host: HostProbes;
   /** podnetns' findPodsNetns, bound to --host-proc-dir/--host-netns-path. */
   readonly findMany: (pods: readonly PodToFind[]) => Promise<Map<string, FindResult>>;
   /** Makes a pod's in-pod rules so (the dataplane's rulesAtStart). */
@@ -86,7 +85,7 @@ export interface StartupResult {
 }
 
 export async function buildStartupState(pods: readonly StartupPod[], d: StartupDeps): Promise<StartupResult> {
-  const probes = await syncProbeSets(d.host, d.hostFamilies, pods);
+  const probes = await syncProbeSets(d.host, pods);
   for (const p of pods) d.cache.ensure(p.uid, p.info);
   const byCgroupUid = new Map(pods.map((p) => [p.cgroupUid ?? p.uid, p]));
   const found = await d.findMany(pods.map((p) => ({ uid: p.cgroupUid ?? p.uid, ips: p.ips })));
