@@ -9,13 +9,16 @@
 //              from its spawn, and from ztunnel's connection, until SnapshotSent reaches the fake
 //              ztunnel; against the same start with no ambient pod (the floor: the agent's own
 //              start, the watches, an empty snapshot).
-//   RSS        the agent's resident memory with the PODS pods enrolled, against sidecar mode
-//              (ambient off) with the same pods in its watch, both 2 s after they settled.
+//   memory     the agent's resident memory with the PODS pods enrolled (read SETTLE_MS after
+//              the snapshot of every ambient start above), against sidecar mode (ambient off)
+//              with the same pods in its watch and Node's own floor, medians of ROUNDS, broken
+//              down as the memory bench does (lib/memory.ts).
 // The agent runs from dist/install-cni.js (what the image runs) inside a netns made here that
 // stands for the node's host network (its host probe rule and ipset go there, never into the
 // machine's own), reaching the test API server on its loopback (forwarded). The fake ztunnel
 // (test/helpers/fake-ztunnel.ts, one-in-flight check off) runs in this process.
-//   npm run bench -- ambient      (PODS=n, ADDS=n, ROUNDS=n)
+// Every agent runs with the DaemonSet's NODE_OPTIONS, as it ships.
+//   npm run bench -- ambient      (PODS=n, ADDS=n, ROUNDS=n, SETTLE_MS=n)
 // Interrupted (SIGINT/SIGTERM) or not, everything made here goes: the pods' netns, sleeps and
 // cgroup dirs (makeNetnsPods's handlers), every process in the node netns (agent, forwarder),
 // the netns of the ADDs, the node netns and the scratch dir.
@@ -38,10 +41,20 @@ import { waitFor } from '../../test/helpers/poll.ts';
 import { pct } from './lib/stats.ts';
 import { RusageDriver, type Measured } from './lib/rusage.ts';
 import { printTable } from './lib/table.ts';
+import {
+  floorMemory,
+  medianMemory,
+  printMemory,
+  readMemory,
+  shippedNodeOptions,
+  writePreload,
+  type Memory,
+} from './lib/memory.ts';
 
 const PODS = Number(process.env.PODS ?? 250);
 const ADDS = Number(process.env.ADDS ?? 20);
-const ROUNDS = Number(process.env.ROUNDS ?? 3);
+const ROUNDS = Number(process.env.ROUNDS ?? 5);
+const SETTLE_MS = Number(process.env.SETTLE_MS ?? 4000);
 const NODE = 'node-1';
 const NS = 'demo';
 const PATH_ENV = '/usr/sbin:/usr/bin:/sbin:/bin';
@@ -82,15 +95,12 @@ const sh = (args: string[]) => {
   const r = spawnSync(args[0]!, args.slice(1), { encoding: 'utf8' });
   if (r.status !== 0) throw new Error(`${args.join(' ')} failed (${r.status}): ${r.stderr}`);
 };
+const preload = writePreload(tmp);
+const NODE_OPTIONS = shippedNodeOptions(ROOT);
 sh(['ip', 'netns', 'add', nodeNetns]);
 sh(['ip', '-n', nodeNetns, 'link', 'set', 'lo', 'up']);
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
-
-function procKb(pid: number, field: 'VmRSS'): number {
-  const m = new RegExp(`^${field}:\\s+(\\d+) kB`, 'm').exec(readFileSync(`/proc/${pid}/status`, 'utf8'));
-  return m ? Number(m[1]) : NaN;
-}
 
 const CLK_TCK = Number(spawnSync('getconf', ['CLK_TCK'], { encoding: 'utf8' }).stdout.trim()) || 100;
 /** The process's CPU with its reaped children's (nsenter, iptables, ipset), in ms. */
@@ -124,6 +134,8 @@ interface Agent {
   readonly dir: string;
   readonly zds: string;
   readonly events: string;
+  /** Where it writes its memory report (lib/memory.ts readMemory). */
+  readonly memOut: string;
   stop(): Promise<void>;
 }
 
@@ -134,6 +146,7 @@ function startAgent(kc: string, ambient: boolean): Agent {
   for (const d of ['net.d', 'bin', 'src', 'run', 'ztunnel']) mkdirSync(path.join(dir, d), { recursive: true });
   const zds = path.join(dir, 'ztunnel/ztunnel.sock');
   const events = path.join(dir, 'run/pluginevent.sock');
+  const memOut = path.join(dir, 'mem.json');
   const child = spawn(
     'nsenter',
     [
@@ -141,6 +154,7 @@ function startAgent(kc: string, ambient: boolean): Agent {
       '--',
       process.execPath,
       '--no-deprecation',
+      ...['--import', preload],
       agentJs,
       ...scratchAgentFlags(dir, kc),
       ...['--repair-enabled=false', '--log_output_level', 'all:none'],
@@ -152,13 +166,17 @@ function startAgent(kc: string, ambient: boolean): Agent {
           ]
         : []),
     ],
-    { stdio: ['ignore', 'ignore', 'inherit'], env: { PATH: process.env.PATH ?? PATH_ENV, NODE_NAME: NODE } },
+    {
+      stdio: ['ignore', 'ignore', 'inherit'],
+      env: { PATH: process.env.PATH ?? PATH_ENV, NODE_NAME: NODE, NODE_OPTIONS, MEM_OUT: memOut },
+    },
   );
   return {
     child,
     dir,
     zds,
     events,
+    memOut,
     async stop() {
       if (child.exitCode === null && child.signalCode === null) {
         const gone = new Promise((r) => child.once('exit', r));
@@ -187,10 +205,20 @@ interface SnapshotRun {
   readonly spawnToSentMs: number;
   readonly connectedToSentMs: number;
   readonly adds: number;
+  /** Its memory SETTLE_MS after the snapshot, when asked for. */
+  readonly memory?: Memory;
 }
 
-/** One agent start with `kc`'s pods: a fake ztunnel waiting for the socket, then the agent. */
-async function snapshotRun(kc: string, expectAdds: number, keep = false): Promise<SnapshotRun & { agent: Agent }> {
+/**
+ * One agent start with `kc`'s pods: a fake ztunnel waiting for the socket, then the agent.
+ * `measure`: its memory is read SETTLE_MS after the snapshot (the fake ztunnel still connected).
+ */
+async function snapshotRun(
+  kc: string,
+  expectAdds: number,
+  keep = false,
+  measure = false,
+): Promise<SnapshotRun & { agent: Agent }> {
   const agent = startAgent(kc, true);
   const fake = new FakeZtunnel({ path: agent.zds, maxBackoffMs: 2, checkOneInFlight: false });
   const t0 = performance.now();
@@ -206,7 +234,13 @@ async function snapshotRun(kc: string, expectAdds: number, keep = false): Promis
     const t1 = performance.now();
     const adds = fake.of('add').length;
     if (adds !== expectAdds) throw new Error(`the snapshot had ${adds} Adds, ${expectAdds} expected`);
-    return { spawnToSentMs: t1 - t0, connectedToSentMs: t1 - (await connected), adds, agent };
+    const connectedToSentMs = t1 - (await connected);
+    let memory: Memory | undefined;
+    if (measure) {
+      await sleep(SETTLE_MS);
+      memory = await readMemory(agent.child.pid!, agent.memOut);
+    }
+    return { spawnToSentMs: t1 - t0, connectedToSentMs, adds, agent, memory };
   } finally {
     if (!keep) {
       await fake.stop();
@@ -229,27 +263,36 @@ const snapRows: { what: string; runs: SnapshotRun[] }[] = [
   { what: 'agent start, no ambient pod (floor)', runs: [] },
   { what: `agent start, ${PODS} running ambient pods`, runs: [] },
 ];
-for (let r = 0; r < ROUNDS; r++) {
-  snapRows[0]!.runs.push(await snapshotRun(empty.kc, 0));
-  snapRows[1]!.runs.push(await snapshotRun(full.kc, PODS));
+/** Sidecar mode (ambient off) with `kc`'s pods in its watch: its memory SETTLE_MS after it listed them. */
+async function sidecarMemory(kc: string, api: TestApiServer): Promise<Memory> {
+  const agent = startAgent(kc, false);
+  try {
+    const listed = api.requests.length;
+    await waitFor(
+      'the sidecar-mode agent to list the pods',
+      () => api.requests.slice(listed).some((q) => q.method === 'GET' && q.path === '/api/v1/pods' && q.status === 200),
+      { timeoutMs: 60_000 },
+    );
+    await sleep(SETTLE_MS);
+    return await readMemory(agent.child.pid!, agent.memOut);
+  } finally {
+    await agent.stop();
+  }
 }
 
-// RSS: sidecar mode with the same pods in its watch, then ambient with them enrolled (kept for the ADDs).
-const sidecar = startAgent(full.kc, false);
-const listed = full.api.requests.length;
-await waitFor(
-  'the sidecar-mode agent to list the pods',
-  () =>
-    full.api.requests.slice(listed).some((q) => q.method === 'GET' && q.path === '/api/v1/pods' && q.status === 200),
-  { timeoutMs: 60_000 },
-);
-await sleep(2000);
-const rssSidecar = procKb(sidecar.child.pid!, 'VmRSS') / 1024;
-await sidecar.stop();
+// Memory rows, interleaved with the snapshot runs so load falls on every row alike.
+const floors: Memory[] = [];
+const sidecars: Memory[] = [];
+for (let r = 0; r < ROUNDS; r++) {
+  snapRows[0]!.runs.push(await snapshotRun(empty.kc, 0));
+  snapRows[1]!.runs.push(await snapshotRun(full.kc, PODS, false, true));
+  floors.push(await floorMemory(tmp, preload, SETTLE_MS));
+  sidecars.push(await sidecarMemory(full.kc, full.api));
+}
+const ambients = snapRows[1]!.runs.map((r) => r.memory!);
+// Ambient with the pods enrolled, kept for the ADDs.
 const last = await snapshotRun(full.kc, PODS, true);
 const ambientAgent = last.agent;
-await sleep(2000);
-const rssAmbient = procKb(ambientAgent.child.pid!, 'VmRSS') / 1024;
 
 // --- ADD: ambient vs sidecar, interleaved --------------------------------------------------------
 const driver = new RusageDriver();
@@ -375,13 +418,20 @@ printTable(
   ]),
 );
 
-console.log(`\nAgent RSS, ${PODS} pods on the node, 2 s after settling`);
-printTable(
-  ['mode', 'RSS'],
-  [
-    ['sidecar mode (ambient off), pods in the watch', `${rssSidecar.toFixed(1)} MB`],
-    [`ambient, ${PODS} pods enrolled (netns fds held)`, `${rssAmbient.toFixed(1)} MB`],
-    ['difference', `${(rssAmbient - rssSidecar).toFixed(1)} MB`],
-  ],
+console.log(
+  `\nAgent memory, ${PODS} pods on the node, median of ${ROUNDS} interleaved runs, read ${SETTLE_MS} ms ` +
+    `after settling (agent NODE_OPTIONS ${JSON.stringify(NODE_OPTIONS)}, load ${os.loadavg()[0]!.toFixed(2)} at the end)`,
+);
+const ambientMem = medianMemory(ambients);
+printMemory([
+  { name: 'node floor (setInterval)', m: medianMemory(floors) },
+  { name: `sidecar mode (ambient off), ${PODS} pods in the watch`, m: medianMemory(sidecars) },
+  { name: `ambient, ${PODS} pods enrolled (netns fds held)`, m: ambientMem },
+]);
+// 85 MB = 81.1 MiB.
+const MiB = 1024 * 1024;
+console.log(
+  `target: ambient with ${PODS} pods enrolled ${ambientMem.rss.toFixed(1)} MiB = ${((ambientMem.rss * MiB) / 1e6).toFixed(1)} MB ` +
+    `(<= 85 MB: ${ambientMem.rss * MiB <= 85e6 ? 'met' : 'MISSED'})`,
 );
 process.exit(0);

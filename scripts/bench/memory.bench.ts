@@ -1,24 +1,28 @@
-// The agent's resident memory against Node's own floor, in the same run (docs/design.md "Fleet
-// scale"): what the agent holds beyond the runtime it runs on, idle and with a node's pods in its
-// watch, and where that memory is.
+// The agent's resident memory against Node's own floor, in the same run (docs/design.md "Memory"):
+// what the agent holds beyond the runtime it runs on, idle and with a node's pods in its watch,
+// and where that memory is.
 //
 // Rows, each the median of ROUNDS runs, interleaved so load from other work falls on every row alike:
-//   floor             `node -e "setInterval(() => {}, 1e3)"`: the same node binary and flags, doing
-//                     nothing; what any Node program costs
-//   idle              the agent bundle (built as dist/install-cni.js is) watching its node, no pod
+//   floor             `node -e "setInterval(() => {}, 1e3)"`: the same node binary, doing nothing
+//                     and set nothing of the agent's; what any Node program costs
+//   built-ins         the floor with the public built-in modules the agent loads (https, zlib, ...)
+//                     required and nothing else: what its use of Node's own modules costs
+//   idle              the agent bundle (built as dist/install-cni.js is, with its code cache as
+//                     the image has it, and the DaemonSet's NODE_OPTIONS) watching its node, no pod
 //   PODS thin         PODS pods of a few hundred bytes (what most tests use)
 //   PODS realistic    PODS injected pods of ~8 KB as the API server sends them: init and sidecar
 //                     containers with env, probes, mounts, volumes, managedFields, annotations
-// Each process runs with a preload that answers SIGUSR2 with process.memoryUsage() and V8's heap
-// spaces, read SETTLE_MS after its watch is up; RSS, anonymous and file-backed pages from /proc.
-// The breakdown: JS heap (used / committed), code space, external (Buffers, ArrayBuffers: TLS,
-// sockets), and the rest of RSS (the node binary's pages, native allocations, stacks).
+// Each is read SETTLE_MS after its watch is up (lib/memory.ts: RSS, anonymous and file-backed
+// pages, the JS heap, code space, external memory), then broken down over the floor: the node
+// binary's pages the agent touched, heap used and unused, ArrayBuffers, other anonymous memory,
+// and the pods' share of the heap (the cache).
 //
-//   npm run bench -- memory        (PODS=250 ROUNDS=3 SETTLE_MS=4000 by default; NODE_FLAGS=...)
+//   npm run bench -- memory        (PODS=250 ROUNDS=5 SETTLE_MS=4000 by default; NODE_FLAGS=...
+//                                   on the floor and the agent alike; AGENT_NODE_OPTIONS=... the
+//                                   agent's NODE_OPTIONS instead of the DaemonSet's)
 
 import * as esbuild from 'esbuild';
 import { spawn, type ChildProcess } from 'node:child_process';
-import { readFileSync, writeFileSync } from 'node:fs';
 import { mkdir, mkdtemp, rm } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
@@ -28,14 +32,29 @@ import { startTestApiServer, type TestApiServer } from '../../test/helpers/apise
 import { scratchAgentFlags } from '../../test/helpers/agent.ts';
 import { waitFor } from '../../test/helpers/poll.ts';
 import { bundleOptions } from '../bundle-options.ts';
+import { compileCacheEnv, makeCompileCache } from '../compile-cache.ts';
+import {
+  builtinsMemory,
+  builtinsOf,
+  floorMemory,
+  medianMemory,
+  NODE_FLAGS,
+  printMemory,
+  readMemory,
+  shippedNodeOptions,
+  writePreload,
+  type Memory,
+} from './lib/memory.ts';
 
 const PODS = Number(process.env.PODS ?? 250);
-const ROUNDS = Number(process.env.ROUNDS ?? 3);
+const ROUNDS = Number(process.env.ROUNDS ?? 5);
 const SETTLE_MS = Number(process.env.SETTLE_MS ?? 4000);
 const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../..');
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 const MiB = 1024 * 1024;
 const NODE = 'node-a';
+/** The agent's NODE_OPTIONS, as the DaemonSet sets them. */
+const AGENT_NODE_OPTIONS = process.env.AGENT_NODE_OPTIONS ?? shippedNodeOptions(root);
 
 // ---------------------------------------------------------------- pods
 
@@ -241,79 +260,11 @@ function realisticPod(name: string, i: number): V1Pod {
 
 // ---------------------------------------------------------------- processes
 
-interface Memory {
-  readonly rss: number;
-  readonly anon: number;
-  readonly file: number;
-  readonly heapUsed: number;
-  readonly heapTotal: number;
-  readonly code: number;
-  readonly external: number;
-  readonly arrayBuffers: number;
-}
-
-/** Answers SIGUSR2 with the process's own view of its memory, written to MEM_OUT. */
-const PRELOAD = `
-import { writeFileSync } from 'node:fs';
-import v8 from 'node:v8';
-process.on('SIGUSR2', () => {
-  const code = v8.getHeapSpaceStatistics().find((s) => s.space_name === 'code_space');
-  writeFileSync(process.env.MEM_OUT, JSON.stringify({ ...process.memoryUsage(), code: code ? code.space_used_size : 0 }));
-});
-`;
-
-function procKb(pid: number, field: string): number {
-  const m = new RegExp(`^${field}:\\s+(\\d+) kB`, 'm').exec(readFileSync(`/proc/${pid}/status`, 'utf8'));
-  return m ? Number(m[1]) / 1024 : NaN;
-}
-
-async function read(child: ChildProcess, out: string): Promise<Memory> {
-  const pid = child.pid!;
-  const rss = procKb(pid, 'VmRSS');
-  const anon = procKb(pid, 'RssAnon');
-  const file = procKb(pid, 'RssFile');
-  writeFileSync(out, '');
-  child.kill('SIGUSR2');
-  let text = '';
-  await waitFor('the memory report', () => (text = readFileSync(out, 'utf8')) !== '', {
-    timeoutMs: 10_000,
-    everyMs: 20,
-  });
-  const u = JSON.parse(text) as Record<string, number>;
-  return {
-    rss,
-    anon,
-    file,
-    heapUsed: u.heapUsed! / MiB,
-    heapTotal: u.heapTotal! / MiB,
-    code: u.code! / MiB,
-    external: u.external! / MiB,
-    arrayBuffers: u.arrayBuffers! / MiB,
-  };
-}
-
 async function stop(child: ChildProcess): Promise<void> {
   if (child.exitCode !== null || child.signalCode !== null) return;
   const closed = new Promise((r) => child.once('close', r));
   child.kill('SIGTERM');
   await closed;
-}
-
-/** The agent's and the floor's node flags; NODE_FLAGS adds some to both (a V8 setting tried). */
-const NODE_FLAGS = ['--no-deprecation', ...(process.env.NODE_FLAGS ?? '').split(' ').filter(Boolean)];
-
-async function floor(dir: string, preload: string): Promise<Memory> {
-  const out = path.join(dir, 'floor.json');
-  const child = spawn(process.execPath, [...NODE_FLAGS, '--import', preload, '-e', 'setInterval(() => {}, 1e3)'], {
-    stdio: ['ignore', 'ignore', 'inherit'],
-    env: { PATH: process.env.PATH ?? '/usr/bin:/bin', MEM_OUT: out },
-  });
-  try {
-    await sleep(SETTLE_MS);
-    return await read(child, out);
-  } finally {
-    await stop(child);
-  }
 }
 
 async function agent(bundle: string, preload: string, pods: readonly V1Pod[]): Promise<Memory> {
@@ -340,7 +291,14 @@ async function agent(bundle: string, preload: string, pods: readonly V1Pod[]): P
     ],
     {
       stdio: ['ignore', 'ignore', 'inherit'],
-      env: { PATH: process.env.PATH ?? '/usr/bin:/bin', NODE_NAME: NODE, POD_NAMESPACE: 'mesh-system', MEM_OUT: out },
+      env: {
+        PATH: process.env.PATH ?? '/usr/bin:/bin',
+        NODE_NAME: NODE,
+        POD_NAMESPACE: 'mesh-system',
+        MEM_OUT: out,
+        NODE_OPTIONS: AGENT_NODE_OPTIONS,
+        ...compileCacheEnv(bundle),
+      },
     },
   );
   try {
@@ -350,7 +308,7 @@ async function agent(bundle: string, preload: string, pods: readonly V1Pod[]): P
       );
     await waitFor('the agent watching its pods', watching, { timeoutMs: 60_000, everyMs: 20 });
     await sleep(SETTLE_MS);
-    return await read(child, out);
+    return await readMemory(child.pid!, out);
   } finally {
     await stop(child);
     await server.close();
@@ -360,13 +318,10 @@ async function agent(bundle: string, preload: string, pods: readonly V1Pod[]): P
 
 // ---------------------------------------------------------------- the bench
 
-const median = (xs: readonly number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]!;
-
 const dir = await mkdtemp(path.join(os.tmpdir(), 'mcni-mem-bench-'));
 try {
-  const preload = path.join(dir, 'preload.mjs');
-  writeFileSync(preload, PRELOAD);
-  const bundle = path.join(dir, 'agent.mjs');
+  const preload = writePreload(dir);
+  const bundle = path.join(dir, 'install-cni.js');
   const options = bundleOptions('esm', { version: 'bench', gitCommit: 'bench', buildTime: new Date().toISOString() });
   await esbuild.build({
     ...options,
@@ -375,75 +330,50 @@ try {
     absWorkingDir: root,
     logLevel: 'error',
   });
+  // Beside the bundle, as the build makes it for the image.
+  makeCompileCache(bundle);
   const thin = Array.from({ length: PODS }, (_, i) => thinPod(`thin-${i}`));
   const real = Array.from({ length: PODS }, (_, i) => realisticPod(`reviews-v2-${i}`, i));
   const size = (ps: readonly V1Pod[]) => JSON.stringify(ps[0]).length;
+  const builtins = builtinsOf(bundle, dir);
   const rows: [string, () => Promise<Memory>][] = [
-    ['node floor (setInterval)', () => floor(dir, preload)],
+    ['node floor (setInterval)', () => floorMemory(dir, preload, SETTLE_MS)],
+    [`node + the agent's ${builtins.length} built-ins`, () => builtinsMemory(dir, preload, SETTLE_MS, builtins)],
     ['agent idle, no pod', () => agent(bundle, preload, [])],
     [`agent, ${PODS} thin pods (${size(thin)} B)`, () => agent(bundle, preload, thin)],
     [`agent, ${PODS} realistic pods (${(size(real) / 1024).toFixed(1)} KB)`, () => agent(bundle, preload, real)],
   ];
+  const load0 = os.loadavg()[0]!;
   const runs = rows.map((): Memory[] => []);
   for (let r = 0; r < ROUNDS; r++) {
     for (let i = 0; i < rows.length; i++) runs[i]!.push(await rows[i]![1]());
   }
-  const med = runs.map((ms) => {
-    const keys = Object.keys(ms[0]!) as (keyof Memory)[];
-    return Object.fromEntries(keys.map((k) => [k, median(ms.map((m) => m[k]))])) as unknown as Memory;
-  });
+  const med = runs.map(medianMemory);
   const fl = med[0]!;
   const f = (x: number) => x.toFixed(1);
-  const head = [
-    'MiB, median',
-    'RSS',
-    'RSS - floor',
-    'anon',
-    'file',
-    'heap used',
-    'heap total',
-    'code',
-    'external',
-    'rest',
-  ];
-  const table = rows.map(([name], i) => {
-    const m = med[i]!;
-    // The rest: RSS that is neither the JS heap nor external memory: the node binary's pages,
-    // native allocations (V8's own, OpenSSL, libuv), thread stacks.
-    const rest = m.rss - m.heapTotal - m.external;
-    return [
-      name,
-      f(m.rss),
-      i === 0 ? '' : `+${f(m.rss - fl.rss)}`,
-      f(m.anon),
-      f(m.file),
-      f(m.heapUsed),
-      f(m.heapTotal),
-      f(m.code),
-      f(m.external),
-      f(rest),
-    ];
-  });
-  const widths = head.map((h, c) => Math.max(h.length, ...table.map((r) => r[c]!.length)));
-  const line = (r: readonly string[]) =>
-    `| ${r.map((x, c) => (c === 0 ? x.padEnd(widths[c]!) : x.padStart(widths[c]!))).join(' | ')} |`;
   console.log(
-    `\nagent memory, median of ${ROUNDS} interleaved runs, read ${SETTLE_MS} ms after the watch is up (load ${os.loadavg()[0]!.toFixed(2)} at the end)`,
+    `\nagent memory, median of ${ROUNDS} interleaved runs, read ${SETTLE_MS} ms after the watch is up ` +
+      `(load ${load0.toFixed(2)} before, ${os.loadavg()[0]!.toFixed(2)} after; agent NODE_OPTIONS ` +
+      `${JSON.stringify(AGENT_NODE_OPTIONS)}${NODE_FLAGS.length > 1 ? `, NODE_FLAGS ${NODE_FLAGS.slice(1).join(' ')}` : ''})`,
   );
-  console.log(line(head));
-  console.log(`|${widths.map((w) => '-'.repeat(w + 2)).join('|')}|`);
-  for (const r of table) console.log(line(r));
+  printMemory(
+    rows.map(([name], i) => ({ name, m: med[i]! })),
+    2,
+  );
   const verdict = (ok: boolean) => (ok ? 'met' : 'MISSED');
-  const idle = med[1]!.rss - fl.rss;
-  const realRss = med[3]!.rss;
+  const idle = med[2]!.rss - fl.rss;
+  const realRss = med[4]!.rss;
   // 70 MB = 66.8 MiB.
   console.log(`\ntargets:`);
   console.log(`  idle: floor + ${f(idle)} MiB (<= floor + 15: ${verdict(idle <= 15)})`);
   console.log(
+    `  of which Node's built-ins the agent loads: +${f(med[1]!.rss - fl.rss)} MiB; the agent's own: +${f(med[2]!.rss - med[1]!.rss)} MiB`,
+  );
+  console.log(
     `  ${PODS} realistic pods: ${f(realRss)} MiB = ${f((realRss * MiB) / 1e6)} MB (<= 70 MB: ${verdict(realRss * MiB <= 70e6)})`,
   );
   console.log(
-    `  per realistic pod held: ${f(((med[3]!.rss - med[1]!.rss) * 1024) / PODS)} KiB RSS, ${f(((med[3]!.heapUsed - med[1]!.heapUsed) * 1024) / PODS)} KiB heap`,
+    `  per realistic pod held: ${f(((med[4]!.rss - med[2]!.rss) * 1024) / PODS)} KiB RSS, ${f(((med[4]!.heapUsed - med[2]!.heapUsed) * 1024) / PODS)} KiB heap`,
   );
 } finally {
   await rm(dir, { recursive: true, force: true });
