@@ -88,7 +88,12 @@ export async function runAgent(settings: Settings): Promise<number> {
     // upgrade while the other removes the node's probe rule).
     let decision: Promise<CleanupDecision> | undefined;
     const decide = () => (decision ??= decideCleanup(cleanupArgs(settings)));
-    const ambient = ambientPart(settings, watches.node, orchApi, decide);
+    // The redirect backend, decided from the node once, before ambient mode writes rules and our
+    // entry is written: both follow it, and /readyz says when --native-nftables=true cannot be had here.
+    const nft = await startNftBackend(nftBackendArgs(settings));
+    components.push(nft);
+    const nativeNftables = nft.choice.backend === 'nftables';
+    const ambient = ambientPart(settings, watches.node, orchApi, decide, nativeNftables);
     components.push(ambient ?? disabledComponent('ambient'));
     // With ambient on, a lookup hit carries the pod's namespace labels (the plugin's ambient decision).
     const lookupOptions = ambient
@@ -99,11 +104,6 @@ export async function runAgent(settings: Settings): Promise<number> {
     // the agent keeps using its own token, which never leaves this pod.
     const pluginToken = await startPluginToken(pluginTokenArgs(settings));
     components.push(pluginToken);
-    // The redirect backend, decided from the node once, before our entry is written: the entry
-    // carries it, and /readyz says when --native-nftables=true cannot be had here.
-    const nft = await startNftBackend(nftBackendArgs(settings));
-    components.push(nft);
-    const nativeNftables = nft.choice.backend === 'nftables';
     components.push(await startInstaller(installerArgs(settings), pluginToken, decide, binaryCheck, nativeNftables));
     components.push(await startControlz(settings.ctrlz, { components: () => components, readiness }));
     readiness.markStarted();
@@ -221,10 +221,15 @@ function ambientPart(
   nodeWatch: PodSource | undefined,
   orchApi: () => OrchApi,
   decide: () => Promise<CleanupDecision>,
+  nativeNftables: boolean,
 ): AmbientComponent | undefined {
   if (!settings.ambient.enabled) return undefined;
   if (!nodeWatch) throw new Error('internal: ambient mode without the node pod watch');
-  return startAmbient(ambientArgs(settings), { pods: nodeWatch, api: orchApi(), decideCleanup: decide });
+  return startAmbient(ambientArgs(settings, nativeNftables), {
+    pods: nodeWatch,
+    api: orchApi(),
+    decideCleanup: decide,
+  });
 }
 
 /** A watch as a part of the agent: started now, stopped after its readers (components stop in reverse). */

@@ -137,14 +137,16 @@ export function nftBackendArgs(settings: Settings): NftBackendArgs {
 }
 
 /**
- * Ambient mode: its flags, the namespaces the plugin leaves alone and where the host's /proc and
- * netns are (flags it shares with in-place repair).
+ * Ambient mode: its flags, the namespaces the plugin leaves alone, where the host's /proc and
+ * netns are (flags it shares with in-place repair), and the redirect backend the agent decided
+ * (src/install/nftbackend.ts), which its host and in-pod rules follow.
  */
-export function ambientArgs(settings: Settings): AmbientArgs {
+export function ambientArgs(settings: Settings, nativeNftables = false): AmbientArgs {
   return {
     ...settings.ambient,
     excludeNamespaces: settings.install.excludeNamespaces,
     hostProcDir: settings.repair.hostProcDir,
     hostNetnsPath: settings.repair.hostNetnsPath,
+    nativeNftables,
   };
 }

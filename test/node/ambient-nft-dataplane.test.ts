@@ -30,7 +30,10 @@ import { ambientArgs } from '../../src/partargs.ts';
 import { openNetns, runInNetns } from '../../src/podnetns/index.ts';
 import { cleanupAfterEach } from '../helpers/cleanup.ts';
 import { FakeZtunnel } from '../helpers/fake-ztunnel.ts';
+import { spawnAgent } from '../helpers/agent.ts';
+import { apiAndTree, runCleanups, type SuiteCleanups } from '../helpers/e2e-node.ts';
 import { Netns, run } from '../helpers/netns.ts';
+import { eventually } from '../helpers/poll.ts';
 import { shStatus } from '../helpers/sh.ts';
 import { CLIENT, listenIn, PYTHON } from '../helpers/ztunnel-listeners.ts';
 
@@ -228,5 +231,50 @@ describe('ambient mode on native nftables', () => {
     assert.equal(await probeAs(t.node, 1000), HEALTHY, 'iptables SNATs every node socket, whatever its uid');
     await after.removePodFromMesh(pod(uid), false);
     assert.deepEqual([hasTable(t.pod, AMBIENT_POD_TABLE), ourChains(t.pod)], [false, []]);
+  });
+});
+
+describe('the agent with --native-nftables=true', () => {
+  it("ambient mode writes the node's probe table, not MESH_POSTRT or the ipsets, and its uninstall removes it", async () => {
+    const node = netns('anftagent');
+    const cleanups: SuiteCleanups = [];
+    defer(() => runCleanups(cleanups, 'agent'));
+    const { api, tree } = await apiAndTree(node.path, cleanups);
+    const dir = mkdtempSync(path.join(os.tmpdir(), 'mcni-anft-agent-'));
+    defer(async () => rmSync(dir, { recursive: true, force: true }));
+    const agent = spawnAgent(
+      tree,
+      {
+        'cni-net-dir': tree.netDir,
+        'cni-bin-dir': tree.binDir,
+        'cleanup-on-exit': 'always',
+        'repair-enabled': 'false',
+        'ambient-enabled': 'true',
+        'native-nftables': 'true',
+        'ztunnel-uds-address': path.join(dir, 'ztunnel.sock'),
+        'pluginevent-uds-address': path.join(dir, 'pluginevent.sock'),
+        'host-proc-dir': '/proc',
+        'host-netns-path': '/proc/self/ns/net',
+        'host-root': '/',
+        log_output_level: 'default:info,ambient:debug',
+      },
+      {
+        KUBERNETES_SERVICE_HOST: '127.0.0.1',
+        KUBERNETES_SERVICE_PORT: String(api.port),
+        NODE_NAME: 'node-anft',
+        POD_NAME: 'mesh-cni-node-anft',
+        POD_NAMESPACE: 'mesh-system',
+      },
+      'source',
+      { netnsPath: node.path },
+    );
+    defer(() => agent.stop('SIGKILL'));
+    await agent.waitForLog((r) => r.msg === 'ambient dataplane started', 'the ambient dataplane started', 60_000);
+    const uid = await agent.waitForLog((r) => /kubelet's uid/.test(String(r.msg)), "kubelet's uid said");
+    assert.equal(uid.uid, 0, 'no kubelet in the node netns: uid 0, said');
+    assert.equal(hasTable(node, HOST_TABLE), true, "the node's probe table");
+    assert.deepEqual([ipsetEntries(node), ourChains(node)], [null, []], 'no ipset, no MESH_POSTRT');
+    assert.equal(await agent.stop('SIGTERM', 30_000), 0);
+    await eventually(() => !hasTable(node, HOST_TABLE), 'the uninstall removed the probe table');
   });
 });
