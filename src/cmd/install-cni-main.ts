@@ -1,4 +1,6 @@
 // Bundle entry of install-cni (see scripts/build.ts).
+// First, so V8 is set before any of the agent's code runs (see v8flags.ts).
+import './v8flags.ts';
 import { main } from './install-cni.ts';
 
 // Exit once main is done, even if something still holds the event loop (a request to a
