@@ -3,12 +3,14 @@
 // in-pod rules), on the plugin tests' pods (test/helpers/plugin.ts meshPod), each against the
 // backend's floor measured in the same run. Rows:
 //   programming   our code (cni-plugin/redirect for the sidecar modes, src/ambient/podrules.ts for
-//                 ambient) putting the pod's IPv4 rules into a fresh netns: wall time in this
-//                 process around the call, CPU = every program it ran (nsenter + iptables/ip/nft,
-//                 exact, wait4 in lib/rusage-driver.py) + this process's own.
-//   floor         the backend's loader alone, one call through the same runner: iptables-restore
-//                 --noflush of the same document, or `nft -f` of an equivalent ruleset
-//                 (lib/nft-floor.ts, REDIRECT).
+//                 ambient, nftrender.ts + nft.ts for native nft) putting the pod's rules into a
+//                 fresh netns: wall time in this process around the call, CPU = every program it
+//                 ran (nsenter + iptables/ip/nft, exact, wait4 in lib/rusage-driver.py) + this
+//                 process's own.
+//   floor         the backend's loader alone through the same runner, on exactly what ours fed it:
+//                 iptables-restore --noflush of each document (one per family), `nft -f` of the
+//                 transaction (one for every family). Native nft has a check row besides: `nft -f`
+//                 of a hand-written IPv4 REDIRECT ruleset (lib/nft-floor.ts).
 //   ADD           the plugin's whole ADD, executed as a runtime does (CNI env, prevResult from
 //                 Debian's bridge plugin, the pod from the API server: the plugin's own lookup, so
 //                 no agent is needed), spawn to exit and its CPU with its children (wait4), in a
@@ -17,7 +19,8 @@
 // One run, interleaved: per pod, every row runs once in an order that rotates from pod to pod, so
 // load from other work on the machine falls on every row alike; ratios to the same-run floor are
 // the figures to compare across runs.
-//   npm run bench -- rules     (PODS=n, default 30; QUICK=1: 2 pods, no warm-up round)
+//   npm run bench -- rules     (PODS=n, default 30; QUICK=1: 2 pods, no warm-up round;
+//                               FAMILIES=4,6: dual-stack pods, the bridge hands out both families)
 // PLUGIN=source runs the plugin from its sources (no build); PLUGIN=<executable> runs that one;
 // unset, scripts/build.ts builds dist/bin/mesh-cni first.
 // Interrupted (SIGINT/SIGTERM) or failing, it removes every netns it made, its bridge network and
@@ -40,9 +43,11 @@ import {
   SIDECAR_MODES,
   type Backend,
   type Exec,
+  type Fed,
   type Mode,
   type Step,
 } from './lib/rule-backends.ts';
+import type { Family } from '../../cni-plugin/redirect/model.ts';
 import { RusageDriver } from './lib/rusage.ts';
 import { pct } from './lib/stats.ts';
 import { printTable } from './lib/table.ts';
@@ -51,6 +56,14 @@ import { prepareCacheDir } from '../../cni-plugin/shared/cachedir.ts';
 const QUICK = process.env.QUICK === '1';
 const PODS = Number(process.env.PODS ?? (QUICK ? 2 : 30));
 const PLUGIN = process.env.PLUGIN ?? '';
+const FAMILIES: readonly Family[] = (() => {
+  const f = process.env.FAMILIES ?? '4';
+  if (f === '4') return [4];
+  if (f === '4,6') return [4, 6];
+  console.error(`FAMILIES=${f}: expected 4 or 4,6`);
+  process.exit(2);
+})();
+const DUAL = FAMILIES.length === 2;
 const PATH_ENV = '/usr/sbin:/usr/bin:/sbin:/bin';
 
 if (PLUGIN === '') {
@@ -93,7 +106,8 @@ interface Sample {
 }
 const samples = new Map<string, Sample[]>();
 const record = (k: string, s: Sample) => (samples.get(k) ?? samples.set(k, []).get(k)!).push(s);
-const key = (part: 'program' | 'floor' | 'ADD', mode: Mode, backend: Backend) => `${part}|${mode}|${backend.name}`;
+const key = (part: 'program' | 'floor' | 'check' | 'ADD', mode: Mode, backend: Backend) =>
+  `${part}|${mode}|${backend.name}`;
 
 const driver = new RusageDriver();
 
@@ -111,14 +125,14 @@ function execIn(ns: Netns, seen: (argv: readonly string[], input: string, cpuMs:
 }
 
 /** One step in a fresh netns: wall time here, CPU of every program it ran plus this process's. */
-async function measureStep(k: string, step: Step, pod: V1Pod, fed: string): Promise<void> {
+async function measureStep(k: string, step: Step, pod: V1Pod, fed: readonly Fed[]): Promise<void> {
   const ns = freshNetns('r');
   try {
     let childCpu = 0;
     const exec = execIn(ns, (_argv, _input, cpuMs) => (childCpu += cpuMs));
     const own = process.cpuUsage();
     const t0 = performance.now();
-    await step(exec, pod, fed);
+    await step(exec, pod, fed, FAMILIES);
     const wallMs = performance.now() - t0;
     const o = process.cpuUsage(own);
     record(k, { wallMs, cpuMs: childCpu + (o.user + o.system) / 1000 });
@@ -127,24 +141,47 @@ async function measureStep(k: string, step: Step, pod: V1Pod, fed: string): Prom
   }
 }
 
-/** What `b`'s program feeds its loader for a pod of `mode` (the last such call), in a scratch netns. */
-async function fedBy(b: Backend, mode: Mode): Promise<string> {
+/** What `b`'s program feeds its loader for a pod of `mode` (every such call), in a scratch netns. */
+async function fedBy(b: Backend, mode: Mode): Promise<Fed[]> {
   const program = b.program[mode];
-  if (!program) return '';
+  if (!program) return [];
   const ns = freshNetns('f');
   try {
-    let fed = '';
+    const fed: Fed[] = [];
     await program(
       execIn(ns, (argv, input) => {
-        if (b.loader(argv)) fed = input;
+        if (b.loader(argv)) fed.push({ argv: [...argv], input });
       }),
       podFor(mode, 'recorded'),
-      '',
+      [],
+      FAMILIES,
     );
-    if (fed === '') throw new Error(`${b.name}, ${mode}: its program never ran its loader`);
+    if (fed.length === 0) throw new Error(`${b.name}, ${mode}: its program never ran its loader`);
     return fed;
   } finally {
     dropNetns(ns);
+  }
+}
+
+/** The bridge plugin handing out an address of each family (host-local's ranges). */
+class DualStackBridge extends BridgeNetwork {
+  readonly subnet6: string;
+  constructor(subnet4: string, subnet6: string) {
+    super(subnet4);
+    this.subnet6 = subnet6;
+  }
+  override get bridgeConfig(): Record<string, unknown> {
+    const conf = super.bridgeConfig;
+    const ipam = conf.ipam as Record<string, unknown>;
+    return {
+      ...conf,
+      ipam: {
+        type: ipam.type,
+        dataDir: ipam.dataDir,
+        ranges: [[{ subnet: this.subnet }], [{ subnet: this.subnet6 }]],
+        routes: [{ dst: '0.0.0.0/0' }, { dst: '::/0' }],
+      },
+    };
   }
 }
 
@@ -153,7 +190,7 @@ const logUds = path.join(tmp, 'run/log.sock');
 prepareCacheDir(logUds);
 const api = await startTestApiServer();
 const orchconfig = api.writeOrchconfig(path.join(tmp, 'orchconfig'));
-network = new BridgeNetwork('198.18.6.0/24');
+network = DUAL ? new DualStackBridge('198.18.6.0/24', '2001:db8:6::/64') : new BridgeNetwork('198.18.6.0/24');
 const bridge = network;
 const pods = new Map<Mode, V1Pod[]>();
 for (const mode of MODES) {
@@ -171,7 +208,11 @@ async function measureAdd(k: string, backend: Backend, pod: V1Pod, id: string): 
     const chain: ChainEnv = { containerId: id, netns: ns.path, ifname: 'eth0', args: k8sArgs(pod, id) };
     const br = await bridge.bridgeCmd('ADD', chain);
     if (br.code !== 0) throw new Error(`bridge ADD: ${br.stdout} ${br.stderr}`);
-    const prev = JSON.parse(br.stdout) as unknown;
+    const prev = JSON.parse(br.stdout) as { ips?: { address?: string }[] };
+    // A dual-stack row is measured only on a dual-stack pod: the plugin's families are its prevResult's.
+    if (DUAL && !(prev.ips ?? []).some((ip) => ip.address?.includes(':'))) {
+      throw new Error(`bridge ADD gave no IPv6 address: ${br.stdout}`);
+    }
     const conf = pluginConfig(
       {
         cniVersion: '1.0.0',
@@ -199,7 +240,7 @@ async function measureAdd(k: string, backend: Backend, pod: V1Pod, id: string): 
 }
 
 type Task = () => Promise<void>;
-const fed = new Map<string, string>();
+const fed = new Map<string, Fed[]>();
 function tasksFor(i: number): Task[] {
   const tasks: Task[] = [];
   for (const mode of MODES) {
@@ -207,8 +248,9 @@ function tasksFor(i: number): Task[] {
     for (const b of BACKENDS) {
       const program = b.program[mode];
       const floor = b.floor[mode];
-      if (program) tasks.push(() => measureStep(key('program', mode, b), program, pod, ''));
+      if (program) tasks.push(() => measureStep(key('program', mode, b), program, pod, []));
       if (floor) tasks.push(() => measureStep(key('floor', mode, b), floor, pod, fed.get(key('floor', mode, b))!));
+      if (b.check?.mode === mode) tasks.push(() => measureStep(key('check', mode, b), b.check!.step, pod, []));
       if (b.pluginConf && SIDECAR_MODES.includes(mode)) {
         const id = `rules${process.pid}x${i}${tasks.length}`;
         tasks.push(() => measureAdd(key('ADD', mode, b), b, pod, id));
@@ -257,7 +299,7 @@ const load = os
   .join(' ');
 
 console.log(
-  `\nrule programming, a fresh netns per pod, IPv4; ${PODS} pods, rows interleaved (${os.cpus().length} CPUs, load ${load} at the end, ${((performance.now() - started) / 1000).toFixed(0)} s)`,
+  `\nrule programming, a fresh netns per pod, ${DUAL ? 'dual-stack (IPv4 and IPv6)' : 'IPv4'}; ${PODS} pods, rows interleaved (${os.cpus().length} CPUs, load ${load} at the end, ${((performance.now() - started) / 1000).toFixed(0)} s)`,
 );
 printTable(
   ['mode', 'backend', 'n', 'ours p50 ms', 'p99', 'CPU ms', 'floor p50 ms', 'p99', 'CPU ms', 'p50/floor', 'CPU/floor'],
@@ -293,6 +335,15 @@ for (const mode of MODES) {
   });
   if (others.length > 0) console.log(`  ${mode}, floor p50 against ${legacy.name}'s: ${others.join(', ')}`);
 }
+// The check rows: a floor written another way, against the recorded one.
+for (const b of BACKENDS) {
+  if (!b.check) continue;
+  const c = stats(key('check', b.check.mode, b));
+  const f = stats(key('floor', b.check.mode, b));
+  console.log(
+    `  check, ${b.name} ${b.check.mode}: ${b.check.label}: p50 ${num(c?.p50)} ms, CPU ${num(c?.cpu)} ms; recorded floor / this: p50 ${num(ratio(f?.p50, c?.p50), 2)}, CPU ${num(ratio(f?.cpu, c?.cpu), 2)}`,
+  );
+}
 
 console.log(
   `\nthe plugin's whole ADD (${PLUGIN === 'source' ? 'from its sources, under Node' : pluginArgv[0]}), spawn to exit, CPU with its children, pod from the API server; ambient's ADD is the agent's work (npm run bench -- ambient)`,
@@ -319,3 +370,12 @@ printTable(
   ),
   2,
 );
+// Across backends: each ADD against iptables legacy's, the same pods in the same run.
+for (const mode of SIDECAR_MODES) {
+  const base = stats(key('ADD', mode, legacy));
+  const others = BACKENDS.slice(1).flatMap((b) => {
+    const s = stats(key('ADD', mode, b));
+    return s && base ? [`${b.name} ${num(s.p50 / base.p50, 2)} x (CPU ${num(s.cpu / base.cpu, 2)} x)`] : [];
+  });
+  if (others.length > 0) console.log(`  ${mode}, ADD p50 against ${legacy.name}'s: ${others.join(', ')}`);
+}

@@ -1,7 +1,8 @@
 // `npm run bench -- rules` in its quickest mode (QUICK=1, the plugin from its sources): its tables
-// print a row per mode and backend, and it leaves nothing behind: no netns of its own (named after
-// its pid, test/helpers/netns.ts), no nft table of its floor in this netns, nothing in its temp
-// dir. Then the same run stopped by SIGTERM half-way: it ends by that signal with nothing left.
+// print a row per mode and backend with figures in every one, single- and dual-stack, and it
+// leaves nothing behind: no netns of its own (named after its pid, test/helpers/netns.ts), no nft
+// table of its floor in this netns, nothing in its temp dir. Then the same run stopped by SIGTERM
+// half-way: it ends by that signal with nothing left.
 // Speed itself is the bench's to print, never asserted here.
 
 import assert from 'node:assert/strict';
@@ -26,9 +27,9 @@ function netnsOf(pid: number): string[] {
     .filter((n) => n.startsWith(`mcni-plg-${pid}-`));
 }
 
-function startBench(tmpdir: string) {
+function startBench(tmpdir: string, env: Record<string, string> = {}) {
   const child = spawn(process.execPath, [BENCH], {
-    env: { ...process.env, QUICK: '1', PLUGIN: 'source', TMPDIR: tmpdir },
+    env: { ...process.env, QUICK: '1', PLUGIN: 'source', TMPDIR: tmpdir, ...env },
     stdio: ['ignore', 'pipe', 'pipe'],
   });
   let out = '';
@@ -45,33 +46,43 @@ function assertNothingLeft(pid: number, tmpdir: string): void {
   assert.deepEqual(readdirSync(tmpdir), [], 'its temp dir is removed');
 }
 
-describe('npm run bench -- rules', () => {
-  it('QUICK=1 prints a row per mode and backend, and leaves no netns, nft table or temp dir', async () => {
-    const tmpdir = mkdtempSync(path.join(scratch, 'run-'));
-    const b = startBench(tmpdir);
-    const [code] = (await once(b.child, 'exit')) as [number | null];
-    assert.equal(code, 0, b.err());
-    const out = b.out();
-    assert.match(out, /rule programming, a fresh netns per pod/);
-    assert.match(out, /the plugin's whole ADD/);
-    const row = (mode: string, backend: string) => new RegExp(`^${mode} +\\| ${backend} +\\|(.*)$`, 'gm');
-    for (const mode of ['sidecar REDIRECT', 'sidecar TPROXY', 'ambient in-pod'])
-      for (const backend of ['iptables legacy', 'iptables nft shim', 'native nft'])
-        assert.ok([...out.matchAll(row(mode, backend))].length >= 1, `a row for ${mode} x ${backend}`);
-    // Figures, not dashes, wherever the backend does the mode today: both iptables flavours in
-    // every mode (programming, floor, and the ADD in the sidecar modes), native nft's REDIRECT.
-    const cells = (mode: string, backend: string) =>
-      [...out.matchAll(row(mode, backend))].map((m) => m[1]!.split('|').map((c) => c.trim()));
-    for (const backend of ['iptables legacy', 'iptables nft shim']) {
-      for (const mode of ['sidecar REDIRECT', 'sidecar TPROXY', 'ambient in-pod'])
-        assert.ok(!cells(mode, backend)[0]!.includes('-'), `${mode} x ${backend} programmed and floored`);
-      for (const mode of ['sidecar REDIRECT', 'sidecar TPROXY'])
-        assert.ok(!cells(mode, backend)[1]!.includes('-'), `${mode} x ${backend}: the plugin's ADD`);
+const MODES = ['sidecar REDIRECT', 'sidecar TPROXY', 'ambient in-pod'];
+const BACKENDS = ['iptables legacy', 'iptables nft shim', 'native nft'];
+
+/** A QUICK run's output: a row per mode and backend, figures (no dash) in every one. */
+function assertFigures(out: string): void {
+  assert.match(out, /the plugin's whole ADD/);
+  const row = (mode: string, backend: string) => new RegExp(`^${mode} +\\| ${backend} +\\|(.*)$`, 'gm');
+  const cells = (mode: string, backend: string) =>
+    [...out.matchAll(row(mode, backend))].map((m) => m[1]!.split('|').map((c) => c.trim()));
+  // Every backend in every mode (programming and floor), and the plugin's ADD in the sidecar modes.
+  for (const backend of BACKENDS) {
+    for (const mode of MODES) {
+      const c = cells(mode, backend);
+      assert.ok(c.length >= 1, `a row for ${mode} x ${backend}`);
+      assert.ok(!c[0]!.includes('-'), `${mode} x ${backend} programmed and floored`);
+      if (mode !== 'ambient in-pod') assert.ok(!c[1]!.includes('-'), `${mode} x ${backend}: the plugin's ADD`);
     }
-    const native = cells('sidecar REDIRECT', 'native nft')[0]!;
-    assert.ok(!native.includes('-'), 'the native applier and floor are measured');
-    assertNothingLeft(b.child.pid!, tmpdir);
-  });
+  }
+  // Native nft's check row: the hand-written floor beside the recorded one.
+  assert.match(out, /check, native nft sidecar REDIRECT: .*: p50 [0-9.]+ ms, CPU [0-9.]+ ms; recorded floor/);
+}
+
+describe('npm run bench -- rules', () => {
+  for (const [families, title] of [
+    ['4', /rule programming, a fresh netns per pod, IPv4;/],
+    ['4,6', /rule programming, a fresh netns per pod, dual-stack \(IPv4 and IPv6\);/],
+  ] as const) {
+    it(`QUICK=1 FAMILIES=${families} prints figures per mode and backend, and leaves no netns, nft table or temp dir`, async () => {
+      const tmpdir = mkdtempSync(path.join(scratch, 'run-'));
+      const b = startBench(tmpdir, { FAMILIES: families });
+      const [code] = (await once(b.child, 'exit')) as [number | null];
+      assert.equal(code, 0, b.err());
+      assert.match(b.out(), title);
+      assertFigures(b.out());
+      assertNothingLeft(b.child.pid!, tmpdir);
+    });
+  }
 
   it('stopped by SIGTERM while it runs, it ends by the signal and leaves nothing behind', async () => {
     const tmpdir = mkdtempSync(path.join(scratch, 'stop-'));

@@ -1,7 +1,9 @@
-// The native nftables floor of the rules bench: a hand-written ruleset equivalent to what
-// cni-plugin/redirect/rules.ts renders for the default sidecar pod in REDIRECT mode (IPv4), in
-// its own `inet mesh_bench` table, loaded by one `nft -f -`: one netlink transaction of about the
-// same number of rules and chains, what a native backend cannot go below for that pod.
+// The rules bench's check row for native nftables: a hand-written ruleset equivalent to what
+// cni-plugin/redirect/rules.ts makes for the default sidecar pod in REDIRECT mode (IPv4), in its
+// own `inet mesh_bench` table, loaded by one `nft -f -`: one netlink transaction of about the
+// same number of rules and chains. The native floor itself is `nft -f` of what the renderer and
+// applier fed nft; this one says what a table written by hand, with no owner set and no base
+// chain per hook, would cost instead.
 // Rule for rule, in the iptables document's order: MESH_PREROUTING -> prerouting (the base chain
 // itself, no jump needed), MESH_INBOUND -> inbound (its four RETURN ports as one set),
 // MESH_IN_REDIRECT -> in_redirect, MESH_OUTPUT -> output, MESH_REDIRECT -> out_redirect

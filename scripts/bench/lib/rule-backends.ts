@@ -1,12 +1,13 @@
 // The rule backends the rules bench compares (scripts/bench/rules.bench.ts), one small entry
 // each: how our code programs a pod's rules into its netns per mode, the floor (the backend's own
 // loader alone), and what in the plugin's config picks the backend for a whole ADD. A mode a
-// backend cannot do yet is absent from its entry; the bench prints "-" there.
+// backend cannot do is absent from its entry; the bench prints "-" there.
 //
-// The floor's input is what `program` itself fed the loader (the bench records it once per mode
-// and backend, in a scratch netns): "the same document" by construction, whichever renderer or
-// reconcile wrote it. The native floor is the exception until a native renderer exists: a
-// hand-written equivalent ruleset (nft-floor.ts).
+// The floor's input is what `program` itself fed the loader (the bench records every loader call
+// once per mode, backend and families, in a scratch netns): "the same document" by construction,
+// whichever renderer or reconcile wrote it, for iptables (one restore per family) and native nft
+// (one transaction for every family) alike. Native nft keeps a hand-written REDIRECT ruleset
+// (nft-floor.ts) as a check row: what the renderer's table costs against one written by hand.
 
 import type { V1Pod } from '@kubernetes/client-node';
 import {
@@ -16,12 +17,15 @@ import {
   type NetnsRunner,
   type RunResult,
 } from '../../../cni-plugin/redirect/iptables.ts';
+import type { Family, Plan } from '../../../cni-plugin/redirect/model.ts';
 import { applyTable } from '../../../cni-plugin/redirect/nft.ts';
-import { buildFamilyRules } from '../../../cni-plugin/redirect/rules.ts';
+import { POD_TABLE, renderNftBody } from '../../../cni-plugin/redirect/nftrender.ts';
+import { ipBatchLines } from '../../../cni-plugin/redirect/restoredoc.ts';
+import { buildFamilyRules, sidecarPlan } from '../../../cni-plugin/redirect/rules.ts';
 import { specForPod } from '../../../cni-plugin/redirect/spec.ts';
-import { applyInpod, podOptions } from '../../../src/ambient/podrules.ts';
+import { applyInpod, inpodPlan, loHasIPv6, podOptions } from '../../../src/ambient/podrules.ts';
 import { meshPod } from '../../../test/helpers/plugin.ts';
-import { NFT_FLOOR_TABLE, SIDECAR_REDIRECT_NFT, SIDECAR_REDIRECT_NFT_BODY } from './nft-floor.ts';
+import { SIDECAR_REDIRECT_NFT } from './nft-floor.ts';
 
 export const MODES = ['sidecar REDIRECT', 'sidecar TPROXY', 'ambient in-pod'] as const;
 export type Mode = (typeof MODES)[number];
@@ -35,17 +39,27 @@ export function podFor(mode: Mode, name: string): V1Pod {
 
 /** Runs argv (a program on PATH) inside the pod's netns; the bench measures each call. */
 export type Exec = (argv: readonly string[], input?: string) => Promise<RunResult>;
-/** `fed`: what this backend's program fed its loader for this mode ('' when it has no program). */
-export type Step = (exec: Exec, pod: V1Pod, fed: string) => Promise<void>;
+/** One loader call a program made: the floor runs exactly these again, alone. */
+export interface Fed {
+  readonly argv: readonly string[];
+  readonly input: string;
+}
+/**
+ * `fed`: what this backend's program fed its loader for this mode and families ([] when it has
+ * no program); `families`: the pod's, [4] or [4, 6].
+ */
+export type Step = (exec: Exec, pod: V1Pod, fed: readonly Fed[], families: readonly Family[]) => Promise<void>;
 
 export interface Backend {
   readonly name: string;
-  /** Our code programming the pod's IPv4 rules into a fresh netns, as the plugin or agent does. */
+  /** Our code programming the pod's rules into a fresh netns, as the plugin or agent does. */
   readonly program: Partial<Record<Mode, Step>>;
-  /** The program call whose input is the document (recorded for the floor). */
+  /** The program calls whose input is the document (recorded for the floor). */
   readonly loader: (argv: readonly string[]) => boolean;
-  /** The loader alone, on the same (or an equivalent) ruleset: what `program` cannot go below. */
+  /** The loader alone, on the same ruleset: what `program` cannot go below. */
   readonly floor: Partial<Record<Mode, Step>>;
+  /** A second floor, for comparison only: its label and step. */
+  readonly check?: { readonly mode: Mode; readonly label: string; readonly step: Step };
   /** What programming and the floor are, for the table's legend. */
   readonly legend: string;
   /** The plugin config that picks this backend for a whole ADD; absent: the plugin has no way yet. */
@@ -62,14 +76,25 @@ async function ok(what: string, r: Promise<RunResult>): Promise<void> {
   if (error !== null || code !== 0) throw new Error(`${what} failed (exit ${code}): ${(error ?? stderr).trim()}`);
 }
 
+/** Every loader call the program made, again, in order, alone. */
+const loaderAlone: Step = async (exec, _pod, fed) => {
+  for (const f of fed) await ok(f.argv.join(' '), exec(f.argv, f.input));
+};
+
+const inpodOpts = (pod: V1Pod) => podOptions(pod.metadata?.annotations ?? {}, false);
+
 function iptables(flavour: Flavour, name: string): Backend {
-  const restore = `iptables-${flavour}-restore`;
-  const restoreAlone: Step = (exec, _pod, fed) => ok(restore, exec([restore, '--noflush', '-w', '5'], fed));
-  // cni-plugin/plugin.ts's ADD for one family: the document, then TPROXY's policy routing.
-  const sidecar: Step = async (exec, pod) => {
-    const r = buildFamilyRules(specForPod(pod), 4);
-    await applyRules(runnerOf(exec), flavour, 4, r.restore);
-    await ipBatch(runnerOf(exec), 4, r.ipBatch);
+  const restores = [`iptables-${flavour}-restore`, `ip6tables-${flavour}-restore`];
+  // cni-plugin/plugin.ts's ADD: per family the document, then TPROXY's policy routing; two
+  // families side by side, as the plugin runs them.
+  const sidecar: Step = async (exec, pod, _fed, families) => {
+    await Promise.all(
+      families.map(async (fam) => {
+        const r = buildFamilyRules(specForPod(pod), fam);
+        await applyRules(runnerOf(exec), flavour, fam, r.restore);
+        await ipBatch(runnerOf(exec), fam, r.ipBatch);
+      }),
+    );
   };
   return {
     name,
@@ -77,39 +102,72 @@ function iptables(flavour: Flavour, name: string): Backend {
       'sidecar REDIRECT': sidecar,
       'sidecar TPROXY': sidecar,
       // src/ambient/dataplane.ts's enrolment: the policy routing, then read and restore ours.
-      'ambient in-pod': (exec, pod) =>
-        applyInpod(
-          (argv, o) => exec(argv, o?.input),
-          flavour,
-          [4],
-          podOptions(pod.metadata?.annotations ?? {}, false),
-        ).then(() => undefined),
+      'ambient in-pod': (exec, pod, _fed, families) =>
+        applyInpod((argv, o) => exec(argv, o?.input), flavour, families, inpodOpts(pod)).then(() => undefined),
     },
-    loader: (argv) => argv[0] === restore,
-    floor: { 'sidecar REDIRECT': restoreAlone, 'sidecar TPROXY': restoreAlone, 'ambient in-pod': restoreAlone },
-    legend: `ours: cni-plugin/redirect (sidecar), src/ambient/podrules.ts (ambient); floor: ${restore} --noflush of the document ours restored`,
+    loader: (argv) => restores.includes(argv[0]!),
+    floor: { 'sidecar REDIRECT': loaderAlone, 'sidecar TPROXY': loaderAlone, 'ambient in-pod': loaderAlone },
+    legend: `ours: cni-plugin/redirect (sidecar), src/ambient/podrules.ts (ambient); floor: ip(6)tables-${flavour}-restore --noflush of each document ours restored`,
     pluginConf: { iptables_flavour: flavour },
   };
 }
 
+/**
+ * Native nft, as the plugin's ADD (cni-plugin/netns/nftpod.ts applyPodTable) and ambient's
+ * enrolment write it: every family's plan rendered as one inet table (nftrender.ts), written in
+ * one transaction (nft.ts applyTable), then each family's policy routing with `ip -batch`.
+ */
+async function nativeTable(exec: Exec, table: string, plans: readonly Plan[], optional6: boolean): Promise<void> {
+  const runner = runnerOf(exec);
+  await applyTable(runner, table, renderNftBody(plans), true);
+  for (const p of plans) await ipBatch(runner, p.family, ipBatchLines(p, 'add', p.family === 4 || optional6));
+}
+
+/**
+ * Ambient's table in a pod netns: src/ambient/podnft.ts's AMBIENT_POD_TABLE, written out here
+ * while that module is not in the tree.
+ */
+const AMBIENT_POD_TABLE = 'mesh_ambient_pod';
+
+/** The plugin's native ADD, either sidecar mode (cni-plugin/plugin.ts addNative, its rules). */
+const sidecarNative: Step = (exec, pod, _fed, families) =>
+  nativeTable(
+    exec,
+    POD_TABLE,
+    families.map((f) => sidecarPlan(specForPod(pod), f)),
+    true,
+  );
+
+const native: Backend = {
+  name: 'native nft',
+  program: {
+    'sidecar REDIRECT': sidecarNative,
+    'sidecar TPROXY': sidecarNative,
+    // Ambient's routes for IPv6 are optional only when the pod's lo has IPv6 (podrules.ts).
+    'ambient in-pod': async (exec, pod, _fed, families) =>
+      nativeTable(
+        exec,
+        AMBIENT_POD_TABLE,
+        families.map((f) => inpodPlan(f, inpodOpts(pod))),
+        families.includes(6) && (await loHasIPv6((argv, o) => exec(argv, o?.input))),
+      ),
+  },
+  loader: (argv) => argv[0] === 'nft' && argv.includes('-f'),
+  floor: { 'sidecar REDIRECT': loaderAlone, 'sidecar TPROXY': loaderAlone, 'ambient in-pod': loaderAlone },
+  check: {
+    mode: 'sidecar REDIRECT',
+    label: 'nft -f of a hand-written IPv4 REDIRECT ruleset, no owner set (lib/nft-floor.ts)',
+    step: (exec) => ok('nft -f', exec(['nft', '-f', '-'], SIDECAR_REDIRECT_NFT)),
+  },
+  legend:
+    'ours: nftrender.ts + nft.ts applyTable (one inet table, every family) + ip -batch per family; floor: nft -f of the transaction ours ran',
+  // What the agent writes into our entry when it chose nftables (src/install/template.ts); the
+  // iptables flavour stays `auto`, detected once and cached, as on a node.
+  pluginConf: { native_nftables: true },
+};
+
 export const BACKENDS: readonly Backend[] = [
   iptables('legacy', 'iptables legacy'),
   iptables('nft', 'iptables nft shim'),
-  {
-    name: 'native nft',
-    // No native renderer yet: ours is the native applier (nft.ts applyTable: owner set, body
-    // checks, one transaction) on the hand-written body. When the renderer is in the tree, each
-    // mode's program renders the pod's plan and applies it, and the floor becomes `nft -f` of
-    // what was fed (as for iptables); once the plugin's ADD honours it, pluginConf is
-    // { native_nftables: true } (the key the agent writes into our entry).
-    program: {
-      'sidecar REDIRECT': (exec) =>
-        applyTable(runnerOf(exec), NFT_FLOOR_TABLE, SIDECAR_REDIRECT_NFT_BODY).then(() => undefined),
-    },
-    loader: (argv) => argv[0] === 'nft' && argv.includes('-f'),
-    floor: {
-      'sidecar REDIRECT': (exec) => ok('nft -f', exec(['nft', '-f', '-'], SIDECAR_REDIRECT_NFT)),
-    },
-    legend: `ours: nft.ts applyTable of a hand-written body (no renderer yet); floor: nft -f of that body as a plain table (lib/nft-floor.ts), REDIRECT only`,
-  },
+  native,
 ];
