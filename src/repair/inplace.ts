@@ -6,8 +6,9 @@
 //
 // The netns is entered by fd, never by setns of the agent's own threads: src/podnetns/ finds it
 // from the host's /proc and runs `nsenter --net=/proc/self/fd/3` with the fd handed to the child.
-// The rules are the plugin's own (cni-plugin/redirect/: specForPod, buildFamilyRules, and the
-// runner-generic iptables code), written only where they differ from what is there.
+// The rules are the plugin's own (cni-plugin/redirect/: specForPod, the rule model, and the
+// runner-generic iptables and nft code), written with the backend the node uses (podrules.ts),
+// only where they differ from what is there.
 //
 // What the controller does with a failure (retry, fall through to label/delete) is its call
 // (controller.ts); here each failure gets a reason and whether trying again can help (`final`).
@@ -15,16 +16,11 @@
 import { stat } from 'node:fs/promises';
 import path from 'node:path';
 import type { V1Pod } from '@kubernetes/client-node';
-import {
-  ensureRules,
-  ipBatch,
-  type Flavour,
-  type NetnsRunner,
-  type RunResult,
-} from '../../cni-plugin/redirect/iptables.ts';
+import type { Flavour, NetnsRunner, RunResult } from '../../cni-plugin/redirect/iptables.ts';
 import type { Family } from '../../cni-plugin/redirect/net.ts';
-import { buildFamilyRules } from '../../cni-plugin/redirect/rules.ts';
+import { NftError } from '../../cni-plugin/redirect/nft.ts';
 import { hostFlavourDetector } from '../hostnet/flavour.ts';
+import { RulesFailed, writeIptables, writeNftables } from './podrules.ts';
 import { MIRROR_ANNOTATION } from '../../cni-plugin/shared/poduid.ts';
 import { AnnotationError, specForPod, type PodLike, type RedirectSpec } from '../../cni-plugin/redirect/spec.ts';
 
@@ -109,6 +105,11 @@ export interface InPlaceOptions {
   readonly nodeBinary?: string;
   /** --probe-timeout of the proof: short, the check runs on the repair's path. */
   readonly probeTimeout?: string;
+  /**
+   * The redirect backend the agent decided at start (--native-nftables and the node): true, the
+   * pod's rules are the nftables table inet mesh_pod, as the plugin's entry says; false, iptables.
+   */
+  readonly nativeNftables?: boolean;
   /** The node's iptables flavour, for a netns with no rules of ours yet (detected once). */
   readonly hostFlavour?: () => Promise<Flavour>;
   /** Time limit of each program run in the netns. */
@@ -144,6 +145,7 @@ export class InPlaceRepairer {
     this.#o = {
       nodeBinary: process.execPath,
       probeTimeout: '2s',
+      nativeNftables: false,
       hostFlavour: hostFlavourDetector(),
       runTimeoutMs: 10_000,
       ...o,
@@ -198,18 +200,16 @@ export class InPlaceRepairer {
           this.#o.netns.runInNetns(netns, argv, { input: o.input ?? null, timeoutMs: this.#o.runTimeoutMs }),
       };
       const families = familiesOf(ips);
-      const done: string[] = [];
+      let done: string[];
       try {
-        const flavour = await this.#flavour(runner, families[0]!);
-        for (const fam of families) {
-          const r = buildFamilyRules(spec, fam);
-          const how = await ensureRules(runner, flavour.flavour, fam, r.restore);
-          await ipBatch(runner, fam, r.ipBatch);
-          done.push(`IPv${fam} ${how}`);
-        }
-        done.push(`${flavour.flavour} (${flavour.why})`);
+        done = this.#o.nativeNftables
+          ? await writeNftables(runner, spec, families)
+          : await writeIptables(runner, spec, families, this.#o.hostFlavour);
       } catch (e) {
-        return fail('rules_failed', (e as Error).message, false);
+        // Final when no retry can help (the rules cannot be said in nft, no nft on the node, a
+        // table of our name not ours): the controller falls through to label/delete at once.
+        const final = e instanceof RulesFailed ? e.final : e instanceof NftError && e.permanent;
+        return fail('rules_failed', (e as Error).message, final);
       }
       const proof = await this.#o.netns.runInNetns(
         netns,
@@ -236,22 +236,5 @@ export class InPlaceRepairer {
     } finally {
       netns.close();
     }
-  }
-
-  /**
-   * legacy or nft for this netns: where rules of ours already are (a partial ADD, an earlier
-   * repair), that flavour, so they are replaced and not doubled by a copy in the other; else the
-   * node's, as the plugin picks it, so the pod ends up as the plugin would have left it.
-   */
-  async #flavour(runner: NetnsRunner, fam: Family): Promise<{ flavour: Flavour; why: string }> {
-    const ip = fam === 6 ? 'ip6tables' : 'iptables';
-    const [legacy, nft] = await Promise.all(
-      (['legacy', 'nft'] as const).map((f) => Promise.resolve(runner.run([`${ip}-${f}-save`], { stdout: true }))),
-    );
-    const ours = (r: RunResult | undefined) =>
-      r !== undefined && r.error === null && r.code === 0 && /^:MESH_/m.test(r.stdout);
-    if (ours(nft)) return { flavour: 'nft', why: 'rules of ours are in nf_tables' };
-    if (ours(legacy)) return { flavour: 'legacy', why: 'rules of ours are in legacy iptables' };
-    return { flavour: await this.#o.hostFlavour(), why: "the node's flavour" };
   }
 }
