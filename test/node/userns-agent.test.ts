@@ -27,6 +27,7 @@ import { FakeZtunnel } from '../helpers/fake-ztunnel.ts';
 import { fdSnapshot, fdsOpenedSince } from '../helpers/fds.ts';
 import { Netns, rulesIn } from '../helpers/netns.ts';
 import { testPod } from '../helpers/pods.ts';
+import { sh } from '../helpers/sh.ts';
 import { flockedByNodeUser, podWithTraffic, reachedAs, usernsNetns } from '../helpers/userns.ts';
 
 const defer = cleanupAfterEach();
@@ -169,11 +170,19 @@ describe("in-place repair of a hostUsers: false pod: the writers enter the pod's
   }
 });
 
+/** The netns's nftables ruleset, read from the host's user namespace. */
+const nftIn = (netnsPath: string): string => sh(['nsenter', `--net=${netnsPath}`, '--', 'nft', 'list', 'ruleset']);
+
 const annotator: PodAnnotator = { setRedirection: async () => {} };
 
 describe('ambient enrollment of a hostUsers: false pod', () => {
-  for (const flavour of ['legacy', 'nft'] as const) {
-    it(`${flavour}: its in-pod rules go in, ztunnel gets its netns, it is enrolled; removal takes ours out`, async () => {
+  for (const [flavour, nativeNftables] of [
+    ['legacy', false],
+    ['nft', false],
+    ['nft', true],
+  ] as const) {
+    const backend = nativeNftables ? 'native nftables' : `iptables-${flavour}`;
+    it(`${backend}: its in-pod rules go in, ztunnel gets its netns, it is enrolled; removal takes ours out`, async () => {
       const node = new Netns('unsnode');
       defer(async () => node.remove());
       const nodeHeld = await held(node.path);
@@ -186,7 +195,7 @@ describe('ambient enrollment of a hostUsers: false pod', () => {
         ambient: { ...base.ambient, ztunnelUdsAddress: sock, hostRoot: '/' },
         repair: { ...base.repair, hostProcDir: '/proc', hostNetnsPath: '/proc/self/ns/net' },
       };
-      const dp = createDataplane(ambientArgs(settings), {
+      const dp = createDataplane(ambientArgs(settings, nativeNftables), {
         annotator,
         host: (argv, o) => runInNetns(nodeHeld, argv, { input: o?.input ?? null }),
         flavour: async () => flavour,
@@ -208,11 +217,12 @@ describe('ambient enrollment of a hostUsers: false pod', () => {
       };
       await dp.addPodToMesh(ambient, pod.path);
       assert.equal(dp.isEnrolled(ambient.uid), true);
-      assert.match(rulesIn(pod.path), /:MESH_PRERT/);
+      const ours = () => (nativeNftables ? nftIn(pod.path) : rulesIn(pod.path));
+      assert.match(ours(), nativeNftables ? /table inet mesh_ambient_pod/ : /:MESH_PRERT/);
       const add = await zt.waitFor((r) => r.kind === 'add');
       assert.equal(add.kind === 'add' ? add.netnsIno : null, statSync(pod.path, { bigint: true }).ino);
       await dp.removePodFromMesh(ambient, false);
-      assert.doesNotMatch(rulesIn(pod.path), /MESH_/);
+      assert.doesNotMatch(ours(), /MESH_|mesh_/);
     });
   }
 });
