@@ -79,7 +79,13 @@ export async function runAgent(settings: Settings): Promise<number> {
     const orch = orchClientArgs(settings);
     const orchKc = () => (kc ??= orchKubeConfig(orch));
     const orchApi = () => (api ??= clientNodeApi(orchKc(), orchContext(orch.limits)));
-    const repair = repairArgs(settings);
+    // The redirect backend, decided from the node once, before in-place repair or ambient mode
+    // writes rules and our entry is written: all follow it, and /readyz says when
+    // --native-nftables=true cannot be had here.
+    const nft = await startNftBackend(nftBackendArgs(settings));
+    components.push(nft);
+    const nativeNftables = nft.choice.backend === 'nftables';
+    const repair = repairArgs(settings, nativeNftables);
     const watches = podWatches(settings, repair, orchApi);
     components.push(...watches.components);
     components.push(watches.repair ? startRepair(repair, watches.repair, orchApi()) : disabledComponent('repair'));
@@ -88,11 +94,6 @@ export async function runAgent(settings: Settings): Promise<number> {
     // upgrade while the other removes the node's probe rule).
     let decision: Promise<CleanupDecision> | undefined;
     const decide = () => (decision ??= decideCleanup(cleanupArgs(settings)));
-    // The redirect backend, decided from the node once, before ambient mode writes rules and our
-    // entry is written: both follow it, and /readyz says when --native-nftables=true cannot be had here.
-    const nft = await startNftBackend(nftBackendArgs(settings));
-    components.push(nft);
-    const nativeNftables = nft.choice.backend === 'nftables';
     const ambient = ambientPart(settings, watches.node, orchApi, decide, nativeNftables);
     components.push(ambient ?? disabledComponent('ambient'));
     // With ambient on, a lookup hit carries the pod's namespace labels (the plugin's ambient decision).

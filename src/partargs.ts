@@ -15,13 +15,17 @@ import { withSbinDirs } from './podnetns/program.ts';
 import type { RepairArgs } from './repair/args.ts';
 import type { StopBoundArgs } from './stopbound.ts';
 
-/** Repair's flags, and which agent this is: its node, its pod (Events) and PATH (nsenter). */
-export function repairArgs(settings: Settings): RepairArgs {
+/**
+ * Repair's flags, which agent this is: its node, its pod (Events) and PATH (nsenter), and the
+ * redirect backend the agent decided (src/install/nftbackend.ts), which in-place repair writes with.
+ */
+export function repairArgs(settings: Settings, nativeNftables = false): RepairArgs {
   return {
     ...settings.repair,
     agentNodeName: settings.env.nodeName,
     podName: settings.env.podName,
     path: settings.env.path,
+    nativeNftables,
   };
 }
 

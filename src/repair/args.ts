@@ -11,4 +11,10 @@ export interface RepairArgs extends RepairSettings {
   readonly podName: string;
   /** PATH: where in-place repair's start-up check looks for nsenter. */
   readonly path: string;
+  /**
+   * The redirect backend the agent decided from --native-nftables (src/install/nftbackend.ts):
+   * true, in-place repair writes a pod's rules as the nftables table inet mesh_pod, as the
+   * plugin's entry says; false or absent, iptables.
+   */
+  readonly nativeNftables?: boolean;
 }

@@ -90,8 +90,17 @@ export function inPlaceFor(
     );
     return 'unavailable';
   }
-  log.info('in-place repair on', { hostProcDir: r.hostProcDir, hostNetnsPath: r.hostNetnsPath });
-  return new InPlaceRepairer({ netns: podNetnsOf(podNetns, r), validationBundle: r.validationBundle });
+  const nativeNftables = r.nativeNftables ?? false;
+  log.info('in-place repair on', {
+    hostProcDir: r.hostProcDir,
+    hostNetnsPath: r.hostNetnsPath,
+    backend: nativeNftables ? 'nftables' : 'iptables',
+  });
+  return new InPlaceRepairer({
+    netns: podNetnsOf(podNetns, r),
+    validationBundle: r.validationBundle,
+    nativeNftables,
+  });
 }
 
 /**

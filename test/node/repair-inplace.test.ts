@@ -6,7 +6,7 @@
 // application in real netns.
 
 import assert from 'node:assert/strict';
-import { mkdtemp, rm, writeFile } from 'node:fs/promises';
+import { mkdtemp, rm, stat, writeFile } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
 import { after, afterEach, before, describe, it } from 'node:test';
@@ -375,6 +375,45 @@ describe('the start-up check of in-place repair: what every repair would fail on
     const warned = logs.slice(mark).filter((l) => /in-place repair \(--repair-repair-pods\) is off/.test(l));
     assert.equal(warned.length, 2, warned.join(''));
     for (const w of warned) assert.match(w, /--repair-node-name/);
+  });
+
+  it('the backend the agent decided reaches the repairer: nftables writes the table, iptables restores', async () => {
+    const ns = await stat('/proc/self/ns/net', { bigint: true });
+    const check = { ...env({ hostNetnsPath: '/proc/self/ns/net', xtablesLock: path.join(tmp, 'l3') }) };
+    const flags = {
+      'repair-enabled': true,
+      'repair-repair-pods': 'true',
+      'host-netns-path': '/proc/self/ns/net',
+      'host-proc-dir': '/proc',
+    };
+    for (const native of [true, false]) {
+      // What ran in the netns, and what a netns with nothing of ours answers.
+      const ran: string[] = [];
+      const module = {
+        findPodNetns: async () => ({
+          ok: true as const,
+          netns: { fd: -1, dev: ns.dev, ino: ns.ino, pid: process.pid, close: () => {} },
+        }),
+        runInNetns: async (_n: unknown, argv: readonly string[]) => {
+          ran.push(argv.join(' '));
+          const absent = argv[0] === 'nft' && argv.includes('list');
+          return absent
+            ? { code: 1, stdout: '', stderr: 'Error: No such file or directory\n', error: null }
+            : { code: 0, stdout: '', stderr: '', error: null };
+        },
+      };
+      const args = repairArgs(buildSettings(flags, { NODE_NAME: 'node-a' }), native);
+      const inPlace = inPlaceFor(args, module, check);
+      assert.notEqual(inPlace, 'unavailable');
+      const p = brokenPod('backend-0');
+      p.status = { ...p.status, podIP: '198.18.7.2', podIPs: [{ ip: '198.18.7.2' }] };
+      const r = await (inPlace as InPlaceRepairer).repair(p);
+      assert.ok(r.ok, JSON.stringify(r));
+      const wrote = ran.filter((c) => /^nft -f -|^ip6?tables-(legacy|nft)-restore/.test(c));
+      if (native) assert.deepEqual(wrote, ['nft -f -'], ran.join('\n'));
+      else assert.match(wrote.join('\n'), /^iptables-(legacy|nft)-restore/, ran.join('\n'));
+      assert.match(r.detail, native ? /nftables table inet mesh_pod created/ : /IPv4 created/);
+    }
   });
 
   it("iptables-legacy's lock file that cannot be created (a read-only /run) is named with what to mount", () => {
