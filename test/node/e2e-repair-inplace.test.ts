@@ -5,9 +5,9 @@
 // container really got, and the validation init container's last run terminated with 126. The agent
 // (install-cni from source, repair in place on, the host's /proc being this machine's) must find
 // the container's netns through /proc, program the redirect rules there, prove them, and count the
-// pod repaired: no delete, no label. Then the faults: the netns gone, the IP not the container's,
-// iptables failing, the process exiting mid-repair, each with its reason and the fall-through to
-// the operator's label (or delete).
+// pod repaired: no delete, no label (with --native-nftables=true, as our nftables table). Then the
+// faults: the netns gone, the IP not the container's, iptables failing, the process exiting
+// mid-repair, each with its reason and the fall-through to the operator's label (or delete).
 //
 // The node: a netns made here stands in for the node's host network (podman and the CNI plugins
 // it runs enter it), so the bridge and its routes never touch the machine's own network. The
@@ -210,6 +210,25 @@ describe('e2e: in-place repair of a running podman container in a kubelet-shaped
   for (const entry of ['source', 'bundle'] as const)
     it(`repairs a running unredirected pod in place (${entry}): validation passes, no delete, no label, once`, () =>
       repairsInPlace(entry));
+
+  it('with --native-nftables=true a pod is repaired in place with our nftables table, no iptables rules', async () => {
+    const name = `${TAG}-nft`;
+    const c = await startPodContainer(name);
+    const agent = await startAgent({ 'repair-label-pods': 'true', 'native-nftables': 'true' });
+    api.upsertPod(brokenPodObject(name, c.uid, c.ip));
+    await waitFor(
+      'the in-place repair to succeed',
+      async () =>
+        sample(await metrics(agent), 'mesh_cni_repair_pods_repaired_total', { type: 'repair', result: 'success' }) >= 1,
+      { timeoutMs: 60_000, everyMs: 200, context: () => repairLogs(agent) },
+    );
+    const table = sh(['nsenter', `--net=${c.netnsPath}`, '--', 'nft', 'list', 'table', 'inet', 'mesh_pod']);
+    assert.match(table, /chain nat4_MESH_OUTPUT \{/);
+    assert.doesNotMatch(rulesIn(c.netnsPath), OUR_CHAIN, 'no iptables rules of ours');
+    const after = await validate(c.netnsPath);
+    assert.equal(after.code, 0, `validation inside the repaired container: ${after.stdout}${after.stderr}`);
+    assert.deepEqual(podRequests(name, 'PATCH'), [], 'the pod was never labelled');
+  });
 
   async function repairsInPlace(entry: AgentEntry): Promise<void> {
     const name = `${TAG}-ok-${entry}`;
