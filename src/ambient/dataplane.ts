@@ -38,7 +38,7 @@ import { copyEntries, type HostProbes } from './hostbackend.ts';
 import { HostHealer, type HealOptions } from './hostheal.ts';
 import { NftHostProbes } from './hostnft.ts';
 import { canonicalIP, IptablesHostProbes } from './hostrules.ts';
-import { DEFAULT_KUBELET_UID, findKubeletUid } from './kubeletuid.ts';
+import { chooseKubeletUid, DEFAULT_KUBELET_UID } from './kubeletuid.ts';
 import { PodCache } from './podcache.ts';
 import { iptablesInpod, nftInpod, type InpodBackend } from './podnft.ts';
 import { podOptions, type Family, type Flavour, type Runner } from './podrules.ts';
@@ -114,7 +114,7 @@ export interface DataplaneDeps {
   readonly zdsTimings?: Partial<ZdsTimings>;
   /** The host probe path's healer (hostheal.ts): its clock and timings. */
   readonly hostHeal?: HealOptions;
-  /** kubelet's uid for the nftables probe rule; default: found in --host-proc-dir at start (kubeletuid.ts). */
+  /** kubelet's uid for the nftables probe rule; default: --kubelet-uid, else confirmed at start (kubeletuid.ts). */
   readonly kubeletUid?: () => Promise<number>;
 }
 
@@ -247,7 +247,7 @@ class Dataplane implements MeshDataplane {
     this.#healOpts = deps.hostHeal;
     this.#hostFamilies = this.#s.ipv6 ? [4, 6] : [4];
     this.#inpodRules = args.nativeNftables === true ? nftInpod(this.#flavour) : iptablesInpod(this.#flavour);
-    this.#kubeletUid = deps.kubeletUid ?? (() => kubeletUidAtStart(args.hostProcDir, args.hostNetnsPath));
+    this.#kubeletUid = deps.kubeletUid ?? (() => kubeletUidAtStart(args));
   }
 
   #snat() {
@@ -775,19 +775,20 @@ class Dataplane implements MeshDataplane {
   }
 }
 
-/** kubelet's uid from the host's /proc; the default (0) when it cannot be told, said in the log. */
-async function kubeletUidAtStart(procDir: string, hostNetns: string): Promise<number> {
-  const r = await findKubeletUid(procDir, hostNetns);
-  if (r.found) {
-    log.info("kubelet's uid for the nftables probe rule", { uid: r.uid, process: r.comm, pid: r.pid });
-    return r.uid;
-  }
-  log.warn(
-    "kubelet's uid not found: the nftables probe rule SNATs the connections of uid 0 (kubelet as root); " +
-      'if kubelet runs as another uid here its probes of ambient pods fail (docs/ambient.md "Native nftables")',
-    { uid: DEFAULT_KUBELET_UID, why: r.why },
-  );
-  return DEFAULT_KUBELET_UID;
+/** kubelet's uid: --kubelet-uid, else root as the host's /proc confirms it, else root with a warning. */
+async function kubeletUidAtStart(args: AmbientArgs): Promise<number> {
+  const c = await chooseKubeletUid(args.kubeletUid, args.hostProcDir, args.hostNetnsPath);
+  if (c.from === 'flag') log.info("kubelet's uid for the nftables probe rule, from --kubelet-uid", { uid: c.uid });
+  else if (c.from === 'scan')
+    log.info("kubelet's uid for the nftables probe rule", { uid: c.uid, process: c.comm, pid: c.pid });
+  else
+    log.warn(
+      "kubelet's uid not confirmed: the nftables probe rule SNATs the connections of uid 0 (kubelet as root); " +
+        'if kubelet runs as another uid here its probes of ambient pods go to ztunnel and fail: set --kubelet-uid ' +
+        '(docs/ambient.md "Native nftables")',
+      { uid: c.uid, why: c.why },
+    );
+  return c.uid;
 }
 
 export function createDataplane(args: AmbientArgs, deps: DataplaneDeps): MeshDataplane {

@@ -611,6 +611,19 @@ export const FLAGS: readonly FlagSpec[] = [
     'The IPv6 address of --host-probe-snat-ip.',
   ),
   ambientFlag(
+    'kubelet-uid',
+    'int',
+    undefined,
+    "kubelet's uid, whose connections native nftables lets past ztunnel as probes (empty: root).",
+    {
+      details:
+        "kubelet's uid, whose connections to ambient pods the native nftables probe rule SNATs past ztunnel " +
+        '(empty: 0, root, as on nearly every node; a process is never believed kubelet by its name for another ' +
+        'uid, and the agent warns at start when --host-proc-dir shows a kubelet not running as root: set it ' +
+        'then; docs/ambient.md "Native nftables").',
+    },
+  ),
+  ambientFlag(
     'host-root',
     'string',
     '/host',

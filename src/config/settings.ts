@@ -142,6 +142,8 @@ export interface AmbientSettings {
   readonly ipv6: boolean;
   /** Where the host's / is mounted: the plugin's CNI netns path is opened under it. */
   readonly hostRoot: string;
+  /** --kubelet-uid: the native nftables probe rule's uid; undefined: found at start (src/ambient/kubeletuid.ts). */
+  readonly kubeletUid: number | undefined;
 }
 
 /** A taint as the agent matches it on its node: key and effect name it; value, when given, must match too. */
@@ -592,6 +594,8 @@ export function buildSettings(flags: RawFlags, env: Env, cwd: string = process.c
     hostProbeSnatIpv6: get('host-probe-snat-ipv6', (s, v) => parseAddress(s, v, 6)),
     ipv6: bool('ambient-ipv6'),
     hostRoot: abs('host-root'),
+    // Up to 2^32-2: 2^32-1 is (uid_t)-1, no uid.
+    kubeletUid: get('kubelet-uid', (s, v) => (v.trim() === '' ? undefined : parseInt10(s, v, 0, 0xfffffffe))),
   };
   if (ambient.enabled && nodeName === '') {
     const { value, source } = raw(byName.get('ambient-enabled')!);

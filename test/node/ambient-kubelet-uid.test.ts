@@ -1,5 +1,5 @@
-// kubelet's uid for the native nftables probe rule (src/ambient/kubeletuid.ts), read from a fake
-// /proc tree the test writes: per pid a comm, a cmdline (NUL-separated), a status with its Uid:
+// kubelet's uid for the native nftables probe rule (src/ambient/kubeletuid.ts): --kubelet-uid when
+// given, else what a fake /proc tree the test writes can vouch for (root only): per pid a comm, a cmdline (NUL-separated), a status with its Uid:
 // line, and ns/net a symlink to a real netns file (the test process's own, which stands for the
 // node's, or a test netns, which stands for a pod's). Temp dirs and netns are removed after each test.
 
@@ -8,7 +8,7 @@ import { mkdirSync, mkdtempSync, rmSync, symlinkSync, writeFileSync } from 'node
 import os from 'node:os';
 import path from 'node:path';
 import { describe, it } from 'node:test';
-import { findKubeletUid } from '../../src/ambient/kubeletuid.ts';
+import { chooseKubeletUid, findKubeletUid } from '../../src/ambient/kubeletuid.ts';
 import { cleanupAfterEach } from '../helpers/cleanup.ts';
 import { Netns } from '../helpers/netns.ts';
 
@@ -46,30 +46,30 @@ function proc(dir: string, pid: number, p: Proc): void {
 const same = (u: number): [number, number, number, number] => [u, u, u, u];
 
 describe("kubelet's uid from the host's /proc", () => {
-  it('kubelet with "kubelet" in its argv: its filesystem uid; other processes and pids are skipped', async () => {
+  it('kubelet as root with "kubelet" in its argv: uid 0; other processes and pids are skipped', async () => {
     const dir = procTree();
     proc(dir, 1, { comm: 'systemd', argv: ['/sbin/init'], uids: same(0) });
-    proc(dir, 40, { comm: 'containerd', argv: ['/usr/bin/containerd'], uids: same(0) });
+    proc(dir, 40, { comm: 'containerd', argv: ['/usr/bin/containerd'], uids: same(4242) });
     proc(dir, 812, {
       comm: 'kubelet',
       argv: ['/usr/bin/kubelet', '--config=/var/lib/kubelet/config.yaml'],
-      uids: [7, 7, 7, 4242],
+      uids: same(0),
     });
-    assert.deepEqual(await findKubeletUid(dir, NODE_NET), { found: true, uid: 4242, pid: 812, comm: 'kubelet' });
+    assert.deepEqual(await findKubeletUid(dir, NODE_NET), { found: true, uid: 0, pid: 812, comm: 'kubelet' });
   });
 
-  it('kubelite (MicroK8s) and k3s (kubelet built in, no kubelet in argv); kubelet preferred to both', async () => {
+  it('kubelite (MicroK8s) and k3s (kubelet built in, no kubelet in argv) as root; kubelet named first', async () => {
     const dir = procTree();
     proc(dir, 30, { comm: 'k3s', argv: ['/usr/local/bin/k3s', 'agent'], uids: same(0) });
     assert.deepEqual(await findKubeletUid(dir, NODE_NET), { found: true, uid: 0, pid: 30, comm: 'k3s' });
     proc(dir, 31, {
       comm: 'kubelite',
       argv: ['/snap/microk8s/current/kubelite', '--kubelet-args-file=x'],
-      uids: same(5),
+      uids: same(0),
     });
-    assert.deepEqual(await findKubeletUid(dir, NODE_NET), { found: true, uid: 5, pid: 31, comm: 'kubelite' });
-    proc(dir, 900, { comm: 'kubelet', argv: ['kubelet'], uids: same(6) });
-    assert.deepEqual(await findKubeletUid(dir, NODE_NET), { found: true, uid: 6, pid: 900, comm: 'kubelet' });
+    assert.deepEqual(await findKubeletUid(dir, NODE_NET), { found: true, uid: 0, pid: 31, comm: 'kubelite' });
+    proc(dir, 900, { comm: 'kubelet', argv: ['kubelet'], uids: same(0) });
+    assert.deepEqual(await findKubeletUid(dir, NODE_NET), { found: true, uid: 0, pid: 900, comm: 'kubelet' });
   });
 
   it("a process named kubelet in a pod's netns, or without kubelet in its argv, is not kubelet", async () => {
@@ -85,6 +85,35 @@ describe("kubelet's uid from the host's /proc", () => {
     assert.deepEqual(await findKubeletUid(dir, NODE_NET), { found: true, uid: 0, pid: 77, comm: 'kubelet' });
   });
 
+  // Any local user can start a process named kubelet (argv and all) in the node's netns, or k3s,
+  // before the agent starts, or while kubelet is down: believed, its uid's connections would pass
+  // ztunnel as probes. Only root's claim is safe to take, and root is the default anyway.
+  for (const [comm, argv] of [
+    ['kubelet', ['/usr/bin/kubelet', '--config=/var/lib/kubelet/config.yaml']],
+    ['kubelite', ['/snap/microk8s/current/kubelite', '--kubelet-args-file=x']],
+    ['k3s', ['/usr/local/bin/k3s', 'agent']],
+  ] as const) {
+    it(`a process named ${comm} in the node's netns that is not root is not believed`, async () => {
+      const dir = procTree();
+      proc(dir, 900, { comm, argv, uids: same(1000) });
+      assert.deepEqual(await findKubeletUid(dir, NODE_NET), {
+        found: false,
+        why:
+          `${comm} (pid 900) in the node's netns runs as uid 1000, not root, and its name alone does not ` +
+          'make it kubelet (any local user can name a process so): if kubelet runs as uid 1000 here, set ' +
+          '--kubelet-uid=1000',
+      });
+    });
+  }
+
+  it("the filesystem uid is the one judged (the kernel's skuid): root with fsuid 4242 is not root", async () => {
+    const dir = procTree();
+    proc(dir, 812, { comm: 'kubelet', argv: ['/usr/bin/kubelet'], uids: [0, 0, 0, 4242] });
+    const r = await findKubeletUid(dir, NODE_NET);
+    assert.equal(r.found, false);
+    assert.match(!r.found ? r.why : '', /kubelet \(pid 812\) in the node's netns runs as uid 4242, not root/);
+  });
+
   it('kubelets of the node disagreeing on the uid: not found, both named', async () => {
     const dir = procTree();
     proc(dir, 77, { comm: 'kubelet', argv: ['/usr/bin/kubelet'], uids: same(0) });
@@ -92,7 +121,22 @@ describe("kubelet's uid from the host's /proc", () => {
     const r = await findKubeletUid(dir, NODE_NET);
     assert.deepEqual(r, {
       found: false,
-      why: "processes named kubelet in the node's netns run as different uids (pid 77 uid 0, pid 78 uid 1000)",
+      why:
+        "processes taken for kubelet in the node's netns run as different uids (kubelet pid 77 uid 0, " +
+        "kubelet pid 78 uid 1000): set --kubelet-uid to kubelet's uid",
+    });
+  });
+
+  it('processes of different names disagreeing on the uid: not found, all named, whichever name', async () => {
+    const dir = procTree();
+    proc(dir, 30, { comm: 'k3s', argv: ['/usr/local/bin/k3s', 'agent'], uids: same(0) });
+    proc(dir, 900, { comm: 'kubelet', argv: ['/home/eve/kubelet'], uids: same(1000) });
+    const r = await findKubeletUid(dir, NODE_NET);
+    assert.deepEqual(r, {
+      found: false,
+      why:
+        "processes taken for kubelet in the node's netns run as different uids (kubelet pid 900 uid 1000, " +
+        "k3s pid 30 uid 0): set --kubelet-uid to kubelet's uid",
     });
   });
 
@@ -100,5 +144,25 @@ describe("kubelet's uid from the host's /proc", () => {
     const r = await findKubeletUid('/nonexistent/proc', NODE_NET);
     assert.equal(r.found, false);
     assert.match(!r.found ? r.why : '', /cannot list \/nonexistent\/proc/);
+  });
+});
+
+describe("kubelet's uid for the probe rule: --kubelet-uid, else the scan, else root", () => {
+  it('--kubelet-uid wins over the scan, whatever /proc holds or lacks', async () => {
+    const dir = procTree();
+    proc(dir, 77, { comm: 'kubelet', argv: ['/usr/bin/kubelet'], uids: same(0) });
+    assert.deepEqual(await chooseKubeletUid(4242, dir, NODE_NET), { uid: 4242, from: 'flag' });
+    assert.deepEqual(await chooseKubeletUid(0, '/nonexistent/proc', NODE_NET), { uid: 0, from: 'flag' });
+  });
+
+  it('unset: a root kubelet found, or uid 0 with the reason when the scan vouches for nothing', async () => {
+    const dir = procTree();
+    proc(dir, 30, { comm: 'k3s', argv: ['/usr/local/bin/k3s', 'agent'], uids: same(0) });
+    assert.deepEqual(await chooseKubeletUid(undefined, dir, NODE_NET), { uid: 0, from: 'scan', pid: 30, comm: 'k3s' });
+    proc(dir, 900, { comm: 'kubelet', argv: ['kubelet'], uids: same(1000) });
+    const r = await chooseKubeletUid(undefined, dir, NODE_NET);
+    assert.equal(r.uid, 0);
+    assert.equal(r.from, 'default');
+    assert.match(r.from === 'default' ? r.why : '', /kubelet pid 900 uid 1000, k3s pid 30 uid 0.*--kubelet-uid/);
   });
 });

@@ -6,6 +6,7 @@ import { describe, it } from 'node:test';
 import { DEFAULT_ENABLEMENT_SELECTORS } from '../../cni-plugin/shared/enablement.ts';
 import { ConfigErrors } from '../../src/config/parse.ts';
 import { buildSettings } from '../../src/config/settings.ts';
+import { ambientArgs } from '../../src/partargs.ts';
 
 const NODE = { NODE_NAME: 'node-1' };
 
@@ -22,6 +23,7 @@ describe('ambient settings', () => {
     assert.equal(a.hostProbeSnatIpv6, 'fd16:9254:7127:1337:ffff:ffff:ffff:ffff');
     assert.equal(a.ipv6, true);
     assert.equal(a.hostRoot, '/host');
+    assert.equal(a.kubeletUid, undefined, 'unset: found at start (src/ambient/kubeletuid.ts)');
   });
 
   it('takes every flag, and its env setting named like it', () => {
@@ -37,6 +39,7 @@ describe('ambient settings', () => {
       'host-probe-snat-ip': '169.254.9.9',
       'host-probe-snat-ipv6': 'FD00:0:0::9',
       'host-root': '/',
+      'kubelet-uid': '4242',
     };
     const env = {
       AMBIENT_ENABLED: 'true',
@@ -49,6 +52,7 @@ describe('ambient settings', () => {
       HOST_PROBE_SNAT_IP: '169.254.9.9',
       HOST_PROBE_SNAT_IPV6: 'FD00:0:0::9',
       HOST_ROOT: '/',
+      KUBELET_UID: '4242',
     };
     const want = {
       enabled: true,
@@ -61,9 +65,16 @@ describe('ambient settings', () => {
       hostProbeSnatIpv6: 'fd00::9',
       ipv6: false,
       hostRoot: '/',
+      kubeletUid: 4242,
     };
     assert.deepEqual({ ...buildSettings(flags, NODE).ambient }, want);
     assert.deepEqual({ ...buildSettings({}, { ...NODE, ...env }).ambient }, want);
+  });
+
+  it("hands --kubelet-uid to ambient mode's slice (the probe rule's uid, src/ambient/kubeletuid.ts)", () => {
+    assert.equal(ambientArgs(buildSettings({ 'kubelet-uid': '0' }, NODE)).kubeletUid, 0);
+    assert.equal(ambientArgs(buildSettings({}, { ...NODE, KUBELET_UID: ' 7 ' })).kubeletUid, 7);
+    assert.equal(ambientArgs(buildSettings({}, { ...NODE, KUBELET_UID: '' })).kubeletUid, undefined);
   });
 
   it('reads the selector as YAML too, with matchExpressions', () => {
@@ -126,6 +137,9 @@ describe('ambient settings', () => {
     [{ 'host-probe-snat-ipv6': 'fd00::1]/x' }, NODE, /--host-probe-snat-ipv6: expected an IPv6 address/],
     [{ 'host-probe-snat-ipv6': 'fd00::1::2' }, NODE, /--host-probe-snat-ipv6: expected an IPv6 address/],
     [{ 'ambient-dns-capture': 'maybe' }, NODE, /--ambient-dns-capture/],
+    [{ 'kubelet-uid': 'kubelet' }, NODE, /"kubelet" for --kubelet-uid: expected a whole number from 0 to 4294967294/],
+    [{}, { ...NODE, KUBELET_UID: '-1' }, /env KUBELET_UID: expected a whole number from 0 to 4294967294/],
+    [{ 'kubelet-uid': '4294967295' }, NODE, /--kubelet-uid: expected a whole number/],
   ];
   for (const [flags, env, re] of bad) {
     it(`refuses ${JSON.stringify({ ...flags, ...env })} in one line`, () => {
