@@ -41,6 +41,9 @@ async function held(netnsPath: string): Promise<HeldNetns> {
   return h;
 }
 
+/** The netns's nftables ruleset, read from the host's user namespace. */
+const nftIn = (netnsPath: string): string => sh(['nsenter', `--net=${netnsPath}`, '--', 'nft', 'list', 'ruleset']);
+
 describe("a held netns's owner: NS_GET_USERNS through the agent's addon", () => {
   it("is the pod's own user namespace for a hostUsers: false pod's netns, none for one the host's owns", async () => {
     const pod = await usernsNetns('unsown', defer);
@@ -137,16 +140,21 @@ function brokenPod(name: string, ip: string): V1Pod {
   };
 }
 
-function repairer(netns: HeldNetns, flavour: 'legacy' | 'nft'): InPlaceRepairer {
+function repairer(netns: HeldNetns, flavour: 'legacy' | 'nft', nativeNftables = false): InPlaceRepairer {
   const pods: PodNetns = {
     findPodNetns: async () => ({ ok: true, netns }),
     runInNetns: (n, argv, o) => runInNetns(n as HeldNetns, argv, o),
     stillThere: async () => true,
   };
-  return new InPlaceRepairer({ netns: pods, validationBundle: VALIDATION, hostFlavour: async () => flavour });
+  return new InPlaceRepairer({
+    netns: pods,
+    validationBundle: VALIDATION,
+    hostFlavour: async () => flavour,
+    nativeNftables,
+  });
 }
 
-describe("in-place repair of a hostUsers: false pod: the writers enter the pod's user namespace", () => {
+describe('in-place repair of a hostUsers: false pod', () => {
   for (const [flavour, subnet] of [
     ['legacy', '198.18.61'],
     ['nft', '198.18.62'],
@@ -168,10 +176,17 @@ describe("in-place repair of a hostUsers: false pod: the writers enter the pod's
       assert.match(again.detail, /IPv4 unchanged/);
     });
   }
-});
 
-/** The netns's nftables ruleset, read from the host's user namespace. */
-const nftIn = (netnsPath: string): string => sh(['nsenter', `--net=${netnsPath}`, '--', 'nft', 'list', 'ruleset']);
+  it(`native nftables (from the host's user namespace): uid ${PROXY_UID} inside goes out, another uid is redirected`, async () => {
+    const { pod, dst } = await podWithTraffic('198.18.60', defer);
+    const r = await repairer(await held(pod.path), 'nft', true).repair(brokenPod('uns-native', '198.18.60.2'));
+    assert.ok(r.ok, JSON.stringify(r));
+    assert.match(r.detail, /validation passed/);
+    assert.match(nftIn(pod.path), /table inet mesh_pod/);
+    assert.equal(reachedAs(pod, PROXY_UID, dst), 'dest', 'the proxy (uid 1337 inside) is not redirected');
+    assert.equal(reachedAs(pod, APP_UID, dst), 'proxy', 'the app is redirected to the proxy port');
+  });
+});
 
 const annotator: PodAnnotator = { setRedirection: async () => {} };
 
