@@ -241,9 +241,22 @@ export async function cmdAdd(req: CniRequest, log: UdsLog): Promise<Record<strin
   return result;
 }
 
-/** Our nftables table out of a pod redirected with iptables; a host without nft has none. */
+/**
+ * Our nftables table out of a pod redirected with iptables; a host without nft has none. Best
+ * effort: on a node that redirects with iptables, an nft that cannot run (the version-skew crash
+ * of docs/nftables.md) must not fail every pod, and a table of ours left from an ADD under
+ * nftables only ever redirects into the proxy, never around it.
+ */
 async function removeNftLeftover(netns: string, log: UdsLog): Promise<void> {
-  const gone = await (await nftPod()).removePodTable(netns);
+  let gone: 'removed' | 'absent' | 'foreign' | 'no-nft';
+  try {
+    gone = await (await nftPod()).removePodTable(netns);
+  } catch (e) {
+    log.warn('cannot check the pod netns for a table of ours left from nftables; going on with iptables', {
+      error: (e as Error).message,
+    });
+    return;
+  }
   if (gone === 'removed') log.info('removed our nftables table: this node now redirects with iptables');
   if (gone === 'foreign') log.warn("a table inet mesh_pod that is not mesh-cni's is in the pod netns: left alone");
 }

@@ -255,6 +255,22 @@ describe('mesh-cni with native nftables', () => {
     assertUntouched(p);
   });
 
+  it('on an iptables node a crashing nft fails no pod: the ADD redirects and warns', async () => {
+    // The skewed-nft segfault: a node that does not use nftables must not lose every pod to it.
+    const p = await podWithServers('198.18.47', false, defer);
+    const r = request(p.ns.path, p.ip, EXCLUDES('198.18.47'));
+    const bin = path.join(tmp.dir, 'crashing-bin-2');
+    sh(['mkdir', '-p', bin]);
+    writeFileSync(path.join(bin, 'nft'), '#!/bin/sh\nkill -SEGV $$\n');
+    chmodSync(path.join(bin, 'nft'), 0o755);
+    const add = await meshCni('ADD', r.chain, r.iptables, MESH_CNI_SOURCE, {
+      PATH: `${bin}:${process.env.PATH ?? ''}`,
+    });
+    assert.equal(add.code, 0, add.stdout + add.stderr);
+    assertRedirected(p);
+    assert.doesNotMatch(nftTables(p.ns.path), /mesh_pod/);
+  });
+
   it(`a hostUsers: false pod: uid 1337 inside its user namespace goes out directly, another uid is redirected`, async () => {
     const { pod, dst } = await podWithTraffic('198.18.46', defer);
     const r = request(pod.path, '198.18.46.2', {}, { hostUsers: false });
