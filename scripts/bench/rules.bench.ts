@@ -2,9 +2,9 @@
 // the iptables nft shim, native nft) and per mode (sidecar REDIRECT, sidecar TPROXY, ambient's
 // in-pod rules), on the plugin tests' pods (test/helpers/plugin.ts meshPod), each against the
 // backend's floor measured in the same run. Rows:
-//   programming   our code (cni-plugin/redirect for the sidecar modes, src/ambient/podrules.ts for
-//                 ambient, nftrender.ts + nft.ts for native nft) putting the pod's rules into a
-//                 fresh netns: wall time in this process around the call, CPU = every program it
+//   programming   our code (cni-plugin/redirect for the sidecar modes, nftrender.ts + nft.ts for
+//                 native nft's, src/ambient/podnft.ts's backends for ambient) putting the pod's
+//                 rules into a fresh netns: wall time in this process around the call, CPU = every program it
 //                 ran (nsenter + iptables/ip/nft, exact, wait4 in lib/rusage-driver.py) + this
 //                 process's own.
 //   floor         the backend's loader alone through the same runner, on exactly what ours fed it:

@@ -23,7 +23,8 @@ import { POD_TABLE, renderNftBody } from '../../../cni-plugin/redirect/nftrender
 import { ipBatchLines } from '../../../cni-plugin/redirect/restoredoc.ts';
 import { buildFamilyRules, sidecarPlan } from '../../../cni-plugin/redirect/rules.ts';
 import { specForPod } from '../../../cni-plugin/redirect/spec.ts';
-import { applyInpod, inpodPlan, loHasIPv6, podOptions } from '../../../src/ambient/podrules.ts';
+import { iptablesInpod, nftInpod, type InpodBackend } from '../../../src/ambient/podnft.ts';
+import { podOptions } from '../../../src/ambient/podrules.ts';
 import { meshPod } from '../../../test/helpers/plugin.ts';
 import { SIDECAR_REDIRECT_NFT } from './nft-floor.ts';
 
@@ -81,7 +82,13 @@ const loaderAlone: Step = async (exec, _pod, fed) => {
   for (const f of fed) await ok(f.argv.join(' '), exec(f.argv, f.input));
 };
 
-const inpodOpts = (pod: V1Pod) => podOptions(pod.metadata?.annotations ?? {}, false);
+/** Ambient's enrolment of a pod by `backend` (src/ambient/podnft.ts), as the dataplane calls it. */
+const inpod =
+  (backend: InpodBackend): Step =>
+  (exec, pod, _fed, families) =>
+    backend
+      .apply((argv, o) => exec(argv, o?.input), families, podOptions(pod.metadata?.annotations ?? {}, false))
+      .then(() => undefined);
 
 function iptables(flavour: Flavour, name: string): Backend {
   const restores = [`iptables-${flavour}-restore`, `ip6tables-${flavour}-restore`];
@@ -101,41 +108,33 @@ function iptables(flavour: Flavour, name: string): Backend {
     program: {
       'sidecar REDIRECT': sidecar,
       'sidecar TPROXY': sidecar,
-      // src/ambient/dataplane.ts's enrolment: the policy routing, then read and restore ours.
-      'ambient in-pod': (exec, pod, _fed, families) =>
-        applyInpod((argv, o) => exec(argv, o?.input), flavour, families, inpodOpts(pod)).then(() => undefined),
+      // src/ambient/dataplane.ts's enrolment: the policy routing, read and restore ours, then
+      // our nft table out if a native enrolment left one.
+      'ambient in-pod': inpod(iptablesInpod(() => Promise.resolve(flavour))),
     },
     loader: (argv) => restores.includes(argv[0]!),
     floor: { 'sidecar REDIRECT': loaderAlone, 'sidecar TPROXY': loaderAlone, 'ambient in-pod': loaderAlone },
-    legend: `ours: cni-plugin/redirect (sidecar), src/ambient/podrules.ts (ambient); floor: ip(6)tables-${flavour}-restore --noflush of each document ours restored`,
+    legend: `ours: cni-plugin/redirect (sidecar), src/ambient/podnft.ts iptablesInpod (ambient); floor: ip(6)tables-${flavour}-restore --noflush of each document ours restored`,
     pluginConf: { iptables_flavour: flavour },
   };
 }
 
 /**
- * Native nft, as the plugin's ADD (cni-plugin/netns/nftpod.ts applyPodTable) and ambient's
- * enrolment write it: every family's plan rendered as one inet table (nftrender.ts), written in
- * one transaction (nft.ts applyTable), then each family's policy routing with `ip -batch`.
+ * Native nft, as the plugin's ADD writes it (cni-plugin/netns/nftpod.ts applyPodTable): every
+ * family's plan rendered as one inet table (nftrender.ts), written in one transaction (nft.ts
+ * applyTable), then each family's policy routing with `ip -batch`.
  */
-async function nativeTable(exec: Exec, table: string, plans: readonly Plan[], optional6: boolean): Promise<void> {
+async function nativeTable(exec: Exec, plans: readonly Plan[]): Promise<void> {
   const runner = runnerOf(exec);
-  await applyTable(runner, table, renderNftBody(plans), true);
-  for (const p of plans) await ipBatch(runner, p.family, ipBatchLines(p, 'add', p.family === 4 || optional6));
+  await applyTable(runner, POD_TABLE, renderNftBody(plans), true);
+  for (const p of plans) await ipBatch(runner, p.family, ipBatchLines(p));
 }
-
-/**
- * Ambient's table in a pod netns: src/ambient/podnft.ts's AMBIENT_POD_TABLE, written out here
- * while that module is not in the tree.
- */
-const AMBIENT_POD_TABLE = 'mesh_ambient_pod';
 
 /** The plugin's native ADD, either sidecar mode (cni-plugin/plugin.ts addNative, its rules). */
 const sidecarNative: Step = (exec, pod, _fed, families) =>
   nativeTable(
     exec,
-    POD_TABLE,
     families.map((f) => sidecarPlan(specForPod(pod), f)),
-    true,
   );
 
 const native: Backend = {
@@ -143,14 +142,9 @@ const native: Backend = {
   program: {
     'sidecar REDIRECT': sidecarNative,
     'sidecar TPROXY': sidecarNative,
-    // Ambient's routes for IPv6 are optional only when the pod's lo has IPv6 (podrules.ts).
-    'ambient in-pod': async (exec, pod, _fed, families) =>
-      nativeTable(
-        exec,
-        AMBIENT_POD_TABLE,
-        families.map((f) => inpodPlan(f, inpodOpts(pod))),
-        families.includes(6) && (await loHasIPv6((argv, o) => exec(argv, o?.input))),
-      ),
+    // src/ambient/podnft.ts's enrolment: the table, the policy routing, then our iptables rules
+    // out if an iptables enrolment left any (read with the node's flavour: the nft shim here).
+    'ambient in-pod': inpod(nftInpod(() => Promise.resolve('nft'))),
   },
   loader: (argv) => argv[0] === 'nft' && argv.includes('-f'),
   floor: { 'sidecar REDIRECT': loaderAlone, 'sidecar TPROXY': loaderAlone, 'ambient in-pod': loaderAlone },
@@ -160,7 +154,7 @@ const native: Backend = {
     step: (exec) => ok('nft -f', exec(['nft', '-f', '-'], SIDECAR_REDIRECT_NFT)),
   },
   legend:
-    'ours: nftrender.ts + nft.ts applyTable (one inet table, every family) + ip -batch per family; floor: nft -f of the transaction ours ran',
+    'ours: nftrender.ts + nft.ts applyTable (one inet table, every family) + ip -batch per family (sidecar), src/ambient/podnft.ts nftInpod (ambient); floor: nft -f of the transaction ours ran',
   // What the agent writes into our entry when it chose nftables (src/install/template.ts); the
   // iptables flavour stays `auto`, detected once and cached, as on a node.
   pluginConf: { native_nftables: true },
