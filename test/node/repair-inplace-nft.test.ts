@@ -174,6 +174,15 @@ describe('in-place repair with native nftables', () => {
     assert.notDeepEqual(ourIptables(ns, 'nft'), []);
   });
 
+  it('on an iptables node a crashing nft fails no repair: the iptables rules are written', async () => {
+    const ns = podNetns('rnftx');
+    const p = pod('skew-0');
+    const r = await repairIn(ns, p, { nativeNftables: false, flavour: 'nft', nft: stubNft('kill -SEGV $$') });
+    assertOk(r, /IPv4 created/);
+    assert.match(r.detail, /could not check for a table of ours left from nftables/);
+    assert.notDeepEqual(ourIptables(ns, 'nft'), []);
+  });
+
   for (const [what, script] of [
     ['on every run', 'kill -SEGV $$'],
     ['on a write (reads are the real nft)', 'case "$*" in *-f*) cat > /dev/null; kill -SEGV $$;; esac\nexec nft "$@"'],
