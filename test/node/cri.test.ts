@@ -4,6 +4,8 @@
 // CNI calls containerd made logged by the timing shim; then nothing of it is left on the host,
 // also when containerd died (SIGKILL) with a sandbox running (seen failing with the harness's shim,
 // cgroup and CNI cache cleanup left out; and with the loopback cache and shim socket left).
+// With mesh-cni last in containerd's chain, a sandbox gets the same traffic matrix under each
+// redirect backend (iptables, native nftables).
 
 import assert from 'node:assert/strict';
 import { spawn, spawnSync } from 'node:child_process';
@@ -11,10 +13,22 @@ import { once } from 'node:events';
 import { existsSync, mkdtempSync, readdirSync, readFileSync, rmSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
-import { after, before, describe, it } from 'node:test';
+import { after, afterEach, before, describe, it } from 'node:test';
+import { startTestApiServer, type TestApiServer } from '../helpers/apiserver.ts';
 import { ROOT } from '../helpers/cli.ts';
 import { decode, getMessage, getMessages, getString, getUint, map, msg, str, uint, CriClient } from '../helpers/cri.ts';
 import { bridgePortmap, compileStatic, Containerd, DEBIAN_PLUGINS } from '../helpers/cri-containerd.ts';
+import { runCleanups } from '../helpers/e2e-node.ts';
+import { meshPod, tempDir } from '../helpers/plugin.ts';
+import { forwardLoopback } from '../helpers/podman.ts';
+import { sh as shared } from '../helpers/sh.ts';
+import {
+  assertRedirectedTraffic,
+  assertWrittenWith,
+  BACKENDS,
+  trafficAnnotations,
+  trafficListeners,
+} from '../helpers/sidecar-traffic.ts';
 
 describe('CRI protobuf subset', () => {
   it('encodes and decodes nested messages, maps, varints past 32 bits and skips unknown fields', () => {
@@ -135,6 +149,79 @@ describe('CRI against our own containerd', () => {
       ctrd = undefined;
     });
   });
+});
+
+// mesh-cni as the runtime runs it: last in containerd's chain (bridge, portmap, mesh-cni, the
+// shipped executable), the pod read from the test API server (forwarded into containerd's netns,
+// where the plugins run), for a sandbox started over CRI as kubelet starts one. Under each
+// redirect backend (our entry's native_nftables, as install-cni writes it) the sandbox's netns
+// gets the same traffic matrix, and ours in that backend alone. Each case has its own containerd,
+// stopped (sandboxes, netns and all) after it, passed or not.
+describe('CRI: a sandbox with mesh-cni in the chain, the traffic matrix per redirect backend', () => {
+  let api: TestApiServer;
+  const tmp = tempDir();
+  const cleanups: (() => unknown)[] = [];
+
+  before(async () => {
+    assert.ok(
+      existsSync(path.join(ROOT, 'dist/bin/mesh-cni')),
+      'dist/bin/mesh-cni is missing: run npm run build first',
+    );
+    api = await startTestApiServer();
+  });
+  afterEach(() => runCleanups(cleanups.splice(0), 'CRI traffic case cleanup'));
+  after(async () => {
+    await api?.close();
+    tmp.remove();
+  });
+
+  for (const [k, backend] of BACKENDS.entries())
+    it(`${backend}: outbound to 15001, inbound to 15006, the proxy's uid and the exclusions go direct`, async () => {
+      const subnet = `198.18.${167 + k}`;
+      const bridge = `mcnicrit${k}`;
+      // Our entry as install-cni writes it (src/install/template.ts), native_nftables as chosen.
+      const entry = {
+        type: 'mesh-cni',
+        log_level: 'info',
+        orch: {
+          orchconfig: api.writeOrchconfig(path.join(tmp.dir, `orch-${k}`)),
+          cni_bin_dir: '/opt/cni/bin',
+          exclude_namespaces: ['mesh-system', 'kube-system'],
+          node_name: 'node-1',
+        },
+        native_nftables: backend === 'nftables',
+      };
+      const c = await Containerd.start({
+        tag: `m${k}`,
+        plugins: [...bridgePortmap(bridge, `${subnet}.0/24`), entry],
+        binaries: { ...DEBIAN_PLUGINS, 'mesh-cni': path.join(ROOT, 'dist/bin/mesh-cni') },
+      });
+      cleanups.push(() => c.stop());
+      const nodeNetns = `/run/netns/${c.netnsName}`;
+      const forward = await forwardLoopback(nodeNetns, api.port);
+      cleanups.push(() => forward.close());
+      // The matrix's excluded range: another address of the node's, on the pods' bridge (made
+      // by the first sandbox).
+      const excludedIp = `${subnet}.250`;
+      const pod = api.upsertPod(
+        meshPod('shop', `web-${backend}`, trafficAnnotations(excludedIp), { nodeName: 'node-1' }),
+      );
+      const uid = pod.metadata!.uid!;
+      const id = await c.cri.runPodSandbox({
+        name: pod.metadata!.name!,
+        namespace: 'shop',
+        uid,
+        cgroupParent: `${c.cgroupParent}/pod${uid}`,
+      });
+      const st = await c.cri.podSandboxStatus(id);
+      assert.equal(st.ready, true);
+      const netns = await c.cri.podSandboxNetns(id);
+      shared(['ip', '-n', c.netnsName, 'addr', 'replace', `${excludedIp}/32`, 'dev', bridge]);
+      await assertWrittenWith(backend, netns);
+      const p = { netns, ip: st.ip, nodeNetns, nodeIp: `${subnet}.1`, excludedIp };
+      await trafficListeners(p, cleanups);
+      await assertRedirectedTraffic(p);
+    });
 });
 
 describe('CRI harness cleanup after containerd dies', () => {

@@ -2,7 +2,8 @@
 // on a bridge network whose conflist install-cni edits; the runtime runs the mesh-cni single
 // executable install-cni copied; the test API server holds the pods; the test plays the
 // kubelet's part for the validation init container's status; the repair controller (in the same
-// install-cni) labels, or in a second run deletes, the pod that raced the plugin.
+// install-cni) labels, or in a second run deletes, the pod that raced the plugin. Then the traffic
+// matrix of a pod the runtime started, under each redirect backend (iptables, native nftables).
 //
 // The node: a network namespace this test makes stands in for the node's host network (podman
 // and the CNI plugins it runs are started in it with `nsenter --net`), so the bridge, its
@@ -19,7 +20,7 @@ import assert from 'node:assert/strict';
 import { existsSync } from 'node:fs';
 import fs from 'node:fs/promises';
 import path from 'node:path';
-import { after, before, describe, it } from 'node:test';
+import { after, afterEach, before, describe, it } from 'node:test';
 import type { V1Pod } from '@kubernetes/client-node';
 import { spawnAgent, type AgentProcess } from '../helpers/agent.ts';
 import { apiRequest, type TestApiServer } from '../helpers/apiserver.ts';
@@ -30,11 +31,18 @@ import { eventually } from '../helpers/poll.ts';
 import { rulesIn, run, type Run } from '../helpers/netns.ts';
 import { delFromCachedConfig, type Podman } from '../helpers/podman.ts';
 import { meshPod } from '../helpers/plugin.ts';
+import { sh } from '../helpers/sh.ts';
+import {
+  assertRedirectedTraffic,
+  assertWrittenWith,
+  BACKENDS,
+  trafficAnnotations,
+  trafficListeners,
+} from '../helpers/sidecar-traffic.ts';
 import { DEFAULT_TEMPLATE } from '../../src/install/template.ts';
 
 const RUN = `mcni-e2e-${process.pid}`;
 const NODE = 'node-1';
-const SUBNET = '198.19.0.0/24';
 const REPAIR_LABEL = 'cni.mesh.io/uninitialized';
 const OUR_CHAIN = /^:MESH_OUTPUT /m;
 
@@ -52,7 +60,7 @@ function validate(netnsPath: string): Promise<Run> {
   );
 }
 
-function primaryConflist(network: string, bridge: string, ipamDir: string): string {
+function primaryConflist(network: string, bridge: string, ipamDir: string, subnet = '198.19.0'): string {
   // What a primary CNI would write: indented its own way, with a field we do not know.
   return `{
     "cniVersion": "1.0.0",
@@ -68,13 +76,64 @@ function primaryConflist(network: string, bridge: string, ipamDir: string): stri
             "ipam": {
                 "type": "host-local",
                 "routes": [{ "dst": "0.0.0.0/0" }],
-                "ranges": [[{ "subnet": "${SUBNET}", "gateway": "198.19.0.1" }]],
+                "ranges": [[{ "subnet": "${subnet}.0/24", "gateway": "${subnet}.1" }]],
                 "dataDir": "${ipamDir}"
             }
         }
     ]
 }
 `;
+}
+
+/**
+ * install-cni against this node, from source, with `flags` over what every case here gives it;
+ * resolves once it is ready.
+ */
+async function startNodeAgent(
+  tree: HostTree,
+  api: TestApiServer,
+  hostIp: string,
+  flags: Record<string, string>,
+): Promise<AgentProcess> {
+  const agent = spawnAgent(
+    tree,
+    {
+      'cni-net-dir': tree.netDir,
+      'cni-bin-dir': tree.binDir,
+      // The plugin's own level: its info records (rules applied) reach the agent's log.
+      'log-level': 'info',
+      log_output_level: 'default:info,install:debug,cni:debug,repair:debug',
+      // podman names no namespace; this test's pods live in default, so the plugin is told to
+      // assume it (by default such calls are no Kubernetes pods and pass through).
+      'cni-network-config': DEFAULT_TEMPLATE.replace(
+        '"orch": {',
+        '"orch": {\n    "assume_namespace_when_missing": "default",',
+      ),
+      ...flags,
+    },
+    {
+      KUBERNETES_SERVICE_HOST: '127.0.0.1',
+      KUBERNETES_SERVICE_PORT: String(api.port),
+      NODE_NAME: NODE,
+      POD_NAME: 'mesh-cni-node-e2e',
+      POD_NAMESPACE: 'mesh-system',
+      HOST_IP: hostIp,
+    },
+  );
+  await eventually(async () => (await agent.get('/readyz')).status === 200, 'install-cni to be ready', 30_000).catch(
+    async (e: Error) => {
+      throw new Error(`${e.message}: ${(await agent.get('/readyz')).body}; stderr: ${agent.stderr()}`);
+    },
+  );
+  return agent;
+}
+
+/** `podman run` of a sleeping busybox named `name` on `network`; the path of its netns. */
+async function startContainer(podman: Podman, network: string, image: string, name: string): Promise<string> {
+  await podman.ok(['run', '--detach', '--name', name, '--network', network, image, 'sleep', '600']);
+  const netns = (await podman.ok(['inspect', '--format', '{{.NetworkSettings.SandboxKey}}', name])).trim();
+  assert.match(netns, /^\/run\/netns\//, `podman put ${name} in a named netns`);
+  return netns;
 }
 
 function nodeSuite(mode: 'label' | 'delete'): void {
@@ -103,12 +162,6 @@ function nodeSuite(mode: 'label' | 'delete'): void {
       },
       status: { phase: 'Pending' },
     });
-    const startContainer = async (name: string) => {
-      await podman.ok(['run', '--detach', '--name', name, '--network', NETWORK, BUSYBOX, 'sleep', '600']);
-      const netns = (await podman.ok(['inspect', '--format', '{{.NetworkSettings.SandboxKey}}', name])).trim();
-      assert.match(netns, /^\/run\/netns\//, `podman put ${name} in a named netns`);
-      return netns;
-    };
     /** What the kubelet reports once the validation init container of `name` exited. */
     const kubeletReports = async (name: string, r: Run) => {
       const terminated = {
@@ -184,43 +237,14 @@ function nodeSuite(mode: 'label' | 'delete'): void {
       });
 
       // 1. A pod that starts before the agent: the runtime runs bridge only.
-      const earlyNetns = await startContainer(early);
+      const earlyNetns = await startContainer(podman, NETWORK, BUSYBOX, early);
       assert.doesNotMatch(rulesIn(earlyNetns), OUR_CHAIN, 'no redirect rules without install-cni');
 
       // 2. install-cni comes up against this node.
-      agent = spawnAgent(
-        tree,
-        {
-          'cni-net-dir': tree.netDir,
-          'cni-bin-dir': tree.binDir,
-          'cleanup-on-exit': 'auto',
-          // The plugin's own level: its info records (rules applied) reach the agent's log.
-          'log-level': 'info',
-          'repair-enabled': 'true',
-          ...(mode === 'label' ? { 'repair-label-pods': 'true' } : { 'repair-delete-pods': 'true' }),
-          log_output_level: 'default:info,install:debug,cni:debug,repair:debug',
-          // podman names no namespace; this test's pods live in default, so the plugin is told to
-          // assume it (by default such calls are no Kubernetes pods and pass through).
-          'cni-network-config': DEFAULT_TEMPLATE.replace(
-            '"orch": {',
-            '"orch": {\n    "assume_namespace_when_missing": "default",',
-          ),
-        },
-        {
-          KUBERNETES_SERVICE_HOST: '127.0.0.1',
-          KUBERNETES_SERVICE_PORT: String(api.port),
-          NODE_NAME: NODE,
-          POD_NAME: 'mesh-cni-node-e2e',
-          POD_NAMESPACE: 'mesh-system',
-          HOST_IP: '198.19.0.1',
-        },
-      );
-      await eventually(
-        async () => (await agent!.get('/readyz')).status === 200,
-        'install-cni to be ready',
-        30_000,
-      ).catch(async (e: Error) => {
-        throw new Error(`${e.message}: ${(await agent!.get('/readyz')).body}; stderr: ${agent!.stderr()}`);
+      agent = await startNodeAgent(tree, api, '198.19.0.1', {
+        'cleanup-on-exit': 'auto',
+        'repair-enabled': 'true',
+        ...(mode === 'label' ? { 'repair-label-pods': 'true' } : { 'repair-delete-pods': 'true' }),
       });
       const conf = JSON.parse(await fs.readFile(primaryFile, 'utf8')) as {
         plugins: { type: string }[];
@@ -241,7 +265,7 @@ function nodeSuite(mode: 'label' | 'delete'): void {
 
       // 3. A pod started now: podman runs bridge, then mesh-cni, which reads the pod from the API
       // server and applies the rules in the container's netns.
-      const lateNetns = await startContainer(late);
+      const lateNetns = await startContainer(podman, NETWORK, BUSYBOX, late);
       const lateRules = rulesIn(lateNetns);
       assert.match(lateRules, OUR_CHAIN, `redirect chains in ${late}'s netns`);
       assert.match(lateRules, /-j REDIRECT --to-ports 15001/, 'outbound goes to 15001');
@@ -363,3 +387,86 @@ function nodeSuite(mode: 'label' | 'delete'): void {
 
 nodeSuite('label');
 nodeSuite('delete');
+
+// The traffic matrix of a pod podman started with install-cni ready, under each redirect backend
+// (--native-nftables=false and true): the same connections go to the same places, and ours is in
+// that backend alone. One node and podman for both; each case runs its own agent, which uninstalls
+// when it stops (--cleanup-on-exit=always), so the next one writes our entry afresh.
+describe(
+  'e2e: one node, podman + install-cni + mesh-cni: the traffic matrix per redirect backend',
+  { timeout: 600_000 },
+  () => {
+    const TAG = `${RUN}-t`;
+    const NETWORK = TAG;
+    const BUSYBOX = `localhost/${TAG}-busybox:latest`;
+    const SUBNET = '198.19.3';
+    const hostNetns = `${TAG}-host`;
+    const hostNetnsPath = `/run/netns/${hostNetns}`;
+    const bridge = `mcniet${process.pid % 100000}`.slice(0, 15);
+    let api: TestApiServer;
+    let tree: HostTree;
+    let podman: Podman;
+    let agent: AgentProcess | undefined;
+    const cleanups: (() => unknown)[] = [];
+    const caseCleanups: (() => unknown)[] = [];
+
+    before(async () => {
+      for (const bin of ['dist/bin/mesh-cni'])
+        assert.ok(existsSync(path.join(ROOT, bin)), `${bin} is missing: run npm run build first`);
+      addHostNetns(hostNetns, cleanups);
+      ({ api, tree } = await apiAndTree(hostNetnsPath, cleanups));
+      const ipamDir = path.join(tree.root, 'ipam');
+      await fs.mkdir(ipamDir);
+      await fs.writeFile(
+        path.join(tree.netDir, '10-mcni-e2e.conflist'),
+        primaryConflist(NETWORK, bridge, ipamDir, SUBNET),
+      );
+      podman = await podmanOn(
+        NETWORK,
+        BUSYBOX,
+        { cniPluginDirs: [tree.binDir, '/usr/lib/cni'], networkConfigDir: tree.netDir, hostNetns: hostNetnsPath },
+        cleanups,
+      );
+    });
+
+    afterEach(async () => {
+      await agent?.stop('SIGKILL');
+      agent = undefined;
+      await runCleanups(caseCleanups.splice(0), 'e2e traffic case cleanup');
+    });
+
+    after(() => runCleanups(cleanups, 'e2e cleanup'));
+
+    for (const backend of BACKENDS)
+      it(`${backend}: outbound to 15001, inbound to 15006, the proxy's uid and the exclusions go direct`, async () => {
+        agent = await startNodeAgent(tree, api, `${SUBNET}.1`, {
+          'cleanup-on-exit': 'always',
+          'native-nftables': String(backend === 'nftables'),
+        });
+        const entry = (
+          JSON.parse(await fs.readFile(path.join(tree.netDir, '10-mcni-e2e.conflist'), 'utf8')) as {
+            plugins: { type: string; native_nftables?: boolean }[];
+          }
+        ).plugins.find((p) => p.type === 'mesh-cni');
+        assert.equal(entry?.native_nftables ?? false, backend === 'nftables', 'our entry names the backend');
+
+        const name = `${TAG}-${backend}`;
+        // The matrix's excluded range: another address of the node's, on the pods' bridge.
+        const excludedIp = `${SUBNET}.250`;
+        api.upsertPod({ ...meshPod('default', name, trafficAnnotations(excludedIp)), status: { phase: 'Pending' } });
+        caseCleanups.push(() => podman.run(['rm', '--force', '--time', '0', name]));
+        const netns = await startContainer(podman, NETWORK, BUSYBOX, name);
+        sh(['ip', '-n', hostNetns, 'addr', 'replace', `${excludedIp}/32`, 'dev', bridge]);
+        const ip = (
+          await podman.ok(['inspect', '--format', `{{(index .NetworkSettings.Networks "${NETWORK}").IPAddress}}`, name])
+        ).trim();
+        await assertWrittenWith(backend, netns);
+        const pod = { netns, ip, nodeNetns: hostNetnsPath, nodeIp: `${SUBNET}.1`, excludedIp };
+        await trafficListeners(pod, caseCleanups);
+        await assertRedirectedTraffic(pod);
+
+        assert.equal(await agent.stop('SIGTERM', 30_000), 0);
+        agent = undefined;
+      });
+  },
+);
