@@ -29,6 +29,7 @@ import { addHostNetns, apiAndTree, CNI_CACHE, podmanOn, runCleanups } from '../h
 import type { HostTree } from '../helpers/hosttree.ts';
 import { eventually } from '../helpers/poll.ts';
 import type { Podman } from '../helpers/podman.ts';
+import { podmanTrafficSuite } from '../helpers/podman-traffic.ts';
 import { runtimeView } from '../helpers/runtime-view.ts';
 
 const TAG = `mcni-own-${process.pid}`;
@@ -228,3 +229,5 @@ describe('e2e: a primary CNI rewriting its config while podman starts containers
     for (const c of owned.chains) assert.deepEqual(c, ['bridge', 'portmap', 'mesh-cni']);
   });
 });
+
+podmanTrafficSuite({ tag: `${TAG}-t`, subnet: '198.19.4', owned: true });

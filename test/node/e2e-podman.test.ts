@@ -20,29 +20,29 @@ import assert from 'node:assert/strict';
 import { existsSync } from 'node:fs';
 import fs from 'node:fs/promises';
 import path from 'node:path';
-import { after, afterEach, before, describe, it } from 'node:test';
+import { after, before, describe, it } from 'node:test';
 import type { V1Pod } from '@kubernetes/client-node';
-import { spawnAgent, type AgentProcess } from '../helpers/agent.ts';
+import type { AgentProcess } from '../helpers/agent.ts';
 import { apiRequest, type TestApiServer } from '../helpers/apiserver.ts';
 import { ROOT } from '../helpers/cli.ts';
-import { addHostNetns, apiAndTree, CNI_CACHE, podmanOn, runCleanups } from '../helpers/e2e-node.ts';
+import {
+  addHostNetns,
+  apiAndTree,
+  CNI_CACHE,
+  NODE,
+  podmanOn,
+  runCleanups,
+  startContainer,
+  startNodeAgent,
+} from '../helpers/e2e-node.ts';
 import type { HostTree } from '../helpers/hosttree.ts';
 import { eventually } from '../helpers/poll.ts';
 import { rulesIn, run, type Run } from '../helpers/netns.ts';
 import { delFromCachedConfig, type Podman } from '../helpers/podman.ts';
 import { meshPod } from '../helpers/plugin.ts';
-import { sh } from '../helpers/sh.ts';
-import {
-  assertRedirectedTraffic,
-  assertWrittenWith,
-  BACKENDS,
-  trafficAnnotations,
-  trafficListeners,
-} from '../helpers/sidecar-traffic.ts';
-import { DEFAULT_TEMPLATE } from '../../src/install/template.ts';
+import { podmanTrafficSuite } from '../helpers/podman-traffic.ts';
 
 const RUN = `mcni-e2e-${process.pid}`;
-const NODE = 'node-1';
 const REPAIR_LABEL = 'cni.mesh.io/uninitialized';
 const OUR_CHAIN = /^:MESH_OUTPUT /m;
 
@@ -83,57 +83,6 @@ function primaryConflist(network: string, bridge: string, ipamDir: string, subne
     ]
 }
 `;
-}
-
-/**
- * install-cni against this node, from source, with `flags` over what every case here gives it;
- * resolves once it is ready.
- */
-async function startNodeAgent(
-  tree: HostTree,
-  api: TestApiServer,
-  hostIp: string,
-  flags: Record<string, string>,
-): Promise<AgentProcess> {
-  const agent = spawnAgent(
-    tree,
-    {
-      'cni-net-dir': tree.netDir,
-      'cni-bin-dir': tree.binDir,
-      // The plugin's own level: its info records (rules applied) reach the agent's log.
-      'log-level': 'info',
-      log_output_level: 'default:info,install:debug,cni:debug,repair:debug',
-      // podman names no namespace; this test's pods live in default, so the plugin is told to
-      // assume it (by default such calls are no Kubernetes pods and pass through).
-      'cni-network-config': DEFAULT_TEMPLATE.replace(
-        '"orch": {',
-        '"orch": {\n    "assume_namespace_when_missing": "default",',
-      ),
-      ...flags,
-    },
-    {
-      KUBERNETES_SERVICE_HOST: '127.0.0.1',
-      KUBERNETES_SERVICE_PORT: String(api.port),
-      NODE_NAME: NODE,
-      POD_NAME: 'mesh-cni-node-e2e',
-      POD_NAMESPACE: 'mesh-system',
-      HOST_IP: hostIp,
-    },
-  );
-  await eventually(async () => (await agent.get('/readyz')).status === 200, 'install-cni to be ready', 30_000).catch(
-    async (e: Error) => {
-      throw new Error(`${e.message}: ${(await agent.get('/readyz')).body}; stderr: ${agent.stderr()}`);
-    },
-  );
-  return agent;
-}
-
-/** `podman run` of a sleeping busybox named `name` on `network`; the path of its netns. */
-async function startContainer(podman: Podman, network: string, image: string, name: string): Promise<string> {
-  await podman.ok(['run', '--detach', '--name', name, '--network', network, image, 'sleep', '600']);
-  const netns = (await podman.ok(['inspect', '--format', '{{.NetworkSettings.SandboxKey}}', name])).trim();
-  assert.match(netns, /^\/run\/netns\//, `podman put ${name} in a named netns`);
-  return netns;
 }
 
 function nodeSuite(mode: 'label' | 'delete'): void {
@@ -387,86 +336,4 @@ function nodeSuite(mode: 'label' | 'delete'): void {
 
 nodeSuite('label');
 nodeSuite('delete');
-
-// The traffic matrix of a pod podman started with install-cni ready, under each redirect backend
-// (--native-nftables=false and true): the same connections go to the same places, and ours is in
-// that backend alone. One node and podman for both; each case runs its own agent, which uninstalls
-// when it stops (--cleanup-on-exit=always), so the next one writes our entry afresh.
-describe(
-  'e2e: one node, podman + install-cni + mesh-cni: the traffic matrix per redirect backend',
-  { timeout: 600_000 },
-  () => {
-    const TAG = `${RUN}-t`;
-    const NETWORK = TAG;
-    const BUSYBOX = `localhost/${TAG}-busybox:latest`;
-    const SUBNET = '198.19.3';
-    const hostNetns = `${TAG}-host`;
-    const hostNetnsPath = `/run/netns/${hostNetns}`;
-    const bridge = `mcniet${process.pid % 100000}`.slice(0, 15);
-    let api: TestApiServer;
-    let tree: HostTree;
-    let podman: Podman;
-    let agent: AgentProcess | undefined;
-    const cleanups: (() => unknown)[] = [];
-    const caseCleanups: (() => unknown)[] = [];
-
-    before(async () => {
-      for (const bin of ['dist/bin/mesh-cni'])
-        assert.ok(existsSync(path.join(ROOT, bin)), `${bin} is missing: run npm run build first`);
-      addHostNetns(hostNetns, cleanups);
-      ({ api, tree } = await apiAndTree(hostNetnsPath, cleanups));
-      const ipamDir = path.join(tree.root, 'ipam');
-      await fs.mkdir(ipamDir);
-      await fs.writeFile(
-        path.join(tree.netDir, '10-mcni-e2e.conflist'),
-        primaryConflist(NETWORK, bridge, ipamDir, SUBNET),
-      );
-      podman = await podmanOn(
-        NETWORK,
-        BUSYBOX,
-        { cniPluginDirs: [tree.binDir, '/usr/lib/cni'], networkConfigDir: tree.netDir, hostNetns: hostNetnsPath },
-        cleanups,
-      );
-    });
-
-    afterEach(async () => {
-      await agent?.stop('SIGKILL');
-      agent = undefined;
-      await runCleanups(caseCleanups.splice(0), 'e2e traffic case cleanup');
-    });
-
-    after(() => runCleanups(cleanups, 'e2e cleanup'));
-
-    for (const backend of BACKENDS)
-      it(`${backend}: outbound to 15001, inbound to 15006, the proxy's uid and the exclusions go direct`, async () => {
-        agent = await startNodeAgent(tree, api, `${SUBNET}.1`, {
-          'cleanup-on-exit': 'always',
-          'native-nftables': String(backend === 'nftables'),
-        });
-        const entry = (
-          JSON.parse(await fs.readFile(path.join(tree.netDir, '10-mcni-e2e.conflist'), 'utf8')) as {
-            plugins: { type: string; native_nftables?: boolean }[];
-          }
-        ).plugins.find((p) => p.type === 'mesh-cni');
-        assert.equal(entry?.native_nftables ?? false, backend === 'nftables', 'our entry names the backend');
-
-        const name = `${TAG}-${backend}`;
-        // The matrix's excluded range: another address of the node's, on the pods' bridge.
-        const excludedIp = `${SUBNET}.250`;
-        api.upsertPod({ ...meshPod('default', name, trafficAnnotations(excludedIp)), status: { phase: 'Pending' } });
-        caseCleanups.push(() => podman.run(['rm', '--force', '--time', '0', name]));
-        const netns = await startContainer(podman, NETWORK, BUSYBOX, name);
-        sh(['ip', '-n', hostNetns, 'addr', 'replace', `${excludedIp}/32`, 'dev', bridge]);
-        const ip = (
-          await podman.ok(['inspect', '--format', `{{(index .NetworkSettings.Networks "${NETWORK}").IPAddress}}`, name])
-        ).trim();
-        await assertWrittenWith(backend, netns);
-        const pod = { netns, ip, nodeNetns: hostNetnsPath, nodeIp: `${SUBNET}.1`, excludedIp };
-        await trafficListeners(pod, caseCleanups);
-        await assertRedirectedTraffic(pod);
-
-        assert.equal(await agent.stop('SIGTERM', 30_000), 0);
-        agent = undefined;
-      });
-  },
-);
+podmanTrafficSuite({ tag: `${RUN}-t`, subnet: '198.19.3', owned: false });
