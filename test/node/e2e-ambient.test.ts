@@ -16,7 +16,9 @@
 //
 // iptables flavour: the agent detects the node's (nft here: the node netns has no legacy rules),
 // so the traffic checks run on iptables-nft; both flavours are covered in plain netns by
-// ambient-rules-netns.test.ts.
+// ambient-rules-netns.test.ts. With --native-nftables=true a third suite runs enrolment, the
+// same traffic matrix and uninstall: ours is then `table inet mesh_ambient_pod` in each pod and
+// `table inet mesh_ambient_host` in the node, and no iptables rule or ipset of ours anywhere.
 //
 // The steps share state (one node, one agent at a time), in order: pre-existing pod, new pod,
 // traffic, ztunnel down and back, unlabel, delete, upgrade restart, uninstall. Everything made
@@ -50,6 +52,9 @@ import { connectFrom, listenIn, ZtunnelListeners, type Listening } from '../help
 import { DEFAULT_TEMPLATE } from '../../src/install/template.ts';
 import { sh } from '../helpers/sh.ts';
 import { rulesIn } from '../helpers/netns.ts';
+import { assertWrittenWith, type Backend } from '../helpers/sidecar-traffic.ts';
+import { HOST_TABLE } from '../../src/ambient/hostnft.ts';
+import { AMBIENT_POD_TABLE } from '../../src/ambient/podnft.ts';
 
 const NODE = 'node-1';
 const NS = 'demo';
@@ -106,19 +111,24 @@ interface PodContainer extends KubepodsContainer {
 
 /**
  * The whole story on a node whose iptables flavour is `flavour` (the agent detects it as the
- * plugin does: a legacy hint chain in the node netns makes it legacy), on subnet `<subnet>.0/24`.
+ * plugin does: a legacy hint chain in the node netns makes it legacy), on subnet `<subnet>.0/24`,
+ * with the agent's redirect backend `backend` (--native-nftables). With native nftables the steps
+ * that show the rules and the traffic run (enrolment, the traffic matrix, uninstall), not every
+ * step: what differs there is where ours is written, which those steps check.
  */
-function ambientSuite(flavour: 'nft' | 'legacy', subnet: string): void {
+function ambientSuite(flavour: 'nft' | 'legacy', subnet: string, backend: Backend = 'iptables'): void {
+  const native = backend === 'nftables';
+  const where = native ? 'native nftables' : `iptables-${flavour}`;
   describe(
-    `e2e: ambient mode on one node, iptables-${flavour} (podman, install-cni, mesh-cni, a fake ztunnel)`,
+    `e2e: ambient mode on one node, ${where} (podman, install-cni, mesh-cni, a fake ztunnel)`,
     { timeout: 900_000 },
     () => {
-      const TAG = `mcni-amb-${process.pid}-${flavour[0]}`;
+      const TAG = `mcni-amb-${process.pid}-${flavour[0]}${native ? 'x' : ''}`;
       const NETWORK = TAG;
       const GATEWAY = `${subnet}.1`;
       const hostNetns = `${TAG}-host`;
       const hostNetnsPath = `/run/netns/${hostNetns}`;
-      const bridge = `mcnia${flavour[0]}${process.pid % 100000}`.slice(0, 15);
+      const bridge = `mcnia${flavour[0]}${native ? 'x' : ''}${process.pid % 100000}`.slice(0, 15);
       const IMAGE = `localhost/${TAG}-busybox:latest`;
       let api: TestApiServer;
       let tree: HostTree;
@@ -134,7 +144,17 @@ function ambientSuite(flavour: 'nft' | 'legacy', subnet: string): void {
       const pods = new Map<string, PodContainer>();
 
       const inNode = (args: readonly string[]) => sh(['nsenter', `--net=${hostNetnsPath}`, '--', ...args]);
-      const probeSet = (): string[] => {
+      /** The enrolled IPs in the node's probe set: the ipset, or our nftables table's set. */
+      const probeSet = (): string[] => (native ? nftProbeSet() : ipsetProbeSet());
+      const nftProbeSet = (): string[] => {
+        const argv = ['nft', '-j', 'list', 'set', 'inet', HOST_TABLE, PROBE_SET];
+        const r = spawnSync('nsenter', [`--net=${hostNetnsPath}`, '--', ...argv], { encoding: 'utf8' });
+        if (r.status !== 0) return [];
+        const out = JSON.parse(r.stdout) as { nftables: { set?: { elem?: (string | { elem: { val: string } })[] } }[] };
+        const elems = out.nftables.flatMap((o) => o.set?.elem ?? []);
+        return elems.map((e) => (typeof e === 'string' ? e : e.elem.val));
+      };
+      const ipsetProbeSet = (): string[] => {
         const r = spawnSync('nsenter', [`--net=${hostNetnsPath}`, '--', 'ipset', 'save', PROBE_SET], {
           encoding: 'utf8',
         });
@@ -149,6 +169,31 @@ function ambientSuite(flavour: 'nft' | 'legacy', subnet: string): void {
           .stdout.split('\n')
           .includes(PROBE_SET);
       const nodeNat = () => inNode(['iptables-nft-save', '-t', 'nat']) + inNode(['iptables-legacy-save', '-t', 'nat']);
+      const hostTable = new RegExp(`^table inet ${HOST_TABLE}$`, 'm');
+      /** The node's probe path in the agent's backend, and nothing of ours in the other. */
+      const assertHostProbePath = (): void => {
+        if (native) {
+          assert.match(inNode(['nft', 'list', 'tables']), hostTable, 'our host table');
+          assert.doesNotMatch(nodeNat(), /MESH_POSTRT/, 'no host probe rule of ours in iptables');
+          assert.ok(!hasProbeSet(), 'no probe ipset');
+        } else {
+          assert.match(nodeNat(), HOST_RULE, 'the host probe rule');
+          assert.doesNotMatch(inNode(['nft', 'list', 'tables']), hostTable, 'no host table of ours');
+        }
+      };
+      /** The pod's in-pod rules in the agent's backend, and none of ours in the other. */
+      const assertInPod = async (netnsPath: string): Promise<void> => {
+        await assertWrittenWith(backend, netnsPath, AMBIENT_POD_TABLE);
+        if (!native) {
+          assert.match(rulesIn(netnsPath), IN_POD_CHAIN);
+          const save = sh(['nsenter', `--net=${netnsPath}`, '--', `iptables-${flavour}-save`]);
+          assert.match(save, IN_POD_CHAIN, `written with iptables-${flavour}, the node's flavour`);
+        }
+      };
+      /** A step of the story on iptables only (see ambientSuite). */
+      const iptablesStep = (name: string, fn: () => Promise<void>): void => {
+        if (!native) it(name, fn);
+      };
       const redirection = (name: string) => api.getPod(NS, name)?.metadata?.annotations?.[REDIRECTION];
       const agentLogs = () =>
         (agent?.logs ?? [])
@@ -197,6 +242,7 @@ function ambientSuite(flavour: 'nft' | 'legacy', subnet: string): void {
             'log-level': 'info',
             'repair-enabled': 'false',
             'ambient-enabled': 'true',
+            'native-nftables': String(native),
             'ztunnel-uds-address': zdsSocket,
             'host-proc-dir': '/proc',
             'host-netns-path': '/proc/self/ns/net',
@@ -350,14 +396,9 @@ function ambientSuite(flavour: 'nft' | 'legacy', subnet: string): void {
           ['add', 'snapshot_sent'],
         );
         assert.equal(z.openFds, 0);
-        assert.match(rulesIn(a.netnsPath), IN_POD_CHAIN, "the in-pod rules are in uidA's netns");
-        assert.match(
-          sh(['nsenter', `--net=${a.netnsPath}`, '--', `iptables-${flavour}-save`]),
-          IN_POD_CHAIN,
-          `written with iptables-${flavour}, the node's flavour`,
-        );
-        assert.deepEqual(probeSet(), [a.ip], 'the probe ipset holds its IP');
-        assert.match(nodeNat(), HOST_RULE, 'the host probe rule');
+        await assertInPod(a.netnsPath);
+        assert.deepEqual(probeSet(), [a.ip], 'the probe set holds its IP');
+        assertHostProbePath();
         await waitFor(
           'mesh_cni_ztunnel_connections 1',
           async () => sample(await metrics(), 'mesh_cni_ztunnel_connections') === 1,
@@ -385,13 +426,14 @@ function ambientSuite(flavour: 'nft' | 'legacy', subnet: string): void {
         );
         kubeletReports(name, b.ip);
         await waitFor('the annotation enabled on pod B', () => redirection(name) === 'enabled', { context: agentLogs });
-        assert.match(rulesIn(b.netnsPath), IN_POD_CHAIN);
-        await waitFor('B in the probe ipset', () => probeSet().includes(b.ip));
+        await assertInPod(b.netnsPath);
+        await waitFor('B in the probe set', () => probeSet().includes(b.ip));
         assert.deepEqual(proxies.uids.sort(), [pods.get(`${TAG}-a`)!.uid, uidB].sort());
       });
 
-      it(`traffic (${flavour}): probe SNAT, inbound 15006, 15008 direct, outbound 15001, marked direct`, async () => {
+      it(`traffic (${native ? 'native nftables' : flavour}): probe SNAT, inbound 15006, 15008 direct, outbound 15001, marked direct`, async () => {
         const b = pods.get(`${TAG}-b`)!;
+        await assertInPod(b.netnsPath);
         // A peer pod in demo that opted out (label none): no redirection, a plain server on 9090.
         const uidP = randomUUID();
         const peerName = `${TAG}-peer`;
@@ -399,6 +441,7 @@ function ambientSuite(flavour: 'nft' | 'legacy', subnet: string): void {
         const peer = await startPod(peerName, uidP);
         kubeletReports(peerName, peer.ip);
         assert.doesNotMatch(rulesIn(peer.netnsPath), IN_POD_CHAIN, 'the opted-out pod has no in-pod rules');
+        assert.doesNotMatch(sh(['nsenter', `--net=${peer.netnsPath}`, '--', 'nft', 'list', 'tables']), /mesh_/);
         assert.equal(fake!.of('add').filter((r) => r.uid === uidP).length, 0, 'and no Add');
         const listening: Listening[] = [];
         cleanups.push(async () => {
@@ -427,91 +470,97 @@ function ambientSuite(flavour: 'nft' | 'legacy', subnet: string): void {
         );
       });
 
-      it('ztunnel down: ADD fails (code 11, names ztunnel), pod pending; ztunnel back: a new snapshot', async () => {
-        await stopFake();
-        await waitFor(
-          'mesh_cni_ztunnel_connections 0',
-          async () => sample(await metrics(), 'mesh_cni_ztunnel_connections') === 0,
-        );
-        const uidC = randomUUID();
-        const name = `${TAG}-c`;
-        api.upsertPod(podObject(name, uidC));
-        cleanups.push(async () => {
+      iptablesStep(
+        'ztunnel down: ADD fails (code 11, names ztunnel), pod pending; ztunnel back: a new snapshot',
+        async () => {
+          await stopFake();
+          await waitFor(
+            'mesh_cni_ztunnel_connections 0',
+            async () => sample(await metrics(), 'mesh_cni_ztunnel_connections') === 0,
+          );
+          const uidC = randomUUID();
+          const name = `${TAG}-c`;
+          api.upsertPod(podObject(name, uidC));
+          cleanups.push(async () => {
+            await podman.run(['rm', '--force', '--time', '0', name]);
+            await removePodCgroups(uidC);
+          });
+          const r = await podman.run([
+            ...['run', '--detach', '--name', name, '--cgroup-parent', podCgroupParent(uidC)],
+            ...['--network', NETWORK, IMAGE, 'sleep', '600'],
+          ]);
+          assert.notEqual(r.code, 0, 'podman run fails: the pod never starts unredirected');
+          assert.match(r.stderr, /ztunnel/, `the runtime's error names ztunnel: ${r.stderr}`);
+          const said = await agent!.waitForLog(
+            (l) => l.scope === 'cni' && l.level === 'error' && /ztunnel/.test(JSON.stringify(l)),
+            "the plugin's error record naming ztunnel",
+            10_000,
+          );
+          assert.equal(said.code, 11, `CNI error 11 (try again later): ${JSON.stringify(said)}`);
+          await waitFor('pod C annotated pending', () => redirection(name) === 'pending', { context: agentLogs });
+          assert.ok(sample(await metrics(), 'mesh_cni_plugin_requests_total', { response_code: '500' }) >= 1);
+          // The runtime gave up on the sandbox (podman removed it); the pod goes from the API too, and
+          // the agent lets go of the netns it held for the retry (the removal of a pending pod).
           await podman.run(['rm', '--force', '--time', '0', name]);
-          await removePodCgroups(uidC);
-        });
-        const r = await podman.run([
-          ...['run', '--detach', '--name', name, '--cgroup-parent', podCgroupParent(uidC)],
-          ...['--network', NETWORK, IMAGE, 'sleep', '600'],
-        ]);
-        assert.notEqual(r.code, 0, 'podman run fails: the pod never starts unredirected');
-        assert.match(r.stderr, /ztunnel/, `the runtime's error names ztunnel: ${r.stderr}`);
-        const said = await agent!.waitForLog(
-          (l) => l.scope === 'cni' && l.level === 'error' && /ztunnel/.test(JSON.stringify(l)),
-          "the plugin's error record naming ztunnel",
-          10_000,
-        );
-        assert.equal(said.code, 11, `CNI error 11 (try again later): ${JSON.stringify(said)}`);
-        await waitFor('pod C annotated pending', () => redirection(name) === 'pending', { context: agentLogs });
-        assert.ok(sample(await metrics(), 'mesh_cni_plugin_requests_total', { response_code: '500' }) >= 1);
-        // The runtime gave up on the sandbox (podman removed it); the pod goes from the API too, and
-        // the agent lets go of the netns it held for the retry (the removal of a pending pod).
-        await podman.run(['rm', '--force', '--time', '0', name]);
-        api.deletePodFromStore(NS, name);
-        await agent!.waitForLog(
-          (l) => l.scope === 'ambient' && l.msg === 'ambient: removed' && l.uid === uidC,
-          'the agent to remove pod C',
-          15_000,
-        );
+          api.deletePodFromStore(NS, name);
+          await agent!.waitForLog(
+            (l) => l.scope === 'ambient' && l.msg === 'ambient: removed' && l.uid === uidC,
+            'the agent to remove pod C',
+            15_000,
+          );
 
-        // ztunnel back: it gets every enrolled pod again (A and B, not C), then SnapshotSent.
-        const z = startFake();
-        await z.waitForNth('snapshot_sent', 1);
-        const adds = z.of('add').map((r) => r.uid);
-        assert.deepEqual(adds.sort(), [pods.get(`${TAG}-a`)!.uid, pods.get(`${TAG}-b`)!.uid].sort());
-        assert.equal(z.of('keep').length, 0);
-      });
+          // ztunnel back: it gets every enrolled pod again (A and B, not C), then SnapshotSent.
+          const z = startFake();
+          await z.waitForNth('snapshot_sent', 1);
+          const adds = z.of('add').map((r) => r.uid);
+          assert.deepEqual(adds.sort(), [pods.get(`${TAG}-a`)!.uid, pods.get(`${TAG}-b`)!.uid].sort());
+          assert.equal(z.of('keep').length, 0);
+        },
+      );
 
-      it('ztunnel down, a running pod the informer enrolls: pending, retried, enabled with ztunnel back', async () => {
-        await stopFake();
-        await waitFor(
-          'mesh_cni_ztunnel_connections 0',
-          async () => sample(await metrics(), 'mesh_cni_ztunnel_connections') === 0,
-        );
-        // A pod whose sandbox the plugin never saw (a netns + a sleep in its kubelet-shaped cgroup):
-        // the informer enrolls it once its status has an IP, finding its netns in /proc.
-        const fleet = makeNetnsPods(`${TAG}-d`, 1, flavour === 'nft' ? '198.18.71' : '198.18.72');
-        cleanups.push(async () => fleet.remove());
-        const d = fleet.pods[0]!;
-        // Added first (an added pod is the plugin's), then the kubelet writes its status: an update.
-        api.upsertPod(podObject(d.name, d.uid));
-        await new Promise((r) => setTimeout(r, 200));
-        kubeletReports(d.name, d.ip);
-        await waitFor('pod D annotated pending (ztunnel is down)', () => redirection(d.name) === 'pending', {
-          timeoutMs: 15_000,
-          context: agentLogs,
-        });
-        assert.ok(!probeSet().includes(d.ip), 'not in the probe set while ztunnel has not taken it');
+      iptablesStep(
+        'ztunnel down, a running pod the informer enrolls: pending, retried, enabled with ztunnel back',
+        async () => {
+          await stopFake();
+          await waitFor(
+            'mesh_cni_ztunnel_connections 0',
+            async () => sample(await metrics(), 'mesh_cni_ztunnel_connections') === 0,
+          );
+          // A pod whose sandbox the plugin never saw (a netns + a sleep in its kubelet-shaped cgroup):
+          // the informer enrolls it once its status has an IP, finding its netns in /proc.
+          const fleet = makeNetnsPods(`${TAG}-d`, 1, flavour === 'nft' ? '198.18.71' : '198.18.72');
+          cleanups.push(async () => fleet.remove());
+          const d = fleet.pods[0]!;
+          // Added first (an added pod is the plugin's), then the kubelet writes its status: an update.
+          api.upsertPod(podObject(d.name, d.uid));
+          await new Promise((r) => setTimeout(r, 200));
+          kubeletReports(d.name, d.ip);
+          await waitFor('pod D annotated pending (ztunnel is down)', () => redirection(d.name) === 'pending', {
+            timeoutMs: 15_000,
+            context: agentLogs,
+          });
+          assert.ok(!probeSet().includes(d.ip), 'not in the probe set while ztunnel has not taken it');
 
-        const z = startFake();
-        await waitFor('pod D enrolled by the retry', () => redirection(d.name) === 'enabled', {
-          timeoutMs: 20_000,
-          context: agentLogs,
-        });
-        const adds = z.of('add').filter((r) => r.uid === d.uid);
-        assert.ok(adds.length >= 1 && adds.every((r) => r.acked));
-        assert.equal(adds.at(-1)!.netnsIno, statSync(d.netnsPath, { bigint: true }).ino, "D's netns");
-        assert.ok(probeSet().includes(d.ip), 'D in the probe set');
-        assert.match(rulesIn(d.netnsPath), IN_POD_CHAIN);
+          const z = startFake();
+          await waitFor('pod D enrolled by the retry', () => redirection(d.name) === 'enabled', {
+            timeoutMs: 20_000,
+            context: agentLogs,
+          });
+          const adds = z.of('add').filter((r) => r.uid === d.uid);
+          assert.ok(adds.length >= 1 && adds.every((r) => r.acked));
+          assert.equal(adds.at(-1)!.netnsIno, statSync(d.netnsPath, { bigint: true }).ino, "D's netns");
+          assert.ok(probeSet().includes(d.ip), 'D in the probe set');
+          assert.match(rulesIn(d.netnsPath), IN_POD_CHAIN);
 
-        // D goes (deleted from the API): Del, out of the probe set.
-        api.deletePodFromStore(NS, d.name);
-        await z.waitFor((r) => r.kind === 'del' && r.uid === d.uid);
-        await waitFor('D out of the probe set', () => !probeSet().includes(d.ip), { context: agentLogs });
-        fleet.remove();
-      });
+          // D goes (deleted from the API): Del, out of the probe set.
+          api.deletePodFromStore(NS, d.name);
+          await z.waitFor((r) => r.kind === 'del' && r.uid === d.uid);
+          await waitFor('D out of the probe set', () => !probeSet().includes(d.ip), { context: agentLogs });
+          fleet.remove();
+        },
+      );
 
-      it('unlabel: pod B labelled none: Del(uidB), its rules, ipset entry and annotation gone', async () => {
+      iptablesStep('unlabel: pod B labelled none: Del(uidB), its rules, ipset entry and annotation gone', async () => {
         const b = pods.get(`${TAG}-b`)!;
         const cur = api.getPod(NS, b.name)!;
         api.upsertPod({
@@ -525,7 +574,7 @@ function ambientSuite(flavour: 'nft' | 'legacy', subnet: string): void {
         assert.ok(!proxies.uids.includes(b.uid));
       });
 
-      it('delete: pod A removed (podman rm, then the API delete): Del(uidA), ipset entry gone', async () => {
+      iptablesStep('delete: pod A removed (podman rm, then the API delete): Del(uidA), ipset entry gone', async () => {
         const a = pods.get(`${TAG}-a`)!;
         await podman.ok(['rm', '--force', '--time', '0', a.name]);
         api.deletePodFromStore(NS, a.name);
@@ -533,90 +582,96 @@ function ambientSuite(flavour: 'nft' | 'legacy', subnet: string): void {
         await waitFor('A out of the probe ipset', () => !probeSet().includes(a.ip), { context: agentLogs });
       });
 
-      it('upgrade restart (DaemonSet present): host rule and ipset stay, the snapshot is sent again', async () => {
-        // B back in the mesh first, so there is an enrolled pod to keep.
-        const b = pods.get(`${TAG}-b`)!;
-        const cur = api.getPod(NS, b.name)!;
-        const labels = { ...cur.metadata?.labels };
-        delete labels[MODE_LABEL];
-        api.upsertPod({ ...cur, metadata: { ...cur.metadata, labels } });
-        await waitFor('B enrolled again', () => redirection(b.name) === 'enabled' && probeSet().includes(b.ip), {
-          context: agentLogs,
-        });
-        const rulesBefore = rulesIn(b.netnsPath);
-        const connsBefore = fake!.connections;
-        const delsBefore = fake!.of('del').length;
+      iptablesStep(
+        'upgrade restart (DaemonSet present): host rule and ipset stay, the snapshot is sent again',
+        async () => {
+          // B back in the mesh first, so there is an enrolled pod to keep.
+          const b = pods.get(`${TAG}-b`)!;
+          const cur = api.getPod(NS, b.name)!;
+          const labels = { ...cur.metadata?.labels };
+          delete labels[MODE_LABEL];
+          api.upsertPod({ ...cur, metadata: { ...cur.metadata, labels } });
+          await waitFor('B enrolled again', () => redirection(b.name) === 'enabled' && probeSet().includes(b.ip), {
+            context: agentLogs,
+          });
+          const rulesBefore = rulesIn(b.netnsPath);
+          const connsBefore = fake!.connections;
+          const delsBefore = fake!.of('del').length;
 
-        assert.equal(await agent!.stop('SIGTERM', 30_000), 0);
-        agent = undefined;
-        assert.match(nodeNat(), HOST_RULE, 'the host rule stays');
-        assert.deepEqual(probeSet(), [b.ip], 'the ipset and its entry stay');
-        assert.equal(rulesIn(b.netnsPath), rulesBefore, "B's in-pod rules untouched");
+          assert.equal(await agent!.stop('SIGTERM', 30_000), 0);
+          agent = undefined;
+          assert.match(nodeNat(), HOST_RULE, 'the host rule stays');
+          assert.deepEqual(probeSet(), [b.ip], 'the ipset and its entry stay');
+          assert.equal(rulesIn(b.netnsPath), rulesBefore, "B's in-pod rules untouched");
 
-        const ag = startAgent();
-        await waitFor('install-cni to be ready again', async () => (await ag.get('/readyz')).status === 200, {
-          timeoutMs: 30_000,
-          everyMs: 100,
-          context: agentLogs,
-        });
-        const z = fake!;
-        const sent = await z.waitFor((r) => r.kind === 'snapshot_sent' && r.conn > connsBefore);
-        assert.deepEqual(
-          z.of('add', sent.conn).map((r) => r.uid),
-          [b.uid],
-          'the new agent sends B (netns found again from /proc)',
-        );
-        assert.equal(z.of('add', sent.conn)[0]!.netnsIno, statSync(`/proc/${b.pid}/ns/net`, { bigint: true }).ino);
-        assert.match(nodeNat(), HOST_RULE);
-        assert.deepEqual(probeSet(), [b.ip]);
-        assert.match(rulesIn(b.netnsPath), IN_POD_CHAIN);
-        assert.equal(fake!.of('del').length, delsBefore, 'ztunnel was told to drop nothing');
-        assert.equal(redirection(b.name), 'enabled');
-      });
+          const ag = startAgent();
+          await waitFor('install-cni to be ready again', async () => (await ag.get('/readyz')).status === 200, {
+            timeoutMs: 30_000,
+            everyMs: 100,
+            context: agentLogs,
+          });
+          const z = fake!;
+          const sent = await z.waitFor((r) => r.kind === 'snapshot_sent' && r.conn > connsBefore);
+          assert.deepEqual(
+            z.of('add', sent.conn).map((r) => r.uid),
+            [b.uid],
+            'the new agent sends B (netns found again from /proc)',
+          );
+          assert.equal(z.of('add', sent.conn)[0]!.netnsIno, statSync(`/proc/${b.pid}/ns/net`, { bigint: true }).ino);
+          assert.match(nodeNat(), HOST_RULE);
+          assert.deepEqual(probeSet(), [b.ip]);
+          assert.match(rulesIn(b.netnsPath), IN_POD_CHAIN);
+          assert.equal(fake!.of('del').length, delsBefore, 'ztunnel was told to drop nothing');
+          assert.equal(redirection(b.name), 'enabled');
+        },
+      );
 
       // The agent restarted while the control plane is down: nothing says this is an uninstall, so
       // the node stays as it is and every enrolled pod stays redirected (its in-pod rules, the
       // probe rule and ipset), and new pods still get the plugin (entry, orchconfig, binary).
       const outage = flavour === 'nft' ? 'answers 503' : 'is unreachable';
-      it(`restart while the API server ${outage}: entry, orchconfig, binary, host rule, ipset, in-pod rules stay`, async () => {
-        const b = pods.get(`${TAG}-b`)!;
-        const rulesBefore = rulesIn(b.netnsPath);
-        assert.match(rulesBefore, IN_POD_CHAIN);
-        const primaryBefore = await fs.readFile(primaryFile, 'utf8');
-        assert.match(primaryBefore, /"type": ?"mesh-cni"/, 'our entry is in the primary config');
-        const stopping = agent!;
-        if (flavour === 'nft') api.faults.status = { code: 503 };
-        else await api.stop();
-        try {
-          assert.equal(await stopping.stop('SIGTERM', 30_000), 0);
-        } finally {
-          delete api.faults.status;
-          await api.start();
-        }
-        agent = undefined;
-        assert.equal(await fs.readFile(primaryFile, 'utf8'), primaryBefore, 'the entry stays');
-        assert.ok(existsSync(path.join(tree.netDir, 'ZZZ-mesh-cni-orchconfig')), 'the orchconfig stays');
-        assert.ok(existsSync(path.join(tree.binDir, 'mesh-cni')), 'the binary stays');
-        assert.match(nodeNat(), HOST_RULE, 'the host rule stays');
-        assert.deepEqual(probeSet(), [b.ip], 'the ipset and its entry stay');
-        assert.equal(rulesIn(b.netnsPath), rulesBefore, "B's in-pod rules untouched: still redirected");
-        assert.equal(redirection(b.name), 'enabled');
-        const kept = stopping.logs.find(
-          (r) => r.msg === 'cannot tell whether this stop is an uninstall: keeping mesh-cni on this node',
-        );
-        // Unreachable behind the node's forwarder: connections are taken, then go unanswered.
-        const reasons = flavour === 'nft' ? ['server_error'] : ['unreachable', 'timeout'];
-        assert.ok(reasons.includes(String(kept?.reason)), `kept for ${String(kept?.reason)}\n${agentLogs()}`);
-        assert.ok(stopping.logs.some((r) => r.msg === 'ambient: keeping the node as is'));
+      iptablesStep(
+        `restart while the API server ${outage}: entry, orchconfig, binary, host rule, ipset, in-pod rules stay`,
+        async () => {
+          const b = pods.get(`${TAG}-b`)!;
+          const rulesBefore = rulesIn(b.netnsPath);
+          assert.match(rulesBefore, IN_POD_CHAIN);
+          const primaryBefore = await fs.readFile(primaryFile, 'utf8');
+          assert.match(primaryBefore, /"type": ?"mesh-cni"/, 'our entry is in the primary config');
+          const stopping = agent!;
+          if (flavour === 'nft') api.faults.status = { code: 503 };
+          else await api.stop();
+          try {
+            assert.equal(await stopping.stop('SIGTERM', 30_000), 0);
+          } finally {
+            delete api.faults.status;
+            await api.start();
+          }
+          agent = undefined;
+          assert.equal(await fs.readFile(primaryFile, 'utf8'), primaryBefore, 'the entry stays');
+          assert.ok(existsSync(path.join(tree.netDir, 'ZZZ-mesh-cni-orchconfig')), 'the orchconfig stays');
+          assert.ok(existsSync(path.join(tree.binDir, 'mesh-cni')), 'the binary stays');
+          assert.match(nodeNat(), HOST_RULE, 'the host rule stays');
+          assert.deepEqual(probeSet(), [b.ip], 'the ipset and its entry stay');
+          assert.equal(rulesIn(b.netnsPath), rulesBefore, "B's in-pod rules untouched: still redirected");
+          assert.equal(redirection(b.name), 'enabled');
+          const kept = stopping.logs.find(
+            (r) => r.msg === 'cannot tell whether this stop is an uninstall: keeping mesh-cni on this node',
+          );
+          // Unreachable behind the node's forwarder: connections are taken, then go unanswered.
+          const reasons = flavour === 'nft' ? ['server_error'] : ['unreachable', 'timeout'];
+          assert.ok(reasons.includes(String(kept?.reason)), `kept for ${String(kept?.reason)}\n${agentLogs()}`);
+          assert.ok(stopping.logs.some((r) => r.msg === 'ambient: keeping the node as is'));
 
-        // The control plane back: the next agent takes the node over as after any upgrade.
-        const ag = startAgent();
-        await waitFor('install-cni to be ready again', async () => (await ag.get('/readyz')).status === 200, {
-          timeoutMs: 30_000,
-          everyMs: 100,
-          context: agentLogs,
-        });
-      });
+          // The control plane back: the next agent takes the node over as after any upgrade.
+          const ag = startAgent();
+          await waitFor('install-cni to be ready again', async () => (await ag.get('/readyz')).status === 200, {
+            timeoutMs: 30_000,
+            everyMs: 100,
+            context: agentLogs,
+          });
+        },
+      );
 
       it('uninstall (DaemonSet gone): host rule and ipset removed, the primary conflist byte for byte', async () => {
         api.deleteDaemonSetFromStore(SELF.namespace, DAEMONSET);
@@ -624,6 +679,7 @@ function ambientSuite(flavour: 'nft' | 'legacy', subnet: string): void {
         agent = undefined;
         assert.doesNotMatch(nodeNat(), /MESH_POSTRT/, 'the host rule is gone');
         assert.ok(!hasProbeSet(), 'the probe ipset is gone');
+        assert.doesNotMatch(inNode(['nft', 'list', 'tables']), hostTable, 'our host table is gone');
         assert.deepEqual(
           await fs.readFile(primaryFile),
           primaryBytes,
@@ -636,3 +692,4 @@ function ambientSuite(flavour: 'nft' | 'legacy', subnet: string): void {
 
 ambientSuite('nft', '198.19.9');
 ambientSuite('legacy', '198.19.10');
+ambientSuite('nft', '198.19.11', 'nftables');

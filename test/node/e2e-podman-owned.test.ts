@@ -16,6 +16,8 @@
 // backend) runs in it, install-cni runs from source with the sandbox dirs as its host mounts,
 // podman's network config dir is the node's net dir. podman names no namespace, so mesh-cni
 // passes these calls through (no pod to redirect): it is in the chain, which is what counts.
+// Then, with our own file, the traffic matrix of a pod under each redirect backend
+// (test/helpers/podman-traffic.ts): our file must carry native_nftables as a spliced entry does.
 
 import assert from 'node:assert/strict';
 import { existsSync, readFileSync } from 'node:fs';
