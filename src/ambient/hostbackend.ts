@@ -9,9 +9,11 @@
 // (nftables' chain hooks before iptables' nat POSTROUTING) and the other's is not applied again.
 
 import type { HostStateBackend } from './hostheal.ts';
-import type { ProbeRemoval } from './hostrules.ts';
 
 export type HostBackendKind = 'iptables' | 'nftables';
+
+/** What a removal did: out, or left because another pod (`owner`) holds the IP, or none did. */
+export type ProbeRemoval = { readonly removed: true } | { readonly removed: false; readonly owner: string | null };
 
 export interface HostProbes extends HostStateBackend {
   readonly kind: HostBackendKind;

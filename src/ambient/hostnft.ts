@@ -30,9 +30,9 @@ import {
   type NftTableState,
 } from '../../cni-plugin/redirect/nft.ts';
 import { Serial } from '../concurrency.ts';
-import type { HostProbes } from './hostbackend.ts';
+import type { HostProbes, ProbeRemoval } from './hostbackend.ts';
 import type { HostDrift } from './hostheal.ts';
-import { canonicalIP, probeSet, type ProbeRemoval } from './hostrules.ts';
+import { canonicalIP, probeSet } from './hostrules.ts';
 import { AmbientRulesError, ipv6Text, PROBE_SNAT_V4, PROBE_SNAT_V6, type Family, type Runner } from './podrules.ts';
 
 export const HOST_TABLE = 'mesh_ambient_host';

@@ -11,7 +11,7 @@
 // (hostheal.ts) checks them with.
 
 import { isIPv4, isIPv6 } from 'node:net';
-import type { HostProbes } from './hostbackend.ts';
+import type { HostProbes, ProbeRemoval } from './hostbackend.ts';
 import type { HostDrift, HostStateBackend } from './hostheal.ts';
 import { Serial } from '../concurrency.ts';
 import { diffRules, ensureRules, parseRules, removeRules } from '../../cni-plugin/redirect/iptables.ts';
@@ -114,8 +114,6 @@ export function parseProbeSet(saveText: string): Map<string, string> {
   }
   return out;
 }
-
-export type ProbeRemoval = { readonly removed: true } | { readonly removed: false; readonly owner: string | null };
 
 // ---- applying ----
 
