@@ -15,6 +15,8 @@
 #   /usr/sbin/xtables-*-multi + links nsenter, iptables/ip6tables of both flavours, iproute2,
 #   /usr/lib/<triplet>/xtables/       the iptables extensions they dlopen
 #   /usr/sbin/ipset                   ambient mode's probe set on the node (libipset from ldd)
+#   /usr/sbin/nft                     nftables (Debian bookworm's 1.0.6), for --native-nftables:
+#                                     the start-up probe, ambient's and repair's nft tables
 # The default user is nobody (65534): `version` and friends need nothing more. The DaemonSet
 # runs it as root with every capability dropped, because the host's CNI dirs belong to root.
 # Saved as an OCI archive (default dist/mesh-cni-image.tar, or $1) named
@@ -62,15 +64,32 @@ IPROUTE=$(readlink -f "$(PATH=/usr/sbin:/sbin:$PATH command -v ip || true)")
 # Ambient mode (the ambient component of deploy/) keeps the node's kubelet-probe set
 # (mesh-inpod-probes-v4/-v6, hash:ip with the pod UID as comment) with ipset; NET_ADMIN is all it needs.
 IPSET=$(readlink -f "$(PATH=/usr/sbin:/sbin:$PATH command -v ipset || true)")
+# --native-nftables (the native-nftables component of deploy/): the agent probes `nft` at start
+# (version, JSON, `nft list tables` in the node's netns), and ambient mode and in-place repair
+# write their tables with it. Debian bookworm's nftables package, nft 1.0.6, on purpose an old
+# one. nft reads back everything in a netns, whoever wrote it, and a newer nft may write what an
+# older one cannot read: nft 1.1.2 began storing user data with each set, and a host's nft of
+# 1.1.1 or older then crashed (segfault) listing or changing that netns's ruleset; Istio's ambient
+# nftables mode hit it on users' nodes, its image's nft being newer than theirs. An image nft no
+# newer than the nodes' keeps what the agent writes readable by the host's nft, the one the
+# plugin runs (the plugin never uses this copy) and the one node admins and kube-proxy use; 1.0.6
+# is older than the nft of most current node systems. The build takes the machine's nft only if
+# it is at least 1.0.1 (the agent's own floor) and older than 1.1.2 (known to break older nodes).
+NFT=$(readlink -f "$(PATH=/usr/sbin:/sbin:$PATH command -v nft || true)")
 # libxtables dlopens its extensions from the dir compiled into it (Debian: /usr/lib/<triplet>/xtables).
 XT_STANDARD=$(find /usr/lib -maxdepth 3 -path '*/xtables/libxt_standard.so' -print -quit)
 XT_DIR=$(dirname "${XT_STANDARD:-/nonexistent/xtables/libxt_standard.so}")
-for f in "$IPT_LEGACY" "$IPT_NFT" "$NSENTER" "$IPROUTE" "$IPSET" "$XT_DIR/libxt_standard.so"; do
+for f in "$IPT_LEGACY" "$IPT_NFT" "$NSENTER" "$IPROUTE" "$IPSET" "$NFT" "$XT_DIR/libxt_standard.so"; do
   if [[ ! -f $f ]]; then
-    echo "image: ${f:-a tool} is missing: install iptables (>= 1.8, both flavours), util-linux, iproute2 and ipset" >&2
+    echo "image: ${f:-a tool} is missing: install iptables (>= 1.8, both flavours), util-linux, iproute2, ipset and nftables" >&2
     exit 1
   fi
 done
+NFT_VERSION=$("$NFT" --version | sed -n 's/^nftables v\([0-9][0-9.]*\).*/\1/p')
+if ! printf '1.0.1\n%s\n' "$NFT_VERSION" | sort -C -V || printf '1.1.2\n%s\n' "$NFT_VERSION" | sort -C -V; then
+  echo "image: $NFT is nftables ${NFT_VERSION:-of unknown version}; the image needs >= 1.0.1 and < 1.1.2 (Debian bookworm's 1.0.6): an older one lacks what the agent checks for, and 1.1.2 and later write sets that older nft on the nodes crashes on" >&2
+  exit 1
+fi
 
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/mcni-image-XXXXXX")
 CTR=
@@ -97,6 +116,7 @@ install -m 0755 "$IPT_NFT" "$FS/usr/sbin/xtables-nft-multi"
 install -m 0755 "$NSENTER" "$FS/usr/bin/nsenter"
 install -m 0755 "$IPROUTE" "$FS/usr/sbin/ip"
 install -m 0755 "$IPSET" "$FS/usr/sbin/ipset"
+install -m 0755 "$NFT" "$FS/usr/sbin/nft"
 for fam in iptables ip6tables; do
   for what in '' -restore -save; do
     ln -s xtables-legacy-multi "$FS/usr/sbin/$fam-legacy$what"
@@ -108,7 +128,7 @@ done
 # (ldd prints `name => /path (addr)` for libraries and `/path (addr)` for the loader.)
 mapfile -t xt_real < <(find "$XT_FS" -type f -name '*.so' -printf "$XT_DIR/%f\n")
 loaded=("$NODE_BIN" dist/bin/mesh-cni dist/native/seqpacket.node
-  "$IPT_LEGACY" "$IPT_NFT" "$NSENTER" "$IPROUTE" "$IPSET" "${xt_real[@]}")
+  "$IPT_LEGACY" "$IPT_NFT" "$NSENTER" "$IPROUTE" "$IPSET" "$NFT" "${xt_real[@]}")
 libs=$(ldd "${loaded[@]}" | awk '$2 == "=>" && $3 ~ /^\// { print $3 } $1 ~ /^\// && $2 ~ /^\(/ { print $1 }' | sort -u)
 for lib in $libs; do
   mkdir -p "$FS$(dirname "$lib")"

@@ -15,6 +15,11 @@
 // uid 65534 is refused, root gets a message with a netns fd), and a netns made after the start
 // appears under /host/var/run/netns (read-only, HostToContainer) and is entered through fd 3;
 // and the agent itself runs ambient mode so, with the component's RBAC on the test API server.
+// Native nftables: the image's nft is at least 1.0.1 and older than 1.1.2, and as the
+// native-nftables component runs the image (in a test netns standing for the node) `nft -j list
+// tables` answers with NET_ADMIN alone (not without it); a table with a set the image's nft writes
+// there is read back by this machine's nft (`nft -j list ruleset`); the agent chooses nftables,
+// writes native_nftables: true and is ready, and without NET_ADMIN it is not ready.
 //
 // Needs root, buildah and podman (scripts/setup-host.sh) and a built dist/ (npm test builds).
 
@@ -556,6 +561,212 @@ describe('deploy: the container image', { timeout: 300_000 }, () => {
     });
   });
 
+  describe("native nftables: the image's nft, with the native-nftables component as it runs the image", () => {
+    let dir: string;
+    let rendered: Rendered;
+    /** Stands for the node: the container's network namespace, as hostNetwork makes it the node's. */
+    let node: Netns;
+    const name = `mcni-image-nft-${process.pid}`;
+    before(async () => {
+      dir = await fs.mkdtemp(path.join(os.tmpdir(), 'mcni-image-nft-'));
+      await fs.chmod(dir, 0o755);
+      const rel = path.relative(dir, DEPLOY_DIR);
+      await fs.writeFile(
+        path.join(dir, 'kustomization.yaml'),
+        `resources:\n  - ${rel}\ncomponents:\n  - ${rel}/overlays/native-nftables\n`,
+      );
+      rendered = kustomize(dir);
+      // What the agent's ambient host table holds, in kind: a set with elements, a base chain, a rule with a counter.
+      await fs.writeFile(path.join(dir, 'table.nft'), NFT_TABLE);
+      await fs.chmod(path.join(dir, 'table.nft'), 0o644);
+      for (const d of ['bin', 'net', 'run', 'template']) await fs.mkdir(path.join(dir, d));
+      node = new Netns('nftnode');
+    });
+    after(async () => {
+      await podman.run(['rm', '--force', '--time', '0', name]);
+      node?.remove();
+      if (dir) await fs.rm(dir, { recursive: true, force: true });
+    });
+
+    const componentCaps = () => agentContainer(rendered.objects).securityContext?.capabilities?.add ?? [];
+    /** `podman run` flags of the component's render, in the node netns, with these capabilities. */
+    function runFlags(
+      caps: readonly string[],
+      o: { volumeDirs?: Record<string, string>; env?: Record<string, string>; extraMounts?: [string, string][] } = {},
+    ): string[] {
+      const { flags } = podmanRunArgs(rendered.objects, {
+        volumeDirs: {
+          'cni-bin-dir': path.join(dir, 'bin'),
+          'cni-net-dir': path.join(dir, 'net'),
+          'mesh-cni-run': path.join(dir, 'run'),
+          'cni-network-config': path.join(dir, 'template'),
+          ...o.volumeDirs,
+        },
+        env: {
+          NODE_NAME: 'node-1',
+          HOST_IP: '198.19.250.1',
+          POD_NAME: 'mesh-cni-node-n',
+          POD_NAMESPACE: 'mesh-system',
+          ...o.env,
+        },
+        network: `ns:${node.path}`,
+        ...(o.extraMounts ? { extraMounts: o.extraMounts } : {}),
+      });
+      const out: string[] = [];
+      for (let i = 0; i < flags.length; i++) {
+        if (flags[i] === '--cap-add') i++;
+        else out.push(flags[i]!);
+      }
+      for (const c of caps) out.push('--cap-add', c);
+      return out;
+    }
+    const nft = (caps: readonly string[], args: readonly string[], extra: readonly string[] = []) =>
+      podman.run(['run', '--rm', ...runFlags(caps), ...extra, '--entrypoint', 'nft', IMAGE, ...args]);
+
+    it("carries nft of at least 1.0.1 and older than 1.1.2 (Debian bookworm's 1.0.6)", async () => {
+      const v = await podman.ok(['run', '--rm', '--network', 'none', '--entrypoint', 'nft', IMAGE, '--version']);
+      const m = /^nftables v(\d+)\.(\d+)\.(\d+)\b/.exec(v);
+      assert.ok(m, `nft --version: ${v}`);
+      const n = m.slice(1).map(Number) as [number, number, number];
+      const atLeast = (a: readonly number[]) => n[0] - a[0]! || n[1] - a[1]! || n[2] - a[2]!;
+      assert.ok(atLeast([1, 0, 1]) >= 0, `${v.trim()}: the agent needs nft >= 1.0.1`);
+      assert.ok(atLeast([1, 1, 2]) < 0, `${v.trim()}: nft 1.1.2 and later write sets older nft crashes on`);
+    });
+
+    it('the component grants NET_ADMIN alone: `nft -j list tables` answers in the node netns with it (no NET_RAW), and not without it', async () => {
+      assert.deepEqual(componentCaps(), ['NET_ADMIN']);
+      const listed = await nft(componentCaps(), ['-j', 'list', 'tables']);
+      assert.equal(listed.code, 0, listed.stderr);
+      const json = JSON.parse(listed.stdout) as { nftables: { metainfo?: { json_schema_version: number } }[] };
+      assert.equal(json.nftables[0]?.metainfo?.json_schema_version, 1);
+      const without = await nft([], ['-j', 'list', 'tables']);
+      assert.notEqual(without.code, 0);
+      assert.match(without.stderr, /Operation not permitted/);
+    });
+
+    it("what the image's nft writes in the node netns, this machine's nft reads back (`nft -j list ruleset`)", async () => {
+      const wrote = await nft(
+        componentCaps(),
+        ['-f', '/table.nft'],
+        ['--volume', `${path.join(dir, 'table.nft')}:/table.nft:ro`],
+      );
+      assert.equal(wrote.code, 0, wrote.stderr);
+      try {
+        const r = await run('ip', ['netns', 'exec', node.name, 'nft', '-j', 'list', 'ruleset']);
+        assert.equal(r.code, 0, `the host's nft: ${r.stderr} (exit ${r.code})`);
+        const items = (JSON.parse(r.stdout) as { nftables: Record<string, { name?: string; elem?: unknown[] }>[] })
+          .nftables;
+        const set = items.find((i) => i.set?.name === 'mcni_probes')?.set;
+        assert.deepEqual(set?.elem, ['198.18.79.5', '198.18.79.6']);
+        assert.ok(items.some((i) => i.chain?.name === 'postrouting'));
+        assert.equal(items.filter((i) => i.rule).length, 1);
+        // And as text, the way a node's admin reads it.
+        assert.match(node.exec(['nft', 'list', 'table', 'inet', 'mcni_image']), /ip daddr @mcni_probes counter/);
+      } finally {
+        node.exec(['nft', 'delete', 'table', 'inet', 'mcni_image']);
+      }
+    });
+
+    it('the agent in the image chooses nftables in the node netns and is ready; without NET_ADMIN it is not ready, saying so', async () => {
+      const api = await startTestApiServer();
+      let tree: HostTree | undefined;
+      let forward: { close(): Promise<void> } | undefined;
+      try {
+        for (const sa of ['mesh-cni', 'mesh-cni-plugin'])
+          api.serviceAccount('mesh-system', sa, rulesFor(rendered.objects, 'mesh-system', sa));
+        const agentToken = api.serviceAccount('mesh-system', 'mesh-cni');
+        tree = await makeHostTree({ token: agentToken, ca: api.caPem });
+        await fs.rm(path.join(tree.binariesDir, 'mesh-cni'));
+        await fs.writeFile(path.join(tree.netDir, '10-bridge.conflist'), BRIDGE_CONFLIST);
+        const runDir = path.join(tree.root, 'var-run-mesh-cni');
+        const templateDir = path.join(tree.root, 'configmap');
+        for (const d of [runDir, templateDir]) await fs.mkdir(d, { mode: 0o755 });
+        const cm = one<V1ConfigMap>(rendered.objects, 'ConfigMap');
+        for (const [k, v] of Object.entries(cm.data ?? {})) await fs.writeFile(path.join(templateDir, k), v);
+        // The API server listens on this machine's loopback; the container is in the node netns.
+        forward = await forwardLoopback(node.path, api.port);
+        const start = async (caps: readonly string[]) => {
+          await podman.run(['rm', '--force', '--time', '0', name]);
+          const flags = runFlags(caps, {
+            volumeDirs: {
+              'cni-bin-dir': tree!.binDir,
+              'cni-net-dir': tree!.netDir,
+              'mesh-cni-run': runDir,
+              'cni-network-config': templateDir,
+            },
+            env: {
+              KUBERNETES_SERVICE_HOST: '127.0.0.1',
+              KUBERNETES_SERVICE_PORT: String(api.port),
+              CLEANUP_ON_EXIT: 'always',
+              REPAIR_ENABLED: 'false',
+            },
+            extraMounts: [[tree!.saDir, `${SERVICE_ACCOUNT_MOUNT}:ro`]],
+          });
+          await podman.ok(['run', '--detach', '--name', name, ...flags, IMAGE, '--ctrlz_port=0']);
+        };
+        const readyz = () =>
+          podman.run([
+            'exec',
+            name,
+            '/usr/bin/node',
+            '-e',
+            "fetch('http://127.0.0.1:15014/readyz').then(async r=>{console.log(r.status, await r.text());process.exit(r.status===200?0:1)},()=>process.exit(2))",
+          ]);
+        const logs = async () => {
+          const r = await podman.run(['logs', name]);
+          return r.stdout + r.stderr;
+        };
+        const choice = async () => {
+          await eventually(async () => /redirect backend/.test(await logs()), 'the backend choice in the log', 60_000);
+          return (await logs()).split('\n').find((l) => l.includes('redirect backend'))!;
+        };
+        const entry = async () =>
+          (
+            JSON.parse(await fs.readFile(path.join(tree!.netDir, '10-bridge.conflist'), 'utf8')) as {
+              plugins: { type: string; native_nftables?: boolean }[];
+            }
+          ).plugins.find((p) => p.type === 'mesh-cni');
+
+        await start(componentCaps());
+        assert.match(await choice(), /\bbackend\W+nftables\b/);
+        assert.doesNotMatch(await choice(), /cannot/, 'the node can: no reason given');
+        await eventually(async () => (await readyz()).code === 0, '/readyz of the agent to answer 200', 60_000).catch(
+          async (e: Error) => {
+            throw new Error(`${e.message}; /readyz: ${(await readyz()).stdout}; logs:\n${await logs()}`);
+          },
+        );
+        await eventually(
+          async () => (await entry())?.native_nftables === true,
+          'native_nftables: true in our entry',
+          30_000,
+        );
+        assert.deepEqual(
+          api.requests.filter((r) => r.status === 403).map((r) => `${r.method} ${r.path}`),
+          [],
+          'the agent stays within the rights of deploy/ with the component',
+        );
+        await podman.ok(['stop', '--time', '25', name], { timeoutMs: 60_000 });
+
+        // Without NET_ADMIN the probe cannot list the node's tables: --native-nftables=true is not ready.
+        await start([]);
+        assert.match(await choice(), /\bbackend\W+nftables\b[^]*Operation not permitted/);
+        await eventually(
+          async () => /^503 [^]*nftables: [^]*Operation not permitted/.test((await readyz()).stdout),
+          '/readyz to say 503, naming the refused nft',
+          60_000,
+        ).catch(async (e: Error) => {
+          throw new Error(`${e.message}; /readyz: ${(await readyz()).stdout}; logs:\n${await logs()}`);
+        });
+        await podman.ok(['stop', '--time', '25', name], { timeoutMs: 60_000 });
+      } finally {
+        await podman.run(['rm', '--force', '--time', '0', name]);
+        await forward?.close();
+        await tree?.remove();
+        await api.close();
+      }
+    });
+  });
+
   describe('run as deploy/ runs it, on a sandbox node', () => {
     let rendered: Rendered;
     let tree: HostTree;
@@ -824,6 +1035,22 @@ if (!Array.isArray(r)) { console.log('recv', r); process.exit(0); }
 const [bytes, , ...fds] = r;
 const ino = fds.length === 1 ? require('fs').fstatSync(fds[0]).ino : -1;
 console.log('got', bytes, buf.subarray(0, bytes).toString(), 'netns', ino);
+`;
+
+/**
+ * Written by the image's nft in the node netns, read back by the host's: a set with elements (the
+ * kind nft 1.1.2 and later give user data older nft crashes on), a base chain, a rule with a counter.
+ */
+const NFT_TABLE = `table inet mcni_image {
+	set mcni_probes {
+		type ipv4_addr
+		elements = { 198.18.79.5, 198.18.79.6 }
+	}
+	chain postrouting {
+		type nat hook postrouting priority srcnat; policy accept;
+		ip daddr @mcni_probes counter snat ip to 198.18.79.1
+	}
+}
 `;
 
 /** A TCP port free on this machine now. */
