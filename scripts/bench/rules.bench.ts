@@ -325,16 +325,20 @@ printTable(
   2,
 );
 for (const b of BACKENDS) console.log(`  ${b.name}: ${b.legend}`);
-// Across backends: each floor against iptables legacy's, the same pod's rules loaded the cheapest way.
-const legacy = BACKENDS[0]!;
-for (const mode of MODES) {
-  const base = stats(key('floor', mode, legacy));
-  const others = BACKENDS.slice(1).flatMap((b) => {
-    const s = stats(key('floor', mode, b));
-    return s && base ? [`${b.name} ${num(s.p50 / base.p50, 2)} x (CPU ${num(s.cpu / base.cpu, 2)} x)`] : [];
-  });
-  if (others.length > 0) console.log(`  ${mode}, floor p50 against ${legacy.name}'s: ${others.join(', ')}`);
+/** Across backends: each backend's `part` against iptables legacy's, the same pods in the same run. */
+function againstLegacy(part: 'floor' | 'ADD', modes: readonly Mode[]): void {
+  const legacy = BACKENDS[0]!;
+  for (const mode of modes) {
+    const base = stats(key(part, mode, legacy));
+    const others = BACKENDS.slice(1).flatMap((b) => {
+      const s = stats(key(part, mode, b));
+      return s && base ? [`${b.name} ${num(s.p50 / base.p50, 2)} x (CPU ${num(s.cpu / base.cpu, 2)} x)`] : [];
+    });
+    if (others.length > 0) console.log(`  ${mode}, ${part} p50 against ${legacy.name}'s: ${others.join(', ')}`);
+  }
 }
+// The floors: the same pod's rules loaded the cheapest way each backend can.
+againstLegacy('floor', MODES);
 // The check rows: a floor written another way, against the recorded one.
 for (const b of BACKENDS) {
   if (!b.check) continue;
@@ -370,12 +374,4 @@ printTable(
   ),
   2,
 );
-// Across backends: each ADD against iptables legacy's, the same pods in the same run.
-for (const mode of SIDECAR_MODES) {
-  const base = stats(key('ADD', mode, legacy));
-  const others = BACKENDS.slice(1).flatMap((b) => {
-    const s = stats(key('ADD', mode, b));
-    return s && base ? [`${b.name} ${num(s.p50 / base.p50, 2)} x (CPU ${num(s.cpu / base.cpu, 2)} x)`] : [];
-  });
-  if (others.length > 0) console.log(`  ${mode}, ADD p50 against ${legacy.name}'s: ${others.join(', ')}`);
-}
+againstLegacy('ADD', SIDECAR_MODES);
