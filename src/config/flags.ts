@@ -333,8 +333,8 @@ export const FLAGS: readonly FlagSpec[] = [
         'Redirect with native nftables rules instead of iptables: true, false, or auto (nftables when the node ' +
         "can run it, nft >= 1.0.1 with JSON and nf_tables in the kernel, and uses it: kube-proxy's nftables " +
         "table). Checked once at start; the choice goes into the plugin's config as native_nftables. With true " +
-        'on a node that cannot, /readyz is not ready (docs/plugin.md "Native nftables"). The default, false, ' +
-        'will be decided from the rules benchmark.',
+        'on a node that cannot, /readyz is not ready (docs/plugin.md "Native nftables"). The default is false: ' +
+        'the rules benchmark measures no ADD faster or cheaper with nftables (docs/design.md "Benchmark").',
     },
   ),
   pluginFlag(
