@@ -32,7 +32,7 @@ import {
 import { Serial } from '../concurrency.ts';
 import type { HostProbes, ProbeRemoval } from './hostbackend.ts';
 import type { HostDrift } from './hostheal.ts';
-import { canonicalIP, probeSet } from './hostrules.ts';
+import { canonicalIP, missingEntries, probeSet } from './hostrules.ts';
 import { AmbientRulesError, ipv6Text, PROBE_SNAT_V4, PROBE_SNAT_V6, type Family, type Runner } from './podrules.ts';
 
 export const HOST_TABLE = 'mesh_ambient_host';
@@ -47,9 +47,6 @@ export interface NftHostOptions {
   readonly kubeletUid: number;
   readonly snat?: { readonly v4?: string; readonly v6?: string };
 }
-
-/** At most this many entries named in a log line; the count says the rest. */
-const NAMED = 5;
 
 function checkUid(uid: string): void {
   if (!UID.test(uid)) throw new AmbientRulesError(`pod UID "${uid}" is not a UID (letters, digits and -)`);
@@ -274,17 +271,8 @@ export class NftHostProbes implements HostProbes {
       const there = new Map(
         [...(have?.sets.get(set)?.elements ?? [])].map(([ip, uid]) => [canonicalIP(ip).text, uid] as const),
       );
-      const ours = [...this.#ledger].filter(([ip]) => canonicalIP(ip).family === family);
-      const missing = ours.filter(([ip, uid]) => there.get(ip) !== uid);
-      if (missing.length > 0) {
-        const named = missing.slice(0, NAMED).map(([ip, uid]) => `${ip} (pod ${uid})`);
-        if (missing.length > NAMED) named.push(`${missing.length - NAMED} more`);
-        drift.push({
-          what: 'entry',
-          family,
-          detail: `${missing.length} of ${ours.length} enrolled IPs not in ${set}: ${named.join(', ')}`,
-        });
-      }
+      const entry = missingEntries(this.#ledger, there, family, set);
+      if (entry) drift.push(entry);
     }
     return drift;
   }

@@ -265,6 +265,29 @@ export function hostRulesDrift(saveText: string, family: Family, snatAddress?: s
 const NAMED = 5;
 
 /**
+ * The drift of a family's set against what this agent enrolled (`ledger`: IP -> pod UID), for
+ * either backend: the enrolled IPs `have` (the set's IP -> pod UID) lacks, or holds for another
+ * pod, named up to NAMED; null when none.
+ */
+export function missingEntries(
+  ledger: Iterable<readonly [string, string]>,
+  have: ReadonlyMap<string, string>,
+  family: Family,
+  set: string,
+): HostDrift | null {
+  const ours = [...ledger].filter(([ip]) => canonicalIP(ip).family === family);
+  const missing = ours.filter(([ip, uid]) => have.get(ip) !== uid);
+  if (missing.length === 0) return null;
+  const named = missing.slice(0, NAMED).map(([ip, uid]) => `${ip} (pod ${uid})`);
+  if (missing.length > NAMED) named.push(`${missing.length - NAMED} more`);
+  return {
+    what: 'entry',
+    family,
+    detail: `${missing.length} of ${ours.length} enrolled IPs not in ${set}: ${named.join(', ')}`,
+  };
+}
+
+/**
  * The node's probe path as iptables (the node's flavour) and ipset write it: MESH_POSTRT and its
  * jump, the probe sets, and in them the entries this agent wrote through `run`.
  */
@@ -293,17 +316,8 @@ export function iptablesHostState(
         if (!gone && (s.error !== null || s.code !== 0)) throw failed(`ipset save ${set}`, s);
         if (gone) drift.push({ what: 'set', family, detail: `${set} is gone` });
         const have = gone ? new Map<string, string>() : parseProbeSet(s.stdout);
-        const ours = [...ledger(run)].filter(([ip]) => canonicalIP(ip).family === family);
-        const missing = ours.filter(([ip, uid]) => have.get(ip) !== uid);
-        if (missing.length > 0) {
-          const named = missing.slice(0, NAMED).map(([ip, uid]) => `${ip} (pod ${uid})`);
-          if (missing.length > NAMED) named.push(`${missing.length - NAMED} more`);
-          drift.push({
-            what: 'entry',
-            family,
-            detail: `${missing.length} of ${ours.length} enrolled IPs not in ${set}: ${named.join(', ')}`,
-          });
-        }
+        const entry = missingEntries(ledger(run), have, family, set);
+        if (entry) drift.push(entry);
       }
       return drift;
     },
