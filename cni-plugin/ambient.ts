@@ -117,7 +117,7 @@ export async function ambientAdd(
   }
   if ('error' in answer && answer.timedOut === true) {
     // Connected and sent: the agent is there, and what it waits on that long is ztunnel's ack
-    // (its limit equals ours), so ztunnel is named, the issue's ask for every ztunnel failure.
+    // (its limit equals ours), so the error names ztunnel, as every ztunnel failure's error does.
     throw new CniError(
       CNI_ERROR.TRY_AGAIN_LATER,
       `the mesh node agent did not finish enrolling ambient pod ${what} within ${CMDADD_TIMEOUT_MS / 1000} s; ` +

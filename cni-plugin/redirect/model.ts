@@ -1,9 +1,9 @@
 // The one rule model (docs/design.md "One rule model"): what a pod netns must hold for one IP
 // family, whoever asks for it (the sidecar's REDIRECT or TPROXY redirection, rules.ts; ambient's
-// in-pod redirection to ztunnel, src/ambient/podrules.ts) and whatever writes it (iptables-restore
-// documents, restoredoc.ts; an nftables renderer next). Builders say what to match and what to do
-// with it, never how a backend spells it: a backend that cannot say a term must refuse the plan,
-// not guess. Pure types and tiny constructors; nothing here starts a process or reads a file.
+// in-pod redirection to ztunnel, src/ambient/podrules.ts; the node's probe rule, hostrules.ts
+// there) and whatever writes it (iptables-restore documents, restoredoc.ts; one nftables table,
+// nftrender.ts). Builders say what to match and what to do with it, never how a backend spells
+// it: a backend that cannot say a term must refuse the plan, not guess. Pure types and tiny constructors; nothing here starts a process or reads a file.
 
 import type { Table } from './constants.ts';
 import type { Family } from './net.ts';
@@ -59,7 +59,10 @@ export type Extension =
   | { readonly kind: 'mark'; readonly mark: Mark; readonly not?: boolean }
   /** The connection's mark. */
   | { readonly kind: 'connmark'; readonly mark: Mark; readonly not?: boolean }
-  /** The destination address is in a named set the agent keeps (ipset; an nft set next). */
+  /**
+   * The address is in a named ipset the agent keeps. nftrender.ts refuses it: the node's probe
+   * path on nftables is its own table with its own sets, not a rendered plan (src/ambient/hostnft.ts).
+   */
   | { readonly kind: 'set'; readonly name: string; readonly dir: 'src' | 'dst' };
 
 /** What a rule matches: the basic fields (each at most once), then the extensions in order. */

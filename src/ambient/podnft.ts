@@ -2,8 +2,11 @@
 // (podrules.ts, the default) or native nftables, where the pod's plans (inpodPlan, the one rule
 // model) are rendered as one inet table of ours (cni-plugin/redirect/nftrender.ts) and written in
 // one nft transaction (cni-plugin/redirect/nft.ts), then the policy routing with `ip -batch`.
+// Despite its name this file holds both backends (iptablesInpod wraps podrules.ts's applier) and
+// the interface: it is the in-pod counterpart of hostbackend.ts, not of hostnft.ts.
 //
-// A pod netns keeps ours in one backend only (docs/ambient.md "Native nftables"): writing the
+// A pod netns keeps ours in one backend only (docs/ambient.md "Native nftables: the choice,
+// kubelet's uid and switching"): writing the
 // chosen one takes out the other's rules if they are there, after the new ones are in (while both
 // are there a connection's first NAT holds and the marks they set are the same, so the pod is never
 // unredirected in between); a removal takes out both, and the policy routing they share.

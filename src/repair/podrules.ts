@@ -8,6 +8,9 @@
 // or the new, or both), never a part of one. The TPROXY policy routing is the same in both.
 //
 // Nothing here starts a process: the runner does (the agent's netns by fd, src/podnetns/).
+//
+// Not src/ambient/podrules.ts: that one builds and writes ambient's in-pod redirection to
+// ztunnel. This one writes a sidecar pod's rules (sidecarPlan, the plugin's) for repair alone.
 
 import {
   ensureRules,
