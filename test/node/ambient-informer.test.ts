@@ -412,7 +412,7 @@ describe('the AmbientInformer', () => {
     await h.r.stop(100);
   });
 
-  // R6 review: with two selectors, a relabel from one's namespace part to the other's keeps "some
+  // With two selectors, a relabel from one's namespace part to the other's keeps "some
   // namespace selector matches" true, yet changes which pods are ambient (app=a out, app=b in).
   it('a relabel that swaps which selector matches the namespace re-checks its pods', async () => {
     const selectors = [
@@ -448,7 +448,7 @@ describe('the AmbientInformer', () => {
     await r.stop(100);
   });
 
-  // R6 review: every attempt takes a token of the queue's bucket (10 a second, burst 100; Istio's
+  // Every attempt takes a token of the queue's bucket (10 a second, burst 100; Istio's
   // limits only its retries). A relist of the pod watch, or a node's stream of status updates,
   // queued every pod although nothing was to be done, and an unlabel behind them waited for tokens.
   it('a pod update with nothing to do takes no turn of the queue (an unlabel behind 150 is not held up)', async () => {
@@ -484,7 +484,7 @@ describe('the AmbientInformer', () => {
     await r.stop(100);
   });
 
-  // R6 review: a termination (status without IPs, kubernetes#125370) and the delete right after it
+  // A termination (status without IPs, kubernetes#125370) and the delete right after it
   // fold into one delete; it removed with the delete's pod, without IPs, so the probe ipset kept
   // the pod's entry (removal takes entries out by IP) for the next pod given that IP.
   it('a termination folded into its delete still removes with the IPs the pod had', async () => {
@@ -502,7 +502,7 @@ describe('the AmbientInformer', () => {
     await h.r.stop(100);
   });
 
-  // R6 review: a pod's owner can write ambient.mesh.io/redirection on it. On a sidecar pod (never
+  // A pod's owner can write ambient.mesh.io/redirection on it. On a sidecar pod (never
   // enrolled: the plugin and the agent refuse it) "enabled" and an update made the informer remove
   // it, and the removal found its netns and swept every MESH_* chain: its sidecar redirection too.
   it("a sidecar pod carrying the redirection annotation (its owner's) is never removed while it runs", async () => {

@@ -154,7 +154,7 @@ describe('ambient settings', () => {
     });
   }
 
-  // R6 review: bounded (the plugin reads the list from its config on every ADD, and each pod
+  // Bounded (the plugin reads the list from its config on every ADD, and each pod
   // decision walks it): at most 100 selectors, 64 KiB of text.
   it('refuses a selector list of more than 100 selectors or 64 KiB', () => {
     const many = Array.from({ length: 101 }, (_, i) => ({ podSelector: { matchLabels: { app: `a${i}` } } }));

@@ -320,7 +320,7 @@ describe('the namespace watch (src/orch/namespacesource.ts)', () => {
   });
 });
 
-// R6 review: after 410 Gone the namespace list came from the watch cache at resourceVersion=0,
+// After 410 Gone the namespace list came from the watch cache at resourceVersion=0,
 // any age: behind a load balancer, an API server whose cache lags could hand back labels older
 // than those already seen, and the informer would undo a relabel until the watch caught up
 // (pods removed from the mesh and enrolled again). As the pod watch: NotOlderThan what was seen.
@@ -360,7 +360,7 @@ describe('the namespace relist after 410 Gone', () => {
   });
 });
 
-// R6 review: every node watches all namespaces. An API server restart cuts the fleet's watches
+// Every node watches all namespaces. An API server restart cuts the fleet's watches
 // together; re-watching at once brought a thousand watches back in the same instant. As the pod
 // watch (docs/design.md "Fleet scale"): a healthy watch cut early comes back anywhere in a 12 s spread,
 // and the first read waits up to 1 s at random.
@@ -466,7 +466,7 @@ describe('the namespace watch at fleet scale', () => {
   });
 });
 
-// R6 review: the cache of every namespace of the cluster, on every node, kept whole objects
+// The cache of every namespace of the cluster, on every node, kept whole objects
 // (managedFields, last-applied annotations): ~1.5 KB of heap a namespace against ~0.3 KB for
 // what is read (name and labels), 11 MB a node at 10,000 namespaces (ad hoc, node --expose-gc).
 describe('the namespace cache', () => {
@@ -617,7 +617,7 @@ describe('a dataplane that cannot start', () => {
   });
 });
 
-// R6 review (AMBDEPLOY saw it in the image): with namespaces `watch` missing from the role (list
+// With namespaces `watch` missing from the role (list
 // kept), the agent answered /readyz 200 while every namespace watch got 403: the namespace labels
 // it decides with froze at the list, so a namespace labelled ambient later never had its pods
 // enrolled, and nothing said so.

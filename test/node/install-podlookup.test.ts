@@ -371,7 +371,7 @@ describe('one watch of the node pods per agent', () => {
       components: ['node-pod-watch', 'repair-pod-watch', 'repair', 'pod-lookup'],
     },
     {
-      // Review R1: not this node's watch for repair (it would act on node-1's pods, never node-2's).
+      // Not this node's watch for repair (it would act on node-1's pods, never node-2's).
       name: "repair told another --repair-node-name gets a watch of that node, the lookup keeps this node's",
       flags: { 'repair-enabled': 'true', 'repair-label-pods': 'true', 'repair-node-name': 'node-2' },
       lookup: true,

@@ -155,7 +155,7 @@ describe('JSON format, byte for byte', () => {
       // The one difference in JSON: names that are array indices come before "time" (JS orders
       // an object's index keys first; the time is now a key of the record, not pino's stamp).
       `{"level":"warn","1":4,"2":2,"time":"${T}","b":1,"a":3,"scope":"cni","msg":"key order"}\n`,
-      // DEL escaped (review R3: raw before, as pino leaves it), the same JSON.
+      // DEL escaped (pino leaves it raw), the same JSON.
       `${head},"scope":"cni","msg":"message \\u0000\\n\\t\\u001b[31m\\u007f end"}\n`,
     ]);
   });
@@ -171,7 +171,7 @@ describe('JSON format, byte for byte', () => {
   });
 });
 
-// Review R3: C1 controls (U+0080-U+009F: 8-bit CSI U+009B, OSC U+009D, NEL U+0085) and the
+// C1 controls (U+0080-U+009F: 8-bit CSI U+009B, OSC U+009D, NEL U+0085) and the
 // Unicode line separators are control characters too. A pod's annotation value reaches a plugin
 // record (AnnotationError quotes it with JSON.stringify, which leaves them raw); printed raw, a
 // terminal reading C1 controls (xterm) runs the escape sequence, and NEL starts a forged record.

@@ -196,7 +196,7 @@ describe('redactBody', () => {
   });
 });
 
-// Review R3: JSON.parse reads any depth, but writing a body back (redaction, JSON.stringify)
+// JSON.parse reads any depth, but writing a body back (redaction, JSON.stringify)
 // recurses: an answer or a watch event nested a few thousand deep threw out of the response's
 // 'end'/'data' handler at --vklog 8, an uncaught exception that took the agent down.
 describe('--vklog 8: a body nested too deep to write back', () => {

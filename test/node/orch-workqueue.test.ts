@@ -296,7 +296,7 @@ describe('work queue: deduplication', () => {
     );
   });
 
-  // Review R1: the depth gauge and the key map after remove() and stop() (repair removes the queued
+  // The depth gauge and the key map after remove() and stop() (repair removes the queued
   // repair of a deleted pod; the agent stops with keys queued).
   it('remove() and stop() bring the depth back to 0 and forget the keys', async () => {
     const running = gate();
@@ -359,7 +359,7 @@ describe('work queue: concurrency and rate', () => {
     assert.equal(await metric('mesh_cni_workqueue_depth', { queue: h.name }), 0);
   });
 
-  // Review R1: without a rate limit the reconcile used to start inside add(), before its job
+  // Without a rate limit the reconcile used to start inside add(), before its job
   // counted in the slots, so a reconcile that added a key at once ran beside it over the bound.
   it('a key added by a reconcile before its first await still waits for a slot (no rate limit)', async () => {
     let inFlight = 0;

@@ -266,7 +266,7 @@ describe('repair controller end to end', () => {
     assert.deepEqual(order, ['PATCH status', 'POST events', 'DELETE both-0']);
   });
 
-  // Review R1: a repair not started yet of a pod deleted meanwhile is taken out of the queue.
+  // A repair not started yet of a pod deleted meanwhile is taken out of the queue.
   it('a queued repair of a pod deleted before its turn sends nothing for it', async () => {
     s = await startTestApiServer({ bookmarkIntervalMs: 200 });
     const c = await start({ 'repair-label-pods': true, 'repair-concurrency': '1' });
