@@ -244,8 +244,8 @@ export async function cmdAdd(req: CniRequest, log: UdsLog): Promise<Record<strin
 /**
  * Our nftables table out of a pod redirected with iptables; a host without nft has none. Best
  * effort: on a node that redirects with iptables, an nft that cannot run (the version-skew crash
- * of docs/nftables.md) must not fail every pod, and a table of ours left from an ADD under
- * nftables only ever redirects into the proxy, never around it.
+ * of docs/plugin.md "The image's nft and the node's") must not fail every pod, and a table of
+ * ours left from an ADD under nftables only ever redirects into the proxy, never around it.
  */
 async function removeNftLeftover(netns: string, log: UdsLog): Promise<void> {
   let gone: 'removed' | 'absent' | 'foreign' | 'no-nft';

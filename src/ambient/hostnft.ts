@@ -16,6 +16,11 @@
 // The table is ours by the applier's owner set (cni-plugin/redirect/nft.ts): a table of this
 // name without it is someone else's, refused and never deleted. Writes keep the sets' elements
 // (start-up must not empty them: every enrolled pod's probes would fail until the sync).
+//
+// It imports from the iptables backend (hostrules.ts) and the in-pod rules (podrules.ts) on
+// purpose: the set names, the one spelling of an address and the entry diff are hostrules.ts's,
+// and the probe SNAT addresses podrules.ts's, so both backends hold the same entries and a node
+// switching backends copies them one to one.
 
 import { isIPv4, isIPv6 } from 'node:net';
 import type { NetnsRunner } from '../../cni-plugin/redirect/iptables.ts';

@@ -75,8 +75,8 @@ export async function writeIptables(
     gone = await removeTable(runner, POD_TABLE);
   } catch (e) {
     // Best effort, as the plugin's ADD: on a node that redirects with iptables, an nft that cannot
-    // run (docs/nftables.md, version skew) must not fail every repair, and a table of ours left
-    // from nftables only redirects into the proxy, never around it.
+    // run (its version skew: docs/plugin.md "The image's nft and the node's") must not fail every
+    // repair, and a table of ours left from nftables only redirects into the proxy, never around it.
     if (!nftMissing(e)) done.push(`could not check for a table of ours left from nftables (${(e as Error).message})`);
     return done;
   }
