@@ -57,6 +57,8 @@ export interface ProgramOptions {
   readonly cannotRun?: string;
   /** Set in the child's environment on top of the agent's. */
   readonly env?: Readonly<Record<string, string>>;
+  /** Aborted: the child is killed (SIGKILL) at once, or never started; the result's error says so. */
+  readonly signal?: AbortSignal;
 }
 
 /** Runs `file args...` on the agent's PATH and the sbin dirs; never throws, never rejects. */
@@ -64,6 +66,12 @@ export function runProgram(file: string, args: readonly string[], opts: ProgramO
   const { input = null, timeoutMs = DEFAULT_TIMEOUT_MS, maxOutput = MAX_OUTPUT, fds = [], env = {} } = opts;
   const what = opts.what ?? file;
   const cannotRun = opts.cannotRun ?? `cannot run ${file}`;
+  const { signal } = opts;
+  const cut = () => {
+    const why: unknown = signal?.reason;
+    return `${what} was cut short (${why instanceof Error ? why.message : String(why)}); killed`;
+  };
+  if (signal?.aborted) return Promise.resolve(failed(cut()));
   return new Promise((resolve) => {
     let child;
     try {
@@ -84,11 +92,15 @@ export function runProgram(file: string, args: readonly string[], opts: ProgramO
       if (done) return;
       done = true;
       clearTimeout(timer);
+      signal?.removeEventListener('abort', onAbort);
       child.kill('SIGKILL');
       for (const s of [child.stdin, child.stdout, child.stderr]) s?.destroy();
       resolve(failed(why));
     };
     const timer = setTimeout(() => stop(`${what} did not finish within ${timeoutMs} ms; killed`), timeoutMs);
+    // A stop of the agent does not wait out the child's own time limit (src/stopbound.ts).
+    const onAbort = () => stop(cut());
+    signal?.addEventListener('abort', onAbort, { once: true });
     for (const which of ['stdout', 'stderr'] as const) {
       child[which]!.on('data', (d: Buffer) => {
         size[which] += d.length;
@@ -106,6 +118,7 @@ export function runProgram(file: string, args: readonly string[], opts: ProgramO
       if (done) return;
       done = true;
       clearTimeout(timer);
+      signal?.removeEventListener('abort', onAbort);
       const text = (b: Buffer[]) => Buffer.concat(b).toString('utf8');
       // A child that never started has no exit status (Node's close gives -errno).
       resolve({ code: error === null ? code : null, stdout: text(out.stdout), stderr: text(out.stderr), error });

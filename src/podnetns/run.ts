@@ -24,6 +24,8 @@ export interface RunOptions {
   readonly input?: string | null;
   /** Default 5 s; then SIGKILL. */
   readonly timeoutMs?: number;
+  /** Aborted: nsenter (and so the program it became) is killed at once. */
+  readonly signal?: AbortSignal;
 }
 
 /**
@@ -57,7 +59,7 @@ export function writesRules(argv: readonly string[]): boolean {
  * a writer does not run (the result's error says why): nothing is written from the wrong one.
  */
 export function runInNetns(netns: HeldNetns, argv: readonly string[], opts: RunOptions = {}): Promise<RunResult> {
-  const { input = null, timeoutMs = DEFAULT_TIMEOUT_MS } = opts;
+  const { input = null, timeoutMs = DEFAULT_TIMEOUT_MS, signal } = opts;
   const name = argv[0] ?? '';
   if (argv.length === 0) return Promise.resolve(failed('runInNetns: no program given'));
   const notHeld = stillHeld(netns);
@@ -74,7 +76,7 @@ export function runInNetns(netns: HeldNetns, argv: readonly string[], opts: RunO
       return Promise.resolve(failed(`cannot run ${name}: ${(e as Error).message}`));
     }
   }
-  const common = { input, timeoutMs, cannotRun: `cannot run nsenter for ${name}` };
+  const common = { input, timeoutMs, signal, cannotRun: `cannot run nsenter for ${name}` };
   if (owner === null)
     return runProgram('nsenter', ['--net=/proc/self/fd/3', '--', ...argv], {
       ...common,

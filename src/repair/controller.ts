@@ -109,7 +109,7 @@ export interface RepairControllerOptions {
    * In-place repair, used when settings.repairPods is on: the repairer, or 'unavailable' when the
    * start-up check found what it needs missing (every broken pod then falls through, no_capability).
    */
-  readonly inPlace?: { repair(pod: V1Pod): Promise<InPlaceResult> } | 'unavailable';
+  readonly inPlace?: { repair(pod: V1Pod, signal?: AbortSignal): Promise<InPlaceResult> } | 'unavailable';
 }
 
 /** Where in-place repair stands for one broken state. */
@@ -117,6 +117,9 @@ type InPlaceState = 'off' | 'pending' | 'repaired' | 'failed';
 
 /** An in-place attempt that failed and may do better next time: the queue retries it. */
 class InPlaceRetry extends Error {}
+
+/** The stop's grace ended during an in-place attempt: nothing decided, nothing counted. */
+class InPlaceAborted extends Error {}
 
 /** What repair knows of one broken pod (by uid); whether it is queued or running is the queue's. */
 interface BrokenPod {
@@ -287,7 +290,8 @@ export class RepairController implements Component {
     this.#stopping = true;
     clearTimeout(this.#resyncTimer);
     // Repairs already under way finish their current attempt (label, event, delete), so no pod
-    // is left half-done; they are cancelled only if the API server does not answer in time.
+    // is left half-done; they are cancelled only if the API server does not answer in time. An
+    // in-place repair still running then has its programs killed, and is left for the next agent.
     const { notStarted } = await this.#queue.stop(this.#t.stopGraceMs);
     log.info('repair controller stopped', { ...this.#counts, notStarted });
   }
@@ -430,6 +434,8 @@ export class RepairController implements Component {
         this.#counts.failedAttempts++;
         return 'retry';
       }
+      // Fail closed: the pod keeps its broken state, for the next agent to repair from the start.
+      if (e instanceof InPlaceAborted) return 'done';
       const err = e instanceof StepError ? e : new StepError('label', toApiError('repairing', e));
       rec.lastError = err;
       this.#counts.failedAttempts++;
@@ -530,9 +536,15 @@ export class RepairController implements Component {
     const repairer = this.#inPlace as Exclude<RepairControllerOptions['inPlace'], 'unavailable' | undefined>;
     let r: InPlaceResult;
     try {
-      r = await repairer.repair(pod);
+      r = await repairer.repair(pod, ctx.signal);
     } catch (e) {
       r = { ok: false, reason: 'rules_failed', detail: (e as Error).message, final: false };
+    }
+    // Cut short by the stop (its programs killed): neither a repair nor a failure of the pod, so
+    // no label, delete, Event or count is taken on it; the pod stays broken for the next agent.
+    if (ctx.signal.aborted || (!r.ok && r.reason === 'aborted')) {
+      log.info('in-place repair cut short by the stop; left for the next agent', { ...f, detail: clip(r.detail) });
+      throw new InPlaceAborted(r.detail);
     }
     // The detail quotes what ran in the pod's netns (addresses, iptables, validation output), which
     // the pod can make as long as it likes: cut before it goes into logs and Events.

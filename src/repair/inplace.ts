@@ -42,7 +42,9 @@ export type InPlaceResult =
       readonly detail: string;
       /** No later attempt at this broken state can do better: fall through now. */
       readonly final: boolean;
-    };
+    }
+  /** The agent's stop cut the repair short: it proves nothing and is no failure of the pod. */
+  | { readonly ok: false; readonly reason: 'aborted'; readonly detail: string; readonly final: false };
 
 /** The part of a held netns (src/podnetns HeldNetns) repair uses. */
 export interface HeldNetnsLike {
@@ -66,7 +68,7 @@ export interface PodNetns {
   runInNetns(
     netns: HeldNetnsLike,
     argv: readonly string[],
-    opts?: { readonly input?: string | null; readonly timeoutMs?: number },
+    opts?: { readonly input?: string | null; readonly timeoutMs?: number; readonly signal?: AbortSignal },
   ): Promise<RunResult>;
   /** The process the netns was found through still has it (it did not exit meanwhile). */
   stillThere(netns: HeldNetnsLike): Promise<boolean>;
@@ -152,13 +154,19 @@ export class InPlaceRepairer {
     };
   }
 
-  async repair(pod: V1Pod): Promise<InPlaceResult> {
-    const fail = (reason: InPlaceReason, detail: string, final: boolean): InPlaceResult => ({
+  /**
+   * `signal` aborted (the agent stopping): the program running in the netns is killed and the
+   * result is `aborted`, whatever that step gave: a half-run repair proves and disproves nothing.
+   */
+  async repair(pod: V1Pod, signal?: AbortSignal): Promise<InPlaceResult> {
+    const aborted = (what: string): InPlaceResult => ({
       ok: false,
-      reason,
-      detail,
-      final,
+      reason: 'aborted',
+      detail: `cut short by the agent's stop; ${what}`,
+      final: false,
     });
+    const fail = (reason: InPlaceReason, detail: string, final: boolean): InPlaceResult =>
+      signal?.aborted ? aborted(`the step then: ${detail}`) : { ok: false, reason, detail, final };
     // A hostNetwork pod's netns is the node's: never program it, whatever a /proc scan would
     // say (the scan's own host-netns guard rests on --host-netns-path being right).
     if (pod.spec?.hostNetwork === true) {
@@ -197,7 +205,7 @@ export class InPlaceRepairer {
       const runner: NetnsRunner = {
         where,
         run: (argv, o) =>
-          this.#o.netns.runInNetns(netns, argv, { input: o.input ?? null, timeoutMs: this.#o.runTimeoutMs }),
+          this.#o.netns.runInNetns(netns, argv, { input: o.input ?? null, timeoutMs: this.#o.runTimeoutMs, signal }),
       };
       const families = familiesOf(ips);
       let done: string[];
@@ -221,7 +229,7 @@ export class InPlaceRepairer {
           '--termination-log',
           '/dev/null',
         ],
-        { timeoutMs: this.#o.runTimeoutMs + 5000 },
+        { timeoutMs: this.#o.runTimeoutMs + 5000, signal },
       );
       if (proof.error !== null || proof.code !== 0) {
         const text = lastLine(proof.stderr) || lastLine(proof.stdout);
@@ -232,6 +240,7 @@ export class InPlaceRepairer {
       if (!(await this.#o.netns.stillThere(netns))) {
         return fail('no_netns', `the pod's process ${netns.pid} left its netns during the repair`, true);
       }
+      if (signal?.aborted) return aborted('the proof passed, but is not taken as a repair while stopping');
       return { ok: true, detail: `${done.join(', ')}; validation passed: ${lastLine(proof.stdout)}` };
     } finally {
       netns.close();
