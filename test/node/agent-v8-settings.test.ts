@@ -110,8 +110,10 @@ describe('the V8 settings of the shipped agent', () => {
     assert.ok(options !== undefined, 'the install-cni container sets no NODE_OPTIONS');
     assert.match(options, /(^| )--max-semi-space-size=1( |$)/);
     const plain = youngGenerationMiB('');
-    assert.ok(plain > 8, `plain Node's young generation grew to ${plain} MiB only: else this proves nothing`);
+    assert.ok(plain >= 16, `plain Node's young generation grew to ${plain} MiB only: else this proves nothing`);
+    // V8 sizes new space from the semi-space in steps: with 1 MiB it was seen between 3.25 and
+    // 5.75 MiB here, against plain Node's 32. The bound tells the two apart, not the step.
     const shipped = youngGenerationMiB(options);
-    assert.ok(shipped <= 4, `with ${options} the young generation grew to ${shipped} MiB`);
+    assert.ok(shipped <= 8, `with ${options} the young generation grew to ${shipped} MiB`);
   });
 });
