@@ -1,6 +1,7 @@
 // src/podnetns/'s import zone (eslint.config.js PODNETNS_SELF): Node built-ins, its own files,
-// the agent's logger and its concurrency primitives, nothing else; repair and ambient both import it, so it must not pull in the
-// API client, the installer or repair. Snippets linted as if placed in the folder (nothing is
+// the agent's logger, its concurrency primitives, the file-kind leaf and the one run result type
+// (cni-plugin/redirect/iptables.ts), nothing else; repair and ambient both import it, so it must
+// not pull in the API client, the installer or repair. Snippets linted as if placed in the folder (nothing is
 // written), as test/node/lint-zones.test.ts does for the other zones.
 
 import assert from 'node:assert/strict';
@@ -23,7 +24,7 @@ async function zoneMessages(code: string): Promise<string[]> {
 }
 
 const REFUSED =
-  /src\/podnetns\/ imports only node: built-ins, its own files, \.\.\/monitoring\/logging\.ts and \.\.\/concurrency\.ts/;
+  /src\/podnetns\/ imports only node: built-ins, its own files, \.\.\/monitoring\/logging\.ts, \.\.\/concurrency\.ts, \.\.\/filekind\.ts and \.\.\/\.\.\/cni-plugin\/redirect\/iptables\.ts/;
 
 // [the import, refused?]
 const CASES: [string, boolean][] = [
@@ -31,6 +32,9 @@ const CASES: [string, boolean][] = [
   ["import { openNetns } from './held.ts';", false],
   ["import { createLogger } from '../monitoring/logging.ts';", false],
   ["import { mapBounded } from '../concurrency.ts';", false],
+  ["import { fileKind } from '../filekind.ts';", false],
+  ["import type { RunResult } from '../../cni-plugin/redirect/iptables.ts';", false],
+  ["import { x } from '../../cni-plugin/redirect/nft.ts';", true],
   ["import { x } from '../concurrency/other.ts';", true],
   ["import { OrchApi } from '../orch/api.ts';", true],
   ["import { x } from '../repair/controller.ts';", true],
