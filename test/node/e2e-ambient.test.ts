@@ -17,8 +17,9 @@
 // iptables flavour: the agent detects the node's (nft here: the node netns has no legacy rules),
 // so the traffic checks run on iptables-nft; both flavours are covered in plain netns by
 // ambient-rules-netns.test.ts. With --native-nftables=true a third suite runs enrolment, the
-// same traffic matrix and uninstall: ours is then `table inet mesh_ambient_pod` in each pod and
-// `table inet mesh_ambient_host` in the node, and no iptables rule or ipset of ours anywhere.
+// same traffic matrix, unlabel, delete, the upgrade restart and uninstall: ours is then `table
+// inet mesh_ambient_pod` in each pod and `table inet mesh_ambient_host` in the node, and no
+// iptables rule or ipset of ours anywhere.
 //
 // The steps share state (one node, one agent at a time), in order: pre-existing pod, new pod,
 // traffic, ztunnel down and back, unlabel, delete, upgrade restart, uninstall. Everything made
@@ -113,8 +114,9 @@ interface PodContainer extends KubepodsContainer {
  * The whole story on a node whose iptables flavour is `flavour` (the agent detects it as the
  * plugin does: a legacy hint chain in the node netns makes it legacy), on subnet `<subnet>.0/24`,
  * with the agent's redirect backend `backend` (--native-nftables). With native nftables the steps
- * that show the rules and the traffic run (enrolment, the traffic matrix, uninstall), not every
- * step: what differs there is where ours is written, which those steps check.
+ * that write, remove or keep ours run (enrolment, traffic, unlabel, delete, upgrade restart,
+ * uninstall), not the ztunnel-down ones nor the restart in an outage: what differs there is
+ * where ours is written and how it goes, which those steps check.
  */
 function ambientSuite(flavour: 'nft' | 'legacy', subnet: string, backend: Backend = 'iptables'): void {
   const native = backend === 'nftables';
@@ -181,6 +183,14 @@ function ambientSuite(flavour: 'nft' | 'legacy', subnet: string, backend: Backen
           assert.doesNotMatch(inNode(['nft', 'list', 'tables']), hostTable, 'no host table of ours');
         }
       };
+      /**
+       * `ip` out of the probe set, read off a set that is there: a missing set reads empty, and
+       * the host rule (iptables' --match-set, nft's @set) holds its set while it is there.
+       */
+      const assertOutOfProbeSet = (ip: string, who: string): void => {
+        assertHostProbePath();
+        assert.ok(!probeSet().includes(ip), `${who} out of the probe set`);
+      };
       /** The pod's in-pod rules in the agent's backend, and none of ours in the other. */
       const assertInPod = async (netnsPath: string): Promise<void> => {
         await assertWrittenWith(backend, netnsPath, AMBIENT_POD_TABLE);
@@ -189,6 +199,17 @@ function ambientSuite(flavour: 'nft' | 'legacy', subnet: string, backend: Backen
           const save = sh(['nsenter', `--net=${netnsPath}`, '--', `iptables-${flavour}-save`]);
           assert.match(save, IN_POD_CHAIN, `written with iptables-${flavour}, the node's flavour`);
         }
+      };
+      /** The pod's rules in the agent's backend, to see them untouched (nft's without counters). */
+      const podRules = (netnsPath: string): string =>
+        native
+          ? sh(['nsenter', `--net=${netnsPath}`, '--', 'nft', '-s', 'list', 'table', 'inet', AMBIENT_POD_TABLE])
+          : rulesIn(netnsPath);
+      /** Nothing of ours in the pod's netns, in either backend. */
+      const assertNoPodRules = (netnsPath: string, who: string): void => {
+        assert.doesNotMatch(rulesIn(netnsPath), /MESH_/, `no iptables rules of ours left in ${who}'s netns`);
+        const tables = sh(['nsenter', `--net=${netnsPath}`, '--', 'nft', 'list', 'tables']);
+        assert.doesNotMatch(tables, /mesh_/, `no nftables table of ours left in ${who}'s netns`);
       };
       /** A step of the story on iptables only (see ambientSuite). */
       const iptablesStep = (name: string, fn: () => Promise<void>): void => {
@@ -560,71 +581,80 @@ function ambientSuite(flavour: 'nft' | 'legacy', subnet: string, backend: Backen
         },
       );
 
-      iptablesStep('unlabel: pod B labelled none: Del(uidB), its rules, ipset entry and annotation gone', async () => {
+      it('unlabel: pod B labelled none: Del(uidB), rules, probe set entry, annotation gone; traffic direct', async () => {
         const b = pods.get(`${TAG}-b`)!;
+        const peer = pods.get(`${TAG}-peer`)!;
         const cur = api.getPod(NS, b.name)!;
         api.upsertPod({
           ...cur,
           metadata: { ...cur.metadata, labels: { ...cur.metadata?.labels, [MODE_LABEL]: 'none' } },
         });
-        await fake!.waitFor((r) => r.kind === 'del' && r.uid === b.uid);
+        await waitFor('Del(uidB) at the fake ztunnel', () => fake!.of('del').some((r) => r.uid === b.uid), {
+          context: agentLogs,
+        });
         await waitFor('the annotation removed from B', () => redirection(b.name) === undefined, { context: agentLogs });
-        assert.doesNotMatch(rulesIn(b.netnsPath), /MESH_/, "no rules of ours left in B's netns");
-        assert.ok(!probeSet().includes(b.ip), 'B out of the probe ipset');
+        assertNoPodRules(b.netnsPath, 'B');
+        assertOutOfProbeSet(b.ip, 'B');
         assert.ok(!proxies.uids.includes(b.uid));
+        // And by traffic (the traffic step's servers still listen): B is reached and reaches out
+        // directly, and the node's connection keeps its own source, not the probe address.
+        assert.deepEqual((await connectFrom(peer.netnsPath, b.ip, 8080)).slice(0, 2), ['8080', peer.ip], 'inbound');
+        assert.deepEqual((await connectFrom(b.netnsPath, peer.ip, 9090)).slice(0, 2), ['9090', b.ip], 'outbound');
+        assert.deepEqual((await connectFrom(hostNetnsPath, b.ip, 8080)).slice(0, 2), ['8080', GATEWAY], 'node -> B');
       });
 
-      iptablesStep('delete: pod A removed (podman rm, then the API delete): Del(uidA), ipset entry gone', async () => {
+      it('delete: pod A removed (podman rm, then the API delete): Del(uidA), probe set entry gone', async () => {
         const a = pods.get(`${TAG}-a`)!;
         await podman.ok(['rm', '--force', '--time', '0', a.name]);
         api.deletePodFromStore(NS, a.name);
-        await fake!.waitFor((r) => r.kind === 'del' && r.uid === a.uid);
-        await waitFor('A out of the probe ipset', () => !probeSet().includes(a.ip), { context: agentLogs });
+        await waitFor('Del(uidA) at the fake ztunnel', () => fake!.of('del').some((r) => r.uid === a.uid), {
+          context: agentLogs,
+        });
+        await waitFor('A out of the probe set', () => !probeSet().includes(a.ip), { context: agentLogs });
+        assertOutOfProbeSet(a.ip, 'A');
       });
 
-      iptablesStep(
-        'upgrade restart (DaemonSet present): host rule and ipset stay, the snapshot is sent again',
-        async () => {
-          // B back in the mesh first, so there is an enrolled pod to keep.
-          const b = pods.get(`${TAG}-b`)!;
-          const cur = api.getPod(NS, b.name)!;
-          const labels = { ...cur.metadata?.labels };
-          delete labels[MODE_LABEL];
-          api.upsertPod({ ...cur, metadata: { ...cur.metadata, labels } });
-          await waitFor('B enrolled again', () => redirection(b.name) === 'enabled' && probeSet().includes(b.ip), {
-            context: agentLogs,
-          });
-          const rulesBefore = rulesIn(b.netnsPath);
-          const connsBefore = fake!.connections;
-          const delsBefore = fake!.of('del').length;
+      it('upgrade restart (DaemonSet present): host rule and probe set stay, the snapshot is sent again', async () => {
+        // B back in the mesh first, so there is an enrolled pod to keep.
+        const b = pods.get(`${TAG}-b`)!;
+        const cur = api.getPod(NS, b.name)!;
+        const labels = { ...cur.metadata?.labels };
+        delete labels[MODE_LABEL];
+        api.upsertPod({ ...cur, metadata: { ...cur.metadata, labels } });
+        await waitFor('B enrolled again', () => redirection(b.name) === 'enabled' && probeSet().includes(b.ip), {
+          context: agentLogs,
+        });
+        await assertInPod(b.netnsPath);
+        const rulesBefore = podRules(b.netnsPath);
+        const connsBefore = fake!.connections;
+        const delsBefore = fake!.of('del').length;
 
-          assert.equal(await agent!.stop('SIGTERM', 30_000), 0);
-          agent = undefined;
-          assert.match(nodeNat(), HOST_RULE, 'the host rule stays');
-          assert.deepEqual(probeSet(), [b.ip], 'the ipset and its entry stay');
-          assert.equal(rulesIn(b.netnsPath), rulesBefore, "B's in-pod rules untouched");
+        assert.equal(await agent!.stop('SIGTERM', 30_000), 0);
+        agent = undefined;
+        assertHostProbePath();
+        assert.deepEqual(probeSet(), [b.ip], 'the probe set and its entry stay');
+        assert.equal(podRules(b.netnsPath), rulesBefore, "B's in-pod rules untouched");
 
-          const ag = startAgent();
-          await waitFor('install-cni to be ready again', async () => (await ag.get('/readyz')).status === 200, {
-            timeoutMs: 30_000,
-            everyMs: 100,
-            context: agentLogs,
-          });
-          const z = fake!;
-          const sent = await z.waitFor((r) => r.kind === 'snapshot_sent' && r.conn > connsBefore);
-          assert.deepEqual(
-            z.of('add', sent.conn).map((r) => r.uid),
-            [b.uid],
-            'the new agent sends B (netns found again from /proc)',
-          );
-          assert.equal(z.of('add', sent.conn)[0]!.netnsIno, statSync(`/proc/${b.pid}/ns/net`, { bigint: true }).ino);
-          assert.match(nodeNat(), HOST_RULE);
-          assert.deepEqual(probeSet(), [b.ip]);
-          assert.match(rulesIn(b.netnsPath), IN_POD_CHAIN);
-          assert.equal(fake!.of('del').length, delsBefore, 'ztunnel was told to drop nothing');
-          assert.equal(redirection(b.name), 'enabled');
-        },
-      );
+        const ag = startAgent();
+        await waitFor('install-cni to be ready again', async () => (await ag.get('/readyz')).status === 200, {
+          timeoutMs: 30_000,
+          everyMs: 100,
+          context: agentLogs,
+        });
+        const z = fake!;
+        const sent = await z.waitFor((r) => r.kind === 'snapshot_sent' && r.conn > connsBefore);
+        assert.deepEqual(
+          z.of('add', sent.conn).map((r) => r.uid),
+          [b.uid],
+          'the new agent sends B (netns found again from /proc)',
+        );
+        assert.equal(z.of('add', sent.conn)[0]!.netnsIno, statSync(`/proc/${b.pid}/ns/net`, { bigint: true }).ino);
+        assertHostProbePath();
+        assert.deepEqual(probeSet(), [b.ip]);
+        await assertInPod(b.netnsPath);
+        assert.equal(fake!.of('del').length, delsBefore, 'ztunnel was told to drop nothing');
+        assert.equal(redirection(b.name), 'enabled');
+      });
 
       // The agent restarted while the control plane is down: nothing says this is an uninstall, so
       // the node stays as it is and every enrolled pod stays redirected (its in-pod rules, the
