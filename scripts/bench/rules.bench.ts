@@ -3,7 +3,7 @@
 // in-pod rules), on the plugin tests' pods (test/helpers/plugin.ts meshPod), each against the
 // backend's floor measured in the same run. Rows:
 //   programming   our code (cni-plugin/redirect for the sidecar modes, nftrender.ts + nft.ts for
-//                 native nft's, src/ambient/podnft.ts's backends for ambient) putting the pod's
+//                 native nft's, src/ambient/podbackend.ts's backends for ambient) putting the pod's
 //                 rules into a fresh netns: wall time in this process around the call, CPU = every program it
 //                 ran (nsenter + iptables/ip/nft, exact, wait4 in lib/rusage-driver.py) + this
 //                 process's own.

@@ -12,7 +12,7 @@
 // - start(): the node's probe rule and sets, every running pod that should be ambient found and
 //   its rules made so (snapshot.ts), then the ZDS socket opens and each ztunnel that connects
 //   gets the snapshot.
-// The pieces: podnft.ts (the in-pod rules, iptables or nftables) and hostbackend.ts (the node's
+// The pieces: podbackend.ts (the in-pod rules, iptables or nftables) and hostbackend.ts (the node's
 // probe path: hostrules.ts or hostnft.ts), as --native-nftables decided; src/podnetns/ (netns by
 // fd, nsenter), ztunnelserver.ts (ZDS), podcache.ts (the held netns), hostprobes.ts (the sync).
 
@@ -40,7 +40,7 @@ import { NftHostProbes } from './hostnft.ts';
 import { canonicalIP, IptablesHostProbes } from './hostrules.ts';
 import { chooseKubeletUid, DEFAULT_KUBELET_UID } from './kubeletuid.ts';
 import { PodCache } from './podcache.ts';
-import { iptablesInpod, nftInpod, type InpodBackend } from './podnft.ts';
+import { iptablesInpod, nftInpod, type InpodBackend } from './podbackend.ts';
 import { podOptions, type Family, type Flavour, type Runner } from './podrules.ts';
 import { REDIRECTION_ANNOTATION, type AmbientPodInfo, type Redirection } from './enablement.ts';
 import { buildStartupState, type StartupPod } from './snapshot.ts';
@@ -222,7 +222,7 @@ class Dataplane implements MeshDataplane {
   #started = false;
   #stopped = false;
   readonly #healOpts: HealOptions | undefined;
-  /** The in-pod rules' backend (podnft.ts), as the agent chose. */
+  /** The in-pod rules' backend (podbackend.ts), as the agent chose. */
   readonly #inpodRules: InpodBackend;
   readonly #kubeletUid: () => Promise<number>;
   /** The node's probe path in the chosen backend; made at start (nftables needs kubelet's uid). */

@@ -4,7 +4,7 @@
 // (cni-plugin/redirect/model.ts), and the applier, which is the sidecar's (iptables.ts: read what
 // is there, reconcile ours in one restore, remove exactly ours) over the runner the caller passes
 // in (the agent: inside the pod's netns). The node dataplane (dataplane.ts) applies them when it
-// enrolls a pod (docs/ambient.md "Ambient mode's rules"), through podnft.ts, which picks this
+// enrolls a pod (docs/ambient.md "Ambient mode's rules"), through podbackend.ts, which picks this
 // iptables applier or the nftables one for the same plan.
 //
 // Not src/repair/podrules.ts: that one writes a sidecar pod's rules (the plugin's plan) for

@@ -23,7 +23,7 @@ import {
 } from '../../src/ambient/dataplane.ts';
 import { HOST_TABLE } from '../../src/ambient/hostnft.ts';
 import { parseProbeSet, PROBE_SET_V4 } from '../../src/ambient/hostrules.ts';
-import { AMBIENT_POD_TABLE } from '../../src/ambient/podnft.ts';
+import { AMBIENT_POD_TABLE } from '../../src/ambient/podbackend.ts';
 import type { ZdsTimings } from '../../src/ambient/ztunnelserver.ts';
 import { buildSettings } from '../../src/config/settings.ts';
 import { ambientArgs } from '../../src/partargs.ts';

@@ -55,7 +55,7 @@ import { sh } from '../helpers/sh.ts';
 import { rulesIn } from '../helpers/netns.ts';
 import { assertWrittenWith, type Backend } from '../helpers/sidecar-traffic.ts';
 import { HOST_TABLE } from '../../src/ambient/hostnft.ts';
-import { AMBIENT_POD_TABLE } from '../../src/ambient/podnft.ts';
+import { AMBIENT_POD_TABLE } from '../../src/ambient/podbackend.ts';
 
 const NODE = 'node-1';
 const NS = 'demo';

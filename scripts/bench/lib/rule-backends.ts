@@ -23,7 +23,7 @@ import { POD_TABLE, renderNftBody } from '../../../cni-plugin/redirect/nftrender
 import { ipBatchLines } from '../../../cni-plugin/redirect/restoredoc.ts';
 import { buildFamilyRules, sidecarPlan } from '../../../cni-plugin/redirect/rules.ts';
 import { specForPod } from '../../../cni-plugin/redirect/spec.ts';
-import { iptablesInpod, nftInpod, type InpodBackend } from '../../../src/ambient/podnft.ts';
+import { iptablesInpod, nftInpod, type InpodBackend } from '../../../src/ambient/podbackend.ts';
 import { podOptions } from '../../../src/ambient/podrules.ts';
 import { meshPod } from '../../../test/helpers/plugin.ts';
 import { SIDECAR_REDIRECT_NFT } from './nft-floor.ts';
@@ -82,7 +82,7 @@ const loaderAlone: Step = async (exec, _pod, fed) => {
   for (const f of fed) await ok(f.argv.join(' '), exec(f.argv, f.input));
 };
 
-/** Ambient's enrolment of a pod by `backend` (src/ambient/podnft.ts), as the dataplane calls it. */
+/** Ambient's enrolment of a pod by `backend` (src/ambient/podbackend.ts), as the dataplane calls it. */
 const inpod =
   (backend: InpodBackend): Step =>
   (exec, pod, _fed, families) =>
@@ -114,7 +114,7 @@ function iptables(flavour: Flavour, name: string): Backend {
     },
     loader: (argv) => restores.includes(argv[0]!),
     floor: { 'sidecar REDIRECT': loaderAlone, 'sidecar TPROXY': loaderAlone, 'ambient in-pod': loaderAlone },
-    legend: `ours: cni-plugin/redirect (sidecar), src/ambient/podnft.ts iptablesInpod (ambient); floor: ip(6)tables-${flavour}-restore --noflush of each document ours restored`,
+    legend: `ours: cni-plugin/redirect (sidecar), src/ambient/podbackend.ts iptablesInpod (ambient); floor: ip(6)tables-${flavour}-restore --noflush of each document ours restored`,
     pluginConf: { iptables_flavour: flavour },
   };
 }
@@ -142,7 +142,7 @@ const native: Backend = {
   program: {
     'sidecar REDIRECT': sidecarNative,
     'sidecar TPROXY': sidecarNative,
-    // src/ambient/podnft.ts's enrolment: the table, the policy routing, then our iptables rules
+    // src/ambient/podbackend.ts's enrolment: the table, the policy routing, then our iptables rules
     // out if an iptables enrolment left any (read with the node's flavour: the nft shim here).
     'ambient in-pod': inpod(nftInpod(() => Promise.resolve('nft'))),
   },
@@ -154,7 +154,7 @@ const native: Backend = {
     step: (exec) => ok('nft -f', exec(['nft', '-f', '-'], SIDECAR_REDIRECT_NFT)),
   },
   legend:
-    'ours: nftrender.ts + nft.ts applyTable (one inet table, every family) + ip -batch per family (sidecar), src/ambient/podnft.ts nftInpod (ambient); floor: nft -f of the transaction ours ran',
+    'ours: nftrender.ts + nft.ts applyTable (one inet table, every family) + ip -batch per family (sidecar), src/ambient/podbackend.ts nftInpod (ambient); floor: nft -f of the transaction ours ran',
   // What the agent writes into our entry when it chose nftables (src/install/template.ts); the
   // iptables flavour stays `auto`, detected once and cached, as on a node.
   pluginConf: { native_nftables: true },

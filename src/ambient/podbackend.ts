@@ -2,8 +2,8 @@
 // (podrules.ts, the default) or native nftables, where the pod's plans (inpodPlan, the one rule
 // model) are rendered as one inet table of ours (cni-plugin/redirect/nftrender.ts) and written in
 // one nft transaction (cni-plugin/redirect/nft.ts), then the policy routing with `ip -batch`.
-// Despite its name this file holds both backends (iptablesInpod wraps podrules.ts's applier) and
-// the interface: it is the in-pod counterpart of hostbackend.ts, not of hostnft.ts.
+// It holds the interface and both backends (iptablesInpod wraps podrules.ts's applier): the in-pod
+// counterpart of hostbackend.ts, the node's.
 //
 // A pod netns keeps ours in one backend only (docs/ambient.md "Native nftables: the choice,
 // kubelet's uid and switching"): writing the
