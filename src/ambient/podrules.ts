@@ -7,8 +7,8 @@
 // enrolls a pod (docs/ambient.md "Ambient mode's rules"), through podbackend.ts, which picks this
 // iptables applier or the nftables one for the same plan.
 //
-// Not src/repair/podrules.ts: that one writes a sidecar pod's rules (the plugin's plan) for
-// in-place repair. This one is ambient's plan, its constants and its iptables writing.
+// In-place repair writes a sidecar pod's rules (the plugin's plan) with src/repair/rulewriters.ts.
+// This one is ambient's plan, its constants and its iptables writing.
 
 import { isIPv4, isIPv6 } from 'node:net';
 import type { Flavour, NetnsRunner, RunResult } from '../../cni-plugin/redirect/iptables.ts';

@@ -7,7 +7,7 @@
 // The netns is entered by fd, never by setns of the agent's own threads: src/podnetns/ finds it
 // from the host's /proc and runs `nsenter --net=/proc/self/fd/3` with the fd handed to the child.
 // The rules are the plugin's own (cni-plugin/redirect/: specForPod, the rule model, and the
-// runner-generic iptables and nft code), written with the backend the node uses (podrules.ts),
+// runner-generic iptables and nft code), written with the backend the node uses (rulewriters.ts),
 // only where they differ from what is there.
 //
 // What the controller does with a failure (retry, fall through to label/delete) is its call
@@ -20,7 +20,7 @@ import type { Flavour, NetnsRunner, RunResult } from '../../cni-plugin/redirect/
 import type { Family } from '../../cni-plugin/redirect/net.ts';
 import { NftError } from '../../cni-plugin/redirect/nft.ts';
 import { hostFlavourDetector } from '../hostnet/flavour.ts';
-import { RulesFailed, writeIptables, writeNftables } from './podrules.ts';
+import { RulesFailed, writeIptables, writeNftables } from './rulewriters.ts';
 import { MIRROR_ANNOTATION } from '../../cni-plugin/shared/poduid.ts';
 import { AnnotationError, specForPod, type PodLike, type RedirectSpec } from '../../cni-plugin/redirect/spec.ts';
 

@@ -24,7 +24,7 @@ import { specForPod, type RedirectSpec } from '../../cni-plugin/redirect/spec.ts
 import { openNetns } from '../../src/podnetns/held.ts';
 import { runInNetns, type HeldNetns } from '../../src/podnetns/index.ts';
 import { InPlaceRepairer, type InPlaceResult } from '../../src/repair/inplace.ts';
-import { RulesFailed, writeNftables } from '../../src/repair/podrules.ts';
+import { RulesFailed, writeNftables } from '../../src/repair/rulewriters.ts';
 import { cleanupAfterEach } from '../helpers/cleanup.ts';
 import { ROOT } from '../helpers/cli.ts';
 import { podNetnsWithVeth, type Netns } from '../helpers/netns.ts';

@@ -9,8 +9,8 @@
 //
 // Nothing here starts a process: the runner does (the agent's netns by fd, src/podnetns/).
 //
-// Not src/ambient/podrules.ts: that one builds and writes ambient's in-pod redirection to
-// ztunnel. This one writes a sidecar pod's rules (sidecarPlan, the plugin's) for repair alone.
+// Ambient's in-pod redirection to ztunnel is built and written elsewhere (src/ambient/podrules.ts,
+// podbackend.ts). This one writes a sidecar pod's rules (sidecarPlan, the plugin's) for repair.
 
 import {
   ensureRules,
