@@ -99,9 +99,20 @@ export const NODE_FLAGS = ['--no-deprecation', ...(process.env.NODE_FLAGS ?? '')
  * the agent and NODE_FLAGS, but none of the agent's own settings (its NODE_OPTIONS), read after
  * `settleMs`.
  */
-export async function floorMemory(dir: string, preload: string, settleMs: number): Promise<Memory> {
-  const out = path.join(dir, `floor-${process.hrtime.bigint()}.json`);
-  const child = spawn(process.execPath, [...NODE_FLAGS, '--import', preload, '-e', 'setInterval(() => {}, 1e3)'], {
+export function floorMemory(dir: string, preload: string, settleMs: number): Promise<Memory> {
+  return idleNodeMemory(dir, preload, settleMs, 'floor', 'setInterval(() => {}, 1e3)');
+}
+
+/** A plain Node running `program` under the preload, read `settleMs` after it starts. */
+async function idleNodeMemory(
+  dir: string,
+  preload: string,
+  settleMs: number,
+  tag: string,
+  program: string,
+): Promise<Memory> {
+  const out = path.join(dir, `${tag}-${process.hrtime.bigint()}.json`);
+  const child = spawn(process.execPath, [...NODE_FLAGS, '--import', preload, '-e', program], {
     stdio: ['ignore', 'ignore', 'inherit'],
     env: { PATH: process.env.PATH ?? '/usr/bin:/bin', MEM_OUT: out },
   });
@@ -149,18 +160,8 @@ export async function builtinsMemory(
   settleMs: number,
   builtins: readonly string[],
 ): Promise<Memory> {
-  const out = path.join(dir, `builtins-${process.hrtime.bigint()}.json`);
   const program = `for (const m of ${JSON.stringify(builtins)}) require(m); setInterval(() => {}, 1e3);`;
-  const child = spawn(process.execPath, [...NODE_FLAGS, '--import', preload, '-e', program], {
-    stdio: ['ignore', 'ignore', 'inherit'],
-    env: { PATH: process.env.PATH ?? '/usr/bin:/bin', MEM_OUT: out },
-  });
-  try {
-    await sleep(settleMs);
-    return await readMemory(child.pid!, out);
-  } finally {
-    await stop(child);
-  }
+  return idleNodeMemory(dir, preload, settleMs, 'builtins', program);
 }
 
 /**
