@@ -8,7 +8,8 @@
 //   built-ins         the floor with the public built-in modules the agent loads (https, zlib, ...)
 //                     required and nothing else: what its use of Node's own modules costs
 //   idle              the agent bundle (built as dist/install-cni.js is, with its code cache as
-//                     the image has it, and the DaemonSet's NODE_OPTIONS) watching its node, no pod
+//                     the image has it, and the DaemonSet's NODE_OPTIONS and GLIBC_TUNABLES)
+//                     watching its node, no pod
 //   PODS thin         PODS pods of a few hundred bytes (what most tests use)
 //   PODS realistic    PODS injected pods of ~8 KB as the API server sends them: init and sidecar
 //                     containers with env, probes, mounts, volumes, managedFields, annotations
@@ -19,7 +20,8 @@
 //
 //   npm run bench -- memory        (PODS=250 ROUNDS=5 SETTLE_MS=4000 by default; NODE_FLAGS=...
 //                                   on the floor and the agent alike; AGENT_NODE_OPTIONS=... the
-//                                   agent's NODE_OPTIONS instead of the DaemonSet's)
+//                                   agent's NODE_OPTIONS instead of the DaemonSet's;
+//                                   AGENT_GLIBC_TUNABLES=... its GLIBC_TUNABLES likewise)
 
 import * as esbuild from 'esbuild';
 import { spawn, type ChildProcess } from 'node:child_process';
@@ -41,6 +43,7 @@ import {
   NODE_FLAGS,
   printMemory,
   readMemory,
+  shippedEnv,
   shippedNodeOptions,
   writePreload,
   type Memory,
@@ -55,6 +58,8 @@ const MiB = 1024 * 1024;
 const NODE = 'node-a';
 /** The agent's NODE_OPTIONS, as the DaemonSet sets them. */
 const AGENT_NODE_OPTIONS = process.env.AGENT_NODE_OPTIONS ?? shippedNodeOptions(root);
+/** The agent's malloc settings, as the DaemonSet sets them. */
+const AGENT_GLIBC_TUNABLES = process.env.AGENT_GLIBC_TUNABLES ?? shippedEnv(root, 'GLIBC_TUNABLES');
 
 // ---------------------------------------------------------------- pods
 
@@ -297,6 +302,7 @@ async function agent(bundle: string, preload: string, pods: readonly V1Pod[]): P
         POD_NAMESPACE: 'mesh-system',
         MEM_OUT: out,
         NODE_OPTIONS: AGENT_NODE_OPTIONS,
+        ...(AGENT_GLIBC_TUNABLES ? { GLIBC_TUNABLES: AGENT_GLIBC_TUNABLES } : {}),
         ...compileCacheEnv(bundle),
       },
     },
@@ -354,7 +360,7 @@ try {
   console.log(
     `\nagent memory, median of ${ROUNDS} interleaved runs, read ${SETTLE_MS} ms after the watch is up ` +
       `(load ${load0.toFixed(2)} before, ${os.loadavg()[0]!.toFixed(2)} after; agent NODE_OPTIONS ` +
-      `${JSON.stringify(AGENT_NODE_OPTIONS)}${NODE_FLAGS.length > 1 ? `, NODE_FLAGS ${NODE_FLAGS.slice(1).join(' ')}` : ''})`,
+      `${JSON.stringify(AGENT_NODE_OPTIONS)}, GLIBC_TUNABLES ${JSON.stringify(AGENT_GLIBC_TUNABLES)}${NODE_FLAGS.length > 1 ? `, NODE_FLAGS ${NODE_FLAGS.slice(1).join(' ')}` : ''})`,
   );
   printMemory(
     rows.map(([name], i) => ({ name, m: med[i]! })),

@@ -169,13 +169,18 @@ export async function builtinsMemory(
  * runs the agent as it ships; '' when it sets none.
  */
 export function shippedNodeOptions(root: string): string {
+  return shippedEnv(root, 'NODE_OPTIONS');
+}
+
+/** The value of `name` the DaemonSet gives the agent's container; '' when it sets none. */
+export function shippedEnv(root: string, name: string): string {
   const text = readFileSync(path.join(root, 'deploy/daemonset.yaml'), 'utf8');
   const ds = parseAllDocuments(text)
     .map((d) => d.toJS() as V1DaemonSet)
     .find((o) => o?.kind === 'DaemonSet');
   const agent = ds?.spec?.template.spec?.containers.find((c) => c.name === 'install-cni');
   if (!agent) throw new Error(`${root}/deploy/daemonset.yaml: no DaemonSet with an install-cni container`);
-  return agent.env?.find((e) => e.name === 'NODE_OPTIONS')?.value ?? '';
+  return agent.env?.find((e) => e.name === name)?.value ?? '';
 }
 
 const median = (xs: readonly number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]!;
