@@ -251,8 +251,9 @@ describe('deploy: kustomize build deploy/', () => {
     const known = new Set(FLAGS.map((f) => f.env).filter((e) => e !== null));
     for (const e of c.env ?? []) {
       if (e.name in DOWNWARD) continue;
-      // Node's own (V8's young generation: agent-v8-settings.test.ts), not an install-cni setting.
-      if (e.name === 'NODE_OPTIONS') continue;
+      // The runtime's own, not install-cni settings: Node's (V8's young generation,
+      // agent-v8-settings.test.ts) and glibc's (malloc's thresholds, agent-malloc-settings.test.ts).
+      if (e.name === 'NODE_OPTIONS' || e.name === 'GLIBC_TUNABLES') continue;
       assert.ok(known.has(e.name), `env ${e.name} is the env setting of an install-cni flag`);
     }
     const s = containerSettings(c);
