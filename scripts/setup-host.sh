@@ -8,6 +8,7 @@ set -euo pipefail
 # command-to-check:debian-package
 needs=(
   iptables:iptables
+  nft:nftables
   ip:iproute2
   nsenter:util-linux
   /usr/lib/cni/bridge:containernetworking-plugins
