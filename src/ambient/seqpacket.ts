@@ -7,7 +7,7 @@
 
 import { constants as osConstants } from 'node:os';
 import { chmodSync, lstatSync, rmSync, unlinkSync } from 'node:fs';
-import { fileURLToPath } from 'node:url';
+import { ADDON_PATH, loadAddon } from '../podnetns/addon.ts';
 import { getSystemErrorMessage, getSystemErrorName } from 'node:util';
 
 export interface SeqpacketMessage {
@@ -63,22 +63,14 @@ interface Addon {
 declare const watchBrand: unique symbol;
 type Watch = { readonly [watchBrand]: true };
 
-// Bundled, the agent sits beside native/ (dist/, /opt/mesh-cni/ in the image); run from source
-// (tests, scripts), the addon is the build's dist/native/. One place each, nothing searched.
-const ADDON_PATH = fileURLToPath(
-  new URL(
-    import.meta.url.endsWith('.ts') ? '../../dist/native/seqpacket.node' : './native/seqpacket.node',
-    import.meta.url,
-  ),
-);
 let addon: Addon | undefined;
 
 /** Loaded on first use, so an agent that never speaks ZDS never needs the file. */
 function native(): Addon {
   if (addon) return addon;
-  const mod = { exports: {} as Addon };
+  let loaded: object;
   try {
-    process.dlopen(mod, ADDON_PATH, osConstants.dlopen.RTLD_NOW);
+    loaded = loadAddon();
   } catch (err) {
     throw new Error(
       `seqpacket: cannot load the native addon ${ADDON_PATH}: ${(err as Error).message}; ` +
@@ -86,7 +78,7 @@ function native(): Addon {
       { cause: err },
     );
   }
-  addon = mod.exports;
+  addon = loaded as Addon;
   return addon;
 }
 

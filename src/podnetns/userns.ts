@@ -5,16 +5,13 @@
 // (ioctl NS_GET_USERNS on the netns fd) and enters it too when it is not the host's
 // (docs/plugin.md "User-namespaced pods").
 //
-// Node has no ioctl: it is the agent's native addon's (src/ambient/native/seqpacket.c). This file
-// loads that addon itself, with the same path rule as src/ambient/seqpacket.ts, rather than
-// import it from there: the import zones let src/podnetns/ import only its own files, so that
-// repair and ambient both use it and nothing more comes with it. Node loads an N-API addon once
-// per process and hands each loader its own exports.
+// Node has no ioctl: it is the agent's native addon's (src/ambient/native/seqpacket.c), loaded
+// by addon.ts, which ambient's seqpacket sockets share.
 
 import fs from 'node:fs';
 import { constants as osConstants } from 'node:os';
 import path from 'node:path';
-import { fileURLToPath } from 'node:url';
+import { ADDON_PATH, loadAddon } from './addon.ts';
 import type { NsId } from './held.ts';
 
 /** The owner of a netns cannot be told: nothing is run there as if the host's owned it. */
@@ -27,21 +24,14 @@ interface Addon {
   nsGetUserns(fd: number): number;
 }
 
-// Bundled, the agent sits beside native/; run from source, the addon is the build's dist/native/.
-const ADDON_PATH = fileURLToPath(
-  new URL(
-    import.meta.url.endsWith('.ts') ? '../../dist/native/seqpacket.node' : './native/seqpacket.node',
-    import.meta.url,
-  ),
-);
 let addon: Addon | undefined;
 
 /** Loaded on first use: only a write into a pod's netns needs it. */
 function native(): Addon {
   if (addon) return addon;
-  const mod = { exports: {} as Partial<Addon> };
+  let loaded: Partial<Addon>;
   try {
-    process.dlopen(mod, ADDON_PATH, osConstants.dlopen.RTLD_NOW);
+    loaded = loadAddon();
   } catch (err) {
     throw new UsernsError(
       `cannot load the native addon ${ADDON_PATH} to ask which user namespace owns a pod's netns: ` +
@@ -49,9 +39,9 @@ function native(): Addon {
       { cause: err },
     );
   }
-  if (typeof mod.exports.nsGetUserns !== 'function')
+  if (typeof loaded.nsGetUserns !== 'function')
     throw new UsernsError(`the native addon ${ADDON_PATH} has no nsGetUserns: it predates it; run npm run build`);
-  addon = mod.exports as Addon;
+  addon = loaded as Addon;
   return addon;
 }
 

@@ -60,6 +60,16 @@ function closeAll(...xs: { close(): void }[]): void {
 }
 
 // A promise that never settles is a failure here, not a hung suite.
+
+/** A copy of the module and the addon loader it imports under `root`, so the addon path is root's. */
+function copyModule(root: string): string {
+  for (const f of ['src/ambient/seqpacket.ts', 'src/podnetns/addon.ts']) {
+    mkdirSync(path.dirname(path.join(root, f)), { recursive: true });
+    copyFileSync(path.join(ROOT, f), path.join(root, f));
+  }
+  return path.join(root, 'src/ambient/seqpacket.ts');
+}
+
 describe('ambient seqpacket', { timeout: 60_000 }, () => {
   let dir: string;
   before(() => {
@@ -84,9 +94,7 @@ describe('ambient seqpacket', { timeout: 60_000 }, () => {
 
   it('says where the addon should be and how to build it when it is missing', () => {
     // A copy of the module where no dist/native/ is beside it.
-    const copy = path.join(dir, 'nobuild/src/ambient/seqpacket.ts');
-    mkdirSync(path.dirname(copy), { recursive: true });
-    copyFileSync(path.join(ROOT, 'src/ambient/seqpacket.ts'), copy);
+    const copy = copyModule(path.join(dir, 'nobuild'));
     const code = `import { listenSeqpacket } from ${JSON.stringify(copy)}; listenSeqpacket('/nonexistent/x.sock');`;
     const r = spawnSync(process.execPath, ['--input-type=module', '-e', code], { encoding: 'utf8' });
     assert.notEqual(r.status, 0);
@@ -378,9 +386,7 @@ describe('addon error paths (a fault-injecting build of the addon)', () => {
   it('fds received with a message the addon cannot hand to JS are closed, not leaked', () => {
     // The real source, with napi_create_array_with_length failing on demand (as it does when the
     // heap is exhausted) for a message that brought fds; loaded through a copy of the TS module.
-    const copy = path.join(dir, 'src/ambient/seqpacket.ts');
-    mkdirSync(path.dirname(copy), { recursive: true });
-    copyFileSync(path.join(ROOT, 'src/ambient/seqpacket.ts'), copy);
+    const copy = copyModule(dir);
     const source = path.join(dir, 'fault.c');
     writeFileSync(
       source,
